@@ -1,0 +1,48 @@
+# Spate developer commands. `make demo` and `make test` work on a fresh machine: they install
+# what they need first (tools/bootstrap.sh).
+VENV   := .venv
+PY     := $(VENV)/bin/python
+SEEDS  ?= 200
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: demo test check fmt bench sim install proto clean help
+
+help:
+	@echo "make demo   - install, start a local Spate cluster, publish and consume over AMQP 1.0"
+	@echo "make test   - install and run the test suite"
+	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
+	@echo "make fmt    - format and autofix with ruff"
+	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
+	@echo "make sim    - run the deterministic cluster simulator over SEEDS seeds"
+
+install:
+	@bash tools/bootstrap.sh
+
+proto: install
+	@$(PY) tools/gen_proto.py
+
+demo: install
+	@$(PY) -m spate.cli.demo
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+check: install
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/ruff format --check src tests benchmarks tools
+	$(VENV)/bin/mypy -p spate
+	$(VENV)/bin/lint-imports
+	$(PY) tools/gen_proto.py --check
+
+fmt: install
+	$(VENV)/bin/ruff format src tests benchmarks tools
+	$(VENV)/bin/ruff check --fix src tests benchmarks tools
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+sim: install
+	$(PY) -m spate.sim --seeds $(SEEDS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/api/v1 tests/js/node_modules

@@ -1,0 +1,135 @@
+"""The contract between the AMQP listener (spate.gateway) and the partitions that serve it.
+
+spate.node implements it; spate.gateway consumes it; the process that hosts both (spate.server)
+wires them together. Neither side imports the other (see the import contracts in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from spate.core.ids import NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+
+
+class OffsetSpecKind(Enum):
+    FIRST = "first"          # the earliest retained message
+    LAST = "last"            # the first message of the last chunk (RabbitMQ Streams' `last`)
+    NEXT = "next"            # only messages appended after the link attached (000 §3.2 default)
+    OFFSET = "offset"        # absolute offset, inclusive; clamped to the retained range
+    TIMESTAMP = "timestamp"  # the first message whose timestamp is >= value (ms since epoch)
+    RELATIVE = "relative"    # value messages before the end (`-50` in 003's rooms)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    kind: OffsetSpecKind
+    value: int = 0
+
+    @staticmethod
+    def first() -> OffsetSpec:
+        return OffsetSpec(OffsetSpecKind.FIRST)
+
+    @staticmethod
+    def last() -> OffsetSpec:
+        return OffsetSpec(OffsetSpecKind.LAST)
+
+    @staticmethod
+    def next() -> OffsetSpec:
+        return OffsetSpec(OffsetSpecKind.NEXT)
+
+    @staticmethod
+    def offset(offset: int) -> OffsetSpec:
+        return OffsetSpec(OffsetSpecKind.OFFSET, offset)
+
+    @staticmethod
+    def timestamp(timestamp_ms: int) -> OffsetSpec:
+        return OffsetSpec(OffsetSpecKind.TIMESTAMP, timestamp_ms)
+
+    @staticmethod
+    def relative(count: int) -> OffsetSpec:
+        assert count >= 0
+        return OffsetSpec(OffsetSpecKind.RELATIVE, count)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkView:
+    """Records of one chunk as stored: record i has offset first_offset + i.
+
+    The records are the producers' encoded AMQP messages, byte for byte; nothing decodes them.
+    """
+
+    first_offset: Offset
+    timestamp_ms: int
+    records: Sequence[bytes | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    stream: StreamName
+    partition: PartitionId
+    first_offset: Offset | None      # earliest retained message; None when empty
+    last_offset: Offset | None       # latest committed message; None when empty
+    end_offset: Offset               # offset the next appended message will get
+    first_timestamp_ms: int | None
+    last_timestamp_ms: int | None
+    messages: int                    # retained messages
+    bytes: int                       # retained bytes on disk
+    segments: int
+    leader: NodeId | None
+
+
+class Partition(Protocol):
+    """One partition as the listener sees it on the node that serves it."""
+
+    @property
+    def stream(self) -> StreamName: ...
+
+    @property
+    def partition(self) -> PartitionId: ...
+
+    def append(self, records: Sequence[bytes]) -> Awaitable[Offset]:
+        """Append records as one chunk; resolves to the first record's offset once durable.
+
+        Durable means fsynced (on a majority once replication exists). Concurrent appends share
+        one fsync. Raises StorageFailure, NotLeader or Unavailable through the awaitable.
+        """
+        ...
+
+    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
+        """Committed chunks from the one holding `start`; at least one chunk if any is there.
+
+        The first chunk may begin before `start`: callers skip the records below it.
+        """
+        ...
+
+    def resolve(self, spec: OffsetSpec) -> Offset:
+        """The offset a consumer attaching now with `spec` starts at."""
+        ...
+
+    def end_offset(self) -> Offset:
+        """The offset after the last committed message."""
+        ...
+
+    def info(self) -> PartitionInfo: ...
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the event loop) whenever the committed end advances."""
+        ...
+
+    def remove_listener(self, callback: Callable[[], None]) -> None: ...
+
+
+class Broker(Protocol):
+    """Streams and partitions served by this process."""
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        """Raises NotFound for an unknown stream."""
+        ...
+
+    def partition(self, name: StreamName, partition: PartitionId) -> Partition:
+        """Raises NotFound (unknown stream or partition) or NotLeader (served elsewhere)."""
+        ...

@@ -1,0 +1,42 @@
+"""Every limit in one place, named with its unit. Related limits are asserted together below."""
+
+from __future__ import annotations
+
+# Messages and chunks
+message_bytes_max = 1024 * 1024
+"""Largest encoded AMQP message a producer may publish (amqp:link:message-size-exceeded above)."""
+chunk_records_max = 10_000
+"""Most records one chunk (the unit of append, fsync, replication and read) may carry."""
+chunk_bytes_max = 8 * 1024 * 1024
+"""Largest chunk payload; one producer batch is cut into chunks no bigger than this."""
+
+# Segments
+segment_bytes_default = 64 * 1024 * 1024
+segment_bytes_min = 64 * 1024
+segment_bytes_max = 4 * 1024 * 1024 * 1024 - 1
+index_interval_bytes = 4096
+"""A sparse-index entry is written at most once per this many segment bytes."""
+
+# Streams
+stream_name_bytes_max = 200
+partitions_max = 1024
+replicas_max = 5
+
+# AMQP
+link_credit_max = 5000
+"""Credit granted to a producer link; 000/research: windows >= 5000 matter for throughput."""
+producer_unconfirmed_max = 20_000
+"""Deliveries a connection may hold unsettled while they wait for durability; past it, no credit."""
+consumer_send_batch_max = 2000
+"""Deliveries written to one consumer link per pump, so one link cannot starve the others."""
+socket_read_slice_bytes = 16 * 1024
+"""Input handed to proton per loop turn (research/proton.md §1: slicing cut loop stalls 6x)."""
+frame_bytes_max = 1024 * 1024 + 64 * 1024
+"""AMQP max-frame-size offered to peers."""
+connections_max = 4096
+listen_backlog = 1024
+
+assert chunk_bytes_max >= message_bytes_max, "one maximal message must fit in a chunk"
+assert segment_bytes_min >= 4096
+assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
+assert frame_bytes_max > message_bytes_max

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs everything Spate needs on a fresh Debian machine: system packages, the venv, the Python
+# packages (python-qpid-proton compiled WITH TLS), generated gRPC code and the Node.js test client.
+# Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+
+need_apt=()
+for pkg in libssl-dev pkg-config; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "bootstrap: creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+fi
+stamp="$VENV/.spate-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+  echo "bootstrap: pip install -e .[dev] (python-qpid-proton compiles from source, ~40 s)"
+  "$VENV/bin/pip" install -q -e '.[dev]'
+  touch "$stamp"
+fi
+if ! "$VENV/bin/python" -c 'import proton, sys; sys.exit(0 if proton.SSL.present() else 1)'; then
+  echo "bootstrap: python-qpid-proton was built without TLS; rebuilding with libssl-dev present"
+  "$VENV/bin/pip" install -q --no-cache-dir --force-reinstall --no-deps python-qpid-proton==0.40.0
+  "$VENV/bin/python" -c 'import proton, sys; sys.exit(0 if proton.SSL.present() else 1)' \
+    || { echo "bootstrap: proton.SSL.present() is still False" >&2; exit 1; }
+fi
+
+"$VENV/bin/python" tools/gen_proto.py
+
+if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules/rhea ]; then
+  echo "bootstrap: npm install (rhea) in tests/js"
+  (cd tests/js && npm install --no-audit --no-fund --silent)
+fi
