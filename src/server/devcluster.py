@@ -1,0 +1,241 @@
+"""`spate dev up|down|status`: a local cluster of separate node processes under one directory.
+
+Layout of DIR (the only state; `up` is idempotent because it re-reads it):
+
+    DIR/cluster.json      nodes and their fixed ports (chosen once, reused on every restart)
+    DIR/secret            metadata Raft password (mode 0600), handed to nodes by environment
+    DIR/endpoints.json    what is running: admin address and every process with pid and endpoints
+    DIR/<node>/           the node's data directory; node.json (its live endpoints), node.log, pid
+
+A process counts as running only if its pid is alive AND its command line names this node's data
+directory, so a recycled pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spate.core.errors import InvalidArgument, Unavailable
+
+HOST = "127.0.0.1"
+CLUSTER_FILE = "cluster.json"
+ENDPOINTS_FILE = "endpoints.json"
+NODE_ENDPOINTS_FILE = "node.json"
+metadata_voters_max = 3
+node_start_timeout_s = 60.0
+node_stop_timeout_s = 15.0
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node_id: str
+    amqp_port: int
+    admin_port: int
+    metadata_port: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "amqp_port": self.amqp_port,
+                "admin_port": self.admin_port, "metadata_port": self.metadata_port}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class DevCluster:
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = data_dir.resolve()
+
+    # -- plan -------------------------------------------------------------------------------
+    def _load_plan(self) -> list[NodePlan]:
+        path = self.dir / CLUSTER_FILE
+        if not path.exists():
+            return []
+        raw = json.loads(path.read_text())
+        return [NodePlan(**n) for n in raw["nodes"]]
+
+    def _save_plan(self, plan: list[NodePlan]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        doc = {"version": 1, "nodes": [n.to_json() for n in plan]}
+        (self.dir / CLUSTER_FILE).write_text(json.dumps(doc, indent=2))
+
+    def _secret(self) -> str:
+        path = self.dir / "secret"
+        if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
+    # -- processes --------------------------------------------------------------------------
+    def _node_dir(self, node_id: str) -> Path:
+        return self.dir / node_id
+
+    def _pid(self, node_id: str) -> int | None:
+        try:
+            pid = int((self._node_dir(node_id) / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if self._is_ours(pid, node_id) else None
+
+    def _is_ours(self, pid: int, node_id: str) -> bool:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        except (OSError, IndexError):
+            return False
+        return str(self._node_dir(node_id)).encode() in cmdline
+
+    def _voters(self, plan: list[NodePlan]) -> list[NodePlan]:
+        return plan[:metadata_voters_max]
+
+    def _start_node(self, node: NodePlan, plan: list[NodePlan]) -> int:
+        node_dir = self._node_dir(node.node_id)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / NODE_ENDPOINTS_FILE).unlink(missing_ok=True)
+        peers = [f"{HOST}:{v.metadata_port}" for v in self._voters(plan) if v != node]
+        argv = [
+            sys.executable, "-m", "spate.cli.main", "node", "run",
+            "--node-id", node.node_id, "--data-dir", str(node_dir), "--host", HOST,
+            "--amqp-port", str(node.amqp_port), "--admin-port", str(node.admin_port),
+            "--metadata-port", str(node.metadata_port),
+            "--metadata-peers", ",".join(peers),
+        ]
+        env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
+        with open(node_dir / "node.log", "ab") as log_file:
+            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        (node_dir / "pid").write_text(str(proc.pid))
+        return proc.pid
+
+    def _wait_ready(self, node_id: str, pid: int) -> dict[str, Any]:
+        deadline = time.monotonic() + node_start_timeout_s
+        path = self._node_dir(node_id) / NODE_ENDPOINTS_FILE
+        while time.monotonic() < deadline:
+            if not self._is_ours(pid, node_id):
+                raise Unavailable(
+                    f"node {node_id} exited during start-up; last lines of "
+                    f"{self._node_dir(node_id) / 'node.log'}:\n{self._log_tail(node_id)}"
+                )
+            try:
+                endpoints: dict[str, Any] = json.loads(path.read_text())
+                if endpoints.get("pid") == pid:
+                    return endpoints
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise Unavailable(
+            f"node {node_id} (pid {pid}) did not become ready within {node_start_timeout_s:.0f}s; "
+            f"see {self._node_dir(node_id) / 'node.log'}"
+        )
+
+    def _log_tail(self, node_id: str, lines: int = 20) -> str:
+        try:
+            text = (self._node_dir(node_id) / "node.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- commands ---------------------------------------------------------------------------
+    def up(self, nodes: int) -> dict[str, Any]:
+        if not 1 <= nodes <= metadata_voters_max:
+            raise InvalidArgument(
+                f"--nodes must be between 1 and {metadata_voters_max}: every node is a metadata "
+                "voter, and non-voting nodes are not supported yet"
+            )
+        plan = self._load_plan()
+        if plan and nodes > len(plan):
+            raise InvalidArgument(
+                f"this cluster was created with {len(plan)} node(s); growing the metadata voter "
+                f"set of a running cluster is not supported yet. Use a new --data-dir, or "
+                f"`spate dev down` and delete {self.dir} first"
+            )
+        while len(plan) < nodes:
+            plan.append(NodePlan(f"n{len(plan) + 1}", _free_port(), _free_port(), _free_port()))
+        self._save_plan(plan)
+        started: list[tuple[str, int]] = []
+        for node in plan:
+            if self._pid(node.node_id) is None:
+                started.append((node.node_id, self._start_node(node, plan)))
+        for node_id, pid in started:
+            self._wait_ready(node_id, pid)
+        return self._write_endpoints(plan)
+
+    def down(self) -> dict[str, Any]:
+        plan = self._load_plan()
+        stopped = []
+        pids = {n.node_id: self._pid(n.node_id) for n in plan}
+        for node_id, pid in pids.items():
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+        for node_id, pid in pids.items():
+            if pid is None:
+                continue
+            deadline = time.monotonic() + node_stop_timeout_s
+            while self._is_ours(pid, node_id) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._is_ours(pid, node_id):
+                os.kill(pid, signal.SIGKILL)
+            stopped.append({"node_id": node_id, "pid": pid})
+            (self._node_dir(node_id) / "pid").unlink(missing_ok=True)
+        result = self._write_endpoints(plan)
+        result["stopped"] = stopped
+        return result
+
+    def status(self) -> dict[str, Any]:
+        return self._describe(self._load_plan())
+
+    def _describe(self, plan: list[NodePlan]) -> dict[str, Any]:
+        processes = []
+        admin = None
+        for node in plan:
+            pid = self._pid(node.node_id)
+            live = None
+            if pid is not None:
+                try:
+                    live = json.loads((self._node_dir(node.node_id) / NODE_ENDPOINTS_FILE).read_text())
+                except (OSError, ValueError):
+                    live = None
+            entry = {
+                "node_id": node.node_id,
+                "role": "node",
+                "metadata_voter": node in self._voters(plan),
+                "pid": pid,
+                "running": pid is not None,
+                "ready": bool(live and live.get("pid") == pid),
+                "amqp": f"{HOST}:{node.amqp_port}",
+                "admin": f"{HOST}:{node.admin_port}",
+                "metadata": f"{HOST}:{node.metadata_port}",
+                "data_dir": str(self._node_dir(node.node_id)),
+                "log": str(self._node_dir(node.node_id) / "node.log"),
+            }
+            if admin is None and entry["ready"]:
+                admin = entry["admin"]
+            processes.append(entry)
+        return {"data_dir": str(self.dir), "admin": admin, "nodes": processes,
+                "processes": processes}
+
+    def _write_endpoints(self, plan: list[NodePlan]) -> dict[str, Any]:
+        described = self._describe(plan)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / ENDPOINTS_FILE).write_text(json.dumps(described, indent=2))
+        return described

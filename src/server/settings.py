@@ -1,0 +1,72 @@
+"""Settings of one node process: command-line flags over an optional TOML file over defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from spate.core.errors import InvalidArgument
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    node_id: str
+    data_dir: Path
+    host: str = DEFAULT_HOST
+    amqp_port: int = 5672
+    admin_port: int = 7600
+    metadata_port: int = 7700
+    metadata_peers: tuple[str, ...] = ()
+    """Other metadata voters as host:port (empty: this node is the only voter)."""
+    metadata_password: str = field(default="", repr=False)
+    """Shared secret of the metadata Raft group (pysyncobj encrypts and authenticates with it)."""
+    allow_anonymous: bool = True
+    users_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    retention_interval_ms: int = 60_000
+
+    def validate(self) -> None:
+        if not self.node_id or not self.node_id.replace("-", "").replace("_", "").isalnum():
+            raise InvalidArgument(f"node id {self.node_id!r} must be letters, digits, '-' or '_'")
+        if not self.metadata_password:
+            raise InvalidArgument(
+                "the metadata service needs a password: set metadata_password in the config file "
+                "or the SPATE_METADATA_PASSWORD environment variable"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
+        if not self.allow_anonymous and self.users_file is None:
+            raise InvalidArgument("anonymous access is off but no users file is given (--users-file)")
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
+    """Defaults < TOML file (table [node] or top level) < non-None overrides."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            raw = tomllib.loads(config_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise InvalidArgument(f"cannot read config file {config_file}: {error}") from error
+        values.update(raw.get("node", raw))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(NodeSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidArgument(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for key in ("data_dir", "users_file", "tls_cert", "tls_key"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
+    if "metadata_peers" in values:
+        peers = values["metadata_peers"]
+        values["metadata_peers"] = tuple(peers.split(",") if isinstance(peers, str) else peers)
+        values["metadata_peers"] = tuple(p for p in values["metadata_peers"] if p)
+    if "node_id" not in values or "data_dir" not in values:
+        raise InvalidArgument("a node needs --node-id and --data-dir (or node_id/data_dir in the config file)")
+    settings = NodeSettings(**values)
+    settings.validate()
+    return settings
