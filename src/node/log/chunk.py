@@ -1,0 +1,164 @@
+"""Chunk codec: the unit of append, fsync, replication and read.
+
+A chunk is a batch of records (the producers' encoded AMQP messages, stored byte for byte) with
+one header. Segment files are chunks laid end to end, nothing else. All integers are big-endian
+and unsigned unless marked signed.
+
+Chunk header, 48 bytes:
+
+```
+ offset size field           meaning
+ ------ ---- --------------- ------------------------------------------------------------------
+      0    4 magic           b"SPCK"; anything else means "not a chunk" (torn tail, garbage)
+      4    4 crc32c          CRC32C (Castagnoli) of bytes [8, 48 + payload_length) of the chunk:
+                             the rest of this header and the whole payload
+      8    1 version         1
+      9    1 chunk_type      0 = user records (other values reserved: tracking, filters)
+     10    2 flags           0 (reserved: compression of sub-entry batches)
+     12    4 record_count    number of records in the payload, >= 1
+     16    8 first_offset    offset of the first record; record i has offset first_offset + i
+     24    8 timestamp_ms    signed; the chunk's append time, shared by every record in it
+     32    8 epoch           Raft term of the leader that wrote the chunk (0 until replication)
+     40    4 payload_length  bytes of payload that follow the header
+     44    4 reserved        0
+```
+
+Payload: `record_count` records, each
+
+```
+      0    4 record_length   n
+      4    n record          the producer's encoded AMQP message, never decoded here
+```
+
+and nothing else: the record lengths must add up to exactly `payload_length`.
+
+Why these choices (docs/adr/0001-log-format.md has the full comparison with Osiris chunks and
+Kafka record batches): the CRC sits right after the magic so that it covers every other header
+field (a flipped bit in first_offset or payload_length is caught, not obeyed); big-endian like
+Osiris and Kafka; fixed-width record lengths because slicing them in Python costs one
+`unpack_from` per record, where varints would cost a loop per byte.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+from spate.core.ids import Offset
+
+MAGIC = b"SPCK"
+VERSION = 1
+CHUNK_TYPE_RECORDS = 0
+HEADER_BYTES = 48
+RECORD_PREFIX_BYTES = 4
+CRC_START = 8
+"""The CRC covers the chunk from this byte to its end."""
+
+_HEADER = struct.Struct(">4sIBBHIQqQII")
+_AFTER_CRC = struct.Struct(">BBHIQqQII")
+_RECORD_LENGTH = struct.Struct(">I")
+assert _HEADER.size == HEADER_BYTES
+assert _AFTER_CRC.size == HEADER_BYTES - CRC_START
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    first_offset: Offset
+    record_count: int
+    timestamp_ms: int
+    epoch: int
+    payload_length: int
+    crc: int
+
+    @property
+    def end_offset(self) -> Offset:
+        """The offset after this chunk's last record."""
+        return Offset(self.first_offset + self.record_count)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return HEADER_BYTES + self.payload_length
+
+
+class ChunkError(Exception):
+    """Bytes that are not a valid chunk. Recovery treats it as the end of the log; reads turn it
+    into a StorageFailure. Never raised for a bug: those are assertions."""
+
+
+def payload_bytes(records: Sequence[bytes | memoryview]) -> int:
+    """Payload length the records take in a chunk."""
+    return sum(len(r) for r in records) + RECORD_PREFIX_BYTES * len(records)
+
+
+def encode_chunk(records: Sequence[bytes | memoryview], first_offset: Offset, timestamp_ms: int,
+                 epoch: int) -> bytes:
+    """The chunk's bytes, header then payload, with its CRC."""
+    assert records, "a chunk holds at least one record"
+    assert first_offset >= 0 and epoch >= 0
+    pack_length = _RECORD_LENGTH.pack
+    parts: list[bytes | memoryview] = []
+    for record in records:
+        parts.append(pack_length(len(record)))
+        parts.append(record)
+    payload = b"".join(parts)
+    after_crc = _AFTER_CRC.pack(VERSION, CHUNK_TYPE_RECORDS, 0, len(records), first_offset,
+                                timestamp_ms, epoch, len(payload), 0)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(after_crc))
+    return b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
+
+
+def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
+    """Parse and sanity-check the header at `position` (not the CRC: that needs the payload)."""
+    if len(buffer) - position < HEADER_BYTES:
+        raise ChunkError(f"short header: {len(buffer) - position} of {HEADER_BYTES} bytes")
+    (magic, crc, version, chunk_type, flags, count, first_offset, timestamp_ms, epoch,
+     payload_length, reserved) = _HEADER.unpack_from(buffer, position)
+    if magic != MAGIC:
+        raise ChunkError(f"bad magic {bytes(magic)!r}")
+    if version != VERSION or chunk_type != CHUNK_TYPE_RECORDS or flags != 0 or reserved != 0:
+        raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
+    if count == 0 or payload_length < count * RECORD_PREFIX_BYTES:
+        raise ChunkError(f"impossible chunk: {count} records in {payload_length} bytes")
+    return ChunkHeader(Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc)
+
+
+def check_crc(buffer: bytes | memoryview, position: int, header: ChunkHeader) -> None:
+    """Raise ChunkError unless the chunk at `position` (whole, in `buffer`) matches its CRC."""
+    end = position + header.chunk_bytes
+    if len(buffer) < end:
+        raise ChunkError(f"short chunk: {len(buffer) - position} of {header.chunk_bytes} bytes")
+    view = memoryview(buffer)[position + CRC_START:end]
+    if crc32c.crc32c(view) != header.crc:
+        raise ChunkError(f"CRC mismatch in chunk at offset {header.first_offset}")
+
+
+def slice_records(buffer: bytes | memoryview, position: int,
+                  header: ChunkHeader) -> list[memoryview]:
+    """The records of the chunk at `position` as views into `buffer` (no copy, no decoding)."""
+    view = memoryview(buffer)
+    cursor = position + HEADER_BYTES
+    end = cursor + header.payload_length
+    unpack = _RECORD_LENGTH.unpack_from
+    records: list[memoryview] = []
+    for _ in range(header.record_count):
+        if cursor + RECORD_PREFIX_BYTES > end:
+            raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
+        (length,) = unpack(view, cursor)
+        cursor += RECORD_PREFIX_BYTES
+        if cursor + length > end:
+            raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
+        records.append(view[cursor:cursor + length])
+        cursor += length
+    if cursor != end:
+        raise ChunkError(f"chunk at offset {header.first_offset}: {end - cursor} stray bytes")
+    return records
+
+
+def decode_chunk(buffer: bytes | memoryview, position: int = 0) -> tuple[ChunkHeader,
+                                                                          list[memoryview]]:
+    """Header and records of the whole, CRC-checked chunk at `position`."""
+    header = decode_header(buffer, position)
+    check_crc(buffer, position, header)
+    return header, slice_records(buffer, position, header)

@@ -1,0 +1,558 @@
+"""PartitionLog: one partition's durable log over a Storage, as a synchronous core.
+
+It decides and performs every file operation of the log (the files are its state), but owns no
+thread, task or clock: time comes in as `timestamp_ms`/`now_ms`, and fsync can be split into
+`begin_sync` / `run_sync` / `finish_sync` so that a shell can run the middle step in a thread
+while it keeps appending (spate.node.partition does).
+
+Invariants (asserted where cheap):
+- segments are contiguous: each starts where the previous ends; only the last one (the active
+  segment) is ever appended to, truncated by recovery, or written unsynced;
+- a segment is fsynced whole, with its indexes, before the next one is created, and the
+  directory is fsynced after every creation and deletion, so after a crash only the active
+  segment can have a torn tail;
+- chunk timestamps never decrease (an append stamped earlier than the last chunk is stamped with
+  the last chunk's time: a clock that steps back must not break timestamp search or retention);
+- durable_end <= end_offset, and everything below durable_end has been fsynced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spate.core import limits
+from spate.core.backend import ChunkView, OffsetSpec, OffsetSpecKind
+from spate.core.errors import InvalidArgument, MessageSizeExceeded, StorageFailure
+from spate.core.ids import Offset
+from spate.core.streams import Retention, StreamConfig
+from spate.node.log import chunk
+from spate.node.log.chunk import ChunkError, ChunkHeader
+from spate.node.log.segment import (
+    INDEX_SUFFIX,
+    SEGMENT_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    BlockReader,
+    Segment,
+    file_name,
+    parse_name,
+    recover_segment,
+    rewrite_indexes,
+)
+from spate.node.log.storage import Storage
+
+READ_BLOCK_BYTES_MIN = 64 * 1024
+"""Reads fetch at least this much per pread, so a read of many small chunks is one syscall."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = limits.segment_bytes_default
+    retention: Retention = field(default_factory=Retention)
+    index_interval_bytes: int = limits.index_interval_bytes
+    chunk_records_max: int = limits.chunk_records_max
+    chunk_bytes_max: int = limits.chunk_bytes_max
+    message_bytes_max: int = limits.message_bytes_max
+
+    def __post_init__(self) -> None:
+        # Streams validate user input (StreamConfig.validate); tests may use smaller segments.
+        assert self.segment_bytes > chunk.HEADER_BYTES
+        assert self.segment_bytes <= limits.segment_bytes_max
+        assert 0 < self.chunk_records_max <= limits.chunk_records_max
+        assert 0 < self.chunk_bytes_max <= limits.chunk_bytes_max
+        assert 0 < self.message_bytes_max <= self.chunk_bytes_max - chunk.RECORD_PREFIX_BYTES
+        assert self.index_interval_bytes > 0
+
+    @classmethod
+    def from_stream(cls, config: StreamConfig) -> LogConfig:
+        return cls(segment_bytes=config.segment_bytes, retention=config.retention)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """One fsync to run: the active segment as of `begin_sync`, covering offsets < target."""
+
+    segment_name: str
+    target: Offset
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    segments: int
+    truncated_bytes: int          # torn or corrupt bytes cut off the active segment
+    rebuilt_indexes: list[str]    # segment files whose indexes were rebuilt
+    deleted_files: list[str]      # orphan index files removed
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfo:
+    """Facts about the committed (durable) part of the log, for PartitionInfo."""
+
+    first_offset: Offset            # log start: the first retained offset (== end when empty)
+    end_offset: Offset              # durable end
+    first_timestamp_ms: int | None
+    last_timestamp_ms: int | None
+    messages: int
+    bytes: int
+    segments: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    chunks_appended: int = 0
+    fsyncs: int = 0
+    segments_rolled: int = 0
+    segments_deleted: int = 0
+
+
+class PartitionLog:
+    """See the module docstring; open it with `PartitionLog.open`."""
+
+    def __init__(self, storage: Storage, config: LogConfig, segments: list[Segment],
+                 recovery: RecoveryReport) -> None:
+        assert segments
+        self._storage = storage
+        self._config = config
+        self._segments = segments
+        self.recovery = recovery
+        self.end_offset = segments[-1].end_offset
+        self.durable_end = self.end_offset
+        self.counters = _Counters()
+        self._generation = 0     # bumped by truncate_from: sync plans from before are void
+        self._failure: str | None = None
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, storage: Storage, config: LogConfig) -> PartitionLog:
+        """Recover the log in `storage` (creating an empty one) and make it all durable."""
+        bases: set[Offset] = set()
+        orphans: list[str] = []
+        parsed = [(name, parse_name(name)) for name in storage.list()]
+        for _name, meaning in parsed:
+            if meaning is not None and meaning[1] == SEGMENT_SUFFIX:
+                bases.add(meaning[0])
+        for name, meaning in parsed:
+            if meaning is not None and meaning[1] != SEGMENT_SUFFIX and meaning[0] not in bases:
+                orphans.append(name)
+        try:
+            for name in orphans:
+                storage.delete(name)
+            if not bases:
+                base = Offset(0)
+                for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    storage.create(file_name(base, suffix))
+                bases.add(base)
+            ordered = sorted(bases)
+            segments: list[Segment] = []
+            truncated = 0
+            rebuilt: list[str] = []
+            for i, base in enumerate(ordered):
+                recovered = recover_segment(storage, base, active=i == len(ordered) - 1,
+                                            index_interval_bytes=config.index_interval_bytes)
+                segment = recovered.segment
+                if segments and segments[-1].end_offset != segment.base_offset:
+                    raise StorageFailure(
+                        f"segments do not follow on: {segments[-1].name} ends at offset "
+                        f"{segments[-1].end_offset} but the next segment is {segment.name}"
+                    )
+                segments.append(segment)
+                truncated += recovered.truncated_bytes
+                if recovered.indexes_rebuilt:
+                    rebuilt.append(segment.name)
+            # What a killed process left in the page cache is on disk only after this.
+            storage.fsync(segments[-1].name)
+            storage.fsync_dir()
+        except OSError as error:
+            raise StorageFailure(f"cannot open the partition log: {error}") from error
+        return cls(storage, config, segments,
+                   RecoveryReport(len(segments), truncated, rebuilt, orphans))
+
+    # ------------------------------------------------------------------ appending
+
+    @property
+    def failure(self) -> str | None:
+        """Why the log refuses appends, once a write or sync has failed."""
+        return self._failure
+
+    def fail(self, reason: str) -> None:
+        """Refuse every later append (a write or fsync failed: the file's state is unknown)."""
+        if self._failure is None:
+            self._failure = reason
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise StorageFailure(f"the partition log refuses writes since: {self._failure}")
+
+    def append(self, records: Sequence[bytes], timestamp_ms: int, epoch: int = 0) -> Offset:
+        """Write the records as one chunk (several if over the chunk limits), not synced.
+
+        Returns the first record's offset. Raises MessageSizeExceeded for an oversized record
+        and StorageFailure when the disk refuses (after which every append is refused).
+        """
+        self._check_usable()
+        if not records:
+            raise InvalidArgument("an append needs at least one record")
+        assert epoch >= 0
+        config = self._config
+        for record in records:
+            if len(record) > config.message_bytes_max:
+                raise MessageSizeExceeded(
+                    f"a message of {len(record)} bytes is over the limit of "
+                    f"{config.message_bytes_max} bytes"
+                )
+        last = self._segments[-1].last_timestamp_ms
+        if last is None:
+            last = next((s.last_timestamp_ms for s in reversed(self._segments)
+                         if s.last_timestamp_ms is not None), None)
+        if last is not None and timestamp_ms < last:
+            timestamp_ms = last
+        first = self.end_offset
+        start = 0
+        count = len(records)
+        while start < count:
+            end = start
+            payload = 0
+            while end < count and end - start < config.chunk_records_max:
+                size = len(records[end]) + chunk.RECORD_PREFIX_BYTES
+                if end > start and payload + size > config.chunk_bytes_max:
+                    break
+                payload += size
+                end += 1
+            self._append_chunk(records[start:end], timestamp_ms, epoch)
+            start = end
+        return first
+
+    def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
+        data = chunk.encode_chunk(records, self.end_offset, timestamp_ms, epoch)
+        header = chunk.decode_header(data)
+        try:
+            segment = self._segments[-1]
+            if segment.size > 0 and segment.size + len(data) > self._config.segment_bytes:
+                segment = self._roll()
+            position = segment.size
+            self._storage.append(segment.name, data)
+            entry, time_entry = segment.note_chunk(position, header,
+                                                   self._config.index_interval_bytes)
+            if entry:
+                self._storage.append(segment.index_name, entry)
+            if time_entry:
+                self._storage.append(segment.time_index_name, time_entry)
+        except OSError as error:
+            self.fail(f"writing offset {self.end_offset} failed: {error}")
+            raise StorageFailure(f"the disk refused a write: {error}") from error
+        self.end_offset = header.end_offset
+        self.counters.chunks_appended += 1
+
+    def _roll(self) -> Segment:
+        """Seal the active segment (fsynced whole, with its indexes) and start the next."""
+        old = self._segments[-1]
+        storage = self._storage
+        for name in (old.name, old.index_name, old.time_index_name):
+            storage.fsync(name)
+            storage.release(name)
+        self.counters.fsyncs += 3
+        # The old segment is whole on disk; everything below its end is durable.
+        self.durable_end = max(self.durable_end, old.end_offset)
+        new = Segment(old.end_offset, old.end_offset, 0, None, None)
+        for name in (new.name, new.index_name, new.time_index_name):
+            storage.create(name)
+        storage.fsync_dir()
+        self._segments.append(new)
+        self.counters.segments_rolled += 1
+        return new
+
+    # ------------------------------------------------------------------ syncing
+
+    def begin_sync(self) -> SyncPlan | None:
+        """What to fsync to make everything written so far durable; None when it already is."""
+        self._check_usable()
+        if self.durable_end == self.end_offset:
+            return None
+        return SyncPlan(self._segments[-1].name, self.end_offset, self._generation)
+
+    def run_sync(self, plan: SyncPlan) -> None:
+        """Perform the plan's fsync. Safe to call from another thread while the owner appends
+        (but not while it truncates or applies retention). Raises OSError."""
+        self._storage.fsync(plan.segment_name)
+
+    def finish_sync(self, plan: SyncPlan) -> Offset:
+        """Record the completed plan; returns the new durable end."""
+        self.counters.fsyncs += 1
+        if plan.generation == self._generation and plan.target > self.durable_end:
+            assert plan.target <= self.end_offset
+            self.durable_end = plan.target
+        return self.durable_end
+
+    def sync(self) -> Offset:
+        """fsync what was written; returns the new durable end."""
+        plan = self.begin_sync()
+        if plan is None:
+            return self.durable_end
+        try:
+            self.run_sync(plan)
+        except OSError as error:
+            self.fail(f"fsync failed: {error}")
+            raise StorageFailure(f"the disk refused an fsync: {error}") from error
+        return self.finish_sync(plan)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def start_offset(self) -> Offset:
+        """The first retained offset (equal to the end when the log is empty)."""
+        return self._segments[0].base_offset
+
+    def _segment_index(self, offset: Offset) -> int:
+        """Index of the segment holding `offset` (the last one if it is at or past the end)."""
+        lo, hi = 0, len(self._segments) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._segments[mid].base_offset <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def read(self, start: Offset, max_bytes: int, end: Offset | None = None) -> list[ChunkView]:
+        """Whole chunks from the one holding `start` (the first retained one if `start` is
+        older), up to `max_bytes` of chunk bytes but at least one chunk, and only chunks that
+        end at or before `end` (default: the durable end). Records are memoryviews into one
+        buffer read per call; nothing is decoded. A chunk that fails its CRC is a
+        StorageFailure."""
+        limit = self.durable_end if end is None else min(end, self.end_offset)
+        start = max(start, self.start_offset)
+        if start >= limit:
+            return []
+        views: list[ChunkView] = []
+        total = 0
+        block = max(READ_BLOCK_BYTES_MIN, max_bytes + chunk.HEADER_BYTES)
+        i = self._segment_index(start)
+        while i < len(self._segments):
+            segment = self._segments[i]
+            expected, position = segment.position_near(start)
+            reader = BlockReader(self._storage, segment.name, segment.size, block)
+            while position < segment.size:
+                header = self._header_at(reader, segment, position, expected)
+                if header.end_offset <= start:
+                    position += header.chunk_bytes
+                    expected = header.end_offset
+                    continue
+                if header.end_offset > limit or (views and total + header.chunk_bytes > max_bytes):
+                    return views
+                got = reader.get(position, header.chunk_bytes)
+                if got is None:
+                    raise StorageFailure(f"segment {segment.name} ends inside the chunk at "
+                                         f"offset {header.first_offset}")
+                buffer, at = got
+                try:
+                    chunk.check_crc(buffer, at, header)
+                    records = chunk.slice_records(buffer, at, header)
+                except ChunkError as error:
+                    raise StorageFailure(f"segment {segment.name} byte {position}: {error}") \
+                        from error
+                views.append(ChunkView(header.first_offset, header.timestamp_ms, records))
+                total += header.chunk_bytes
+                position += header.chunk_bytes
+                expected = header.end_offset
+            i += 1
+        return views
+
+    def _header_at(self, reader: BlockReader, segment: Segment, position: int,
+                   expected: Offset) -> ChunkHeader:
+        got = reader.get(position, chunk.HEADER_BYTES)
+        try:
+            if got is None:
+                raise ChunkError("file ends inside a chunk header")
+            header = chunk.decode_header(got[0], got[1])
+        except ChunkError as error:
+            raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
+        if header.first_offset != expected:
+            raise StorageFailure(f"segment {segment.name} byte {position}: chunk has offset "
+                                 f"{header.first_offset}, expected {expected}")
+        return header
+
+    def _locate(self, offset: Offset) -> tuple[int, int, ChunkHeader]:
+        """(segment index, byte position, header) of the chunk holding written `offset`."""
+        assert self.start_offset <= offset < self.end_offset, offset
+        i = self._segment_index(offset)
+        segment = self._segments[i]
+        expected, position = segment.position_near(offset)
+        reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
+        while True:
+            header = self._header_at(reader, segment, position, expected)
+            if header.end_offset > offset:
+                return i, position, header
+            position += header.chunk_bytes
+            expected = header.end_offset
+
+    def _chunk_holding(self, offset: Offset) -> ChunkHeader:
+        return self._locate(offset)[2]
+
+    def _first_at_or_after(self, timestamp_ms: int) -> Offset:
+        """Offset of the first record stamped at or after `timestamp_ms`; the end if none."""
+        for segment in self._segments:
+            if segment.last_timestamp_ms is None or segment.last_timestamp_ms < timestamp_ms:
+                continue
+            entry = segment.time_index.below(timestamp_ms)
+            start = segment.base_offset if entry is None else Offset(segment.base_offset + entry[1])
+            expected, position = segment.position_near(start)
+            reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
+            while position < segment.size:
+                header = self._header_at(reader, segment, position, expected)
+                if header.timestamp_ms >= timestamp_ms:
+                    return header.first_offset
+                position += header.chunk_bytes
+                expected = header.end_offset
+            raise AssertionError("segment.last_timestamp_ms promised a later chunk")
+        return self.end_offset
+
+    def resolve(self, spec: OffsetSpec) -> Offset:
+        """Where a consumer attaching now with `spec` starts (within the durable log)."""
+        first, end = self.start_offset, self.durable_end
+        kind = spec.kind
+        if kind is OffsetSpecKind.FIRST:
+            return first
+        if kind is OffsetSpecKind.NEXT:
+            return end
+        if kind is OffsetSpecKind.LAST:
+            return first if end == first else self._chunk_holding(Offset(end - 1)).first_offset
+        if kind is OffsetSpecKind.OFFSET:
+            return Offset(min(max(spec.value, first), end))
+        if kind is OffsetSpecKind.RELATIVE:
+            return Offset(max(first, end - spec.value))
+        assert kind is OffsetSpecKind.TIMESTAMP, kind
+        return Offset(min(self._first_at_or_after(spec.value), end))
+
+    # ------------------------------------------------------------------ retention, truncation
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete the oldest sealed segments while any retention limit is passed: all their
+        records are older than max_age_ms, or the log holds more than max_bytes or
+        max_messages. Never deletes the active segment. Returns the segments deleted."""
+        retention = self._config.retention
+        if retention.infinite:
+            return 0
+        total_bytes = sum(s.size for s in self._segments)
+        total_messages = self.end_offset - self.start_offset
+        deleted = 0
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            expired = (retention.max_age_ms is not None and oldest.last_timestamp_ms is not None
+                       and oldest.last_timestamp_ms < now_ms - retention.max_age_ms)
+            too_big = retention.max_bytes is not None and total_bytes > retention.max_bytes
+            too_many = (retention.max_messages is not None
+                        and total_messages > retention.max_messages)
+            if not (expired or too_big or too_many):
+                break
+            self._delete_segment(oldest)
+            self._segments.pop(0)
+            total_bytes -= oldest.size
+            total_messages -= oldest.messages
+            deleted += 1
+        if deleted:
+            self._sync_dir()
+            self.counters.segments_deleted += deleted
+        return deleted
+
+    def _delete_segment(self, segment: Segment) -> None:
+        # The segment first: if a crash interrupts, orphan indexes are cleaned up by `open`.
+        try:
+            for name in (segment.name, segment.index_name, segment.time_index_name):
+                self._storage.delete(name)
+        except OSError as error:
+            self.fail(f"deleting {segment.name} failed: {error}")
+            raise StorageFailure(f"the disk refused a delete: {error}") from error
+
+    def _sync_dir(self) -> None:
+        try:
+            self._storage.fsync_dir()
+        except OSError as error:
+            self.fail(f"directory fsync failed: {error}")
+            raise StorageFailure(f"the disk refused a directory fsync: {error}") from error
+
+    def truncate_from(self, offset: Offset) -> None:
+        """Drop every record at and after `offset`, durably (for Raft log repair).
+
+        Cutting inside a chunk keeps the chunk's earlier records, rewritten as a new chunk with
+        the same timestamp and epoch. Cutting below the log start empties the log and starts
+        it again at `offset`.
+        """
+        self._check_usable()
+        if offset >= self.end_offset:
+            return
+        assert offset >= 0
+        self._generation += 1
+        storage = self._storage
+        try:
+            if offset <= self.start_offset:
+                for segment in reversed(self._segments):
+                    self._delete_segment(segment)
+                fresh = Segment(offset, offset, 0, None, None)
+                for name in (fresh.name, fresh.index_name, fresh.time_index_name):
+                    storage.create(name)
+                storage.fsync_dir()
+                self._segments = [fresh]
+                self.end_offset = self.durable_end = offset
+                return
+            i = self._segment_index(offset)
+            for segment in reversed(self._segments[i + 1:]):
+                self._delete_segment(segment)
+            del self._segments[i + 1:]
+            storage.fsync_dir()
+            segment = self._segments[i]
+            _, position, header = self._locate(offset)
+            keep: list[bytes] = []
+            if header.first_offset < offset:
+                view = self.read(header.first_offset, 0, end=header.end_offset)[0]
+                keep = [bytes(r) for r in view.records[:offset - header.first_offset]]
+            previous_timestamp_ms = (None if position == 0 else
+                                     self._chunk_holding(Offset(header.first_offset - 1))
+                                     .timestamp_ms)
+            relative = header.first_offset - segment.base_offset
+            segment.offset_index.cut(relative)
+            time_index = segment.time_index
+            while len(time_index) and time_index.values[-1] >= relative:
+                time_index.keys.pop()
+                time_index.values.pop()
+            storage.truncate(segment.name, position)
+            rewrite_indexes(storage, segment)
+            segment.size = position
+            segment.end_offset = header.first_offset
+            segment.last_timestamp_ms = previous_timestamp_ms
+            if position == 0:
+                segment.first_timestamp_ms = None
+            self.end_offset = self.durable_end = header.first_offset
+            if keep:
+                self._append_chunk(keep, header.timestamp_ms, header.epoch)
+            storage.fsync(segment.name)
+            self.durable_end = self.end_offset
+        except OSError as error:
+            self.fail(f"truncating at offset {offset} failed: {error}")
+            raise StorageFailure(f"the disk refused a truncation: {error}") from error
+
+    # ------------------------------------------------------------------ facts
+
+    def info(self) -> LogInfo:
+        first, end = self.start_offset, self.durable_end
+        first_ts = last_ts = None
+        if end > first:
+            first_ts = next(s.first_timestamp_ms for s in self._segments
+                            if s.first_timestamp_ms is not None)
+            last_ts = self._chunk_holding(Offset(end - 1)).timestamp_ms
+        return LogInfo(first, end, first_ts, last_ts, end - first,
+                       sum(s.size for s in self._segments), len(self._segments))
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments, oldest first (read-only view for tests and stats)."""
+        return list(self._segments)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    def close(self) -> None:
+        """Release the storage. Unsynced appends are not synced: call `sync` first."""
+        self._storage.close()

@@ -1,0 +1,142 @@
+"""A simulated disk for deterministic tests: spate.node.log.storage.Storage in memory.
+
+It keeps two states of the one directory it models: what a reader sees now, and what would
+survive a crash. `crash()` throws the first away and keeps the second, with the faults a real
+disk allows after a power cut:
+
+- file content written since the file's last `fsync` is lost;
+- the disk's last write, if not yet synced, may survive in part: a prefix of it cut at a byte
+  boundary chosen by the seeded `random.Random` (0 bytes = lost, all = fully written);
+- creations, deletions and renames since the last `fsync_dir` are undone.
+
+Faults on demand: `fail_fsync = True` makes every fsync raise OSError(EIO) (after syncing
+nothing), like a disk that has gone bad.
+
+Everything is deterministic from the seed. It passes the same conformance suite as FileStorage
+(tests/node/test_storage_conformance.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Inode:
+    data: bytearray = field(default_factory=bytearray)
+    durable: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    inode: _Inode
+    position: int
+    length: int
+
+
+class SimDisk:
+    """One simulated directory of files (see the module docstring for the crash model)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.random = random.Random(seed)
+        self._files: dict[str, _Inode] = {}
+        self._durable_files: dict[str, _Inode] = {}
+        self._last_write: _Write | None = None
+        self._lock = threading.Lock()  # fsync may come from the partition shell's thread
+        self.fail_fsync = False
+        self.fsyncs = 0
+        self.crashes = 0
+
+    def _inode(self, name: str) -> _Inode:
+        inode = self._files.get(name)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such simulated file", name)
+        return inode
+
+    def list(self) -> list[str]:
+        with self._lock:
+            return sorted(self._files)
+
+    def create(self, name: str) -> None:
+        assert name and "/" not in name, name
+        with self._lock:
+            if name in self._files:
+                raise FileExistsError(errno.EEXIST, "simulated file exists", name)
+            self._files[name] = _Inode()
+
+    def append(self, name: str, data: bytes | memoryview) -> None:
+        with self._lock:
+            inode = self._inode(name)
+            position = len(inode.data)
+            inode.data += data
+            self._last_write = _Write(inode, position, len(data))
+
+    def pread(self, name: str, position: int, length: int) -> bytes:
+        assert position >= 0 and length >= 0
+        with self._lock:
+            return bytes(self._inode(name).data[position:position + length])
+
+    def size(self, name: str) -> int:
+        with self._lock:
+            return len(self._inode(name).data)
+
+    def truncate(self, name: str, size: int) -> None:
+        with self._lock:
+            inode = self._inode(name)
+            assert 0 <= size <= len(inode.data), "truncate never grows a file"
+            del inode.data[size:]
+            if self._last_write is not None and self._last_write.inode is inode:
+                self._last_write = None
+
+    def fsync(self, name: str) -> None:
+        with self._lock:
+            inode = self._inode(name)
+            if self.fail_fsync:
+                raise OSError(errno.EIO, "simulated fsync failure", name)
+            self.fsyncs += 1
+            inode.durable = bytes(inode.data)
+            if self._last_write is not None and self._last_write.inode is inode:
+                self._last_write = None
+
+    def fsync_dir(self) -> None:
+        with self._lock:
+            if self.fail_fsync:
+                raise OSError(errno.EIO, "simulated directory fsync failure")
+            self.fsyncs += 1
+            self._durable_files = dict(self._files)
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self._inode(name)
+            del self._files[name]
+
+    def rename(self, source: str, target: str) -> None:
+        with self._lock:
+            self._files[target] = self._inode(source)
+            del self._files[source]
+
+    def release(self, name: str) -> None:
+        """Nothing to release in memory."""
+
+    def close(self) -> None:
+        """Nothing to close: the disk outlives its users, like a real one."""
+
+    def crash(self) -> None:
+        """Power cut: keep only what was durable, maybe with a torn last write."""
+        with self._lock:
+            self.crashes += 1
+            torn = self._last_write
+            torn_bytes = b""
+            if torn is not None and torn.position == len(torn.inode.durable):
+                kept = self.random.randint(0, torn.length)
+                torn_bytes = bytes(torn.inode.data[torn.position:torn.position + kept])
+            self._files = dict(self._durable_files)
+            for inode in self._files.values():
+                inode.data = bytearray(inode.durable)
+                if torn is not None and inode is torn.inode and torn_bytes:
+                    inode.data += torn_bytes  # what reached the platter is there to stay
+                    inode.durable = bytes(inode.data)
+            self._last_write = None
