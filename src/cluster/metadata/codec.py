@@ -1,0 +1,369 @@
+"""Bytes for metadata commands, results and the full dump: our format, never pickle.
+
+Why this format, and what else was considered: docs/adr/0003-metadata-codec.md.
+
+Record (a command in the Raft log, or a result):
+
+    offset  size  field
+    0       1     format version, 0x01
+    1       1     tag (below)
+    2       n     body: canonical JSON object (UTF-8, ASCII only, keys sorted, no whitespace)
+
+    tag   record         body
+    0x01  CreateStream   {"config": CONFIG, "request_id": str}
+    0x02  DeleteStream   {"name": str, "request_id": str}
+    0x03  RegisterNode   {"admin": str, "amqp": str, "node": str, "now_ms": int, "request_id": str}
+    0x04  Barrier        {"request_id": str}
+    0x41  Applied        {"version": int}
+    0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
+
+    CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
+                 "segment_bytes": int}
+    RETENTION = {"max_age_ms": int|null, "max_bytes": int|null, "max_messages": int|null}
+
+Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
+
+    offset  size  field
+    0       4     magic b"SPMD"
+    4       1     format version, 0x01
+    5       4     body length L, uint32 big-endian
+    9       L     body: canonical JSON {"raft": RAFT, "state": STATE}
+    9+L     4     CRC-32 (zlib) of the body, uint32 big-endian
+
+    RAFT  = {"entries": [ENTRY, ENTRY], "voters": [str, ...]}   (what pysyncobj needs back)
+    ENTRY = {"command": base64 str, "index": int, "term": int}  (pysyncobj's own log entry)
+    STATE = {"nodes": [NODE...], "requests": [[str, RESULT]...], "streams": [STREAM...],
+             "version": int}
+    NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "node": str}
+    STREAM = {"config": CONFIG, "created_version": int}
+    RESULT = {"applied": {"version": int}} | {"rejected": {"code": str, "message": str}}
+
+Objects must have exactly the listed keys; anything else is refused with CodecError. A reader that
+meets a format version it does not know refuses the bytes rather than guessing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from spate.cluster.metadata.state import (
+    Applied,
+    Barrier,
+    Command,
+    CreateStream,
+    DeleteStream,
+    MetadataSnapshot,
+    NodeRecord,
+    RegisterNode,
+    Rejected,
+    RequestId,
+    Result,
+    StreamRecord,
+)
+from spate.core.errors import Blame, BrokerError, ErrorCode
+from spate.core.ids import NodeId, StreamName
+from spate.core.streams import Retention, StreamConfig
+
+FORMAT_VERSION = 0x01
+DUMP_MAGIC = b"SPMD"
+_DUMP_HEADER = struct.Struct(">4sBI")
+_DUMP_CRC = struct.Struct(">I")
+
+TAG_CREATE_STREAM = 0x01
+TAG_DELETE_STREAM = 0x02
+TAG_REGISTER_NODE = 0x03
+TAG_BARRIER = 0x04
+TAG_APPLIED = 0x41
+TAG_REJECTED = 0x42
+
+
+class CodecError(BrokerError):
+    """Bytes that are not a metadata record or dump of a format this build reads."""
+
+    code, blame = ErrorCode.INTERNAL, Blame.SERVER
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One of pysyncobj's log entries, kept opaque: (command bytes, Raft index, Raft term)."""
+
+    command: bytes
+    index: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class RaftCheckpoint:
+    """What pysyncobj hands its serializer besides our state and wants back from the dump."""
+
+    entries: tuple[LogEntry, LogEntry]  # (entry before the last applied one, last applied one)
+    voters: tuple[str, ...]  # host:port of every voter, sorted
+
+
+# Public API -------------------------------------------------------------------------------------
+
+
+def encode_command(command: Command) -> bytes:
+    if isinstance(command, CreateStream):
+        return _record(TAG_CREATE_STREAM, {"request_id": command.request_id,
+                                           "config": _config_json(command.config)})
+    if isinstance(command, DeleteStream):
+        return _record(TAG_DELETE_STREAM, {"request_id": command.request_id,
+                                           "name": command.name})
+    if isinstance(command, RegisterNode):
+        return _record(TAG_REGISTER_NODE, {
+            "request_id": command.request_id, "node": command.node, "amqp": command.amqp,
+            "admin": command.admin, "now_ms": command.now_ms,
+        })
+    assert isinstance(command, Barrier), command
+    return _record(TAG_BARRIER, {"request_id": command.request_id})
+
+
+def decode_command(data: bytes) -> Command:
+    tag, body = _parse_record(data)
+    if tag == TAG_CREATE_STREAM:
+        fields = _fields(body, "command", {"request_id", "config"})
+        return CreateStream(RequestId(_str(fields["request_id"])), _config(fields["config"]))
+    if tag == TAG_DELETE_STREAM:
+        fields = _fields(body, "command", {"request_id", "name"})
+        return DeleteStream(RequestId(_str(fields["request_id"])), StreamName(_str(fields["name"])))
+    if tag == TAG_REGISTER_NODE:
+        fields = _fields(body, "command", {"request_id", "node", "amqp", "admin", "now_ms"})
+        return RegisterNode(
+            RequestId(_str(fields["request_id"])), NodeId(_str(fields["node"])),
+            _str(fields["amqp"]), _str(fields["admin"]), _int(fields["now_ms"]),
+        )
+    if tag == TAG_BARRIER:
+        fields = _fields(body, "command", {"request_id"})
+        return Barrier(RequestId(_str(fields["request_id"])))
+    raise CodecError(f"unknown metadata command tag 0x{tag:02x}")
+
+
+def encode_result(result: Result) -> bytes:
+    if isinstance(result, Applied):
+        return _record(TAG_APPLIED, {"version": result.version})
+    return _record(TAG_REJECTED, {"code": result.code.value, "message": result.message})
+
+
+def decode_result(data: bytes) -> Result:
+    tag, body = _parse_record(data)
+    if tag == TAG_APPLIED:
+        return Applied(_int(_fields(body, "result", {"version"})["version"]))
+    if tag == TAG_REJECTED:
+        fields = _fields(body, "result", {"code", "message"})
+        return Rejected(_error_code(fields["code"]), _str(fields["message"]))
+    raise CodecError(f"unknown metadata result tag 0x{tag:02x}")
+
+
+def encode_dump(raft: RaftCheckpoint, snapshot: MetadataSnapshot) -> bytes:
+    body = _canonical({"raft": _raft_json(raft), "state": _snapshot_json(snapshot)})
+    return (_DUMP_HEADER.pack(DUMP_MAGIC, FORMAT_VERSION, len(body)) + body
+            + _DUMP_CRC.pack(zlib.crc32(body)))
+
+
+def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
+    if len(data) < _DUMP_HEADER.size + _DUMP_CRC.size:
+        raise CodecError(f"metadata dump too short ({len(data)} bytes)")
+    magic, version, length = _DUMP_HEADER.unpack_from(data)
+    if magic != DUMP_MAGIC:
+        raise CodecError(f"not a Spate metadata dump (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise CodecError(f"metadata dump format {version} is not readable by this build "
+                         f"(reads {FORMAT_VERSION})")
+    if len(data) != _DUMP_HEADER.size + length + _DUMP_CRC.size:
+        raise CodecError(f"metadata dump is {len(data)} bytes, its header says "
+                         f"{_DUMP_HEADER.size + length + _DUMP_CRC.size}")
+    body = data[_DUMP_HEADER.size:_DUMP_HEADER.size + length]
+    (crc,) = _DUMP_CRC.unpack_from(data, _DUMP_HEADER.size + length)
+    if zlib.crc32(body) != crc:
+        raise CodecError("metadata dump checksum mismatch (torn or corrupted file)")
+    fields = _fields(_json(body), "dump", {"raft", "state"})
+    return _raft(fields["raft"]), _snapshot(fields["state"])
+
+
+# JSON shapes ------------------------------------------------------------------------------------
+
+
+def _config_json(config: StreamConfig) -> dict[str, Any]:
+    r = config.retention
+    return {
+        "name": config.name, "partitions": config.partitions, "replicas": config.replicas,
+        "segment_bytes": config.segment_bytes,
+        "retention": {"max_age_ms": r.max_age_ms, "max_bytes": r.max_bytes,
+                      "max_messages": r.max_messages},
+    }
+
+
+def _config(value: object) -> StreamConfig:
+    fields = _fields(value, "stream config",
+                     {"name", "partitions", "replicas", "segment_bytes", "retention"})
+    retention = _fields(fields["retention"], "retention",
+                        {"max_age_ms", "max_bytes", "max_messages"})
+    return StreamConfig(
+        name=StreamName(_str(fields["name"])),
+        partitions=_int(fields["partitions"]),
+        replicas=_int(fields["replicas"]),
+        segment_bytes=_int(fields["segment_bytes"]),
+        retention=Retention(
+            max_age_ms=_optional(retention["max_age_ms"], _int),
+            max_bytes=_optional(retention["max_bytes"], _int),
+            max_messages=_optional(retention["max_messages"], _int),
+        ),
+    )
+
+
+def _result_json(result: Result) -> dict[str, Any]:
+    if isinstance(result, Applied):
+        return {"applied": {"version": result.version}}
+    return {"rejected": {"code": result.code.value, "message": result.message}}
+
+
+def _result(value: object) -> Result:
+    if isinstance(value, dict) and set(value) == {"applied"}:
+        return Applied(_int(_fields(value["applied"], "result", {"version"})["version"]))
+    fields = _fields(_fields(value, "result", {"rejected"})["rejected"], "result",
+                     {"code", "message"})
+    return Rejected(_error_code(fields["code"]), _str(fields["message"]))
+
+
+def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
+    return {
+        "version": snapshot.version,
+        "streams": [{"config": _config_json(s.config), "created_version": s.created_version}
+                    for s in snapshot.streams],
+        "nodes": [{"node": n.node, "amqp": n.amqp, "admin": n.admin,
+                   "heartbeat_ms": n.heartbeat_ms} for n in snapshot.nodes],
+        "requests": [[request_id, _result_json(result)]
+                     for request_id, result in snapshot.requests],
+    }
+
+
+def _snapshot(value: object) -> MetadataSnapshot:
+    fields = _fields(value, "state", {"version", "streams", "nodes", "requests"})
+    streams = []
+    for item in _list(fields["streams"]):
+        stream = _fields(item, "stream", {"config", "created_version"})
+        streams.append(StreamRecord(_config(stream["config"]), _int(stream["created_version"])))
+    nodes = []
+    for item in _list(fields["nodes"]):
+        node = _fields(item, "node", {"node", "amqp", "admin", "heartbeat_ms"})
+        nodes.append(NodeRecord(NodeId(_str(node["node"])), _str(node["amqp"]),
+                                _str(node["admin"]), _int(node["heartbeat_ms"])))
+    requests = []
+    for item in _list(fields["requests"]):
+        pair = _list(item)
+        if len(pair) != 2:
+            raise CodecError("a remembered request must be [request id, result]")
+        requests.append((RequestId(_str(pair[0])), _result(pair[1])))
+    return MetadataSnapshot(_int(fields["version"]), tuple(streams), tuple(nodes),
+                            tuple(requests))
+
+
+def _raft_json(raft: RaftCheckpoint) -> dict[str, Any]:
+    return {
+        "entries": [{"command": base64.b64encode(e.command).decode("ascii"), "index": e.index,
+                     "term": e.term} for e in raft.entries],
+        "voters": list(raft.voters),
+    }
+
+
+def _raft(value: object) -> RaftCheckpoint:
+    fields = _fields(value, "raft checkpoint", {"entries", "voters"})
+    entries = []
+    for item in _list(fields["entries"]):
+        entry = _fields(item, "log entry", {"command", "index", "term"})
+        try:
+            command = base64.b64decode(_str(entry["command"]), validate=True)
+        except binascii.Error as error:
+            raise CodecError(f"log entry command is not base64: {error}") from error
+        entries.append(LogEntry(command, _int(entry["index"]), _int(entry["term"])))
+    if len(entries) != 2:
+        raise CodecError(f"a raft checkpoint holds 2 log entries, got {len(entries)}")
+    return RaftCheckpoint((entries[0], entries[1]), tuple(_str(v) for v in _list(fields["voters"])))
+
+
+# Primitives -------------------------------------------------------------------------------------
+
+
+def _canonical(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def _record(tag: int, body: dict[str, Any]) -> bytes:
+    return bytes((FORMAT_VERSION, tag)) + _canonical(body)
+
+
+def _parse_record(data: bytes) -> tuple[int, object]:
+    if len(data) < 2:
+        raise CodecError(f"metadata record too short ({len(data)} bytes)")
+    if data[0] != FORMAT_VERSION:
+        raise CodecError(f"metadata record format {data[0]} is not readable by this build "
+                         f"(reads {FORMAT_VERSION})")
+    return data[1], _json(data[2:])
+
+
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body.decode("ascii"), parse_constant=_reject_constant,
+                          object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise CodecError(f"metadata body is not canonical JSON: {error}") from error
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("duplicate key in object")
+    return value
+
+
+def _fields(value: object, what: str, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CodecError(f"{what} must be a JSON object, got {type(value).__name__}")
+    if set(value) != keys:
+        raise CodecError(f"{what} must have the keys {sorted(keys)}, got {sorted(value)}")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise CodecError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CodecError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise CodecError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+_T = TypeVar("_T")
+
+
+def _optional(value: object, read: Callable[[object], _T]) -> _T | None:
+    return None if value is None else read(value)
+
+
+def _error_code(value: object) -> ErrorCode:
+    try:
+        return ErrorCode(_str(value))
+    except ValueError as error:
+        raise CodecError(f"unknown error code {value!r}") from error

@@ -1,0 +1,44 @@
+"""Limits of the metadata service, each named once with its unit.
+
+They live here rather than in spate.core.limits because only the metadata service reads them.
+"""
+
+from __future__ import annotations
+
+request_ids_remembered_max = 10_000
+"""Applied request ids (with their results) kept to deduplicate retried commands, oldest out first.
+A client retrying a command after more than this many newer commands may see it applied twice."""
+
+nodes_max = 1024
+"""Nodes the registry holds; registering one more is refused with ResourceLimitExceeded."""
+
+streams_max = 100_000
+"""Stream definitions the metadata state holds; creating one more is refused."""
+
+command_bytes_max = 64 * 1024
+"""Largest encoded command. pysyncobj splits entries at appendEntriesBatchSizeBytes (default
+64 KiB) with a chunking bug (research/pysyncobj.md §6.1), so commands stay well below it."""
+
+command_timeout_ms = 5_000
+"""How long the service waits for a command to commit before reporting Unavailable."""
+
+ready_timeout_ms = 30_000
+"""How long start() waits for the local replica to be elected or to catch up with a leader."""
+
+raft_min_timeout_s = 1.0
+raft_max_timeout_s = 2.0
+"""Election timeouts; 0.4/1.4 s caused spurious elections on a busy 2-core box, 1/2 s none
+(research/pysyncobj.md §1.2, §6.6)."""
+
+connection_retry_s = 1.0
+"""Reconnect interval between voters; the default 5 s leaves a late starter isolated for 5 s."""
+
+compaction_min_entries = 1_000
+"""Journal entries after which the state is written to the full dump and the journal truncated."""
+
+compaction_min_time_s = 300
+"""Longest time between two full dumps while commands arrive."""
+
+assert raft_max_timeout_s > raft_min_timeout_s
+assert command_timeout_ms > raft_max_timeout_s * 1000, "a command must survive one election"
+assert compaction_min_entries >= 2

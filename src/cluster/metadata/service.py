@@ -1,0 +1,287 @@
+"""`MetadataService`: the asyncio face of the metadata voter hosted by a node process.
+
+Writes go through Raft and resolve once applied on this replica (so a read right after a write on
+the same node sees it). Reads (`streams()`, `stream()`, `view()`) return this replica's state
+without a Raft round trip; `barrier()` first makes every previously committed change visible.
+Commands that pysyncobj drops during a leader change are resubmitted with the same request id,
+which the state machine deduplicates, until `command_timeout_ms` runs out; then the caller gets
+Unavailable with what this voter knows about the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spate.cluster.metadata import limits
+from spate.cluster.metadata.codec import encode_command
+from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, RaftStatus, SubmitFailure
+from spate.cluster.metadata.state import (
+    Barrier,
+    Command,
+    CreateStream,
+    DeleteStream,
+    MetadataView,
+    NodeRecord,
+    RegisterNode,
+    Rejected,
+    RequestId,
+    Result,
+)
+from spate.core.errors import InvalidArgument, NotFound, ResourceLimitExceeded, Unavailable
+from spate.core.ids import NodeId, StreamName
+from spate.core.streams import StreamConfig
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[MetadataView], None]
+
+_RETRY_DELAY_S = 0.1
+"""Pause before resubmitting a command pysyncobj dropped during a leader change."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataStatus:
+    node_id: str
+    self_address: str
+    voters: tuple[str, ...]
+    leader: str | None  # address of the last known leader, None while electing
+    is_leader: bool
+    ready: bool  # this replica caught up with a leader since it started
+    has_quorum: bool  # this replica reaches a majority of the voters (itself included)
+    connected_peers: tuple[str, ...]
+    term: int
+    commit_index: int
+    last_applied: int
+    version: int  # state version (count of changes) of this replica
+    streams: int
+    nodes: int
+
+
+class MetadataService:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        data_dir: Path,
+        self_address: str,
+        peer_addresses: Sequence[str] = (),
+        password: str,
+        bind_address: str | None = None,
+        command_timeout_ms: int = limits.command_timeout_ms,
+        ready_timeout_ms: int = limits.ready_timeout_ms,
+        compaction_min_entries: int = limits.compaction_min_entries,
+    ) -> None:
+        self.node_id = node_id
+        self.command_timeout_ms = command_timeout_ms
+        self.ready_timeout_ms = ready_timeout_ms
+        self._raft = MetadataRaft(
+            RaftConfig(
+                self_address=self_address,
+                peer_addresses=tuple(a for a in peer_addresses if a != self_address),
+                data_dir=Path(data_dir),
+                password=password,
+                bind_address=bind_address,
+                compaction_min_entries=compaction_min_entries,
+            ),
+            self._on_change_threadsafe,
+        )
+        self._listeners: list[Listener] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+
+    # Life cycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the voter and replay the local journal; does not wait for a leader.
+
+        After it returns, `streams()` shows what this replica had committed before it stopped.
+        Use `wait_ready()` to wait for a leader (a majority of voters must be running).
+        """
+        assert not self._started, "started twice"
+        self._loop = asyncio.get_running_loop()
+        # On this thread: pysyncobj stops ticking when the thread that created it exits.
+        self._raft.start()
+        self._started = True
+        deadline = time.monotonic() + self.ready_timeout_ms / 1000
+        while time.monotonic() < deadline:
+            self._raise_if_failed()
+            status = self._raft.status()
+            if status.last_applied >= status.commit_index and self._raft.dump_loaded():
+                return
+            await asyncio.sleep(0.02)
+        raise Unavailable(f"the metadata voter {self.node_id} did not replay its journal within "
+                          f"{self.ready_timeout_ms / 1000:.0f} s")
+
+    async def wait_ready(self, timeout_ms: int | None = None) -> None:
+        """Wait until a leader exists and this replica has caught up with it."""
+        limit_ms = self.ready_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + limit_ms / 1000
+        while True:
+            self._raise_if_failed()
+            if self._raft.status().ready:
+                return
+            if time.monotonic() >= deadline:
+                raise self._no_leader(f"not ready after {limit_ms / 1000:.1f} s")
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await asyncio.to_thread(self._raft.stop)
+
+    # Writes -------------------------------------------------------------------------------------
+
+    async def create_stream(self, config: StreamConfig, *,
+                            request_id: RequestId | None = None) -> StreamConfig:
+        """Store a new stream definition; raises InvalidArgument, AlreadyExists, Unavailable."""
+        config.validate()
+        await self._submit(CreateStream(request_id or _new_request_id(), config))
+        return self.stream(config.name)
+
+    async def delete_stream(self, name: StreamName, *,
+                            request_id: RequestId | None = None) -> None:
+        """Remove a stream definition; raises NotFound, Unavailable."""
+        await self._submit(DeleteStream(request_id or _new_request_id(), name))
+
+    async def register_node(self, node: NodeId, *, amqp: str, admin: str,
+                            now_ms: int | None = None) -> None:
+        """Record (or refresh) a node's endpoints and heartbeat time in the registry."""
+        stamp = int(time.time() * 1000) if now_ms is None else now_ms
+        await self._submit(RegisterNode(_new_request_id(), node, amqp, admin, stamp))
+
+    async def barrier(self) -> MetadataView:
+        """Commit a no-op; afterwards this replica shows every change committed before the call."""
+        await self._submit(Barrier(_new_request_id()))
+        return self.view()
+
+    # Reads (this replica's state) ---------------------------------------------------------------
+
+    def view(self) -> MetadataView:
+        return self._raft.view()
+
+    def streams(self) -> list[StreamConfig]:
+        """Every stream definition, sorted by name."""
+        view = self.view()
+        return [view.streams[name].config for name in sorted(view.streams)]
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        """Raises NotFound for an unknown stream."""
+        record = self.view().streams.get(name)
+        if record is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        return record.config
+
+    def nodes(self) -> list[NodeRecord]:
+        view = self.view()
+        return [view.nodes[node] for node in sorted(view.nodes)]
+
+    def status(self) -> MetadataStatus:
+        raft = self._raft.status()
+        view = self.view()
+        return MetadataStatus(
+            node_id=self.node_id, self_address=raft.self_address, voters=raft.voters,
+            leader=raft.leader, is_leader=raft.is_leader, ready=raft.ready,
+            has_quorum=raft.has_quorum, connected_peers=raft.connected_peers, term=raft.term,
+            commit_index=raft.commit_index, last_applied=raft.last_applied,
+            version=view.version, streams=len(view.streams), nodes=len(view.nodes),
+        )
+
+    # Change notifications -----------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(view)` on the event loop after every change, in order (stream created or
+        deleted, node registered, snapshot installed). It is not called for the state that exists
+        when it is added: read `view()` or `streams()` right after adding it."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _on_change_threadsafe(self, view: MetadataView) -> None:
+        """Runs on pysyncobj's tick thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # replay before start() bound a loop, or after the loop ended
+        loop.call_soon_threadsafe(self._notify, view)
+
+    def _notify(self, view: MetadataView) -> None:
+        for listener in list(self._listeners):
+            listener(view)
+
+    # Submission ---------------------------------------------------------------------------------
+
+    async def _submit(self, command: Command) -> Result:
+        assert self._started and self._loop is not None, "use the service between start and stop"
+        self._raise_if_failed()
+        data = encode_command(command)
+        if len(data) > limits.command_bytes_max:
+            raise InvalidArgument(f"the request is too large ({len(data)} bytes, at most "
+                                  f"{limits.command_bytes_max})")
+        loop = self._loop
+        deadline = loop.time() + self.command_timeout_ms / 1000
+        while True:
+            future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = (
+                loop.create_future())
+
+            def done(result: Result | None, failure: SubmitFailure | None,
+                     future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = future,
+                     ) -> None:  # tick thread
+                loop.call_soon_threadsafe(_settle, future, (result, failure))
+
+            self._raft.submit(data, done)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    result, failure = await future
+            except TimeoutError:
+                raise self._no_leader(
+                    f"the request did not commit within {self.command_timeout_ms / 1000:.1f} s; "
+                    "it may still take effect once a leader is elected"
+                ) from None
+            if result is not None:
+                if isinstance(result, Rejected):
+                    raise result.error()
+                return result
+            if failure is SubmitFailure.QUEUE_FULL:
+                raise ResourceLimitExceeded("the metadata service is overloaded (its command "
+                                            "queue is full); retry shortly")
+            log.info("metadata command %s %s; resubmitting", command.request_id,
+                     failure.name if failure else "?")
+            if loop.time() + _RETRY_DELAY_S >= deadline:
+                raise self._no_leader(f"the request was dropped ({failure}) and the time to "
+                                      "retry ran out; it may still take effect")
+            await asyncio.sleep(_RETRY_DELAY_S)
+
+    def _raise_if_failed(self) -> None:
+        if self._raft.failure is not None:
+            raise self._raft.failure
+
+    def _no_leader(self, detail: str) -> Unavailable:
+        raft: RaftStatus = self._raft.status()
+        reachable = 1 + len(raft.connected_peers)
+        majority = len(raft.voters) // 2 + 1
+        if raft.leader is None or not raft.has_quorum:
+            missing = sorted(set(raft.voters) - set(raft.connected_peers) - {raft.self_address})
+            return Unavailable(
+                f"metadata service has no leader: voter {raft.self_address} reaches {reachable} of "
+                f"{len(raft.voters)} voters and needs {majority}"
+                + (f"; start or reconnect {', '.join(missing)}" if missing else "")
+                + f" ({detail})"
+            )
+        return Unavailable(f"metadata service leader {raft.leader} did not answer ({detail})")
+
+
+def _settle(future: asyncio.Future[tuple[Result | None, SubmitFailure | None]],
+            outcome: tuple[Result | None, SubmitFailure | None]) -> None:
+    if not future.done():  # the caller may have timed out already
+        future.set_result(outcome)
+
+
+def _new_request_id() -> RequestId:
+    return RequestId(uuid.uuid4().hex)
