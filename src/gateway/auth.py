@@ -1,0 +1,83 @@
+"""Users for SASL PLAIN: a JSON file of salted, hashed passwords.
+
+File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}}`. Each hash is
+`hashlib.scrypt(password, salt, n, r, p, dklen=32)` with a per-user random 16-byte salt; the
+parameters travel in the string so they can be raised later without breaking old entries.
+Create entries with `hash_password("secret")` (or `python -m spate.gateway.auth <password>`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from spate.core.errors import InvalidArgument
+
+SCRYPT_N = 2**14
+SCRYPT_R = 8
+SCRYPT_P = 1
+SALT_BYTES = 16
+HASH_BYTES = 32
+SCRYPT_MAXMEM_BYTES = 64 * 1024 * 1024
+USERS_MAX = 100_000
+PASSWORD_BYTES_MAX = 1024
+
+
+def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P,
+                  salt: bytes | None = None) -> str:
+    """`scrypt$n$r$p$salt_b64$hash_b64` for a users file."""
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=HASH_BYTES,
+                            maxmem=SCRYPT_MAXMEM_BYTES)
+    b64 = base64.b64encode
+    return f"scrypt${n}${r}${p}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def verify_password(password: str, encoded: str) -> bool:
+    """Constant-time check of a password against `hash_password` output."""
+    parts = encoded.split("$")
+    if len(parts) != 6 or parts[0] != "scrypt":
+        raise InvalidArgument("password hash is not in the form scrypt$n$r$p$salt$hash")
+    n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+    salt, expected = base64.b64decode(parts[4]), base64.b64decode(parts[5])
+    if len(password.encode()) > PASSWORD_BYTES_MAX:
+        return False
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(expected),
+                            maxmem=SCRYPT_MAXMEM_BYTES)
+    return hmac.compare_digest(digest, expected)
+
+
+@dataclass(frozen=True, slots=True)
+class Users:
+    hashes: dict[str, str]
+
+    @staticmethod
+    def load(path: Path) -> Users:
+        """Read a users file; InvalidArgument with the reason when it is not usable."""
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise InvalidArgument(f"cannot read users file {path}: {err}") from err
+        users = doc.get("users") if isinstance(doc, dict) else None
+        if not isinstance(users, dict) or len(users) > USERS_MAX:
+            raise InvalidArgument(f"users file {path}: expected {{\"users\": {{name: hash}}}}")
+        for name, encoded in users.items():
+            if not isinstance(encoded, str) or not encoded.startswith("scrypt$"):
+                raise InvalidArgument(f"users file {path}: user {name!r} has no scrypt hash")
+        return Users(dict(users))
+
+    def check(self, user: str, password: str) -> bool:
+        encoded = self.hashes.get(user)
+        if encoded is None:
+            return False
+        return verify_password(password, encoded)
+
+
+if __name__ == "__main__":  # pragma: no cover - operator helper
+    sys.stdout.write(hash_password(sys.argv[1]) + "\n")

@@ -1,0 +1,768 @@
+"""One AMQP 1.0 connection: an asyncio Protocol driving proton's engine (the only proton module).
+
+Layers, outside in: asyncio transport (TLS already terminated) -> `sasl.SaslServer` until the
+outcome -> proton `Transport`/`Connection`/`Collector` (no proton SASL layer) -> our dispatch.
+
+Dispatch (research/proton.md §5): `PN_DELIVERY` events are handled with direct `cproton_ffi.lib`
+calls and raw bytes, never `proton.Message` and never proton's Event wrappers; every other event
+(open, begin, attach, flow, detach, close) goes through `proton.Event.wrap` and the control
+methods below, where link refusals happen in remote-open semantics (attach + detach flushed
+together, never undone by a later `open()`).
+
+Pump order: dispatch events -> start appends for the producer batches drained this turn ->
+top up producer credit -> send to consumers with credit -> write proton's output -> arm the
+heartbeat timer. Input is pushed into proton at most `limits.socket_read_slice_bytes` per loop
+turn (reading is paused in between) so one flooding client cannot starve the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from cproton_ffi import ffi, lib
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Data,
+    Endpoint,
+    Event,
+    Link,
+    Terminus,
+    Transport,
+    TransportException,
+    symbol,
+    ushort,
+)
+
+from spate.core import limits
+from spate.core.backend import Broker, Partition
+from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
+from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
+from spate.gateway import codec, info, links, sections
+from spate.gateway.errors import AmqpError, amqp_error, plain
+from spate.gateway.errors import DECODE_ERROR, RESOURCE_LIMIT_EXCEEDED
+from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
+
+log = logging.getLogger(__name__)
+
+EVENT_STREAMS_CAPABILITY = symbol("AMQP_EVENT_STREAMS_V1_0")
+LINKS_PER_CONNECTION_MAX = 1024
+CONSUMER_UNSETTLED_MAX = 10_000
+"""Deliveries one consumer link may hold unsettled (credit beyond this waits for settlements)."""
+_TAG = struct.Struct("<Q")
+_CONTROL_EVENTS = frozenset((
+    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
+    lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
+    lib.PN_LINK_REMOTE_OPEN, lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH,
+    lib.PN_LINK_FLOW, lib.PN_TRANSPORT_ERROR,
+))
+
+
+def _key(pointer: Any) -> int:
+    return int(ffi.cast("uintptr_t", pointer))
+
+
+@dataclass
+class Context:
+    """What every connection of one listener shares (all on the listener's loop)."""
+
+    broker: Broker
+    node_id: str
+    allow_anonymous: bool
+    authenticate_plain: Callable[[str, str], Awaitable[bool]] | None
+    idle_timeout_s: float | None
+    recv_buffer: Any = field(default_factory=lambda: ffi.new("char[]",
+                                                             limits.message_bytes_max + 1))
+    connections: set[AmqpConnection] = field(default_factory=set)
+
+
+@dataclass
+class ProducerLink:
+    link: Link  # keeps the C link (and its unsettled deliveries) alive while appends are pending
+    pointer: Any
+    plan: links.ProducerPlan
+    presettled: bool
+    batch: dict[PartitionId, list[tuple[bytes, Any]]] = field(default_factory=dict)
+    unrouted: list[tuple[bytes, Any]] = field(default_factory=list)
+    oversize: set[int] = field(default_factory=set)
+    closed: bool = False
+
+
+@dataclass
+class ConsumerLink:
+    link: Link
+    pointer: Any
+    plan: links.ConsumerPlan
+    presettled: bool
+    unsettled: int = 0
+    tag: int = 0
+    closed: bool = False
+
+
+@dataclass
+class InfoLink:
+    link: Link
+    pointer: Any
+    stream: StreamName
+    next_send_s: float = 0.0
+    tag: int = 0
+    closed: bool = False
+
+
+class AmqpConnection(asyncio.Protocol):
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.loop = asyncio.get_running_loop()
+        self.sasl = SaslServer(allow_anonymous=ctx.allow_anonymous,
+                               allow_plain=ctx.authenticate_plain is not None)
+        self.user: str | None = None
+        self.engine = Transport(Transport.SERVER)
+        self.engine.max_frame_size = limits.frame_bytes_max
+        if ctx.idle_timeout_s:
+            self.engine.idle_timeout = ctx.idle_timeout_s
+        self.conn = Connection()
+        self.collector = Collector()
+        self.conn.collect(self.collector)
+        self.engine.bind(self.conn)
+        self.sock: asyncio.Transport | None = None
+        self.closed = False
+        self._paused_writing = False
+        self._rest: memoryview | None = None
+        self._pump_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._info_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self.producers: dict[int, ProducerLink] = {}
+        self.consumers: dict[int, ConsumerLink] = {}
+        self.infos: dict[int, InfoLink] = {}
+        self.dirty: set[int] = set()
+        self.unconfirmed = 0
+
+    # asyncio side -------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.sock = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        if len(self.ctx.connections) >= limits.connections_max:
+            log.warning("refusing connection: %d connections open", limits.connections_max)
+            self.sock.abort()
+            self.closed = True
+            return
+        self.ctx.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.sasl.stage is not Stage.DONE:
+            self._sasl_actions(self.sasl.receive(data))
+            return
+        self._feed(data)
+
+    def eof_received(self) -> bool | None:
+        if self.sasl.stage is Stage.DONE and not self.closed:
+            self.engine.close_tail()
+            self.pump()
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.ctx.connections.discard(self)
+        for timer in (self._timer, self._info_timer):
+            if timer is not None:
+                timer.cancel()
+        for consumer in self.consumers.values():
+            self._forget_consumer(consumer)
+        self.consumers.clear()
+        for producer in self.producers.values():
+            producer.closed = True
+        self.infos.clear()
+
+    def pause_writing(self) -> None:
+        self._paused_writing = True
+
+    def resume_writing(self) -> None:
+        self._paused_writing = False
+        self.schedule_pump()
+
+    # SASL ---------------------------------------------------------------------------------------
+
+    def _sasl_actions(self, actions: list[Any]) -> None:
+        assert self.sock is not None
+        for action in actions:
+            if isinstance(action, Send):
+                self.sock.write(action.data)
+            elif isinstance(action, Close):
+                log.info("closing connection during SASL: %s", action.reason)
+                self.sock.close()
+                self.closed = True
+            elif isinstance(action, Authenticate):
+                self._own(asyncio.ensure_future(self._authenticate(action)))
+            else:
+                assert isinstance(action, Done)
+                self.user = action.user
+                if action.rest:
+                    self._feed(action.rest)
+                else:
+                    self.pump()
+
+    async def _authenticate(self, request: Authenticate) -> None:
+        user: str | None = None
+        if request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
+            user = "anonymous"
+        elif (request.mechanism == "PLAIN" and self.ctx.authenticate_plain is not None
+              and request.user is not None and request.password is not None
+              and await self.ctx.authenticate_plain(request.user, request.password)):
+            user = request.user
+        if not self.closed:
+            self._sasl_actions(self.sasl.outcome(user))
+
+    def _own(self, future: asyncio.Future[Any]) -> None:
+        self._tasks.add(future)
+        future.add_done_callback(self._tasks.discard)
+
+    # input --------------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        assert self.sock is not None
+        slice_bytes = limits.socket_read_slice_bytes
+        if len(data) <= slice_bytes and self._rest is None:
+            self._push(data)
+            self.pump()
+            return
+        if self._rest is not None:  # data arrived before reading paused; queue it behind
+            self._rest = memoryview(bytes(self._rest) + data)
+            return
+        self.sock.pause_reading()
+        self._rest = memoryview(data)
+        self._continue()
+
+    def _continue(self) -> None:
+        if self.closed or self._rest is None:
+            return
+        chunk, rest = self._rest[:limits.socket_read_slice_bytes], self._rest[
+            limits.socket_read_slice_bytes:]
+        self._push(bytes(chunk))
+        self.pump()
+        if len(rest) and not self.closed:
+            self._rest = rest
+            self.loop.call_soon(self._continue)
+        else:
+            self._rest = None
+            if self.sock is not None and not self.closed:
+                self.sock.resume_reading()
+
+    def _push(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self.closed:
+            capacity = self.engine.capacity()
+            if capacity < 0:
+                return  # tail closed: proton is shutting the connection down
+            if capacity == 0:
+                self._dispatch()
+                capacity = self.engine.capacity()
+                if capacity <= 0:
+                    return
+            n = min(capacity, len(view))
+            try:
+                self.engine.push(bytes(view[:n]))
+            except TransportException:
+                log.info("transport error from peer input: %s", self.engine.condition)
+                return
+            view = view[n:]
+            self._dispatch()
+
+    # pump ---------------------------------------------------------------------------------------
+
+    def schedule_pump(self) -> None:
+        if not self._pump_scheduled and not self.closed:
+            self._pump_scheduled = True
+            self.loop.call_soon(self.pump)
+
+    def pump(self) -> None:
+        self._pump_scheduled = False
+        if self.closed or self.sasl.stage is not Stage.DONE:
+            return
+        self._dispatch()
+        self._flush_appends()
+        self._top_up_credit()
+        if not self._paused_writing:
+            self._send_consumers()
+            self._send_infos()
+        self._dispatch()
+        self._write()
+
+    def _write(self) -> None:
+        assert self.sock is not None
+        engine = self.engine
+        while True:
+            pending = engine.pending()
+            if pending > 0:
+                self.sock.write(engine.peek(pending))
+                engine.pop(pending)
+                continue
+            if pending < 0:  # head closed: everything is written
+                self.sock.close()
+                self.closed = True
+                return
+            break
+        deadline = engine.tick(self.loop.time())
+        if engine.pending() > 0:
+            self.schedule_pump()
+        if deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(deadline, self.pump)
+
+    def _dispatch(self) -> None:
+        collector = self.collector._impl
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        while True:
+            ev = peek(collector)
+            if ev == ffi.NULL:
+                return
+            kind = event_type(ev)
+            if kind == lib.PN_DELIVERY:
+                self._delivery(lib.pn_event_delivery(ev))
+            elif kind in _CONTROL_EVENTS:
+                self._control(kind, Event.wrap(ev))
+            pop(collector)
+
+    # control plane ------------------------------------------------------------------------------
+
+    def _control(self, kind: int, event: Event) -> None:
+        if kind == lib.PN_LINK_REMOTE_OPEN:
+            self._link_remote_open(event.link)
+        elif kind == lib.PN_LINK_FLOW:
+            self.schedule_pump()
+        elif kind in (lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH):
+            self._forget_link(event.link)
+            if event.link.state & Endpoint.LOCAL_ACTIVE:
+                event.link.close()
+        elif kind == lib.PN_SESSION_REMOTE_OPEN:
+            if event.session.state & Endpoint.LOCAL_UNINIT:
+                event.session.open()
+        elif kind == lib.PN_SESSION_REMOTE_CLOSE:
+            for link_key in self._links_of(event.session):
+                self._forget_key(link_key)
+            if event.session.state & Endpoint.LOCAL_ACTIVE:
+                event.session.close()
+        elif kind == lib.PN_CONNECTION_REMOTE_OPEN:
+            conn = event.connection
+            conn.container = self.ctx.node_id
+            conn.offered_capabilities = [EVENT_STREAMS_CAPABILITY]
+            conn.properties = {symbol("product"): "spate", symbol("node"): self.ctx.node_id}
+            conn.open()
+        elif kind == lib.PN_CONNECTION_REMOTE_CLOSE:
+            for link_key in list(self.producers) + list(self.consumers) + list(self.infos):
+                self._forget_key(link_key)
+            event.connection.close()
+        elif kind == lib.PN_TRANSPORT_ERROR:
+            log.info("AMQP transport error: %s", event.transport.condition)
+
+    def _links_of(self, session: Any) -> list[int]:
+        out = []
+        for table in (self.producers, self.consumers, self.infos):
+            for link_key, state in table.items():
+                if state.link.session == session:
+                    out.append(link_key)
+        return out
+
+    def _link_remote_open(self, link: Link) -> None:
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        terminus = "target" if link.is_receiver else "source"
+        remote = link.remote_target if link.is_receiver else link.remote_source
+        address = remote.address
+        try:
+            if len(self.producers) + len(self.consumers) + len(self.infos) >= \
+                    LINKS_PER_CONNECTION_MAX:
+                self._refuse(link, plain(RESOURCE_LIMIT_EXCEEDED,
+                                         f"a connection may have {LINKS_PER_CONNECTION_MAX} links"),
+                             address)
+                return
+            links.check_terminus(remote.dynamic, terminus)
+            parsed = links.parse_address(address, terminus=terminus)
+            properties = dict(link.remote_properties or {})
+            if link.is_receiver:
+                self._open_producer(link, parsed, properties)
+            elif parsed.info:
+                self._open_info(link, links.plan_info(self.ctx.broker, parsed))
+            else:
+                self._open_consumer(link, parsed, properties)
+        except BrokerError as err:
+            self._refuse(link, amqp_error(err), address)
+
+    def _refuse(self, link: Link, error: AmqpError, address: str | None) -> None:
+        """Attach with a null terminus, then detach with the error, in one flush (AMQP 2.6.3)."""
+        if link.is_sender:
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.copy(link.remote_target)
+        else:
+            link.target.type = Terminus.UNSPECIFIED
+            link.source.copy(link.remote_source)
+        info: dict[Any, Any] = {}
+        for key, value in error.info.items():
+            info[symbol(key)] = ushort(value) if key == "port" else value
+        if error.condition == "amqp:link:redirect":
+            info[symbol("address")] = address or ""
+        link.open()
+        link.condition = Condition(error.condition, error.description, info or None)
+        link.close()
+        log.info("refused link %r to %r: %s %s", link.name, address, error.condition,
+                 error.description)
+
+    def _open_producer(self, link: Link, address: links.Address,
+                       properties: dict[Any, Any]) -> None:
+        plan = links.plan_producer(self.ctx.broker, address, properties)
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if properties.get(links.PARTITION_PROPERTY) is not None:
+            assert plan.bound is not None
+            link.properties = {symbol(links.PARTITION_PROPERTY):
+                               symbol(links.partition_symbol(plan.bound))}
+        link.max_message_size = limits.message_bytes_max
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        state = ProducerLink(link, link._impl, plan, presettled)
+        self.producers[_key(link._impl)] = state
+        link.open()
+        self._top_up(state)
+
+    def _open_consumer(self, link: Link, address: links.Address,
+                       properties: dict[Any, Any]) -> None:
+        filters = _filter_map(link.remote_source.filter)
+        plan = links.plan_consumer(self.ctx.broker, address, properties, filters)
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.source.filter.clear()
+        if plan.selection.accepted_keys:
+            original = _data_object(link.remote_source.filter) or {}
+            link.source.filter.put_object({key: original[key] for key in original
+                                           if key in plan.selection.accepted_keys})
+        if plan.bound is not None:
+            link.properties = {symbol(links.PARTITION_PROPERTY):
+                               symbol(links.partition_symbol(plan.bound))}
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        if presettled:
+            link.snd_settle_mode = Link.SND_SETTLED
+        state = ConsumerLink(link, link._impl, plan, presettled)
+        self.consumers[_key(link._impl)] = state
+        for cursor in plan.cursors:
+            cursor.partition.add_listener(self.schedule_pump)
+        link.open()
+        self.schedule_pump()
+
+    def _open_info(self, link: Link, stream: StreamName) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.source.filter.clear()
+        if link.remote_snd_settle_mode == Link.SND_SETTLED:
+            link.snd_settle_mode = Link.SND_SETTLED
+        self.infos[_key(link._impl)] = InfoLink(link, link._impl, stream)
+        link.open()
+        self.schedule_pump()
+
+    def _forget_link(self, link: Link) -> None:
+        self._forget_key(_key(link._impl))
+
+    def _forget_key(self, link_key: int) -> None:
+        producer = self.producers.pop(link_key, None)
+        if producer is not None:
+            producer.closed = True
+        consumer = self.consumers.pop(link_key, None)
+        if consumer is not None:
+            self._forget_consumer(consumer)
+        info_link = self.infos.pop(link_key, None)
+        if info_link is not None:
+            info_link.closed = True
+
+    def _forget_consumer(self, consumer: ConsumerLink) -> None:
+        consumer.closed = True
+        for cursor in consumer.plan.cursors:
+            cursor.partition.remove_listener(self.schedule_pump)
+
+    # hot path: deliveries -----------------------------------------------------------------------
+
+    def _delivery(self, delivery: Any) -> None:
+        link_pointer = lib.pn_delivery_link(delivery)
+        link_key = _key(link_pointer)
+        if lib.pn_link_is_receiver(link_pointer):
+            producer = self.producers.get(link_key)
+            if producer is not None:
+                self._drain(producer)
+            return
+        # a consumer's disposition: streams are not destructive, any outcome settles it
+        if lib.pn_delivery_updated(delivery) and (lib.pn_delivery_remote_state(delivery)
+                                                  or lib.pn_delivery_settled(delivery)):
+            consumer = self.consumers.get(link_key)
+            if consumer is not None and not consumer.presettled:
+                consumer.unsettled -= 1
+                if consumer.unsettled == CONSUMER_UNSETTLED_MAX - 1:
+                    self.schedule_pump()
+            lib.pn_delivery_settle(delivery)
+
+    def _drain(self, producer: ProducerLink) -> None:
+        lp = producer.pointer
+        buf = self.ctx.recv_buffer
+        size_max = limits.message_bytes_max
+        while True:
+            cur = lib.pn_link_current(lp)
+            if cur == ffi.NULL or not lib.pn_delivery_readable(cur):
+                return
+            cur_key = _key(cur)
+            if lib.pn_delivery_aborted(cur):
+                producer.oversize.discard(cur_key)
+                lib.pn_link_advance(lp)
+                lib.pn_delivery_settle(cur)
+                continue
+            partial = lib.pn_delivery_partial(cur)
+            pending = lib.pn_delivery_pending(cur)
+            if cur_key in producer.oversize or pending > size_max:
+                producer.oversize.add(cur_key)
+                while lib.pn_link_recv(lp, buf, size_max + 1) > 0:
+                    pass  # discard: the message is too big to store
+                if partial:
+                    return
+                producer.oversize.discard(cur_key)
+                lib.pn_link_advance(lp)
+                error = amqp_error(MessageSizeExceeded(
+                    f"message larger than {size_max} bytes (limits.message_bytes_max)"))
+                self._reject(cur, error)
+                continue
+            if partial:
+                return
+            size = lib.pn_link_recv(lp, buf, size_max + 1)
+            raw = ffi.unpack(buf, size) if size > 0 else b""
+            lib.pn_link_advance(lp)
+            self._accept_incoming(producer, cur, raw)
+
+    def _accept_incoming(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
+        try:
+            incoming = sections.scan_incoming(raw)
+        except sections.MalformedMessage as err:
+            self._reject(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
+            return
+        settled = producer.presettled or lib.pn_delivery_settled(delivery)
+        if settled:
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        else:
+            self.unconfirmed += 1
+        plan = producer.plan
+        target = None
+        if incoming.delivery_annotations is not None:
+            try:
+                annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
+                target = annotations.get(links.TARGET_PARTITION_ANNOTATION)
+                pid = plan.route(target) if target is not None else None
+            except sections.MalformedMessage as err:
+                self._reject_counted(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
+                return
+            except BrokerError as err:
+                self._reject_counted(delivery, amqp_error(err))
+                return
+            if pid is not None:
+                producer.batch.setdefault(pid, []).append((incoming.stored, delivery))
+                self.dirty.add(_key(producer.pointer))
+                return
+        if plan.bound is not None:
+            producer.batch.setdefault(plan.bound, []).append((incoming.stored, delivery))
+        else:
+            producer.unrouted.append((incoming.stored, delivery))
+        self.dirty.add(_key(producer.pointer))
+
+    def _reject_counted(self, delivery: Any, error: AmqpError) -> None:
+        if delivery is not None:
+            self.unconfirmed -= 1
+            self._reject(delivery, error)
+
+    def _reject(self, delivery: Any, error: AmqpError) -> None:
+        if not lib.pn_delivery_settled(delivery):
+            condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
+            lib.pn_condition_set_name(condition, error.condition.encode())
+            lib.pn_condition_set_description(condition, error.description.encode())
+            lib.pn_delivery_update(delivery, lib.PN_REJECTED)
+        lib.pn_delivery_settle(delivery)
+
+    def _flush_appends(self) -> None:
+        while self.dirty:
+            producer = self.producers.get(self.dirty.pop())
+            if producer is None or producer.closed:
+                continue
+            plan = producer.plan
+            if producer.unrouted:
+                pid = plan.route(None)
+                plan.next_batch()
+                producer.batch.setdefault(pid, []).extend(producer.unrouted)
+                producer.unrouted = []
+            batches, producer.batch = producer.batch, {}
+            for pid, items in batches.items():
+                for chunk in _cut_chunks(items):
+                    self._append(producer, pid, chunk)
+
+    def _append(self, producer: ProducerLink, pid: PartitionId,
+                items: list[tuple[bytes, Any]]) -> None:
+        deliveries = [d for _, d in items if d is not None]
+        partition = producer.plan.targets.get(pid)
+        try:
+            if partition is None:
+                raise NotFound(f"partition {int(pid)} is not served on this link")
+            pending = partition.append([record for record, _ in items])
+        except BrokerError as err:
+            self._appended(producer, deliveries, err)
+            return
+        future = asyncio.ensure_future(pending)
+        self._own(future)
+        future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
+
+    def _append_done(self, producer: ProducerLink, deliveries: list[Any],
+                     future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            self._appended(producer, deliveries, BrokerError("append was cancelled"))
+            return
+        error = future.exception()
+        if error is not None and not isinstance(error, BrokerError):
+            log.error("append failed with an unexpected error", exc_info=error)
+            error = BrokerError(f"append failed: {type(error).__name__}")
+        self._appended(producer, deliveries, error)
+
+    def _appended(self, producer: ProducerLink, deliveries: list[Any],
+                  error: BrokerError | None) -> None:
+        self.unconfirmed -= len(deliveries)
+        if self.closed or producer.closed:
+            return  # the link or connection is gone; nobody is waiting for the outcome
+        if error is None:
+            for delivery in deliveries:
+                lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
+                lib.pn_delivery_settle(delivery)
+        else:
+            amqp = amqp_error(error)
+            for delivery in deliveries:
+                self._reject(delivery, amqp)
+        self.schedule_pump()
+
+    def _top_up_credit(self) -> None:
+        for producer in self.producers.values():
+            self._top_up(producer)
+
+    def _top_up(self, producer: ProducerLink) -> None:
+        """Credit is admission control: none while too much waits for durability."""
+        if producer.closed or self.unconfirmed >= limits.producer_unconfirmed_max:
+            return
+        credit = lib.pn_link_credit(producer.pointer)
+        if credit < limits.link_credit_max // 2:
+            lib.pn_link_flow(producer.pointer, limits.link_credit_max - credit)
+
+    # hot path: consumers ------------------------------------------------------------------------
+
+    def _send_consumers(self) -> None:
+        more = False
+        for consumer in self.consumers.values():
+            if consumer.closed:
+                continue
+            lp = consumer.pointer
+            room = lib.pn_link_credit(lp)
+            if not consumer.presettled:
+                room = min(room, CONSUMER_UNSETTLED_MAX - consumer.unsettled)
+            room = min(room, limits.consumer_send_batch_max)
+            if room <= 0:
+                continue
+            plan = consumer.plan
+            records = plan.take(room)
+            for cursor, offset, timestamp_ms, record in records:
+                da = sections.encode_delivery_annotations(
+                    offset_to_symbol(Offset(offset)),
+                    timestamp_ms, cursor.symbol if plan.tag_source_partition else None)
+                out = sections.splice_delivery_annotations(record, da)
+                consumer.tag += 1
+                tag = _TAG.pack(consumer.tag)
+                delivery = lib.pn_delivery(lp, (len(tag), ffi.from_buffer(tag)))
+                lib.pn_link_send(lp, ffi.from_buffer(out), len(out))
+                lib.pn_link_advance(lp)
+                if consumer.presettled:
+                    lib.pn_delivery_settle(delivery)
+                else:
+                    consumer.unsettled += 1
+            if len(records) == room and plan.available():
+                more = True
+        if more:
+            self.schedule_pump()  # another turn, after other connections had theirs
+
+    def _send_infos(self) -> None:
+        now = self.loop.time()
+        wake: float | None = None
+        for state in self.infos.values():
+            if state.closed or lib.pn_link_credit(state.pointer) <= 0:
+                continue
+            if now < state.next_send_s:
+                wake = state.next_send_s if wake is None else min(wake, state.next_send_s)
+                continue
+            try:
+                body = info.runtime_information(self.ctx.broker, state.stream, self.ctx.node_id)
+            except BrokerError as err:
+                error = amqp_error(err)
+                state.closed = True
+                state.link.condition = Condition(error.condition, error.description)
+                state.link.close()
+                continue
+            message = info.encode_info_message(body)
+            state.tag += 1
+            tag = _TAG.pack(state.tag)
+            delivery = lib.pn_delivery(state.pointer, (len(tag), ffi.from_buffer(tag)))
+            lib.pn_link_send(state.pointer, ffi.from_buffer(message), len(message))
+            lib.pn_link_advance(state.pointer)
+            if lib.pn_link_snd_settle_mode(state.pointer) == lib.PN_SND_SETTLED:
+                lib.pn_delivery_settle(delivery)
+            state.next_send_s = now + info.INTERVAL_S
+            if lib.pn_link_credit(state.pointer) > 0:
+                wake = state.next_send_s if wake is None else min(wake, state.next_send_s)
+        if wake is not None:
+            if self._info_timer is not None:
+                self._info_timer.cancel()
+            self._info_timer = self.loop.call_at(wake, self.schedule_pump)
+
+
+def _cut_chunks(items: list[tuple[bytes, Any]]) -> list[list[tuple[bytes, Any]]]:
+    """Split one batch into chunks within limits.chunk_records_max / chunk_bytes_max."""
+    chunks: list[list[tuple[bytes, Any]]] = [[]]
+    size = 0
+    for item in items:
+        current = chunks[-1]
+        if current and (len(current) >= limits.chunk_records_max
+                        or size + len(item[0]) > limits.chunk_bytes_max):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += len(item[0])
+    return chunks
+
+
+def _filter_map(filter_data: Data) -> dict[Any, Any] | None:
+    """The source filter as our codec decodes it (symbols, Described, Timestamp)."""
+    raw = filter_data.encode()
+    if not raw:
+        return None
+    try:
+        value = codec.decode(raw)
+    except codec.DecodeError as err:
+        raise InvalidArgument(f"source filter is not a valid AMQP map: {err}") from err
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument("source filter must be a map (filter-set)")
+    return value
+
+
+def _data_object(data: Data) -> Any:
+    data.rewind()
+    if not data.next():
+        return None
+    value = data.get_object()
+    data.rewind()
+    return value
+

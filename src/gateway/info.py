@@ -1,0 +1,67 @@
+"""`<stream>/$info`: the runtime-information message of 000 §6, encoded without proton.
+
+The message is one `amqp-value` section holding a map (string keys):
+
+    stream: str            partition-count: long            node: str (who answered)
+    partitions: list of maps, one per partition, in partition order:
+        partition: symbol            earliest-offset: symbol | null   latest-offset: symbol | null
+        end-offset: symbol | null    first-timestamp: timestamp | null
+        last-timestamp: timestamp | null    messages: long    bytes: long
+        leader: str | null           available: bool (false: served by another node; then
+                                     only partition, leader and available are meaningful)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spate.core.backend import Broker
+from spate.core.errors import NotLeader
+from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
+from spate.gateway import codec
+from spate.gateway.links import partition_symbol
+
+INTERVAL_S = 1.0
+"""Spacing between $info messages when a consumer grants more than one credit (000 §6)."""
+_AMQP_VALUE = b"\x00\x53\x77"
+
+
+def _offset(value: int | None) -> codec.Symbol | None:
+    return None if value is None else codec.Symbol(offset_to_symbol(Offset(value)))
+
+
+def _ts(value: int | None) -> codec.Timestamp | None:
+    return None if value is None else codec.Timestamp(value)
+
+
+def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[str, Any]:
+    config = broker.stream(stream)
+    partitions: list[dict[str, Any]] = []
+    for p in range(config.partitions):
+        pid = PartitionId(p)
+        entry: dict[str, Any] = {"partition": codec.Symbol(partition_symbol(pid))}
+        try:
+            info = broker.partition(stream, pid).info()
+        except NotLeader as err:
+            entry |= {"earliest-offset": None, "latest-offset": None, "available": False,
+                      "leader": err.leader_node}
+            partitions.append(entry)
+            continue
+        entry |= {
+            "earliest-offset": _offset(info.first_offset),
+            "latest-offset": _offset(info.last_offset),
+            "end-offset": _offset(info.end_offset),
+            "first-timestamp": _ts(info.first_timestamp_ms),
+            "last-timestamp": _ts(info.last_timestamp_ms),
+            "messages": info.messages,
+            "bytes": info.bytes,
+            "leader": info.leader,
+            "available": True,
+        }
+        partitions.append(entry)
+    return {"stream": stream, "partition-count": config.partitions, "node": node,
+            "partitions": partitions}
+
+
+def encode_info_message(info: dict[str, Any]) -> bytes:
+    return _AMQP_VALUE + codec.encode(info)

@@ -1,0 +1,229 @@
+"""Link decisions without I/O: what an attach means, which partition a message goes to, what a
+consumer sends next. The driver feeds these from proton events and acts on the results.
+
+Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-information source
+(000 §6). Anything else starting with `$` or holding a `/` is an unknown node (amqp:not-found).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from spate.core import limits
+from spate.core.backend import Broker, OffsetSpec, Partition
+from spate.core.errors import (
+    InvalidArgument,
+    NotFound,
+    NotImplementedFeature,
+    NotLeader,
+    Unavailable,
+)
+from spate.core.ids import Offset, PartitionId, StreamName
+from spate.gateway.filters import StartSelection, parse_filters
+
+INFO_NODE = "$info"
+PARTITION_PROPERTY = "event-streams-partition"
+TARGET_PARTITION_ANNOTATION = "event-streams-target-partition"
+CONSUMER_READ_BYTES = 1024 * 1024
+"""Bytes asked of Partition.read per refill of a consumer cursor."""
+assert CONSUMER_READ_BYTES >= limits.message_bytes_max
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    stream: StreamName
+    info: bool
+
+
+def parse_address(address: str | None, *, terminus: str) -> Address:
+    """`orders` or `orders/$info`; raises NotFound / InvalidArgument with a readable reason."""
+    if not address:
+        raise InvalidArgument(f"the {terminus} has no address: name a stream (e.g. 'orders') "
+                              "or its runtime information ('orders/$info')")
+    if "/" in address:
+        stream, _, node = address.partition("/")
+        if node == INFO_NODE and stream and not stream.startswith("$"):
+            return Address(StreamName(stream), True)
+        raise NotFound(f"no node {address!r}: addresses are '<stream>' or '<stream>/$info'")
+    if address.startswith("$"):
+        raise NotFound(f"no node {address!r}: the only special node is '<stream>/$info'")
+    return Address(StreamName(address), False)
+
+
+def partition_symbol(partition: PartitionId) -> str:
+    """Partition identifiers are opaque symbols (000 §4); ours are the decimal number."""
+    return str(int(partition))
+
+
+def parse_partition(value: Any, stream: StreamName, partitions: int) -> PartitionId:
+    """The `event-streams-partition` property (symbol or string; an integer is accepted too)."""
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and value.isdigit() and len(value) <= 9:
+        number = int(value)
+    else:
+        number = None
+    if number is None or not 0 <= number < partitions:
+        raise NotFound(f"stream {stream!r} has no partition {value!r}: its partitions are "
+                       f"'0'..'{partitions - 1}' (ask '{stream}/$info')")
+    return PartitionId(number)
+
+
+def check_terminus(dynamic: bool, terminus: str) -> None:
+    if dynamic:
+        raise NotImplementedFeature(f"dynamic {terminus}s are not supported: attach to a "
+                                    "stream's address")
+
+
+# Producers --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProducerPlan:
+    stream: StreamName
+    partitions: int
+    bound: PartitionId | None
+    """Partition the link is bound to (000 §4.1); None = partition-agnostic."""
+    targets: dict[PartitionId, Partition] = field(default_factory=dict)
+    round_robin: int = 0
+
+    def route(self, target: Any) -> PartitionId:
+        """Partition for one message; `target` is its event-streams-target-partition or None.
+
+        Raises NotFound / InvalidArgument (the transfer is rejected, 000 §4.2, §4.6.6)."""
+        if target is None:
+            if self.bound is not None:
+                return self.bound
+            return PartitionId(self.round_robin % self.partitions)
+        wanted = parse_partition(target, self.stream, self.partitions)
+        if self.bound is not None and wanted != self.bound:
+            raise InvalidArgument(f"{TARGET_PARTITION_ANNOTATION} {target!r} does not match the "
+                                  f"link's partition {partition_symbol(self.bound)!r}")
+        return wanted
+
+    def next_batch(self) -> None:
+        """Unannotated messages on an agnostic link go round-robin, one partition per batch."""
+        self.round_robin += 1
+
+
+def plan_producer(broker: Broker, address: Address, properties: dict[Any, Any]) -> ProducerPlan:
+    if address.info:
+        raise InvalidArgument(f"'{address.stream}/$info' is a source: it cannot be sent to")
+    config = broker.stream(address.stream)
+    requested = properties.get(PARTITION_PROPERTY)
+    plan = ProducerPlan(address.stream, config.partitions, None)
+    if requested is not None:
+        plan.bound = parse_partition(requested, address.stream, config.partitions)
+    elif config.partitions == 1:
+        plan.bound = PartitionId(0)
+    for pid in [plan.bound] if plan.bound is not None else range(config.partitions):
+        plan.targets[PartitionId(pid)] = partition_or_agnostic_error(
+            broker, address.stream, PartitionId(pid), plan.bound is None)
+    return plan
+
+
+def partition_or_agnostic_error(broker: Broker, stream: StreamName, pid: PartitionId,
+                                agnostic: bool) -> Partition:
+    """broker.partition, but an agnostic link cannot be redirected to one partition's leader."""
+    try:
+        return broker.partition(stream, pid)
+    except NotLeader as err:
+        if not agnostic:
+            raise
+        raise Unavailable(f"partition {int(pid)} of {stream!r} is served by another node, so a "
+                          "partition-agnostic link cannot be served here; bind the link with the "
+                          f"'{PARTITION_PROPERTY}' property to be redirected") from err
+
+
+# Consumers --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cursor:
+    """One partition's read position for a consumer link."""
+
+    partition: Partition
+    symbol: str
+    next_offset: Offset
+    pending: deque[tuple[int, int, bytes | memoryview]] = field(default_factory=deque)
+    """Records read but not sent yet: (offset, timestamp_ms, stored bytes)."""
+
+    def available(self) -> bool:
+        return bool(self.pending) or self.next_offset < self.partition.end_offset()
+
+    def take(self, count: int) -> list[tuple[int, int, bytes | memoryview]]:
+        """Up to `count` records from the next offset on, in log order."""
+        if not self.pending and self.next_offset < self.partition.end_offset():
+            for chunk in self.partition.read(self.next_offset, CONSUMER_READ_BYTES):
+                first = int(chunk.first_offset)
+                for i, record in enumerate(chunk.records):
+                    if first + i >= self.next_offset:
+                        self.pending.append((first + i, chunk.timestamp_ms, record))
+            if self.pending:
+                self.next_offset = Offset(self.pending[-1][0] + 1)
+        out = []
+        while self.pending and len(out) < count:
+            out.append(self.pending.popleft())
+        return out
+
+
+@dataclass
+class ConsumerPlan:
+    stream: StreamName
+    bound: PartitionId | None
+    cursors: list[Cursor]
+    selection: StartSelection
+    tag_source_partition: bool
+    """Add event-streams-source-partition to each delivery (partitioned streams, 000 §4.6.4)."""
+    turn: int = 0
+
+    def available(self) -> bool:
+        return any(c.available() for c in self.cursors)
+
+    def take(self, count: int) -> list[tuple[Cursor, int, int, bytes | memoryview]]:
+        """Up to `count` records, taking turns between partitions."""
+        out: list[tuple[Cursor, int, int, bytes | memoryview]] = []
+        idle = 0
+        while len(out) < count and idle < len(self.cursors):
+            cursor = self.cursors[self.turn % len(self.cursors)]
+            self.turn += 1
+            share = max((count - len(out)) // len(self.cursors), 1)
+            got = cursor.take(share)
+            idle = 0 if got else idle + 1
+            out += [(cursor, off, ts, rec) for off, ts, rec in got]
+        return out
+
+
+def start_offset(partition: Partition, specs: tuple[OffsetSpec, ...]) -> Offset:
+    """All start filters must hold: the largest resolved offset wins (000 §5.2.1)."""
+    return max(partition.resolve(spec) for spec in specs)
+
+
+def plan_consumer(broker: Broker, address: Address, properties: dict[Any, Any],
+                  filters: dict[Any, Any] | None) -> ConsumerPlan:
+    config = broker.stream(address.stream)
+    selection = parse_filters(filters)
+    requested = properties.get(PARTITION_PROPERTY)
+    bound: PartitionId | None = None
+    if requested is not None:
+        bound = parse_partition(requested, address.stream, config.partitions)
+    elif config.partitions == 1:
+        bound = PartitionId(0)
+    pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
+    cursors = []
+    for pid in pids:
+        part = partition_or_agnostic_error(broker, address.stream, pid, bound is None)
+        cursors.append(Cursor(part, partition_symbol(pid), start_offset(part, selection.specs)))
+    return ConsumerPlan(address.stream, bound if requested is not None else None, cursors,
+                        selection, tag_source_partition=config.partitions > 1)
+
+
+def plan_info(broker: Broker, address: Address) -> StreamName:
+    if not address.info:
+        raise AssertionError("plan_info needs an $info address")
+    broker.stream(address.stream)
+    return address.stream

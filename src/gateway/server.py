@@ -1,0 +1,88 @@
+"""GatewayServer: the AMQP 1.0 listener a host process (node or gateway) constructs and runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from spate.core import limits
+from spate.core.backend import Broker
+from spate.core.errors import InvalidArgument
+from spate.gateway.auth import Users
+from spate.gateway.driver import AmqpConnection, Context
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ListenerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    node_id: str
+    allow_anonymous: bool = True
+    users_file: Path | None = None
+    """JSON users file for SASL PLAIN (see spate.gateway.auth); None: PLAIN is not offered."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """PEM files; both set: the listener speaks TLS only (terminated by asyncio)."""
+    idle_timeout_s: float | None = None
+
+    def validate(self) -> None:
+        if not self.allow_anonymous and self.users_file is None:
+            raise InvalidArgument("the listener needs allow_anonymous or a users_file")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("TLS needs both tls_cert and tls_key")
+        if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
+            raise InvalidArgument(f"idle timeout must be positive, got {self.idle_timeout_s}")
+
+
+class GatewayServer:
+    def __init__(self, broker: Broker, config: ListenerConfig) -> None:
+        config.validate()
+        self.broker = broker
+        self.config = config
+        self._server: asyncio.Server | None = None
+        self._context: Context | None = None
+
+    async def start(self) -> int:
+        """Listen; returns the bound port."""
+        assert self._server is None, "started twice"
+        users = Users.load(self.config.users_file) if self.config.users_file else None
+
+        async def check_plain(user: str, password: str) -> bool:
+            assert users is not None
+            # scrypt costs tens of milliseconds: keep it off the loop
+            return await asyncio.to_thread(users.check, user, password)
+
+        self._context = Context(
+            broker=self.broker, node_id=self.config.node_id,
+            allow_anonymous=self.config.allow_anonymous,
+            authenticate_plain=check_plain if users is not None else None,
+            idle_timeout_s=self.config.idle_timeout_s)
+        tls = None
+        if self.config.tls_cert is not None and self.config.tls_key is not None:
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        loop = asyncio.get_running_loop()
+        context = self._context
+        self._server = await loop.create_server(
+            lambda: AmqpConnection(context), self.config.host, self.config.port,
+            backlog=limits.listen_backlog, ssl=tls)
+        port = int(self._server.sockets[0].getsockname()[1])
+        log.info("AMQP listener on %s:%d (tls=%s)", self.config.host, port, tls is not None)
+        return port
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection."""
+        if self._server is None:
+            return
+        self._server.close()
+        if self._context is not None:
+            for connection in list(self._context.connections):
+                if connection.sock is not None:
+                    connection.sock.abort()
+        await self._server.wait_closed()
+        self._server = None

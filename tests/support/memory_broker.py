@@ -1,0 +1,173 @@
+"""An in-memory spate.core.backend.Broker for gateway tests (a fake that must pass the same suite
+as the node-backed broker).
+
+Appends resolve after a short `call_later` (simulating group-commit fsync); concurrent appends to
+one partition resolve in order and become readable (committed) together. Chunks are kept as
+appended; reads return whole chunks from the one holding `start`. `resolve` handles every
+OffsetSpec kind. Failure injection (`fail_appends`) and remote partitions (`set_remote`, raising
+NotLeader) exist only here; tests that use them say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from spate.core.backend import ChunkView, OffsetSpec, OffsetSpecKind, PartitionInfo
+from spate.core.errors import BrokerError, NotFound, NotLeader
+from spate.core.ids import NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+
+FSYNC_DELAY_S = 0.002
+
+
+@dataclass
+class _Chunk:
+    first_offset: int
+    timestamp_ms: int
+    records: list[bytes]
+
+
+@dataclass
+class MemoryPartition:
+    stream: StreamName
+    partition: PartitionId
+    node: NodeId
+    clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
+    chunks: list[_Chunk] = field(default_factory=list)
+    committed_end: int = 0
+    assigned_end: int = 0
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+    failures: list[BrokerError] = field(default_factory=list)
+
+    def append(self, records: Sequence[bytes]) -> Awaitable[Offset]:
+        assert records, "an append carries at least one record"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Offset] = loop.create_future()
+        if self.failures:
+            error = self.failures.pop(0)
+            loop.call_later(FSYNC_DELAY_S, future.set_exception, error)
+            return future
+        first = self.assigned_end
+        self.assigned_end += len(records)
+        chunk = _Chunk(first, self.clock_ms(), [bytes(r) for r in records])
+        loop.call_later(FSYNC_DELAY_S, self._commit, chunk, future)
+        return future
+
+    def _commit(self, chunk: _Chunk, future: asyncio.Future[Offset]) -> None:
+        assert chunk.first_offset == self.committed_end, "appends commit in order"
+        self.chunks.append(chunk)
+        self.committed_end += len(chunk.records)
+        if not future.cancelled():
+            future.set_result(Offset(chunk.first_offset))
+        for callback in list(self.listeners):
+            callback()
+
+    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
+        firsts = [c.first_offset for c in self.chunks]
+        i = max(bisect.bisect_right(firsts, start) - 1, 0)
+        out: list[ChunkView] = []
+        size = 0
+        for chunk in self.chunks[i:]:
+            if chunk.first_offset + len(chunk.records) <= start:
+                continue
+            if out and size >= max_bytes:
+                break
+            out.append(ChunkView(Offset(chunk.first_offset), chunk.timestamp_ms, chunk.records))
+            size += sum(len(r) for r in chunk.records)
+        return out
+
+    def resolve(self, spec: OffsetSpec) -> Offset:
+        end = self.committed_end
+        if spec.kind is OffsetSpecKind.FIRST:
+            return Offset(0)
+        if spec.kind is OffsetSpecKind.NEXT:
+            return Offset(end)
+        if spec.kind is OffsetSpecKind.LAST:
+            return Offset(self.chunks[-1].first_offset if self.chunks else end)
+        if spec.kind is OffsetSpecKind.OFFSET:
+            return Offset(min(max(spec.value, 0), end))
+        if spec.kind is OffsetSpecKind.RELATIVE:
+            return Offset(max(end - spec.value, 0))
+        assert spec.kind is OffsetSpecKind.TIMESTAMP
+        for chunk in self.chunks:
+            if chunk.timestamp_ms >= spec.value:
+                return Offset(chunk.first_offset)
+        return Offset(end)
+
+    def end_offset(self) -> Offset:
+        return Offset(self.committed_end)
+
+    def info(self) -> PartitionInfo:
+        empty = not self.chunks
+        return PartitionInfo(
+            stream=self.stream, partition=self.partition,
+            first_offset=None if empty else Offset(0),
+            last_offset=None if empty else Offset(self.committed_end - 1),
+            end_offset=Offset(self.committed_end),
+            first_timestamp_ms=None if empty else self.chunks[0].timestamp_ms,
+            last_timestamp_ms=None if empty else self.chunks[-1].timestamp_ms,
+            messages=self.committed_end,
+            bytes=sum(len(r) for c in self.chunks for r in c.records),
+            segments=1, leader=self.node,
+        )
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        self.listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        if callback in self.listeners:
+            self.listeners.remove(callback)
+
+
+@dataclass(frozen=True)
+class RemoteLeader:
+    node: str
+    host: str
+    port: int
+
+
+class MemoryBroker:
+    """Streams live in a dict; must be used from the event loop that runs the gateway."""
+
+    def __init__(self, node: str = "n1") -> None:
+        self.node = NodeId(node)
+        self.configs: dict[StreamName, StreamConfig] = {}
+        self.partitions: dict[tuple[StreamName, PartitionId], MemoryPartition] = {}
+        self.remote: dict[tuple[StreamName, PartitionId], RemoteLeader] = {}
+
+    def create_stream(self, config: StreamConfig) -> None:
+        config.validate()
+        self.configs[config.name] = config
+        for p in range(config.partitions):
+            pid = PartitionId(p)
+            self.partitions[(config.name, pid)] = MemoryPartition(config.name, pid, self.node)
+
+    def set_remote(self, name: str, partition: int, leader: RemoteLeader) -> None:
+        """Pretend another node leads this partition (NotLeader with its address)."""
+        self.remote[(StreamName(name), PartitionId(partition))] = leader
+
+    def fail_appends(self, name: str, partition: int, *errors: BrokerError) -> None:
+        """The next appends to this partition fail with these errors, in order."""
+        self.partitions[(StreamName(name), PartitionId(partition))].failures.extend(errors)
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        config = self.configs.get(name)
+        if config is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        return config
+
+    def partition(self, name: StreamName, partition: PartitionId) -> MemoryPartition:
+        config = self.stream(name)
+        if not 0 <= partition < config.partitions:
+            raise NotFound(f"stream {name!r} has no partition {partition} "
+                           f"(it has {config.partitions}: 0-{config.partitions - 1})")
+        leader = self.remote.get((name, partition))
+        if leader is not None:
+            raise NotLeader(f"partition {partition} of {name!r} is led by {leader.node}",
+                            leader_host=leader.host, leader_port=leader.port,
+                            leader_node=leader.node)
+        return self.partitions[(name, partition)]
