@@ -1,0 +1,1 @@
+"""Partition replication: a sans-IO Raft core (etcd-raft style) driven by the node's shell."""

@@ -1,0 +1,229 @@
+"""Typed values crossing the Raft core's boundary: entries, hard state, messages, Ready.
+
+Messages are plain frozen dataclasses; the shell encodes them with its own codec (never pickle).
+Every message names the group's `term` of its sender, `source` and `target`. The terms used here
+are `spate.core.ids.Term`; indexes are Raft log indexes (1-based, 0 = before the first entry),
+distinct from stream offsets (one entry is one chunk of many records).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from spate.core.ids import LeaderEpoch, NodeId, Term
+
+TERM_ZERO = Term(0)
+"""The term before any election; the term of index 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry: an opaque payload (one storage chunk) and the term it was proposed in.
+
+    An empty payload is the barrier entry a new leader appends at the start of its term (it
+    commits earlier terms' entries and marks where the leader epoch begins); storage keeps it as
+    an empty chunk and readers skip it.
+    """
+
+    index: int
+    term: Term
+    payload: bytes
+
+    def describe(self) -> str:
+        return f"{self.term}/{self.index}" + ("" if self.payload else "(barrier)")
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be on disk (synced) before any message produced with it is sent."""
+
+    term: Term = TERM_ZERO
+    vote: NodeId | None = None
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """The log prefix a snapshot covers: everything up to `index`, whose entry had `term`."""
+
+    index: int = 0
+    term: Term = TERM_ZERO
+
+
+HARD_STATE_EMPTY = HardState()
+SNAPSHOT_EMPTY = SnapshotMeta()
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    """Campaign for `term`. With `pre_vote` the sender has not incremented its own term yet."""
+
+    term: Term
+    source: NodeId
+    target: NodeId
+    last_index: int
+    last_term: Term
+    pre_vote: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResponse:
+    term: Term
+    source: NodeId
+    target: NodeId
+    granted: bool
+    pre_vote: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Entries following (prev_index, prev_term); may be empty (a probe or a commit update)."""
+
+    term: Term
+    source: NodeId
+    target: NodeId
+    prev_index: int
+    prev_term: Term
+    entries: tuple[Entry, ...]
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResponse:
+    """Accepted: the follower has persisted its log up to `index` matching the leader.
+
+    Rejected: `index` is the rejected prev_index; `hint_index`/`hint_term` is the follower's best
+    guess of the last entry that may match (fast backtracking, etcd's RejectHint/LogTerm).
+    """
+
+    term: Term
+    source: NodeId
+    target: NodeId
+    index: int
+    rejected: bool = False
+    hint_index: int = 0
+    hint_term: Term = TERM_ZERO
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    term: Term
+    source: NodeId
+    target: NodeId
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    term: Term
+    source: NodeId
+    target: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotNeeded:
+    """The leader has compacted entries the follower needs: the follower's shell must fetch the
+    partition's segments up to `snapshot.index` from `source` and then call `Raft.restore`."""
+
+    term: Term
+    source: NodeId
+    target: NodeId
+    snapshot: SnapshotMeta
+
+
+Message = (VoteRequest | VoteResponse | Append | AppendResponse | Heartbeat | HeartbeatResponse
+           | SnapshotNeeded)
+
+
+class RefusalReason(Enum):
+    NOT_LEADER = "not-leader"
+    EMPTY = "empty"                  # empty payloads are reserved for barrier entries
+    TOO_LARGE = "too-large"          # payload above limits.entry_bytes_max
+    BACKPRESSURE = "backpressure"    # unapplied bytes at limits.log_unapplied_bytes_max
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a proposal was not appended; `leader` is where to go when known."""
+
+    reason: RefusalReason
+    leader: NodeId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Proposed:
+    """The proposal was appended at `index` in `term`; it is acknowledged once an applied entry
+    at that index has that term."""
+
+    index: int
+    term: Term
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChange:
+    """The known leader changed; `epoch` is the term it was elected in (0 when unknown)."""
+
+    leader: NodeId | None
+    epoch: LeaderEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRequest:
+    """For the follower's shell: fetch data up to `snapshot.index` from `leader`, then restore."""
+
+    leader: NodeId
+    snapshot: SnapshotMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Work for the shell, to be done in this order, then handed back with `Raft.advance`:
+
+    1. persist `snapshot` (a restored prefix marker), `entries` (write from entries[0].index,
+       discarding any later entries on disk) and `hard_state`; sync if `must_sync`;
+    2. send `messages` (only now: they may acknowledge what step 1 persisted);
+    3. apply `committed` entries in order; report `leader_change`; start `snapshot_request`.
+    """
+
+    hard_state: HardState | None = None
+    entries: tuple[Entry, ...] = ()
+    snapshot: SnapshotMeta | None = None
+    messages: tuple[Message, ...] = ()
+    committed: tuple[Entry, ...] = ()
+    leader_change: LeaderChange | None = None
+    snapshot_request: SnapshotRequest | None = None
+    must_sync: bool = False
+    serial: int = field(default=0, compare=False)
+
+    def is_empty(self) -> bool:
+        return (self.hard_state is None and not self.entries and self.snapshot is None
+                and not self.messages and not self.committed and self.leader_change is None
+                and self.snapshot_request is None)
+
+
+def describe(message: Message) -> str:
+    """A stable one-line rendering for traces and scenario output."""
+    head = f"{message.source}->{message.target} {type(message).__name__} t{message.term}"
+    match message:
+        case VoteRequest():
+            kind = "pre" if message.pre_vote else "vote"
+            return f"{head} {kind} last={message.last_term}/{message.last_index}"
+        case VoteResponse():
+            kind = "pre" if message.pre_vote else "vote"
+            return f"{head} {kind} {'granted' if message.granted else 'rejected'}"
+        case Append():
+            entries = ",".join(e.describe() for e in message.entries)
+            return (f"{head} prev={message.prev_term}/{message.prev_index} [{entries}]"
+                    f" commit={message.commit}")
+        case AppendResponse():
+            if message.rejected:
+                return (f"{head} reject {message.index} hint={message.hint_term}/"
+                        f"{message.hint_index}")
+            return f"{head} ok {message.index}"
+        case Heartbeat():
+            return f"{head} commit={message.commit}"
+        case HeartbeatResponse():
+            return head
+        case SnapshotNeeded():
+            return f"{head} snapshot={message.snapshot.term}/{message.snapshot.index}"

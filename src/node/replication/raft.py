@@ -1,0 +1,560 @@
+"""A sans-IO Raft core for one partition's replication group, in the etcd-raft style.
+
+Inputs: `step(message)`, `tick()`, `propose(payload)`, `campaign()`, `restore(index, term)`,
+`snapshot_failed(peer)`. Outputs: `ready()` returns a `Ready` (what to persist, then send, then
+apply) and the shell hands it back with `advance(ready)`. Time is abstract ticks; randomness
+(election jitter) comes from the `random.Random` passed in. No I/O, no clock, no threads.
+
+Role table (pre-vote and check-quorum on, as the shell always runs it)::
+
+    role           | on tick                               | becomes
+    ---------------+---------------------------------------+------------------------------------
+    FOLLOWER       | election timeout -> PRE_CANDIDATE     | higher term seen -> FOLLOWER(term)
+    PRE_CANDIDATE  | asks for pre-votes at term+1, own term| quorum of pre-votes -> CANDIDATE;
+                   | unchanged; timeout -> again           | quorum rejected / leader -> FOLLOWER
+    CANDIDATE      | term+1, votes for itself; timeout ->  | quorum of votes -> LEADER;
+                   | PRE_CANDIDATE again                   | leader of term -> FOLLOWER
+    LEADER         | heartbeat every heartbeat interval;   | no quorum heard from within one
+                   | check-quorum every election timeout   | election timeout -> FOLLOWER
+
+Durability rules the core relies on (see messages.Ready): entries and hard state in a Ready are
+persisted before its messages are sent, so a follower's AppendResponse (produced while stepping
+the Append that carried the entries) is only sent once those entries are durable; the leader
+counts its own *persisted* index, not its appended one, when computing the commit index.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from spate.core.ids import LeaderEpoch, NodeId, Term
+from spate.node.replication import limits
+from spate.node.replication.log import RaftLog
+from spate.node.replication.messages import (
+    HARD_STATE_EMPTY,
+    SNAPSHOT_EMPTY,
+    Append,
+    AppendResponse,
+    Entry,
+    HardState,
+    Heartbeat,
+    HeartbeatResponse,
+    LeaderChange,
+    Message,
+    Proposed,
+    Ready,
+    Refusal,
+    RefusalReason,
+    SnapshotMeta,
+    SnapshotNeeded,
+    SnapshotRequest,
+    VoteRequest,
+    VoteResponse,
+)
+from spate.node.replication.progress import Progress, ProgressState
+
+
+class Role(Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    election_timeout_ticks: int = 10
+    """A follower campaigns after a random timeout in [this, 2 * this) ticks without a leader."""
+    heartbeat_interval_ticks: int = 1
+    pre_vote: bool = True
+    check_quorum: bool = True
+    inflight_appends_max: int = limits.inflight_appends_max
+    append_bytes_max: int = limits.append_bytes_max
+    log_cache_bytes: int = limits.log_cache_bytes_max
+    """Applied entry bytes kept in memory; 0 drops every applied, persisted entry at once
+    (tests and the simulator use small values to exercise the snapshot path)."""
+
+    def __post_init__(self) -> None:
+        assert 0 < self.heartbeat_interval_ticks < self.election_timeout_ticks
+        assert 0 < self.inflight_appends_max <= limits.inflight_appends_max
+        assert 0 < self.append_bytes_max <= limits.append_bytes_max
+        assert 0 <= self.log_cache_bytes <= limits.log_cache_bytes_max
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    node: NodeId
+    role: Role
+    term: Term
+    leader: NodeId | None
+    leader_epoch: LeaderEpoch
+    commit: int
+    applied: int
+    persisted: int
+    last_index: int
+
+
+class Raft:
+    """One replica of one group. `voters` lists every member, this node included."""
+
+    def __init__(self, node: NodeId, voters: Sequence[NodeId], config: RaftConfig,
+                 rng: random.Random, *, hard_state: HardState = HARD_STATE_EMPTY,
+                 snapshot: SnapshotMeta = SNAPSHOT_EMPTY, entries: Sequence[Entry] = ()) -> None:
+        assert node in voters, (node, voters)
+        assert len(set(voters)) == len(voters) <= limits.peers_max, voters
+        self.id = node
+        self.voters = tuple(sorted(voters))
+        self.peers = tuple(v for v in self.voters if v != node)
+        self.config = config
+        self._rng = rng
+        self.log = RaftLog(snapshot, entries, hard_state.commit)
+        self.term = hard_state.term
+        self.vote = hard_state.vote
+        self.role = Role.FOLLOWER
+        self.leader: NodeId | None = None
+        self.leader_epoch = LeaderEpoch(0)
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = config.election_timeout_ticks
+        self._votes: dict[NodeId, bool] = {}
+        self._progress: dict[NodeId, Progress] = {}
+        self._outbox: list[Message] = []
+        self._handed_hard_state = hard_state
+        self._handed_leader: tuple[NodeId | None, LeaderEpoch] = (None, LeaderEpoch(0))
+        self._snapshot_to_persist: SnapshotMeta | None = None
+        self._snapshot_request: SnapshotRequest | None = None
+        self._outstanding: Ready | None = None
+        self._serial = 0
+        self._entries_pending = False
+        self._commit_pending = False
+        self.appends_dropped = 0
+        self._become_follower(self.term, None)
+
+    # -- reading
+
+    @property
+    def quorum(self) -> int:
+        return len(self.voters) // 2 + 1
+
+    def status(self) -> Status:
+        return Status(self.id, self.role, self.term, self.leader, self.leader_epoch,
+                      self.log.committed, self.log.applied, self.log.stable, self.log.last_index)
+
+    def progress(self, peer: NodeId) -> Progress:
+        assert self.role is Role.LEADER
+        return self._progress[peer]
+
+    # -- inputs
+
+    def tick(self) -> None:
+        if self.role is Role.LEADER:
+            self._tick_leader()
+            return
+        self._election_elapsed += 1
+        if self._election_elapsed >= self._timeout:
+            self._election_elapsed = 0
+            self.campaign()
+
+    def campaign(self) -> None:
+        """Start an election now (etcd's MsgHup); a leader ignores it."""
+        if self.role is Role.LEADER:
+            return
+        if self.config.pre_vote:
+            self._become_pre_candidate()
+        else:
+            self._become_candidate()
+
+    def propose(self, payload: bytes) -> Proposed | Refusal:
+        if self.role is not Role.LEADER:
+            return Refusal(RefusalReason.NOT_LEADER, self.leader)
+        if not payload:
+            return Refusal(RefusalReason.EMPTY, self.id)
+        if len(payload) > limits.entry_bytes_max:
+            return Refusal(RefusalReason.TOO_LARGE, self.id)
+        if self.log.bytes_unapplied + len(payload) > limits.log_unapplied_bytes_max:
+            return Refusal(RefusalReason.BACKPRESSURE, self.id)
+        entry = Entry(self.log.last_index + 1, self.term, payload)
+        self.log.append([entry])
+        self._entries_pending = True
+        return Proposed(entry.index, entry.term)
+
+    def step(self, message: Message) -> None:
+        assert message.target == self.id, message
+        assert message.source in self.peers, message
+        if message.term > self.term:
+            if not self._step_higher_term(message):
+                return
+        elif message.term < self.term:
+            self._step_lower_term(message)
+            return
+        match message:
+            case VoteRequest():
+                self._handle_vote_request(message)
+            case VoteResponse():
+                if self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+                    self._handle_vote_response(message)
+            case Append() | Heartbeat() | SnapshotNeeded():
+                assert self.role is not Role.LEADER, f"two leaders in term {self.term}: {message}"
+                if self.role is not Role.FOLLOWER:
+                    self._become_follower(self.term, message.source)
+                self._election_elapsed = 0
+                self._set_leader(message.source)
+                self._handle_from_leader(message)
+            case AppendResponse():
+                if self.role is Role.LEADER:
+                    self._handle_append_response(message)
+            case HeartbeatResponse():
+                if self.role is Role.LEADER:
+                    self._handle_heartbeat_response(message)
+
+    def restore(self, snapshot_index: int, snapshot_term: Term) -> bool:
+        """The shell has fetched (and synced) the partition's data up to `snapshot_index`:
+        make it the log's new start. Returns False when the log already covers it."""
+        assert self.role is not Role.LEADER
+        if snapshot_index <= self.log.committed:
+            return False
+        if self.log.match_term(snapshot_index, snapshot_term):
+            self.log.commit_to(snapshot_index)
+        else:
+            meta = SnapshotMeta(snapshot_index, snapshot_term)
+            self.log.restore(meta)
+            self._snapshot_to_persist = meta
+        if self.leader is not None:
+            self._send(AppendResponse(self.term, self.id, self.leader, snapshot_index))
+        return True
+
+    def snapshot_failed(self, peer: NodeId) -> None:
+        """The shell could not transfer a snapshot to `peer`; probe it again."""
+        if self.role is Role.LEADER and self._progress[peer].state is ProgressState.SNAPSHOT:
+            self._progress[peer].become_probe()
+
+    # -- Ready / advance
+
+    def has_ready(self) -> bool:
+        if self._outstanding is not None:
+            return False
+        self._flush_appends()
+        return bool(
+            self._outbox or self.log.persist_from <= self.log.last_index
+            or self._hard_state() != self._handed_hard_state
+            or self.log.applied < self.log.committed
+            or self._handed_leader != (self.leader, self.leader_epoch)
+            or self._snapshot_to_persist is not None or self._snapshot_request is not None)
+
+    def ready(self) -> Ready:
+        assert self._outstanding is None, "advance the previous Ready first"
+        self._flush_appends()
+        entries = self.log.unstable()
+        if entries:
+            self.log.handed_to_disk(entries[-1].index)
+        hard_state = self._hard_state()
+        changed_hard_state = hard_state if hard_state != self._handed_hard_state else None
+        must_sync = bool(entries) or self._snapshot_to_persist is not None or (
+            changed_hard_state is not None and (
+                hard_state.term != self._handed_hard_state.term
+                or hard_state.vote != self._handed_hard_state.vote))
+        self._handed_hard_state = hard_state
+        leader_change = None
+        if self._handed_leader != (self.leader, self.leader_epoch):
+            self._handed_leader = (self.leader, self.leader_epoch)
+            leader_change = LeaderChange(self.leader, self.leader_epoch)
+        assert len(self._outbox) <= limits.messages_per_ready_max, len(self._outbox)
+        self._serial += 1
+        ready = Ready(
+            hard_state=changed_hard_state, entries=entries, snapshot=self._snapshot_to_persist,
+            messages=tuple(self._outbox), committed=self.log.next_committed(limits.apply_bytes_max),
+            leader_change=leader_change, snapshot_request=self._snapshot_request,
+            must_sync=must_sync, serial=self._serial)
+        self._outbox = []
+        self._snapshot_to_persist = None
+        self._snapshot_request = None
+        self._outstanding = ready
+        return ready
+
+    def advance(self, ready: Ready) -> None:
+        assert ready is self._outstanding, "advance must get the last Ready back"
+        self._outstanding = None
+        if ready.entries:
+            self.log.stable_to(ready.entries[-1].index)
+        if ready.committed and ready.committed[-1].index > self.log.applied:
+            self.log.applied_to(ready.committed[-1].index)  # unless a restore jumped past it
+        self.log.compact(self.config.log_cache_bytes)
+        if self.role is Role.LEADER and self._maybe_commit():
+            self._commit_pending = True
+        assert self.log.bytes_unapplied <= limits.log_unapplied_bytes_max + limits.entry_bytes_max
+
+    # -- roles
+
+    def _reset(self, term: Term) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.leader = None
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._rng.randrange(self.config.election_timeout_ticks,
+                                            2 * self.config.election_timeout_ticks)
+        self._votes = {}
+        self._progress = {}
+        self._entries_pending = self._commit_pending = False
+
+    def _become_follower(self, term: Term, leader: NodeId | None) -> None:
+        self._reset(term)
+        self.role = Role.FOLLOWER
+        if leader is not None:
+            self._set_leader(leader)
+
+    def _become_pre_candidate(self) -> None:
+        # Like etcd: neither the term nor the vote changes, so a node cut off from the cluster
+        # can campaign forever without raising the term the others will see on its return.
+        self._votes = {}
+        self.leader = None
+        self.role = Role.PRE_CANDIDATE
+        self._election_elapsed = 0
+        self._timeout = self._rng.randrange(self.config.election_timeout_ticks,
+                                            2 * self.config.election_timeout_ticks)
+        self._request_votes(Term(self.term + 1), pre_vote=True)
+
+    def _become_candidate(self) -> None:
+        self._reset(Term(self.term + 1))
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+        self._request_votes(self.term, pre_vote=False)
+
+    def _become_leader(self) -> None:
+        assert self.role is Role.CANDIDATE
+        self._reset(self.term)
+        self.role = Role.LEADER
+        self._set_leader(self.id)
+        for peer in self.peers:
+            progress = Progress(self.log.last_index + 1, self.config.inflight_appends_max)
+            progress.recent_active = True
+            self._progress[peer] = progress
+        # The barrier: commits earlier terms' entries and marks where this leader epoch begins.
+        self.log.append([Entry(self.log.last_index + 1, self.term, b"")])
+        self._entries_pending = True
+
+    def _set_leader(self, leader: NodeId) -> None:
+        self.leader = leader
+        assert self.term >= self.leader_epoch
+        self.leader_epoch = LeaderEpoch(self.term)
+
+    def _hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    # -- elections
+
+    def _request_votes(self, term: Term, *, pre_vote: bool) -> None:
+        self._votes[self.id] = True
+        if self._poll() is not None:
+            return
+        for peer in self.peers:
+            self._send(VoteRequest(term, self.id, peer, self.log.last_index, self.log.last_term,
+                                   pre_vote))
+
+    def _poll(self) -> bool | None:
+        """Count votes; act on a decided election. Returns the outcome or None if undecided."""
+        granted = sum(1 for v in self._votes.values() if v)
+        rejected = len(self._votes) - granted
+        if granted >= self.quorum:
+            if self.role is Role.PRE_CANDIDATE:
+                self._become_candidate()
+            else:
+                self._become_leader()
+            return True
+        if rejected >= self.quorum:
+            self._become_follower(self.term, None)
+            return False
+        return None
+
+    def _handle_vote_request(self, message: VoteRequest) -> None:
+        can_vote = (self.vote == message.source
+                    or (self.vote is None and self.leader is None)
+                    or (message.pre_vote and message.term > self.term))
+        if can_vote and self.log.is_up_to_date(message.last_index, message.last_term):
+            # The response carries the request's term so a pre-candidate can count it.
+            self._send(VoteResponse(message.term, self.id, message.source, True,
+                                    message.pre_vote))
+            if not message.pre_vote:
+                self._election_elapsed = 0
+                self.vote = message.source
+        else:
+            self._send(VoteResponse(self.term, self.id, message.source, False, message.pre_vote))
+
+    def _handle_vote_response(self, message: VoteResponse) -> None:
+        if message.pre_vote != (self.role is Role.PRE_CANDIDATE):
+            return  # a response to a campaign we are no longer running
+        self._votes.setdefault(message.source, message.granted)
+        self._poll()
+
+    def _step_higher_term(self, message: Message) -> bool:
+        """A message from a later term. Returns whether to go on stepping it."""
+        if isinstance(message, VoteRequest):
+            in_lease = (self.config.check_quorum and self.leader is not None
+                        and self._election_elapsed < self.config.election_timeout_ticks)
+            if in_lease:
+                # We heard from a live leader within the election timeout: a node that wants
+                # to be elected now is partitioned or slow, and must not disrupt the group.
+                return False
+            if message.pre_vote:
+                return True  # answering a pre-vote never changes our term
+            self._become_follower(message.term, None)
+            return True
+        if isinstance(message, VoteResponse) and message.pre_vote and message.granted:
+            return True  # our own pre-campaign at term+1 being granted
+        leader = message.source if isinstance(message, Append | Heartbeat | SnapshotNeeded) \
+            else None
+        self._become_follower(message.term, leader)
+        return True
+
+    def _step_lower_term(self, message: Message) -> None:
+        if isinstance(message, Append | Heartbeat) and (self.config.check_quorum
+                                                         or self.config.pre_vote):
+            # A stale leader (e.g. back from a partition): tell it the current term so it steps
+            # down; without this it would never learn it, pre-vote keeping our term from it.
+            self._send(AppendResponse(self.term, self.id, message.source, 0, rejected=False))
+        elif isinstance(message, VoteRequest) and message.pre_vote:
+            self._send(VoteResponse(self.term, self.id, message.source, False, True))
+
+    # -- follower
+
+    def _handle_from_leader(self, message: Append | Heartbeat | SnapshotNeeded) -> None:
+        match message:
+            case Append():
+                self._handle_append(message)
+            case Heartbeat():
+                self.log.commit_to(message.commit)
+                self._send(HeartbeatResponse(self.term, self.id, message.source))
+            case SnapshotNeeded():
+                if message.snapshot.index > self.log.committed:
+                    self._snapshot_request = SnapshotRequest(message.source, message.snapshot)
+
+    def _handle_append(self, message: Append) -> None:
+        if message.prev_index < self.log.committed:
+            self._send(AppendResponse(self.term, self.id, message.source, self.log.committed))
+            return
+        incoming = sum(len(e.payload) for e in message.entries)
+        if self.log.bytes_unapplied + incoming > limits.log_unapplied_bytes_max:
+            self.appends_dropped += 1  # bounded memory: the leader resends after a heartbeat
+            return
+        last_new = self.log.maybe_append(message.prev_index, message.prev_term, message.entries)
+        if last_new is not None:
+            self.log.commit_to(min(message.commit, last_new))
+            self._send(AppendResponse(self.term, self.id, message.source, last_new))
+            return
+        hint_index, hint_term = self.log.find_conflict_by_term(
+            min(message.prev_index, self.log.last_index), message.prev_term)
+        self._send(AppendResponse(self.term, self.id, message.source, message.prev_index,
+                                  rejected=True, hint_index=hint_index, hint_term=hint_term))
+
+    # -- leader
+
+    def _tick_leader(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._election_elapsed >= self.config.election_timeout_ticks:
+            self._election_elapsed = 0
+            if self.config.check_quorum:
+                active = 1 + sum(1 for p in self._progress.values() if p.recent_active)
+                if active < self.quorum:
+                    self._become_follower(self.term, None)
+                    return
+                for progress in self._progress.values():
+                    progress.recent_active = False
+        if self._heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
+            self._heartbeat_elapsed = 0
+            for peer in self.peers:
+                commit = min(self._progress[peer].match, self.log.committed)
+                self._send(Heartbeat(self.term, self.id, peer, commit))
+
+    def _handle_append_response(self, message: AppendResponse) -> None:
+        progress = self._progress[message.source]
+        progress.recent_active = True
+        if message.rejected:
+            probe = message.hint_index
+            if message.hint_term > 0:
+                probe, _ = self.log.find_conflict_by_term(message.hint_index, message.hint_term)
+            if progress.maybe_decrease(message.index, probe):
+                if progress.state is ProgressState.REPLICATE:
+                    progress.become_probe()
+                self._send_appends(message.source, send_if_empty=True)
+            return
+        assert message.index <= self.log.last_index, (message, self.log.last_index)
+        was_paused = progress.paused()
+        if not progress.maybe_update(message.index):
+            return
+        if progress.state is ProgressState.PROBE:
+            progress.become_replicate()
+        elif progress.state is ProgressState.SNAPSHOT:
+            if progress.match >= progress.pending_snapshot:
+                progress.become_probe()
+                progress.become_replicate()
+        else:
+            progress.inflights.free_to(message.index)
+        if self._maybe_commit():
+            self._commit_pending = True
+        self._send_appends(message.source, send_if_empty=was_paused)
+
+    def _handle_heartbeat_response(self, message: HeartbeatResponse) -> None:
+        progress = self._progress[message.source]
+        progress.recent_active = True
+        progress.probe_sent = False
+        if progress.state is ProgressState.SNAPSHOT:
+            # The SnapshotNeeded may have been lost; the follower's shell ignores duplicates.
+            self._send(SnapshotNeeded(self.term, self.id, message.source, self.log.snapshot))
+            return
+        if progress.state is ProgressState.REPLICATE and progress.inflights.full():
+            progress.inflights.free_first()  # lost appends must not stall the pipeline
+        if progress.match < self.log.last_index:
+            self._send_appends(message.source, send_if_empty=True)
+
+    def _maybe_commit(self) -> bool:
+        """Commit the highest index a quorum has *persisted* (the leader's own stable index,
+        never its appended one), if it is from this term (Raft §5.4.2)."""
+        matches = sorted([self.log.stable, *(p.match for p in self._progress.values())],
+                         reverse=True)
+        candidate = matches[self.quorum - 1]
+        if candidate > self.log.committed and self.log.term(candidate) == self.term:
+            return self.log.commit_to(candidate)
+        return False
+
+    def _flush_appends(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        if self._entries_pending or self._commit_pending:
+            for peer in self.peers:
+                self._send_appends(peer, send_if_empty=self._commit_pending)
+        self._entries_pending = self._commit_pending = False
+
+    def _send_appends(self, peer: NodeId, *, send_if_empty: bool) -> None:
+        """Fill the follower's pipeline: batches of entries up to the byte limit per message
+        and up to the in-flight limit of messages."""
+        sent = self._maybe_send_append(peer, send_if_empty=send_if_empty)
+        while sent and self._progress[peer].state is ProgressState.REPLICATE:
+            sent = self._maybe_send_append(peer, send_if_empty=False)
+
+    def _maybe_send_append(self, peer: NodeId, *, send_if_empty: bool) -> bool:
+        progress = self._progress[peer]
+        if progress.paused():
+            return False
+        prev_index = progress.next - 1
+        prev_term = self.log.term(prev_index)
+        entries = self.log.entries_from(progress.next, self.config.append_bytes_max,
+                                        limits.append_entries_max)
+        if prev_term is None or entries is None:
+            snapshot = self.log.snapshot
+            progress.become_snapshot(snapshot.index)
+            self._send(SnapshotNeeded(self.term, self.id, peer, snapshot))
+            return True
+        if not entries and not send_if_empty:
+            return False
+        self._send(Append(self.term, self.id, peer, prev_index, prev_term, entries,
+                          self.log.committed))
+        progress.sent(entries[-1].index if entries else prev_index, len(entries))
+        return True
+
+    def _send(self, message: Message) -> None:
+        self._outbox.append(message)

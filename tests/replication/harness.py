@@ -1,0 +1,121 @@
+"""A hand-driven group of Raft cores for scenario tests (etcd's rafttest, in small).
+
+Every node's Ready is handled the way the shell must: persist (here: append to a list that
+stands for the synced disk), then send, then apply, then advance. Messages wait in `pending`
+until a test delivers them, so a test decides every interleaving. `hold(node)` keeps a node's
+next Ready unpersisted (its disk is slow) until `release(node)`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from spate.core.ids import NodeId, Term
+from spate.node.replication.messages import Entry, Message, Ready, describe
+from spate.node.replication.raft import Raft, RaftConfig, Role
+
+
+class Group:
+    def __init__(self, size: int = 3, *, seed: int = 1, config: RaftConfig | None = None) -> None:
+        self.ids = [NodeId(f"n{i}") for i in range(1, size + 1)]
+        self.config = config or RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1)
+        self.nodes = {node: Raft(node, self.ids, self.config, random.Random(f"{seed}/{node}"))
+                      for node in self.ids}
+        self.pending: list[Message] = []
+        self.disk: dict[NodeId, dict[int, Entry]] = {node: {} for node in self.ids}
+        self.applied: dict[NodeId, list[Entry]] = {node: [] for node in self.ids}
+        self.held: dict[NodeId, Ready | None] = {}
+        self.cut: set[NodeId] = set()
+        self.trace: list[str] = []
+
+    def __getitem__(self, node: str) -> Raft:
+        return self.nodes[NodeId(node)]
+
+    # -- driving
+
+    def process(self, node: NodeId) -> None:
+        raft = self.nodes[node]
+        if node in self.held:
+            if self.held[node] is None and raft.has_ready():
+                self.held[node] = raft.ready()  # handed to a disk that has not synced yet
+            return
+        while raft.has_ready():
+            self._handle(node, raft.ready())
+
+    def _handle(self, node: NodeId, ready: Ready) -> None:
+        disk = self.disk[node]
+        if ready.snapshot is not None:
+            disk.clear()
+        if ready.entries:
+            for index in [i for i in disk if i >= ready.entries[0].index]:
+                del disk[index]
+            disk.update((e.index, e) for e in ready.entries)
+        self.pending.extend(ready.messages)
+        self.applied[node].extend(ready.committed)
+        self.nodes[node].advance(ready)
+
+    def hold(self, node: str) -> None:
+        self.held[NodeId(node)] = None
+
+    def release(self, node: str) -> None:
+        ready = self.held.pop(NodeId(node))
+        if ready is not None:
+            self._handle(NodeId(node), ready)
+        self.process(NodeId(node))
+
+    def process_all(self) -> None:
+        for node in self.ids:
+            self.process(node)
+
+    def deliver(self, keep: Callable[[Message], bool] = lambda m: True) -> int:
+        """Deliver every pending message that `keep` accepts (others are dropped), in order;
+        messages to or from a cut node are dropped. Returns how many were delivered."""
+        batch, self.pending = self.pending, []
+        delivered = 0
+        for message in batch:
+            if message.source in self.cut or message.target in self.cut or not keep(message):
+                self.trace.append("drop " + describe(message))
+                continue
+            self.trace.append(describe(message))
+            self.nodes[message.target].step(message)
+            delivered += 1
+        self.process_all()
+        return delivered
+
+    def stabilize(self, rounds_max: int = 200) -> None:
+        self.process_all()
+        for _ in range(rounds_max):
+            if not self.pending:
+                return
+            self.deliver()
+        raise AssertionError("group did not stabilize")
+
+    def tick(self, node: str, times: int = 1) -> None:
+        for _ in range(times):
+            self.nodes[NodeId(node)].tick()
+        self.process(NodeId(node))
+
+    def tick_all(self, times: int = 1) -> None:
+        for _ in range(times):
+            for node in self.ids:
+                if node not in self.cut:
+                    self.nodes[node].tick()
+            self.process_all()
+            self.deliver()
+
+    def elect(self, node: str) -> None:
+        self.nodes[NodeId(node)].campaign()
+        self.stabilize()
+        assert self.nodes[NodeId(node)].role is Role.LEADER, self.trace[-10:]
+
+    # -- reading
+
+    def leaders(self) -> list[NodeId]:
+        return [n for n in self.ids if self.nodes[n].role is Role.LEADER and n not in self.cut]
+
+    def applied_payloads(self, node: str) -> list[bytes]:
+        return [e.payload for e in self.applied[NodeId(node)] if e.payload]
+
+    def term(self, node: str) -> Term:
+        return self.nodes[NodeId(node)].term
