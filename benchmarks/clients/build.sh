@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build the native AMQP 1.0 load client into benchmarks/clients/build/ (gitignored).
+#   benchmarks/clients/build.sh            -> prints the binary's path
+# Needs gcc and Debian's libqpid-proton11-dev (apt-get install libqpid-proton11-dev gcc).
+# Rebuilds only when amqp_load.c is newer than the binary.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=$HERE/build
+BIN=$OUT/amqp_load
+SRC=$HERE/amqp_load.c
+if [ ! -f /usr/include/proton/proactor.h ]; then
+    echo "build.sh: /usr/include/proton/proactor.h missing: apt-get install libqpid-proton11-dev" >&2
+    exit 1
+fi
+command -v "${CC:-gcc}" >/dev/null || { echo "build.sh: ${CC:-gcc} not found: apt-get install gcc" >&2; exit 1; }
+mkdir -p "$OUT"
+if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ] || [ "$0" -nt "$BIN" ]; then
+    "${CC:-gcc}" -O2 -g -Wall -Wextra -Werror -std=gnu11 -o "$BIN.tmp" "$SRC" -lqpid-proton -lm
+    mv -f "$BIN.tmp" "$BIN"
+fi
+echo "$BIN"
