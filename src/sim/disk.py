@@ -5,8 +5,9 @@ survive a crash. `crash()` throws the first away and keeps the second, with the 
 disk allows after a power cut:
 
 - file content written since the file's last `fsync` is lost;
-- the disk's last write, if not yet synced, may survive in part: a prefix of it cut at a byte
-  boundary chosen by the seeded `random.Random` (0 bytes = lost, all = fully written);
+- each file's last write, if not yet synced and if it directly follows the file's durable
+  content, may survive in part: a prefix of it cut at a byte boundary chosen by the seeded
+  `random.Random` (0 bytes = lost, all = fully written); earlier unsynced writes are lost;
 - creations, deletions and renames since the last `fsync_dir` are undone.
 
 Faults on demand: `fail_fsync = True` makes every fsync raise OSError(EIO) (after syncing
@@ -44,7 +45,7 @@ class SimDisk:
         self.random = random.Random(seed)
         self._files: dict[str, _Inode] = {}
         self._durable_files: dict[str, _Inode] = {}
-        self._last_write: _Write | None = None
+        self._last_writes: dict[int, _Write] = {}  # by id(inode), since its last fsync
         self._lock = threading.Lock()  # fsync may come from the partition shell's thread
         self.fail_fsync = False
         self.fsyncs = 0
@@ -72,7 +73,7 @@ class SimDisk:
             inode = self._inode(name)
             position = len(inode.data)
             inode.data += data
-            self._last_write = _Write(inode, position, len(data))
+            self._last_writes[id(inode)] = _Write(inode, position, len(data))
 
     def pread(self, name: str, position: int, length: int) -> bytes:
         assert position >= 0 and length >= 0
@@ -88,8 +89,7 @@ class SimDisk:
             inode = self._inode(name)
             assert 0 <= size <= len(inode.data), "truncate never grows a file"
             del inode.data[size:]
-            if self._last_write is not None and self._last_write.inode is inode:
-                self._last_write = None
+            self._last_writes.pop(id(inode), None)
 
     def fsync(self, name: str) -> None:
         with self._lock:
@@ -98,8 +98,7 @@ class SimDisk:
                 raise OSError(errno.EIO, "simulated fsync failure", name)
             self.fsyncs += 1
             inode.durable = bytes(inode.data)
-            if self._last_write is not None and self._last_write.inode is inode:
-                self._last_write = None
+            self._last_writes.pop(id(inode), None)
 
     def fsync_dir(self) -> None:
         with self._lock:
@@ -125,18 +124,18 @@ class SimDisk:
         """Nothing to close: the disk outlives its users, like a real one."""
 
     def crash(self) -> None:
-        """Power cut: keep only what was durable, maybe with a torn last write."""
+        """Power cut: keep only what was durable, maybe with torn last writes."""
         with self._lock:
             self.crashes += 1
-            torn = self._last_write
-            torn_bytes = b""
-            if torn is not None and torn.position == len(torn.inode.durable):
-                kept = self.random.randint(0, torn.length)
-                torn_bytes = bytes(torn.inode.data[torn.position:torn.position + kept])
             self._files = dict(self._durable_files)
-            for inode in self._files.values():
+            for name in sorted(self._files):
+                inode = self._files[name]
+                torn = self._last_writes.get(id(inode))
+                inode_data = inode.data
                 inode.data = bytearray(inode.durable)
-                if torn is not None and inode is torn.inode and torn_bytes:
-                    inode.data += torn_bytes  # what reached the platter is there to stay
+                if torn is not None and torn.position == len(inode.durable):
+                    kept = self.random.randint(0, torn.length)
+                    # What reached the platter is there to stay.
+                    inode.data += inode_data[torn.position:torn.position + kept]
                     inode.durable = bytes(inode.data)
-            self._last_write = None
+            self._last_writes = {}
