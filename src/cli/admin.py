@@ -1,0 +1,379 @@
+"""Admin subcommands over gRPC: `spate stream create|list|describe|delete`, `spate cluster status`.
+
+Where the admin API is (first that applies): `--admin HOST:PORT`; the SPATE_ADMIN environment
+variable; the "admin" field of <data dir>/endpoints.json, written by `spate dev up`, where the data
+dir is SPATE_DATA_DIR or ./spate-dev; else 127.0.0.1:7600.
+
+`--output table` (the default) prints aligned tables for a person; `--output json` prints one JSON
+document on stdout whose shape is part of the interface (see README.md in this package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from spate.api.v1 import admin_pb2 as pb
+from spate.api.v1 import admin_pb2_grpc
+from spate.cli import output
+from spate.cli.main import EXIT_CODES, EXIT_FAILURE, EXIT_OK, CommandFailed
+from spate.core import limits
+from spate.core.errors import ErrorCode, InvalidArgument, Unavailable
+from spate.core.ids import StreamName
+from spate.core.streams import Retention, StreamConfig, validate_stream_name
+from spate.core.units import parse_bytes, parse_duration_ms
+
+DEFAULT_ADMIN = "127.0.0.1:7600"
+DEFAULT_DATA_DIR = "spate-dev"
+ENDPOINTS_FILE = "endpoints.json"
+ERROR_CODE_KEY = "spate-error-code"  # the server's trailing metadata key (cluster.admin.errors)
+DEFAULT_TIMEOUT_S = 10.0
+
+_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):\d{1,5}$")
+
+# Registration -----------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection and output")
+    group.add_argument(
+        "--admin", metavar="HOST:PORT",
+        help="admin API address (default: $SPATE_ADMIN, else the admin address in "
+             f"$SPATE_DATA_DIR/{ENDPOINTS_FILE} written by `spate dev up` (data dir default "
+             f"./{DEFAULT_DATA_DIR}), else {DEFAULT_ADMIN})",
+    )
+    group.add_argument("--output", "-o", choices=output.OUTPUT_FORMATS, default="table",
+                       help="table: aligned text for people (default); json: one JSON document "
+                            "on stdout")
+    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                       help=f"give up on the call after this long (default {DEFAULT_TIMEOUT_S:g})")
+
+    stream = subparsers.add_parser(
+        "stream", help="create, list, describe and delete streams",
+        description="Manage stream definitions, held by the cluster's metadata service.")
+    stream_commands = stream.add_subparsers(title="stream commands", metavar="ACTION",
+                                            dest="action", required=True)
+
+    create = stream_commands.add_parser(
+        "create", parents=[common], help="define a new stream",
+        description="Define a new stream. Its partitions are created on the nodes right away. "
+                    "Sizes take B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB; "
+                    "durations take ms, s, m, h, d, w. Without any --max-* option the stream "
+                    "keeps every message forever.")
+    create.add_argument("name", metavar="NAME",
+                        help="stream name, also its AMQP address: letters, digits, '.', '_', '-' "
+                             f"(at most {limits.stream_name_bytes_max} bytes)")
+    create.add_argument("--partitions", type=int, default=1, metavar="N",
+                        help=f"number of partitions, 1-{limits.partitions_max} (default 1)")
+    create.add_argument("--replicas", type=int, default=None, metavar="R",
+                        help=f"copies of each partition, 1-{limits.replicas_max} "
+                             "(default: the server's, 1)")
+    create.add_argument("--max-age", metavar="DURATION",
+                        help="delete whole segments once all their messages are older (e.g. 6h)")
+    create.add_argument("--max-bytes", metavar="SIZE",
+                        help="delete the oldest segments while a partition holds more (e.g. 10GB)")
+    create.add_argument("--max-messages", type=int, metavar="N",
+                        help="delete the oldest segments while a partition holds more messages")
+    create.add_argument("--segment-bytes", metavar="SIZE",
+                        help="roll to a new segment file at this size (default 64MiB)")
+    create.set_defaults(run=_create)
+
+    listing = stream_commands.add_parser(
+        "list", parents=[common], help="list every stream",
+        description="List every stream definition, sorted by name.")
+    listing.set_defaults(run=_list)
+
+    describe = stream_commands.add_parser(
+        "describe", parents=[common], help="show one stream and its partitions",
+        description="Show a stream's definition and, per partition, the offsets, message count, "
+                    "size and leader reported by the node that answers (partitions it does not "
+                    "serve show '-').")
+    describe.add_argument("name", metavar="NAME", help="stream name")
+    describe.set_defaults(run=_describe)
+
+    delete = stream_commands.add_parser(
+        "delete", parents=[common], help="delete a stream and its messages",
+        description="Delete a stream definition; every node then deletes its partitions and "
+                    "their messages. This cannot be undone.")
+    delete.add_argument("name", metavar="NAME", help="stream name")
+    delete.set_defaults(run=_delete)
+
+    cluster = subparsers.add_parser(
+        "cluster", help="cluster-wide status",
+        description="Inspect the cluster as the node behind the admin address sees it.")
+    cluster_commands = cluster.add_subparsers(title="cluster commands", metavar="ACTION",
+                                              dest="action", required=True)
+    status = cluster_commands.add_parser(
+        "status", parents=[common], help="metadata leader, voters and processes",
+        description="Show the metadata service's Raft state as seen by the answering node "
+                    "(leader, voters, quorum, commit index), the processes it reports with "
+                    "their endpoints, and the registered nodes.")
+    status.set_defaults(run=_cluster_status)
+
+
+# Commands ---------------------------------------------------------------------------------------
+
+
+def _create(args: argparse.Namespace) -> int:
+    segment_bytes = _option(parse_bytes, "--segment-bytes", args.segment_bytes)
+    config = StreamConfig(
+        name=StreamName(args.name),
+        partitions=args.partitions,
+        replicas=args.replicas if args.replicas is not None else 1,
+        segment_bytes=limits.segment_bytes_default if segment_bytes is None else segment_bytes,
+        retention=Retention(
+            max_age_ms=_option(parse_duration_ms, "--max-age", args.max_age),
+            max_bytes=_option(parse_bytes, "--max-bytes", args.max_bytes),
+            max_messages=args.max_messages,
+        ),
+    )
+    config.validate()  # the server validates again; this answers before any network call
+    message = _config_message(config)
+    if args.replicas is None:
+        message.ClearField("replicas")
+    if args.segment_bytes is None:
+        message.ClearField("segment_bytes")
+    response = _call(args, "CreateStream", pb.CreateStreamRequest(stream=message))
+    stream = _stream_json(response.stream)
+    if args.output == "json":
+        _print(output.render_json({"stream": stream}))
+    else:
+        _print(f"Created stream {stream['name']!r}.\n" + _stream_fields(stream))
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace) -> int:
+    response = _call(args, "ListStreams", pb.ListStreamsRequest())
+    streams = [_stream_json(s) for s in response.streams]
+    if args.output == "json":
+        _print(output.render_json({"streams": streams}))
+    elif not streams:
+        _print("No streams. Create one with `spate stream create NAME`.")
+    else:
+        rows = [[s["name"], str(s["partitions"]), str(s["replicas"]),
+                 output.duration(s["retention"]["max_age_ms"]),
+                 output.size(s["retention"]["max_bytes"]),
+                 output.number(s["retention"]["max_messages"]),
+                 output.size(s["segment_bytes"])] for s in streams]
+        _print(output.render_table(
+            ["NAME", "PARTITIONS", "REPLICAS", "MAX-AGE", "MAX-BYTES", "MAX-MESSAGES", "SEGMENT"],
+            rows))
+    return EXIT_OK
+
+
+def _describe(args: argparse.Namespace) -> int:
+    validate_stream_name(args.name)
+    response = _call(args, "DescribeStream", pb.DescribeStreamRequest(name=args.name))
+    stream = _stream_json(response.stream)
+    partitions = [_partition_json(p) for p in response.partitions]
+    if args.output == "json":
+        _print(output.render_json({"stream": stream, "partitions": partitions}))
+        return EXIT_OK
+    rows = []
+    for p in partitions:
+        if not p["available"]:
+            rows.append([str(p["partition"])] + [output.EMPTY] * 7)
+            continue
+        rows.append([
+            str(p["partition"]), p["leader"] or output.EMPTY, output.number(p["first_offset"]),
+            output.number(p["last_offset"]), str(p["end_offset"]), str(p["messages"]),
+            output.size(p["bytes"]), str(p["segments"]),
+        ])
+    _print(_stream_fields(stream) + "\n\n" + output.render_table(
+        ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES", "SIZE", "SEGMENTS"], rows))
+    return EXIT_OK
+
+
+def _delete(args: argparse.Namespace) -> int:
+    validate_stream_name(args.name)
+    _call(args, "DeleteStream", pb.DeleteStreamRequest(name=args.name))
+    if args.output == "json":
+        _print(output.render_json({"deleted": args.name}))
+    else:
+        _print(f"Deleted stream {args.name!r}.")
+    return EXIT_OK
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    response = _call(args, "ClusterStatus", pb.ClusterStatusRequest())
+    m = response.metadata
+    metadata = {
+        "node_id": m.node_id, "self_address": m.self_address, "voters": list(m.voters),
+        "leader": m.leader or None, "is_leader": m.is_leader, "ready": m.ready,
+        "has_quorum": m.has_quorum, "connected_peers": list(m.connected_peers), "term": m.term,
+        "commit_index": m.commit_index, "last_applied": m.last_applied, "version": m.version,
+        "streams": m.streams, "nodes": m.nodes,
+    }
+    processes = [{
+        "node_id": p.node_id, "role": p.role, "pid": p.pid,
+        "endpoints": {e.name: e.address for e in p.endpoints},
+        "partitions": p.partitions, "streams": p.streams,
+    } for p in response.processes]
+    nodes = [{"node_id": n.node_id, "amqp": n.amqp, "admin": n.admin,
+              "heartbeat_ms": n.heartbeat_ms} for n in response.nodes]
+    if args.output == "json":
+        _print(output.render_json({"metadata": metadata, "processes": processes,
+                                   "nodes": nodes}))
+        return EXIT_OK
+    connected = set(m.connected_peers) | {m.self_address}
+    voters = ", ".join(f"{v}{'' if v in connected else ' (unreachable)'}" for v in m.voters)
+    blocks = [output.render_fields([
+        ("metadata leader", m.leader or "none (election in progress or no quorum)"),
+        ("answered by", f"{m.node_id} ({m.self_address}, "
+                        f"{'leader' if m.is_leader else 'follower'})"),
+        ("voters", voters),
+        ("quorum", "yes" if m.has_quorum else "no"),
+        ("ready", "yes" if m.ready else "no (not caught up with a leader yet)"),
+        ("term", str(m.term)),
+        ("commit index", f"{m.commit_index} (applied {m.last_applied})"),
+        ("streams", str(m.streams)),
+    ])]
+    if processes:
+        blocks.append(output.render_table(
+            ["NODE", "ROLE", "PID", "PARTITIONS", "ENDPOINTS"],
+            [[p["node_id"], p["role"], str(p["pid"]), str(p["partitions"]),
+              " ".join(f"{k}={v}" for k, v in p["endpoints"].items()) or output.EMPTY]
+             for p in processes]))
+    if nodes:
+        blocks.append(output.render_table(
+            ["REGISTERED NODE", "AMQP", "ADMIN"],
+            [[n["node_id"], n["amqp"], n["admin"]] for n in nodes]))
+    _print("\n\n".join(blocks))
+    return EXIT_OK
+
+
+# Admin address and calls ------------------------------------------------------------------------
+
+
+def resolve_admin(flag: str | None, environ: dict[str, str] | None = None) -> str:
+    """The admin address by the precedence in this module's docstring."""
+    env = dict(os.environ) if environ is None else environ
+    if flag:
+        return _checked_address(flag, "--admin")
+    if env.get("SPATE_ADMIN"):
+        return _checked_address(env["SPATE_ADMIN"], "SPATE_ADMIN")
+    path = Path(env.get("SPATE_DATA_DIR") or DEFAULT_DATA_DIR) / ENDPOINTS_FILE
+    try:
+        endpoints = json.loads(path.read_text())
+    except FileNotFoundError:
+        return DEFAULT_ADMIN
+    except (OSError, ValueError) as error:
+        raise InvalidArgument(f"cannot read {path}: {error}; pass --admin HOST:PORT") from error
+    admin = endpoints.get("admin") if isinstance(endpoints, dict) else None
+    if not isinstance(admin, str):
+        raise InvalidArgument(f"{path} has no \"admin\" address; pass --admin HOST:PORT")
+    return _checked_address(admin, str(path))
+
+
+def _checked_address(address: str, source: str) -> str:
+    if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
+        raise InvalidArgument(f"{source}: expected HOST:PORT, got {address!r}")
+    return address
+
+
+def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
+
+    address = resolve_admin(args.admin)
+    if args.timeout <= 0:
+        raise InvalidArgument(f"--timeout must be positive, got {args.timeout:g}")
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return getattr(stub, method)(request, timeout=args.timeout)
+        except grpc.RpcError as error:
+            raise _failure(error, address, args.timeout) from None
+
+
+def _failure(error: Any, address: str, timeout_s: float) -> CommandFailed:
+
+    details = error.details() or error.code().name
+    spate_code = dict(error.trailing_metadata() or ()).get(ERROR_CODE_KEY)
+    if spate_code is not None:
+        try:
+            code = ErrorCode(spate_code)
+        except ValueError:
+            return CommandFailed(details)
+        return CommandFailed(details, EXIT_CODES.get(code, EXIT_FAILURE))
+    unavailable = EXIT_CODES[Unavailable.code]
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        return CommandFailed(
+            f"cannot reach the admin API at {address} ({details}). Is a cluster running? Start "
+            "one with `spate dev up`, or point --admin (or SPATE_ADMIN) at a node's admin "
+            "address.", unavailable)
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CommandFailed(f"the admin API at {address} did not answer within "
+                             f"{timeout_s:g} s (--timeout)", unavailable)
+    return CommandFailed(f"the admin API at {address} failed: {error.code().name}: {details}")
+
+
+# Conversions ------------------------------------------------------------------------------------
+
+
+def _option(parse: Callable[[str], int], flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{flag}: {error.message}") from None
+
+
+def _config_message(config: StreamConfig) -> Any:
+    r = config.retention
+    return pb.StreamConfig(
+        name=config.name, partitions=config.partitions, replicas=config.replicas,
+        segment_bytes=config.segment_bytes,
+        retention=pb.Retention(max_age_ms=r.max_age_ms, max_bytes=r.max_bytes,
+                               max_messages=r.max_messages),
+    )
+
+
+def _stream_json(message: Any) -> dict[str, Any]:
+    r = message.retention
+    return {
+        "name": message.name, "partitions": message.partitions, "replicas": message.replicas,
+        "retention": {
+            "max_age_ms": r.max_age_ms if r.HasField("max_age_ms") else None,
+            "max_bytes": r.max_bytes if r.HasField("max_bytes") else None,
+            "max_messages": r.max_messages if r.HasField("max_messages") else None,
+        },
+        "segment_bytes": message.segment_bytes,
+    }
+
+
+def _partition_json(message: Any) -> dict[str, Any]:
+    def optional(field: str) -> int | None:
+        return getattr(message, field) if message.HasField(field) else None
+
+    return {
+        "partition": message.partition, "available": message.available,
+        "leader": message.leader or None,
+        "first_offset": optional("first_offset"), "last_offset": optional("last_offset"),
+        "end_offset": message.end_offset if message.available else None,
+        "messages": message.messages if message.available else None,
+        "bytes": message.bytes if message.available else None,
+        "segments": message.segments if message.available else None,
+        "first_timestamp_ms": optional("first_timestamp_ms"),
+        "last_timestamp_ms": optional("last_timestamp_ms"),
+    }
+
+
+def _stream_fields(stream: dict[str, Any]) -> str:
+    return output.render_fields([
+        ("stream", stream["name"]),
+        ("partitions", str(stream["partitions"])),
+        ("replicas", str(stream["replicas"])),
+        ("retention", output.retention_text(stream["retention"])),
+        ("segment size", output.size(stream["segment_bytes"])),
+    ])
+
+
+def _print(text: str) -> None:
+    print(text)

@@ -1,0 +1,40 @@
+"""What the admin server asks of the process that hosts it (supplied by spate.server)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from spate.core.backend import PartitionInfo
+from spate.core.ids import StreamName
+
+
+class StatsProvider(Protocol):
+    """Runtime facts of the partitions of `stream` that this process serves (possibly none).
+
+    May return the list or an awaitable of it. Raising NotFound means "not served here" and is
+    shown as partitions without stats, because the node can lag the metadata by a moment.
+    """
+
+    def __call__(
+        self, stream: StreamName, /
+    ) -> Sequence[PartitionInfo] | Awaitable[Sequence[PartitionInfo]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFacts:
+    """One process as ClusterStatus shows it."""
+
+    node_id: str
+    role: str  # "node", "gateway", ...
+    pid: int
+    endpoints: Mapping[str, str] = field(default_factory=dict)  # {"amqp": "127.0.0.1:5672", ...}
+    partitions: int = 0  # partitions served by this process
+    streams: int = 0  # streams with a partition served by this process
+
+
+class StatusProvider(Protocol):
+    """Facts about the hosting process (and any it knows of), for ClusterStatus."""
+
+    def __call__(self) -> Sequence[ProcessFacts]: ...

@@ -1,0 +1,177 @@
+"""The gRPC admin listener (grpc.aio): spate.api.v1.Admin plus health checking and reflection.
+
+Every BrokerError raised while serving a call becomes the status in spate.cluster.admin.errors,
+with its message as details; anything else is a bug and reaches the client as UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
+from grpc_reflection.v1alpha import reflection
+from spate.api.v1 import admin_pb2 as pb
+from spate.api.v1 import admin_pb2_grpc as pb_grpc
+from spate.cluster.admin import convert
+from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
+from spate.cluster.admin.providers import StatsProvider, StatusProvider
+from spate.cluster.metadata.service import MetadataService
+from spate.cluster.metadata.state import RequestId
+from spate.core.backend import PartitionInfo
+from spate.core.errors import BrokerError, NotFound, Unavailable
+from spate.core.ids import StreamName
+from spate.core.streams import validate_stream_name
+
+log = logging.getLogger(__name__)
+
+ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"].full_name  # "spate.api.v1.Admin"
+
+stop_grace_s = 1.0
+"""Time in-flight admin calls get to finish when the server stops."""
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+class AdminServer:
+    """Serves the admin API on host:port (port 0 picks a free one)."""
+
+    def __init__(self, metadata: MetadataService, stats: StatsProvider, status: StatusProvider,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        self.metadata = metadata
+        self.host = host
+        self.port = port
+        self._servicer = _AdminServicer(metadata, stats, status)
+        self._health = health_aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen and serve; returns the bound port. Raises Unavailable if it cannot listen."""
+        assert self._server is None, "started twice"
+        server = grpc.aio.server()
+        pb_grpc.add_AdminServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (ADMIN_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            server,
+        )
+        address = f"{self.host}:{self.port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as error:
+            raise Unavailable(f"the admin API cannot listen on {address}: {error}") from error
+        if port == 0:  # older grpc reports a failed bind this way
+            raise Unavailable(f"the admin API cannot listen on {address}")
+        await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        self.port = port
+        log.info("admin API listening on %s:%d", self.host, port)
+        return port
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(stop_grace_s)
+        self._server = None
+
+
+class _AdminServicer(pb_grpc.AdminServicer):
+    def __init__(self, metadata: MetadataService, stats: StatsProvider,
+                 status: StatusProvider) -> None:
+        self.metadata = metadata
+        self.stats = stats
+        self.status = status
+
+    async def CreateStream(self, request: pb.CreateStreamRequest,
+                           context: grpc.aio.ServicerContext[pb.CreateStreamRequest,
+                                                             pb.CreateStreamResponse],
+                           ) -> pb.CreateStreamResponse:
+        async def call() -> pb.CreateStreamResponse:
+            config = convert.stream_config(request.stream)
+            stored = await self.metadata.create_stream(
+                config, request_id=_request_id(request.request_id))
+            return pb.CreateStreamResponse(stream=convert.stream_config_message(stored))
+
+        return await _answer(context, call)
+
+    async def ListStreams(self, request: pb.ListStreamsRequest,
+                          context: grpc.aio.ServicerContext[pb.ListStreamsRequest,
+                                                            pb.ListStreamsResponse],
+                          ) -> pb.ListStreamsResponse:
+        async def call() -> pb.ListStreamsResponse:
+            return pb.ListStreamsResponse(streams=[convert.stream_config_message(c)
+                                                   for c in self.metadata.streams()])
+
+        return await _answer(context, call)
+
+    async def DescribeStream(self, request: pb.DescribeStreamRequest,
+                             context: grpc.aio.ServicerContext[pb.DescribeStreamRequest,
+                                                               pb.DescribeStreamResponse],
+                             ) -> pb.DescribeStreamResponse:
+        async def call() -> pb.DescribeStreamResponse:
+            name = StreamName(request.name)
+            validate_stream_name(name)
+            config = self.metadata.stream(name)
+            infos = await self._stats(name)
+            return pb.DescribeStreamResponse(stream=convert.stream_config_message(config),
+                                             partitions=convert.partition_stats(config, infos))
+
+        return await _answer(context, call)
+
+    async def DeleteStream(self, request: pb.DeleteStreamRequest,
+                           context: grpc.aio.ServicerContext[pb.DeleteStreamRequest,
+                                                             pb.DeleteStreamResponse],
+                           ) -> pb.DeleteStreamResponse:
+        async def call() -> pb.DeleteStreamResponse:
+            name = StreamName(request.name)
+            validate_stream_name(name)
+            await self.metadata.delete_stream(name, request_id=_request_id(request.request_id))
+            return pb.DeleteStreamResponse()
+
+        return await _answer(context, call)
+
+    async def ClusterStatus(self, request: pb.ClusterStatusRequest,
+                            context: grpc.aio.ServicerContext[pb.ClusterStatusRequest,
+                                                              pb.ClusterStatusResponse],
+                            ) -> pb.ClusterStatusResponse:
+        async def call() -> pb.ClusterStatusResponse:
+            return pb.ClusterStatusResponse(
+                metadata=convert.metadata_status_message(self.metadata.status()),
+                processes=[convert.process_message(p) for p in self.status()],
+                nodes=[convert.node_message(n) for n in self.metadata.nodes()],
+            )
+
+        return await _answer(context, call)
+
+    async def _stats(self, name: StreamName) -> Sequence[PartitionInfo]:
+        try:
+            answer = self.stats(name)
+            if inspect.isawaitable(answer):
+                return await answer
+            assert isinstance(answer, Sequence), answer
+            return answer
+        except NotFound:
+            return []  # defined in the metadata, not (yet) opened by this process
+
+
+async def _answer(context: grpc.aio.ServicerContext[_Request, _Response],
+                  call: Callable[[], Awaitable[_Response]]) -> _Response:
+    try:
+        return await call()
+    except BrokerError as error:
+        context.set_trailing_metadata(((ERROR_CODE_KEY, error.code.value),))
+        await context.abort(grpc_status(error), error.message)
+        raise AssertionError("abort returned") from error
+
+
+def _request_id(text: str) -> RequestId | None:
+    return RequestId(text) if text else None

@@ -1,0 +1,160 @@
+"""Scenarios for the metadata state machine (pure: commands in, results and views out)."""
+
+from __future__ import annotations
+
+from spate.cluster.metadata import limits
+from spate.cluster.metadata.state import (
+    Applied,
+    Barrier,
+    CreateStream,
+    DeleteStream,
+    MetadataState,
+    RegisterNode,
+    Rejected,
+    RequestId,
+    stream_changes,
+)
+from spate.core.errors import AlreadyExists, ErrorCode, InvalidArgument, NotFound
+from spate.core.ids import NodeId, StreamName
+from spate.core.streams import Retention, StreamConfig
+
+
+def create(request: str, name: str, **fields: object) -> CreateStream:
+    return CreateStream(RequestId(request), StreamConfig(StreamName(name), **fields))  # type: ignore[arg-type]
+
+
+def delete(request: str, name: str) -> DeleteStream:
+    return DeleteStream(RequestId(request), StreamName(name))
+
+
+def test_create_then_describe_then_delete() -> None:
+    state = MetadataState()
+    config = StreamConfig(StreamName("orders"), partitions=3,
+                          retention=Retention(max_age_ms=6 * 3_600_000))
+    assert state.apply(CreateStream(RequestId("r1"), config)) == Applied(1)
+    assert state.view.streams[StreamName("orders")].config == config
+    assert state.view.streams[StreamName("orders")].created_version == 1
+    assert state.apply(delete("r2", "orders")) == Applied(2)
+    assert StreamName("orders") not in state.view.streams
+    assert state.view.version == 2
+
+
+def test_duplicate_create_is_rejected_as_already_exists_and_changes_nothing() -> None:
+    state = MetadataState()
+    state.apply(create("r1", "orders", partitions=2))
+    before = state.view
+    result = state.apply(create("r2", "orders", partitions=5))
+    assert isinstance(result, Rejected) and result.code is ErrorCode.ALREADY_EXISTS
+    assert isinstance(result.error(), AlreadyExists)
+    assert "orders" in result.message
+    assert state.view is before
+    assert state.view.streams[StreamName("orders")].config.partitions == 2
+
+
+def test_delete_unknown_is_not_found() -> None:
+    state = MetadataState()
+    result = state.apply(delete("r1", "ghost"))
+    assert isinstance(result, Rejected) and isinstance(result.error(), NotFound)
+    assert state.view.version == 0
+
+
+def test_invalid_definitions_are_rejected_with_the_validation_message() -> None:
+    state = MetadataState()
+    cases = [
+        create("a", "bad name!"),
+        create("b", "ok", partitions=0),
+        create("c", "ok", replicas=9),
+        create("d", "ok", segment_bytes=10),
+        CreateStream(RequestId("e"), StreamConfig(StreamName("ok"),
+                                                  retention=Retention(max_bytes=-1))),
+    ]
+    for command in cases:
+        result = state.apply(command)
+        assert isinstance(result, Rejected), command
+        assert isinstance(result.error(), InvalidArgument)
+    assert state.view.version == 0 and not state.view.streams
+
+
+def test_retried_request_returns_its_first_result_and_applies_once() -> None:
+    state = MetadataState()
+    command = create("same", "orders")
+    assert state.apply(command) == Applied(1)
+    state.apply(delete("d1", "orders"))
+    # The retry arrives after the stream was deleted: it must not recreate it.
+    assert state.apply(command) == Applied(1)
+    assert StreamName("orders") not in state.view.streams
+    rejected = state.apply(delete("d2", "ghost"))
+    assert state.apply(delete("d2", "ghost")) == rejected
+
+
+def test_request_memory_is_bounded_oldest_first() -> None:
+    state = MetadataState()
+    state.apply(create("first", "s0"))
+    for i in range(limits.request_ids_remembered_max):
+        state.apply(Barrier(RequestId(f"b{i}")))
+    snapshot = state.snapshot()
+    assert len(snapshot.requests) == limits.request_ids_remembered_max
+    assert RequestId("first") not in dict(snapshot.requests)
+    state.apply(delete("d", "s0"))
+    # Forgotten: the retry is applied again (documented limit of deduplication).
+    assert isinstance(state.apply(create("first", "s0")), Applied)
+
+
+def test_register_node_and_refresh() -> None:
+    state = MetadataState()
+    register = RegisterNode(RequestId("n1a"), NodeId("n1"), "127.0.0.1:5672", "127.0.0.1:7600", 5)
+    assert state.apply(register) == Applied(1)
+    again = RegisterNode(RequestId("n1b"), NodeId("n1"), "127.0.0.1:5673", "127.0.0.1:7600", 9)
+    assert state.apply(again) == Applied(2)
+    record = state.view.nodes[NodeId("n1")]
+    assert (record.amqp, record.heartbeat_ms) == ("127.0.0.1:5673", 9)
+    bad = RegisterNode(RequestId("x"), NodeId("n 2"), "127.0.0.1:5672", "nowhere", 1)
+    result = state.apply(bad)
+    assert isinstance(result, Rejected) and result.code is ErrorCode.INVALID_ARGUMENT
+
+
+def test_barrier_changes_nothing() -> None:
+    state = MetadataState()
+    state.apply(create("r1", "orders"))
+    view = state.view
+    assert state.apply(Barrier(RequestId("b"))) == Applied(1)
+    assert state.view is view
+
+
+def test_snapshot_restores_the_same_state_and_dedup_memory() -> None:
+    state = MetadataState()
+    state.apply(create("r1", "a", partitions=4))
+    state.apply(create("r2", "b"))
+    state.apply(delete("r3", "a"))
+    state.apply(RegisterNode(RequestId("n"), NodeId("n1"), "h:1", "h:2", 3))
+    copy = MetadataState(state.snapshot())
+    assert copy.view == state.view
+    assert copy.snapshot() == state.snapshot()
+    assert copy.apply(create("r1", "a")) == Applied(1)  # remembered: not applied again
+
+
+def test_same_commands_same_results_on_every_replica() -> None:
+    commands = [create("1", "a"), create("2", "a"), delete("3", "b"),
+                create("4", "b", partitions=2), delete("5", "a"), create("1", "a"),
+                create("6", "a")]
+    replicas = [MetadataState() for _ in range(3)]
+    results = [[r.apply(c) for c in commands] for r in replicas]
+    assert results[0] == results[1] == results[2]
+    assert replicas[0].snapshot() == replicas[1].snapshot() == replicas[2].snapshot()
+
+
+def test_stream_changes_sees_deletion_and_recreation() -> None:
+    state = MetadataState()
+    state.apply(create("1", "a"))
+    state.apply(create("2", "b"))
+    v1 = state.view
+    state.apply(delete("3", "a"))
+    v2 = state.view
+    changes = stream_changes(v1, v2)
+    assert changes.deleted == (StreamName("a"),) and changes.created == ()
+    state.apply(create("4", "b2"))
+    state.apply(delete("5", "b"))
+    state.apply(create("6", "b", partitions=7))
+    changes = stream_changes(v2, state.view)
+    assert changes.deleted == (StreamName("b"),)
+    assert sorted(c.name for c in changes.created) == ["b", "b2"]
