@@ -100,8 +100,10 @@ class MetadataService:
     async def start(self) -> None:
         """Bind the voter and replay the local journal; does not wait for a leader.
 
-        After it returns, `streams()` shows what this replica had committed before it stopped.
-        Use `wait_ready()` to wait for a leader (a majority of voters must be running).
+        After it returns, `streams()` shows what this replica knew to be committed when it
+        stopped: pysyncobj persists its commit index about once a second, so the last second
+        of changes may reappear only once a leader exists (listeners are told then). Use
+        `wait_ready()` to wait for a leader (a majority of voters must be running).
         """
         assert not self._started, "started twice"
         self._loop = asyncio.get_running_loop()

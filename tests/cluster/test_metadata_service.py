@@ -1,0 +1,304 @@
+"""MetadataService on real pysyncobj voters on 127.0.0.1: one voter, three voters, restarts.
+
+Hazards under test come from research/pysyncobj.md: a journal without a dump loses the state (§2),
+the default dump is a pickle (§3), commands dropped in leader changes (§5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from spate.cluster.metadata.codec import DUMP_MAGIC, decode_dump
+from spate.cluster.metadata.raft import DUMP_FILE, JOURNAL_FILE
+from spate.cluster.metadata.service import MetadataService
+from spate.cluster.metadata.state import MetadataView, RequestId
+from spate.core.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    StorageFailure,
+    Unavailable,
+)
+from spate.core.ids import StreamName
+from spate.core.streams import Retention, StreamConfig
+
+PASSWORD = "test-secret"
+HOST_SCRIPT = Path(__file__).with_name("metadata_host.py")
+
+
+def service(data_dir: Path, port: int, peers: list[int] | None = None, **options: int
+            ) -> MetadataService:
+    return MetadataService(
+        node_id=f"n{port}", data_dir=data_dir, self_address=f"127.0.0.1:{port}",
+        peer_addresses=[f"127.0.0.1:{p}" for p in peers or []], password=PASSWORD, **options,
+    )
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    """Poll `check` until it holds; fail with `what` after timeout_s (a bound, not a timing)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+def names(svc: MetadataService) -> list[str]:
+    return [c.name for c in svc.streams()]
+
+
+def test_single_voter_serves_create_list_describe_delete(tmp_path: Path,
+                                                         free_port: Callable[[], int]) -> None:
+    async def scenario() -> None:
+        svc = service(tmp_path, free_port())
+        await svc.start()
+        try:
+            await svc.wait_ready()
+            views: list[MetadataView] = []
+            svc.add_listener(views.append)
+            orders = StreamConfig(StreamName("orders"), partitions=3,
+                                  retention=Retention(max_age_ms=6 * 3_600_000,
+                                                      max_bytes=10 * 10**9))
+            assert await svc.create_stream(orders) == orders
+            assert svc.stream(StreamName("orders")) == orders
+            with pytest.raises(AlreadyExists, match="already exists"):
+                await svc.create_stream(StreamConfig(StreamName("orders")))
+            with pytest.raises(InvalidArgument, match="partitions"):
+                await svc.create_stream(StreamConfig(StreamName("bad"), partitions=0))
+            with pytest.raises(NotFound):
+                await svc.delete_stream(StreamName("ghost"))
+            with pytest.raises(NotFound):
+                svc.stream(StreamName("ghost"))
+            await svc.create_stream(StreamConfig(StreamName("audit")))
+            assert names(svc) == ["audit", "orders"]
+            await svc.delete_stream(StreamName("orders"))
+            assert names(svc) == ["audit"]
+            # The node process learns about the deletion through the listener, in order.
+            await eventually(lambda: len(views) == 3, "three change notifications")
+            assert [sorted(v.streams) for v in views] == [
+                ["orders"], ["audit", "orders"], ["audit"]]
+            status = svc.status()
+            assert status.is_leader and status.ready and status.has_quorum
+            assert status.leader == status.self_address
+            assert status.voters == (status.self_address,)
+            assert status.version == 3 and status.streams == 1
+            assert status.commit_index >= 4 and status.last_applied == status.commit_index
+        finally:
+            await svc.stop()
+
+    run(scenario)
+
+
+def test_retried_request_id_is_applied_once(tmp_path: Path,
+                                            free_port: Callable[[], int]) -> None:
+    async def scenario() -> None:
+        svc = service(tmp_path, free_port())
+        await svc.start()
+        try:
+            await svc.wait_ready()
+            config = StreamConfig(StreamName("orders"))
+            await svc.create_stream(config, request_id=RequestId("retry-1"))
+            version = svc.view().version
+            # The same request again (a client retrying after a lost answer): no AlreadyExists,
+            # no second change.
+            await svc.create_stream(config, request_id=RequestId("retry-1"))
+            assert svc.view().version == version
+        finally:
+            await svc.stop()
+
+    run(scenario)
+
+
+def test_definitions_survive_restart_and_the_dump_is_our_codec(
+        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    port = free_port()
+
+    async def first_life() -> None:
+        svc = service(tmp_path, port, compaction_min_entries=4)
+        await svc.start()
+        try:
+            await svc.wait_ready()
+            for i in range(10):
+                await svc.create_stream(StreamConfig(StreamName(f"s{i}"), partitions=i + 1))
+            await svc.delete_stream(StreamName("s3"))
+            # More than compaction_min_entries entries: pysyncobj writes the full dump.
+            await eventually((tmp_path / DUMP_FILE).exists, "a full dump")
+            await svc.create_stream(StreamConfig(StreamName("after-dump")))
+        finally:
+            await svc.stop()
+
+    run(first_life)
+    dump = (tmp_path / DUMP_FILE).read_bytes()
+    assert dump.startswith(DUMP_MAGIC) and not dump.startswith(b"\x80")
+    assert not dump.startswith(b"\x1f\x8b")  # nor pysyncobj's default gzip'ed pickle
+    _, snapshot = decode_dump(dump)
+    assert {r.config.name for r in snapshot.streams} >= {"s0", "s9"}
+    assert (tmp_path / JOURNAL_FILE).exists()
+
+    async def second_life() -> None:
+        svc = service(tmp_path, port, compaction_min_entries=4)
+        await svc.start()  # returns once the dump and the journal are replayed
+        try:
+            expected = sorted(["after-dump"] + [f"s{i}" for i in range(10) if i != 3])
+            # Replayed up to the commit index pysyncobj last persisted (it does so once a
+            # second); the tail of the journal is committed again once a leader exists.
+            assert set(names(svc)) <= {*expected, "s3"}  # some prefix of the history
+            await svc.wait_ready()
+            await svc.barrier()
+            assert names(svc) == expected
+            assert svc.stream(StreamName("s9")).partitions == 10
+            await svc.create_stream(StreamConfig(StreamName("third")))
+            assert "third" in names(svc)
+        finally:
+            await svc.stop()
+
+    run(second_life)
+
+
+def test_definitions_survive_kill_9_of_the_hosting_process(
+        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(HOST_SCRIPT), str(tmp_path), f"127.0.0.1:{port}", PASSWORD,
+         "orders", "audit", "clicks"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("created"), line
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    async def restarted() -> None:
+        svc = service(tmp_path, port)
+        await svc.start()
+        try:
+            await svc.wait_ready()
+            await svc.barrier()  # entries past the last persisted commit index commit again
+            assert names(svc) == ["audit", "clicks", "orders"]
+            assert svc.stream(StreamName("orders")).partitions == 2
+        finally:
+            await svc.stop()
+
+    run(restarted)
+
+
+def test_three_voters_agree_and_survive_losing_one(tmp_path: Path,
+                                                   free_port: Callable[[], int]) -> None:
+    ports = [free_port() for _ in range(3)]
+
+    def voter(i: int) -> MetadataService:
+        return service(tmp_path / f"v{i}", ports[i], [p for p in ports if p != ports[i]])
+
+    async def scenario() -> None:
+        voters = [voter(i) for i in range(3)]
+        try:
+            for v in voters:
+                await v.start()
+            for v in voters:
+                await v.wait_ready()
+            leaders = {v.status().leader for v in voters}
+            assert len(leaders) == 1 and None not in leaders
+            follower = next(v for v in voters if not v.status().is_leader)
+            # Submitted on a follower: pysyncobj forwards it to the leader.
+            await follower.create_stream(StreamConfig(StreamName("orders"), partitions=4))
+            await follower.create_stream(StreamConfig(StreamName("audit")))
+            await eventually(lambda: all(names(v) == ["audit", "orders"] for v in voters),
+                             "every replica has both streams")
+            with pytest.raises(AlreadyExists):
+                await voters[0].create_stream(StreamConfig(StreamName("orders")))
+
+            # Stop the leader: the other two elect a new one and keep serving.
+            leader = next(v for v in voters if v.status().is_leader)
+            await leader.stop()
+            rest = [v for v in voters if v is not leader]
+            await rest[0].delete_stream(StreamName("audit"))
+            await rest[1].create_stream(StreamConfig(StreamName("clicks")))
+            await eventually(lambda: all(names(v) == ["clicks", "orders"] for v in rest),
+                             "both survivors agree")
+            assert all(v.view() == rest[0].view() for v in rest)
+
+            # The old leader comes back from its data dir and catches up.
+            index = voters.index(leader)
+            voters[index] = back = voter(index)
+            await back.start()
+            await back.wait_ready()
+            await eventually(lambda: names(back) == ["clicks", "orders"], "the returner caught up")
+            assert back.view() == rest[0].view()
+        finally:
+            for v in voters:
+                await v.stop()
+
+    run(scenario)
+
+
+def test_no_quorum_is_unavailable_with_an_actionable_message(
+        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    port, absent_a, absent_b = free_port(), free_port(), free_port()
+
+    async def scenario() -> None:
+        svc = service(tmp_path, port, [absent_a, absent_b], command_timeout_ms=2500)
+        await svc.start()
+        try:
+            with pytest.raises(Unavailable) as caught:
+                await svc.create_stream(StreamConfig(StreamName("orders")))
+            message = caught.value.message
+            assert message.startswith("metadata service has no leader")
+            assert "reaches 1 of 3 voters and needs 2" in message
+            assert f"127.0.0.1:{absent_a}" in message and f"127.0.0.1:{absent_b}" in message
+            assert not svc.status().ready
+        finally:
+            await svc.stop()
+
+    run(scenario)
+
+
+def test_refuses_to_start_without_password_on_a_busy_port_or_on_a_corrupt_dump(
+        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    with pytest.raises(InvalidArgument, match="password"):
+        MetadataService(node_id="n1", data_dir=tmp_path, self_address="127.0.0.1:1",
+                        password="")
+
+    async def busy_port() -> None:
+        port = free_port()
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", port,
+                                            reuse_address=False)
+        try:
+            with pytest.raises(Unavailable, match=f"cannot listen on 127.0.0.1:{port}"):
+                await service(tmp_path / "busy", port).start()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    run(busy_port)
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / DUMP_FILE).write_bytes(b"SPMD\x01garbage")
+
+    async def corrupt_dump() -> None:
+        svc = service(corrupt, free_port())
+        try:
+            with pytest.raises(StorageFailure, match="cannot read the metadata dump"):
+                await svc.start()
+        finally:
+            await svc.stop()
+
+    run(corrupt_dump)
