@@ -55,8 +55,10 @@ class PartitionShell:
                  config: LogConfig, *, clock_ms: Callable[[], int] = wall_clock_ms,
                  leader: NodeId | None = None,
                  retention_interval_ms: int = RETENTION_INTERVAL_MS_DEFAULT,
+                 pending_appends_max: int = PENDING_APPENDS_MAX,
                  storage: Storage | None = None) -> None:
-        assert retention_interval_ms > 0
+        """`storage` replaces the FileStorage on `directory` (tests pass a SimDisk)."""
+        assert retention_interval_ms > 0 and 0 < pending_appends_max <= PENDING_APPENDS_MAX
         self._stream = stream
         self._partition = partition
         self._directory = directory
@@ -65,6 +67,7 @@ class PartitionShell:
         self._leader = leader
         self._retention_interval_ms = retention_interval_ms
         self._storage = storage
+        self._pending_appends_max = pending_appends_max
         self._log: PartitionLog | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: deque[tuple[Offset, Offset, asyncio.Future[Offset]]] = deque()
@@ -139,10 +142,10 @@ class PartitionShell:
             future.set_exception(Unavailable(
                 f"partition {self._partition} of stream {self._stream!r} is closing"))
             return future
-        if len(self._pending) >= PENDING_APPENDS_MAX:
+        if len(self._pending) >= self._pending_appends_max:
             future.set_exception(ResourceLimitExceeded(
                 f"partition {self._partition} of stream {self._stream!r} already has "
-                f"{PENDING_APPENDS_MAX} appends waiting for the disk; retry later"))
+                f"{self._pending_appends_max} appends waiting for the disk; retry later"))
             return future
         try:
             first = core.append(records, self._clock_ms())

@@ -225,8 +225,8 @@ class PartitionLog:
         return first
 
     def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
-        data = chunk.encode_chunk(records, self.end_offset, timestamp_ms, epoch)
-        header = chunk.decode_header(data)
+        data, header = chunk.encode_chunk_with_header(records, self.end_offset, timestamp_ms,
+                                                      epoch)
         try:
             segment = self._segments[-1]
             if segment.size > 0 and segment.size + len(data) > self._config.segment_bytes:

@@ -64,18 +64,14 @@ class Segment:
     last_timestamp_ms: int | None
     offset_index: SparseIndex = field(default_factory=SparseIndex)  # relative offset -> position
     time_index: SparseIndex = field(default_factory=SparseIndex)    # timestamp -> relative offset
+    name: str = field(init=False)
+    index_name: str = field(init=False)
+    time_index_name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return file_name(self.base_offset, SEGMENT_SUFFIX)
-
-    @property
-    def index_name(self) -> str:
-        return file_name(self.base_offset, INDEX_SUFFIX)
-
-    @property
-    def time_index_name(self) -> str:
-        return file_name(self.base_offset, TIME_INDEX_SUFFIX)
+    def __post_init__(self) -> None:
+        self.name = file_name(self.base_offset, SEGMENT_SUFFIX)
+        self.index_name = file_name(self.base_offset, INDEX_SUFFIX)
+        self.time_index_name = file_name(self.base_offset, TIME_INDEX_SUFFIX)
 
     @property
     def messages(self) -> int:
