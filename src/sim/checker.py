@@ -1,0 +1,122 @@
+"""Invariants the simulator checks after every event (Raft §5 safety properties, KRaft-style).
+
+1. election safety: at most one leader per (group, term);
+2. commit monotonic: a replica's commit index never decreases within one incarnation;
+3. log matching: an entry identified by (group, index, term) has one payload and one
+   predecessor term everywhere, so two logs holding the same (index, term) agree on the whole
+   prefix before it (induction on index);
+4. state machine safety: every entry committed or applied anywhere at an index equals the one
+   in the group's committed history (the first replica to commit an index defines it), so
+   applied logs are prefixes of one another;
+5. no acknowledged append lost: an acknowledged entry is in the committed history, every new
+   leader's log holds the whole committed history above its snapshot (leader completeness), and
+   after every crash each acknowledged entry is still on the synced disk of a majority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from spate.core.ids import NodeId, Term
+from spate.node.replication.messages import Entry
+from spate.node.replication.raft import Raft, Role
+
+
+class InvariantViolation(Exception):
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"{invariant}: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+
+
+class Checker:
+    def __init__(self, groups: int) -> None:
+        self.leaders: dict[tuple[int, Term], NodeId] = {}
+        self.history: list[dict[int, tuple[Term, bytes]]] = [{} for _ in range(groups)]
+        self.acked: list[list[tuple[int, Term, bytes]]] = [[] for _ in range(groups)]
+        self._commit_seen: dict[tuple[NodeId, int], int] = {}
+        self._entries: dict[tuple[int, int, Term], tuple[bytes, Term]] = {}
+
+    def restarted(self, node: NodeId, group: int, commit: int) -> None:
+        self._commit_seen[(node, group)] = commit
+
+    def observe(self, node: NodeId, group: int, raft: Raft) -> None:
+        """Called after every event for every live replica."""
+        if raft.role is Role.LEADER:
+            key = (group, raft.term)
+            elected = self.leaders.get(key)
+            if elected is None:
+                self.leaders[key] = node
+                self._check_new_leader(node, group, raft)
+            elif elected != node:
+                raise InvariantViolation("election-safety",
+                                         f"group {group} term {raft.term}: leaders {elected} "
+                                         f"and {node}")
+        seen = self._commit_seen.get((node, group), 0)
+        commit = raft.log.committed
+        if commit < seen:
+            raise InvariantViolation(
+                "commit-monotonic", f"{node} group {group}: commit {seen} -> {commit}")
+        for index in range(max(seen, raft.log.snapshot.index) + 1, commit + 1):
+            self.committed(node, group, raft.log.entry(index), "committed")
+        self._commit_seen[(node, group)] = commit
+
+    def committed(self, node: NodeId, group: int, entry: Entry, what: str) -> None:
+        history = self.history[group]
+        known = history.get(entry.index)
+        if known is None:
+            history[entry.index] = (entry.term, entry.payload)
+        elif known != (entry.term, entry.payload):
+            raise InvariantViolation(
+                "state-machine-safety",
+                f"{node} {what} {entry.describe()} {entry.payload!r} in group {group}, but "
+                f"{known[0]}/{entry.index} {known[1]!r} was committed there")
+
+    def appended(self, node: NodeId, group: int, entries: tuple[Entry, ...],
+                 prev_term: Term) -> None:
+        """Entries a replica's core handed to its disk, and the term of the entry before."""
+        for entry in entries:
+            key = (group, entry.index, entry.term)
+            known = self._entries.get(key)
+            if known is None:
+                self._entries[key] = (entry.payload, prev_term)
+            elif known != (entry.payload, prev_term):
+                raise InvariantViolation(
+                    "log-matching",
+                    f"{node} group {group} has {entry.describe()} {entry.payload!r} after term "
+                    f"{prev_term}; elsewhere it is {known[0]!r} after term {known[1]}")
+            prev_term = entry.term
+
+    def acknowledged(self, group: int, index: int, term: Term, payload: bytes) -> None:
+        known = self.history[group].get(index)
+        if known != (term, payload):
+            raise InvariantViolation(
+                "acknowledged-lost", f"group {group} acknowledged {term}/{index} {payload!r} "
+                f"but history has {known}")
+        self.acked[group].append((index, term, payload))
+
+    def durable(self, group: int, logs: Sequence[Sequence[Entry]]) -> None:
+        """After a crash: every acknowledged entry is on the synced log of a majority."""
+        quorum = len(logs) // 2 + 1
+        for index, term, payload in self.acked[group]:
+            holders = sum(1 for log in logs if len(log) >= index
+                          and log[index - 1].term == term and log[index - 1].payload == payload)
+            if holders < quorum:
+                raise InvariantViolation(
+                    "acknowledged-durable", f"group {group} acknowledged {term}/{index} "
+                    f"{payload!r} is synced on {holders} of {len(logs)} replicas")
+
+    def _check_new_leader(self, node: NodeId, group: int, raft: Raft) -> None:
+        floor = raft.log.snapshot.index
+        for index, term, payload in self.acked[group]:
+            if index > floor and (raft.log.term(index) != term
+                                  or raft.log.entry(index).payload != payload):
+                raise InvariantViolation(
+                    "acknowledged-lost", f"new leader {node} of group {group} term {raft.term} "
+                    f"lacks acknowledged {term}/{index} {payload!r}")
+        for index, (term, payload) in self.history[group].items():
+            if index > floor and (raft.log.term(index) != term
+                                  or raft.log.entry(index).payload != payload):
+                raise InvariantViolation(
+                    "leader-completeness", f"new leader {node} of group {group} term "
+                    f"{raft.term} lacks committed {term}/{index}")

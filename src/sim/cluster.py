@@ -1,0 +1,502 @@
+"""A whole Spate replication cluster in one process: simulated time, network, disks, client.
+
+One seed drives everything: `SimOptions.draw(seed)` picks the cluster shape and fault mix
+(swarm testing), and every random choice afterwards comes from `random.Random`s derived from the
+seed, events are ordered by (time, sequence number), and nothing iterates over unordered sets,
+so a seed always produces the same event trace (its blake2b digest is `SimResult.trace_digest`).
+
+Phases: safety (faults on, `steps` events, invariants checked after every event), then
+liveness (faults off, crashed nodes restarted, partitions healed; every group must elect a
+leader and acknowledge a new proposal within `liveness_ms_max` of simulated time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+import traceback
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from spate.core.ids import NodeId, Term
+from spate.node.replication.messages import (
+    Entry,
+    Message,
+    Proposed,
+    Ready,
+    Refusal,
+    SnapshotRequest,
+    describe,
+)
+from spate.node.replication.raft import Raft, RaftConfig, Role
+from spate.sim.checker import Checker, InvariantViolation
+from spate.sim.raft_store import SimRaftStore
+
+tick_ms = 10
+"""Simulated milliseconds per Raft tick."""
+liveness_ms_max = 15_000
+"""Simulated time the healed cluster gets to elect leaders and acknowledge a proposal."""
+events_max = 400_000
+"""Events one run may process in all (a livelocked run fails instead of spinning)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bugs:
+    """Deliberate shell bugs, to prove the checker can fail."""
+
+    ack_before_persist: bool = False
+    """Send a Ready's messages (including acks) before its entries are synced."""
+    forget_vote: bool = False
+    """Never persist the hard state (term and vote survive no crash)."""
+
+
+NO_BUGS = Bugs()
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    nodes: int
+    groups: int
+    loss: float              # probability a message is dropped
+    duplication: float       # probability a message is delivered twice
+    delay_ms_max: int        # message delay is uniform in [1, delay_ms_max] (so reordering)
+    disk_ms_max: int         # write + sync latency is uniform in [0, disk_ms_max]
+    torn: float              # probability the first lost write of a crash is torn
+    nemesis_ms: int          # mean time between fault actions
+    crash_weight: int
+    partition_weight: int
+    propose_ms: int          # mean time between client proposals (per group)
+    log_cache_bytes: int     # small values force snapshots
+    steps: int
+    bugs: Bugs = NO_BUGS
+
+    @staticmethod
+    def draw(seed: int, *, nodes: int | None = None, steps: int = 3000) -> SimOptions:
+        rng = random.Random(f"options/{seed}")
+        return SimOptions(
+            nodes=nodes if nodes is not None else rng.choice((3, 3, 4, 5)),
+            groups=rng.randint(1, 3),
+            loss=rng.choice((0.0, 0.01, 0.05, 0.2)),
+            duplication=rng.choice((0.0, 0.01, 0.05)),
+            delay_ms_max=rng.choice((2, 10, 30)),
+            disk_ms_max=rng.choice((0, 3, 15)),
+            torn=rng.choice((0.0, 0.5)),
+            nemesis_ms=rng.choice((50, 200, 600)),
+            crash_weight=rng.choice((0, 1, 3)),
+            partition_weight=rng.choice((0, 1, 3)),
+            propose_ms=rng.choice((5, 20, 60)),
+            log_cache_bytes=rng.choice((0, 200, 100_000)),
+            steps=steps,
+        )
+
+
+class _Kind(Enum):
+    TICK = "tick"
+    DELIVER = "deliver"
+    DISK = "disk"
+    TRANSFER = "transfer"
+    PROPOSE = "propose"
+    NEMESIS = "nemesis"
+    RESTART = "restart"
+    HEAL = "heal"
+
+
+@dataclass(order=True)
+class _Event:
+    time_ms: int
+    seq: int
+    kind: _Kind = field(compare=False)
+    node: NodeId = field(compare=False)
+    group: int = field(compare=False, default=0)
+    message: Message | None = field(compare=False, default=None)
+    incarnation: int = field(compare=False, default=0)
+    request: SnapshotRequest | None = field(compare=False, default=None)
+
+
+@dataclass
+class _Replica:
+    store: SimRaftStore
+    raft: Raft | None = None
+    inflight: Ready | None = None
+    applied: list[Entry] = field(default_factory=list)
+    proposals: dict[int, tuple[Term, bytes]] = field(default_factory=dict)
+
+
+@dataclass
+class _Node:
+    id: NodeId
+    replicas: list[_Replica]
+    up: bool = True
+    incarnation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    seed: int
+    options: SimOptions
+    failure: str | None
+    steps: int
+    time_ms: int
+    trace_digest: str
+    acknowledged: int
+    elections: int
+    crashes: int
+    snapshots: int
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+class SimCluster:
+    def __init__(self, seed: int, options: SimOptions, *, keep_trace: bool = False) -> None:
+        self.seed = seed
+        self.trace_lines: list[str] = []
+        self._keep_trace = keep_trace
+        self.options = options
+        self.rng = random.Random(f"cluster/{seed}")
+        self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
+        self.config = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=2,
+                                 inflight_appends_max=8, append_bytes_max=256,
+                                 log_cache_bytes=options.log_cache_bytes)
+        self.checker = Checker(options.groups)
+        self.nodes = {node: _Node(node, [_Replica(SimRaftStore())
+                                         for _ in range(options.groups)]) for node in self.ids}
+        self.now_ms = 0
+        self._queue: list[_Event] = []
+        self._seq = 0
+        self._trace = hashlib.blake2b(digest_size=16)
+        self.blocked: set[tuple[NodeId, NodeId]] = set()
+        self.faults = True
+        self.steps = 0
+        self.crashes = 0
+        self.snapshots = 0
+        self._client_seq = 0
+        self._leader_hint: list[NodeId | None] = [None] * options.groups
+        self._acked_after: list[int | None] = [None] * options.groups
+        self._liveness_from_ms = 0
+        for node in self.ids:
+            self._start(self.nodes[node])
+            self._schedule(self.rng.randrange(tick_ms), _Kind.TICK, node)
+        for group in range(options.groups):
+            self._schedule(self.rng.randrange(1, 2 * options.propose_ms), _Kind.PROPOSE,
+                           self.ids[0], group=group)
+        self._schedule(options.nemesis_ms, _Kind.NEMESIS, self.ids[0])
+
+    # -- running
+
+    def run(self) -> SimResult:
+        failure = None
+        try:
+            self._run_until(lambda: self.steps >= self.options.steps)
+            self._heal_all()
+            self._liveness_from_ms = self.now_ms
+            self._run_until(self._live)
+            if not self._live():
+                failure = (f"liveness: no leader and acknowledged proposal in every group within "
+                           f"{liveness_ms_max} ms after healing")
+        except InvariantViolation as violation:
+            failure = str(violation)
+        except AssertionError as error:
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+            failure = f"assertion at {where}: {error}"
+        return SimResult(
+            seed=self.seed, options=self.options, failure=failure, steps=self.steps,
+            time_ms=self.now_ms, trace_digest=self._trace.hexdigest(),
+            acknowledged=sum(len(a) for a in self.checker.acked),
+            elections=len(self.checker.leaders), crashes=self.crashes, snapshots=self.snapshots)
+
+    def _run_until(self, done: object) -> None:
+        assert callable(done)
+        while not done() and self._queue and self.steps < events_max:
+            if not self.faults and self.now_ms - self._liveness_from_ms > liveness_ms_max:
+                return
+            self.step()
+
+    def _live(self) -> bool:
+        return not self.faults and all(a is not None for a in self._acked_after)
+
+    def step(self) -> None:
+        event = heapq.heappop(self._queue)
+        self.now_ms = event.time_ms
+        self.steps += 1
+        self._dispatch(event)
+        self._check()
+
+    def _schedule(self, delay_ms: int, kind: _Kind, node: NodeId, *, group: int = 0,
+                  message: Message | None = None, incarnation: int = 0,
+                  request: SnapshotRequest | None = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, _Event(self.now_ms + delay_ms, self._seq, kind, node,
+                                           group, message, incarnation, request))
+
+    def _record(self, line: str) -> None:
+        text = f"{self.now_ms} {line}"
+        self._trace.update(text.encode() + b"\n")
+        if self._keep_trace:
+            self.trace_lines.append(text)
+
+    def _check(self) -> None:
+        for node in self.ids:
+            state = self.nodes[node]
+            if not state.up:
+                continue
+            for group, replica in enumerate(state.replicas):
+                assert replica.raft is not None
+                self.checker.observe(node, group, replica.raft)
+
+    # -- events
+
+    def _dispatch(self, event: _Event) -> None:
+        node = self.nodes[event.node]
+        match event.kind:
+            case _Kind.TICK:
+                self._schedule(tick_ms, _Kind.TICK, event.node)
+                if node.up:
+                    for group, replica in enumerate(node.replicas):
+                        assert replica.raft is not None
+                        replica.raft.tick()
+                        self._pump(node, group)
+            case _Kind.DELIVER:
+                assert event.message is not None
+                self._deliver(node, event.group, event.message)
+            case _Kind.DISK:
+                if node.up and node.incarnation == event.incarnation:
+                    self._record(f"{node.id} g{event.group} synced")
+                    self._complete(node, event.group)
+            case _Kind.TRANSFER:
+                assert event.request is not None
+                if node.up and node.incarnation == event.incarnation:
+                    self._transfer(node, event.group, event.request)
+            case _Kind.PROPOSE:
+                self._schedule(self.rng.randrange(1, 2 * self.options.propose_ms),
+                               _Kind.PROPOSE, event.node, group=event.group)
+                self._propose(event.group)
+            case _Kind.NEMESIS:
+                if self.faults:
+                    self._nemesis()
+                    self._schedule(self.rng.randrange(1, 2 * self.options.nemesis_ms),
+                                   _Kind.NEMESIS, event.node)
+            case _Kind.RESTART:
+                if not node.up:
+                    self._restart(node)
+            case _Kind.HEAL:
+                if self.blocked:
+                    self._record("heal")
+                self.blocked.clear()
+
+    def _deliver(self, node: _Node, group: int, message: Message) -> None:
+        if not node.up or (message.source, message.target) in self.blocked:
+            self._record(f"g{group} lost {describe(message)}")
+            return
+        self._record(f"g{group} {describe(message)}")
+        replica = node.replicas[group]
+        assert replica.raft is not None
+        replica.raft.step(message)
+        self._pump(node, group)
+
+    def _send(self, group: int, message: Message) -> None:
+        if self.faults:
+            if (message.source, message.target) in self.blocked or \
+                    self.rng.random() < self.options.loss:
+                self._record(f"g{group} dropped {describe(message)}")
+                return
+            copies = 2 if self.rng.random() < self.options.duplication else 1
+        else:
+            copies = 1
+        for _ in range(copies):
+            self._schedule(self.rng.randint(1, self.options.delay_ms_max), _Kind.DELIVER,
+                           message.target, group=group, message=message)
+
+    # -- the shell: Ready handling, the way spate.node's driver must do it
+
+    def _pump(self, node: _Node, group: int) -> None:
+        replica = node.replicas[group]
+        raft = replica.raft
+        assert raft is not None
+        if replica.inflight is not None or not raft.has_ready():
+            return
+        ready = raft.ready()
+        replica.inflight = ready
+        if ready.entries:
+            prev_term = raft.log.term(ready.entries[0].index - 1)
+            assert prev_term is not None
+            self.checker.appended(node.id, group, ready.entries, prev_term)
+        if self.options.bugs.forget_vote:
+            ready = replace(ready, hard_state=None)
+        replica.store.write(ready)
+        if self.options.bugs.ack_before_persist:
+            for message in ready.messages:
+                self._send(group, message)
+        if ready.entries or ready.must_sync:
+            latency = self.rng.randint(0, self.options.disk_ms_max)
+            self._schedule(latency, _Kind.DISK, node.id, group=group,
+                           incarnation=node.incarnation)
+        else:
+            self._complete(node, group)
+
+    def _complete(self, node: _Node, group: int) -> None:
+        replica = node.replicas[group]
+        ready, raft = replica.inflight, replica.raft
+        assert ready is not None and raft is not None
+        if ready.entries or ready.must_sync:
+            replica.store.sync()
+        if not self.options.bugs.ack_before_persist:
+            for message in ready.messages:
+                self._send(group, message)
+        for entry in ready.committed:
+            self._apply(node, group, entry)
+        if ready.leader_change is not None:
+            self._record(f"{node.id} g{group} leader {ready.leader_change.leader} "
+                         f"epoch {ready.leader_change.epoch}")
+            if ready.leader_change.leader is not None:
+                self._leader_hint[group] = ready.leader_change.leader
+        if ready.snapshot_request is not None:
+            self._schedule(self.rng.randint(1, self.options.delay_ms_max), _Kind.TRANSFER,
+                           node.id, group=group, incarnation=node.incarnation,
+                           request=ready.snapshot_request)
+        replica.inflight = None
+        raft.advance(ready)
+        self._pump(node, group)
+
+    def _apply(self, node: _Node, group: int, entry: Entry) -> None:
+        replica = node.replicas[group]
+        assert entry.index == len(replica.applied) + 1, (entry.index, len(replica.applied))
+        replica.applied.append(entry)
+        self.checker.committed(node.id, group, entry, "applied")
+        proposal = replica.proposals.pop(entry.index, None)
+        if proposal is not None and proposal == (entry.term, entry.payload):
+            self._record(f"ack g{group} {entry.describe()}")
+            self.checker.acknowledged(group, entry.index, entry.term, entry.payload)
+            if not self.faults and self._acked_after[group] is None:
+                self._acked_after[group] = self.now_ms
+
+    def _transfer(self, node: _Node, group: int, request: SnapshotRequest) -> None:
+        """Fetch the leader's segments up to the snapshot index, then restore the core."""
+        replica = node.replicas[group]
+        raft = replica.raft
+        assert raft is not None
+        if replica.inflight is not None:  # a write is in flight: transfer once it is done
+            self._schedule(1, _Kind.TRANSFER, node.id, group=group,
+                           incarnation=node.incarnation, request=request)
+            return
+        source = self.nodes[request.leader]
+        index, term = request.snapshot.index, request.snapshot.term
+        if not source.up or (source.id, node.id) in self.blocked \
+                or index <= raft.log.committed or raft.role is Role.LEADER:
+            self._record(f"{node.id} g{group} transfer from {source.id} skipped")
+            return
+        prefix = source.replicas[group].store.durable[:index]
+        assert len(prefix) == index and prefix[-1].term == term, (len(prefix), request)
+        self._record(f"{node.id} g{group} snapshot {term}/{index} from {source.id}")
+        self.snapshots += 1
+        if not raft.log.match_term(index, term):
+            replica.store.install(prefix)
+            for entry in prefix[len(replica.applied):]:
+                self._apply(node, group, entry)
+        raft.restore(index, term)
+        self._pump(node, group)
+
+    # -- client
+
+    def _propose(self, group: int) -> None:
+        hint = self._leader_hint[group]
+        target = hint if hint is not None else self.ids[self.rng.randrange(len(self.ids))]
+        node = self.nodes[target]
+        if not node.up:
+            self._leader_hint[group] = None
+            return
+        replica = node.replicas[group]
+        assert replica.raft is not None
+        self._client_seq += 1
+        payload = f"g{group}c{self._client_seq}".encode()
+        result = replica.raft.propose(payload)
+        match result:
+            case Proposed():
+                self._record(f"propose g{group} {payload!r} at {target} -> "
+                             f"{result.term}/{result.index}")
+                replica.proposals[result.index] = (result.term, payload)
+                self._pump(node, group)
+            case Refusal():
+                self._leader_hint[group] = result.leader if result.leader != target else None
+                self._record(f"propose g{group} at {target} refused {result.reason.value}")
+
+    # -- faults
+
+    def _nemesis(self) -> None:
+        options = self.options
+        weights = [options.crash_weight, options.crash_weight, options.partition_weight,
+                   options.partition_weight, 1]
+        action = self.rng.choices(["crash", "restart", "partition", "one-way", "heal"],
+                                  weights)[0]
+        if action == "crash":
+            up = [n for n in self.ids if self.nodes[n].up]
+            if up:
+                self._crash(self.nodes[up[self.rng.randrange(len(up))]])
+        elif action == "restart":
+            down = [n for n in self.ids if not self.nodes[n].up]
+            if down:
+                self._restart(self.nodes[down[self.rng.randrange(len(down))]])
+        elif action == "partition":
+            side = [n for n in self.ids if self.rng.random() < 0.5]
+            other = [n for n in self.ids if n not in side]
+            self._record(f"partition {side} | {other}")
+            for a in side:
+                for b in other:
+                    self.blocked.update(((a, b), (b, a)))
+            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+        elif action == "one-way":
+            a, b = self.rng.sample(self.ids, 2)
+            self._record(f"block {a} -> {b}")
+            self.blocked.add((a, b))
+            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+        else:
+            self.blocked.clear()
+            self._record("heal")
+
+    def _crash(self, node: _Node) -> None:
+        self._record(f"crash {node.id}")
+        self.crashes += 1
+        node.up = False
+        node.incarnation += 1
+        for replica in node.replicas:
+            replica.store.crash(self.rng, self.options.torn)
+            replica.raft = None
+            replica.inflight = None
+            replica.applied = []
+            replica.proposals = {}
+        for group in range(self.options.groups):
+            self.checker.durable(group, [self.nodes[n].replicas[group].store.durable
+                                         for n in self.ids])
+        self._schedule(self.rng.randrange(20, 1000), _Kind.RESTART, node.id)
+
+    def _start(self, node: _Node) -> None:
+        for group, replica in enumerate(node.replicas):
+            hard_state, snapshot, entries = replica.store.recovered()
+            rng = random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}")
+            replica.raft = Raft(node.id, self.ids, self.config, rng, hard_state=hard_state,
+                                snapshot=snapshot, entries=entries)
+            self.checker.restarted(node.id, group, hard_state.commit)
+
+    def _restart(self, node: _Node) -> None:
+        self._record(f"restart {node.id}")
+        node.up = True
+        self._start(node)
+        for group in range(len(node.replicas)):
+            self._pump(node, group)
+
+    def _heal_all(self) -> None:
+        self._record("liveness phase")
+        self.faults = False
+        self.blocked.clear()
+        for node in self.ids:
+            if not self.nodes[node].up:
+                self._restart(self.nodes[node])
+
+
+def run_seed(seed: int, *, nodes: int | None = None, steps: int = 3000,
+             bugs: Bugs = NO_BUGS) -> SimResult:
+    options = replace(SimOptions.draw(seed, nodes=nodes, steps=steps), bugs=bugs)
+    return SimCluster(seed, options).run()
