@@ -1,0 +1,212 @@
+"""The real `spate` console script against a real host process (metadata voter + admin server).
+
+Every error path must end as `spate: <message>` on stderr with its exit code and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SPATE = str(Path(sys.executable).with_name("spate"))
+HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
+
+
+@pytest.fixture(scope="module")
+def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("host")
+    proc = subprocess.Popen([sys.executable, str(HOST_SCRIPT), str(data_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, "the host process exited before serving"
+        yield str(json.loads(line)["admin"])
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def spate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("SPATE_ADMIN", "SPATE_DATA_DIR")}
+    proc = subprocess.run([SPATE, *args], capture_output=True, text=True, timeout=60,
+                          env={**base, **(env or {})}, check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def ok(*args: str) -> str:
+    proc = spate(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def ok_json(*args: str) -> Any:
+    return json.loads(ok(*args, "--output", "json"))
+
+
+def fails(code: int, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = spate(*args, env=env)
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("spate: ") and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def test_create_in_both_formats(admin: str) -> None:
+    text = ok("stream", "create", "orders", "--partitions", "3", "--max-age", "6h",
+              "--max-bytes", "10GB", "--admin", admin)
+    assert "Created stream 'orders'." in text
+    assert "max-age 6h, max-bytes 10.0GB" in text
+    document = ok_json("stream", "create", "clicks", "--replicas", "2", "--max-messages",
+                       "1000000", "--segment-bytes", "64MB", "--admin", admin)
+    assert document == {"stream": {
+        "name": "clicks", "partitions": 1, "replicas": 2,
+        "retention": {"max_age_ms": None, "max_bytes": None, "max_messages": 1_000_000},
+        "segment_bytes": 64_000_000,
+    }}
+
+
+def test_list_in_both_formats(admin: str) -> None:
+    ok("stream", "create", "list-a", "--partitions", "2", "--max-age", "7d", "--admin", admin)
+    ok("stream", "create", "list-b", "--admin", admin)
+    streams = {s["name"]: s for s in ok_json("stream", "list", "--admin", admin)["streams"]}
+    assert streams["list-a"]["partitions"] == 2
+    assert streams["list-a"]["retention"]["max_age_ms"] == 7 * 86_400_000
+    assert streams["list-b"]["segment_bytes"] == 64 * 1024 * 1024
+    lines = ok("stream", "list", "--admin", admin).splitlines()
+    assert lines[0].split() == ["NAME", "PARTITIONS", "REPLICAS", "MAX-AGE", "MAX-BYTES",
+                                "MAX-MESSAGES", "SEGMENT"]
+    row = next(line for line in lines if line.startswith("list-a "))
+    assert row.split() == ["list-a", "2", "1", "1w", "-", "-", "67.1MB"]
+    # Aligned columns: the numbers of PARTITIONS end where its header ends.
+    end = lines[0].index("PARTITIONS") + len("PARTITIONS")
+    assert row[:end].endswith(" 2") and row[end] == " "
+
+
+def test_describe_in_both_formats(admin: str) -> None:
+    ok("stream", "create", "described", "--partitions", "2", "--admin", admin)
+    document = ok_json("stream", "describe", "described", "--admin", admin)
+    assert document["stream"]["name"] == "described"
+    first, second = document["partitions"]
+    assert first == {"partition": 0, "available": True, "leader": "n1", "first_offset": 0,
+                     "last_offset": 9, "end_offset": 10, "messages": 10, "bytes": 1500,
+                     "segments": 1, "first_timestamp_ms": 1_700_000_000_000,
+                     "last_timestamp_ms": 1_700_000_001_000}
+    assert second["partition"] == 1 and second["available"] is False
+    assert second["messages"] is None
+    text = ok("stream", "describe", "described", "--admin", admin)
+    table = text.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES",
+                                "SIZE", "SEGMENTS"]
+    assert table[1].split() == ["0", "n1", "0", "9", "10", "10", "1.5KB", "1"]
+    assert table[2].split() == ["1", "-", "-", "-", "-", "-", "-", "-"]
+
+
+def test_delete_in_both_formats_then_gone(admin: str) -> None:
+    ok("stream", "create", "doomed", "--admin", admin)
+    ok("stream", "create", "doomed-json", "--admin", admin)
+    assert ok("stream", "delete", "doomed", "--admin", admin) == "Deleted stream 'doomed'.\n"
+    assert ok_json("stream", "delete", "doomed-json", "--admin", admin) == {
+        "deleted": "doomed-json"}
+    names = [s["name"] for s in ok_json("stream", "list", "--admin", admin)["streams"]]
+    assert "doomed" not in names and "doomed-json" not in names
+    message = fails(3, "stream", "delete", "doomed", "--admin", admin)
+    assert message == "spate: stream 'doomed' does not exist\n"
+
+
+def test_duplicate_create_is_already_exists(admin: str) -> None:
+    ok("stream", "create", "twice", "--admin", admin)
+    for output in ("table", "json"):
+        message = fails(4, "stream", "create", "twice", "--admin", admin, "--output", output)
+        assert message == "spate: stream 'twice' already exists\n"
+
+
+def test_describe_unknown_is_not_found(admin: str) -> None:
+    for output in ("table", "json"):
+        message = fails(3, "stream", "describe", "ghost", "--admin", admin, "--output", output)
+        assert message == "spate: stream 'ghost' does not exist\n"
+
+
+def test_invalid_arguments_are_refused_before_any_call(admin: str) -> None:
+    message = fails(2, "stream", "create", "x", "--max-age", "6x", "--admin", admin)
+    assert message.startswith("spate: --max-age: cannot read duration '6x'")
+    message = fails(2, "stream", "create", "x", "--max-bytes", "lots", "--admin", admin)
+    assert message.startswith("spate: --max-bytes: cannot read size 'lots'")
+    message = fails(2, "stream", "create", "x", "--partitions", "0", "--admin", admin)
+    assert "partitions must be between 1 and 1024, got 0" in message
+    message = fails(2, "stream", "create", "bad name!", "--admin", admin)
+    assert "invalid stream name 'bad name!'" in message
+    message = fails(2, "stream", "describe", "bad/name", "--admin", admin)
+    assert "invalid stream name" in message
+    fails(2, "stream", "create", "--admin", admin)  # NAME missing: argparse, same shape
+    fails(2, "stream", "create", "x", "--partitions", "many", "--admin", admin)
+    fails(2, "stream", "list", "--admin", "no-port-here")
+    fails(2, "stream", "list", "--admin", admin, "--output", "yaml")
+    names = [s["name"] for s in ok_json("stream", "list", "--admin", admin)["streams"]]
+    assert "x" not in names
+
+
+def test_unreachable_admin_says_what_to_do() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    message = fails(5, "stream", "list", "--admin", f"127.0.0.1:{port}")
+    assert message.startswith(f"spate: cannot reach the admin API at 127.0.0.1:{port}")
+    assert "spate dev up" in message and "--admin" in message
+    fails(5, "cluster", "status", "--admin", f"127.0.0.1:{port}", "--output", "json")
+
+
+def test_cluster_status_in_both_formats(admin: str) -> None:
+    document = ok_json("cluster", "status", "--admin", admin)
+    metadata = document["metadata"]
+    assert metadata["leader"] == metadata["self_address"] and metadata["is_leader"] is True
+    assert metadata["voters"] == [metadata["self_address"]]
+    assert metadata["ready"] is True and metadata["has_quorum"] is True
+    process = document["processes"][0]
+    assert process["node_id"] == "n1" and process["role"] == "node"
+    assert process["endpoints"]["admin"] == admin and process["pid"] > 0
+    text = ok("cluster", "status", "--admin", admin)
+    assert f"metadata leader  {metadata['leader']}" in text
+    assert "quorum           yes" in text
+    assert f"admin={admin}" in text
+
+
+def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path: Path) -> None:
+    assert "streams" in json.loads(spate("stream", "list", "-o", "json",
+                                         env={"SPATE_ADMIN": admin}).stdout)
+    (tmp_path / "endpoints.json").write_text(json.dumps({"admin": admin, "nodes": []}))
+    proc = spate("stream", "list", "-o", "json", env={"SPATE_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 0 and "streams" in json.loads(proc.stdout)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "endpoints.json").write_text("{not json")
+    message = fails(2, "stream", "list", env={"SPATE_DATA_DIR": str(broken)})
+    assert "endpoints.json" in message and "--admin" in message
+
+
+def test_help_texts() -> None:
+    top = ok("--help")
+    assert "stream" in top and "cluster" in top and "exit codes" in top
+    create = ok("stream", "create", "--help")
+    for option in ("--partitions", "--replicas", "--max-age", "--max-bytes", "--max-messages",
+                   "--segment-bytes", "--admin", "--output"):
+        assert option in create
+    for command in (("stream", "list"), ("stream", "describe"), ("stream", "delete"),
+                    ("cluster", "status")):
+        assert "--output" in ok(*command, "--help")
+    assert fails(2, "stream").startswith("spate: the following arguments are required")
