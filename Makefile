@@ -30,7 +30,8 @@ test: install
 check: install
 	$(VENV)/bin/ruff check src tests benchmarks tools
 	$(VENV)/bin/ruff format --check src tests benchmarks tools
-	$(VENV)/bin/mypy -p spate
+	@mkdir -p build/typing && ln -sfn ../../src build/typing/spate
+	MYPYPATH=build/typing $(VENV)/bin/mypy -p spate
 	$(VENV)/bin/lint-imports
 	$(PY) tools/gen_proto.py --check
 

@@ -20,16 +20,20 @@ OUT_ROOT = ROOT / "src" / "api"
 
 
 def generate(into: Path) -> list[Path]:
-    from grpc_tools import protoc  # dev dependency, imported only here
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency, imported only here
 
     protos = sorted(PROTO_ROOT.rglob("*.proto"))
     if not protos:
         return []
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [
-        "protoc", f"-I{PROTO_ROOT}", f"-I{include}",
-        f"--python_out={into}", f"--grpc_python_out={into}", f"--mypy_out={into}",
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={into}",
+        f"--grpc_python_out={into}",
+        f"--mypy_out={into}",
         *[str(p) for p in protos],
     ]
     if protoc.main(args) != 0:
@@ -54,8 +58,11 @@ def main() -> int:
                 stale.append(rel)
         if opts.check:
             if stale:
-                print("stale generated code in src/api (run `python tools/gen_proto.py`):",
-                      ", ".join(map(str, stale)), file=sys.stderr)
+                print(
+                    "stale generated code in src/api (run `python tools/gen_proto.py`):",
+                    ", ".join(map(str, stale)),
+                    file=sys.stderr,
+                )
                 return 1
             return 0
         for f in files:

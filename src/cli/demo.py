@@ -18,7 +18,6 @@ from typing import Any
 
 from proton import symbol
 from proton.utils import BlockingConnection
-
 from spate.client import Consumer, Producer
 
 
@@ -42,11 +41,22 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="spate-demo-"))
     print(f"== Spate demo: {args.nodes}-node cluster in {data_dir}\n", flush=True)
     try:
-        cluster = _spate("dev", "up", "--nodes", str(args.nodes), "--data-dir", str(data_dir),
-                         "--output", "json", capture_json=True)
+        cluster = _spate(
+            "dev",
+            "up",
+            "--nodes",
+            str(args.nodes),
+            "--data-dir",
+            str(data_dir),
+            "--output",
+            "json",
+            capture_json=True,
+        )
         node = cluster["nodes"][0]
-        print(f"   {len(cluster['nodes'])} node(s) ready; AMQP at {node['amqp']}, admin at "
-              f"{cluster['admin']}\n")
+        print(
+            f"   {len(cluster['nodes'])} node(s) ready; AMQP at {node['amqp']}, admin at "
+            f"{cluster['admin']}\n"
+        )
         admin = ["--admin", cluster["admin"]]
         _spate("stream", "create", "demo", "--partitions", "1", "--max-age", "1h", *admin)
         url = f"amqp://{node['amqp']}"
@@ -57,16 +67,20 @@ def main(argv: list[str] | None = None) -> int:
         with Producer(url, "demo") as producer:
             confirmed = producer.send_batch(bodies)
         elapsed = time.perf_counter() - started
-        print(f"   {confirmed} accepted in {elapsed:.2f}s ({confirmed / elapsed:,.0f} msg/s, "
-              "python-qpid-proton BlockingConnection)")
+        print(
+            f"   {confirmed} accepted in {elapsed:.2f}s ({confirmed / elapsed:,.0f} msg/s, "
+            "python-qpid-proton BlockingConnection)"
+        )
 
         print("\n== consume from 'first' (event-streams offset filter)")
         with Consumer(url, "demo", start="first") as consumer:
             events = [consumer.receive(timeout=10) for _ in range(args.messages)]
         assert [e.body for e in events] == bodies, "consumed bodies differ from published ones"
         first, last = events[0], events[-1]
-        print(f"   got {len(events)} events in order; first offset {first.offset} "
-              f"({first.body!r}), last offset {last.offset} ({last.body!r})")
+        print(
+            f"   got {len(events)} events in order; first offset {first.offset} "
+            f"({first.body!r}), last offset {last.offset} ({last.body!r})"
+        )
 
         print("\n== consume the last 3 (relative start -3)")
         with Consumer(url, "demo", start=-3) as consumer:
@@ -81,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             receiver.accept()
         finally:
             connection.close()
-        for part in info[symbol("partitions")] if symbol("partitions") in info else info["partitions"]:
+        for part in (
+            info[symbol("partitions")] if symbol("partitions") in info else info["partitions"]
+        ):
             print("   " + ", ".join(f"{k}={v}" for k, v in part.items()))
 
         print()

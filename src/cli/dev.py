@@ -1,4 +1,4 @@
-"""`spate dev up|down|status`: a local cluster of separate node processes (see spate.server.devcluster)."""
+"""`spate dev up|down|status`: a local cluster of node processes (spate.server.devcluster)."""
 
 from __future__ import annotations
 
@@ -17,30 +17,49 @@ def _data_dir_default() -> str:
 
 def register(subparsers: Any) -> None:
     dev = subparsers.add_parser(
-        "dev", help="run a local cluster of node processes on this machine",
+        "dev",
+        help="run a local cluster of node processes on this machine",
         description="Run a local Spate cluster: separate node processes on 127.0.0.1, data under "
-                    "--data-dir. `up` is idempotent: it starts whichever nodes are not running, "
-                    "reusing their data and ports, so it also restarts a killed node.",
+        "--data-dir. `up` is idempotent: it starts whichever nodes are not running, "
+        "reusing their data and ports, so it also restarts a killed node.",
     )
     commands = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=_data_dir_default(),
-                        help="cluster directory (default: $SPATE_DATA_DIR or ./spate-dev)")
-    common.add_argument("--output", choices=("table", "json"), default="table",
-                        help="output format (default: table)")
-    up = commands.add_parser("up", parents=[common], help="start the cluster's missing processes",
-                             description="Start every node of the cluster that is not running, "
-                                         "wait until each is ready, write DIR/endpoints.json and "
-                                         "print the endpoints.")
+    common.add_argument(
+        "--data-dir",
+        default=_data_dir_default(),
+        help="cluster directory (default: $SPATE_DATA_DIR or ./spate-dev)",
+    )
+    common.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="output format (default: table)",
+    )
+    up = commands.add_parser(
+        "up",
+        parents=[common],
+        help="start the cluster's missing processes",
+        description="Start every node of the cluster that is not running, "
+        "wait until each is ready, write DIR/endpoints.json and "
+        "print the endpoints.",
+    )
     up.add_argument("--nodes", type=int, default=1, help="number of nodes, 1 to 3 (default: 1)")
     up.set_defaults(func=_up)
-    down = commands.add_parser("down", parents=[common], help="stop the cluster's processes",
-                               description="Stop every node process of the cluster (SIGTERM, "
-                                           "then SIGKILL after 15 s). Data is kept.")
+    down = commands.add_parser(
+        "down",
+        parents=[common],
+        help="stop the cluster's processes",
+        description="Stop every node process of the cluster (SIGTERM, "
+        "then SIGKILL after 15 s). Data is kept.",
+    )
     down.set_defaults(func=_down)
-    status = commands.add_parser("status", parents=[common], help="show the cluster's processes",
-                                 description="List every process of the cluster with its role, "
-                                             "pid, state and endpoints.")
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show the cluster's processes",
+        description="List every process of the cluster with its role, pid, state and endpoints.",
+    )
     status.set_defaults(func=_status)
 
 
@@ -51,9 +70,15 @@ def _print(result: dict[str, Any], output: str) -> None:
     from spate.cli.output import render_table
 
     rows = [
-        [n["node_id"], n["role"], str(n["pid"] or "-"),
-         "ready" if n["ready"] else ("starting" if n["running"] else "stopped"),
-         n["amqp"], n["admin"], n["metadata"]]
+        [
+            n["node_id"],
+            n["role"],
+            str(n["pid"] or "-"),
+            "ready" if n["ready"] else ("starting" if n["running"] else "stopped"),
+            n["amqp"],
+            n["admin"],
+            n["metadata"],
+        ]
         for n in result["nodes"]
     ]
     print(render_table(["NODE", "ROLE", "PID", "STATE", "AMQP", "ADMIN", "METADATA"], rows))

@@ -9,14 +9,16 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    node = subparsers.add_parser("node", help="run a storage node",
-                                 description="Storage node commands.")
+    node = subparsers.add_parser(
+        "node", help="run a storage node", description="Storage node commands."
+    )
     commands = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
     run = commands.add_parser(
-        "run", help="run one node in the foreground",
+        "run",
+        help="run one node in the foreground",
         description="Run one Spate node: its partitions, a metadata voter, the AMQP 1.0 listener "
-                    "and the gRPC admin API. Flags override the --config TOML file. The metadata "
-                    "password comes from SPATE_METADATA_PASSWORD or the config file.",
+        "and the gRPC admin API. Flags override the --config TOML file. The metadata "
+        "password comes from SPATE_METADATA_PASSWORD or the config file.",
     )
     run.add_argument("--config", type=Path, help="TOML settings file ([node] table)")
     run.add_argument("--node-id", help="stable node name, e.g. n1")
@@ -25,12 +27,17 @@ def register(subparsers: Any) -> None:
     run.add_argument("--amqp-port", type=int, help="AMQP 1.0 port (default 5672; 0 = any free)")
     run.add_argument("--admin-port", type=int, help="gRPC admin port (default 7600; 0 = any free)")
     run.add_argument("--metadata-port", type=int, help="metadata Raft port (default 7700)")
-    run.add_argument("--metadata-peers",
-                     help="other metadata voters as host:port,host:port (default: none)")
-    run.add_argument("--users-file", type=Path,
-                     help="JSON users file for SASL PLAIN (make hashes with `spate user hash`)")
-    run.add_argument("--no-anonymous", action="store_true",
-                     help="refuse SASL ANONYMOUS (needs --users-file)")
+    run.add_argument(
+        "--metadata-peers", help="other metadata voters as host:port,host:port (default: none)"
+    )
+    run.add_argument(
+        "--users-file",
+        type=Path,
+        help="JSON users file for SASL PLAIN (make hashes with `spate user hash`)",
+    )
+    run.add_argument(
+        "--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS (needs --users-file)"
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     run.set_defaults(func=_run)
@@ -41,10 +48,16 @@ def _run(args: argparse.Namespace) -> int:
     from spate.server.settings import load_settings
 
     overrides = {
-        "node_id": args.node_id, "data_dir": args.data_dir, "host": args.host,
-        "amqp_port": args.amqp_port, "admin_port": args.admin_port,
-        "metadata_port": args.metadata_port, "metadata_peers": args.metadata_peers,
-        "users_file": args.users_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+        "node_id": args.node_id,
+        "data_dir": args.data_dir,
+        "host": args.host,
+        "amqp_port": args.amqp_port,
+        "admin_port": args.admin_port,
+        "metadata_port": args.metadata_port,
+        "metadata_peers": args.metadata_peers,
+        "users_file": args.users_file,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
         "allow_anonymous": False if args.no_anonymous else None,
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
     }

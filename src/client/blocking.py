@@ -11,7 +11,6 @@ from typing import Any
 from proton import Delivery, Message, symbol
 from proton.reactor import Filter, LinkOption
 from proton.utils import BlockingConnection
-
 from spate.client.offsets import Start, offset_filter
 from spate.core.ids import offset_from_symbol
 
@@ -46,9 +45,17 @@ def _message(body: bytes | Message) -> Message:
 class Producer:
     """Publishes with confirms: every send returns only once the broker accepted the message."""
 
-    def __init__(self, url: str, stream: str, *, partition: int | None = None,
-                 timeout_s: float = 30.0, user: str | None = None, password: str | None = None,
-                 **connection_options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        *,
+        partition: int | None = None,
+        timeout_s: float = 30.0,
+        user: str | None = None,
+        password: str | None = None,
+        **connection_options: Any,
+    ) -> None:
         if user is not None:
             connection_options.update(user=user, password=password, allowed_mechs="PLAIN")
         self._connection = BlockingConnection(url, timeout=timeout_s, **connection_options)
@@ -74,13 +81,17 @@ class Producer:
     def _settle(self, deliveries: Sequence[Delivery]) -> int:
         if not deliveries:
             return 0
-        self._connection.wait(lambda: all(d.settled for d in deliveries),
-                              msg="waiting for confirms", timeout=self._timeout_s)
+        self._connection.wait(
+            lambda: all(d.settled for d in deliveries),
+            msg="waiting for confirms",
+            timeout=self._timeout_s,
+        )
         for d in deliveries:
             if d.remote_state != Delivery.ACCEPTED:
                 condition = d.remote.condition
                 raise PublishRefused(
-                    str(d.remote_state), condition.name if condition else None,
+                    str(d.remote_state),
+                    condition.name if condition else None,
                     condition.description if condition else None,
                 )
             d.settle()
@@ -112,10 +123,19 @@ class Event:
 class Consumer:
     """Reads a stream from `start` (first, last, next, an offset, -N, or a datetime)."""
 
-    def __init__(self, url: str, stream: str, *, start: Start = "next",
-                 partition: int | None = None, credit: int = 1000, timeout_s: float = 30.0,
-                 user: str | None = None, password: str | None = None,
-                 **connection_options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        *,
+        start: Start = "next",
+        partition: int | None = None,
+        credit: int = 1000,
+        timeout_s: float = 30.0,
+        user: str | None = None,
+        password: str | None = None,
+        **connection_options: Any,
+    ) -> None:
         if user is not None:
             connection_options.update(user=user, password=password, allowed_mechs="PLAIN")
         self._connection = BlockingConnection(url, timeout=timeout_s, **connection_options)

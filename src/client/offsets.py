@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from proton import Described, symbol, timestamp, ulong
-
 from spate.core.ids import Offset, offset_to_symbol
 
 ES_FILTER = ulong(0x00000000_00000200)
@@ -46,5 +45,7 @@ def offset_filter(start: Start) -> dict[symbol, Any]:
     elif start == "last":
         value = symbol("last")
     else:
-        raise ValueError(f"unknown start {start!r}: use first, last, next, an offset, -N or a datetime")
+        raise ValueError(
+            f"unknown start {start!r}: use first, last, next, an offset, -N or a datetime"
+        )
     return {FILTER_KEY: Described(ES_FILTER, value)}

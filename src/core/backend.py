@@ -16,12 +16,12 @@ from spate.core.streams import StreamConfig
 
 
 class OffsetSpecKind(Enum):
-    FIRST = "first"          # the earliest retained message
-    LAST = "last"            # the first message of the last chunk (RabbitMQ Streams' `last`)
-    NEXT = "next"            # only messages appended after the link attached (000 §3.2 default)
-    OFFSET = "offset"        # absolute offset, inclusive; clamped to the retained range
+    FIRST = "first"  # the earliest retained message
+    LAST = "last"  # the first message of the last chunk (RabbitMQ Streams' `last`)
+    NEXT = "next"  # only messages appended after the link attached (000 §3.2 default)
+    OFFSET = "offset"  # absolute offset, inclusive; clamped to the retained range
     TIMESTAMP = "timestamp"  # the first message whose timestamp is >= value (ms since epoch)
-    RELATIVE = "relative"    # value messages before the end (`-50` in 003's rooms)
+    RELATIVE = "relative"  # value messages before the end (`-50` in 003's rooms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +71,13 @@ class ChunkView:
 class PartitionInfo:
     stream: StreamName
     partition: PartitionId
-    first_offset: Offset | None      # earliest retained message; None when empty
-    last_offset: Offset | None       # latest committed message; None when empty
-    end_offset: Offset               # offset the next appended message will get
+    first_offset: Offset | None  # earliest retained message; None when empty
+    last_offset: Offset | None  # latest committed message; None when empty
+    end_offset: Offset  # offset the next appended message will get
     first_timestamp_ms: int | None
     last_timestamp_ms: int | None
-    messages: int                    # retained messages
-    bytes: int                       # retained bytes on disk
+    messages: int  # retained messages
+    bytes: int  # retained bytes on disk
     segments: int
     leader: NodeId | None
 

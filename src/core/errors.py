@@ -79,8 +79,14 @@ class NotLeader(BrokerError):
 
     code, blame, retryable = ErrorCode.NOT_LEADER, Blame.SERVER, True
 
-    def __init__(self, message: str, *, leader_host: str | None = None,
-                 leader_port: int | None = None, leader_node: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        leader_host: str | None = None,
+        leader_port: int | None = None,
+        leader_node: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.leader_host = leader_host
         self.leader_port = leader_port

@@ -10,6 +10,10 @@ chunk_records_max = 10_000
 chunk_bytes_max = 8 * 1024 * 1024
 """Largest chunk payload; one producer batch is cut into chunks no bigger than this."""
 
+partition_pending_appends_max = 100_000
+"""Appends written but waiting for their fsync, per partition; past it, appends are refused
+(ResourceLimitExceeded, retryable)."""
+
 # Segments
 segment_bytes_default = 64 * 1024 * 1024
 segment_bytes_min = 64 * 1024

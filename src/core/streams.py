@@ -37,23 +37,34 @@ class StreamConfig:
         """Raise InvalidArgument with a message a person can act on."""
         validate_stream_name(self.name)
         if not 1 <= self.partitions <= limits.partitions_max:
-            raise InvalidArgument(f"partitions must be between 1 and {limits.partitions_max}, got {self.partitions}")
+            raise InvalidArgument(
+                f"partitions must be between 1 and {limits.partitions_max}, got {self.partitions}"
+            )
         if not 1 <= self.replicas <= limits.replicas_max:
-            raise InvalidArgument(f"replicas must be between 1 and {limits.replicas_max}, got {self.replicas}")
+            raise InvalidArgument(
+                f"replicas must be between 1 and {limits.replicas_max}, got {self.replicas}"
+            )
         if not limits.segment_bytes_min <= self.segment_bytes <= limits.segment_bytes_max:
             raise InvalidArgument(
                 f"segment size must be between {limits.segment_bytes_min} and "
                 f"{limits.segment_bytes_max} bytes, got {self.segment_bytes}"
             )
         r = self.retention
-        for label, value in (("max-age", r.max_age_ms), ("max-bytes", r.max_bytes),
-                             ("max-messages", r.max_messages)):
+        for label, value in (
+            ("max-age", r.max_age_ms),
+            ("max-bytes", r.max_bytes),
+            ("max-messages", r.max_messages),
+        ):
             if value is not None and value <= 0:
                 raise InvalidArgument(f"retention {label} must be positive, got {value}")
 
 
 def validate_stream_name(name: str) -> None:
-    if not name or len(name.encode()) > limits.stream_name_bytes_max or not _STREAM_NAME.match(name):
+    if (
+        not name
+        or len(name.encode()) > limits.stream_name_bytes_max
+        or not _STREAM_NAME.match(name)
+    ):
         raise InvalidArgument(
             f"invalid stream name {name!r}: use 1-{limits.stream_name_bytes_max} characters from "
             "letters, digits, '.', '_' and '-', starting with a letter or digit"

@@ -7,12 +7,25 @@ import re
 from spate.core.errors import InvalidArgument
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
 }
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-                      "w": 7 * 86_400_000}
+_DURATION_UNITS_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 7 * 86_400_000,
+}
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -22,7 +35,8 @@ def parse_bytes(text: str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
         raise InvalidArgument(
-            f"cannot read size {text!r}: use a number with one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            f"cannot read size {text!r}: use a number with one of "
+            "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
         )
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
@@ -34,7 +48,9 @@ def parse_duration_ms(text: str) -> int:
     if unit == "":
         unit = "s"
     if match is None or unit not in _DURATION_UNITS_MS:
-        raise InvalidArgument(f"cannot read duration {text!r}: use a number with one of ms, s, m, h, d, w")
+        raise InvalidArgument(
+            f"cannot read duration {text!r}: use a number with one of ms, s, m, h, d, w"
+        )
     return int(float(match.group(1)) * _DURATION_UNITS_MS[unit])
 
 

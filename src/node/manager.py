@@ -32,8 +32,9 @@ def partition_directory(root: Path, stream: StreamName, partition: PartitionId) 
 class PartitionManager:
     """Owns one PartitionShell per (stream, partition) defined for this node."""
 
-    def __init__(self, data_dir: Path, node_id: NodeId,
-                 clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, node_id: NodeId, clock_ms: Callable[[], int] | None = None
+    ) -> None:
         self._root = data_dir
         self._node_id = node_id
         self._clock_ms = clock_ms
@@ -65,8 +66,9 @@ class PartitionManager:
             pid = PartitionId(index)
             directory = partition_directory(self._root, config.name, pid)
             kwargs = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
-            shell = PartitionShell(config.name, pid, directory, log_config,
-                                   leader=self._node_id, **kwargs)
+            shell = PartitionShell(
+                config.name, pid, directory, log_config, leader=self._node_id, **kwargs
+            )
             await shell.start()
             self._shells[(config.name, pid)] = shell
         log.info("serving stream %s (%d partitions)", config.name, config.partitions)
@@ -113,14 +115,17 @@ class LocalBroker:
     def stream(self, name: StreamName) -> StreamConfig:
         config = self._manager.configs.get(name)
         if config is None:
-            raise NotFound(f"stream {name!r} does not exist; create it with `spate stream create {name}`")
+            raise NotFound(
+                f"stream {name!r} does not exist; create it with `spate stream create {name}`"
+            )
         return config
 
     def partition(self, name: StreamName, partition: PartitionId) -> PartitionShell:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(
-                f"stream {name!r} has partitions 0..{config.partitions - 1}; there is no partition {partition}"
+                f"stream {name!r} has partitions 0..{config.partitions - 1}; "
+                f"there is no partition {partition}"
             )
         shell = self._manager.shell(name, partition)
         if shell is None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from spate.core import limits
 from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
 from spate.core.errors import BrokerError, ResourceLimitExceeded, StorageFailure, Unavailable
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
@@ -37,7 +38,7 @@ from spate.node.log import FileStorage, LogConfig, PartitionLog, Storage
 
 log = logging.getLogger(__name__)
 
-PENDING_APPENDS_MAX = 100_000
+PENDING_APPENDS_MAX = limits.partition_pending_appends_max
 """Appends waiting for their fsync, per partition. (To move to spate.core.limits as
 `partition_pending_appends_max`.)"""
 RETENTION_INTERVAL_MS_DEFAULT = 60_000

@@ -44,8 +44,12 @@ class NodePlan:
     metadata_port: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "amqp_port": self.amqp_port,
-                "admin_port": self.admin_port, "metadata_port": self.metadata_port}
+        return {
+            "node_id": self.node_id,
+            "amqp_port": self.amqp_port,
+            "admin_port": self.admin_port,
+            "metadata_port": self.metadata_port,
+        }
 
 
 def _free_port() -> int:
@@ -114,16 +118,36 @@ class DevCluster:
         (node_dir / NODE_ENDPOINTS_FILE).unlink(missing_ok=True)
         peers = [f"{HOST}:{v.metadata_port}" for v in self._voters(plan) if v != node]
         argv = [
-            sys.executable, "-m", "spate.cli.main", "node", "run",
-            "--node-id", node.node_id, "--data-dir", str(node_dir), "--host", HOST,
-            "--amqp-port", str(node.amqp_port), "--admin-port", str(node.admin_port),
-            "--metadata-port", str(node.metadata_port),
-            "--metadata-peers", ",".join(peers),
+            sys.executable,
+            "-m",
+            "spate.cli.main",
+            "node",
+            "run",
+            "--node-id",
+            node.node_id,
+            "--data-dir",
+            str(node_dir),
+            "--host",
+            HOST,
+            "--amqp-port",
+            str(node.amqp_port),
+            "--admin-port",
+            str(node.admin_port),
+            "--metadata-port",
+            str(node.metadata_port),
+            "--metadata-peers",
+            ",".join(peers),
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(node_dir / "node.log", "ab") as log_file:
-            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         (node_dir / "pid").write_text(str(proc.pid))
         return proc.pid
 
@@ -184,7 +208,7 @@ class DevCluster:
         plan = self._load_plan()
         stopped = []
         pids = {n.node_id: self._pid(n.node_id) for n in plan}
-        for node_id, pid in pids.items():
+        for pid in pids.values():
             if pid is not None:
                 os.kill(pid, signal.SIGTERM)
         for node_id, pid in pids.items():
@@ -212,7 +236,9 @@ class DevCluster:
             live = None
             if pid is not None:
                 try:
-                    live = json.loads((self._node_dir(node.node_id) / NODE_ENDPOINTS_FILE).read_text())
+                    live = json.loads(
+                        (self._node_dir(node.node_id) / NODE_ENDPOINTS_FILE).read_text()
+                    )
                 except (OSError, ValueError):
                     live = None
             entry = {
@@ -231,8 +257,12 @@ class DevCluster:
             if admin is None and entry["ready"]:
                 admin = entry["admin"]
             processes.append(entry)
-        return {"data_dir": str(self.dir), "admin": admin, "nodes": processes,
-                "processes": processes}
+        return {
+            "data_dir": str(self.dir),
+            "admin": admin,
+            "nodes": processes,
+            "processes": processes,
+        }
 
     def _write_endpoints(self, plan: list[NodePlan]) -> dict[str, Any]:
         described = self._describe(plan)

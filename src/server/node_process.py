@@ -8,6 +8,7 @@ and SIGINT stop it cleanly, nothing acknowledged is lost by a kill -9 either (ac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,8 +42,15 @@ class NodeEndpoints:
     started_at_ms: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "pid": self.pid, "role": "node", "amqp": self.amqp,
-                "admin": self.admin, "metadata": self.metadata, "started_at_ms": self.started_at_ms}
+        return {
+            "node_id": self.node_id,
+            "pid": self.pid,
+            "role": "node",
+            "amqp": self.amqp,
+            "admin": self.admin,
+            "metadata": self.metadata,
+            "started_at_ms": self.started_at_ms,
+        }
 
 
 class NodeProcess:
@@ -60,13 +68,22 @@ class NodeProcess:
         self.gateway = GatewayServer(
             LocalBroker(self.manager),
             ListenerConfig(
-                host=settings.host, port=settings.amqp_port, node_id=settings.node_id,
-                allow_anonymous=settings.allow_anonymous, users_file=settings.users_file,
-                tls_cert=settings.tls_cert, tls_key=settings.tls_key,
+                host=settings.host,
+                port=settings.amqp_port,
+                node_id=settings.node_id,
+                allow_anonymous=settings.allow_anonymous,
+                users_file=settings.users_file,
+                tls_cert=settings.tls_cert,
+                tls_key=settings.tls_key,
             ),
         )
-        self.admin = AdminServer(self.metadata, stats=self._stats, status=self._status,
-                                 host=settings.host, port=settings.admin_port)
+        self.admin = AdminServer(
+            self.metadata,
+            stats=self._stats,
+            status=self._status,
+            host=settings.host,
+            port=settings.admin_port,
+        )
         self.endpoints: NodeEndpoints | None = None
         self._sync_task: asyncio.Task[None] | None = None
         self._streams_changed = asyncio.Event()
@@ -91,16 +108,23 @@ class NodeProcess:
         admin_port = await self.admin.start()
         host = self.settings.host
         self.endpoints = NodeEndpoints(
-            node_id=self.settings.node_id, pid=os.getpid(), amqp=f"{host}:{amqp_port}",
-            admin=f"{host}:{admin_port}", metadata=f"{host}:{self.settings.metadata_port}",
+            node_id=self.settings.node_id,
+            pid=os.getpid(),
+            amqp=f"{host}:{amqp_port}",
+            admin=f"{host}:{admin_port}",
+            metadata=f"{host}:{self.settings.metadata_port}",
             started_at_ms=int(time.time() * 1000),
         )
         path = self.settings.data_dir / ENDPOINTS_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints.to_json(), indent=2))
         tmp.replace(path)
-        log.info("node %s ready: amqp %s admin %s", self.settings.node_id,
-                 self.endpoints.amqp, self.endpoints.admin)
+        log.info(
+            "node %s ready: amqp %s admin %s",
+            self.settings.node_id,
+            self.endpoints.amqp,
+            self.endpoints.admin,
+        )
         return self.endpoints
 
     async def _follow_streams(self) -> None:
@@ -115,10 +139,8 @@ class NodeProcess:
         await self.gateway.close()
         if self._sync_task is not None:
             self._sync_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._sync_task
-            except asyncio.CancelledError:
-                pass
         await self.manager.close()
         await self.metadata.stop()
         (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)

@@ -41,7 +41,9 @@ class NodeSettings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
         if not self.allow_anonymous and self.users_file is None:
-            raise InvalidArgument("anonymous access is off but no users file is given (--users-file)")
+            raise InvalidArgument(
+                "anonymous access is off but no users file is given (--users-file)"
+            )
 
 
 def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
@@ -57,7 +59,9 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSe
     known = {f.name for f in fields(NodeSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise InvalidArgument(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise InvalidArgument(
+            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     for key in ("data_dir", "users_file", "tls_cert", "tls_key"):
         if values.get(key) is not None:
             values[key] = Path(values[key])
@@ -66,7 +70,9 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSe
         values["metadata_peers"] = tuple(peers.split(",") if isinstance(peers, str) else peers)
         values["metadata_peers"] = tuple(p for p in values["metadata_peers"] if p)
     if "node_id" not in values or "data_dir" not in values:
-        raise InvalidArgument("a node needs --node-id and --data-dir (or node_id/data_dir in the config file)")
+        raise InvalidArgument(
+            "a node needs --node-id and --data-dir (or node_id/data_dir in the config file)"
+        )
     settings = NodeSettings(**values)
     settings.validate()
     return settings

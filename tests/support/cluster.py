@@ -1,0 +1,82 @@
+"""A real local cluster for tests: `spate dev up` in a temp dir, `spate dev down` afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def spate(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI (`python -m spate.cli.main`) and return the completed process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "spate.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"spate {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+@dataclass
+class Cluster:
+    data_dir: Path
+    state: dict[str, Any]
+
+    @property
+    def admin(self) -> str:
+        admin: str = self.state["admin"]
+        return admin
+
+    def amqp_url(self, index: int = 0) -> str:
+        return f"amqp://{self.state['nodes'][index]['amqp']}"
+
+    def node_pid(self, index: int = 0) -> int:
+        pid: int = self.state["nodes"][index]["pid"]
+        return pid
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return spate(*args, "--admin", self.admin, check=check)
+
+    def cli_json(self, *args: str) -> Any:
+        return json.loads(self.cli(*args, "--output", "json").stdout)
+
+    def up(self, nodes: int) -> None:
+        out = spate(
+            "dev", "up", "--nodes", str(nodes), "--data-dir", str(self.data_dir), "--output", "json"
+        )
+        self.state = json.loads(out.stdout)
+
+    def kill9(self, index: int = 0) -> None:
+        pid = self.node_pid(index)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.02)
+
+
+@contextmanager
+def running_cluster(data_dir: Path, nodes: int = 1) -> Iterator[Cluster]:
+    cluster = Cluster(data_dir, {})
+    try:
+        cluster.up(nodes)
+        yield cluster
+    finally:
+        spate("dev", "down", "--data-dir", str(data_dir), check=False)
