@@ -2,8 +2,12 @@
 
 Every node's Ready is handled the way the shell must: persist (here: append to a list that
 stands for the synced disk), then send, then apply, then advance. Messages wait in `pending`
-until a test delivers them, so a test decides every interleaving. `hold(node)` keeps a node's
-next Ready unpersisted (its disk is slow) until `release(node)`.
+until a test delivers them, so a test decides every interleaving.
+
+`hold(node)` makes a node's disk slow: its next Ready's messages go out at once but the Ready is
+persisted (and advanced) only at `release(node)`. That is only legal for a leader, whose Appends
+may be sent while its own write is in flight (Raft thesis §10.2.1) because its commit counts its
+own *persisted* index; for a follower it would be the ack-before-persist bug.
 """
 
 from __future__ import annotations
@@ -12,7 +16,14 @@ import random
 from collections.abc import Callable
 
 from spate.core.ids import NodeId, Term
-from spate.node.replication.messages import Entry, Message, Ready, describe
+from spate.node.replication.messages import (
+    Entry,
+    LeaderChange,
+    Message,
+    Ready,
+    SnapshotRequest,
+    describe,
+)
 from spate.node.replication.raft import Raft, RaftConfig, Role
 
 
@@ -28,6 +39,8 @@ class Group:
         self.held: dict[NodeId, Ready | None] = {}
         self.cut: set[NodeId] = set()
         self.trace: list[str] = []
+        self.leader_changes: dict[NodeId, list[LeaderChange]] = {n: [] for n in self.ids}
+        self.snapshot_requests: dict[NodeId, SnapshotRequest] = {}
 
     def __getitem__(self, node: str) -> Raft:
         return self.nodes[NodeId(node)]
@@ -38,12 +51,14 @@ class Group:
         raft = self.nodes[node]
         if node in self.held:
             if self.held[node] is None and raft.has_ready():
-                self.held[node] = raft.ready()  # handed to a disk that has not synced yet
+                ready = raft.ready()  # handed to a disk that has not synced yet
+                self.pending.extend(ready.messages)
+                self.held[node] = ready
             return
         while raft.has_ready():
             self._handle(node, raft.ready())
 
-    def _handle(self, node: NodeId, ready: Ready) -> None:
+    def _handle(self, node: NodeId, ready: Ready, *, send: bool = True) -> None:
         disk = self.disk[node]
         if ready.snapshot is not None:
             disk.clear()
@@ -51,8 +66,13 @@ class Group:
             for index in [i for i in disk if i >= ready.entries[0].index]:
                 del disk[index]
             disk.update((e.index, e) for e in ready.entries)
-        self.pending.extend(ready.messages)
+        if send:
+            self.pending.extend(ready.messages)
         self.applied[node].extend(ready.committed)
+        if ready.leader_change is not None:
+            self.leader_changes[node].append(ready.leader_change)
+        if ready.snapshot_request is not None:
+            self.snapshot_requests[node] = ready.snapshot_request
         self.nodes[node].advance(ready)
 
     def hold(self, node: str) -> None:
@@ -61,7 +81,7 @@ class Group:
     def release(self, node: str) -> None:
         ready = self.held.pop(NodeId(node))
         if ready is not None:
-            self._handle(NodeId(node), ready)
+            self._handle(NodeId(node), ready, send=False)
         self.process(NodeId(node))
 
     def process_all(self) -> None:

@@ -19,6 +19,7 @@ def spate(*args: str, check: bool = True, timeout: float = 120) -> subprocess.Co
     """Run the real CLI (`python -m spate.cli.main`) and return the completed process."""
     proc = subprocess.run(
         [sys.executable, "-m", "spate.cli.main", *args],
+        check=False,
         capture_output=True,
         text=True,
         timeout=timeout,

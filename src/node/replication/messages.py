@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from spate.core.errors import (
+    BrokerError,
+    InvalidArgument,
+    MessageSizeExceeded,
+    NotLeader,
+    ResourceLimitExceeded,
+)
 from spate.core.ids import LeaderEpoch, NodeId, Term
+from spate.node.replication import limits
 
 TERM_ZERO = Term(0)
 """The term before any election; the term of index 0."""
@@ -149,6 +157,21 @@ class Refusal:
 
     reason: RefusalReason
     leader: NodeId | None = None
+
+    def error(self) -> BrokerError:
+        """The failure to report to whoever proposed (the gateway maps it to a condition)."""
+        match self.reason:
+            case RefusalReason.NOT_LEADER:
+                return NotLeader("this replica does not lead the partition",
+                                 leader_node=self.leader)
+            case RefusalReason.EMPTY:
+                return InvalidArgument("an entry must not be empty")
+            case RefusalReason.TOO_LARGE:
+                return MessageSizeExceeded(
+                    f"an entry may hold at most {limits.entry_bytes_max} bytes")
+            case RefusalReason.BACKPRESSURE:
+                return ResourceLimitExceeded(
+                    "the partition has too many bytes waiting to commit; retry shortly")
 
 
 @dataclass(frozen=True, slots=True)
