@@ -44,77 +44,133 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection and output")
     group.add_argument(
-        "--admin", metavar="HOST:PORT",
+        "--admin",
+        metavar="HOST:PORT",
         help="admin API address (default: $SPATE_ADMIN, else the admin address in "
-             f"$SPATE_DATA_DIR/{ENDPOINTS_FILE} written by `spate dev up` (data dir default "
-             f"./{DEFAULT_DATA_DIR}), else {DEFAULT_ADMIN})",
+        f"$SPATE_DATA_DIR/{ENDPOINTS_FILE} written by `spate dev up` (data dir default "
+        f"./{DEFAULT_DATA_DIR}), else {DEFAULT_ADMIN})",
     )
-    group.add_argument("--output", "-o", choices=output.OUTPUT_FORMATS, default="table",
-                       help="table: aligned text for people (default); json: one JSON document "
-                            "on stdout")
-    group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                       help=f"give up on the call after this long (default {DEFAULT_TIMEOUT_S:g})")
+    group.add_argument(
+        "--output",
+        "-o",
+        choices=output.OUTPUT_FORMATS,
+        default="table",
+        help="table: aligned text for people (default); json: one JSON document on stdout",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up on the call after this long (default {DEFAULT_TIMEOUT_S:g})",
+    )
 
     stream = subparsers.add_parser(
-        "stream", help="create, list, describe and delete streams",
-        description="Manage stream definitions, held by the cluster's metadata service.")
-    stream_commands = stream.add_subparsers(title="stream commands", metavar="ACTION",
-                                            dest="action", required=True)
+        "stream",
+        help="create, list, describe and delete streams",
+        description="Manage stream definitions, held by the cluster's metadata service.",
+    )
+    stream_commands = stream.add_subparsers(
+        title="stream commands", metavar="ACTION", dest="action", required=True
+    )
 
     create = stream_commands.add_parser(
-        "create", parents=[common], help="define a new stream",
+        "create",
+        parents=[common],
+        help="define a new stream",
         description="Define a new stream. Its partitions are created on the nodes right away. "
-                    "Sizes take B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB; "
-                    "durations take ms, s, m, h, d, w. Without any --max-* option the stream "
-                    "keeps every message forever.")
-    create.add_argument("name", metavar="NAME",
-                        help="stream name, also its AMQP address: letters, digits, '.', '_', '-' "
-                             f"(at most {limits.stream_name_bytes_max} bytes)")
-    create.add_argument("--partitions", type=int, default=1, metavar="N",
-                        help=f"number of partitions, 1-{limits.partitions_max} (default 1)")
-    create.add_argument("--replicas", type=int, default=None, metavar="R",
-                        help=f"copies of each partition, 1-{limits.replicas_max} "
-                             "(default: the server's, 1)")
-    create.add_argument("--max-age", metavar="DURATION",
-                        help="delete whole segments once all their messages are older (e.g. 6h)")
-    create.add_argument("--max-bytes", metavar="SIZE",
-                        help="delete the oldest segments while a partition holds more (e.g. 10GB)")
-    create.add_argument("--max-messages", type=int, metavar="N",
-                        help="delete the oldest segments while a partition holds more messages")
-    create.add_argument("--segment-bytes", metavar="SIZE",
-                        help="roll to a new segment file at this size (default 64MiB)")
+        "Sizes take B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB; "
+        "durations take ms, s, m, h, d, w. Without any --max-* option the stream "
+        "keeps every message forever.",
+    )
+    create.add_argument(
+        "name",
+        metavar="NAME",
+        help="stream name, also its AMQP address: letters, digits, '.', '_', '-' "
+        f"(at most {limits.stream_name_bytes_max} bytes)",
+    )
+    create.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"number of partitions, 1-{limits.partitions_max} (default 1)",
+    )
+    create.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"copies of each partition, 1-{limits.replicas_max} (default: the server's, 1)",
+    )
+    create.add_argument(
+        "--max-age",
+        metavar="DURATION",
+        help="delete whole segments once all their messages are older (e.g. 6h)",
+    )
+    create.add_argument(
+        "--max-bytes",
+        metavar="SIZE",
+        help="delete the oldest segments while a partition holds more (e.g. 10GB)",
+    )
+    create.add_argument(
+        "--max-messages",
+        type=int,
+        metavar="N",
+        help="delete the oldest segments while a partition holds more messages",
+    )
+    create.add_argument(
+        "--segment-bytes",
+        metavar="SIZE",
+        help="roll to a new segment file at this size (default 64MiB)",
+    )
     create.set_defaults(run=_create)
 
     listing = stream_commands.add_parser(
-        "list", parents=[common], help="list every stream",
-        description="List every stream definition, sorted by name.")
+        "list",
+        parents=[common],
+        help="list every stream",
+        description="List every stream definition, sorted by name.",
+    )
     listing.set_defaults(run=_list)
 
     describe = stream_commands.add_parser(
-        "describe", parents=[common], help="show one stream and its partitions",
+        "describe",
+        parents=[common],
+        help="show one stream and its partitions",
         description="Show a stream's definition and, per partition, the offsets, message count, "
-                    "size and leader reported by the node that answers (partitions it does not "
-                    "serve show '-').")
+        "size and leader reported by the node that answers (partitions it does not "
+        "serve show '-').",
+    )
     describe.add_argument("name", metavar="NAME", help="stream name")
     describe.set_defaults(run=_describe)
 
     delete = stream_commands.add_parser(
-        "delete", parents=[common], help="delete a stream and its messages",
+        "delete",
+        parents=[common],
+        help="delete a stream and its messages",
         description="Delete a stream definition; every node then deletes its partitions and "
-                    "their messages. This cannot be undone.")
+        "their messages. This cannot be undone.",
+    )
     delete.add_argument("name", metavar="NAME", help="stream name")
     delete.set_defaults(run=_delete)
 
     cluster = subparsers.add_parser(
-        "cluster", help="cluster-wide status",
-        description="Inspect the cluster as the node behind the admin address sees it.")
-    cluster_commands = cluster.add_subparsers(title="cluster commands", metavar="ACTION",
-                                              dest="action", required=True)
+        "cluster",
+        help="cluster-wide status",
+        description="Inspect the cluster as the node behind the admin address sees it.",
+    )
+    cluster_commands = cluster.add_subparsers(
+        title="cluster commands", metavar="ACTION", dest="action", required=True
+    )
     status = cluster_commands.add_parser(
-        "status", parents=[common], help="metadata leader, voters and processes",
+        "status",
+        parents=[common],
+        help="metadata leader, voters and processes",
         description="Show the metadata service's Raft state as seen by the answering node "
-                    "(leader, voters, quorum, commit index), the processes it reports with "
-                    "their endpoints, and the registered nodes.")
+        "(leader, voters, quorum, commit index), the processes it reports with "
+        "their endpoints, and the registered nodes.",
+    )
     status.set_defaults(run=_cluster_status)
 
 
@@ -157,14 +213,32 @@ def _list(args: argparse.Namespace) -> int:
     elif not streams:
         _print("No streams. Create one with `spate stream create NAME`.")
     else:
-        rows = [[s["name"], str(s["partitions"]), str(s["replicas"]),
-                 output.duration(s["retention"]["max_age_ms"]),
-                 output.size(s["retention"]["max_bytes"]),
-                 output.number(s["retention"]["max_messages"]),
-                 output.size(s["segment_bytes"])] for s in streams]
-        _print(output.render_table(
-            ["NAME", "PARTITIONS", "REPLICAS", "MAX-AGE", "MAX-BYTES", "MAX-MESSAGES", "SEGMENT"],
-            rows))
+        rows = [
+            [
+                s["name"],
+                str(s["partitions"]),
+                str(s["replicas"]),
+                output.duration(s["retention"]["max_age_ms"]),
+                output.size(s["retention"]["max_bytes"]),
+                output.number(s["retention"]["max_messages"]),
+                output.size(s["segment_bytes"]),
+            ]
+            for s in streams
+        ]
+        _print(
+            output.render_table(
+                [
+                    "NAME",
+                    "PARTITIONS",
+                    "REPLICAS",
+                    "MAX-AGE",
+                    "MAX-BYTES",
+                    "MAX-MESSAGES",
+                    "SEGMENT",
+                ],
+                rows,
+            )
+        )
     return EXIT_OK
 
 
@@ -181,13 +255,25 @@ def _describe(args: argparse.Namespace) -> int:
         if not p["available"]:
             rows.append([str(p["partition"])] + [output.EMPTY] * 7)
             continue
-        rows.append([
-            str(p["partition"]), p["leader"] or output.EMPTY, output.number(p["first_offset"]),
-            output.number(p["last_offset"]), str(p["end_offset"]), str(p["messages"]),
-            output.size(p["bytes"]), str(p["segments"]),
-        ])
-    _print(_stream_fields(stream) + "\n\n" + output.render_table(
-        ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES", "SIZE", "SEGMENTS"], rows))
+        rows.append(
+            [
+                str(p["partition"]),
+                p["leader"] or output.EMPTY,
+                output.number(p["first_offset"]),
+                output.number(p["last_offset"]),
+                str(p["end_offset"]),
+                str(p["messages"]),
+                output.size(p["bytes"]),
+                str(p["segments"]),
+            ]
+        )
+    _print(
+        _stream_fields(stream)
+        + "\n\n"
+        + output.render_table(
+            ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES", "SIZE", "SEGMENTS"], rows
+        )
+    )
     return EXIT_OK
 
 
@@ -205,46 +291,81 @@ def _cluster_status(args: argparse.Namespace) -> int:
     response = _call(args, "ClusterStatus", pb.ClusterStatusRequest())
     m = response.metadata
     metadata = {
-        "node_id": m.node_id, "self_address": m.self_address, "voters": list(m.voters),
-        "leader": m.leader or None, "is_leader": m.is_leader, "ready": m.ready,
-        "has_quorum": m.has_quorum, "connected_peers": list(m.connected_peers), "term": m.term,
-        "commit_index": m.commit_index, "last_applied": m.last_applied, "version": m.version,
-        "streams": m.streams, "nodes": m.nodes,
+        "node_id": m.node_id,
+        "self_address": m.self_address,
+        "voters": list(m.voters),
+        "leader": m.leader or None,
+        "is_leader": m.is_leader,
+        "ready": m.ready,
+        "has_quorum": m.has_quorum,
+        "connected_peers": list(m.connected_peers),
+        "term": m.term,
+        "commit_index": m.commit_index,
+        "last_applied": m.last_applied,
+        "version": m.version,
+        "streams": m.streams,
+        "nodes": m.nodes,
     }
-    processes = [{
-        "node_id": p.node_id, "role": p.role, "pid": p.pid,
-        "endpoints": {e.name: e.address for e in p.endpoints},
-        "partitions": p.partitions, "streams": p.streams,
-    } for p in response.processes]
-    nodes = [{"node_id": n.node_id, "amqp": n.amqp, "admin": n.admin,
-              "heartbeat_ms": n.heartbeat_ms} for n in response.nodes]
+    processes = [
+        {
+            "node_id": p.node_id,
+            "role": p.role,
+            "pid": p.pid,
+            "endpoints": {e.name: e.address for e in p.endpoints},
+            "partitions": p.partitions,
+            "streams": p.streams,
+        }
+        for p in response.processes
+    ]
+    nodes = [
+        {"node_id": n.node_id, "amqp": n.amqp, "admin": n.admin, "heartbeat_ms": n.heartbeat_ms}
+        for n in response.nodes
+    ]
     if args.output == "json":
-        _print(output.render_json({"metadata": metadata, "processes": processes,
-                                   "nodes": nodes}))
+        _print(output.render_json({"metadata": metadata, "processes": processes, "nodes": nodes}))
         return EXIT_OK
     connected = set(m.connected_peers) | {m.self_address}
     voters = ", ".join(f"{v}{'' if v in connected else ' (unreachable)'}" for v in m.voters)
-    blocks = [output.render_fields([
-        ("metadata leader", m.leader or "none (election in progress or no quorum)"),
-        ("answered by", f"{m.node_id} ({m.self_address}, "
-                        f"{'leader' if m.is_leader else 'follower'})"),
-        ("voters", voters),
-        ("quorum", "yes" if m.has_quorum else "no"),
-        ("ready", "yes" if m.ready else "no (not caught up with a leader yet)"),
-        ("term", str(m.term)),
-        ("commit index", f"{m.commit_index} (applied {m.last_applied})"),
-        ("streams", str(m.streams)),
-    ])]
+    blocks = [
+        output.render_fields(
+            [
+                ("metadata leader", m.leader or "none (election in progress or no quorum)"),
+                (
+                    "answered by",
+                    f"{m.node_id} ({m.self_address}, {'leader' if m.is_leader else 'follower'})",
+                ),
+                ("voters", voters),
+                ("quorum", "yes" if m.has_quorum else "no"),
+                ("ready", "yes" if m.ready else "no (not caught up with a leader yet)"),
+                ("term", str(m.term)),
+                ("commit index", f"{m.commit_index} (applied {m.last_applied})"),
+                ("streams", str(m.streams)),
+            ]
+        )
+    ]
     if processes:
-        blocks.append(output.render_table(
-            ["NODE", "ROLE", "PID", "PARTITIONS", "ENDPOINTS"],
-            [[p["node_id"], p["role"], str(p["pid"]), str(p["partitions"]),
-              " ".join(f"{k}={v}" for k, v in p["endpoints"].items()) or output.EMPTY]
-             for p in processes]))
+        blocks.append(
+            output.render_table(
+                ["NODE", "ROLE", "PID", "PARTITIONS", "ENDPOINTS"],
+                [
+                    [
+                        p["node_id"],
+                        p["role"],
+                        str(p["pid"]),
+                        str(p["partitions"]),
+                        " ".join(f"{k}={v}" for k, v in p["endpoints"].items()) or output.EMPTY,
+                    ]
+                    for p in processes
+                ],
+            )
+        )
     if nodes:
-        blocks.append(output.render_table(
-            ["REGISTERED NODE", "AMQP", "ADMIN"],
-            [[n["node_id"], n["amqp"], n["admin"]] for n in nodes]))
+        blocks.append(
+            output.render_table(
+                ["REGISTERED NODE", "AMQP", "ADMIN"],
+                [[n["node_id"], n["amqp"], n["admin"]] for n in nodes],
+            )
+        )
     _print("\n\n".join(blocks))
     return EXIT_OK
 
@@ -268,7 +389,7 @@ def resolve_admin(flag: str | None, environ: dict[str, str] | None = None) -> st
         raise InvalidArgument(f"cannot read {path}: {error}; pass --admin HOST:PORT") from error
     admin = endpoints.get("admin") if isinstance(endpoints, dict) else None
     if not isinstance(admin, str):
-        raise InvalidArgument(f"{path} has no \"admin\" address; pass --admin HOST:PORT")
+        raise InvalidArgument(f'{path} has no "admin" address; pass --admin HOST:PORT')
     return _checked_address(admin, str(path))
 
 
@@ -306,10 +427,14 @@ def _failure(error: Any, address: str, timeout_s: float) -> CommandFailed:
         return CommandFailed(
             f"cannot reach the admin API at {address} ({details}). Is a cluster running? Start "
             "one with `spate dev up`, or point --admin (or SPATE_ADMIN) at a node's admin "
-            "address.", unavailable)
+            "address.",
+            unavailable,
+        )
     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return CommandFailed(f"the admin API at {address} did not answer within "
-                             f"{timeout_s:g} s (--timeout)", unavailable)
+        return CommandFailed(
+            f"the admin API at {address} did not answer within {timeout_s:g} s (--timeout)",
+            unavailable,
+        )
     return CommandFailed(f"the admin API at {address} failed: {error.code().name}: {details}")
 
 
@@ -328,17 +453,22 @@ def _option(parse: Callable[[str], int], flag: str, text: str | None) -> int | N
 def _config_message(config: StreamConfig) -> Any:
     r = config.retention
     return pb.StreamConfig(
-        name=config.name, partitions=config.partitions, replicas=config.replicas,
+        name=config.name,
+        partitions=config.partitions,
+        replicas=config.replicas,
         segment_bytes=config.segment_bytes,
-        retention=pb.Retention(max_age_ms=r.max_age_ms, max_bytes=r.max_bytes,
-                               max_messages=r.max_messages),
+        retention=pb.Retention(
+            max_age_ms=r.max_age_ms, max_bytes=r.max_bytes, max_messages=r.max_messages
+        ),
     )
 
 
 def _stream_json(message: Any) -> dict[str, Any]:
     r = message.retention
     return {
-        "name": message.name, "partitions": message.partitions, "replicas": message.replicas,
+        "name": message.name,
+        "partitions": message.partitions,
+        "replicas": message.replicas,
         "retention": {
             "max_age_ms": r.max_age_ms if r.HasField("max_age_ms") else None,
             "max_bytes": r.max_bytes if r.HasField("max_bytes") else None,
@@ -353,9 +483,11 @@ def _partition_json(message: Any) -> dict[str, Any]:
         return getattr(message, field) if message.HasField(field) else None
 
     return {
-        "partition": message.partition, "available": message.available,
+        "partition": message.partition,
+        "available": message.available,
         "leader": message.leader or None,
-        "first_offset": optional("first_offset"), "last_offset": optional("last_offset"),
+        "first_offset": optional("first_offset"),
+        "last_offset": optional("last_offset"),
         "end_offset": message.end_offset if message.available else None,
         "messages": message.messages if message.available else None,
         "bytes": message.bytes if message.available else None,
@@ -366,13 +498,15 @@ def _partition_json(message: Any) -> dict[str, Any]:
 
 
 def _stream_fields(stream: dict[str, Any]) -> str:
-    return output.render_fields([
-        ("stream", stream["name"]),
-        ("partitions", str(stream["partitions"])),
-        ("replicas", str(stream["replicas"])),
-        ("retention", output.retention_text(stream["retention"])),
-        ("segment size", output.size(stream["segment_bytes"])),
-    ])
+    return output.render_fields(
+        [
+            ("stream", stream["name"]),
+            ("partitions", str(stream["partitions"])),
+            ("replicas", str(stream["replicas"])),
+            ("retention", output.retention_text(stream["retention"])),
+            ("segment size", output.size(stream["segment_bytes"])),
+        ]
+    )
 
 
 def _print(text: str) -> None:

@@ -17,21 +17,21 @@ from typing import NoReturn
 
 from spate.core.errors import BrokerError, ErrorCode
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "spate.cli.admin",
-)
+COMMAND_MODULES: tuple[str, ...] = ("spate.cli.admin",)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2  # also argparse's own code for a malformed command line
 
-EXIT_CODES: Mapping[ErrorCode, int] = MappingProxyType({
-    ErrorCode.INVALID_ARGUMENT: EXIT_USAGE,
-    ErrorCode.NOT_FOUND: 3,
-    ErrorCode.ALREADY_EXISTS: 4,
-    ErrorCode.UNAVAILABLE: 5,
-    ErrorCode.NOT_LEADER: 5,
-})
+EXIT_CODES: Mapping[ErrorCode, int] = MappingProxyType(
+    {
+        ErrorCode.INVALID_ARGUMENT: EXIT_USAGE,
+        ErrorCode.NOT_FOUND: 3,
+        ErrorCode.ALREADY_EXISTS: 4,
+        ErrorCode.UNAVAILABLE: 5,
+        ErrorCode.NOT_LEADER: 5,
+    }
+)
 """Exit code per error code; any other failure exits with EXIT_FAILURE."""
 
 _EPILOG = """\
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command",
-                                       required=True)
+    subparsers = parser.add_subparsers(
+        title="commands", metavar="COMMAND", dest="command", required=True
+    )
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser

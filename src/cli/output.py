@@ -32,12 +32,16 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         assert len(row) == len(headers), (headers, row)
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
-    right = [bool(rows) and all(_NUMERIC.match(row[i]) or row[i] == EMPTY for row in rows)
-             for i in range(len(headers))]
+    right = [
+        bool(rows) and all(_NUMERIC.match(row[i]) or row[i] == EMPTY for row in rows)
+        for i in range(len(headers))
+    ]
     lines = []
     for row in [list(headers), *rows]:
-        cells = [cell.rjust(widths[i]) if right[i] else cell.ljust(widths[i])
-                 for i, cell in enumerate(row)]
+        cells = [
+            cell.rjust(widths[i]) if right[i] else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 

@@ -33,24 +33,40 @@ def free_port() -> int:
 
 async def main(data_dir: Path) -> None:
     raft = f"127.0.0.1:{free_port()}"
-    metadata = MetadataService(node_id="n1", data_dir=data_dir / "metadata", self_address=raft,
-                               password="cli-test")
+    metadata = MetadataService(
+        node_id="n1", data_dir=data_dir / "metadata", self_address=raft, password="cli-test"
+    )
     admin_address = ""
 
     def stats(stream: StreamName) -> list[PartitionInfo]:
-        return [PartitionInfo(
-            stream=stream, partition=PartitionId(0), first_offset=Offset(0),
-            last_offset=Offset(9), end_offset=Offset(10), first_timestamp_ms=1_700_000_000_000,
-            last_timestamp_ms=1_700_000_001_000, messages=10, bytes=1500, segments=1,
-            leader=NodeId("n1"),
-        )]
+        return [
+            PartitionInfo(
+                stream=stream,
+                partition=PartitionId(0),
+                first_offset=Offset(0),
+                last_offset=Offset(9),
+                end_offset=Offset(10),
+                first_timestamp_ms=1_700_000_000_000,
+                last_timestamp_ms=1_700_000_001_000,
+                messages=10,
+                bytes=1500,
+                segments=1,
+                leader=NodeId("n1"),
+            )
+        ]
 
     def status() -> list[ProcessFacts]:
         streams = metadata.streams()
-        return [ProcessFacts(node_id="n1", role="node", pid=os.getpid(),
-                             endpoints={"admin": admin_address, "metadata": raft},
-                             partitions=sum(c.partitions for c in streams),
-                             streams=len(streams))]
+        return [
+            ProcessFacts(
+                node_id="n1",
+                role="node",
+                pid=os.getpid(),
+                endpoints={"admin": admin_address, "metadata": raft},
+                partitions=sum(c.partitions for c in streams),
+                streams=len(streams),
+            )
+        ]
 
     await metadata.start()
     await metadata.wait_ready()

@@ -24,8 +24,9 @@ HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
 @pytest.fixture(scope="module")
 def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("host")
-    proc = subprocess.Popen([sys.executable, str(HOST_SCRIPT), str(data_dir)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HOST_SCRIPT), str(data_dir)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -42,8 +43,14 @@ def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def spate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("SPATE_ADMIN", "SPATE_DATA_DIR")}
-    proc = subprocess.run([SPATE, *args], capture_output=True, text=True, timeout=60,
-                          env={**base, **(env or {})}, check=False)
+    proc = subprocess.run(
+        [SPATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, **(env or {})},
+        check=False,
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
 
@@ -68,17 +75,43 @@ def fails(code: int, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_create_in_both_formats(admin: str) -> None:
-    text = ok("stream", "create", "orders", "--partitions", "3", "--max-age", "6h",
-              "--max-bytes", "10GB", "--admin", admin)
+    text = ok(
+        "stream",
+        "create",
+        "orders",
+        "--partitions",
+        "3",
+        "--max-age",
+        "6h",
+        "--max-bytes",
+        "10GB",
+        "--admin",
+        admin,
+    )
     assert "Created stream 'orders'." in text
     assert "max-age 6h, max-bytes 10.0GB" in text
-    document = ok_json("stream", "create", "clicks", "--replicas", "2", "--max-messages",
-                       "1000000", "--segment-bytes", "64MB", "--admin", admin)
-    assert document == {"stream": {
-        "name": "clicks", "partitions": 1, "replicas": 2,
-        "retention": {"max_age_ms": None, "max_bytes": None, "max_messages": 1_000_000},
-        "segment_bytes": 64_000_000,
-    }}
+    document = ok_json(
+        "stream",
+        "create",
+        "clicks",
+        "--replicas",
+        "2",
+        "--max-messages",
+        "1000000",
+        "--segment-bytes",
+        "64MB",
+        "--admin",
+        admin,
+    )
+    assert document == {
+        "stream": {
+            "name": "clicks",
+            "partitions": 1,
+            "replicas": 2,
+            "retention": {"max_age_ms": None, "max_bytes": None, "max_messages": 1_000_000},
+            "segment_bytes": 64_000_000,
+        }
+    }
 
 
 def test_list_in_both_formats(admin: str) -> None:
@@ -89,8 +122,15 @@ def test_list_in_both_formats(admin: str) -> None:
     assert streams["list-a"]["retention"]["max_age_ms"] == 7 * 86_400_000
     assert streams["list-b"]["segment_bytes"] == 64 * 1024 * 1024
     lines = ok("stream", "list", "--admin", admin).splitlines()
-    assert lines[0].split() == ["NAME", "PARTITIONS", "REPLICAS", "MAX-AGE", "MAX-BYTES",
-                                "MAX-MESSAGES", "SEGMENT"]
+    assert lines[0].split() == [
+        "NAME",
+        "PARTITIONS",
+        "REPLICAS",
+        "MAX-AGE",
+        "MAX-BYTES",
+        "MAX-MESSAGES",
+        "SEGMENT",
+    ]
     row = next(line for line in lines if line.startswith("list-a "))
     assert row.split() == ["list-a", "2", "1", "1w", "-", "-", "67.1MB"]
     # Aligned columns: the numbers of PARTITIONS end where its header ends.
@@ -103,16 +143,33 @@ def test_describe_in_both_formats(admin: str) -> None:
     document = ok_json("stream", "describe", "described", "--admin", admin)
     assert document["stream"]["name"] == "described"
     first, second = document["partitions"]
-    assert first == {"partition": 0, "available": True, "leader": "n1", "first_offset": 0,
-                     "last_offset": 9, "end_offset": 10, "messages": 10, "bytes": 1500,
-                     "segments": 1, "first_timestamp_ms": 1_700_000_000_000,
-                     "last_timestamp_ms": 1_700_000_001_000}
+    assert first == {
+        "partition": 0,
+        "available": True,
+        "leader": "n1",
+        "first_offset": 0,
+        "last_offset": 9,
+        "end_offset": 10,
+        "messages": 10,
+        "bytes": 1500,
+        "segments": 1,
+        "first_timestamp_ms": 1_700_000_000_000,
+        "last_timestamp_ms": 1_700_000_001_000,
+    }
     assert second["partition"] == 1 and second["available"] is False
     assert second["messages"] is None
     text = ok("stream", "describe", "described", "--admin", admin)
     table = text.split("\n\n")[1].splitlines()
-    assert table[0].split() == ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES",
-                                "SIZE", "SEGMENTS"]
+    assert table[0].split() == [
+        "PARTITION",
+        "LEADER",
+        "FIRST",
+        "LAST",
+        "END",
+        "MESSAGES",
+        "SIZE",
+        "SEGMENTS",
+    ]
     assert table[1].split() == ["0", "n1", "0", "9", "10", "10", "1.5KB", "1"]
     assert table[2].split() == ["1", "-", "-", "-", "-", "-", "-", "-"]
 
@@ -122,7 +179,8 @@ def test_delete_in_both_formats_then_gone(admin: str) -> None:
     ok("stream", "create", "doomed-json", "--admin", admin)
     assert ok("stream", "delete", "doomed", "--admin", admin) == "Deleted stream 'doomed'.\n"
     assert ok_json("stream", "delete", "doomed-json", "--admin", admin) == {
-        "deleted": "doomed-json"}
+        "deleted": "doomed-json"
+    }
     names = [s["name"] for s in ok_json("stream", "list", "--admin", admin)["streams"]]
     assert "doomed" not in names and "doomed-json" not in names
     message = fails(3, "stream", "delete", "doomed", "--admin", admin)
@@ -187,8 +245,9 @@ def test_cluster_status_in_both_formats(admin: str) -> None:
 
 
 def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path: Path) -> None:
-    assert "streams" in json.loads(spate("stream", "list", "-o", "json",
-                                         env={"SPATE_ADMIN": admin}).stdout)
+    assert "streams" in json.loads(
+        spate("stream", "list", "-o", "json", env={"SPATE_ADMIN": admin}).stdout
+    )
     (tmp_path / "endpoints.json").write_text(json.dumps({"admin": admin, "nodes": []}))
     proc = spate("stream", "list", "-o", "json", env={"SPATE_DATA_DIR": str(tmp_path)})
     assert proc.returncode == 0 and "streams" in json.loads(proc.stdout)
@@ -203,10 +262,22 @@ def test_help_texts() -> None:
     top = ok("--help")
     assert "stream" in top and "cluster" in top and "exit codes" in top
     create = ok("stream", "create", "--help")
-    for option in ("--partitions", "--replicas", "--max-age", "--max-bytes", "--max-messages",
-                   "--segment-bytes", "--admin", "--output"):
+    for option in (
+        "--partitions",
+        "--replicas",
+        "--max-age",
+        "--max-bytes",
+        "--max-messages",
+        "--segment-bytes",
+        "--admin",
+        "--output",
+    ):
         assert option in create
-    for command in (("stream", "list"), ("stream", "describe"), ("stream", "delete"),
-                    ("cluster", "status")):
+    for command in (
+        ("stream", "list"),
+        ("stream", "describe"),
+        ("stream", "delete"),
+        ("cluster", "status"),
+    ):
         assert "--output" in ok(*command, "--help")
     assert fails(2, "stream").startswith("spate: the following arguments are required")

@@ -16,8 +16,9 @@ from spate.core.streams import StreamConfig
 
 
 async def main(data_dir: str, address: str, password: str, names: list[str]) -> None:
-    service = MetadataService(node_id="n1", data_dir=Path(data_dir), self_address=address,
-                              password=password)
+    service = MetadataService(
+        node_id="n1", data_dir=Path(data_dir), self_address=address, password=password
+    )
     await service.start()
     await service.wait_ready()
     for name in names:

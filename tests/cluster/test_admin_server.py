@@ -25,10 +25,19 @@ Scenario = Callable[[pb_grpc.AdminStub, grpc.aio.Channel, MetadataService], Awai
 
 
 def info(stream: StreamName, partition: int, messages: int) -> PartitionInfo:
-    return PartitionInfo(stream=stream, partition=PartitionId(partition), first_offset=None,
-                         last_offset=None, end_offset=Offset(messages), first_timestamp_ms=None,
-                         last_timestamp_ms=None, messages=messages, bytes=0, segments=1,
-                         leader=NodeId("n1"))
+    return PartitionInfo(
+        stream=stream,
+        partition=PartitionId(partition),
+        first_offset=None,
+        last_offset=None,
+        end_offset=Offset(messages),
+        first_timestamp_ms=None,
+        last_timestamp_ms=None,
+        messages=messages,
+        bytes=0,
+        segments=1,
+        leader=NodeId("n1"),
+    )
 
 
 async def async_stats(stream: StreamName) -> Sequence[PartitionInfo]:
@@ -40,17 +49,34 @@ async def async_stats(stream: StreamName) -> Sequence[PartitionInfo]:
 
 
 def status() -> list[ProcessFacts]:
-    return [ProcessFacts(node_id="n1", role="node", pid=os.getpid(),
-                         endpoints={"amqp": "127.0.0.1:5672"}, partitions=3, streams=1)]
+    return [
+        ProcessFacts(
+            node_id="n1",
+            role="node",
+            pid=os.getpid(),
+            endpoints={"amqp": "127.0.0.1:5672"},
+            partitions=3,
+            streams=1,
+        )
+    ]
 
 
-def serve(tmp_path: Path, port: int, scenario: Scenario, peers: Sequence[int] = (),
-          command_timeout_ms: int = 5000) -> None:
+def serve(
+    tmp_path: Path,
+    port: int,
+    scenario: Scenario,
+    peers: Sequence[int] = (),
+    command_timeout_ms: int = 5000,
+) -> None:
     async def main() -> None:
         metadata = MetadataService(
-            node_id="n1", data_dir=tmp_path, self_address=f"127.0.0.1:{port}",
-            peer_addresses=[f"127.0.0.1:{p}" for p in peers], password="pw",
-            command_timeout_ms=command_timeout_ms)
+            node_id="n1",
+            data_dir=tmp_path,
+            self_address=f"127.0.0.1:{port}",
+            peer_addresses=[f"127.0.0.1:{p}" for p in peers],
+            password="pw",
+            command_timeout_ms=command_timeout_ms,
+        )
         await metadata.start()
         server = AdminServer(metadata, stats=async_stats, status=status)
         try:
@@ -66,8 +92,9 @@ def serve(tmp_path: Path, port: int, scenario: Scenario, peers: Sequence[int] = 
     asyncio.run(main())
 
 
-async def expect_error(call: Awaitable[object], status: grpc.StatusCode, code: ErrorCode,
-                       details: str) -> None:
+async def expect_error(
+    call: Awaitable[object], status: grpc.StatusCode, code: ErrorCode, details: str
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call
     error = caught.value
@@ -78,9 +105,11 @@ async def expect_error(call: Awaitable[object], status: grpc.StatusCode, code: E
 
 
 def test_admin_rpcs_health_reflection_and_error_statuses(
-        tmp_path: Path, free_port: Callable[[], int]) -> None:
-    async def scenario(stub: pb_grpc.AdminStub, channel: grpc.aio.Channel,
-                       metadata: MetadataService) -> None:
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    async def scenario(
+        stub: pb_grpc.AdminStub, channel: grpc.aio.Channel, metadata: MetadataService
+    ) -> None:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "spate.api.v1.Admin"):
             answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
@@ -88,21 +117,31 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
 
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
         responses = reflection.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         services = [s.name async for r in responses for s in r.list_services_response.service]
         assert "spate.api.v1.Admin" in services and "grpc.health.v1.Health" in services
 
-        created = await stub.CreateStream(pb.CreateStreamRequest(stream=pb.StreamConfig(
-            name="orders", partitions=3, retention=pb.Retention(max_age_ms=60_000))))
+        created = await stub.CreateStream(
+            pb.CreateStreamRequest(
+                stream=pb.StreamConfig(
+                    name="orders", partitions=3, retention=pb.Retention(max_age_ms=60_000)
+                )
+            )
+        )
         assert created.stream.partitions == 3 and created.stream.replicas == 1
         assert created.stream.segment_bytes == 64 * 1024 * 1024  # default filled in
         assert not created.stream.retention.HasField("max_bytes")
         assert [s.name for s in (await stub.ListStreams(pb.ListStreamsRequest())).streams] == [
-            "orders"]
+            "orders"
+        ]
 
         described = await stub.DescribeStream(pb.DescribeStreamRequest(name="orders"))
         assert [(p.partition, p.available) for p in described.partitions] == [
-            (0, False), (1, True), (2, False)]
+            (0, False),
+            (1, True),
+            (2, False),
+        ]
         assert described.partitions[1].messages == 7
         assert not described.partitions[1].HasField("first_offset")
         await stub.CreateStream(pb.CreateStreamRequest(stream=pb.StreamConfig(name="hidden-1")))
@@ -114,20 +153,38 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
         await stub.CreateStream(retry)
         await stub.CreateStream(retry)
 
-        await expect_error(stub.CreateStream(pb.CreateStreamRequest(
-            stream=pb.StreamConfig(name="orders"))), grpc.StatusCode.ALREADY_EXISTS,
-            ErrorCode.ALREADY_EXISTS, "stream 'orders' already exists")
-        await expect_error(stub.CreateStream(pb.CreateStreamRequest(
-            stream=pb.StreamConfig(name="x", partitions=-2))), grpc.StatusCode.INVALID_ARGUMENT,
-            ErrorCode.INVALID_ARGUMENT, "partitions must be between 1 and 1024, got -2")
-        await expect_error(stub.CreateStream(pb.CreateStreamRequest()),
-                           grpc.StatusCode.INVALID_ARGUMENT, ErrorCode.INVALID_ARGUMENT,
-                           "invalid stream name ''")
-        await expect_error(stub.DescribeStream(pb.DescribeStreamRequest(name="ghost")),
-                           grpc.StatusCode.NOT_FOUND, ErrorCode.NOT_FOUND,
-                           "stream 'ghost' does not exist")
-        await expect_error(stub.DeleteStream(pb.DeleteStreamRequest(name="ghost")),
-                           grpc.StatusCode.NOT_FOUND, ErrorCode.NOT_FOUND, "ghost")
+        await expect_error(
+            stub.CreateStream(pb.CreateStreamRequest(stream=pb.StreamConfig(name="orders"))),
+            grpc.StatusCode.ALREADY_EXISTS,
+            ErrorCode.ALREADY_EXISTS,
+            "stream 'orders' already exists",
+        )
+        await expect_error(
+            stub.CreateStream(
+                pb.CreateStreamRequest(stream=pb.StreamConfig(name="x", partitions=-2))
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ErrorCode.INVALID_ARGUMENT,
+            "partitions must be between 1 and 1024, got -2",
+        )
+        await expect_error(
+            stub.CreateStream(pb.CreateStreamRequest()),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ErrorCode.INVALID_ARGUMENT,
+            "invalid stream name ''",
+        )
+        await expect_error(
+            stub.DescribeStream(pb.DescribeStreamRequest(name="ghost")),
+            grpc.StatusCode.NOT_FOUND,
+            ErrorCode.NOT_FOUND,
+            "stream 'ghost' does not exist",
+        )
+        await expect_error(
+            stub.DeleteStream(pb.DeleteStreamRequest(name="ghost")),
+            grpc.StatusCode.NOT_FOUND,
+            ErrorCode.NOT_FOUND,
+            "ghost",
+        )
 
         await stub.DeleteStream(pb.DeleteStreamRequest(name="orders"))
         assert "orders" not in [c.name for c in metadata.streams()]
@@ -137,26 +194,32 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
         assert cluster.metadata.leader == cluster.metadata.self_address
         assert cluster.metadata.streams == 2
         assert [(p.node_id, p.pid, p.partitions) for p in cluster.processes] == [
-            ("n1", os.getpid(), 3)]
+            ("n1", os.getpid(), 3)
+        ]
         assert [(e.name, e.address) for e in cluster.processes[0].endpoints] == [
-            ("amqp", "127.0.0.1:5672")]
+            ("amqp", "127.0.0.1:5672")
+        ]
 
     serve(tmp_path, free_port(), scenario)
 
 
-def test_no_metadata_leader_is_unavailable(tmp_path: Path,
-                                           free_port: Callable[[], int]) -> None:
-    async def scenario(stub: pb_grpc.AdminStub, channel: grpc.aio.Channel,
-                       metadata: MetadataService) -> None:
-        await expect_error(stub.CreateStream(pb.CreateStreamRequest(
-            stream=pb.StreamConfig(name="orders"))), grpc.StatusCode.UNAVAILABLE,
-            ErrorCode.UNAVAILABLE, "metadata service has no leader")
+def test_no_metadata_leader_is_unavailable(tmp_path: Path, free_port: Callable[[], int]) -> None:
+    async def scenario(
+        stub: pb_grpc.AdminStub, channel: grpc.aio.Channel, metadata: MetadataService
+    ) -> None:
+        await expect_error(
+            stub.CreateStream(pb.CreateStreamRequest(stream=pb.StreamConfig(name="orders"))),
+            grpc.StatusCode.UNAVAILABLE,
+            ErrorCode.UNAVAILABLE,
+            "metadata service has no leader",
+        )
         cluster = await stub.ClusterStatus(pb.ClusterStatusRequest())
         assert cluster.metadata.leader == "" and not cluster.metadata.has_quorum
         assert len(cluster.metadata.voters) == 3
 
-    serve(tmp_path, free_port(), scenario, peers=(free_port(), free_port()),
-          command_timeout_ms=2500)
+    serve(
+        tmp_path, free_port(), scenario, peers=(free_port(), free_port()), command_timeout_ms=2500
+    )
 
 
 def test_the_status_table_covers_every_error_code() -> None:

@@ -43,31 +43,51 @@ request_ids = texts.map(RequestId)
 configs = st.builds(
     StreamConfig,
     name=texts.map(StreamName),
-    partitions=ints, replicas=ints, segment_bytes=ints,
-    retention=st.builds(Retention, max_age_ms=st.none() | ints, max_bytes=st.none() | ints,
-                        max_messages=st.none() | ints),
+    partitions=ints,
+    replicas=ints,
+    segment_bytes=ints,
+    retention=st.builds(
+        Retention,
+        max_age_ms=st.none() | ints,
+        max_bytes=st.none() | ints,
+        max_messages=st.none() | ints,
+    ),
 )
 commands = st.one_of(
     st.builds(CreateStream, request_id=request_ids, config=configs),
     st.builds(DeleteStream, request_id=request_ids, name=texts.map(StreamName)),
-    st.builds(RegisterNode, request_id=request_ids, node=texts.map(NodeId), amqp=texts,
-              admin=texts, now_ms=ints),
+    st.builds(
+        RegisterNode,
+        request_id=request_ids,
+        node=texts.map(NodeId),
+        amqp=texts,
+        admin=texts,
+        now_ms=ints,
+    ),
     st.builds(Barrier, request_id=request_ids),
 )
-results = st.one_of(st.builds(Applied, version=ints),
-                    st.builds(Rejected, code=st.sampled_from(ErrorCode), message=texts))
+results = st.one_of(
+    st.builds(Applied, version=ints),
+    st.builds(Rejected, code=st.sampled_from(ErrorCode), message=texts),
+)
 snapshots = st.builds(
     MetadataSnapshot,
     version=ints,
-    streams=st.lists(st.builds(StreamRecord, config=configs, created_version=ints),
-                     max_size=5).map(tuple),
-    nodes=st.lists(st.builds(NodeRecord, node=texts.map(NodeId), amqp=texts, admin=texts,
-                             heartbeat_ms=ints), max_size=5).map(tuple),
+    streams=st.lists(st.builds(StreamRecord, config=configs, created_version=ints), max_size=5).map(
+        tuple
+    ),
+    nodes=st.lists(
+        st.builds(NodeRecord, node=texts.map(NodeId), amqp=texts, admin=texts, heartbeat_ms=ints),
+        max_size=5,
+    ).map(tuple),
     requests=st.lists(st.tuples(request_ids, results), max_size=5).map(tuple),
 )
 entries = st.builds(LogEntry, command=st.binary(max_size=64), index=ints, term=ints)
-checkpoints = st.builds(RaftCheckpoint, entries=st.tuples(entries, entries),
-                        voters=st.lists(texts, max_size=3).map(tuple))
+checkpoints = st.builds(
+    RaftCheckpoint,
+    entries=st.tuples(entries, entries),
+    voters=st.lists(texts, max_size=3).map(tuple),
+)
 
 
 @given(commands)
@@ -102,7 +122,8 @@ def test_garbage_is_refused_with_codec_error_or_decodes_to_a_command(data: bytes
 
 @given(commands, st.data())
 def test_any_truncation_or_bit_flip_of_a_command_is_refused_or_well_formed(
-        command: object, data: st.DataObject) -> None:
+    command: object, data: st.DataObject
+) -> None:
     encoded = bytearray(encode_command(command))  # type: ignore[arg-type]
     cut = data.draw(st.integers(min_value=0, max_value=len(encoded) - 1))
     with pytest.raises(CodecError):
@@ -136,17 +157,20 @@ def test_specific_refusals() -> None:
             decode_command(data)
     with pytest.raises(CodecError):
         decode_result(b'\x01\x42{"code":"no-such-code","message":"m"}')
-    create = b'\x01\x01{"config":{"name":"a","partitions":true,"replicas":1,"retention":' \
-             b'{"max_age_ms":null,"max_bytes":null,"max_messages":null},"segment_bytes":1},' \
-             b'"request_id":"r"}'
+    create = (
+        b'\x01\x01{"config":{"name":"a","partitions":true,"replicas":1,"retention":'
+        b'{"max_age_ms":null,"max_bytes":null,"max_messages":null},"segment_bytes":1},'
+        b'"request_id":"r"}'
+    )
     with pytest.raises(CodecError):  # a boolean is not an integer
         decode_command(create)
 
 
 def test_create_stream_layout_is_stable() -> None:
     """The bytes are the contract with journals written by earlier builds."""
-    config = StreamConfig(StreamName("orders"), partitions=3,
-                          retention=Retention(max_age_ms=21_600_000))
+    config = StreamConfig(
+        StreamName("orders"), partitions=3, retention=Retention(max_age_ms=21_600_000)
+    )
     assert encode_command(CreateStream(RequestId("r1"), config)) == (
         b'\x01\x01{"config":{"name":"orders","partitions":3,"replicas":1,"retention":'
         b'{"max_age_ms":21600000,"max_bytes":null,"max_messages":null},'
@@ -156,8 +180,9 @@ def test_create_stream_layout_is_stable() -> None:
 
 def test_dump_refuses_corruption() -> None:
     entry = LogEntry(b"\x00\x80\x02", 7, 1)
-    data = encode_dump(RaftCheckpoint((entry, entry), ("127.0.0.1:1",)),
-                       MetadataSnapshot(0, (), (), ()))
+    data = encode_dump(
+        RaftCheckpoint((entry, entry), ("127.0.0.1:1",)), MetadataSnapshot(0, (), (), ())
+    )
     assert decode_dump(data)[0].entries[0] == entry
     flipped = bytearray(data)
     flipped[20] ^= 0x01
@@ -167,8 +192,10 @@ def test_dump_refuses_corruption() -> None:
     for bad in (bytes(flipped), torn, wrong_magic, newer, b"", pickle.dumps({"a": 1})):
         with pytest.raises(CodecError):
             decode_dump(bad)
-    body = b'{"raft":{"entries":[],"voters":[]},"state":{"nodes":[],"requests":[],' \
-           b'"streams":[],"version":0}}'
+    body = (
+        b'{"raft":{"entries":[],"voters":[]},"state":{"nodes":[],"requests":[],'
+        b'"streams":[],"version":0}}'
+    )
     header = DUMP_MAGIC + b"\x01" + len(body).to_bytes(4, "big")
     with pytest.raises(CodecError, match="2 log entries"):
         decode_dump(header + body + zlib.crc32(body).to_bytes(4, "big"))

@@ -34,11 +34,16 @@ PASSWORD = "test-secret"
 HOST_SCRIPT = Path(__file__).with_name("metadata_host.py")
 
 
-def service(data_dir: Path, port: int, peers: list[int] | None = None, **options: int
-            ) -> MetadataService:
+def service(
+    data_dir: Path, port: int, peers: list[int] | None = None, **options: int
+) -> MetadataService:
     return MetadataService(
-        node_id=f"n{port}", data_dir=data_dir, self_address=f"127.0.0.1:{port}",
-        peer_addresses=[f"127.0.0.1:{p}" for p in peers or []], password=PASSWORD, **options,
+        node_id=f"n{port}",
+        data_dir=data_dir,
+        self_address=f"127.0.0.1:{port}",
+        peer_addresses=[f"127.0.0.1:{p}" for p in peers or []],
+        password=PASSWORD,
+        **options,
     )
 
 
@@ -59,8 +64,9 @@ def names(svc: MetadataService) -> list[str]:
     return [c.name for c in svc.streams()]
 
 
-def test_single_voter_serves_create_list_describe_delete(tmp_path: Path,
-                                                         free_port: Callable[[], int]) -> None:
+def test_single_voter_serves_create_list_describe_delete(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     async def scenario() -> None:
         svc = service(tmp_path, free_port())
         await svc.start()
@@ -68,9 +74,11 @@ def test_single_voter_serves_create_list_describe_delete(tmp_path: Path,
             await svc.wait_ready()
             views: list[MetadataView] = []
             svc.add_listener(views.append)
-            orders = StreamConfig(StreamName("orders"), partitions=3,
-                                  retention=Retention(max_age_ms=6 * 3_600_000,
-                                                      max_bytes=10 * 10**9))
+            orders = StreamConfig(
+                StreamName("orders"),
+                partitions=3,
+                retention=Retention(max_age_ms=6 * 3_600_000, max_bytes=10 * 10**9),
+            )
             assert await svc.create_stream(orders) == orders
             assert svc.stream(StreamName("orders")) == orders
             with pytest.raises(AlreadyExists, match="already exists"):
@@ -88,7 +96,10 @@ def test_single_voter_serves_create_list_describe_delete(tmp_path: Path,
             # The node process learns about the deletion through the listener, in order.
             await eventually(lambda: len(views) == 3, "three change notifications")
             assert [sorted(v.streams) for v in views] == [
-                ["orders"], ["audit", "orders"], ["audit"]]
+                ["orders"],
+                ["audit", "orders"],
+                ["audit"],
+            ]
             status = svc.status()
             assert status.is_leader and status.ready and status.has_quorum
             assert status.leader == status.self_address
@@ -101,8 +112,7 @@ def test_single_voter_serves_create_list_describe_delete(tmp_path: Path,
     run(scenario)
 
 
-def test_retried_request_id_is_applied_once(tmp_path: Path,
-                                            free_port: Callable[[], int]) -> None:
+def test_retried_request_id_is_applied_once(tmp_path: Path, free_port: Callable[[], int]) -> None:
     async def scenario() -> None:
         svc = service(tmp_path, free_port())
         await svc.start()
@@ -122,7 +132,8 @@ def test_retried_request_id_is_applied_once(tmp_path: Path,
 
 
 def test_definitions_survive_restart_and_the_dump_is_our_codec(
-        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     port = free_port()
 
     async def first_life() -> None:
@@ -168,12 +179,22 @@ def test_definitions_survive_restart_and_the_dump_is_our_codec(
 
 
 def test_definitions_survive_kill_9_of_the_hosting_process(
-        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(HOST_SCRIPT), str(tmp_path), f"127.0.0.1:{port}", PASSWORD,
-         "orders", "audit", "clicks"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            str(HOST_SCRIPT),
+            str(tmp_path),
+            f"127.0.0.1:{port}",
+            PASSWORD,
+            "orders",
+            "audit",
+            "clicks",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -200,8 +221,9 @@ def test_definitions_survive_kill_9_of_the_hosting_process(
     run(restarted)
 
 
-def test_three_voters_agree_and_survive_losing_one(tmp_path: Path,
-                                                   free_port: Callable[[], int]) -> None:
+def test_three_voters_agree_and_survive_losing_one(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     ports = [free_port() for _ in range(3)]
 
     def voter(i: int) -> MetadataService:
@@ -220,8 +242,10 @@ def test_three_voters_agree_and_survive_losing_one(tmp_path: Path,
             # Submitted on a follower: pysyncobj forwards it to the leader.
             await follower.create_stream(StreamConfig(StreamName("orders"), partitions=4))
             await follower.create_stream(StreamConfig(StreamName("audit")))
-            await eventually(lambda: all(names(v) == ["audit", "orders"] for v in voters),
-                             "every replica has both streams")
+            await eventually(
+                lambda: all(names(v) == ["audit", "orders"] for v in voters),
+                "every replica has both streams",
+            )
             with pytest.raises(AlreadyExists):
                 await voters[0].create_stream(StreamConfig(StreamName("orders")))
 
@@ -231,8 +255,9 @@ def test_three_voters_agree_and_survive_losing_one(tmp_path: Path,
             rest = [v for v in voters if v is not leader]
             await rest[0].delete_stream(StreamName("audit"))
             await rest[1].create_stream(StreamConfig(StreamName("clicks")))
-            await eventually(lambda: all(names(v) == ["clicks", "orders"] for v in rest),
-                             "both survivors agree")
+            await eventually(
+                lambda: all(names(v) == ["clicks", "orders"] for v in rest), "both survivors agree"
+            )
             assert all(v.view() == rest[0].view() for v in rest)
 
             # The old leader comes back from its data dir and catches up.
@@ -250,7 +275,8 @@ def test_three_voters_agree_and_survive_losing_one(tmp_path: Path,
 
 
 def test_no_quorum_is_unavailable_with_an_actionable_message(
-        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     port, absent_a, absent_b = free_port(), free_port(), free_port()
 
     async def scenario() -> None:
@@ -271,15 +297,16 @@ def test_no_quorum_is_unavailable_with_an_actionable_message(
 
 
 def test_refuses_to_start_without_password_on_a_busy_port_or_on_a_corrupt_dump(
-        tmp_path: Path, free_port: Callable[[], int]) -> None:
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
     with pytest.raises(InvalidArgument, match="password"):
-        MetadataService(node_id="n1", data_dir=tmp_path, self_address="127.0.0.1:1",
-                        password="")
+        MetadataService(node_id="n1", data_dir=tmp_path, self_address="127.0.0.1:1", password="")
 
     async def busy_port() -> None:
         port = free_port()
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", port,
-                                            reuse_address=False)
+        server = await asyncio.start_server(
+            lambda r, w: None, "127.0.0.1", port, reuse_address=False
+        )
         try:
             with pytest.raises(Unavailable, match=f"cannot listen on 127.0.0.1:{port}"):
                 await service(tmp_path / "busy", port).start()

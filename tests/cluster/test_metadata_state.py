@@ -29,8 +29,9 @@ def delete(request: str, name: str) -> DeleteStream:
 
 def test_create_then_describe_then_delete() -> None:
     state = MetadataState()
-    config = StreamConfig(StreamName("orders"), partitions=3,
-                          retention=Retention(max_age_ms=6 * 3_600_000))
+    config = StreamConfig(
+        StreamName("orders"), partitions=3, retention=Retention(max_age_ms=6 * 3_600_000)
+    )
     assert state.apply(CreateStream(RequestId("r1"), config)) == Applied(1)
     assert state.view.streams[StreamName("orders")].config == config
     assert state.view.streams[StreamName("orders")].created_version == 1
@@ -65,8 +66,9 @@ def test_invalid_definitions_are_rejected_with_the_validation_message() -> None:
         create("b", "ok", partitions=0),
         create("c", "ok", replicas=9),
         create("d", "ok", segment_bytes=10),
-        CreateStream(RequestId("e"), StreamConfig(StreamName("ok"),
-                                                  retention=Retention(max_bytes=-1))),
+        CreateStream(
+            RequestId("e"), StreamConfig(StreamName("ok"), retention=Retention(max_bytes=-1))
+        ),
     ]
     for command in cases:
         result = state.apply(command)
@@ -134,9 +136,15 @@ def test_snapshot_restores_the_same_state_and_dedup_memory() -> None:
 
 
 def test_same_commands_same_results_on_every_replica() -> None:
-    commands = [create("1", "a"), create("2", "a"), delete("3", "b"),
-                create("4", "b", partitions=2), delete("5", "a"), create("1", "a"),
-                create("6", "a")]
+    commands = [
+        create("1", "a"),
+        create("2", "a"),
+        delete("3", "b"),
+        create("4", "b", partitions=2),
+        delete("5", "a"),
+        create("1", "a"),
+        create("6", "a"),
+    ]
     replicas = [MetadataState() for _ in range(3)]
     results = [[r.apply(c) for c in commands] for r in replicas]
     assert results[0] == results[1] == results[2]

@@ -15,19 +15,21 @@ from spate.core.errors import BrokerError, ErrorCode
 
 ERROR_CODE_KEY = "spate-error-code"
 
-GRPC_STATUS: Mapping[ErrorCode, grpc.StatusCode] = MappingProxyType({
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.MESSAGE_SIZE_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.UNAUTHORIZED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.RESOURCE_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorCode.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorCode.STORAGE: grpc.StatusCode.INTERNAL,
-})
+GRPC_STATUS: Mapping[ErrorCode, grpc.StatusCode] = MappingProxyType(
+    {
+        ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+        ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+        ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+        ErrorCode.MESSAGE_SIZE_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
+        ErrorCode.UNAUTHORIZED: grpc.StatusCode.PERMISSION_DENIED,
+        ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
+        ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+        ErrorCode.RESOURCE_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ErrorCode.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
+        ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+        ErrorCode.STORAGE: grpc.StatusCode.INTERNAL,
+    }
+)
 
 assert set(GRPC_STATUS) == set(ErrorCode), "every error code needs a gRPC status"
 

@@ -41,8 +41,14 @@ _Response = TypeVar("_Response")
 class AdminServer:
     """Serves the admin API on host:port (port 0 picks a free one)."""
 
-    def __init__(self, metadata: MetadataService, stats: StatsProvider, status: StatusProvider,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        metadata: MetadataService,
+        stats: StatsProvider,
+        status: StatusProvider,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.metadata = metadata
         self.host = host
         self.port = port
@@ -57,8 +63,11 @@ class AdminServer:
         pb_grpc.add_AdminServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
-            (ADMIN_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
+            (
+                ADMIN_SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             server,
         )
         address = f"{self.host}:{self.port}"
@@ -85,52 +94,61 @@ class AdminServer:
 
 
 class _AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, metadata: MetadataService, stats: StatsProvider,
-                 status: StatusProvider) -> None:
+    def __init__(
+        self, metadata: MetadataService, stats: StatsProvider, status: StatusProvider
+    ) -> None:
         self.metadata = metadata
         self.stats = stats
         self.status = status
 
-    async def CreateStream(self, request: pb.CreateStreamRequest,
-                           context: grpc.aio.ServicerContext[pb.CreateStreamRequest,
-                                                             pb.CreateStreamResponse],
-                           ) -> pb.CreateStreamResponse:
+    async def CreateStream(
+        self,
+        request: pb.CreateStreamRequest,
+        context: grpc.aio.ServicerContext[pb.CreateStreamRequest, pb.CreateStreamResponse],
+    ) -> pb.CreateStreamResponse:
         async def call() -> pb.CreateStreamResponse:
             config = convert.stream_config(request.stream)
             stored = await self.metadata.create_stream(
-                config, request_id=_request_id(request.request_id))
+                config, request_id=_request_id(request.request_id)
+            )
             return pb.CreateStreamResponse(stream=convert.stream_config_message(stored))
 
         return await _answer(context, call)
 
-    async def ListStreams(self, request: pb.ListStreamsRequest,
-                          context: grpc.aio.ServicerContext[pb.ListStreamsRequest,
-                                                            pb.ListStreamsResponse],
-                          ) -> pb.ListStreamsResponse:
+    async def ListStreams(
+        self,
+        request: pb.ListStreamsRequest,
+        context: grpc.aio.ServicerContext[pb.ListStreamsRequest, pb.ListStreamsResponse],
+    ) -> pb.ListStreamsResponse:
         async def call() -> pb.ListStreamsResponse:
-            return pb.ListStreamsResponse(streams=[convert.stream_config_message(c)
-                                                   for c in self.metadata.streams()])
+            return pb.ListStreamsResponse(
+                streams=[convert.stream_config_message(c) for c in self.metadata.streams()]
+            )
 
         return await _answer(context, call)
 
-    async def DescribeStream(self, request: pb.DescribeStreamRequest,
-                             context: grpc.aio.ServicerContext[pb.DescribeStreamRequest,
-                                                               pb.DescribeStreamResponse],
-                             ) -> pb.DescribeStreamResponse:
+    async def DescribeStream(
+        self,
+        request: pb.DescribeStreamRequest,
+        context: grpc.aio.ServicerContext[pb.DescribeStreamRequest, pb.DescribeStreamResponse],
+    ) -> pb.DescribeStreamResponse:
         async def call() -> pb.DescribeStreamResponse:
             name = StreamName(request.name)
             validate_stream_name(name)
             config = self.metadata.stream(name)
             infos = await self._stats(name)
-            return pb.DescribeStreamResponse(stream=convert.stream_config_message(config),
-                                             partitions=convert.partition_stats(config, infos))
+            return pb.DescribeStreamResponse(
+                stream=convert.stream_config_message(config),
+                partitions=convert.partition_stats(config, infos),
+            )
 
         return await _answer(context, call)
 
-    async def DeleteStream(self, request: pb.DeleteStreamRequest,
-                           context: grpc.aio.ServicerContext[pb.DeleteStreamRequest,
-                                                             pb.DeleteStreamResponse],
-                           ) -> pb.DeleteStreamResponse:
+    async def DeleteStream(
+        self,
+        request: pb.DeleteStreamRequest,
+        context: grpc.aio.ServicerContext[pb.DeleteStreamRequest, pb.DeleteStreamResponse],
+    ) -> pb.DeleteStreamResponse:
         async def call() -> pb.DeleteStreamResponse:
             name = StreamName(request.name)
             validate_stream_name(name)
@@ -139,10 +157,11 @@ class _AdminServicer(pb_grpc.AdminServicer):
 
         return await _answer(context, call)
 
-    async def ClusterStatus(self, request: pb.ClusterStatusRequest,
-                            context: grpc.aio.ServicerContext[pb.ClusterStatusRequest,
-                                                              pb.ClusterStatusResponse],
-                            ) -> pb.ClusterStatusResponse:
+    async def ClusterStatus(
+        self,
+        request: pb.ClusterStatusRequest,
+        context: grpc.aio.ServicerContext[pb.ClusterStatusRequest, pb.ClusterStatusResponse],
+    ) -> pb.ClusterStatusResponse:
         async def call() -> pb.ClusterStatusResponse:
             return pb.ClusterStatusResponse(
                 metadata=convert.metadata_status_message(self.metadata.status()),
@@ -163,8 +182,9 @@ class _AdminServicer(pb_grpc.AdminServicer):
             return []  # defined in the metadata, not (yet) opened by this process
 
 
-async def _answer(context: grpc.aio.ServicerContext[_Request, _Response],
-                  call: Callable[[], Awaitable[_Response]]) -> _Response:
+async def _answer(
+    context: grpc.aio.ServicerContext[_Request, _Response], call: Callable[[], Awaitable[_Response]]
+) -> _Response:
     try:
         return await call()
     except BrokerError as error:

@@ -112,16 +112,23 @@ class RaftCheckpoint:
 
 def encode_command(command: Command) -> bytes:
     if isinstance(command, CreateStream):
-        return _record(TAG_CREATE_STREAM, {"request_id": command.request_id,
-                                           "config": _config_json(command.config)})
+        return _record(
+            TAG_CREATE_STREAM,
+            {"request_id": command.request_id, "config": _config_json(command.config)},
+        )
     if isinstance(command, DeleteStream):
-        return _record(TAG_DELETE_STREAM, {"request_id": command.request_id,
-                                           "name": command.name})
+        return _record(TAG_DELETE_STREAM, {"request_id": command.request_id, "name": command.name})
     if isinstance(command, RegisterNode):
-        return _record(TAG_REGISTER_NODE, {
-            "request_id": command.request_id, "node": command.node, "amqp": command.amqp,
-            "admin": command.admin, "now_ms": command.now_ms,
-        })
+        return _record(
+            TAG_REGISTER_NODE,
+            {
+                "request_id": command.request_id,
+                "node": command.node,
+                "amqp": command.amqp,
+                "admin": command.admin,
+                "now_ms": command.now_ms,
+            },
+        )
     assert isinstance(command, Barrier), command
     return _record(TAG_BARRIER, {"request_id": command.request_id})
 
@@ -137,8 +144,11 @@ def decode_command(data: bytes) -> Command:
     if tag == TAG_REGISTER_NODE:
         fields = _fields(body, "command", {"request_id", "node", "amqp", "admin", "now_ms"})
         return RegisterNode(
-            RequestId(_str(fields["request_id"])), NodeId(_str(fields["node"])),
-            _str(fields["amqp"]), _str(fields["admin"]), _int(fields["now_ms"]),
+            RequestId(_str(fields["request_id"])),
+            NodeId(_str(fields["node"])),
+            _str(fields["amqp"]),
+            _str(fields["admin"]),
+            _int(fields["now_ms"]),
         )
     if tag == TAG_BARRIER:
         fields = _fields(body, "command", {"request_id"})
@@ -164,8 +174,11 @@ def decode_result(data: bytes) -> Result:
 
 def encode_dump(raft: RaftCheckpoint, snapshot: MetadataSnapshot) -> bytes:
     body = _canonical({"raft": _raft_json(raft), "state": _snapshot_json(snapshot)})
-    return (_DUMP_HEADER.pack(DUMP_MAGIC, FORMAT_VERSION, len(body)) + body
-            + _DUMP_CRC.pack(zlib.crc32(body)))
+    return (
+        _DUMP_HEADER.pack(DUMP_MAGIC, FORMAT_VERSION, len(body))
+        + body
+        + _DUMP_CRC.pack(zlib.crc32(body))
+    )
 
 
 def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
@@ -175,12 +188,15 @@ def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
     if magic != DUMP_MAGIC:
         raise CodecError(f"not a Spate metadata dump (magic {magic!r})")
     if version != FORMAT_VERSION:
-        raise CodecError(f"metadata dump format {version} is not readable by this build "
-                         f"(reads {FORMAT_VERSION})")
+        raise CodecError(
+            f"metadata dump format {version} is not readable by this build (reads {FORMAT_VERSION})"
+        )
     if len(data) != _DUMP_HEADER.size + length + _DUMP_CRC.size:
-        raise CodecError(f"metadata dump is {len(data)} bytes, its header says "
-                         f"{_DUMP_HEADER.size + length + _DUMP_CRC.size}")
-    body = data[_DUMP_HEADER.size:_DUMP_HEADER.size + length]
+        raise CodecError(
+            f"metadata dump is {len(data)} bytes, its header says "
+            f"{_DUMP_HEADER.size + length + _DUMP_CRC.size}"
+        )
+    body = data[_DUMP_HEADER.size : _DUMP_HEADER.size + length]
     (crc,) = _DUMP_CRC.unpack_from(data, _DUMP_HEADER.size + length)
     if zlib.crc32(body) != crc:
         raise CodecError("metadata dump checksum mismatch (torn or corrupted file)")
@@ -194,18 +210,25 @@ def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
 def _config_json(config: StreamConfig) -> dict[str, Any]:
     r = config.retention
     return {
-        "name": config.name, "partitions": config.partitions, "replicas": config.replicas,
+        "name": config.name,
+        "partitions": config.partitions,
+        "replicas": config.replicas,
         "segment_bytes": config.segment_bytes,
-        "retention": {"max_age_ms": r.max_age_ms, "max_bytes": r.max_bytes,
-                      "max_messages": r.max_messages},
+        "retention": {
+            "max_age_ms": r.max_age_ms,
+            "max_bytes": r.max_bytes,
+            "max_messages": r.max_messages,
+        },
     }
 
 
 def _config(value: object) -> StreamConfig:
-    fields = _fields(value, "stream config",
-                     {"name", "partitions", "replicas", "segment_bytes", "retention"})
-    retention = _fields(fields["retention"], "retention",
-                        {"max_age_ms", "max_bytes", "max_messages"})
+    fields = _fields(
+        value, "stream config", {"name", "partitions", "replicas", "segment_bytes", "retention"}
+    )
+    retention = _fields(
+        fields["retention"], "retention", {"max_age_ms", "max_bytes", "max_messages"}
+    )
     return StreamConfig(
         name=StreamName(_str(fields["name"])),
         partitions=_int(fields["partitions"]),
@@ -228,20 +251,26 @@ def _result_json(result: Result) -> dict[str, Any]:
 def _result(value: object) -> Result:
     if isinstance(value, dict) and set(value) == {"applied"}:
         return Applied(_int(_fields(value["applied"], "result", {"version"})["version"]))
-    fields = _fields(_fields(value, "result", {"rejected"})["rejected"], "result",
-                     {"code", "message"})
+    fields = _fields(
+        _fields(value, "result", {"rejected"})["rejected"], "result", {"code", "message"}
+    )
     return Rejected(_error_code(fields["code"]), _str(fields["message"]))
 
 
 def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
     return {
         "version": snapshot.version,
-        "streams": [{"config": _config_json(s.config), "created_version": s.created_version}
-                    for s in snapshot.streams],
-        "nodes": [{"node": n.node, "amqp": n.amqp, "admin": n.admin,
-                   "heartbeat_ms": n.heartbeat_ms} for n in snapshot.nodes],
-        "requests": [[request_id, _result_json(result)]
-                     for request_id, result in snapshot.requests],
+        "streams": [
+            {"config": _config_json(s.config), "created_version": s.created_version}
+            for s in snapshot.streams
+        ],
+        "nodes": [
+            {"node": n.node, "amqp": n.amqp, "admin": n.admin, "heartbeat_ms": n.heartbeat_ms}
+            for n in snapshot.nodes
+        ],
+        "requests": [
+            [request_id, _result_json(result)] for request_id, result in snapshot.requests
+        ],
     }
 
 
@@ -254,22 +283,33 @@ def _snapshot(value: object) -> MetadataSnapshot:
     nodes = []
     for item in _list(fields["nodes"]):
         node = _fields(item, "node", {"node", "amqp", "admin", "heartbeat_ms"})
-        nodes.append(NodeRecord(NodeId(_str(node["node"])), _str(node["amqp"]),
-                                _str(node["admin"]), _int(node["heartbeat_ms"])))
+        nodes.append(
+            NodeRecord(
+                NodeId(_str(node["node"])),
+                _str(node["amqp"]),
+                _str(node["admin"]),
+                _int(node["heartbeat_ms"]),
+            )
+        )
     requests = []
     for item in _list(fields["requests"]):
         pair = _list(item)
         if len(pair) != 2:
             raise CodecError("a remembered request must be [request id, result]")
         requests.append((RequestId(_str(pair[0])), _result(pair[1])))
-    return MetadataSnapshot(_int(fields["version"]), tuple(streams), tuple(nodes),
-                            tuple(requests))
+    return MetadataSnapshot(_int(fields["version"]), tuple(streams), tuple(nodes), tuple(requests))
 
 
 def _raft_json(raft: RaftCheckpoint) -> dict[str, Any]:
     return {
-        "entries": [{"command": base64.b64encode(e.command).decode("ascii"), "index": e.index,
-                     "term": e.term} for e in raft.entries],
+        "entries": [
+            {
+                "command": base64.b64encode(e.command).decode("ascii"),
+                "index": e.index,
+                "term": e.term,
+            }
+            for e in raft.entries
+        ],
         "voters": list(raft.voters),
     }
 
@@ -293,8 +333,9 @@ def _raft(value: object) -> RaftCheckpoint:
 
 
 def _canonical(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
 
 
 def _record(tag: int, body: dict[str, Any]) -> bytes:
@@ -305,15 +346,18 @@ def _parse_record(data: bytes) -> tuple[int, object]:
     if len(data) < 2:
         raise CodecError(f"metadata record too short ({len(data)} bytes)")
     if data[0] != FORMAT_VERSION:
-        raise CodecError(f"metadata record format {data[0]} is not readable by this build "
-                         f"(reads {FORMAT_VERSION})")
+        raise CodecError(
+            f"metadata record format {data[0]} is not readable by this build "
+            f"(reads {FORMAT_VERSION})"
+        )
     return data[1], _json(data[2:])
 
 
 def _json(body: bytes) -> object:
     try:
-        return json.loads(body.decode("ascii"), parse_constant=_reject_constant,
-                          object_pairs_hook=_unique_keys)
+        return json.loads(
+            body.decode("ascii"), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         raise CodecError(f"metadata body is not canonical JSON: {error}") from error
 

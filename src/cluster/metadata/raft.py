@@ -226,13 +226,17 @@ class MetadataRaft:
         self._on_change(self.state.view)
         previous, last = checkpoint.entries
         voters = {TCPNode(address) for address in checkpoint.voters}
-        return ((last.command, last.index, last.term),
-                (previous.command, previous.index, previous.term), voters)
+        return (
+            (last.command, last.index, last.term),
+            (previous.command, previous.index, previous.term),
+            voters,
+        )
 
 
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
-    def __init__(self, adapter: MetadataRaft, self_address: str, peers: list[str],
-                 conf: SyncObjConf) -> None:
+    def __init__(
+        self, adapter: MetadataRaft, self_address: str, peers: list[str], conf: SyncObjConf
+    ) -> None:
         # Set before SyncObj.__init__: its tick thread may apply journal entries right away (§6.12).
         self._adapter = adapter
         super().__init__(self_address, peers, conf)
@@ -258,5 +262,6 @@ def _check_bindable(address: str) -> None:
         try:
             probe.bind((host.strip("[]"), int(port)))
         except OSError as error:
-            raise Unavailable(f"the metadata voter cannot listen on {address}: "
-                              f"{error.strerror or error}") from error
+            raise Unavailable(
+                f"the metadata voter cannot listen on {address}: {error.strerror or error}"
+            ) from error

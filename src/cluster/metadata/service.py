@@ -117,8 +117,10 @@ class MetadataService:
             if status.last_applied >= status.commit_index and self._raft.dump_loaded():
                 return
             await asyncio.sleep(0.02)
-        raise Unavailable(f"the metadata voter {self.node_id} did not replay its journal within "
-                          f"{self.ready_timeout_ms / 1000:.0f} s")
+        raise Unavailable(
+            f"the metadata voter {self.node_id} did not replay its journal within "
+            f"{self.ready_timeout_ms / 1000:.0f} s"
+        )
 
     async def wait_ready(self, timeout_ms: int | None = None) -> None:
         """Wait until a leader exists and this replica has caught up with it."""
@@ -140,20 +142,21 @@ class MetadataService:
 
     # Writes -------------------------------------------------------------------------------------
 
-    async def create_stream(self, config: StreamConfig, *,
-                            request_id: RequestId | None = None) -> StreamConfig:
+    async def create_stream(
+        self, config: StreamConfig, *, request_id: RequestId | None = None
+    ) -> StreamConfig:
         """Store a new stream definition; raises InvalidArgument, AlreadyExists, Unavailable."""
         config.validate()
         await self._submit(CreateStream(request_id or _new_request_id(), config))
         return self.stream(config.name)
 
-    async def delete_stream(self, name: StreamName, *,
-                            request_id: RequestId | None = None) -> None:
+    async def delete_stream(self, name: StreamName, *, request_id: RequestId | None = None) -> None:
         """Remove a stream definition; raises NotFound, Unavailable."""
         await self._submit(DeleteStream(request_id or _new_request_id(), name))
 
-    async def register_node(self, node: NodeId, *, amqp: str, admin: str,
-                            now_ms: int | None = None) -> None:
+    async def register_node(
+        self, node: NodeId, *, amqp: str, admin: str, now_ms: int | None = None
+    ) -> None:
         """Record (or refresh) a node's endpoints and heartbeat time in the registry."""
         stamp = int(time.time() * 1000) if now_ms is None else now_ms
         await self._submit(RegisterNode(_new_request_id(), node, amqp, admin, stamp))
@@ -188,11 +191,20 @@ class MetadataService:
         raft = self._raft.status()
         view = self.view()
         return MetadataStatus(
-            node_id=self.node_id, self_address=raft.self_address, voters=raft.voters,
-            leader=raft.leader, is_leader=raft.is_leader, ready=raft.ready,
-            has_quorum=raft.has_quorum, connected_peers=raft.connected_peers, term=raft.term,
-            commit_index=raft.commit_index, last_applied=raft.last_applied,
-            version=view.version, streams=len(view.streams), nodes=len(view.nodes),
+            node_id=self.node_id,
+            self_address=raft.self_address,
+            voters=raft.voters,
+            leader=raft.leader,
+            is_leader=raft.is_leader,
+            ready=raft.ready,
+            has_quorum=raft.has_quorum,
+            connected_peers=raft.connected_peers,
+            term=raft.term,
+            commit_index=raft.commit_index,
+            last_applied=raft.last_applied,
+            version=view.version,
+            streams=len(view.streams),
+            nodes=len(view.nodes),
         )
 
     # Change notifications -----------------------------------------------------------------------
@@ -224,17 +236,21 @@ class MetadataService:
         self._raise_if_failed()
         data = encode_command(command)
         if len(data) > limits.command_bytes_max:
-            raise InvalidArgument(f"the request is too large ({len(data)} bytes, at most "
-                                  f"{limits.command_bytes_max})")
+            raise InvalidArgument(
+                f"the request is too large ({len(data)} bytes, at most {limits.command_bytes_max})"
+            )
         loop = self._loop
         deadline = loop.time() + self.command_timeout_ms / 1000
         while True:
             future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = (
-                loop.create_future())
+                loop.create_future()
+            )
 
-            def done(result: Result | None, failure: SubmitFailure | None,
-                     future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = future,
-                     ) -> None:  # tick thread
+            def done(
+                result: Result | None,
+                failure: SubmitFailure | None,
+                future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = future,
+            ) -> None:  # tick thread
                 loop.call_soon_threadsafe(_settle, future, (result, failure))
 
             self._raft.submit(data, done)
@@ -251,13 +267,19 @@ class MetadataService:
                     raise result.error()
                 return result
             if failure is SubmitFailure.QUEUE_FULL:
-                raise ResourceLimitExceeded("the metadata service is overloaded (its command "
-                                            "queue is full); retry shortly")
-            log.info("metadata command %s %s; resubmitting", command.request_id,
-                     failure.name if failure else "?")
+                raise ResourceLimitExceeded(
+                    "the metadata service is overloaded (its command queue is full); retry shortly"
+                )
+            log.info(
+                "metadata command %s %s; resubmitting",
+                command.request_id,
+                failure.name if failure else "?",
+            )
             if loop.time() + _RETRY_DELAY_S >= deadline:
-                raise self._no_leader(f"the request was dropped ({failure}) and the time to "
-                                      "retry ran out; it may still take effect")
+                raise self._no_leader(
+                    f"the request was dropped ({failure}) and the time to "
+                    "retry ran out; it may still take effect"
+                )
             await asyncio.sleep(_RETRY_DELAY_S)
 
     def _raise_if_failed(self) -> None:
@@ -279,8 +301,10 @@ class MetadataService:
         return Unavailable(f"metadata service leader {raft.leader} did not answer ({detail})")
 
 
-def _settle(future: asyncio.Future[tuple[Result | None, SubmitFailure | None]],
-            outcome: tuple[Result | None, SubmitFailure | None]) -> None:
+def _settle(
+    future: asyncio.Future[tuple[Result | None, SubmitFailure | None]],
+    outcome: tuple[Result | None, SubmitFailure | None],
+) -> None:
     if not future.done():  # the caller may have timed out already
         future.set_result(outcome)
 

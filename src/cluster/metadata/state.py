@@ -136,12 +136,14 @@ class Rejected:
 
 Result = Applied | Rejected
 
-ERROR_TYPES: Mapping[ErrorCode, type[BrokerError]] = MappingProxyType({
-    ErrorCode.NOT_FOUND: NotFound,
-    ErrorCode.ALREADY_EXISTS: AlreadyExists,
-    ErrorCode.INVALID_ARGUMENT: InvalidArgument,
-    ErrorCode.RESOURCE_LIMIT: ResourceLimitExceeded,
-})
+ERROR_TYPES: Mapping[ErrorCode, type[BrokerError]] = MappingProxyType(
+    {
+        ErrorCode.NOT_FOUND: NotFound,
+        ErrorCode.ALREADY_EXISTS: AlreadyExists,
+        ErrorCode.INVALID_ARGUMENT: InvalidArgument,
+        ErrorCode.RESOURCE_LIMIT: ResourceLimitExceeded,
+    }
+)
 """The error codes the state machine produces and the BrokerError each one becomes."""
 
 
@@ -164,11 +166,13 @@ class StreamChanges:
 def stream_changes(old: MetadataView, new: MetadataView) -> StreamChanges:
     """Streams that appeared and disappeared between two views (a recreated stream is both)."""
     deleted = tuple(
-        name for name, record in old.streams.items()
+        name
+        for name, record in old.streams.items()
         if name not in new.streams or new.streams[name].created_version != record.created_version
     )
     created = tuple(
-        record.config for name, record in new.streams.items()
+        record.config
+        for name, record in new.streams.items()
         if name not in old.streams or old.streams[name].created_version != record.created_version
     )
     return StreamChanges(created=created, deleted=deleted)
@@ -246,11 +250,13 @@ class MetadataState:
         if isinstance(command, RegisterNode):
             _validate_node(command)
             if command.node not in view.nodes and len(view.nodes) >= limits.nodes_max:
-                raise ResourceLimitExceeded(f"the cluster holds the most nodes it may "
-                                            f"({limits.nodes_max})")
+                raise ResourceLimitExceeded(
+                    f"the cluster holds the most nodes it may ({limits.nodes_max})"
+                )
             nodes = dict(view.nodes)
-            nodes[command.node] = NodeRecord(command.node, command.amqp, command.admin,
-                                             command.now_ms)
+            nodes[command.node] = NodeRecord(
+                command.node, command.amqp, command.admin, command.now_ms
+            )
             self.view = MetadataView(version, view.streams, MappingProxyType(nodes))
             return Applied(version)
         assert isinstance(command, Barrier), command
@@ -259,8 +265,10 @@ class MetadataState:
 
 def _validate_node(command: RegisterNode) -> None:
     if not _NODE_ID.match(command.node):
-        raise InvalidArgument(f"invalid node id {command.node!r}: use 1-64 letters, digits, "
-                              "'-' or '_', starting with a letter or digit")
+        raise InvalidArgument(
+            f"invalid node id {command.node!r}: use 1-64 letters, digits, "
+            "'-' or '_', starting with a letter or digit"
+        )
     for label, endpoint in (("AMQP", command.amqp), ("admin", command.admin)):
         if not _ENDPOINT.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536:
             raise InvalidArgument(f"invalid {label} endpoint {endpoint!r}: expected HOST:PORT")
