@@ -221,9 +221,8 @@ class MetadataService:
     def _on_change_threadsafe(self, view: MetadataView) -> None:
         """Runs on pysyncobj's tick thread."""
         loop = self._loop
-        if loop is None or loop.is_closed():
-            return  # replay before start() bound a loop, or after the loop ended
-        loop.call_soon_threadsafe(self._notify, view)
+        if loop is not None:  # None: replay before start() bound a loop
+            _call_soon(loop, self._notify, view)
 
     def _notify(self, view: MetadataView) -> None:
         for listener in list(self._listeners):
@@ -251,7 +250,7 @@ class MetadataService:
                 failure: SubmitFailure | None,
                 future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = future,
             ) -> None:  # tick thread
-                loop.call_soon_threadsafe(_settle, future, (result, failure))
+                _call_soon(loop, _settle, future, (result, failure))
 
             self._raft.submit(data, done)
             try:
@@ -307,6 +306,17 @@ def _settle(
 ) -> None:
     if not future.done():  # the caller may have timed out already
         future.set_result(outcome)
+
+
+def _call_soon(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object
+) -> None:
+    """From the tick thread: run callback on the loop, unless the loop has ended (a raise here
+    would make pysyncobj retry the apply forever)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # "Event loop is closed": nobody is left to tell
+        log.debug("event loop closed; dropped %s", callback)
 
 
 def _new_request_id() -> RequestId:
