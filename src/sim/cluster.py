@@ -175,6 +175,7 @@ class SimCluster:
         self._client_seq = 0
         self._leader_hint: list[NodeId | None] = [None] * options.groups
         self._acked_after: list[int | None] = [None] * options.groups
+        """Per group: the index of the first proposal acknowledged after faults stopped."""
         self._liveness_from_ms = 0
         for node in self.ids:
             self._start(self.nodes[node])
@@ -194,8 +195,9 @@ class SimCluster:
             self._liveness_from_ms = self.now_ms
             self._run_until(self._live)
             if not self._live():
-                failure = (f"liveness: no leader and acknowledged proposal in every group within "
-                           f"{liveness_ms_max} ms after healing")
+                failure = (f"liveness: within {liveness_ms_max} ms after healing, not every "
+                           f"group acknowledged a proposal that every replica then applied "
+                           f"(acknowledged at {self._acked_after})")
         except InvariantViolation as violation:
             failure = str(violation)
         except AssertionError as error:
@@ -216,7 +218,17 @@ class SimCluster:
             self.step()
 
     def _live(self) -> bool:
-        return not self.faults and all(a is not None for a in self._acked_after)
+        """Every group acknowledged a proposal after healing, and every replica has applied
+        it (no follower is left stuck behind, e.g. waiting for a snapshot forever)."""
+        if self.faults:
+            return False
+        for group, index in enumerate(self._acked_after):
+            if index is None:
+                return False
+            for node in self.ids:
+                if len(self.nodes[node].replicas[group].applied) < index:
+                    return False
+        return True
 
     def step(self) -> None:
         event = heapq.heappop(self._queue)
@@ -371,7 +383,7 @@ class SimCluster:
             self._record(f"ack g{group} {entry.describe()}")
             self.checker.acknowledged(group, entry.index, entry.term, entry.payload)
             if not self.faults and self._acked_after[group] is None:
-                self._acked_after[group] = self.now_ms
+                self._acked_after[group] = entry.index
 
     def _transfer(self, node: _Node, group: int, request: SnapshotRequest) -> None:
         """Fetch the leader's segments up to the snapshot index, then restore the core."""

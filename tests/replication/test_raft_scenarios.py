@@ -232,6 +232,13 @@ def test_a_follower_behind_the_compacted_log_gets_snapshot_needed_then_catches_u
     # The shell transfers the segments (not modelled here), then restores the core.
     assert group["n3"].restore(snapshot.index, snapshot.term)
     group.process(N3)
+    # Its ack is lost: the leader keeps asking, and the follower answers with how far it is.
+    assert group.deliver(lambda m: not isinstance(m, AppendResponse)) == 0
+    assert group["n1"].progress(N3).state is ProgressState.SNAPSHOT
+    assert not group["n3"].restore(snapshot.index, snapshot.term)  # a duplicate transfer
+    group.process(N3)
+    group.pending.clear()  # whose ack is lost too
+    group.tick_all(3)
     group.stabilize()
     assert group["n3"].status().commit == snapshot.index
     assert group["n1"].progress(N3).state is ProgressState.REPLICATE

@@ -8,7 +8,6 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from spate.sim.cluster import Bugs, SimCluster, SimOptions, SimResult, run_seed
 
 SEEDS = 300

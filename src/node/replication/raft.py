@@ -215,6 +215,8 @@ class Raft:
         make it the log's new start. Returns False when the log already covers it."""
         assert self.role is not Role.LEADER
         if snapshot_index <= self.log.committed:
+            if self.leader is not None:
+                self._send(AppendResponse(self.term, self.id, self.leader, self.log.committed))
             return False
         if self.log.match_term(snapshot_index, snapshot_term):
             self.log.commit_to(snapshot_index)
@@ -431,6 +433,11 @@ class Raft:
             case SnapshotNeeded():
                 if message.snapshot.index > self.log.committed:
                     self._snapshot_request = SnapshotRequest(message.source, message.snapshot)
+                else:
+                    # Already restored (our ack was lost) or caught up since: say how far we
+                    # are, or the leader would wait for a snapshot that never comes.
+                    self._send(AppendResponse(self.term, self.id, message.source,
+                                              self.log.committed))
 
     def _handle_append(self, message: Append) -> None:
         if message.prev_index < self.log.committed:
