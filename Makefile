@@ -19,7 +19,7 @@ install:
 	@bash tools/bootstrap.sh
 
 proto: install
-	@$(PY) tools/gen_proto.py
+	@PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) tools/gen_proto.py
 
 demo: install
 	@$(PY) -m spate.cli.demo
@@ -33,7 +33,7 @@ check: install
 	@mkdir -p build/typing && ln -sfn ../../src build/typing/spate
 	MYPYPATH=build/typing $(VENV)/bin/mypy -p spate
 	$(VENV)/bin/lint-imports
-	$(PY) tools/gen_proto.py --check
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) tools/gen_proto.py --check
 
 fmt: install
 	$(VENV)/bin/ruff format src tests benchmarks tools

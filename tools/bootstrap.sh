@@ -38,7 +38,7 @@ if ! "$VENV/bin/python" -c 'import proton, sys; sys.exit(0 if proton.SSL.present
     || { echo "bootstrap: proton.SSL.present() is still False" >&2; exit 1; }
 fi
 
-"$VENV/bin/python" tools/gen_proto.py
+PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" tools/gen_proto.py
 
 if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules/rhea ]; then
   echo "bootstrap: npm install (rhea) in tests/js"

@@ -34,6 +34,7 @@ def generate(into: Path) -> list[Path]:
         f"--python_out={into}",
         f"--grpc_python_out={into}",
         f"--mypy_out={into}",
+        f"--mypy_grpc_out={into}",
         *[str(p) for p in protos],
     ]
     if protoc.main(args) != 0:

@@ -24,11 +24,10 @@ from spate.client import Consumer, Producer
 def _spate(*args: str, capture_json: bool = False) -> Any:
     argv = [sys.executable, "-m", "spate.cli.main", *args]
     print("$ spate " + " ".join(args), flush=True)
-    if capture_json:
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
-    subprocess.run(argv, check=True)
-    return None
+    proc = subprocess.run(argv, check=False, capture_output=capture_json, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: `spate {' '.join(args)}` failed:\n{proc.stderr or ''}")
+    return json.loads(proc.stdout) if capture_json else None
 
 
 def main(argv: list[str] | None = None) -> int:

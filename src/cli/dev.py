@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
         "print the endpoints.",
     )
     up.add_argument("--nodes", type=int, default=1, help="number of nodes, 1 to 3 (default: 1)")
-    up.set_defaults(func=_up)
+    up.set_defaults(run=_up)
     down = commands.add_parser(
         "down",
         parents=[common],
@@ -53,14 +53,14 @@ def register(subparsers: Any) -> None:
         description="Stop every node process of the cluster (SIGTERM, "
         "then SIGKILL after 15 s). Data is kept.",
     )
-    down.set_defaults(func=_down)
+    down.set_defaults(run=_down)
     status = commands.add_parser(
         "status",
         parents=[common],
         help="show the cluster's processes",
         description="List every process of the cluster with its role, pid, state and endpoints.",
     )
-    status.set_defaults(func=_status)
+    status.set_defaults(run=_status)
 
 
 def _print(result: dict[str, Any], output: str) -> None:

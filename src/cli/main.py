@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from spate.core.errors import BrokerError, ErrorCode
 
-COMMAND_MODULES: tuple[str, ...] = ("spate.cli.admin",)
+COMMAND_MODULES: tuple[str, ...] = ("spate.cli.admin", "spate.cli.dev", "spate.cli.node")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
-    run.set_defaults(func=_run)
+    run.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Typed failures. Bugs are assertions; failures that a peer or operator causes are BrokerErrors.
 
 Each error names its code, who is to blame and whether retrying can help. The AMQP condition table
-lives in spate.gateway.errors and the gRPC status table in spate.cluster.admin_errors: one table
+lives in spate.gateway.errors and the gRPC status table in spate.cluster.admin.errors: one table
 each, nowhere else.
 """
 

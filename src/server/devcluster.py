@@ -112,7 +112,7 @@ class DevCluster:
     def _voters(self, plan: list[NodePlan]) -> list[NodePlan]:
         return plan[:metadata_voters_max]
 
-    def _start_node(self, node: NodePlan, plan: list[NodePlan]) -> int:
+    def _start_node(self, node: NodePlan, plan: list[NodePlan]) -> subprocess.Popen[bytes]:
         node_dir = self._node_dir(node.node_id)
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / NODE_ENDPOINTS_FILE).unlink(missing_ok=True)
@@ -149,13 +149,16 @@ class DevCluster:
                 start_new_session=True,
             )
         (node_dir / "pid").write_text(str(proc.pid))
-        return proc.pid
+        return proc
 
-    def _wait_ready(self, node_id: str, pid: int) -> dict[str, Any]:
+    def _wait_ready(self, node_id: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        """Wait for the node's endpoints file; the child is polled (its /proc cmdline is the
+        parent's until exec, so the cmdline check would race)."""
+        pid = proc.pid
         deadline = time.monotonic() + node_start_timeout_s
         path = self._node_dir(node_id) / NODE_ENDPOINTS_FILE
         while time.monotonic() < deadline:
-            if not self._is_ours(pid, node_id):
+            if proc.poll() is not None:
                 raise Unavailable(
                     f"node {node_id} exited during start-up; last lines of "
                     f"{self._node_dir(node_id) / 'node.log'}:\n{self._log_tail(node_id)}"
@@ -196,12 +199,12 @@ class DevCluster:
         while len(plan) < nodes:
             plan.append(NodePlan(f"n{len(plan) + 1}", _free_port(), _free_port(), _free_port()))
         self._save_plan(plan)
-        started: list[tuple[str, int]] = []
+        started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for node in plan:
             if self._pid(node.node_id) is None:
                 started.append((node.node_id, self._start_node(node, plan)))
-        for node_id, pid in started:
-            self._wait_ready(node_id, pid)
+        for node_id, proc in started:
+            self._wait_ready(node_id, proc)
         return self._write_endpoints(plan)
 
     def down(self) -> dict[str, Any]:

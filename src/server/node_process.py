@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata.service import MetadataService
 from spate.core.backend import PartitionInfo
@@ -91,16 +92,20 @@ class NodeProcess:
     def _stats(self, stream: StreamName) -> list[PartitionInfo]:
         return self.manager.stats(stream)
 
-    def _status(self) -> list[dict[str, Any]]:
+    def _status(self) -> list[ProcessFacts]:
         assert self.endpoints is not None
-        facts = self.endpoints.to_json()
-        facts["partitions"] = sum(c.partitions for c in self.manager.configs.values())
-        facts["streams"] = len(self.manager.configs)
-        return [facts]
+        e = self.endpoints
+        return [ProcessFacts(
+            node_id=e.node_id, role="node", pid=e.pid,
+            endpoints={"amqp": e.amqp, "admin": e.admin, "metadata": e.metadata},
+            partitions=sum(c.partitions for c in self.manager.configs.values()),
+            streams=len(self.manager.configs),
+        )]
 
     async def start(self) -> NodeEndpoints:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         await self.metadata.start()
+        await self.metadata.wait_ready()  # a leader exists and this replica has caught up
         self.metadata.add_listener(lambda *_: self._streams_changed.set())
         await self.manager.apply_streams(self.metadata.streams())
         self._sync_task = asyncio.create_task(self._follow_streams(), name="follow-streams")
