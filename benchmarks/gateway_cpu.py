@@ -47,9 +47,18 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def measure(t: Target, pid: int, stream: str, count: int, *, size: int = SIZE_BYTES,
-            window: int = WINDOW, credit: int = CREDIT, timeout_s: float = 300.0,
-            label: str = "") -> dict[str, Any]:
+def measure(
+    t: Target,
+    pid: int,
+    stream: str,
+    count: int,
+    *,
+    size: int = SIZE_BYTES,
+    window: int = WINDOW,
+    credit: int = CREDIT,
+    timeout_s: float = 300.0,
+    label: str = "",
+) -> dict[str, Any]:
     binary = build_client()
     create_stream(t, stream)
     address = t.address_format.format(stream=stream)
@@ -66,51 +75,86 @@ def measure(t: Target, pid: int, stream: str, count: int, *, size: int = SIZE_BY
     time.sleep(IDLE_SAMPLE_S)
     idle_us_per_s = (proc_cpu_ticks(pid) - c0) * tick_us / IDLE_SAMPLE_S
 
-    res: dict[str, Any] = {"peer": t.peer, "workload": "gateway_cpu", "pid": pid, "count": count,
-                           "size": size, "window": window, "credit": credit,
-                           "idle_cpu_us_per_s": round(idle_us_per_s, 1), "loadavg": loadavg()}
+    res: dict[str, Any] = {
+        "peer": t.peer,
+        "workload": "gateway_cpu",
+        "pid": pid,
+        "count": count,
+        "size": size,
+        "window": window,
+        "credit": credit,
+        "idle_cpu_us_per_s": round(idle_us_per_s, 1),
+        "loadavg": loadavg(),
+    }
     if label:
         res["label"] = label
 
     k0, s0 = proc_cpu_ticks(pid), _children_cpu_s()
-    pub = run_client(binary, "publish", [*common, "--count", str(count), "--size", str(size),
-                                         "--window", str(window)], timeout_s, t.prefix)
+    pub = run_client(
+        binary,
+        "publish",
+        [*common, "--count", str(count), "--size", str(size), "--window", str(window)],
+        timeout_s,
+        t.prefix,
+    )
     k1, s1 = proc_cpu_ticks(pid), _children_cpu_s()
-    sub = run_client(binary, "consume", [*common, "--count", str(count), "--credit", str(credit),
-                                         "--offset", "first", "--filter", t.filter],
-                     timeout_s, t.prefix)
+    sub = run_client(
+        binary,
+        "consume",
+        [
+            *common,
+            "--count",
+            str(count),
+            "--credit",
+            str(credit),
+            "--offset",
+            "first",
+            "--filter",
+            t.filter,
+        ],
+        timeout_s,
+        t.prefix,
+    )
     k2, s2 = proc_cpu_ticks(pid), _children_cpu_s()
 
     n_in = int(pub.get("confirmed") or 0)
     n_out = int(sub.get("received") or 0)
-    res.update({
-        "in_msgs": n_in, "out_msgs": n_out,
-        "in_cpu_s": round((k1 - k0) * tick_us / 1e6, 3),
-        "out_cpu_s": round((k2 - k1) * tick_us / 1e6, 3),
-        "cpu_us_per_msg_in": round((k1 - k0) * tick_us / n_in, 2) if n_in else None,
-        "cpu_us_per_msg_out": round((k2 - k1) * tick_us / n_out, 2) if n_out else None,
-        "client_cpu_us_per_msg_in": round((s1 - s0) * 1e6 / n_in, 2) if n_in else None,
-        "client_cpu_us_per_msg_out": round((s2 - s1) * 1e6 / n_out, 2) if n_out else None,
-        "in_msgs_per_s": pub.get("msgs_per_s"), "out_msgs_per_s": sub.get("msgs_per_s"),
-        "loadavg_after": loadavg(),
-    })
-    errors = [f"{k}: {r['error']}" for k, r in (("publish", pub), ("consume", sub))
-              if r.get("error")]
+    res.update(
+        {
+            "in_msgs": n_in,
+            "out_msgs": n_out,
+            "in_cpu_s": round((k1 - k0) * tick_us / 1e6, 3),
+            "out_cpu_s": round((k2 - k1) * tick_us / 1e6, 3),
+            "cpu_us_per_msg_in": round((k1 - k0) * tick_us / n_in, 2) if n_in else None,
+            "cpu_us_per_msg_out": round((k2 - k1) * tick_us / n_out, 2) if n_out else None,
+            "client_cpu_us_per_msg_in": round((s1 - s0) * 1e6 / n_in, 2) if n_in else None,
+            "client_cpu_us_per_msg_out": round((s2 - s1) * 1e6 / n_out, 2) if n_out else None,
+            "in_msgs_per_s": pub.get("msgs_per_s"),
+            "out_msgs_per_s": sub.get("msgs_per_s"),
+            "loadavg_after": loadavg(),
+        }
+    )
+    errors = [
+        f"{k}: {r['error']}" for k, r in (("publish", pub), ("consume", sub)) if r.get("error")
+    ]
     if errors:
         res["error"] = "; ".join(errors)
-    log(f"gateway CPU: in {res['cpu_us_per_msg_in']} µs/msg ({n_in} msgs, "
+    log(
+        f"gateway CPU: in {res['cpu_us_per_msg_in']} µs/msg ({n_in} msgs, "
         f"{pub.get('msgs_per_s')} msgs/s), out {res['cpu_us_per_msg_out']} µs/msg ({n_out} msgs, "
         f"{sub.get('msgs_per_s')} msgs/s); client {res['client_cpu_us_per_msg_in']} / "
         f"{res['client_cpu_us_per_msg_out']} µs/msg; server idle {res['idle_cpu_us_per_s']} "
-        f"µs/s; load {res['loadavg']}" + (f"; ERROR {res['error']}" if errors else ""))
+        f"µs/s; load {res['loadavg']}" + (f"; ERROR {res['error']}" if errors else "")
+    )
     return res
 
 
 def main() -> int:
     ap = workload_parser()
     ap.description = __doc__
-    ap.add_argument("--pid", type=int, help="server process (default: the node's pid in "
-                                            "endpoints.json)")
+    ap.add_argument(
+        "--pid", type=int, help="server process (default: the node's pid in endpoints.json)"
+    )
     ap.set_defaults(count=COUNT, stream="cpu")
     a = ap.parse_args()
     try:
@@ -118,8 +162,17 @@ def main() -> int:
         pid = a.pid or t.server_pid
         if not pid:
             raise BenchError("no server pid: give --pid or --endpoints")
-        res = measure(t, int(pid), a.stream, a.count, size=a.size, window=a.window,
-                      credit=a.credit, timeout_s=a.timeout, label=a.label)
+        res = measure(
+            t,
+            int(pid),
+            a.stream,
+            a.count,
+            size=a.size,
+            window=a.window,
+            credit=a.credit,
+            timeout_s=a.timeout,
+            label=a.label,
+        )
     except BenchError as e:
         log(f"FAILED: {e}")
         return 1

@@ -51,39 +51,50 @@ def build_client() -> Path:
     if shutil.which("gcc") is None and not os.environ.get("CC"):
         raise BenchError("gcc not found: apt-get install gcc libqpid-proton11-dev")
     try:
-        done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"building the load client took over {BUILD_TIMEOUT_S:.0f} s") from e
     if done.returncode != 0:
-        raise BenchError(f"building the load client failed ({BUILD_SCRIPT}):\n"
-                         f"{done.stderr.strip()}")
+        raise BenchError(
+            f"building the load client failed ({BUILD_SCRIPT}):\n{done.stderr.strip()}"
+        )
     path = Path(done.stdout.strip().splitlines()[-1])
     if not os.access(path, os.X_OK):
         raise BenchError(f"build.sh reported {path}, which is not executable")
     return path
 
 
-def run_client(binary: Path, mode: str, args: list[str], timeout_s: float,
-               prefix: list[str] | None = None) -> dict[str, Any]:
+def run_client(
+    binary: Path, mode: str, args: list[str], timeout_s: float, prefix: list[str] | None = None
+) -> dict[str, Any]:
     """Run `amqp_load MODE ARGS --timeout T`; return its JSON result (error field may be set).
 
     prefix: a command to run the client under (e.g. `ip netns exec peers`)."""
     cmd = [*(prefix or []), str(binary), mode, *args, "--timeout", f"{timeout_s:g}"]
     log("$ " + shlex.join(cmd))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=timeout_s + CLIENT_GRACE_S, check=False)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s + CLIENT_GRACE_S, check=False
+        )
     except subprocess.TimeoutExpired as e:
-        raise BenchError(f"load client did not exit within {timeout_s + CLIENT_GRACE_S:.0f} s: "
-                         f"{shlex.join(cmd)}") from e
+        raise BenchError(
+            f"load client did not exit within {timeout_s + CLIENT_GRACE_S:.0f} s: {shlex.join(cmd)}"
+        ) from e
     if done.stderr.strip():
         for line in done.stderr.strip().splitlines()[-10:]:
             log("  client: " + line)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        raise BenchError(f"load client printed no result (exit {done.returncode}): "
-                         f"{shlex.join(cmd)}\n{done.stderr.strip()[-2000:]}")
+        raise BenchError(
+            f"load client printed no result (exit {done.returncode}): "
+            f"{shlex.join(cmd)}\n{done.stderr.strip()[-2000:]}"
+        )
     result: dict[str, Any] = json.loads(lines[-1])
     if done.returncode != 0 and not result.get("error"):
         result["error"] = f"client exit status {done.returncode}"
@@ -109,8 +120,10 @@ def node_entry(endpoints: dict[str, Any], node_id: str | None) -> dict[str, Any]
     for n in nodes:
         if n.get("node_id") == node_id:
             return n
-    raise BenchError(f"node {node_id!r} not in endpoints.json (have "
-                     f"{', '.join(str(n.get('node_id')) for n in nodes)})")
+    raise BenchError(
+        f"node {node_id!r} not in endpoints.json (have "
+        f"{', '.join(str(n.get('node_id')) for n in nodes)})"
+    )
 
 
 def split_hostport(hostport: str) -> tuple[str, str]:
@@ -126,8 +139,12 @@ def loadavg() -> str:
 
 def machine() -> dict[str, Any]:
     """The facts RESULTS.md quotes with every figure."""
-    return {"nproc": os.cpu_count(), "kernel": platform.release(),
-            "python": platform.python_version(), "loadavg": loadavg()}
+    return {
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg": loadavg(),
+    }
 
 
 def emit(result: dict[str, Any], out: Path | None = None) -> None:
@@ -149,7 +166,7 @@ def proc_cpu_ticks(pid: int) -> int:
     except FileNotFoundError as e:
         raise BenchError(f"process {pid} does not exist") from e
     # the command name (field 2) may hold spaces: split after its closing parenthesis
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
 
 

@@ -68,12 +68,14 @@ class Part:
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
-         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: list[str], timeout_s: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     log("$ " + " ".join(cmd))
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                              env=env, cwd=cwd)
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env, cwd=cwd
+        )
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"{' '.join(cmd)} did not finish within {timeout_s:.0f} s") from e
 
@@ -146,19 +148,44 @@ def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="spate-bench-"))
     pids: list[int] = []
     try:
-        p = _run([str(SPATE), "dev", "up", "--nodes", "1", "--data-dir", str(data_dir),
-                  "--output", "json"], DEV_UP_TIMEOUT_S, cwd=ROOT)
+        p = _run(
+            [
+                str(SPATE),
+                "dev",
+                "up",
+                "--nodes",
+                "1",
+                "--data-dir",
+                str(data_dir),
+                "--output",
+                "json",
+            ],
+            DEV_UP_TIMEOUT_S,
+            cwd=ROOT,
+        )
         ep_file = data_dir / "endpoints.json"
         if ep_file.is_file():
-            pids = [int(n["pid"]) for n in json.loads(ep_file.read_text()).get("nodes", [])
-                    if n.get("pid")]
+            pids = [
+                int(n["pid"])
+                for n in json.loads(ep_file.read_text()).get("nodes", [])
+                if n.get("pid")
+            ]
         if p.returncode != 0:
             raise BenchError(f"spate dev up failed (exit {p.returncode}): {_tail(p)}")
-        ns = argparse.Namespace(host="127.0.0.1", port="0", address_format="{stream}",
-                                create_cmd=f"{SPATE} stream create {{stream}} --replicas 1 "
-                                           "--admin {admin}",
-                                user=None, password=None, partition=None, filter="rabbitmq",
-                                prefix="", peer="spate", endpoints=data_dir, node=None)
+        ns = argparse.Namespace(
+            host="127.0.0.1",
+            port="0",
+            address_format="{stream}",
+            create_cmd=f"{SPATE} stream create {{stream}} --replicas 1 --admin {{admin}}",
+            user=None,
+            password=None,
+            partition=None,
+            filter="rabbitmq",
+            prefix="",
+            peer="spate",
+            endpoints=data_dir,
+            node=None,
+        )
         t = workload.target_from_args(ns)
         log(f"Spate node {t.host}:{t.port} pid {t.server_pid}, admin {t.admin}")
         out = out_dir / "spate-single-c-proton.jsonl"
@@ -166,16 +193,22 @@ def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
         part.results += workload.run(t, w, ["w1", "w2", "w3"], out)
         if not t.server_pid:
             raise BenchError("endpoints.json has no pid for the node: no gateway CPU figure")
-        cpu = gateway_cpu.measure(t, int(t.server_pid), w.stream + "-cpu", min(w.count, 100_000),
-                                  label="spate/single/c-proton/cpu")
+        cpu = gateway_cpu.measure(
+            t,
+            int(t.server_pid),
+            w.stream + "-cpu",
+            min(w.count, 100_000),
+            label="spate/single/c-proton/cpu",
+        )
         emit(cpu, out)
         part.results.append(cpu)
         errors = [f"{r.get('workload')}: {r['error']}" for r in part.results if r.get("error")]
         part.status = "FAILED" if errors else "ok"
         part.detail = "; ".join(errors)
     finally:
-        d = _run([str(SPATE), "dev", "down", "--data-dir", str(data_dir)], DEV_DOWN_TIMEOUT_S,
-                 cwd=ROOT)
+        d = _run(
+            [str(SPATE), "dev", "down", "--data-dir", str(data_dir)], DEV_DOWN_TIMEOUT_S, cwd=ROOT
+        )
         if d.returncode != 0:
             log(f"spate dev down failed (exit {d.returncode}): {_tail(d, 5)}")
         _stop_pids(pids)
@@ -193,8 +226,11 @@ def _peer_script(name: str) -> str:
 
 
 def _peers_installed() -> bool:
-    return (Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists()
-            and shutil.which("nats-server") is not None and PEERS_VENV_PY.exists())
+    return (
+        Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists()
+        and shutil.which("nats-server") is not None
+        and PEERS_VENV_PY.exists()
+    )
 
 
 def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
@@ -208,35 +244,59 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
             p = _run([script, "install"], PEER_INSTALL_TIMEOUT_S)
             if p.returncode != 0:
                 raise BenchError(f"{script} install failed: {_tail(p)}")
-    env = dict(os.environ, N=str(w.count), SIZE=str(w.size), WINDOW=str(w.window),
-               RATE=str(w.rate), DURATION=f"{w.duration_s:g}", STEP_TIMEOUT=f"{w.timeout_s:g}")
+    env = dict(
+        os.environ,
+        N=str(w.count),
+        SIZE=str(w.size),
+        WINDOW=str(w.window),
+        RATE=str(w.rate),
+        DURATION=f"{w.duration_s:g}",
+        STEP_TIMEOUT=f"{w.timeout_s:g}",
+    )
     errors: list[str] = []
     try:
         # RabbitMQ single: stream protocol (rstream), then AMQP 1.0 with our load client
         jsonl = out_dir / "rabbitmq-single-rstream.jsonl"
-        p = _run([run_bench, "rabbitmq", "single", "1"], PEER_BENCH_TIMEOUT_S,
-                 env=dict(env, CLIENT="rstream", OUT=str(jsonl)))
+        p = _run(
+            [run_bench, "rabbitmq", "single", "1"],
+            PEER_BENCH_TIMEOUT_S,
+            env=dict(env, CLIENT="rstream", OUT=str(jsonl)),
+        )
         if p.returncode != 0:
             errors.append(f"rabbitmq rstream: exit {p.returncode}: {_tail(p, 5)}")
         part.results += _read_jsonl(jsonl, "rabbitmq/single/rstream/run1")
         t = workload.Target(
-            port="5672", address_format="/amq/queue/{stream}", user="guest", password="guest",
+            port="5672",
+            address_format="/amq/queue/{stream}",
+            user="guest",
+            password="guest",
             create_cmd=f"ip netns exec peers {PEERS_VENV_PY} {HERE / 'rabbitmq_stream.py'} "
-                       "{stream}",
-            prefix=["ip", "netns", "exec", "peers"], peer="rabbitmq-stream")
-        wa = workload.Workload(**{**w.__dict__, "stream": "amqp10",
-                                  "w2_count": min(w.count, RABBITMQ_AMQP10_W2_COUNT),
-                                  "label": "rabbitmq/single/c-proton-amqp10/run1"})
-        part.results += workload.run(t, wa, ["w1", "w2", "w3"],
-                                     out_dir / "rabbitmq-single-c-proton-amqp10.jsonl")
+            "{stream}",
+            prefix=["ip", "netns", "exec", "peers"],
+            peer="rabbitmq-stream",
+        )
+        wa = workload.Workload(
+            **{
+                **w.__dict__,
+                "stream": "amqp10",
+                "w2_count": min(w.count, RABBITMQ_AMQP10_W2_COUNT),
+                "label": "rabbitmq/single/c-proton-amqp10/run1",
+            }
+        )
+        part.results += workload.run(
+            t, wa, ["w1", "w2", "w3"], out_dir / "rabbitmq-single-c-proton-amqp10.jsonl"
+        )
     finally:
         p = _run([rabbit, "stop"], PEER_STOP_TIMEOUT_S)
         if p.returncode != 0:
             errors.append(f"rabbitmq stop: {_tail(p, 5)}")
     try:
         jsonl = out_dir / "nats-single-nats-py-raw.jsonl"
-        p = _run([run_bench, "nats", "single", "1"], PEER_BENCH_TIMEOUT_S,
-                 env=dict(env, CLIENT="nats-py-raw", OUT=str(jsonl)))
+        p = _run(
+            [run_bench, "nats", "single", "1"],
+            PEER_BENCH_TIMEOUT_S,
+            env=dict(env, CLIENT="nats-py-raw", OUT=str(jsonl)),
+        )
         if p.returncode != 0:
             errors.append(f"nats: exit {p.returncode}: {_tail(p, 5)}")
         part.results += _read_jsonl(jsonl, "nats/single/nats-py-raw/run1")
@@ -244,8 +304,11 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
         p = _run([nats, "stop"], PEER_STOP_TIMEOUT_S)
         if p.returncode != 0:
             errors.append(f"nats stop: {_tail(p, 5)}")
-    errors += [f"{r.get('label')} {r.get('workload')}: {r['error']}" for r in part.results
-               if r.get("error")]
+    errors += [
+        f"{r.get('label')} {r.get('workload')}: {r['error']}"
+        for r in part.results
+        if r.get("error")
+    ]
     part.status = "FAILED" if errors else "ok"
     part.detail = "; ".join(errors)
 
@@ -263,21 +326,37 @@ def _read_jsonl(path: Path, label: str) -> list[dict[str, Any]]:
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     by = {r.get("workload"): r for r in rows}
     w1, w2, w3 = by.get("w1", {}), by.get("w2", {}), by.get("w3", {})
-    return {"W1 publish msgs/s": w1.get("msgs_per_s"), "W2 consume msgs/s": w2.get("msgs_per_s"),
-            "W3 e2e p50 ms": w3.get("e2e_p50_ms"), "W3 e2e p99 ms": w3.get("e2e_p99_ms")}
+    return {
+        "W1 publish msgs/s": w1.get("msgs_per_s"),
+        "W2 consume msgs/s": w2.get("msgs_per_s"),
+        "W3 e2e p50 ms": w3.get("e2e_p50_ms"),
+        "W3 e2e p99 ms": w3.get("e2e_p99_ms"),
+    }
 
 
 def table(spate: Part, peers: Part | None) -> str:
     cols: list[tuple[str, dict[str, float | None]]] = [
-        ("Spate (C client)", _figures(spate.results))]
+        ("Spate (C client)", _figures(spate.results))
+    ]
     if peers is not None:
-        for name, prefix in (("RabbitMQ rstream", "rabbitmq/single/rstream"),
-                             ("RabbitMQ AMQP 1.0 (C client)", "rabbitmq/single/c-proton-amqp10"),
-                             ("NATS nats-py raw", "nats/single/nats-py-raw")):
-            cols.append((name, _figures([r for r in peers.results
-                                         if str(r.get("label", "")).startswith(prefix)])))
-    head = "| single node | " + " | ".join(
-        c if i == 0 else f"{c} | Spate/peer" for i, (c, _) in enumerate(cols)) + " |"
+        for name, prefix in (
+            ("RabbitMQ rstream", "rabbitmq/single/rstream"),
+            ("RabbitMQ AMQP 1.0 (C client)", "rabbitmq/single/c-proton-amqp10"),
+            ("NATS nats-py raw", "nats/single/nats-py-raw"),
+        ):
+            cols.append(
+                (
+                    name,
+                    _figures(
+                        [r for r in peers.results if str(r.get("label", "")).startswith(prefix)]
+                    ),
+                )
+            )
+    head = (
+        "| single node | "
+        + " | ".join(c if i == 0 else f"{c} | Spate/peer" for i, (c, _) in enumerate(cols))
+        + " |"
+    )
     lines = [head, "|---" * (1 + 1 + 2 * (len(cols) - 1)) + "|"]
     for metric in cols[0][1]:
         s = cols[0][1][metric]
@@ -287,9 +366,11 @@ def table(spate: Part, peers: Part | None) -> str:
             cells += [_fmt(v), f"{s / v:.2f}" if s and v else "-"]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Ratios: throughput higher is better for Spate (> 1), latency lower is better "
-                 "(< 1). W2 over RabbitMQ AMQP 1.0 reads at most "
-                 f"{RABBITMQ_AMQP10_W2_COUNT:,} messages (its consumers stall past ~65k).")
+    lines.append(
+        "Ratios: throughput higher is better for Spate (> 1), latency lower is better "
+        "(< 1). W2 over RabbitMQ AMQP 1.0 reads at most "
+        f"{RABBITMQ_AMQP10_W2_COUNT:,} messages (its consumers stall past ~65k)."
+    )
     return "\n".join(lines)
 
 
@@ -303,14 +384,16 @@ def _fmt(v: float | None) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--peers", action="store_true", help="also run RabbitMQ and NATS (root)")
     ap.add_argument("--quick", action="store_true", help="20k messages, W3 5 s (a smoke run)")
     ap.add_argument("--no-storage", action="store_true")
     ap.add_argument("--no-spate", action="store_true")
-    ap.add_argument("--out-dir", type=Path,
-                    default=HERE / "results" / time.strftime("%Y-%m-%d", time.gmtime()))
+    ap.add_argument(
+        "--out-dir", type=Path, default=HERE / "results" / time.strftime("%Y-%m-%d", time.gmtime())
+    )
     a = ap.parse_args()
     w = workload.Workload()
     if a.quick:
@@ -326,9 +409,11 @@ def main() -> int:
     parts: list[Part] = []
     storage, spate = Part("storage"), Part("spate")
     peers = Part("peers") if a.peers else None
-    for part, fn, skip in ((storage, run_storage, a.no_storage),
-                           (spate, lambda p: run_spate(p, w, a.out_dir), a.no_spate),
-                           (peers, lambda p: run_peers(p, w, a.out_dir), peers is None)):
+    for part, fn, skip in (
+        (storage, run_storage, a.no_storage),
+        (spate, lambda p: run_spate(p, w, a.out_dir), a.no_spate),
+        (peers, lambda p: run_peers(p, w, a.out_dir), peers is None),
+    ):
         if part is None:
             continue
         parts.append(part)
@@ -342,12 +427,18 @@ def main() -> int:
             part.status, part.detail = "FAILED", str(e)
 
     summary = table(spate, peers)
-    report = ["## Parts", ""] + [f"- {p.name}: {p.status}" + (f" — {p.detail}" if p.detail
-                                                              else "") for p in parts]
+    report = ["## Parts", ""] + [
+        f"- {p.name}: {p.status}" + (f" — {p.detail}" if p.detail else "") for p in parts
+    ]
     m = machine()
-    report += ["", f"## Figures ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; nproc "
-                   f"{m['nproc']}, kernel {m['kernel']}, load average {m['loadavg']})", "",
-               summary, ""]
+    report += [
+        "",
+        f"## Figures ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; nproc "
+        f"{m['nproc']}, kernel {m['kernel']}, load average {m['loadavg']})",
+        "",
+        summary,
+        "",
+    ]
     text = "\n".join(report)
     print(text)
     (a.out_dir / "summary.md").write_text(text + "\n")

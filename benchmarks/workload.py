@@ -94,13 +94,16 @@ def create_stream(t: Target, stream: str) -> None:
     cmd = [w.format(stream=stream, admin=t.admin) for w in shlex.split(t.create_cmd)]
     log("$ " + shlex.join(cmd))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CREATE_TIMEOUT_S,
-                              check=False)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=CREATE_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"creating stream {stream} took over {CREATE_TIMEOUT_S:.0f} s") from e
     if done.returncode != 0:
-        raise BenchError(f"creating stream {stream} failed (exit {done.returncode}): "
-                         f"{shlex.join(cmd)}\n{(done.stderr or done.stdout).strip()[-2000:]}")
+        raise BenchError(
+            f"creating stream {stream} failed (exit {done.returncode}): "
+            f"{shlex.join(cmd)}\n{(done.stderr or done.stdout).strip()[-2000:]}"
+        )
 
 
 def _common(t: Target, address: str) -> list[str]:
@@ -128,21 +131,33 @@ def w1(binary: Path, t: Target, w: Workload) -> dict[str, Any]:
     args = _common(t, t.address_format.format(stream=w.stream))
     args += ["--count", str(w.count), "--size", str(w.size), "--window", str(w.window)]
     r = _tag(run_client(binary, "publish", args, w.timeout_s, t.prefix), t, w)
-    log(f"W1 publish: {r.get('msgs_per_s')} msgs/s, confirm p50 {r.get('confirm_p50_ms')} ms "
+    log(
+        f"W1 publish: {r.get('msgs_per_s')} msgs/s, confirm p50 {r.get('confirm_p50_ms')} ms "
         f"p99 {r.get('confirm_p99_ms')} ms, confirmed {r.get('confirmed')}/{w.count}, rejected "
         f"{r.get('rejected')}, released {r.get('released')}; load {r['loadavg']}"
-        + (f"; ERROR {r['error']}" if r.get("error") else ""))
+        + (f"; ERROR {r['error']}" if r.get("error") else "")
+    )
     return r
 
 
 def w2(binary: Path, t: Target, w: Workload) -> dict[str, Any]:
     n = w.w2_count or w.count
     args = _common(t, t.address_format.format(stream=w.stream))
-    args += ["--count", str(n), "--credit", str(w.credit), "--offset", "first",
-             "--filter", t.filter]
+    args += [
+        "--count",
+        str(n),
+        "--credit",
+        str(w.credit),
+        "--offset",
+        "first",
+        "--filter",
+        t.filter,
+    ]
     r = _tag(run_client(binary, "consume", args, w.timeout_s, t.prefix), t, w)
-    log(f"W2 consume: {r.get('msgs_per_s')} msgs/s, received {r.get('received')}/{n}; load "
-        f"{r['loadavg']}" + (f"; ERROR {r['error']}" if r.get("error") else ""))
+    log(
+        f"W2 consume: {r.get('msgs_per_s')} msgs/s, received {r.get('received')}/{n}; load "
+        f"{r['loadavg']}" + (f"; ERROR {r['error']}" if r.get("error") else "")
+    )
     return r
 
 
@@ -150,16 +165,31 @@ def w3(binary: Path, t: Target, w: Workload) -> dict[str, Any]:
     stream = w.stream + "-e2e"
     create_stream(t, stream)
     args = _common(t, t.address_format.format(stream=stream))
-    args += ["--rate", str(w.rate), "--duration", f"{w.duration_s:g}", "--size", str(w.size),
-             "--window", str(w.window), "--credit", str(w.credit), "--offset", "first",
-             "--filter", t.filter]
+    args += [
+        "--rate",
+        str(w.rate),
+        "--duration",
+        f"{w.duration_s:g}",
+        "--size",
+        str(w.size),
+        "--window",
+        str(w.window),
+        "--credit",
+        str(w.credit),
+        "--offset",
+        "first",
+        "--filter",
+        t.filter,
+    ]
     r = _tag(run_client(binary, "latency", args, w.duration_s + 60.0, t.prefix), t, w)
     p = r.get("producer") or {}
-    log(f"W3 e2e: p50 {r.get('e2e_p50_ms')} ms p99 {r.get('e2e_p99_ms')} ms max "
+    log(
+        f"W3 e2e: p50 {r.get('e2e_p50_ms')} ms p99 {r.get('e2e_p99_ms')} ms max "
         f"{r.get('e2e_max_ms')} ms, delivered {r.get('received')}/{r.get('expected')}; producer "
         f"{p.get('msgs_per_s')} msgs/s, confirm p50 {p.get('confirm_p50_ms')} ms p99 "
         f"{p.get('confirm_p99_ms')} ms; load {r['loadavg']}"
-        + (f"; ERROR {r['error']}" if r.get("error") else ""))
+        + (f"; ERROR {r['error']}" if r.get("error") else "")
+    )
     return r
 
 
@@ -175,27 +205,44 @@ def run(t: Target, w: Workload, which: list[str], out: Path | None = None) -> li
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workloads", default="w1,w2,w3", help="comma-separated, in order")
-    ap.add_argument("--endpoints", type=Path,
-                    help="a `spate dev up` data dir or its endpoints.json: AMQP host/port and "
-                         "admin address come from there (first node unless --node)")
+    ap.add_argument(
+        "--endpoints",
+        type=Path,
+        help="a `spate dev up` data dir or its endpoints.json: AMQP host/port and "
+        "admin address come from there (first node unless --node)",
+    )
     ap.add_argument("--node", help="node_id in endpoints.json")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", default="5672")
     ap.add_argument("--stream", default="bench", help="stream name (W3 uses <stream>-e2e)")
-    ap.add_argument("--address-format", default="{stream}",
-                    help="AMQP address for a stream (RabbitMQ: /amq/queue/{stream})")
-    ap.add_argument("--create-cmd", help="command making a fresh stream; {stream} and {admin} "
-                                         "are substituted; none: the streams must exist")
+    ap.add_argument(
+        "--address-format",
+        default="{stream}",
+        help="AMQP address for a stream (RabbitMQ: /amq/queue/{stream})",
+    )
+    ap.add_argument(
+        "--create-cmd",
+        help="command making a fresh stream; {stream} and {admin} "
+        "are substituted; none: the streams must exist",
+    )
     ap.add_argument("--user")
     ap.add_argument("--password")
     ap.add_argument("--partition", help="link property event-streams-partition")
-    ap.add_argument("--filter", choices=("rabbitmq", "oasis"), default="rabbitmq",
-                    help="offset filter: rabbitmq:stream-offset-spec or OASIS 0x200")
-    ap.add_argument("--prefix", default="", help="run the client under this command "
-                                                 "(e.g. 'ip netns exec peers')")
+    ap.add_argument(
+        "--filter",
+        choices=("rabbitmq", "oasis"),
+        default="rabbitmq",
+        help="offset filter: rabbitmq:stream-offset-spec or OASIS 0x200",
+    )
+    ap.add_argument(
+        "--prefix",
+        default="",
+        help="run the client under this command (e.g. 'ip netns exec peers')",
+    )
     ap.add_argument("--peer", default="amqp1.0", help="name copied into the JSON lines")
     ap.add_argument("--count", type=int, default=COUNT)
     ap.add_argument("--w2-count", type=int, help="W2 message count (default --count)")
@@ -211,10 +258,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def target_from_args(a: argparse.Namespace) -> Target:
-    t = Target(host=a.host, port=a.port, address_format=a.address_format,
-               create_cmd=a.create_cmd, user=a.user, password=a.password,
-               partition=a.partition, filter=a.filter, prefix=shlex.split(a.prefix),
-               peer=a.peer)
+    t = Target(
+        host=a.host,
+        port=a.port,
+        address_format=a.address_format,
+        create_cmd=a.create_cmd,
+        user=a.user,
+        password=a.password,
+        partition=a.partition,
+        filter=a.filter,
+        prefix=shlex.split(a.prefix),
+        peer=a.peer,
+    )
     if a.endpoints is not None:
         ep = read_endpoints(a.endpoints)
         node = node_entry(ep, a.node)
@@ -230,9 +285,18 @@ def main() -> int:
     bad = [w for w in which if w not in ("w1", "w2", "w3")]
     if bad:
         sys.exit(f"unknown workload(s): {', '.join(bad)}")
-    w = Workload(stream=a.stream, count=a.count, w2_count=a.w2_count, size=a.size,
-                 window=a.window, credit=a.credit, rate=a.rate, duration_s=a.duration,
-                 timeout_s=a.timeout, label=a.label)
+    w = Workload(
+        stream=a.stream,
+        count=a.count,
+        w2_count=a.w2_count,
+        size=a.size,
+        window=a.window,
+        credit=a.credit,
+        rate=a.rate,
+        duration_s=a.duration,
+        timeout_s=a.timeout,
+        label=a.label,
+    )
     try:
         results = run(target_from_args(a), w, which, a.out)
     except BenchError as e:
