@@ -289,8 +289,13 @@ def test_a_stale_leader_learns_the_new_term_from_a_rejection() -> None:
     group.pending.clear()
     group.tick("n1")  # heartbeats in term 1
     seen: list[Message] = []
-    group.deliver(lambda m: seen.append(m) is None)
-    group.deliver(lambda m: seen.append(m) is None)
+
+    def record(message: Message) -> bool:
+        seen.append(message)
+        return True
+
+    group.deliver(record)
+    group.deliver(record)
     assert any(isinstance(m, AppendResponse) and m.target == N1 and m.term > 1 for m in seen)
     assert group["n1"].role is Role.FOLLOWER and group.term("n1") > 1
 
