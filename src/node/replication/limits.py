@@ -34,7 +34,8 @@ apply_bytes_max = 8 * 1024 * 1024
 """Committed entry bytes handed to the shell in one Ready (at least one entry per Ready)."""
 
 messages_per_ready_max = 4096
-"""Messages one Ready may carry; the pipeline bounds make this unreachable, it is asserted."""
+"""Messages one Ready may carry; past it the core drops what it would send (a slow shell looks
+like a lossy network, which Raft tolerates)."""
 
 peers_max = core_limits.replicas_max
 """Voters in one group, including this node."""

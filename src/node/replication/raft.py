@@ -131,6 +131,7 @@ class Raft:
         self._entries_pending = False
         self._commit_pending = False
         self.appends_dropped = 0
+        self.messages_dropped = 0
         self._become_follower(self.term, None)
 
     # -- reading
@@ -564,4 +565,9 @@ class Raft:
         return True
 
     def _send(self, message: Message) -> None:
+        if len(self._outbox) >= limits.messages_per_ready_max:
+            # Bounded memory while the shell is slow to take a Ready: drop, as a lossy network
+            # would; every message is retried or superseded by a later one.
+            self.messages_dropped += 1
+            return
         self._outbox.append(message)

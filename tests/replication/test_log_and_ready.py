@@ -1,0 +1,88 @@
+"""RaftLog bookkeeping and the Ready contract, one rule at a time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from spate.core.ids import NodeId, Term
+from spate.node.replication.log import RaftLog
+from spate.node.replication.messages import (
+    Append,
+    AppendResponse,
+    Entry,
+    HardState,
+    SnapshotMeta,
+    VoteRequest,
+)
+from spate.node.replication.raft import Raft, RaftConfig
+
+T1, T2, T3 = Term(1), Term(2), Term(3)
+N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
+
+
+def entries(terms: list[Term], start: int = 1) -> list[Entry]:
+    return [Entry(start + i, term, b"e%d" % (start + i)) for i, term in enumerate(terms)]
+
+
+def test_find_conflict_by_term_skips_a_whole_term() -> None:
+    log = RaftLog(SnapshotMeta(), entries([T1, T1, T2, T2, T2, T3]), committed=0)
+    assert log.find_conflict_by_term(6, T2) == (5, T2)
+    assert log.find_conflict_by_term(6, T1) == (2, T1)
+    assert log.find_conflict_by_term(4, T3) == (4, T2)
+    assert log.find_conflict_by_term(9, T3) == (6, T3)  # clamped to the last index
+
+
+def test_truncation_while_a_ready_is_outstanding_caps_what_becomes_stable() -> None:
+    """Entries 3-5 are handed to the disk; before the write completes an Append truncates from
+    4. Advancing with the old Ready must not call 4-5 durable: they will be rewritten."""
+    log = RaftLog(SnapshotMeta(), entries([T1, T1]), committed=1)
+    log.append(entries([T1, T1, T1], start=3))
+    handed = log.unstable()
+    log.handed_to_disk(handed[-1].index)
+    assert log.maybe_append(3, T1, entries([T2, T2], start=4)) == 5
+    log.stable_to(handed[-1].index)
+    assert log.stable == 3
+    assert [e.index for e in log.unstable()] == [4, 5]
+    assert [e.term for e in log.unstable()] == [T2, T2]
+
+
+def test_committed_entries_are_never_truncated() -> None:
+    log = RaftLog(SnapshotMeta(), entries([T1, T1, T1]), committed=2)
+    with pytest.raises(AssertionError, match="truncating committed"):
+        log.maybe_append(1, T1, entries([T2], start=2))
+
+
+def test_compaction_keeps_unapplied_and_unpersisted_entries() -> None:
+    log = RaftLog(SnapshotMeta(), entries([T1] * 10), committed=8)
+    log.applied_to(6)
+    log.stable = 5
+    log.compact(keep_bytes=0)
+    assert log.snapshot == SnapshotMeta(5, T1)  # min(applied, stable)
+    assert log.first_index == 6 and log.last_index == 10
+    assert log.term(5) == T1 and log.term(4) is None
+    assert log.entries_from(5, 1 << 20, 100) is None  # compacted: a snapshot is needed
+
+
+def test_a_candidate_ready_syncs_term_and_vote_before_its_vote_requests() -> None:
+    """The vote must be on disk before any VoteRequest leaves, or a restarted node could vote
+    twice in one term; the Ready says so with hard_state and must_sync."""
+    raft = Raft(N1, [N1, N2, N3], RaftConfig(pre_vote=False), random.Random(1))
+    raft.campaign()
+    ready = raft.ready()
+    assert ready.hard_state == HardState(T1, N1, 0)
+    assert ready.must_sync
+    assert {m.target for m in ready.messages if isinstance(m, VoteRequest)} == {N2, N3}
+
+
+def test_a_follower_ack_travels_with_the_entries_it_acknowledges() -> None:
+    """The AppendResponse produced by stepping an Append is in the same Ready as the entries,
+    so the shell (persist, then send) can only send it once they are synced."""
+    raft = Raft(N2, [N1, N2, N3], RaftConfig(), random.Random(1))
+    raft.step(Append(T1, N1, N2, 0, Term(0), tuple(entries([T1, T1])), 0))
+    ready = raft.ready()
+    assert [e.index for e in ready.entries] == [1, 2]
+    assert ready.must_sync
+    assert ready.messages == (AppendResponse(T1, N2, N1, 2),)
+    raft.advance(ready)
+    assert raft.status().persisted == 2
