@@ -3,6 +3,7 @@ the same trace, and deliberately injected shell bugs are caught (the checker can
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -65,9 +66,22 @@ def test_forgetting_the_vote_is_caught() -> None:
     assert any(f.startswith(invariants) for f in failures), failures
 
 
-def _sim(*args: str) -> subprocess.CompletedProcess[str]:
+def _sim(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run([sys.executable, "-m", "spate.sim", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+                          text=True, timeout=120, check=False, env=env)
+
+
+def test_same_seed_same_trace_across_processes_with_different_string_hashing() -> None:
+    """No iteration order in the simulator or the core depends on str hashing."""
+    digests = set()
+    for hash_seed in ("1", "2"):
+        done = _sim("--seed", "11", "--steps", "2000", hash_seed=hash_seed)
+        assert done.returncode == 0, done.stdout + done.stderr
+        digests.add(next(line for line in done.stdout.splitlines()
+                         if line.startswith("trace digest ")))
+    assert len(digests) == 1
+    assert run_seed(11, steps=2000).trace_digest in digests.pop()
 
 
 def test_cli_summarises_passing_seeds() -> None:
