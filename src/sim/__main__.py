@@ -16,8 +16,7 @@ from dataclasses import replace
 
 from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions, SimResult
 
-_BUGS = {"ack-before-persist": Bugs(ack_before_persist=True),
-         "forget-vote": Bugs(forget_vote=True)}
+_BUGS = {"ack-before-persist": Bugs(ack_before_persist=True), "forget-vote": Bugs(forget_vote=True)}
 
 
 def _replay_command(seed: int, args: argparse.Namespace) -> str:
@@ -41,24 +40,37 @@ def _run(seed: int, args: argparse.Namespace, *, trace: bool) -> SimResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spate.sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m spate.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seeds", type=int, help="how many seeds to run")
     which.add_argument("--seed", type=int, help="replay one seed")
     parser.add_argument("--start", type=int, default=0, help="first seed (with --seeds)")
-    parser.add_argument("--nodes", type=int, choices=(3, 4, 5), default=None,
-                        help="cluster size (default: drawn from the seed, 3-5)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        choices=(3, 4, 5),
+        default=None,
+        help="cluster size (default: drawn from the seed, 3-5)",
+    )
     parser.add_argument("--steps", type=int, default=3000, help="events in the fault phase")
     parser.add_argument("--trace", action="store_true", help="print the event trace (--seed)")
-    parser.add_argument("--bug", choices=sorted(_BUGS), default=None,
-                        help="inject a deliberate shell bug (to see the checker fail)")
+    parser.add_argument(
+        "--bug",
+        choices=sorted(_BUGS),
+        default=None,
+        help="inject a deliberate shell bug (to see the checker fail)",
+    )
     args = parser.parse_args(argv)
     if args.steps <= 0 or (args.seeds is not None and args.seeds <= 0):
         parser.error("--seeds and --steps must be positive")
 
-    seeds = [args.seed] if args.seed is not None else list(
-        range(args.start, args.start + args.seeds))
+    seeds = (
+        [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))
+    )
     started = time.monotonic()
     failures: list[SimResult] = []
     totals = {"acknowledged": 0, "elections": 0, "crashes": 0, "snapshots": 0, "time_ms": 0}
@@ -74,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL seed {seed}: {result.failure}")
             print(f"  replay: {_replay_command(seed, args)}")
     wall_s = time.monotonic() - started
-    print(f"{len(seeds)} seeds, {len(seeds) - len(failures)} passed, {len(failures)} failed; "
-          f"{totals['acknowledged']} acknowledged appends, {totals['elections']} elections, "
-          f"{totals['crashes']} crashes, {totals['snapshots']} snapshot transfers, "
-          f"{totals['time_ms'] / 1000:.1f} s simulated in {wall_s:.1f} s")
+    print(
+        f"{len(seeds)} seeds, {len(seeds) - len(failures)} passed, {len(failures)} failed; "
+        f"{totals['acknowledged']} acknowledged appends, {totals['elections']} elections, "
+        f"{totals['crashes']} crashes, {totals['snapshots']} snapshot transfers, "
+        f"{totals['time_ms'] / 1000:.1f} s simulated in {wall_s:.1f} s"
+    )
     return 1 if failures else 0
 
 

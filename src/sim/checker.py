@@ -49,14 +49,16 @@ class Checker:
                 self.leaders[key] = node
                 self._check_new_leader(node, group, raft)
             elif elected != node:
-                raise InvariantViolation("election-safety",
-                                         f"group {group} term {raft.term}: leaders {elected} "
-                                         f"and {node}")
+                raise InvariantViolation(
+                    "election-safety",
+                    f"group {group} term {raft.term}: leaders {elected} and {node}",
+                )
         seen = self._commit_seen.get((node, group), 0)
         commit = raft.log.committed
         if commit < seen:
             raise InvariantViolation(
-                "commit-monotonic", f"{node} group {group}: commit {seen} -> {commit}")
+                "commit-monotonic", f"{node} group {group}: commit {seen} -> {commit}"
+            )
         for index in range(max(seen, raft.log.snapshot.index) + 1, commit + 1):
             self.committed(node, group, raft.log.entry(index), "committed")
         self._commit_seen[(node, group)] = commit
@@ -70,10 +72,12 @@ class Checker:
             raise InvariantViolation(
                 "state-machine-safety",
                 f"{node} {what} {entry.describe()} {entry.payload!r} in group {group}, but "
-                f"{known[0]}/{entry.index} {known[1]!r} was committed there")
+                f"{known[0]}/{entry.index} {known[1]!r} was committed there",
+            )
 
-    def appended(self, node: NodeId, group: int, entries: tuple[Entry, ...],
-                 prev_term: Term) -> None:
+    def appended(
+        self, node: NodeId, group: int, entries: tuple[Entry, ...], prev_term: Term
+    ) -> None:
         """Entries a replica's core handed to its disk, and the term of the entry before."""
         for entry in entries:
             key = (group, entry.index, entry.term)
@@ -84,39 +88,54 @@ class Checker:
                 raise InvariantViolation(
                     "log-matching",
                     f"{node} group {group} has {entry.describe()} {entry.payload!r} after term "
-                    f"{prev_term}; elsewhere it is {known[0]!r} after term {known[1]}")
+                    f"{prev_term}; elsewhere it is {known[0]!r} after term {known[1]}",
+                )
             prev_term = entry.term
 
     def acknowledged(self, group: int, index: int, term: Term, payload: bytes) -> None:
         known = self.history[group].get(index)
         if known != (term, payload):
             raise InvariantViolation(
-                "acknowledged-lost", f"group {group} acknowledged {term}/{index} {payload!r} "
-                f"but history has {known}")
+                "acknowledged-lost",
+                f"group {group} acknowledged {term}/{index} {payload!r} but history has {known}",
+            )
         self.acked[group].append((index, term, payload))
 
     def durable(self, group: int, logs: Sequence[Sequence[Entry]]) -> None:
         """After a crash: every acknowledged entry is on the synced log of a majority."""
         quorum = len(logs) // 2 + 1
         for index, term, payload in self.acked[group]:
-            holders = sum(1 for log in logs if len(log) >= index
-                          and log[index - 1].term == term and log[index - 1].payload == payload)
+            holders = sum(
+                1
+                for log in logs
+                if len(log) >= index
+                and log[index - 1].term == term
+                and log[index - 1].payload == payload
+            )
             if holders < quorum:
                 raise InvariantViolation(
-                    "acknowledged-durable", f"group {group} acknowledged {term}/{index} "
-                    f"{payload!r} is synced on {holders} of {len(logs)} replicas")
+                    "acknowledged-durable",
+                    f"group {group} acknowledged {term}/{index} "
+                    f"{payload!r} is synced on {holders} of {len(logs)} replicas",
+                )
 
     def _check_new_leader(self, node: NodeId, group: int, raft: Raft) -> None:
         floor = raft.log.snapshot.index
         for index, term, payload in self.acked[group]:
-            if index > floor and (raft.log.term(index) != term
-                                  or raft.log.entry(index).payload != payload):
+            if index > floor and (
+                raft.log.term(index) != term or raft.log.entry(index).payload != payload
+            ):
                 raise InvariantViolation(
-                    "acknowledged-lost", f"new leader {node} of group {group} term {raft.term} "
-                    f"lacks acknowledged {term}/{index} {payload!r}")
+                    "acknowledged-lost",
+                    f"new leader {node} of group {group} term {raft.term} "
+                    f"lacks acknowledged {term}/{index} {payload!r}",
+                )
         for index, (term, payload) in self.history[group].items():
-            if index > floor and (raft.log.term(index) != term
-                                  or raft.log.entry(index).payload != payload):
+            if index > floor and (
+                raft.log.term(index) != term or raft.log.entry(index).payload != payload
+            ):
                 raise InvariantViolation(
-                    "leader-completeness", f"new leader {node} of group {group} term "
-                    f"{raft.term} lacks committed {term}/{index}")
+                    "leader-completeness",
+                    f"new leader {node} of group {group} term "
+                    f"{raft.term} lacks committed {term}/{index}",
+                )

@@ -58,16 +58,16 @@ NO_BUGS = Bugs()
 class SimOptions:
     nodes: int
     groups: int
-    loss: float              # probability a message is dropped
-    duplication: float       # probability a message is delivered twice
-    delay_ms_max: int        # message delay is uniform in [1, delay_ms_max] (so reordering)
-    disk_ms_max: int         # write + sync latency is uniform in [0, disk_ms_max]
-    torn: float              # probability the first lost write of a crash is torn
-    nemesis_ms: int          # mean time between fault actions
+    loss: float  # probability a message is dropped
+    duplication: float  # probability a message is delivered twice
+    delay_ms_max: int  # message delay is uniform in [1, delay_ms_max] (so reordering)
+    disk_ms_max: int  # write + sync latency is uniform in [0, disk_ms_max]
+    torn: float  # probability the first lost write of a crash is torn
+    nemesis_ms: int  # mean time between fault actions
     crash_weight: int
     partition_weight: int
-    propose_ms: int          # mean time between client proposals (per group)
-    log_cache_bytes: int     # small values force snapshots
+    propose_ms: int  # mean time between client proposals (per group)
+    log_cache_bytes: int  # small values force snapshots
     steps: int
     bugs: Bugs = NO_BUGS
 
@@ -157,12 +157,18 @@ class SimCluster:
         self.options = options
         self.rng = random.Random(f"cluster/{seed}")
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
-        self.config = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=2,
-                                 inflight_appends_max=8, append_bytes_max=256,
-                                 log_cache_bytes=options.log_cache_bytes)
+        self.config = RaftConfig(
+            election_timeout_ticks=10,
+            heartbeat_interval_ticks=2,
+            inflight_appends_max=8,
+            append_bytes_max=256,
+            log_cache_bytes=options.log_cache_bytes,
+        )
         self.checker = Checker(options.groups)
-        self.nodes = {node: _Node(node, [_Replica(SimRaftStore())
-                                         for _ in range(options.groups)]) for node in self.ids}
+        self.nodes = {
+            node: _Node(node, [_Replica(SimRaftStore()) for _ in range(options.groups)])
+            for node in self.ids
+        }
         self.now_ms = 0
         self._queue: list[_Event] = []
         self._seq = 0
@@ -181,8 +187,12 @@ class SimCluster:
             self._start(self.nodes[node])
             self._schedule(self.rng.randrange(tick_ms), _Kind.TICK, node)
         for group in range(options.groups):
-            self._schedule(self.rng.randrange(1, 2 * options.propose_ms), _Kind.PROPOSE,
-                           self.ids[0], group=group)
+            self._schedule(
+                self.rng.randrange(1, 2 * options.propose_ms),
+                _Kind.PROPOSE,
+                self.ids[0],
+                group=group,
+            )
         self._schedule(options.nemesis_ms, _Kind.NEMESIS, self.ids[0])
 
     # -- running
@@ -195,9 +205,11 @@ class SimCluster:
             self._liveness_from_ms = self.now_ms
             self._run_until(self._live)
             if not self._live():
-                failure = (f"liveness: within {liveness_ms_max} ms after healing, not every "
-                           f"group acknowledged a proposal that every replica then applied "
-                           f"(acknowledged at {self._acked_after})")
+                failure = (
+                    f"liveness: within {liveness_ms_max} ms after healing, not every "
+                    f"group acknowledged a proposal that every replica then applied "
+                    f"(acknowledged at {self._acked_after})"
+                )
         except InvariantViolation as violation:
             failure = str(violation)
         except AssertionError as error:
@@ -205,10 +217,17 @@ class SimCluster:
             where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
             failure = f"assertion at {where}: {error}"
         return SimResult(
-            seed=self.seed, options=self.options, failure=failure, steps=self.steps,
-            time_ms=self.now_ms, trace_digest=self._trace.hexdigest(),
+            seed=self.seed,
+            options=self.options,
+            failure=failure,
+            steps=self.steps,
+            time_ms=self.now_ms,
+            trace_digest=self._trace.hexdigest(),
             acknowledged=sum(len(a) for a in self.checker.acked),
-            elections=len(self.checker.leaders), crashes=self.crashes, snapshots=self.snapshots)
+            elections=len(self.checker.leaders),
+            crashes=self.crashes,
+            snapshots=self.snapshots,
+        )
 
     def _run_until(self, done: object) -> None:
         assert callable(done)
@@ -237,12 +256,24 @@ class SimCluster:
         self._dispatch(event)
         self._check()
 
-    def _schedule(self, delay_ms: int, kind: _Kind, node: NodeId, *, group: int = 0,
-                  message: Message | None = None, incarnation: int = 0,
-                  request: SnapshotRequest | None = None) -> None:
+    def _schedule(
+        self,
+        delay_ms: int,
+        kind: _Kind,
+        node: NodeId,
+        *,
+        group: int = 0,
+        message: Message | None = None,
+        incarnation: int = 0,
+        request: SnapshotRequest | None = None,
+    ) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, _Event(self.now_ms + delay_ms, self._seq, kind, node,
-                                           group, message, incarnation, request))
+        heapq.heappush(
+            self._queue,
+            _Event(
+                self.now_ms + delay_ms, self._seq, kind, node, group, message, incarnation, request
+            ),
+        )
 
     def _record(self, line: str) -> None:
         text = f"{self.now_ms} {line}"
@@ -283,14 +314,21 @@ class SimCluster:
                 if node.up and node.incarnation == event.incarnation:
                     self._transfer(node, event.group, event.request)
             case _Kind.PROPOSE:
-                self._schedule(self.rng.randrange(1, 2 * self.options.propose_ms),
-                               _Kind.PROPOSE, event.node, group=event.group)
+                self._schedule(
+                    self.rng.randrange(1, 2 * self.options.propose_ms),
+                    _Kind.PROPOSE,
+                    event.node,
+                    group=event.group,
+                )
                 self._propose(event.group)
             case _Kind.NEMESIS:
                 if self.faults:
                     self._nemesis()
-                    self._schedule(self.rng.randrange(1, 2 * self.options.nemesis_ms),
-                                   _Kind.NEMESIS, event.node)
+                    self._schedule(
+                        self.rng.randrange(1, 2 * self.options.nemesis_ms),
+                        _Kind.NEMESIS,
+                        event.node,
+                    )
             case _Kind.RESTART:
                 if not node.up:
                     self._restart(node)
@@ -311,16 +349,23 @@ class SimCluster:
 
     def _send(self, group: int, message: Message) -> None:
         if self.faults:
-            if (message.source, message.target) in self.blocked or \
-                    self.rng.random() < self.options.loss:
+            if (
+                message.source,
+                message.target,
+            ) in self.blocked or self.rng.random() < self.options.loss:
                 self._record(f"g{group} dropped {describe(message)}")
                 return
             copies = 2 if self.rng.random() < self.options.duplication else 1
         else:
             copies = 1
         for _ in range(copies):
-            self._schedule(self.rng.randint(1, self.options.delay_ms_max), _Kind.DELIVER,
-                           message.target, group=group, message=message)
+            self._schedule(
+                self.rng.randint(1, self.options.delay_ms_max),
+                _Kind.DELIVER,
+                message.target,
+                group=group,
+                message=message,
+            )
 
     # -- the shell: Ready handling, the way spate.node's driver must do it
 
@@ -344,8 +389,7 @@ class SimCluster:
                 self._send(group, message)
         if ready.entries or ready.must_sync:
             latency = self.rng.randint(0, self.options.disk_ms_max)
-            self._schedule(latency, _Kind.DISK, node.id, group=group,
-                           incarnation=node.incarnation)
+            self._schedule(latency, _Kind.DISK, node.id, group=group, incarnation=node.incarnation)
         else:
             self._complete(node, group)
 
@@ -361,14 +405,21 @@ class SimCluster:
         for entry in ready.committed:
             self._apply(node, group, entry)
         if ready.leader_change is not None:
-            self._record(f"{node.id} g{group} leader {ready.leader_change.leader} "
-                         f"epoch {ready.leader_change.epoch}")
+            self._record(
+                f"{node.id} g{group} leader {ready.leader_change.leader} "
+                f"epoch {ready.leader_change.epoch}"
+            )
             if ready.leader_change.leader is not None:
                 self._leader_hint[group] = ready.leader_change.leader
         if ready.snapshot_request is not None:
-            self._schedule(self.rng.randint(1, self.options.delay_ms_max), _Kind.TRANSFER,
-                           node.id, group=group, incarnation=node.incarnation,
-                           request=ready.snapshot_request)
+            self._schedule(
+                self.rng.randint(1, self.options.delay_ms_max),
+                _Kind.TRANSFER,
+                node.id,
+                group=group,
+                incarnation=node.incarnation,
+                request=ready.snapshot_request,
+            )
         replica.inflight = None
         raft.advance(ready)
         self._pump(node, group)
@@ -391,13 +442,23 @@ class SimCluster:
         raft = replica.raft
         assert raft is not None
         if replica.inflight is not None:  # a write is in flight: transfer once it is done
-            self._schedule(1, _Kind.TRANSFER, node.id, group=group,
-                           incarnation=node.incarnation, request=request)
+            self._schedule(
+                1,
+                _Kind.TRANSFER,
+                node.id,
+                group=group,
+                incarnation=node.incarnation,
+                request=request,
+            )
             return
         source = self.nodes[request.leader]
         index, term = request.snapshot.index, request.snapshot.term
-        if not source.up or (source.id, node.id) in self.blocked \
-                or index <= raft.log.committed or raft.role is Role.LEADER:
+        if (
+            not source.up
+            or (source.id, node.id) in self.blocked
+            or index <= raft.log.committed
+            or raft.role is Role.LEADER
+        ):
             self._record(f"{node.id} g{group} transfer from {source.id} skipped")
             return
         prefix = source.replicas[group].store.durable[:index]
@@ -406,7 +467,7 @@ class SimCluster:
         self.snapshots += 1
         if not raft.log.match_term(index, term):
             replica.store.install(prefix)
-            for entry in prefix[len(replica.applied):]:
+            for entry in prefix[len(replica.applied) :]:
                 self._apply(node, group, entry)
         raft.restore(index, term)
         self._pump(node, group)
@@ -427,8 +488,9 @@ class SimCluster:
         result = replica.raft.propose(payload)
         match result:
             case Proposed():
-                self._record(f"propose g{group} {payload!r} at {target} -> "
-                             f"{result.term}/{result.index}")
+                self._record(
+                    f"propose g{group} {payload!r} at {target} -> {result.term}/{result.index}"
+                )
                 replica.proposals[result.index] = (result.term, payload)
                 self._pump(node, group)
             case Refusal():
@@ -439,10 +501,14 @@ class SimCluster:
 
     def _nemesis(self) -> None:
         options = self.options
-        weights = [options.crash_weight, options.crash_weight, options.partition_weight,
-                   options.partition_weight, 1]
-        action = self.rng.choices(["crash", "restart", "partition", "one-way", "heal"],
-                                  weights)[0]
+        weights = [
+            options.crash_weight,
+            options.crash_weight,
+            options.partition_weight,
+            options.partition_weight,
+            1,
+        ]
+        action = self.rng.choices(["crash", "restart", "partition", "one-way", "heal"], weights)[0]
         if action == "crash":
             up = [n for n in self.ids if self.nodes[n].up]
             if up:
@@ -480,16 +546,24 @@ class SimCluster:
             replica.applied = []
             replica.proposals = {}
         for group in range(self.options.groups):
-            self.checker.durable(group, [self.nodes[n].replicas[group].store.durable
-                                         for n in self.ids])
+            self.checker.durable(
+                group, [self.nodes[n].replicas[group].store.durable for n in self.ids]
+            )
         self._schedule(self.rng.randrange(20, 1000), _Kind.RESTART, node.id)
 
     def _start(self, node: _Node) -> None:
         for group, replica in enumerate(node.replicas):
             hard_state, snapshot, entries = replica.store.recovered()
             rng = random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}")
-            replica.raft = Raft(node.id, self.ids, self.config, rng, hard_state=hard_state,
-                                snapshot=snapshot, entries=entries)
+            replica.raft = Raft(
+                node.id,
+                self.ids,
+                self.config,
+                rng,
+                hard_state=hard_state,
+                snapshot=snapshot,
+                entries=entries,
+            )
             self.checker.restarted(node.id, group, hard_state.commit)
 
     def _restart(self, node: _Node) -> None:
@@ -508,7 +582,8 @@ class SimCluster:
                 self._restart(self.nodes[node])
 
 
-def run_seed(seed: int, *, nodes: int | None = None, steps: int = 3000,
-             bugs: Bugs = NO_BUGS) -> SimResult:
+def run_seed(
+    seed: int, *, nodes: int | None = None, steps: int = 3000, bugs: Bugs = NO_BUGS
+) -> SimResult:
     options = replace(SimOptions.draw(seed, nodes=nodes, steps=steps), bugs=bugs)
     return SimCluster(seed, options).run()

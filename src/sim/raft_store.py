@@ -61,14 +61,14 @@ class SimRaftStore:
             torn = self._pending[keep]
             if torn.entries and rng.random() < torn_probability:
                 self.torn_writes += 1
-                self._apply(_Write(entries=torn.entries[:rng.randrange(len(torn.entries))]))
+                self._apply(_Write(entries=torn.entries[: rng.randrange(len(torn.entries))]))
         self._pending.clear()
 
     def _apply(self, write: _Write) -> None:
         if write.entries:
             first = write.entries[0].index
             assert first <= len(self.durable) + 1, (first, len(self.durable))
-            del self.durable[first - 1:]
+            del self.durable[first - 1 :]
             self.durable.extend(write.entries)
         if write.hard_state is not None:
             self.durable_hard_state = write.hard_state

@@ -31,8 +31,10 @@ class Group:
     def __init__(self, size: int = 3, *, seed: int = 1, config: RaftConfig | None = None) -> None:
         self.ids = [NodeId(f"n{i}") for i in range(1, size + 1)]
         self.config = config or RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1)
-        self.nodes = {node: Raft(node, self.ids, self.config, random.Random(f"{seed}/{node}"))
-                      for node in self.ids}
+        self.nodes = {
+            node: Raft(node, self.ids, self.config, random.Random(f"{seed}/{node}"))
+            for node in self.ids
+        }
         self.pending: list[Message] = []
         self.disk: dict[NodeId, dict[int, Entry]] = {node: {} for node in self.ids}
         self.applied: dict[NodeId, list[Entry]] = {node: [] for node in self.ids}

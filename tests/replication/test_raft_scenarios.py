@@ -155,8 +155,11 @@ def test_divergent_follower_tail_is_repaired_with_few_round_trips() -> None:
     assert group.nodes[second].role is Role.LEADER
     group.cut.clear()
     group.stabilize()
-    rejections = [line for line in group.trace
-                  if line.startswith("n1->") and "AppendResponse" in line and " reject " in line]
+    rejections = [
+        line
+        for line in group.trace
+        if line.startswith("n1->") and "AppendResponse" in line and " reject " in line
+    ]
     assert len(rejections) == 1, rejections
     expected = [b"common"] + [b"kept%d" % i for i in range(5)]
     for node in ("n1", "n2", "n3"):
@@ -194,8 +197,7 @@ def test_commit_needs_a_majority_of_persisted_copies_counting_the_leader_disk() 
 def test_leader_epoch_increases_with_every_new_leader_and_is_reported() -> None:
     group = Group(3)
     group.elect("n1")
-    assert [c for c in group.leader_changes[N2] if c.leader] == [
-        LeaderChange(N1, LeaderEpoch(1))]
+    assert [c for c in group.leader_changes[N2] if c.leader] == [LeaderChange(N1, LeaderEpoch(1))]
     group.cut.add(N1)
     group.tick_all(40)
     (leader,) = group.leaders()
@@ -324,8 +326,14 @@ def test_restart_from_persisted_state_keeps_term_vote_and_log() -> None:
     group.stabilize()
     old = group["n2"]
     hard_state = HardState(old.term, old.vote, old.log.committed)
-    restarted = Raft(N2, group.ids, group.config, random.Random(1), hard_state=hard_state,
-                     entries=sorted(group.disk[N2].values(), key=lambda e: e.index))
+    restarted = Raft(
+        N2,
+        group.ids,
+        group.config,
+        random.Random(1),
+        hard_state=hard_state,
+        entries=sorted(group.disk[N2].values(), key=lambda e: e.index),
+    )
     assert restarted.term == old.term and restarted.vote == N1
     assert restarted.log.last_index == old.log.last_index
     assert [e.payload for e in restarted.ready().committed if e.payload] == [b"x"]

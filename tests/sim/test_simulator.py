@@ -34,22 +34,33 @@ def test_same_seed_same_trace() -> None:
     first, second = run_seed(11, steps=2000), run_seed(11, steps=2000)
     assert first.trace_digest == second.trace_digest
     assert (first.steps, first.time_ms, first.acknowledged) == (
-        second.steps, second.time_ms, second.acknowledged)
+        second.steps,
+        second.time_ms,
+        second.acknowledged,
+    )
     assert run_seed(12, steps=2000).trace_digest != first.trace_digest
 
 
 def _run_with_bug(seed: int, bugs: Bugs) -> SimResult:
     # A fault mix that makes the bug's window likely: slow disks, frequent crashes.
-    options = replace(SimOptions.draw(seed, steps=2000), bugs=bugs, disk_ms_max=40,
-                      nemesis_ms=50, crash_weight=3, partition_weight=0)
+    options = replace(
+        SimOptions.draw(seed, steps=2000),
+        bugs=bugs,
+        disk_ms_max=40,
+        nemesis_ms=50,
+        crash_weight=3,
+        partition_weight=0,
+    )
     return SimCluster(seed, options).run()
 
 
 def test_ack_before_persist_is_caught() -> None:
     """A follower shell that sends its acks before syncing lets an acknowledged entry live on
     only a minority of disks after a crash; the durability invariant reports it."""
-    failures = [r.failure or "" for r in (_run_with_bug(s, Bugs(ack_before_persist=True))
-                                          for s in range(30))]
+    failures = [
+        r.failure or ""
+        for r in (_run_with_bug(s, Bugs(ack_before_persist=True)) for s in range(30))
+    ]
     assert any(f.startswith("acknowledged-durable:") for f in failures), failures
     # The same fault mix without the bug is clean.
     clean = [_run_with_bug(s, Bugs()) for s in range(30)]
@@ -59,17 +70,29 @@ def test_ack_before_persist_is_caught() -> None:
 def test_forgetting_the_vote_is_caught() -> None:
     """A shell that never persists term and vote lets a restarted node vote twice in a term:
     two leaders in one term, or logs that disagree."""
-    failures = [r.failure or "" for r in (_run_with_bug(s, Bugs(forget_vote=True))
-                                          for s in range(30))]
-    invariants = ("election-safety:", "log-matching:", "state-machine-safety:",
-                  "acknowledged-lost:", "leader-completeness:")
+    failures = [
+        r.failure or "" for r in (_run_with_bug(s, Bugs(forget_vote=True)) for s in range(30))
+    ]
+    invariants = (
+        "election-safety:",
+        "log-matching:",
+        "state-machine-safety:",
+        "acknowledged-lost:",
+        "leader-completeness:",
+    )
     assert any(f.startswith(invariants) for f in failures), failures
 
 
 def _sim(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    return subprocess.run([sys.executable, "-m", "spate.sim", *args], capture_output=True,
-                          text=True, timeout=120, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "spate.sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
 
 
 def test_same_seed_same_trace_across_processes_with_different_string_hashing() -> None:
@@ -78,8 +101,9 @@ def test_same_seed_same_trace_across_processes_with_different_string_hashing() -
     for hash_seed in ("1", "2"):
         done = _sim("--seed", "11", "--steps", "2000", hash_seed=hash_seed)
         assert done.returncode == 0, done.stdout + done.stderr
-        digests.add(next(line for line in done.stdout.splitlines()
-                         if line.startswith("trace digest ")))
+        digests.add(
+            next(line for line in done.stdout.splitlines() if line.startswith("trace digest "))
+        )
     assert len(digests) == 1
     assert run_seed(11, steps=2000).trace_digest in digests.pop()
 

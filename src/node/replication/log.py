@@ -71,7 +71,8 @@ class RaftLog:
     def is_up_to_date(self, last_index: int, last_term: Term) -> bool:
         """Raft §5.4.1: the other log is at least as up to date as ours."""
         return last_term > self.last_term or (
-            last_term == self.last_term and last_index >= self.last_index)
+            last_term == self.last_term and last_index >= self.last_index
+        )
 
     def entries_from(self, low: int, bytes_max: int, count_max: int) -> tuple[Entry, ...] | None:
         """Entries from `low` up to the byte and count limits (at least one when any exist);
@@ -112,8 +113,9 @@ class RaftLog:
             self._entries.append(entry)
             self.bytes_in_memory += len(entry.payload)
 
-    def maybe_append(self, prev_index: int, prev_term: Term,
-                     entries: Sequence[Entry]) -> int | None:
+    def maybe_append(
+        self, prev_index: int, prev_term: Term, entries: Sequence[Entry]
+    ) -> int | None:
         """Follower side of Append: None when (prev_index, prev_term) does not match; else the
         last index the message proves to match (prev_index + len(entries))."""
         if not self.match_term(prev_index, prev_term):
@@ -135,8 +137,8 @@ class RaftLog:
         """Drop entries at and after `index` (a divergent tail)."""
         assert index > self.committed, f"truncating committed entry {index} <= {self.committed}"
         assert index >= self.first_index, (index, self.first_index)
-        dropped = self._entries[index - self.first_index:]
-        del self._entries[index - self.first_index:]
+        dropped = self._entries[index - self.first_index :]
+        del self._entries[index - self.first_index :]
         self.bytes_in_memory -= sum(len(e.payload) for e in dropped)
         self.stable = min(self.stable, index - 1)
         self.persist_from = min(self.persist_from, index)
@@ -150,7 +152,7 @@ class RaftLog:
         return True
 
     def unstable(self) -> tuple[Entry, ...]:
-        return tuple(self._entries[self.persist_from - self.first_index:])
+        return tuple(self._entries[self.persist_from - self.first_index :])
 
     def handed_to_disk(self, last: int) -> None:
         self.persist_from = last + 1
@@ -184,8 +186,11 @@ class RaftLog:
         entries remain (they stay in storage; followers that need them get a snapshot)."""
         limit = min(self.applied, self.stable)
         drop = freed = 0
-        while (drop < len(self._entries) and self.bytes_applied - freed > keep_bytes
-               and self._entries[drop].index <= limit):
+        while (
+            drop < len(self._entries)
+            and self.bytes_applied - freed > keep_bytes
+            and self._entries[drop].index <= limit
+        ):
             freed += len(self._entries[drop].payload)
             drop += 1
         if drop:

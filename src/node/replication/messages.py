@@ -140,15 +140,22 @@ class SnapshotNeeded:
     snapshot: SnapshotMeta
 
 
-Message = (VoteRequest | VoteResponse | Append | AppendResponse | Heartbeat | HeartbeatResponse
-           | SnapshotNeeded)
+Message = (
+    VoteRequest
+    | VoteResponse
+    | Append
+    | AppendResponse
+    | Heartbeat
+    | HeartbeatResponse
+    | SnapshotNeeded
+)
 
 
 class RefusalReason(Enum):
     NOT_LEADER = "not-leader"
-    EMPTY = "empty"                  # empty payloads are reserved for barrier entries
-    TOO_LARGE = "too-large"          # payload above limits.entry_bytes_max
-    BACKPRESSURE = "backpressure"    # unapplied bytes at limits.log_unapplied_bytes_max
+    EMPTY = "empty"  # empty payloads are reserved for barrier entries
+    TOO_LARGE = "too-large"  # payload above limits.entry_bytes_max
+    BACKPRESSURE = "backpressure"  # unapplied bytes at limits.log_unapplied_bytes_max
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +169,19 @@ class Refusal:
         """The failure to report to whoever proposed (the gateway maps it to a condition)."""
         match self.reason:
             case RefusalReason.NOT_LEADER:
-                return NotLeader("this replica does not lead the partition",
-                                 leader_node=self.leader)
+                return NotLeader(
+                    "this replica does not lead the partition", leader_node=self.leader
+                )
             case RefusalReason.EMPTY:
                 return InvalidArgument("an entry must not be empty")
             case RefusalReason.TOO_LARGE:
                 return MessageSizeExceeded(
-                    f"an entry may hold at most {limits.entry_bytes_max} bytes")
+                    f"an entry may hold at most {limits.entry_bytes_max} bytes"
+                )
             case RefusalReason.BACKPRESSURE:
                 return ResourceLimitExceeded(
-                    "the partition has too many bytes waiting to commit; retry shortly")
+                    "the partition has too many bytes waiting to commit; retry shortly"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +230,15 @@ class Ready:
     serial: int = field(default=0, compare=False)
 
     def is_empty(self) -> bool:
-        return (self.hard_state is None and not self.entries and self.snapshot is None
-                and not self.messages and not self.committed and self.leader_change is None
-                and self.snapshot_request is None)
+        return (
+            self.hard_state is None
+            and not self.entries
+            and self.snapshot is None
+            and not self.messages
+            and not self.committed
+            and self.leader_change is None
+            and self.snapshot_request is None
+        )
 
 
 def describe(message: Message) -> str:
@@ -237,12 +253,15 @@ def describe(message: Message) -> str:
             return f"{head} {kind} {'granted' if message.granted else 'rejected'}"
         case Append():
             entries = ",".join(e.describe() for e in message.entries)
-            return (f"{head} prev={message.prev_term}/{message.prev_index} [{entries}]"
-                    f" commit={message.commit}")
+            return (
+                f"{head} prev={message.prev_term}/{message.prev_index} [{entries}]"
+                f" commit={message.commit}"
+            )
         case AppendResponse():
             if message.rejected:
-                return (f"{head} reject {message.index} hint={message.hint_term}/"
-                        f"{message.hint_index}")
+                return (
+                    f"{head} reject {message.index} hint={message.hint_term}/{message.hint_index}"
+                )
             return f"{head} ok {message.index}"
         case Heartbeat():
             return f"{head} commit={message.commit}"

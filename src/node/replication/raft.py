@@ -100,9 +100,17 @@ class Status:
 class Raft:
     """One replica of one group. `voters` lists every member, this node included."""
 
-    def __init__(self, node: NodeId, voters: Sequence[NodeId], config: RaftConfig,
-                 rng: random.Random, *, hard_state: HardState = HARD_STATE_EMPTY,
-                 snapshot: SnapshotMeta = SNAPSHOT_EMPTY, entries: Sequence[Entry] = ()) -> None:
+    def __init__(
+        self,
+        node: NodeId,
+        voters: Sequence[NodeId],
+        config: RaftConfig,
+        rng: random.Random,
+        *,
+        hard_state: HardState = HARD_STATE_EMPTY,
+        snapshot: SnapshotMeta = SNAPSHOT_EMPTY,
+        entries: Sequence[Entry] = (),
+    ) -> None:
         assert node in voters, (node, voters)
         assert len(set(voters)) == len(voters) <= limits.peers_max, voters
         self.id = node
@@ -141,8 +149,17 @@ class Raft:
         return len(self.voters) // 2 + 1
 
     def status(self) -> Status:
-        return Status(self.id, self.role, self.term, self.leader, self.leader_epoch,
-                      self.log.committed, self.log.applied, self.log.stable, self.log.last_index)
+        return Status(
+            self.id,
+            self.role,
+            self.term,
+            self.leader,
+            self.leader_epoch,
+            self.log.committed,
+            self.log.applied,
+            self.log.stable,
+            self.log.last_index,
+        )
 
     def progress(self, peer: NodeId) -> Progress:
         assert self.role is Role.LEADER
@@ -241,11 +258,14 @@ class Raft:
             return False
         self._flush_appends()
         return bool(
-            self._outbox or self.log.persist_from <= self.log.last_index
+            self._outbox
+            or self.log.persist_from <= self.log.last_index
             or self._hard_state() != self._handed_hard_state
             or self.log.applied < self.log.committed
             or self._handed_leader != (self.leader, self.leader_epoch)
-            or self._snapshot_to_persist is not None or self._snapshot_request is not None)
+            or self._snapshot_to_persist is not None
+            or self._snapshot_request is not None
+        )
 
     def ready(self) -> Ready:
         assert self._outstanding is None, "advance the previous Ready first"
@@ -255,10 +275,17 @@ class Raft:
             self.log.handed_to_disk(entries[-1].index)
         hard_state = self._hard_state()
         changed_hard_state = hard_state if hard_state != self._handed_hard_state else None
-        must_sync = bool(entries) or self._snapshot_to_persist is not None or (
-            changed_hard_state is not None and (
-                hard_state.term != self._handed_hard_state.term
-                or hard_state.vote != self._handed_hard_state.vote))
+        must_sync = (
+            bool(entries)
+            or self._snapshot_to_persist is not None
+            or (
+                changed_hard_state is not None
+                and (
+                    hard_state.term != self._handed_hard_state.term
+                    or hard_state.vote != self._handed_hard_state.vote
+                )
+            )
+        )
         self._handed_hard_state = hard_state
         leader_change = None
         if self._handed_leader != (self.leader, self.leader_epoch):
@@ -267,10 +294,16 @@ class Raft:
         assert len(self._outbox) <= limits.messages_per_ready_max, len(self._outbox)
         self._serial += 1
         ready = Ready(
-            hard_state=changed_hard_state, entries=entries, snapshot=self._snapshot_to_persist,
-            messages=tuple(self._outbox), committed=self.log.next_committed(limits.apply_bytes_max),
-            leader_change=leader_change, snapshot_request=self._snapshot_request,
-            must_sync=must_sync, serial=self._serial)
+            hard_state=changed_hard_state,
+            entries=entries,
+            snapshot=self._snapshot_to_persist,
+            messages=tuple(self._outbox),
+            committed=self.log.next_committed(limits.apply_bytes_max),
+            leader_change=leader_change,
+            snapshot_request=self._snapshot_request,
+            must_sync=must_sync,
+            serial=self._serial,
+        )
         self._outbox = []
         self._snapshot_to_persist = None
         self._snapshot_request = None
@@ -298,8 +331,9 @@ class Raft:
         self.leader = None
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
-        self._timeout = self._rng.randrange(self.config.election_timeout_ticks,
-                                            2 * self.config.election_timeout_ticks)
+        self._timeout = self._rng.randrange(
+            self.config.election_timeout_ticks, 2 * self.config.election_timeout_ticks
+        )
         self._votes = {}
         self._progress = {}
         self._entries_pending = self._commit_pending = False
@@ -317,8 +351,9 @@ class Raft:
         self.leader = None
         self.role = Role.PRE_CANDIDATE
         self._election_elapsed = 0
-        self._timeout = self._rng.randrange(self.config.election_timeout_ticks,
-                                            2 * self.config.election_timeout_ticks)
+        self._timeout = self._rng.randrange(
+            self.config.election_timeout_ticks, 2 * self.config.election_timeout_ticks
+        )
         self._request_votes(Term(self.term + 1), pre_vote=True)
 
     def _become_candidate(self) -> None:
@@ -355,8 +390,9 @@ class Raft:
         if self._poll() is not None:
             return
         for peer in self.peers:
-            self._send(VoteRequest(term, self.id, peer, self.log.last_index, self.log.last_term,
-                                   pre_vote))
+            self._send(
+                VoteRequest(term, self.id, peer, self.log.last_index, self.log.last_term, pre_vote)
+            )
 
     def _poll(self) -> bool | None:
         """Count votes; act on a decided election. Returns the outcome or None if undecided."""
@@ -374,13 +410,14 @@ class Raft:
         return None
 
     def _handle_vote_request(self, message: VoteRequest) -> None:
-        can_vote = (self.vote == message.source
-                    or (self.vote is None and self.leader is None)
-                    or (message.pre_vote and message.term > self.term))
+        can_vote = (
+            self.vote == message.source
+            or (self.vote is None and self.leader is None)
+            or (message.pre_vote and message.term > self.term)
+        )
         if can_vote and self.log.is_up_to_date(message.last_index, message.last_term):
             # The response carries the request's term so a pre-candidate can count it.
-            self._send(VoteResponse(message.term, self.id, message.source, True,
-                                    message.pre_vote))
+            self._send(VoteResponse(message.term, self.id, message.source, True, message.pre_vote))
             if not message.pre_vote:
                 self._election_elapsed = 0
                 self.vote = message.source
@@ -396,8 +433,11 @@ class Raft:
     def _step_higher_term(self, message: Message) -> bool:
         """A message from a later term. Returns whether to go on stepping it."""
         if isinstance(message, VoteRequest):
-            in_lease = (self.config.check_quorum and self.leader is not None
-                        and self._election_elapsed < self.config.election_timeout_ticks)
+            in_lease = (
+                self.config.check_quorum
+                and self.leader is not None
+                and self._election_elapsed < self.config.election_timeout_ticks
+            )
             if in_lease:
                 # We heard from a live leader within the election timeout: a node that wants
                 # to be elected now is partitioned or slow, and must not disrupt the group.
@@ -408,14 +448,16 @@ class Raft:
             return True
         if isinstance(message, VoteResponse) and message.pre_vote and message.granted:
             return True  # our own pre-campaign at term+1 being granted
-        leader = message.source if isinstance(message, Append | Heartbeat | SnapshotNeeded) \
-            else None
+        leader = (
+            message.source if isinstance(message, Append | Heartbeat | SnapshotNeeded) else None
+        )
         self._become_follower(message.term, leader)
         return True
 
     def _step_lower_term(self, message: Message) -> None:
-        if isinstance(message, Append | Heartbeat) and (self.config.check_quorum
-                                                         or self.config.pre_vote):
+        if isinstance(message, Append | Heartbeat) and (
+            self.config.check_quorum or self.config.pre_vote
+        ):
             # A stale leader (e.g. back from a partition): tell it the current term so it steps
             # down; without this it would never learn it, pre-vote keeping our term from it.
             self._send(AppendResponse(self.term, self.id, message.source, 0, rejected=False))
@@ -437,8 +479,9 @@ class Raft:
                 else:
                     # Already restored (our ack was lost) or caught up since: say how far we
                     # are, or the leader would wait for a snapshot that never comes.
-                    self._send(AppendResponse(self.term, self.id, message.source,
-                                              self.log.committed))
+                    self._send(
+                        AppendResponse(self.term, self.id, message.source, self.log.committed)
+                    )
 
     def _handle_append(self, message: Append) -> None:
         if message.prev_index < self.log.committed:
@@ -454,9 +497,19 @@ class Raft:
             self._send(AppendResponse(self.term, self.id, message.source, last_new))
             return
         hint_index, hint_term = self.log.find_conflict_by_term(
-            min(message.prev_index, self.log.last_index), message.prev_term)
-        self._send(AppendResponse(self.term, self.id, message.source, message.prev_index,
-                                  rejected=True, hint_index=hint_index, hint_term=hint_term))
+            min(message.prev_index, self.log.last_index), message.prev_term
+        )
+        self._send(
+            AppendResponse(
+                self.term,
+                self.id,
+                message.source,
+                message.prev_index,
+                rejected=True,
+                hint_index=hint_index,
+                hint_term=hint_term,
+            )
+        )
 
     # -- leader
 
@@ -522,8 +575,9 @@ class Raft:
     def _maybe_commit(self) -> bool:
         """Commit the highest index a quorum has *persisted* (the leader's own stable index,
         never its appended one), if it is from this term (Raft §5.4.2)."""
-        matches = sorted([self.log.stable, *(p.match for p in self._progress.values())],
-                         reverse=True)
+        matches = sorted(
+            [self.log.stable, *(p.match for p in self._progress.values())], reverse=True
+        )
         candidate = matches[self.quorum - 1]
         if candidate > self.log.committed and self.log.term(candidate) == self.term:
             return self.log.commit_to(candidate)
@@ -550,8 +604,9 @@ class Raft:
             return False
         prev_index = progress.next - 1
         prev_term = self.log.term(prev_index)
-        entries = self.log.entries_from(progress.next, self.config.append_bytes_max,
-                                        limits.append_entries_max)
+        entries = self.log.entries_from(
+            progress.next, self.config.append_bytes_max, limits.append_entries_max
+        )
         if prev_term is None or entries is None:
             snapshot = self.log.snapshot
             progress.become_snapshot(snapshot.index)
@@ -559,8 +614,9 @@ class Raft:
             return True
         if not entries and not send_if_empty:
             return False
-        self._send(Append(self.term, self.id, peer, prev_index, prev_term, entries,
-                          self.log.committed))
+        self._send(
+            Append(self.term, self.id, peer, prev_index, prev_term, entries, self.log.committed)
+        )
         progress.sent(entries[-1].index if entries else prev_index, len(entries))
         return True
 
