@@ -83,7 +83,8 @@ typedef struct {
     uint64_t t_first, t_last, t_pace0;
 
     /* consume */
-    long received, da_offset_seen, bad_body;
+    long received, da_offset_seen, bad_body, seq_breaks;
+    uint64_t first_seq, last_seq; /* body sequence numbers of the first and last counted */
     uint8_t *rbuf;
     size_t rlen;
     uint64_t t_attach;
@@ -387,6 +388,10 @@ static void on_receiver_delivery(app_t *a, pn_delivery_t *d) {
     size_t len = 0;
     int has_off = 0;
     if (scan_message(a->rbuf, a->rlen, &data, &len, &has_off) == 0 && len >= 16) {
+        uint64_t seq = get_u64le(data);
+        if (a->received == 0) a->first_seq = seq;
+        else if (seq != a->last_seq + 1) a->seq_breaks++;
+        a->last_seq = seq;
         if (a->mode == MODE_LATENCY && a->n_lat < a->total) {
             uint64_t ts = get_u64le(data + 8);
             a->lat[a->n_lat++] = now_real > ts ? now_real - ts : 0;
@@ -531,7 +536,9 @@ static void run(app_t *a) {
             handle(a, e);
         }
         pn_proactor_done(a->proactor, b);
-        if (inactive) return;
+        /* our recurring timer keeps the proactor from ever going inactive: stop on our own
+         * transport's close, or when the close handshake overruns its grace period */
+        if (inactive || a->transport_closed) return;
         if (a->closing && a->close_by && mono_ns() > a->close_by) return;
     }
 }
@@ -604,8 +611,10 @@ static void print_consume(app_t *a) {
     print_common(a, "w2");
     printf(", \"count\": %ld, \"credit\": %ld, \"offset\": ", a->total, a->credit);
     json_str(stdout, a->offset);
-    printf(", \"filter\": \"%s\", \"received\": %ld, \"da_offset_seen\": %ld, \"bad_body\": %ld",
-           a->filter, a->received, a->da_offset_seen, a->bad_body);
+    printf(", \"filter\": \"%s\", \"received\": %ld, \"da_offset_seen\": %ld, \"bad_body\": %ld"
+           ", \"first_seq\": %llu, \"last_seq\": %llu, \"seq_breaks\": %ld",
+           a->filter, a->received, a->da_offset_seen, a->bad_body,
+           (unsigned long long)a->first_seq, (unsigned long long)a->last_seq, a->seq_breaks);
     if (a->t_last > a->t_attach) {
         double el = (double)(a->t_last - a->t_attach) / 1e9;
         printf(", \"elapsed_s\": %.3f, \"msgs_per_s\": %.1f", el, (double)a->received / el);
@@ -617,8 +626,9 @@ static void print_consume(app_t *a) {
 static void print_latency(app_t *a, const char *producer_json) {
     print_common(a, "w3");
     printf(", \"rate\": %.1f, \"duration_s\": %.3f, \"expected\": %ld, \"received\": %ld"
-           ", \"credit\": %ld, \"da_offset_seen\": %ld, \"bad_body\": %ld",
-           a->rate, a->duration, a->total, a->received, a->credit, a->da_offset_seen, a->bad_body);
+           ", \"credit\": %ld, \"da_offset_seen\": %ld, \"bad_body\": %ld, \"seq_breaks\": %ld",
+           a->rate, a->duration, a->total, a->received, a->credit, a->da_offset_seen, a->bad_body,
+           a->seq_breaks);
     print_lat(stdout, "e2e", a->lat, a->n_lat);
     printf(", \"producer\": %s", producer_json && *producer_json ? producer_json : "null");
     print_error(a);
@@ -753,6 +763,7 @@ int main(int argc, char **argv) {
         if (!got) set_error(&a, "producer printed nothing%s%s", "", "");
     }
 
+    pn_proactor_cancel_timeout(a.proactor);
     if (a.mode == MODE_PUBLISH) print_publish(&a);
     else if (a.mode == MODE_CONSUME) print_consume(&a);
     else print_latency(&a, producer);

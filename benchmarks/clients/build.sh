@@ -8,6 +8,16 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=$HERE/build
 BIN=$OUT/amqp_load
 SRC=$HERE/amqp_load.c
+# A fresh Debian machine lacks the headers: install them when we may (root with apt-get), else
+# say exactly what is missing.
+if [ ! -f /usr/include/proton/proactor.h ] || ! command -v "${CC:-gcc}" >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "build.sh: apt-get install libqpid-proton11-dev gcc libc6-dev" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            libqpid-proton11-dev gcc libc6-dev >/dev/null
+    fi
+fi
 if [ ! -f /usr/include/proton/proactor.h ]; then
     echo "build.sh: /usr/include/proton/proactor.h missing: apt-get install libqpid-proton11-dev" >&2
     exit 1
