@@ -171,3 +171,14 @@ def proc_cpu_ticks(pid: int) -> int:
 
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of a process in KiB (as run_bench.sh records for the peers), None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        return None
+    return None

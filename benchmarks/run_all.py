@@ -40,7 +40,7 @@ from typing import Any
 
 import gateway_cpu
 import workload
-from loadclient import ROOT, BenchError, build_client, emit, log, machine
+from loadclient import ROOT, BenchError, build_client, emit, loadavg, log, machine, rss_kib
 
 HERE = Path(__file__).resolve().parent
 SPATE = ROOT / ".venv" / "bin" / "spate"
@@ -190,7 +190,18 @@ def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
         log(f"Spate node {t.host}:{t.port} pid {t.server_pid}, admin {t.admin}")
         out = out_dir / "spate-single-c-proton.jsonl"
         w.label = "spate/single/c-proton/run1"
-        part.results += workload.run(t, w, ["w1", "w2", "w3"], out)
+        part.results += workload.run(t, w, ["w1"], out)
+        if t.server_pid:
+            rss = {
+                "peer": "spate",
+                "workload": "rss_after_w1",
+                "label": w.label,
+                "rss_kib": [rss_kib(int(t.server_pid))],
+                "loadavg": loadavg(),
+            }
+            emit(rss, out)
+            part.results.append(rss)
+        part.results += workload.run(t, w, ["w2", "w3"], out)
         if not t.server_pid:
             raise BenchError("endpoints.json has no pid for the node: no gateway CPU figure")
         cpu = gateway_cpu.measure(
