@@ -251,10 +251,18 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
     rabbit, nats = _peer_script("setup_rabbitmq.sh"), _peer_script("setup_nats.sh")
     run_bench = _peer_script("run_bench.sh")
     if not _peers_installed():
-        for script in (rabbit, nats):
-            p = _run([script, "install"], PEER_INSTALL_TIMEOUT_S)
-            if p.returncode != 0:
-                raise BenchError(f"{script} install failed: {_tail(p)}")
+        # `setup_rabbitmq.sh install` runs `rabbitmqctl version`, which daemonises an epmd on the
+        # host (0.0.0.0:4369): stop the epmd processes that appeared during install, by PID.
+        before = _epmd_pids()
+        try:
+            for script in (rabbit, nats):
+                p = _run([script, "install"], PEER_INSTALL_TIMEOUT_S)
+                if p.returncode != 0:
+                    raise BenchError(f"{script} install failed: {_tail(p)}")
+        finally:
+            for pid in _epmd_pids() - before:
+                log(f"stopping the epmd (pid {pid}) that the RabbitMQ install started")
+                os.kill(pid, signal.SIGTERM)
     env = dict(
         os.environ,
         N=str(w.count),
@@ -322,6 +330,18 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
     ]
     part.status = "FAILED" if errors else "ok"
     part.detail = "; ".join(errors)
+
+
+def _epmd_pids() -> set[int]:
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == "epmd":
+                    pids.add(int(d.name))
+            except OSError:
+                continue
+    return pids
 
 
 def _read_jsonl(path: Path, label: str) -> list[dict[str, Any]]:
