@@ -49,8 +49,9 @@ def batched(directory: Path, total_bytes: int, batch: int) -> tuple[float, int, 
     return elapsed, messages, disk_bytes
 
 
-async def through_shell(directory: Path, messages: int, concurrency: int,
-                        batch: int) -> tuple[float, int, int]:
+async def through_shell(
+    directory: Path, messages: int, concurrency: int, batch: int
+) -> tuple[float, int, int]:
     """`concurrency` producers, each awaiting every append of `batch` records."""
     shell = PartitionShell(StreamName("bench"), PartitionId(0), directory, LogConfig())
     await shell.start()
@@ -69,8 +70,9 @@ async def through_shell(directory: Path, messages: int, concurrency: int,
     return elapsed, each * concurrency * batch, fsyncs
 
 
-async def pipelined(directory: Path, messages: int, window: int,
-                    batch: int) -> tuple[float, int, int]:
+async def pipelined(
+    directory: Path, messages: int, window: int, batch: int
+) -> tuple[float, int, int]:
     """One producer keeping `window` appends of `batch` records unconfirmed (W1's confirm
     window of 10,000 messages is 10 appends of 1000)."""
     shell = PartitionShell(StreamName("bench"), PartitionId(0), directory, LogConfig())
@@ -96,7 +98,10 @@ def dd(directory: Path, mib: int) -> float:
     target = directory / "dd.bin"
     result = subprocess.run(
         ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", "conv=fdatasync"],
-        capture_output=True, text=True, check=True)
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     target.unlink()
     match = re.search(r"copied, ([\d.]+) s", result.stderr)
     assert match, result.stderr
@@ -117,23 +122,33 @@ def main() -> None:
         print(f"dd bs=1M count={args.mib} conv=fdatasync: {dd_mb_s:.1f} MB/s")
         b_elapsed, b_messages, disk_bytes = batched(root / "batched", total, 1000)
         b_mb_s = b_messages * len(RECORD) / b_elapsed / MB
-        print(f"A batched 1000 x 100 B, append+fsync per chunk, 1 writer: {b_mb_s:.1f} MB/s of "
-              f"records ({disk_bytes / b_elapsed / MB:.1f} MB/s on disk), "
-              f"{b_messages / b_elapsed:,.0f} msg/s, {b_messages // 1000} fsyncs")
+        print(
+            f"A batched 1000 x 100 B, append+fsync per chunk, 1 writer: {b_mb_s:.1f} MB/s of "
+            f"records ({disk_bytes / b_elapsed / MB:.1f} MB/s on disk), "
+            f"{b_messages / b_elapsed:,.0f} msg/s, {b_messages // 1000} fsyncs"
+        )
         g_elapsed, g_messages, g_fsyncs = asyncio.run(
-            pipelined(root / "grouped", total // len(RECORD), 10, 1000))
+            pipelined(root / "grouped", total // len(RECORD), 10, 1000)
+        )
         g_mb_s = g_messages * len(RECORD) / g_elapsed / MB
-        print(f"B batched 1000 x 100 B via shell, window of 10 appends (10,000 msgs): "
-              f"{g_mb_s:.1f} MB/s, {g_messages / g_elapsed:,.0f} msg/s, {g_fsyncs} fsyncs for "
-              f"{g_messages // 1000} appends")
+        print(
+            f"B batched 1000 x 100 B via shell, window of 10 appends (10,000 msgs): "
+            f"{g_mb_s:.1f} MB/s, {g_messages / g_elapsed:,.0f} msg/s, {g_fsyncs} fsyncs for "
+            f"{g_messages // 1000} appends"
+        )
         s_elapsed, s_messages, s_fsyncs = asyncio.run(
-            through_shell(root / "single", args.single_messages, args.concurrency, 1))
+            through_shell(root / "single", args.single_messages, args.concurrency, 1)
+        )
         s_mb_s = s_messages * len(RECORD) / s_elapsed / MB
-        print(f"C single 1 x 100 B, {args.concurrency} concurrent producers via shell: "
-              f"{s_mb_s:.1f} MB/s, {s_messages / s_elapsed:,.0f} msg/s, {s_fsyncs} fsyncs for "
-              f"{s_messages} appends ({s_messages / max(s_fsyncs, 1):.1f} per fsync)")
-        print(f"ratio Spate/dd (record bytes): A {b_mb_s / dd_mb_s:.2f}, B {g_mb_s / dd_mb_s:.2f}"
-              f", C {s_mb_s / dd_mb_s:.3f}")
+        print(
+            f"C single 1 x 100 B, {args.concurrency} concurrent producers via shell: "
+            f"{s_mb_s:.1f} MB/s, {s_messages / s_elapsed:,.0f} msg/s, {s_fsyncs} fsyncs for "
+            f"{s_messages} appends ({s_messages / max(s_fsyncs, 1):.1f} per fsync)"
+        )
+        print(
+            f"ratio Spate/dd (record bytes): A {b_mb_s / dd_mb_s:.2f}, B {g_mb_s / dd_mb_s:.2f}"
+            f", C {s_mb_s / dd_mb_s:.3f}"
+        )
 
 
 if __name__ == "__main__":

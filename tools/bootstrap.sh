@@ -8,7 +8,8 @@ PY=${PYTHON:-python3}
 VENV=.venv
 
 need_apt=()
-for pkg in libssl-dev pkg-config; do
+# libqpid-proton11-dev + gcc: the C load client used by benchmarks/ and tests/benchmarks/
+for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
