@@ -38,12 +38,12 @@ def test_chunk_round_trip(records: list[bytes], first: int, timestamp_ms: int, e
 
 def test_layout_matches_the_documented_bytes() -> None:
     """The byte layout in chunk.py's docstring, checked field by field."""
-    data = chunk.encode_chunk([b"ab", b"c"], Offset(5), 1234, 9)
+    data = chunk.encode_chunk([b"ab", b"c"], Offset(5), 1234, 9, 77)
     assert data[0:4] == b"SPCK"
     (crc,) = struct.unpack(">I", data[4:8])
-    assert data[8] == 1 and data[9] == 0 and data[10:12] == b"\0\0"
-    assert struct.unpack(">IQqQII", data[12:48]) == (2, 5, 1234, 9, 4 + 2 + 4 + 1, 0)
-    assert data[48:] == b"\0\0\0\x02ab\0\0\0\x01c"
+    assert data[8] == 2 and data[9] == 0 and data[10:12] == b"\0\0"
+    assert struct.unpack(">IQqQQII", data[12:56]) == (2, 5, 1234, 9, 77, 4 + 2 + 4 + 1, 0)
+    assert data[56:] == b"\0\0\0\x02ab\0\0\0\x01c"
     assert crc == crc32c.crc32c(data[8:])
 
 
@@ -106,3 +106,17 @@ def test_floor_and_below() -> None:
     assert index.below(0) is None
     index.cut(10)
     assert list(index.keys) == [0]
+
+
+def test_barrier_chunk_has_no_records_and_carries_term_and_index() -> None:
+    """A new Raft leader's empty entry is stored as a chunk with record_count 0."""
+    data = chunk.encode_barrier(Offset(42), 1000, 7, 13)
+    assert len(data) == chunk.HEADER_BYTES
+    header, views = chunk.decode_chunk(data)
+    assert views == []
+    assert (header.first_offset, header.end_offset, header.epoch, header.raft_index) == (
+        42, 42, 7, 13)
+    broken = bytearray(data)
+    broken[12:16] = struct.pack(">I", 1)  # a record count without payload is not a chunk
+    with pytest.raises(ChunkError):
+        chunk.decode_chunk(bytes(broken))

@@ -12,7 +12,7 @@ from spate.node.log import chunk as chunk_codec
 from support.log_disks import DiskUnderTest
 
 SMALL = LogConfig(segment_bytes=1000, index_interval_bytes=200)
-"""10 records of 40 bytes make a 488-byte chunk: two chunks per segment."""
+"""10 records of 40 bytes make a 496-byte chunk: two chunks per segment."""
 
 
 def record(offset: int) -> bytes:
@@ -79,7 +79,7 @@ def test_segments_roll_when_the_next_chunk_would_not_fit(disk: DiskUnderTest) ->
     fill(log, 5)
     segments = log.segments
     assert [s.base_offset for s in segments] == [0, 20, 40]
-    assert [s.size for s in segments] == [976, 976, 488]
+    assert [s.size for s in segments] == [992, 992, 496]
     assert all(s.size <= SMALL.segment_bytes for s in segments)
     assert "00000000000000000020.segment" in disk.storage.list()
     assert read_all(log) == [(i, record(i)) for i in range(50)]
@@ -126,8 +126,8 @@ def test_read_stops_at_max_bytes_but_returns_at_least_one_chunk(disk: DiskUnderT
     log = open_log(disk)
     fill(log, 5)
     assert len(log.read(Offset(0), 0)) == 1
-    assert len(log.read(Offset(0), 488 * 2)) == 2
-    assert len(log.read(Offset(0), 488 * 2 - 1)) == 1
+    assert len(log.read(Offset(0), 496 * 2)) == 2
+    assert len(log.read(Offset(0), 496 * 2 - 1)) == 1
 
 
 def test_read_end_bound_excludes_later_chunks(disk: DiskUnderTest) -> None:
@@ -264,9 +264,9 @@ def test_retention_by_message_count(disk: DiskUnderTest) -> None:
 
 def test_retention_by_bytes(disk: DiskUnderTest) -> None:
     log = open_log(disk, LogConfig(segment_bytes=1000, retention=Retention(max_bytes=2000)))
-    fill(log, 10)   # 4880 bytes: 976 per full segment
+    fill(log, 10)   # 4960 bytes: 992 per full segment
     assert log.apply_retention(now_ms=0) == 3
-    assert log.info().bytes == 1952
+    assert log.info().bytes == 1984
     assert retained(log) == (60, 2)
 
 
@@ -354,4 +354,4 @@ def test_info(disk: DiskUnderTest) -> None:
     info = log.info()
     assert (info.first_offset, info.end_offset, info.messages, info.segments) == (0, 50, 50, 3)
     assert (info.first_timestamp_ms, info.last_timestamp_ms) == (100, 140)
-    assert info.bytes == 5 * 488 + chunk_codec.HEADER_BYTES + 4 + len(b"unsynced")
+    assert info.bytes == 5 * 496 + chunk_codec.HEADER_BYTES + 4 + len(b"unsynced")

@@ -21,7 +21,7 @@ from support.log_disks import DiskUnderTest
 
 CONFIG = LogConfig(segment_bytes=1000, index_interval_bytes=200)
 ACTIVE = "00000000000000000040.segment"
-CHUNK_BYTES = 488
+CHUNK_BYTES = 496
 
 
 def record(offset: int) -> bytes:
@@ -29,7 +29,7 @@ def record(offset: int) -> bytes:
 
 
 def write_log(storage: Storage, chunks: int = 5) -> PartitionLog:
-    """Chunks of 10 records, 488 bytes each; with 5 chunks the active segment starts at 40."""
+    """Chunks of 10 records, 496 bytes each; with 5 chunks the active segment starts at 40."""
     log = PartitionLog.open(storage, CONFIG)
     for _ in range(chunks):
         start = log.end_offset
@@ -171,7 +171,7 @@ def test_simdisk_tears_the_last_write() -> None:
         log.append([b"torn?" * 50], 5)
         disk.crash()
         size = disk.size("00000000000000000020.segment")  # the chunk did not fit in segment 0
-        if 0 < size < 48 + 254:
+        if 0 < size < 56 + 254:
             recovered = PartitionLog.open(disk, CONFIG)
             assert recovered.recovery.truncated_bytes == size
             assert recovered.end_offset == 20

@@ -75,6 +75,7 @@ class SyncPlan:
     segment_name: str
     target: Offset
     generation: int
+    chunks: int = 0  # chunks appended when the plan was made (barriers move no offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,9 @@ class PartitionLog:
         self.counters = _Counters()
         self._generation = 0     # bumped by truncate_from: sync plans from before are void
         self._failure: str | None = None
+        self._chunks_synced = 0  # counters.chunks_appended covered by the last fsync
+        self.last_raft_index = self._find_last_raft_index()
+        """Raft index of the last chunk written (0 when the log holds none with an index)."""
 
     # ------------------------------------------------------------------ opening
 
@@ -185,6 +189,29 @@ class PartitionLog:
         if self._failure is not None:
             raise StorageFailure(f"the partition log refuses writes since: {self._failure}")
 
+    def append_chunk_bytes(self, data: bytes) -> ChunkHeader:
+        """Write one already encoded chunk (a Raft entry from the leader, stored byte for byte:
+        never re-encoded), not synced. Its first offset must be the log's end offset and its
+        Raft index the next one. The CRC is checked by recovery and reads, not here."""
+        self._check_usable()
+        try:
+            header = chunk.decode_header(data)
+        except ChunkError as error:
+            raise InvalidArgument(f"not a chunk: {error}") from error
+        if header.chunk_bytes != len(data):
+            raise InvalidArgument(f"chunk of {len(data)} bytes says {header.chunk_bytes}")
+        assert header.first_offset == self.end_offset, (header.first_offset, self.end_offset)
+        assert self.last_raft_index == 0 or header.raft_index == self.last_raft_index + 1, (
+            header.raft_index, self.last_raft_index)
+        self._write_chunk(data, header)
+        return header
+
+    @property
+    def last_timestamp_ms(self) -> int | None:
+        """Timestamp of the newest record chunk written (None when there is none)."""
+        return next((s.last_timestamp_ms for s in reversed(self._segments)
+                     if s.last_timestamp_ms is not None), None)
+
     def append(self, records: Sequence[bytes], timestamp_ms: int, epoch: int = 0) -> Offset:
         """Write the records as one chunk (several if over the chunk limits), not synced.
 
@@ -227,9 +254,15 @@ class PartitionLog:
     def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
         data, header = chunk.encode_chunk_with_header(records, self.end_offset, timestamp_ms,
                                                       epoch)
+        self._write_chunk(data, header)
+
+    def _write_chunk(self, data: bytes, header: ChunkHeader) -> None:
         try:
             segment = self._segments[-1]
-            if segment.size > 0 and segment.size + len(data) > self._config.segment_bytes:
+            # A segment holding barriers only is never sealed: its successor would have the
+            # same base offset, hence the same file name.
+            if (segment.size > 0 and segment.end_offset > segment.base_offset
+                    and segment.size + len(data) > self._config.segment_bytes):
                 segment = self._roll()
             position = segment.size
             self._storage.append(segment.name, data)
@@ -243,6 +276,8 @@ class PartitionLog:
             self.fail(f"writing offset {self.end_offset} failed: {error}")
             raise StorageFailure(f"the disk refused a write: {error}") from error
         self.end_offset = header.end_offset
+        if header.raft_index:
+            self.last_raft_index = header.raft_index
         self.counters.chunks_appended += 1
 
     def _roll(self) -> Segment:
@@ -253,6 +288,7 @@ class PartitionLog:
             storage.fsync(name)
             storage.release(name)
         self.counters.fsyncs += 3
+        self._chunks_synced = self.counters.chunks_appended
         # The old segment is whole on disk; everything below its end is durable.
         self.durable_end = max(self.durable_end, old.end_offset)
         new = Segment(old.end_offset, old.end_offset, 0, None, None)
@@ -268,9 +304,11 @@ class PartitionLog:
     def begin_sync(self) -> SyncPlan | None:
         """What to fsync to make everything written so far durable; None when it already is."""
         self._check_usable()
-        if self.durable_end == self.end_offset:
+        if self.durable_end == self.end_offset and self._chunks_synced == \
+                self.counters.chunks_appended:
             return None
-        return SyncPlan(self._segments[-1].name, self.end_offset, self._generation)
+        return SyncPlan(self._segments[-1].name, self.end_offset, self._generation,
+                        self.counters.chunks_appended)
 
     def run_sync(self, plan: SyncPlan) -> None:
         """Perform the plan's fsync. Safe to call from another thread while the owner appends
@@ -280,9 +318,11 @@ class PartitionLog:
     def finish_sync(self, plan: SyncPlan) -> Offset:
         """Record the completed plan; returns the new durable end."""
         self.counters.fsyncs += 1
-        if plan.generation == self._generation and plan.target > self.durable_end:
-            assert plan.target <= self.end_offset
-            self.durable_end = plan.target
+        if plan.generation == self._generation:
+            if plan.target > self.durable_end:
+                assert plan.target <= self.end_offset
+                self.durable_end = plan.target
+            self._chunks_synced = max(self._chunks_synced, plan.chunks)
         return self.durable_end
 
     def sync(self) -> Offset:
@@ -352,7 +392,8 @@ class PartitionLog:
                 except ChunkError as error:
                     raise StorageFailure(f"segment {segment.name} byte {position}: {error}") \
                         from error
-                views.append(ChunkView(header.first_offset, header.timestamp_ms, records))
+                if records:  # barriers hold none
+                    views.append(ChunkView(header.first_offset, header.timestamp_ms, records))
                 total += header.chunk_bytes
                 position += header.chunk_bytes
                 expected = header.end_offset
@@ -408,9 +449,12 @@ class PartitionLog:
             raise AssertionError("segment.last_timestamp_ms promised a later chunk")
         return self.end_offset
 
-    def resolve(self, spec: OffsetSpec) -> Offset:
-        """Where a consumer attaching now with `spec` starts (within the durable log)."""
-        first, end = self.start_offset, self.durable_end
+    def resolve(self, spec: OffsetSpec, end: Offset | None = None) -> Offset:
+        """Where a consumer attaching now with `spec` starts (within the durable log, or below
+        `end` when given: a replica serves up to its commit point)."""
+        first = self.start_offset
+        end = self.durable_end if end is None else min(end, self.durable_end)
+        end = max(end, first)
         kind = spec.kind
         if kind is OffsetSpecKind.FIRST:
             return first
@@ -427,10 +471,13 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ retention, truncation
 
-    def apply_retention(self, now_ms: int) -> int:
+    def apply_retention(self, now_ms: int, index_floor: int | None = None) -> int:
         """Delete the oldest sealed segments while any retention limit is passed: all their
         records are older than max_age_ms, or the log holds more than max_bytes or
-        max_messages. Never deletes the active segment. Returns the segments deleted."""
+        max_messages. Never deletes the active segment. Returns the segments deleted.
+
+        With `index_floor` (a replica's durable commit index), never deletes the chunk with
+        that Raft index nor any chunk after it: a restart needs its term."""
         retention = self._config.retention
         if retention.infinite:
             return 0
@@ -446,6 +493,10 @@ class PartitionLog:
                         and total_messages > retention.max_messages)
             if not (expired or too_big or too_many):
                 break
+            if index_floor is not None:
+                following = self._first_raft_index(self._segments[1])
+                if following is None or following > index_floor:
+                    break
             self._delete_segment(oldest)
             self._segments.pop(0)
             total_bytes -= oldest.size
@@ -532,10 +583,165 @@ class PartitionLog:
             self.fail(f"truncating at offset {offset} failed: {error}")
             raise StorageFailure(f"the disk refused a truncation: {error}") from error
 
+    # ------------------------------------------------------------------ Raft indexes
+
+    def _first_raft_index(self, segment: Segment) -> int | None:
+        """Raft index of the segment's first chunk (one pread, cached in the segment)."""
+        if segment.first_raft_index is None and segment.size > 0:
+            try:
+                segment.first_raft_index = chunk.decode_header(
+                    self._storage.pread(segment.name, 0, chunk.HEADER_BYTES)).raft_index or None
+            except ChunkError as error:
+                raise StorageFailure(f"segment {segment.name}: {error}") from error
+        return segment.first_raft_index
+
+    def _scan_headers(self, i: int, position: int) -> list[tuple[int, ChunkHeader]]:
+        """(position, header) of every chunk of segment `i` from `position` on."""
+        segment = self._segments[i]
+        reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
+        out: list[tuple[int, ChunkHeader]] = []
+        while position < segment.size:
+            got = reader.get(position, chunk.HEADER_BYTES)
+            try:
+                if got is None:
+                    raise ChunkError("file ends inside a chunk header")
+                header = chunk.decode_header(got[0], got[1])
+            except ChunkError as error:
+                raise StorageFailure(f"segment {segment.name} byte {position}: {error}") \
+                    from error
+            out.append((position, header))
+            position += header.chunk_bytes
+        return out
+
+    def _find_last_raft_index(self) -> int:
+        for i in range(len(self._segments) - 1, -1, -1):
+            segment = self._segments[i]
+            if segment.last_raft_index is not None:
+                return segment.last_raft_index
+            if segment.size:
+                indexed = segment.offset_index.last()
+                headers = self._scan_headers(i, 0 if indexed is None else indexed[1])
+                segment.last_raft_index = headers[-1][1].raft_index or None
+                return headers[-1][1].raft_index
+        return 0
+
+    def locate_index(self, raft_index: int) -> tuple[int, int, ChunkHeader] | None:
+        """(segment number, byte position, header) of the chunk with `raft_index`; None when
+        it is not in the log (retained chunks only). Scans one segment's headers."""
+        if raft_index <= 0 or raft_index > self.last_raft_index:
+            return None
+        i = len(self._segments) - 1
+        while i >= 0:
+            first = self._first_raft_index(self._segments[i])
+            if first is not None and first <= raft_index:
+                break
+            i -= 1
+        if i < 0:
+            return None
+        for position, header in self._scan_headers(i, 0):
+            if header.raft_index == raft_index:
+                return i, position, header
+        return None
+
+    def header_at_index(self, raft_index: int) -> ChunkHeader | None:
+        found = self.locate_index(raft_index)
+        return None if found is None else found[2]
+
+    def chunks_from_index(self, raft_index: int, bytes_max: int) -> list[bytes]:
+        """Raw bytes of the chunks from `raft_index` to the last written one, at most
+        `bytes_max` of them (at least one); [] when `raft_index` is past the end. For handing
+        a restarted Raft core its uncommitted entries. Raises StorageFailure when missing."""
+        if raft_index > self.last_raft_index:
+            return []
+        found = self.locate_index(raft_index)
+        if found is None:
+            raise StorageFailure(f"Raft index {raft_index} is not in the partition log")
+        i, position, _ = found
+        out: list[bytes] = []
+        total = 0
+        while i < len(self._segments):
+            segment = self._segments[i]
+            for at, header in self._scan_headers(i, position):
+                if out and total + header.chunk_bytes > bytes_max:
+                    return out
+                data = self._storage.pread(segment.name, at, header.chunk_bytes)
+                try:
+                    chunk.check_crc(data, 0, header)
+                except ChunkError as error:
+                    raise StorageFailure(f"segment {segment.name} byte {at}: {error}") from error
+                out.append(data)
+                total += header.chunk_bytes
+            i += 1
+            position = 0
+        return out
+
+    def truncate_from_index(self, raft_index: int) -> None:
+        """Drop the chunk with `raft_index` and every later one, durably (Raft log repair)."""
+        self._check_usable()
+        found = self.locate_index(raft_index)
+        if found is None:
+            assert raft_index > self.last_raft_index, f"Raft index {raft_index} not retained"
+            return
+        i, position, header = found
+        self._generation += 1
+        storage = self._storage
+        try:
+            for segment in reversed(self._segments[i + 1:]):
+                self._delete_segment(segment)
+            del self._segments[i + 1:]
+            storage.fsync_dir()
+            segment = self._segments[i]
+            kept = self._scan_headers(i, 0)
+            kept = [(at, h) for at, h in kept if at < position]
+            relative = header.first_offset - segment.base_offset
+            segment.offset_index.cut(relative)
+            time_index = segment.time_index
+            while len(time_index) and time_index.values[-1] >= relative:
+                time_index.keys.pop()
+                time_index.values.pop()
+            storage.truncate(segment.name, position)
+            rewrite_indexes(storage, segment)
+            segment.size = position
+            segment.end_offset = header.first_offset
+            records = [h for _, h in kept if h.record_count]
+            segment.last_timestamp_ms = records[-1].timestamp_ms if records else None
+            if not records:
+                segment.first_timestamp_ms = None
+            segment.last_raft_index = kept[-1][1].raft_index if kept else None
+            if not kept:
+                segment.first_raft_index = None
+            storage.fsync(segment.name)
+            self.end_offset = self.durable_end = header.first_offset
+            self.last_raft_index = raft_index - 1
+            self._chunks_synced = self.counters.chunks_appended
+        except OSError as error:
+            self.fail(f"truncating at Raft index {raft_index} failed: {error}")
+            raise StorageFailure(f"the disk refused a truncation: {error}") from error
+
+    def transfer_manifest(self, raft_index: int) -> list[tuple[str, int]]:
+        """The segment files (name, bytes) that hold every retained chunk up to and including
+        `raft_index`, the last one cut just after it: what a wiped replica fetches. Durable
+        data only; StorageFailure when `raft_index` is not retained."""
+        found = self.locate_index(raft_index)
+        if found is None:
+            raise StorageFailure(f"Raft index {raft_index} is not retained here")
+        i, position, header = found
+        end = position + header.chunk_bytes
+        assert header.end_offset <= self.durable_end or i < len(self._segments) - 1
+        return [(s.name, s.size) for s in self._segments[:i]] + [(self._segments[i].name, end)]
+
+    def read_file(self, name: str, position: int, length: int) -> bytes:
+        """Bytes of one of the log's segment files (catch-up transfer); b"" past its end."""
+        assert parse_name(name) is not None and name.endswith(SEGMENT_SUFFIX), name
+        if name not in {s.name for s in self._segments}:
+            raise StorageFailure(f"segment {name} is no longer retained")
+        return self._storage.pread(name, position, length)
+
     # ------------------------------------------------------------------ facts
 
-    def info(self) -> LogInfo:
-        first, end = self.start_offset, self.durable_end
+    def info(self, end: Offset | None = None) -> LogInfo:
+        first = self.start_offset
+        end = self.durable_end if end is None else max(first, min(end, self.durable_end))
         first_ts = last_ts = None
         if end > first:
             first_ts = next(s.first_timestamp_ms for s in self._segments

@@ -64,6 +64,8 @@ class Segment:
     last_timestamp_ms: int | None
     offset_index: SparseIndex = field(default_factory=SparseIndex)  # relative offset -> position
     time_index: SparseIndex = field(default_factory=SparseIndex)    # timestamp -> relative offset
+    first_raft_index: int | None = None  # of its first / last chunk, when known (see log)
+    last_raft_index: int | None = None
     name: str = field(init=False)
     index_name: str = field(init=False)
     time_index_name: str = field(init=False)
@@ -82,11 +84,17 @@ class Segment:
         """Account for the chunk just written at `position`; returns the index bytes to append
         to the offset index and the time index (either may be empty)."""
         assert header.first_offset == self.end_offset and position == self.size
+        if header.raft_index:
+            if self.first_raft_index is None:
+                self.first_raft_index = header.raft_index
+            self.last_raft_index = header.raft_index
+        self.size = position + header.chunk_bytes
+        if header.record_count == 0:
+            return b"", b""  # a barrier: no record to index, no time to account for
         if self.first_timestamp_ms is None:
             self.first_timestamp_ms = header.timestamp_ms
         self.last_timestamp_ms = header.timestamp_ms
         self.end_offset = header.end_offset
-        self.size = position + header.chunk_bytes
         last = self.offset_index.last()
         if last is not None and position - last[1] < index_interval_bytes:
             return b"", b""
@@ -245,7 +253,8 @@ def _trust_indexes(storage: Storage, base_offset: Offset, file_size: int,
                                               check_crc=True):
         end_position = chunk_position + header.chunk_bytes
         end_offset = header.end_offset
-        last_timestamp_ms = header.timestamp_ms
+        if header.record_count:
+            last_timestamp_ms = header.timestamp_ms
     if end_position != file_size or last_timestamp_ms is None:
         return None
     first = storage.pread(name, 0, chunk.HEADER_BYTES)

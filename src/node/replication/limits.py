@@ -44,3 +44,47 @@ assert append_bytes_max <= log_unapplied_bytes_max
 assert entry_bytes_max <= log_unapplied_bytes_max, "one maximal entry must be proposable"
 assert apply_bytes_max <= log_unapplied_bytes_max
 assert messages_per_ready_max >= peers_max * (inflight_appends_max + 4), "a full pipeline fits"
+
+# -- the shell (host.py, transport.py, catchup.py, partition.py)
+
+frame_bytes_max = 2 * entry_bytes_max + append_bytes_max + 64 * 1024
+"""Largest node-to-node frame: an Append carries at least one entry (up to entry_bytes_max) plus
+up to append_bytes_max of others; catch-up pieces are far smaller."""
+
+peer_send_queue_bytes_max = 64 * 1024 * 1024
+"""Encoded frames waiting to be written to one peer; past it frames are dropped (a lossy
+network: Raft retransmits)."""
+
+peer_write_bytes_max = 4 * 1024 * 1024
+"""Frames joined into one socket write (many Raft messages, of many partitions, per write)."""
+
+reconnect_delay_ms_min = 20
+reconnect_delay_ms_max = 1000
+"""Backoff between attempts to dial a peer, doubling from min to max."""
+
+handshake_timeout_ms = 5000
+"""A peer must finish the authentication handshake within this time."""
+
+catchup_piece_bytes = 1024 * 1024
+"""Segment bytes fetched per catch-up request (one request in flight per partition)."""
+
+catchup_request_timeout_ms = 5000
+"""A catch-up request unanswered after this long is retried (the transfer resumes)."""
+
+pending_appends_max = core_limits.partition_pending_appends_max
+"""Producer appends waiting for their commit, per partition; past it appends are refused
+(ResourceLimitExceeded, retryable)."""
+
+append_commit_timeout_ms = 10_000
+"""An append whose entry is neither committed nor overwritten within this time fails with
+Unavailable (retryable): the replica lost touch with the group."""
+
+restart_window_bytes_max = 2 * log_unapplied_bytes_max
+"""Uncommitted entry bytes read back from disk into the core on restart."""
+
+vote_embargo_ticks = 2 * 10
+"""A replica whose partition directory is new grants no vote for this many ticks unless it
+hears from a leader first (a wiped replica has forgotten its vote; ADR 0005)."""
+
+assert frame_bytes_max > catchup_piece_bytes + 64 * 1024
+assert peer_send_queue_bytes_max >= frame_bytes_max
