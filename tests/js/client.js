@@ -1,0 +1,139 @@
+// A rhea (Node.js AMQP 1.0) client driven by the Python tests.
+// Usage: node client.js '<json>'  -> prints one JSON object with what happened, then exits.
+// Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
+//   {op: "publish", address, bodies: [str], properties?}         -> outcomes: ["accepted"|condition]
+//   {op: "consume", address, count, filter?, properties?}        -> messages: [{body, offset, timestamp, source_partition}]
+//   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
+// filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
+"use strict";
+const rhea = require("rhea");
+const types = rhea.types;
+
+const args = JSON.parse(process.argv[2]);
+const result = { steps: [] };
+const deadline = setTimeout(() => finish("timeout"), args.timeout_ms || 20000);
+
+function finish(error) {
+  clearTimeout(deadline);
+  if (error) result.error = error;
+  process.stdout.write(JSON.stringify(result) + "\n");
+  process.exit(0);
+}
+
+function wrapValue(spec) {
+  switch (spec.type) {
+    case "long": return types.wrap_long(spec.value);
+    case "string": return types.wrap_string(spec.value);
+    case "symbol": return types.wrap_symbol(spec.value);
+    case "timestamp": return types.wrap_timestamp(spec.value);
+    case "map": {
+      const m = {};
+      for (const [k, v] of Object.entries(spec.value)) m[k] = wrapValue(v);
+      return types.wrap_symbolic_map(m);
+    }
+    default: throw new Error("unknown filter type " + spec.type);
+  }
+}
+
+function buildFilter(filter) {
+  if (!filter) return undefined;
+  const out = {};
+  for (const [key, spec] of Object.entries(filter)) {
+    out[key] = spec.descriptor === undefined ? wrapValue(spec)
+      : types.wrap_described(wrapValue(spec), spec.descriptor);
+  }
+  return out;
+}
+
+function linkProps(props) {
+  if (!props) return undefined;
+  const out = {};
+  for (const [k, v] of Object.entries(props)) out[k] = types.wrap_symbol(String(v));
+  return out;
+}
+
+function errorOf(e) {
+  if (!e) return null;
+  const info = {};
+  if (e.info) for (const [k, v] of Object.entries(e.info)) info[k] = typeof v === "object" && v !== null && v.value !== undefined ? v.value : v;
+  return { condition: e.condition, description: e.description, info };
+}
+
+const options = { host: args.host || "127.0.0.1", port: args.port, reconnect: false };
+if (args.tls) {
+  options.transport = "tls";
+  options.ca = [args.tls.ca];
+  options.servername = "localhost";
+  options.rejectUnauthorized = true;
+}
+if (args.username !== undefined) {
+  options.username = args.username;
+  options.password = args.password;
+}
+
+const container = rhea.create_container({ id: "rhea-test" });
+const connection = container.connect(options);
+let linkCounter = 0;
+
+connection.on("connection_open", (ctx) => {
+  result.offered_capabilities = ctx.connection.remote.open.offered_capabilities || [];
+  runStep(0);
+});
+connection.on("connection_error", (ctx) => { result.connection_error = errorOf(ctx.connection.error); });
+connection.on("disconnected", (ctx) => {
+  result.disconnected = String(ctx.error || "disconnected");
+  finish();
+});
+connection.on("error", (e) => { result.connection_error = { condition: String(e) }; finish(); });
+
+function runStep(i) {
+  if (i >= args.steps.length) { connection.close(); finish(); return; }
+  const step = args.steps[i];
+  const out = { op: step.op };
+  result.steps.push(out);
+  const next = () => runStep(i + 1);
+  const name = "link-" + (++linkCounter);
+  if (step.op === "publish") {
+    const sender = connection.open_sender({ name, target: { address: step.address }, properties: linkProps(step.properties) });
+    out.outcomes = [];
+    let sent = 0;
+    const done = () => { if (out.outcomes.length === step.bodies.length) { sender.close(); next(); } };
+    sender.on("sendable", () => {
+      while (sender.sendable() && sent < step.bodies.length) sender.send({ body: step.bodies[sent++] });
+    });
+    sender.on("accepted", () => { out.outcomes.push("accepted"); done(); });
+    sender.on("rejected", (ctx) => { out.outcomes.push(errorOf(ctx.delivery.remote_state.error)); done(); });
+    sender.on("sender_error", (ctx) => { out.error = errorOf(ctx.sender.error); next(); });
+  } else if (step.op === "consume") {
+    const receiver = connection.open_receiver({
+      name, source: { address: step.address, filter: buildFilter(step.filter) },
+      properties: linkProps(step.properties), credit_window: 100, autoaccept: true,
+    });
+    out.messages = [];
+    receiver.on("receiver_open", (ctx) => {
+      const f = ctx.receiver.remote.attach.source && ctx.receiver.remote.attach.source.filter;
+      out.echoed_filter_keys = f ? Object.keys(f) : [];
+    });
+    receiver.on("message", (ctx) => {
+      const da = ctx.message.delivery_annotations || {};
+      const ts = da["event-streams-timestamp"];
+      out.messages.push({
+        body: ctx.message.body,
+        offset: da["event-streams-offset"],
+        timestamp: ts instanceof Date ? ts.getTime() : ts,
+        source_partition: da["event-streams-source-partition"],
+      });
+      if (out.messages.length === step.count) { receiver.close(); next(); }
+    });
+    receiver.on("receiver_error", (ctx) => { out.error = errorOf(ctx.receiver.error); next(); });
+  } else if (step.op === "attach") {
+    const link = step.role === "sender"
+      ? connection.open_sender({ name, target: { address: step.address }, properties: linkProps(step.properties) })
+      : connection.open_receiver({ name, source: { address: step.address, filter: buildFilter(step.filter) }, properties: linkProps(step.properties) });
+    const kind = step.role === "sender" ? "sender" : "receiver";
+    link.on(kind + "_error", (ctx) => { out.error = errorOf(ctx[kind].error); next(); });
+    link.on(kind + "_open", () => { setTimeout(() => { if (!out.error) { out.opened = true; link.close(); next(); } }, 200); });
+  } else {
+    throw new Error("unknown op " + step.op);
+  }
+}
