@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from spate.cluster.metadata.service import MetadataService
-from spate.core.ids import StreamName
+from spate.core.ids import NodeId, StreamName
 from spate.core.streams import StreamConfig
 
 
@@ -21,6 +21,9 @@ async def main(data_dir: str, address: str, password: str, names: list[str]) -> 
     )
     await service.start()
     await service.wait_ready()
+    await service.register_node(
+        NodeId("n1"), amqp=address, admin=address, replication=address, metadata=address
+    )
     for name in names:
         await service.create_stream(StreamConfig(StreamName(name), partitions=2))
     print(f"created {service.view().version}", flush=True)

@@ -25,15 +25,21 @@ from spate.cluster.metadata.state import (
     Barrier,
     CreateStream,
     DeleteStream,
+    Heartbeat,
+    LegacyCreateStream,
     MetadataSnapshot,
+    MetadataState,
     NodeRecord,
+    PartitionLeader,
+    PartitionRecord,
     RegisterNode,
     Rejected,
+    ReportLeader,
     RequestId,
     StreamRecord,
 )
 from spate.core.errors import ErrorCode
-from spate.core.ids import NodeId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 
 ints = st.integers(min_value=-(2**70), max_value=2**70)
@@ -54,7 +60,14 @@ configs = st.builds(
     ),
 )
 commands = st.one_of(
-    st.builds(CreateStream, request_id=request_ids, config=configs),
+    st.builds(
+        CreateStream,
+        request_id=request_ids,
+        config=configs,
+        now_ms=ints,
+        default_replicas=st.booleans(),
+    ),
+    st.builds(LegacyCreateStream, request_id=request_ids, config=configs),
     st.builds(DeleteStream, request_id=request_ids, name=texts.map(StreamName)),
     st.builds(
         RegisterNode,
@@ -62,7 +75,18 @@ commands = st.one_of(
         node=texts.map(NodeId),
         amqp=texts,
         admin=texts,
+        replication=st.none() | texts,
+        metadata=st.none() | texts,
         now_ms=ints,
+    ),
+    st.builds(Heartbeat, request_id=request_ids, node=texts.map(NodeId), now_ms=ints),
+    st.builds(
+        ReportLeader,
+        request_id=request_ids,
+        stream=texts.map(StreamName),
+        partition=ints.map(PartitionId),
+        leader=texts.map(NodeId),
+        epoch=ints.map(LeaderEpoch),
     ),
     st.builds(Barrier, request_id=request_ids),
 )
@@ -70,14 +94,36 @@ results = st.one_of(
     st.builds(Applied, version=ints),
     st.builds(Rejected, code=st.sampled_from(ErrorCode), message=texts),
 )
+partitions = st.builds(
+    PartitionRecord,
+    replicas=st.lists(texts.map(NodeId), max_size=3).map(tuple),
+    leader=st.none()
+    | st.builds(PartitionLeader, node=texts.map(NodeId), epoch=ints.map(LeaderEpoch)),
+)
 snapshots = st.builds(
     MetadataSnapshot,
     version=ints,
-    streams=st.lists(st.builds(StreamRecord, config=configs, created_version=ints), max_size=5).map(
-        tuple
-    ),
+    streams=st.lists(
+        st.integers(min_value=0, max_value=4).flatmap(
+            lambda n: st.builds(
+                StreamRecord,
+                config=configs.map(lambda c: StreamConfig(c.name, n, c.replicas, c.retention)),
+                created_version=ints,
+                partitions=st.lists(partitions, min_size=n, max_size=n).map(tuple),
+            )
+        ),
+        max_size=5,
+    ).map(tuple),
     nodes=st.lists(
-        st.builds(NodeRecord, node=texts.map(NodeId), amqp=texts, admin=texts, heartbeat_ms=ints),
+        st.builds(
+            NodeRecord,
+            node=texts.map(NodeId),
+            amqp=texts,
+            admin=texts,
+            replication=st.none() | texts,
+            metadata=st.none() | texts,
+            heartbeat_ms=ints,
+        ),
         max_size=5,
     ).map(tuple),
     requests=st.lists(st.tuples(request_ids, results), max_size=5).map(tuple),
@@ -142,7 +188,8 @@ def test_specific_refusals() -> None:
     refused = [
         b"",
         b"\x01",
-        b"\x02" + good[1:],  # unknown format version
+        b"\x03" + good[1:],  # unknown format version
+        b"\x01\x05" + good[2:],  # Heartbeat does not exist in format 1
         b"\x01\x7f" + good[2:],  # unknown tag
         b"\x01\x04{}",  # missing field
         b'\x01\x04{"request_id":"x","extra":1}',  # unknown field
@@ -158,24 +205,69 @@ def test_specific_refusals() -> None:
     with pytest.raises(CodecError):
         decode_result(b'\x01\x42{"code":"no-such-code","message":"m"}')
     create = (
-        b'\x01\x01{"config":{"name":"a","partitions":true,"replicas":1,"retention":'
+        b'\x02\x01{"config":{"name":"a","partitions":true,"replicas":1,"retention":'
         b'{"max_age_ms":null,"max_bytes":null,"max_messages":null},"segment_bytes":1},'
-        b'"request_id":"r"}'
+        b'"default_replicas":false,"now_ms":1,"request_id":"r"}'
     )
     with pytest.raises(CodecError):  # a boolean is not an integer
         decode_command(create)
 
 
 def test_create_stream_layout_is_stable() -> None:
-    """The bytes are the contract with journals written by earlier builds."""
+    """The bytes are the contract with journals: format 2 as written now, and format 1 (written
+    by earlier builds) still decodes, to what it meant then: a stream without placement."""
     config = StreamConfig(
         StreamName("orders"), partitions=3, retention=Retention(max_age_ms=21_600_000)
     )
-    assert encode_command(CreateStream(RequestId("r1"), config)) == (
+    assert encode_command(CreateStream(RequestId("r1"), config, 1_700_000_000_000)) == (
+        b'\x02\x01{"config":{"name":"orders","partitions":3,"replicas":1,"retention":'
+        b'{"max_age_ms":21600000,"max_bytes":null,"max_messages":null},'
+        b'"segment_bytes":67108864},"default_replicas":false,"now_ms":1700000000000,'
+        b'"request_id":"r1"}'
+    )
+    format_1 = (
         b'\x01\x01{"config":{"name":"orders","partitions":3,"replicas":1,"retention":'
         b'{"max_age_ms":21600000,"max_bytes":null,"max_messages":null},'
         b'"segment_bytes":67108864},"request_id":"r1"}'
     )
+    assert decode_command(format_1) == LegacyCreateStream(RequestId("r1"), config)
+    assert encode_command(LegacyCreateStream(RequestId("r1"), config)) == format_1
+
+
+def test_format_1_journal_and_dump_still_load() -> None:
+    """An old journal replays: its streams exist unplaced (every node hosts them, as before),
+    its nodes have no replication or metadata endpoint; an old dump loads the same way."""
+    register_1 = (
+        b'\x01\x03{"admin":"h:7600","amqp":"h:5672","node":"n1","now_ms":5,"request_id":"a"}'
+    )
+    create_1 = (
+        b'\x01\x01{"config":{"name":"old","partitions":2,"replicas":1,"retention":'
+        b'{"max_age_ms":null,"max_bytes":null,"max_messages":null},'
+        b'"segment_bytes":67108864},"request_id":"b"}'
+    )
+    state = MetadataState()
+    assert [state.apply(decode_command(r)) for r in (register_1, create_1)] == [
+        Applied(1),
+        Applied(2),
+    ]
+    record = state.view.streams[StreamName("old")]
+    assert not record.placed and record.partitions == (PartitionRecord(()),) * 2
+    node = state.view.nodes[NodeId("n1")]
+    assert (node.amqp, node.replication, node.metadata) == ("h:5672", None, None)
+
+    body = (
+        b'{"raft":{"entries":[{"command":"","index":1,"term":1},{"command":"","index":2,'
+        b'"term":1}],"voters":["127.0.0.1:1"]},"state":{"nodes":[{"admin":"h:7600",'
+        b'"amqp":"h:5672","heartbeat_ms":5,"node":"n1"}],"requests":[],"streams":[{"config":'
+        b'{"name":"old","partitions":2,"replicas":1,"retention":{"max_age_ms":null,'
+        b'"max_bytes":null,"max_messages":null},"segment_bytes":67108864},'
+        b'"created_version":2}],"version":2}}'
+    )
+    dump_1 = DUMP_MAGIC + b"\x01" + len(body).to_bytes(4, "big") + body
+    _, snapshot = decode_dump(dump_1 + zlib.crc32(body).to_bytes(4, "big"))
+    restored = MetadataState(snapshot)
+    assert restored.view.streams == state.view.streams
+    assert restored.view.nodes == state.view.nodes
 
 
 def test_dump_refuses_corruption() -> None:
@@ -188,7 +280,7 @@ def test_dump_refuses_corruption() -> None:
     flipped[20] ^= 0x01
     torn = data[:-3]
     wrong_magic = b"XXXX" + data[4:]
-    newer = data[:4] + b"\x02" + data[5:]
+    newer = data[:4] + b"\x03" + data[5:]
     for bad in (bytes(flipped), torn, wrong_magic, newer, b"", pickle.dumps({"a": 1})):
         with pytest.raises(CodecError):
             decode_dump(bad)
@@ -196,6 +288,6 @@ def test_dump_refuses_corruption() -> None:
         b'{"raft":{"entries":[],"voters":[]},"state":{"nodes":[],"requests":[],'
         b'"streams":[],"version":0}}'
     )
-    header = DUMP_MAGIC + b"\x01" + len(body).to_bytes(4, "big")
+    header = DUMP_MAGIC + b"\x02" + len(body).to_bytes(4, "big")
     with pytest.raises(CodecError, match="2 log entries"):
         decode_dump(header + body + zlib.crc32(body).to_bytes(4, "big"))

@@ -27,7 +27,7 @@ from spate.core.errors import (
     StorageFailure,
     Unavailable,
 )
-from spate.core.ids import StreamName
+from spate.core.ids import NodeId, StreamName
 from spate.core.streams import Retention, StreamConfig
 
 PASSWORD = "test-secret"
@@ -56,6 +56,14 @@ async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15
         await asyncio.sleep(0.02)
 
 
+async def join(svc: MetadataService) -> None:
+    """Register the service's own node (streams are placed on registered nodes)."""
+    address = svc.status().self_address
+    await svc.register_node(
+        NodeId(svc.node_id), amqp=address, admin=address, replication=address, metadata=address
+    )
+
+
 def run(coro: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(coro())
 
@@ -72,6 +80,7 @@ def test_single_voter_serves_create_list_describe_delete(
         await svc.start()
         try:
             await svc.wait_ready()
+            await join(svc)
             views: list[MetadataView] = []
             svc.add_listener(views.append)
             orders = StreamConfig(
@@ -104,7 +113,7 @@ def test_single_voter_serves_create_list_describe_delete(
             assert status.is_leader and status.ready and status.has_quorum
             assert status.leader == status.self_address
             assert status.voters == (status.self_address,)
-            assert status.version == 3 and status.streams == 1
+            assert status.version == 4 and status.streams == 1 and status.nodes == 1
             assert status.commit_index >= 4 and status.last_applied == status.commit_index
         finally:
             await svc.stop()
@@ -118,6 +127,7 @@ def test_retried_request_id_is_applied_once(tmp_path: Path, free_port: Callable[
         await svc.start()
         try:
             await svc.wait_ready()
+            await join(svc)
             config = StreamConfig(StreamName("orders"))
             await svc.create_stream(config, request_id=RequestId("retry-1"))
             version = svc.view().version
@@ -141,6 +151,7 @@ def test_definitions_survive_restart_and_the_dump_is_our_codec(
         await svc.start()
         try:
             await svc.wait_ready()
+            await join(svc)
             for i in range(10):
                 await svc.create_stream(StreamConfig(StreamName(f"s{i}"), partitions=i + 1))
             await svc.delete_stream(StreamName("s3"))
@@ -238,6 +249,8 @@ def test_three_voters_agree_and_survive_losing_one(
                 await v.wait_ready()
             leaders = {v.status().leader for v in voters}
             assert len(leaders) == 1 and None not in leaders
+            for v in voters:
+                await join(v)
             follower = next(v for v in voters if not v.status().is_leader)
             # Submitted on a follower: pysyncobj forwards it to the leader.
             await follower.create_stream(StreamConfig(StreamName("orders"), partitions=4))

@@ -5,17 +5,30 @@ Why this format, and what else was considered: docs/adr/0003-metadata-codec.md.
 Record (a command in the Raft log, or a result):
 
     offset  size  field
-    0       1     format version, 0x01
+    0       1     format version: 0x02 written; 0x01 (earlier builds) still read
     1       1     tag (below)
     2       n     body: canonical JSON object (UTF-8, ASCII only, keys sorted, no whitespace)
 
+    Format 2 (written by this build):
     tag   record         body
-    0x01  CreateStream   {"config": CONFIG, "request_id": str}
+    0x01  CreateStream   {"config": CONFIG, "default_replicas": bool, "now_ms": int,
+                          "request_id": str}
     0x02  DeleteStream   {"name": str, "request_id": str}
-    0x03  RegisterNode   {"admin": str, "amqp": str, "node": str, "now_ms": int, "request_id": str}
+    0x03  RegisterNode   {"admin": str, "amqp": str, "metadata": str|null, "node": str,
+                          "now_ms": int, "replication": str|null, "request_id": str}
     0x04  Barrier        {"request_id": str}
+    0x05  Heartbeat      {"node": str, "now_ms": int, "request_id": str}
+    0x06  ReportLeader   {"epoch": int, "leader": str, "partition": int, "request_id": str,
+                          "stream": str}
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
+
+    Format 1 (read only; what earlier journals hold):
+    0x01  CreateStream   {"config": CONFIG, "request_id": str}  -> LegacyCreateStream (unplaced)
+    0x02  DeleteStream, 0x04 Barrier, 0x41 Applied, 0x42 Rejected: as in format 2
+    0x03  RegisterNode   {"admin": str, "amqp": str, "node": str, "now_ms": int,
+                          "request_id": str}                     -> replication, metadata None
+    (0x05 and 0x06 do not exist in format 1 and are refused there.)
 
     CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
                  "segment_bytes": int}
@@ -25,7 +38,7 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
     offset  size  field
     0       4     magic b"SPMD"
-    4       1     format version, 0x01
+    4       1     format version: 0x02 written; 0x01 still read
     5       4     body length L, uint32 big-endian
     9       L     body: canonical JSON {"raft": RAFT, "state": STATE}
     9+L     4     CRC-32 (zlib) of the body, uint32 big-endian
@@ -34,12 +47,19 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
     ENTRY = {"command": base64 str, "index": int, "term": int}  (pysyncobj's own log entry)
     STATE = {"nodes": [NODE...], "requests": [[str, RESULT]...], "streams": [STREAM...],
              "version": int}
-    NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "node": str}
-    STREAM = {"config": CONFIG, "created_version": int}
+    NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "metadata": str|null, "node": str,
+             "replication": str|null}
+    STREAM = {"config": CONFIG, "created_version": int, "partitions": [PARTITION...]}
+    PARTITION = {"leader": {"epoch": int, "node": str}|null, "replicas": [str...]}
     RESULT = {"applied": {"version": int}} | {"rejected": {"code": str, "message": str}}
 
+    Format 1 dumps: NODE without "metadata" and "replication" (read as null), STREAM without
+    "partitions" (read as unplaced: `config.partitions` records with replicas [] and no leader).
+
 Objects must have exactly the listed keys; anything else is refused with CodecError. A reader that
-meets a format version it does not know refuses the bytes rather than guessing.
+meets a format version it does not know refuses the bytes rather than guessing. Voters of one
+group must run builds that read each other's format: a format-1 build refuses format-2 records
+(deterministically, as Rejected), so upgrade all voters together (docs/adr/0003).
 """
 
 from __future__ import annotations
@@ -59,19 +79,26 @@ from spate.cluster.metadata.state import (
     Command,
     CreateStream,
     DeleteStream,
+    Heartbeat,
+    LegacyCreateStream,
     MetadataSnapshot,
     NodeRecord,
+    PartitionLeader,
+    PartitionRecord,
     RegisterNode,
     Rejected,
+    ReportLeader,
     RequestId,
     Result,
     StreamRecord,
 )
 from spate.core.errors import Blame, BrokerError, ErrorCode
-from spate.core.ids import NodeId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 
-FORMAT_VERSION = 0x01
+FORMAT_VERSION = 0x02
+"""Written by this build."""
+FORMAT_VERSIONS_READ = (0x01, 0x02)
 DUMP_MAGIC = b"SPMD"
 _DUMP_HEADER = struct.Struct(">4sBI")
 _DUMP_CRC = struct.Struct(">I")
@@ -80,6 +107,8 @@ TAG_CREATE_STREAM = 0x01
 TAG_DELETE_STREAM = 0x02
 TAG_REGISTER_NODE = 0x03
 TAG_BARRIER = 0x04
+TAG_HEARTBEAT = 0x05
+TAG_REPORT_LEADER = 0x06
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -111,10 +140,23 @@ class RaftCheckpoint:
 
 
 def encode_command(command: Command) -> bytes:
+    """Format 2. A LegacyCreateStream is format 1's CreateStream and is encoded as such (only
+    tests re-encode one; the service never submits it)."""
     if isinstance(command, CreateStream):
         return _record(
             TAG_CREATE_STREAM,
+            {
+                "request_id": command.request_id,
+                "config": _config_json(command.config),
+                "now_ms": command.now_ms,
+                "default_replicas": command.default_replicas,
+            },
+        )
+    if isinstance(command, LegacyCreateStream):
+        return _record(
+            TAG_CREATE_STREAM,
             {"request_id": command.request_id, "config": _config_json(command.config)},
+            version=0x01,
         )
     if isinstance(command, DeleteStream):
         return _record(TAG_DELETE_STREAM, {"request_id": command.request_id, "name": command.name})
@@ -126,7 +168,25 @@ def encode_command(command: Command) -> bytes:
                 "node": command.node,
                 "amqp": command.amqp,
                 "admin": command.admin,
+                "replication": command.replication,
+                "metadata": command.metadata,
                 "now_ms": command.now_ms,
+            },
+        )
+    if isinstance(command, Heartbeat):
+        return _record(
+            TAG_HEARTBEAT,
+            {"request_id": command.request_id, "node": command.node, "now_ms": command.now_ms},
+        )
+    if isinstance(command, ReportLeader):
+        return _record(
+            TAG_REPORT_LEADER,
+            {
+                "request_id": command.request_id,
+                "stream": command.stream,
+                "partition": command.partition,
+                "leader": command.leader,
+                "epoch": command.epoch,
             },
         )
     assert isinstance(command, Barrier), command
@@ -134,26 +194,57 @@ def encode_command(command: Command) -> bytes:
 
 
 def decode_command(data: bytes) -> Command:
-    tag, body = _parse_record(data)
+    version, tag, body = _parse_record(data)
     if tag == TAG_CREATE_STREAM:
-        fields = _fields(body, "command", {"request_id", "config"})
-        return CreateStream(RequestId(_str(fields["request_id"])), _config(fields["config"]))
+        if version == 0x01:
+            fields = _fields(body, "command", {"request_id", "config"})
+            return LegacyCreateStream(
+                RequestId(_str(fields["request_id"])), _config(fields["config"])
+            )
+        fields = _fields(body, "command", {"request_id", "config", "now_ms", "default_replicas"})
+        return CreateStream(
+            RequestId(_str(fields["request_id"])),
+            _config(fields["config"]),
+            now_ms=_int(fields["now_ms"]),
+            default_replicas=_bool(fields["default_replicas"]),
+        )
     if tag == TAG_DELETE_STREAM:
         fields = _fields(body, "command", {"request_id", "name"})
         return DeleteStream(RequestId(_str(fields["request_id"])), StreamName(_str(fields["name"])))
     if tag == TAG_REGISTER_NODE:
-        fields = _fields(body, "command", {"request_id", "node", "amqp", "admin", "now_ms"})
+        keys = {"request_id", "node", "amqp", "admin", "now_ms"}
+        if version != 0x01:
+            keys |= {"replication", "metadata"}
+        fields = _fields(body, "command", keys)
         return RegisterNode(
             RequestId(_str(fields["request_id"])),
             NodeId(_str(fields["node"])),
-            _str(fields["amqp"]),
-            _str(fields["admin"]),
-            _int(fields["now_ms"]),
+            amqp=_str(fields["amqp"]),
+            admin=_str(fields["admin"]),
+            replication=_optional(fields.get("replication"), _str),
+            metadata=_optional(fields.get("metadata"), _str),
+            now_ms=_int(fields["now_ms"]),
         )
     if tag == TAG_BARRIER:
         fields = _fields(body, "command", {"request_id"})
         return Barrier(RequestId(_str(fields["request_id"])))
-    raise CodecError(f"unknown metadata command tag 0x{tag:02x}")
+    if tag == TAG_HEARTBEAT and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "node", "now_ms"})
+        return Heartbeat(
+            RequestId(_str(fields["request_id"])),
+            NodeId(_str(fields["node"])),
+            _int(fields["now_ms"]),
+        )
+    if tag == TAG_REPORT_LEADER and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "stream", "partition", "leader", "epoch"})
+        return ReportLeader(
+            RequestId(_str(fields["request_id"])),
+            StreamName(_str(fields["stream"])),
+            PartitionId(_int(fields["partition"])),
+            NodeId(_str(fields["leader"])),
+            LeaderEpoch(_int(fields["epoch"])),
+        )
+    raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
 
 
 def encode_result(result: Result) -> bytes:
@@ -163,7 +254,7 @@ def encode_result(result: Result) -> bytes:
 
 
 def decode_result(data: bytes) -> Result:
-    tag, body = _parse_record(data)
+    _, tag, body = _parse_record(data)
     if tag == TAG_APPLIED:
         return Applied(_int(_fields(body, "result", {"version"})["version"]))
     if tag == TAG_REJECTED:
@@ -187,9 +278,10 @@ def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
     magic, version, length = _DUMP_HEADER.unpack_from(data)
     if magic != DUMP_MAGIC:
         raise CodecError(f"not a Spate metadata dump (magic {magic!r})")
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS_READ:
         raise CodecError(
-            f"metadata dump format {version} is not readable by this build (reads {FORMAT_VERSION})"
+            f"metadata dump format {version} is not readable by this build "
+            f"(reads {', '.join(map(str, FORMAT_VERSIONS_READ))})"
         )
     if len(data) != _DUMP_HEADER.size + length + _DUMP_CRC.size:
         raise CodecError(
@@ -201,7 +293,7 @@ def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
     if zlib.crc32(body) != crc:
         raise CodecError("metadata dump checksum mismatch (torn or corrupted file)")
     fields = _fields(_json(body), "dump", {"raft", "state"})
-    return _raft(fields["raft"]), _snapshot(fields["state"])
+    return _raft(fields["raft"]), _snapshot(fields["state"], version)
 
 
 # JSON shapes ------------------------------------------------------------------------------------
@@ -257,15 +349,43 @@ def _result(value: object) -> Result:
     return Rejected(_error_code(fields["code"]), _str(fields["message"]))
 
 
+def _partition_json(record: PartitionRecord) -> dict[str, Any]:
+    leader = record.leader
+    return {
+        "replicas": list(record.replicas),
+        "leader": None if leader is None else {"node": leader.node, "epoch": leader.epoch},
+    }
+
+
+def _partition(value: object) -> PartitionRecord:
+    fields = _fields(value, "partition", {"replicas", "leader"})
+    leader = None
+    if fields["leader"] is not None:
+        found = _fields(fields["leader"], "leader", {"node", "epoch"})
+        leader = PartitionLeader(NodeId(_str(found["node"])), LeaderEpoch(_int(found["epoch"])))
+    return PartitionRecord(tuple(NodeId(_str(n)) for n in _list(fields["replicas"])), leader)
+
+
 def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
     return {
         "version": snapshot.version,
         "streams": [
-            {"config": _config_json(s.config), "created_version": s.created_version}
+            {
+                "config": _config_json(s.config),
+                "created_version": s.created_version,
+                "partitions": [_partition_json(p) for p in s.partitions],
+            }
             for s in snapshot.streams
         ],
         "nodes": [
-            {"node": n.node, "amqp": n.amqp, "admin": n.admin, "heartbeat_ms": n.heartbeat_ms}
+            {
+                "node": n.node,
+                "amqp": n.amqp,
+                "admin": n.admin,
+                "replication": n.replication,
+                "metadata": n.metadata,
+                "heartbeat_ms": n.heartbeat_ms,
+            }
             for n in snapshot.nodes
         ],
         "requests": [
@@ -274,21 +394,36 @@ def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
     }
 
 
-def _snapshot(value: object) -> MetadataSnapshot:
+def _snapshot(value: object, version: int) -> MetadataSnapshot:
+    legacy = version == 0x01
     fields = _fields(value, "state", {"version", "streams", "nodes", "requests"})
     streams = []
     for item in _list(fields["streams"]):
-        stream = _fields(item, "stream", {"config", "created_version"})
-        streams.append(StreamRecord(_config(stream["config"]), _int(stream["created_version"])))
+        keys = {"config", "created_version"} | (set() if legacy else {"partitions"})
+        stream = _fields(item, "stream", keys)
+        config = _config(stream["config"])
+        if legacy:
+            partitions = (PartitionRecord(()),) * max(0, config.partitions)
+        else:
+            partitions = tuple(_partition(p) for p in _list(stream["partitions"]))
+            if len(partitions) != config.partitions:
+                raise CodecError(
+                    f"stream {config.name!r} has {config.partitions} partitions but the dump "
+                    f"places {len(partitions)}"
+                )
+        streams.append(StreamRecord(config, _int(stream["created_version"]), partitions))
     nodes = []
     for item in _list(fields["nodes"]):
-        node = _fields(item, "node", {"node", "amqp", "admin", "heartbeat_ms"})
+        keys = {"node", "amqp", "admin", "heartbeat_ms"}
+        node = _fields(item, "node", keys if legacy else keys | {"replication", "metadata"})
         nodes.append(
             NodeRecord(
-                NodeId(_str(node["node"])),
-                _str(node["amqp"]),
-                _str(node["admin"]),
-                _int(node["heartbeat_ms"]),
+                node=NodeId(_str(node["node"])),
+                amqp=_str(node["amqp"]),
+                admin=_str(node["admin"]),
+                replication=_optional(node.get("replication"), _str),
+                metadata=_optional(node.get("metadata"), _str),
+                heartbeat_ms=_int(node["heartbeat_ms"]),
             )
         )
     requests = []
@@ -338,19 +473,20 @@ def _canonical(value: dict[str, Any]) -> bytes:
     ).encode("ascii")
 
 
-def _record(tag: int, body: dict[str, Any]) -> bytes:
-    return bytes((FORMAT_VERSION, tag)) + _canonical(body)
+def _record(tag: int, body: dict[str, Any], version: int = FORMAT_VERSION) -> bytes:
+    return bytes((version, tag)) + _canonical(body)
 
 
-def _parse_record(data: bytes) -> tuple[int, object]:
+def _parse_record(data: bytes) -> tuple[int, int, object]:
+    """(format version, tag, JSON body)."""
     if len(data) < 2:
         raise CodecError(f"metadata record too short ({len(data)} bytes)")
-    if data[0] != FORMAT_VERSION:
+    if data[0] not in FORMAT_VERSIONS_READ:
         raise CodecError(
             f"metadata record format {data[0]} is not readable by this build "
-            f"(reads {FORMAT_VERSION})"
+            f"(reads {', '.join(map(str, FORMAT_VERSIONS_READ))})"
         )
-    return data[1], _json(data[2:])
+    return data[0], data[1], _json(data[2:])
 
 
 def _json(body: bytes) -> object:
@@ -390,6 +526,12 @@ def _str(value: object) -> str:
 def _int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise CodecError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise CodecError(f"expected a boolean, got {type(value).__name__}")
     return value
 
 

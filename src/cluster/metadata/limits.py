@@ -42,3 +42,24 @@ compaction_min_time_s = 300
 assert raft_max_timeout_s > raft_min_timeout_s
 assert command_timeout_ms > raft_max_timeout_s * 1000, "a command must survive one election"
 assert compaction_min_entries >= 2
+
+# Node registry and placement ---------------------------------------------------------------------
+
+heartbeat_interval_ms = 3_000
+"""How often a node should call `MetadataService.heartbeat`: one small Raft command per node per
+interval (about one per second for three nodes)."""
+
+heartbeat_min_interval_ms = 1_000
+"""`heartbeat()` skips the Raft command when this replica already shows a heartbeat of the node
+younger than this, so a caller looping too fast cannot flood the log."""
+
+node_alive_ms = 10_000
+"""A node is alive while its last heartbeat is younger than this (judged at read time by the
+reader's clock, and at stream creation by the creating command's clock). Three missed intervals
+plus clock skew between nodes: wall clocks must agree to well within this."""
+
+default_replicas_max = 3
+"""`--replicas` not given: min(this, registered nodes)."""
+
+assert heartbeat_min_interval_ms < heartbeat_interval_ms
+assert node_alive_ms >= 3 * heartbeat_interval_ms, "a node is not dead after one lost heartbeat"

@@ -11,6 +11,10 @@ One `SyncObj` whose single `@replicated` method takes our encoded command bytes,
   never pickled; setting a serializer also stops pysyncobj from forking to write it (§3).
 - `appendEntriesUseBatch=False` for sub-millisecond commits (§1.4), election timeouts 1-2 s and
   reconnects every 1 s (§1.2, §6.11).
+- pysyncobj never fsyncs its journal (§2). With `sync_journal` (the default) the leader fsyncs
+  the journal file in the apply hook, before pysyncobj runs the submitter's callback, so an
+  acknowledged command is on the leader's disk, not only in page caches. Followers do not (their
+  acknowledgements stay page-cache only); what that does and does not survive: ADR 0006.
 
 Threads: pysyncobj runs every apply, the serializer, the deserializer and submit callbacks on its
 own tick thread. This adapter only calls the `on_change` and `callback` functions it is given on
@@ -76,6 +80,7 @@ class RaftConfig:
     bind_address: str | None = None  # defaults to self_address
     compaction_min_entries: int = limits.compaction_min_entries
     compaction_min_time_s: float = limits.compaction_min_time_s
+    sync_journal: bool = True  # the leader fsyncs the journal before acknowledging (ADR 0006)
 
     @property
     def voters(self) -> tuple[str, ...]:
@@ -194,11 +199,29 @@ class MetadataRaft:
             command = decode_command(data)
         except CodecError as error:  # deterministic: every replica rejects the same bytes
             return Rejected.of(error)
-        before = self.state.view
+        before = self.state.view.version
         result = self.state.apply(command)
-        if self.state.view is not before:
+        obj = self._obj
+        if self.config.sync_journal and obj is not None and obj._isLeader():
+            self._sync_journal()
+        if self.state.view.version != before:  # heartbeats refresh the view without a change
             self._on_change(self.state.view)
         return result
+
+    def _sync_journal(self) -> None:
+        """fsync the journal's inode (pysyncobj writes it through an mmap, which fsync covers)."""
+        try:
+            fd = os.open(self.journal_path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            # Never raise in apply (pysyncobj would retry the entry forever): stop serving instead.
+            self.failure = StorageFailure(
+                f"cannot sync the metadata journal {self.journal_path}: {error}"
+            )
+            log.error("%s", self.failure.message)
 
     def _write_dump(self, path: str, raft_data: tuple[object, object, object]) -> None:
         """pysyncobj serializer hook; raft_data = (last applied entry, the one before, voters)."""

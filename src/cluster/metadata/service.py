@@ -22,19 +22,29 @@ from spate.cluster.metadata import limits
 from spate.cluster.metadata.codec import encode_command
 from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, RaftStatus, SubmitFailure
 from spate.cluster.metadata.state import (
+    Assignment,
     Barrier,
     Command,
     CreateStream,
     DeleteStream,
+    Heartbeat,
     MetadataView,
     NodeRecord,
+    NodeStatus,
+    PartitionLeader,
+    PartitionPlacement,
     RegisterNode,
     Rejected,
+    ReportLeader,
     RequestId,
     Result,
+    StreamRecord,
+    assignments,
+    node_statuses,
+    partition_placements,
 )
 from spate.core.errors import InvalidArgument, NotFound, ResourceLimitExceeded, Unavailable
-from spate.core.ids import NodeId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 
 log = logging.getLogger(__name__)
@@ -76,6 +86,7 @@ class MetadataService:
         command_timeout_ms: int = limits.command_timeout_ms,
         ready_timeout_ms: int = limits.ready_timeout_ms,
         compaction_min_entries: int = limits.compaction_min_entries,
+        sync_journal: bool = True,
     ) -> None:
         self.node_id = node_id
         self.command_timeout_ms = command_timeout_ms
@@ -88,6 +99,7 @@ class MetadataService:
                 password=password,
                 bind_address=bind_address,
                 compaction_min_entries=compaction_min_entries,
+                sync_journal=sync_journal,
             ),
             self._on_change_threadsafe,
         )
@@ -143,11 +155,23 @@ class MetadataService:
     # Writes -------------------------------------------------------------------------------------
 
     async def create_stream(
-        self, config: StreamConfig, *, request_id: RequestId | None = None
+        self,
+        config: StreamConfig,
+        *,
+        request_id: RequestId | None = None,
+        default_replicas: bool = False,
+        now_ms: int | None = None,
     ) -> StreamConfig:
-        """Store a new stream definition; raises InvalidArgument, AlreadyExists, Unavailable."""
+        """Store a new stream definition and place its partitions on the live registered nodes.
+
+        `default_replicas`: ignore `config.replicas` and use min(3, registered nodes). `now_ms`
+        (default: this host's wall clock) judges which nodes are alive. Returns the stored
+        config. Raises InvalidArgument (bad config, too few nodes), AlreadyExists, Unavailable.
+        """
         config.validate()
-        await self._submit(CreateStream(request_id or _new_request_id(), config))
+        stamp = _wall_clock_ms() if now_ms is None else now_ms
+        command = CreateStream(request_id or _new_request_id(), config, stamp, default_replicas)
+        await self._submit(command)
         return self.stream(config.name)
 
     async def delete_stream(self, name: StreamName, *, request_id: RequestId | None = None) -> None:
@@ -155,11 +179,62 @@ class MetadataService:
         await self._submit(DeleteStream(request_id or _new_request_id(), name))
 
     async def register_node(
-        self, node: NodeId, *, amqp: str, admin: str, now_ms: int | None = None
+        self,
+        node: NodeId,
+        *,
+        amqp: str,
+        admin: str,
+        replication: str,
+        metadata: str,
+        now_ms: int | None = None,
     ) -> None:
-        """Record (or refresh) a node's endpoints and heartbeat time in the registry."""
-        stamp = int(time.time() * 1000) if now_ms is None else now_ms
-        await self._submit(RegisterNode(_new_request_id(), node, amqp, admin, stamp))
+        """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time.
+
+        Call once when the node starts, before serving; then `heartbeat` every
+        `limits.heartbeat_interval_ms`. Raises InvalidArgument for a bad id or endpoint.
+        """
+        stamp = _wall_clock_ms() if now_ms is None else now_ms
+        await self._submit(
+            RegisterNode(_new_request_id(), node, amqp, admin, replication, metadata, stamp)
+        )
+
+    async def heartbeat(self, node_id: NodeId, now_ms: int | None = None) -> bool:
+        """Tell the cluster `node_id` is alive at `now_ms` (default: wall clock).
+
+        Skips the Raft command (returns False) when this replica already shows a heartbeat of
+        the node younger than `limits.heartbeat_min_interval_ms`; True when one was committed.
+        Raises NotFound if the node is not registered (register it again), Unavailable.
+        """
+        stamp = _wall_clock_ms() if now_ms is None else now_ms
+        known = self.view().nodes.get(node_id)
+        if known is not None and stamp - known.heartbeat_ms < limits.heartbeat_min_interval_ms:
+            return False
+        await self._submit(Heartbeat(_new_request_id(), node_id, stamp))
+        return True
+
+    async def report_leader(
+        self,
+        stream: StreamName,
+        partition: PartitionId,
+        leader: NodeId,
+        leader_epoch: LeaderEpoch,
+        *,
+        request_id: RequestId | None = None,
+    ) -> PartitionLeader | None:
+        """Record that `leader` leads the partition at `leader_epoch` (sent by the new leader).
+
+        A report with a lower epoch than the recorded one is ignored, a repeat changes nothing.
+        Returns the partition's recorded leader afterwards (another node's if this report was
+        stale). Raises NotFound (stream), InvalidArgument (partition out of range, leader not a
+        replica, same epoch claimed by another node), Unavailable.
+        """
+        await self._submit(
+            ReportLeader(request_id or _new_request_id(), stream, partition, leader, leader_epoch)
+        )
+        record = self.view().streams.get(stream)
+        if record is None or not 0 <= partition < len(record.partitions):
+            return None  # deleted (or recreated smaller) right after the report
+        return record.partitions[partition].leader
 
     async def barrier(self) -> MetadataView:
         """Commit a no-op; afterwards this replica shows every change committed before the call."""
@@ -183,9 +258,38 @@ class MetadataService:
             raise NotFound(f"stream {name!r} does not exist")
         return record.config
 
+    def stream_record(self, name: StreamName) -> StreamRecord:
+        """The stream with its per-partition replica sets and leaders; raises NotFound."""
+        record = self.view().streams.get(name)
+        if record is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        return record
+
     def nodes(self) -> list[NodeRecord]:
+        """The node registry, sorted by id (endpoints: amqp, admin, replication, metadata)."""
         view = self.view()
         return [view.nodes[node] for node in sorted(view.nodes)]
+
+    def node(self, node_id: NodeId) -> NodeRecord:
+        """One registered node (map node id -> AMQP or replication address); raises NotFound."""
+        record = self.view().nodes.get(node_id)
+        if record is None:
+            raise NotFound(f"node {node_id!r} is not registered")
+        return record
+
+    def node_statuses(self, now_ms: int | None = None) -> list[NodeStatus]:
+        """Every registered node with liveness judged at `now_ms` (default: wall clock)."""
+        stamp = _wall_clock_ms() if now_ms is None else now_ms
+        return node_statuses(self.view(), stamp)
+
+    def assignments(self, node_id: NodeId) -> list[Assignment]:
+        """The partitions placed on `node_id`: [(StreamConfig, PartitionId, replicas), ...]
+        sorted by stream and partition; replicas are preferred leader first."""
+        return assignments(self.view(), node_id)
+
+    def partitions(self, stream: StreamName | None = None) -> list[PartitionPlacement]:
+        """Placement and latest leader of every partition (of one stream; NotFound if unknown)."""
+        return partition_placements(self.view(), stream)
 
     def status(self) -> MetadataStatus:
         raft = self._raft.status()
@@ -211,7 +315,8 @@ class MetadataService:
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(view)` on the event loop after every change, in order (stream created or
-        deleted, node registered, snapshot installed). It is not called for the state that exists
+        deleted, node registered or its endpoints changed, leader reported, snapshot installed;
+        not heartbeats). It is not called for the state that exists
         when it is added: read `view()` or `streams()` right after adding it."""
         self._listeners.append(listener)
 
@@ -317,6 +422,10 @@ def _call_soon(
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # "Event loop is closed": nobody is left to tell
         log.debug("event loop closed; dropped %s", callback)
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _new_request_id() -> RequestId:

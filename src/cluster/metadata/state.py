@@ -1,26 +1,42 @@
-"""The metadata state machine: stream definitions and the node registry, decided without I/O.
+"""The metadata state machine: streams with their placement and leaders, and the node registry.
 
-`MetadataState.apply(command)` is deterministic: the same commands in the same order give the same
-state and the same results on every replica. Invalid commands are not exceptions: they return a
-`Rejected` value carrying the BrokerError code and a message for a person, so nothing ever raises
-across Raft (an exception inside pysyncobj's apply would retry the entry forever, research §6).
+`MetadataState.apply(command) -> Applied | Rejected` is deterministic: the same commands in the
+same order give the same state and the same results on every replica. Time enters only as the
+`now_ms` a command carries (stamped by the submitting node). Invalid commands are not exceptions:
+they return a `Rejected` value carrying the BrokerError code and a message for a person, so nothing
+ever raises across Raft (an exception inside pysyncobj's apply would retry the entry forever,
+research §6).
 
 Every command carries a request id. The result of each applied request id is remembered (the last
 `limits.request_ids_remembered_max`, oldest dropped first), so a command retried after a leader
-change or a timeout returns its first result instead of being applied twice.
+change or a timeout returns its first result instead of being applied twice. Heartbeat and
+ReportLeader are idempotent by construction (they keep a maximum) and are not remembered, so the
+steady heartbeat traffic does not push real commands out of that memory.
 
-State table (version counts state changes; results are values):
+`version` counts configuration changes (streams, placement, endpoints, leaders); listeners run
+when it moves. A heartbeat only refreshes a timestamp: it replaces the view but keeps the version.
 
-| command | precondition | effect | result |
+State table (A = Applied(version after), R = Rejected(code); "v+1" = version increments):
+
+| command | when | effect | result |
 |---|---|---|---|
-| any, request id seen before | - | none | the first result |
-| CreateStream(config) | config valid, name unused | stream added, version+1 | Applied(version) |
-| CreateStream(config) | name in use | none | Rejected(already-exists) |
-| CreateStream(config) | config invalid | none | Rejected(invalid-argument) |
-| DeleteStream(name) | stream exists | stream removed, version+1 | Applied(version) |
-| DeleteStream(name) | no such stream | none | Rejected(not-found) |
-| RegisterNode(node, ...) | fields valid | node record set, version+1 | Applied(version) |
-| Barrier | - | none | Applied(version) |
+| any but Heartbeat, ReportLeader | request id seen | none | the first result |
+| CreateStream | valid, name free, R live nodes | add, place (placement.py), v+1 | A |
+| CreateStream | name in use | none | R(already-exists) |
+| CreateStream | invalid config | none | R(invalid-argument) |
+| CreateStream | < R registered or < R alive | none | R(invalid-argument) |
+| LegacyCreateStream (format 1) | as CreateStream | add unplaced (replicas ()), v+1 | A |
+| DeleteStream | exists | remove with placement+leaders, v+1 | A |
+| DeleteStream | unknown | none | R(not-found) |
+| RegisterNode | new or other endpoints | record, heartbeat=now_ms, v+1 | A |
+| RegisterNode | same endpoints | heartbeat=max(old, now_ms) | A |
+| Heartbeat | registered | heartbeat=max(old, now_ms), version kept | A |
+| Heartbeat | unknown node | none | R(not-found) |
+| ReportLeader | epoch > recorded or none | leader=(node, epoch), v+1 | A |
+| ReportLeader | epoch < recorded, or repeat | none (stale: ignored) | A |
+| ReportLeader | same epoch, other node | none | R(invalid-argument) |
+| ReportLeader | bad stream/partition/node/epoch | none | R(not-found/invalid-arg.) |
+| Barrier | - | none | A |
 """
 
 from __future__ import annotations
@@ -28,11 +44,12 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import NewType
+from typing import NamedTuple, NewType
 
 from spate.cluster.metadata import limits
+from spate.cluster.metadata.placement import ReplicaSet, place
 from spate.core.errors import (
     AlreadyExists,
     BrokerError,
@@ -41,7 +58,7 @@ from spate.core.errors import (
     NotFound,
     ResourceLimitExceeded,
 )
-from spate.core.ids import NodeId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 
 RequestId = NewType("RequestId", str)
@@ -52,22 +69,54 @@ _ENDPOINT = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$")
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionLeader:
+    """The highest-epoch leader reported for a partition."""
+
+    node: NodeId
+    epoch: LeaderEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """One partition of a stream: where it lives and who last reported leading it."""
+
+    replicas: ReplicaSet  # preferred leader first; () for a stream created by a format-1 build
+    leader: PartitionLeader | None = None  # None until the first report
+
+
+@dataclass(frozen=True, slots=True)
 class StreamRecord:
     """A stream definition as stored, with the state version at which it was created.
 
     `created_version` tells a recreated stream from the one deleted before it under the same name.
+    `partitions` has one record per partition, in partition order.
     """
 
     config: StreamConfig
     created_version: int
+    partitions: tuple[PartitionRecord, ...]
+
+    @property
+    def placed(self) -> bool:
+        """False for streams created before placement existed (format-1 commands and dumps)."""
+        return all(p.replicas for p in self.partitions)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     node: NodeId
-    amqp: str  # host:port of the node's AMQP listener
+    amqp: str  # host:port of the node's AMQP listener (link redirects)
     admin: str  # host:port of the node's gRPC admin listener
-    heartbeat_ms: int  # wall clock of the submitting node at its last registration
+    replication: str | None  # host:port of its partition-replication transport; None: format 1
+    metadata: str | None  # host:port of its metadata voter; None: registered by a format-1 build
+    heartbeat_ms: int  # the node's wall clock at its last heartbeat or registration
+
+    def heartbeat_age_ms(self, now_ms: int) -> int:
+        """Milliseconds since the last heartbeat by the caller's clock (0 if it is ahead)."""
+        return max(0, now_ms - self.heartbeat_ms)
+
+    def alive(self, now_ms: int, alive_ms: int = limits.node_alive_ms) -> bool:
+        return self.heartbeat_age_ms(now_ms) < alive_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +128,102 @@ class MetadataView:
     nodes: Mapping[NodeId, NodeRecord]
 
 
+# Read models (pure functions of a view) ---------------------------------------------------------
+
+
+class Assignment(NamedTuple):
+    """A partition a node hosts: `for config, partition, replicas in assignments(view, node)`."""
+
+    config: StreamConfig
+    partition: PartitionId
+    replicas: ReplicaSet  # preferred leader first; () for an unplaced (format-1) stream
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlacement:
+    stream: StreamName
+    partition: PartitionId
+    replicas: ReplicaSet
+    leader: PartitionLeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """A registered node with its liveness at `now_ms` and its share of the partitions."""
+
+    record: NodeRecord
+    alive: bool
+    heartbeat_age_ms: int
+    partitions_hosted: int  # replicas placed on it
+    partitions_led: int  # partitions whose latest leader report names it
+
+
+def assignments(view: MetadataView, node: NodeId) -> list[Assignment]:
+    """The partitions placed on `node`, by stream name then partition. Unplaced (format-1)
+    streams are hosted by every node, as before placement existed, with replicas ()."""
+    found = []
+    for name in sorted(view.streams):
+        record = view.streams[name]
+        for index, partition in enumerate(record.partitions):
+            if not partition.replicas or node in partition.replicas:
+                found.append(Assignment(record.config, PartitionId(index), partition.replicas))
+    return found
+
+
+def partition_placements(
+    view: MetadataView, stream: StreamName | None = None
+) -> list[PartitionPlacement]:
+    """Every partition (of one stream, or all) by stream name then partition; NotFound for an
+    unknown stream."""
+    if stream is not None and stream not in view.streams:
+        raise NotFound(f"stream {stream!r} does not exist")
+    names = [stream] if stream is not None else sorted(view.streams)
+    return [
+        PartitionPlacement(name, PartitionId(index), p.replicas, p.leader)
+        for name in names
+        for index, p in enumerate(view.streams[name].partitions)
+    ]
+
+
+def node_statuses(
+    view: MetadataView, now_ms: int, alive_ms: int = limits.node_alive_ms
+) -> list[NodeStatus]:
+    """Every registered node, sorted by id, judged alive by the caller's clock."""
+    hosted: dict[NodeId, int] = {}
+    led: dict[NodeId, int] = {}
+    for record in view.streams.values():
+        for partition in record.partitions:
+            for node in partition.replicas:
+                hosted[node] = hosted.get(node, 0) + 1
+            if partition.leader is not None:
+                led[partition.leader.node] = led.get(partition.leader.node, 0) + 1
+    return [
+        NodeStatus(
+            record=view.nodes[node],
+            alive=view.nodes[node].alive(now_ms, alive_ms),
+            heartbeat_age_ms=view.nodes[node].heartbeat_age_ms(now_ms),
+            partitions_hosted=hosted.get(node, 0),
+            partitions_led=led.get(node, 0),
+        )
+        for node in sorted(view.nodes)
+    ]
+
+
 # Commands ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class CreateStream:
+    request_id: RequestId
+    config: StreamConfig
+    now_ms: int  # the submitter's clock: nodes with a heartbeat within node_alive_ms are live
+    default_replicas: bool = False  # replace config.replicas by min(3, registered nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyCreateStream:
+    """A format-1 CreateStream from an old journal: what it meant then (no placement)."""
+
     request_id: RequestId
     config: StreamConfig
 
@@ -100,7 +240,27 @@ class RegisterNode:
     node: NodeId
     amqp: str
     admin: str
+    replication: str | None  # None only in format-1 records
+    metadata: str | None  # None only in format-1 records
     now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    request_id: RequestId
+    node: NodeId
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLeader:
+    """Sent by a partition's leader when it becomes leader; the highest epoch wins."""
+
+    request_id: RequestId
+    stream: StreamName
+    partition: PartitionId
+    leader: NodeId
+    epoch: LeaderEpoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +270,18 @@ class Barrier:
     request_id: RequestId
 
 
-Command = CreateStream | DeleteStream | RegisterNode | Barrier
+Command = (
+    CreateStream
+    | LegacyCreateStream
+    | DeleteStream
+    | RegisterNode
+    | Heartbeat
+    | ReportLeader
+    | Barrier
+)
+
+_NOT_REMEMBERED = (Heartbeat, ReportLeader)
+"""Idempotent commands (they keep a maximum): applying one twice changes nothing."""
 
 # Results ----------------------------------------------------------------------------------------
 
@@ -194,6 +365,8 @@ class MetadataState:
     def restore(self, snapshot: MetadataSnapshot) -> None:
         """Replace the whole state with a snapshot's."""
         assert len(snapshot.requests) <= limits.request_ids_remembered_max
+        for record in snapshot.streams:
+            assert len(record.partitions) == record.config.partitions, record
         self._requests = OrderedDict(snapshot.requests)
         self.view = MetadataView(
             version=snapshot.version,
@@ -211,33 +384,43 @@ class MetadataState:
         )
 
     def apply(self, command: Command) -> Result:
-        seen = self._requests.get(command.request_id)
-        if seen is not None:
-            return seen
+        remember = not isinstance(command, _NOT_REMEMBERED)
+        if remember:
+            seen = self._requests.get(command.request_id)
+            if seen is not None:
+                return seen
         try:
             result = self._decide(command)
         except BrokerError as error:
             result = Rejected.of(error)
-        self._requests[command.request_id] = result
-        while len(self._requests) > limits.request_ids_remembered_max:
-            self._requests.popitem(last=False)
+        if remember:
+            self._requests[command.request_id] = result
+            while len(self._requests) > limits.request_ids_remembered_max:
+                self._requests.popitem(last=False)
         return result
 
     def _decide(self, command: Command) -> Result:
         view = self.view
         version = view.version + 1
-        if isinstance(command, CreateStream):
-            config = command.config
-            config.validate()
-            if config.name in view.streams:
-                raise AlreadyExists(f"stream {config.name!r} already exists")
-            if len(view.streams) >= limits.streams_max:
-                raise ResourceLimitExceeded(
-                    f"the cluster holds the most streams it may ({limits.streams_max}); "
-                    "delete one first"
+        if isinstance(command, CreateStream | LegacyCreateStream):
+            if isinstance(command, CreateStream):
+                config = self._placeable_config(command)
+                partitions = tuple(
+                    PartitionRecord(replicas)
+                    for replicas in place(
+                        config.partitions,
+                        config.replicas,
+                        self._live_nodes(command.now_ms),
+                        start=sum(r.config.partitions for r in view.streams.values()),
+                    )
                 )
+            else:
+                config = command.config
+                config.validate()
+                self._check_new_stream(config)
+                partitions = (PartitionRecord(()),) * config.partitions
             streams = dict(view.streams)
-            streams[config.name] = StreamRecord(config, created_version=version)
+            streams[config.name] = StreamRecord(config, version, partitions)
             self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
             return Applied(version)
         if isinstance(command, DeleteStream):
@@ -248,19 +431,138 @@ class MetadataState:
             self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
             return Applied(version)
         if isinstance(command, RegisterNode):
-            _validate_node(command)
-            if command.node not in view.nodes and len(view.nodes) >= limits.nodes_max:
-                raise ResourceLimitExceeded(
-                    f"the cluster holds the most nodes it may ({limits.nodes_max})"
+            return self._register(command)
+        if isinstance(command, Heartbeat):
+            known = view.nodes.get(command.node)
+            if known is None:
+                raise NotFound(
+                    f"node {command.node!r} is not registered (a node registers when it starts)"
                 )
-            nodes = dict(view.nodes)
-            nodes[command.node] = NodeRecord(
-                command.node, command.amqp, command.admin, command.now_ms
-            )
-            self.view = MetadataView(version, view.streams, MappingProxyType(nodes))
-            return Applied(version)
+            if command.now_ms > known.heartbeat_ms:
+                nodes = dict(view.nodes)
+                nodes[command.node] = replace(known, heartbeat_ms=command.now_ms)
+                self.view = MetadataView(view.version, view.streams, MappingProxyType(nodes))
+            return Applied(view.version)
+        if isinstance(command, ReportLeader):
+            return self._report_leader(command)
         assert isinstance(command, Barrier), command
         return Applied(view.version)
+
+    def _check_new_stream(self, config: StreamConfig) -> None:
+        if config.name in self.view.streams:
+            raise AlreadyExists(f"stream {config.name!r} already exists")
+        if len(self.view.streams) >= limits.streams_max:
+            raise ResourceLimitExceeded(
+                f"the cluster holds the most streams it may ({limits.streams_max}); "
+                "delete one first"
+            )
+
+    def _live_nodes(self, now_ms: int) -> list[NodeId]:
+        return sorted(n for n, record in self.view.nodes.items() if record.alive(now_ms))
+
+    def _placeable_config(self, command: CreateStream) -> StreamConfig:
+        """The config to store (replicas defaulted), or InvalidArgument if it cannot be placed."""
+        config = command.config
+        registered = len(self.view.nodes)
+        if command.default_replicas:
+            if registered == 0:
+                raise InvalidArgument(
+                    "the cluster has no registered nodes to place the stream on: start a node"
+                )
+            config = replace(config, replicas=min(limits.default_replicas_max, registered))
+        config.validate()
+        self._check_new_stream(config)
+        wanted = config.replicas
+        if registered < wanted:
+            hint = f"use --replicas {registered}" if registered else "start a node first"
+            raise InvalidArgument(
+                f"stream needs {wanted} replica{'s' if wanted != 1 else ''} but the cluster has "
+                f"{registered} registered node{'s' if registered != 1 else ''}: start more nodes "
+                f"or {hint}"
+            )
+        live = self._live_nodes(command.now_ms)
+        if len(live) < wanted:
+            dead = sorted(set(self.view.nodes) - set(live))
+            silent = ", ".join(
+                f"{node} silent for "
+                f"{self.view.nodes[node].heartbeat_age_ms(command.now_ms) // 1000} s"
+                for node in dead
+            )
+            hint = f" or use --replicas {len(live)}" if live else ""
+            raise InvalidArgument(
+                f"stream needs {wanted} replica{'s' if wanted != 1 else ''} but only {len(live)} "
+                f"of the {registered} registered nodes are alive ({silent}): restart "
+                f"{'it' if len(dead) == 1 else 'them'}{hint}"
+            )
+        return config
+
+    def _register(self, command: RegisterNode) -> Result:
+        view = self.view
+        _validate_node(command)
+        known = view.nodes.get(command.node)
+        if known is None and len(view.nodes) >= limits.nodes_max:
+            raise ResourceLimitExceeded(
+                f"the cluster holds the most nodes it may ({limits.nodes_max})"
+            )
+        record = NodeRecord(
+            node=command.node,
+            amqp=command.amqp,
+            admin=command.admin,
+            replication=command.replication,
+            metadata=command.metadata,
+            heartbeat_ms=command.now_ms,
+        )
+        nodes = dict(view.nodes)
+        if known is not None and replace(known, heartbeat_ms=record.heartbeat_ms) == record:
+            # Same endpoints: a restart on the same ports is only a heartbeat.
+            nodes[command.node] = replace(
+                known, heartbeat_ms=max(known.heartbeat_ms, command.now_ms)
+            )
+            self.view = MetadataView(view.version, view.streams, MappingProxyType(nodes))
+            return Applied(view.version)
+        version = view.version + 1
+        nodes[command.node] = record
+        self.view = MetadataView(version, view.streams, MappingProxyType(nodes))
+        return Applied(version)
+
+    def _report_leader(self, command: ReportLeader) -> Result:
+        view = self.view
+        stream = view.streams.get(command.stream)
+        if stream is None:
+            raise NotFound(f"stream {command.stream!r} does not exist")
+        if not 0 <= command.partition < stream.config.partitions:
+            raise InvalidArgument(
+                f"stream {command.stream!r} has partitions 0-{stream.config.partitions - 1}, "
+                f"not {command.partition}"
+            )
+        if command.epoch < 0:
+            raise InvalidArgument(f"leader epoch must not be negative, got {command.epoch}")
+        where = f"{command.stream}/{command.partition}"
+        partition = stream.partitions[command.partition]
+        if partition.replicas and command.leader not in partition.replicas:
+            raise InvalidArgument(
+                f"node {command.leader!r} is not a replica of {where} "
+                f"(replicas {', '.join(partition.replicas)})"
+            )
+        if not _NODE_ID.match(command.leader):
+            raise InvalidArgument(f"invalid node id {command.leader!r}")
+        current = partition.leader
+        if current is not None and command.epoch <= current.epoch:
+            if command.epoch == current.epoch and command.leader != current.node:
+                raise InvalidArgument(
+                    f"conflicting leader report for {where}: epoch {command.epoch} is led by "
+                    f"{current.node}, not {command.leader}"
+                )
+            return Applied(view.version)  # stale or repeated: ignored
+        version = view.version + 1
+        records = list(stream.partitions)
+        records[command.partition] = replace(
+            partition, leader=PartitionLeader(command.leader, command.epoch)
+        )
+        streams = dict(view.streams)
+        streams[command.stream] = replace(stream, partitions=tuple(records))
+        self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
+        return Applied(version)
 
 
 def _validate_node(command: RegisterNode) -> None:
@@ -269,7 +571,14 @@ def _validate_node(command: RegisterNode) -> None:
             f"invalid node id {command.node!r}: use 1-64 letters, digits, "
             "'-' or '_', starting with a letter or digit"
         )
-    for label, endpoint in (("AMQP", command.amqp), ("admin", command.admin)):
+    for label, endpoint in (
+        ("AMQP", command.amqp),
+        ("admin", command.admin),
+        ("replication", command.replication),
+        ("metadata", command.metadata),
+    ):
+        if endpoint is None:
+            continue  # format-1 registrations carry only AMQP and admin
         if not _ENDPOINT.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536:
             raise InvalidArgument(f"invalid {label} endpoint {endpoint!r}: expected HOST:PORT")
     if command.now_ms < 0:
