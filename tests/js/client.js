@@ -1,7 +1,7 @@
 // A rhea (Node.js AMQP 1.0) client driven by the Python tests.
-// Usage: node client.js '<json>'  -> prints one JSON object with what happened, then exits.
+// Usage: node client.js < args.json  -> prints one JSON object with what happened, then exits.
 // Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
-//   {op: "publish", address, bodies: [str], properties?}         -> outcomes: ["accepted"|condition]
+//   {op: "publish", address, bodies: [str] | {prefix, count}, properties?} -> outcomes: ["accepted"|condition]
 //   {op: "consume", address, count, filter?, properties?}        -> messages: [{body, offset, timestamp, source_partition}]
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
 // filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
@@ -9,15 +9,17 @@
 const rhea = require("rhea");
 const types = rhea.types;
 
-const args = JSON.parse(process.argv[2]);
+const args = JSON.parse(require("fs").readFileSync(0, "utf8"));
 const result = { steps: [] };
+let finished = false;
 const deadline = setTimeout(() => finish("timeout"), args.timeout_ms || 20000);
 
 function finish(error) {
   clearTimeout(deadline);
   if (error) result.error = error;
-  process.stdout.write(JSON.stringify(result) + "\n");
-  process.exit(0);
+  if (finished) return;
+  finished = true;
+  process.stdout.write(JSON.stringify(result) + "\n", () => process.exit(0));
 }
 
 function wrapValue(spec) {
@@ -94,6 +96,10 @@ function runStep(i) {
   const next = () => runStep(i + 1);
   const name = "link-" + (++linkCounter);
   if (step.op === "publish") {
+    if (!Array.isArray(step.bodies)) {
+      const { prefix, count } = step.bodies;
+      step.bodies = Array.from({ length: count }, (_, k) => prefix + k);
+    }
     const sender = connection.open_sender({ name, target: { address: step.address }, properties: linkProps(step.properties) });
     out.outcomes = [];
     let sent = 0;

@@ -204,10 +204,10 @@ def run_rhea(gateway: RunningGateway, steps: list[dict[str, Any]], *, timeout_s:
                             "timeout_ms": int(timeout_s * 1000) - 2000} | extra
     if gateway.tls_ca is not None:
         args["tls"] = {"ca": gateway.tls_ca.read_text()}
-    proc = subprocess.Popen(["node", str(JS_DIR / "client.js"), json.dumps(args)],
-                            cwd=JS_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(["node", str(JS_DIR / "client.js")], cwd=JS_DIR,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(json.dumps(args).encode(), timeout=timeout_s)
     finally:
         if proc.poll() is None:
             proc.kill()
