@@ -74,7 +74,7 @@ MAC_BYTES = 32
 
 GroupKey = tuple[StreamName, PartitionId]
 
-_FRAME_HEAD = struct.Struct(">IB")
+FRAME_HEAD = struct.Struct(">IB")
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -89,7 +89,7 @@ _SNAP = struct.Struct(">QQ")
 _PIECE_REQ = struct.Struct(">QI")
 _MANIFEST_ITEM = struct.Struct(">Q")
 
-FRAME_HEAD_BYTES = _FRAME_HEAD.size
+FRAME_HEAD_BYTES = FRAME_HEAD.size
 
 
 class CodecError(Exception):
@@ -98,7 +98,7 @@ class CodecError(Exception):
 
 def frame(kind: int, *parts: bytes | memoryview) -> bytes:
     body_length = 1 + sum(len(p) for p in parts)
-    return b"".join((_FRAME_HEAD.pack(body_length, kind), *parts))
+    return b"".join((FRAME_HEAD.pack(body_length, kind), *parts))
 
 
 def _str8(text: str) -> bytes:

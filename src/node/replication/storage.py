@@ -1,0 +1,216 @@
+"""Raft persistence for one partition replica: the log is the PartitionLog, plus a hard-state file.
+
+Directory of one replica (`<data_dir>/partitions/<stream>/<partition>/`):
+
+```
+log/           the PartitionLog's segment and index files (one Raft entry = one chunk)
+raft.state     the hard state (term, vote, commit), two slots, see below
+catchup/       segment files being fetched from the leader (catchup.py); absent otherwise
+```
+
+A Raft entry is one chunk: the chunk header's `epoch` is the entry's term and `raft_index` its
+index. The leader encodes the chunk when it proposes (spate.node.replication.partition);
+followers store the leader's bytes as they are. The barrier entry a new leader appends (an
+empty payload in the core) is stored as a barrier chunk (no records) that each replica encodes
+itself from (end offset of the previous chunk, its timestamp, term, index): deterministic, since
+the logs agree up to it.
+
+`raft.state`: two 64-byte slots at bytes 0 and 64, written alternately in place with one
+`pwrite` and one `fdatasync`, so a torn write can only damage the slot being written:
+
+```
+ 0  4 magic "SPHS" | 4 4 crc32c of bytes 8..64 | 8 8 sequence u64 | 16 8 term u64
+24  8 commit u64   | 32 1 vote length u8 | 33 31 vote (UTF-8 node id, zero padded)
+```
+
+On open the valid slot with the highest sequence wins. No valid slot (and no file) means a new
+replica, which matters for voting (ADR 0005).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+from spate.core.errors import StorageFailure
+from spate.core.ids import NodeId, Offset, Term
+from spate.node.log import FileStorage, LogConfig, PartitionLog
+from spate.node.log import chunk as chunk_codec
+from spate.node.log.partition_log import SyncPlan
+from spate.node.replication import limits
+from spate.node.replication.messages import (
+    SNAPSHOT_EMPTY,
+    Entry,
+    HardState,
+    Ready,
+    SnapshotMeta,
+)
+
+_SLOT = struct.Struct(">4sIQQQB31s")
+SLOT_BYTES = 64
+_MAGIC = b"SPHS"
+assert _SLOT.size == SLOT_BYTES
+
+
+class HardStateFile:
+    """The hard state of one replica (see module docstring). Not thread-safe: `write` on the
+    owner's thread, `sync` may run in the fsync thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        existed = path.exists()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._sequence = 0
+        self.state: HardState | None = None
+        if existed:
+            self.state, self._sequence = self._load()
+        else:
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.dirty = False
+
+    def _load(self) -> tuple[HardState | None, int]:
+        best: tuple[HardState | None, int] = (None, 0)
+        for slot in (0, 1):
+            data = os.pread(self._fd, SLOT_BYTES, slot * SLOT_BYTES)
+            if len(data) != SLOT_BYTES:
+                continue
+            magic, crc, sequence, term, commit, vote_length, vote = _SLOT.unpack(data)
+            if magic != _MAGIC or crc != crc32c.crc32c(data[8:]) or vote_length > 31:
+                continue
+            if best[0] is None or sequence > best[1]:
+                voted = NodeId(vote[:vote_length].decode()) if vote_length else None
+                best = (HardState(Term(term), voted, commit), sequence)
+        return best
+
+    def write(self, state: HardState) -> None:
+        """Write (not sync) the new hard state into the older slot."""
+        vote = (state.vote or "").encode()
+        assert len(vote) <= 31, state.vote
+        self._sequence += 1
+        body = _SLOT.pack(_MAGIC, 0, self._sequence, state.term, state.commit, len(vote), vote)
+        data = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
+        os.pwrite(self._fd, data, (self._sequence % 2) * SLOT_BYTES)
+        self.state = state
+        self.dirty = True
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass(slots=True)
+class SyncWork:
+    """What one Ready needs synced: run in the fsync thread, then `finish` on the loop."""
+
+    plan: SyncPlan | None
+    hard_state: bool
+
+
+class RaftStore:
+    """The log and hard state of one replica, and how a Ready is persisted into them."""
+
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.log = PartitionLog.open(self.log_storage(), config)
+        self.hard = HardStateFile(directory / "raft.state")
+        self.fresh = self.hard.state is None and self.log.last_raft_index == 0
+
+    def log_storage(self) -> FileStorage:
+        return FileStorage(self.directory / "log")
+
+    # -- restart
+
+    def initial(self) -> tuple[HardState, SnapshotMeta, list[Entry], Offset]:
+        """What to hand a new Raft core: hard state, snapshot marker (the commit point: all
+        entries up to it stay on disk only), the uncommitted entries after it, and the end
+        offset of the committed log."""
+        state = self.hard.state or HardState()
+        last = self.log.last_raft_index
+        commit = min(state.commit, last)
+        snapshot = SNAPSHOT_EMPTY
+        committed_end = self.log.start_offset
+        if commit > 0:
+            header = self.log.header_at_index(commit)
+            if header is None:
+                raise StorageFailure(f"the chunk of committed Raft index {commit} is missing")
+            snapshot = SnapshotMeta(commit, Term(header.epoch))
+            committed_end = header.end_offset
+        entries = []
+        for data in self.log.chunks_from_index(commit + 1, limits.restart_window_bytes_max):
+            header = chunk_codec.decode_header(data)
+            payload = b"" if header.record_count == 0 else data
+            entries.append(Entry(header.raft_index, Term(header.epoch), payload))
+        if entries and entries[-1].index != last:
+            raise StorageFailure(
+                f"more than {limits.restart_window_bytes_max} bytes of uncommitted entries"
+            )
+        return HardState(state.term, state.vote, commit), snapshot, entries, committed_end
+
+    # -- Ready
+
+    def persist(self, ready: Ready) -> SyncWork | None:
+        """Step 1 of a Ready: write its snapshot marker, entries and hard state (no fsync).
+        Returns what must be synced before its messages go out."""
+        log = self.log
+        if ready.snapshot is not None:
+            # The data was installed by the catch-up (catchup.py) before restore() was called.
+            assert log.last_raft_index >= ready.snapshot.index, (ready.snapshot, log.last_raft_index)
+            if log.last_raft_index > ready.snapshot.index:
+                log.truncate_from_index(ready.snapshot.index + 1)
+        if ready.entries:
+            first = ready.entries[0].index
+            if log.last_raft_index >= first:
+                log.truncate_from_index(first)
+            assert log.last_raft_index == first - 1 or log.last_raft_index == 0, (
+                first, log.last_raft_index)
+            for entry in ready.entries:
+                if entry.payload:
+                    data = entry.payload
+                else:
+                    data = chunk_codec.encode_barrier(
+                        log.end_offset, log.last_timestamp_ms or 0, entry.term, entry.index
+                    )
+                header = log.append_chunk_bytes(data)
+                assert header.raft_index == entry.index and header.epoch == entry.term, (
+                    header, entry.describe())
+        if ready.hard_state is not None:
+            self.hard.write(ready.hard_state)
+        plan = log.begin_sync()
+        if plan is None and not self.hard.dirty:
+            return None
+        return SyncWork(plan, self.hard.dirty)
+
+    def run_sync(self, work: SyncWork) -> None:
+        """The fsync thread's part. Raises OSError."""
+        if work.plan is not None:
+            self.log.run_sync(work.plan)
+        if work.hard_state:
+            self.hard.sync()
+
+    def finish_sync(self, work: SyncWork) -> None:
+        if work.plan is not None:
+            self.log.finish_sync(work.plan)
+        if work.hard_state:
+            self.hard.dirty = False
+
+    def write_commit(self, commit: int) -> None:
+        """Record (and sync) a commit point reached by installing the leader's segments."""
+        state = self.hard.state or HardState()
+        self.hard.write(HardState(state.term, state.vote, max(state.commit, commit)))
+        self.hard.sync()
+        self.hard.dirty = False
+
+    def close(self) -> None:
+        self.log.close()
+        self.hard.close()

@@ -1,0 +1,293 @@
+"""Node-to-node transport: framed asyncio TCP (optionally TLS), authenticated by HMAC.
+
+Each node dials one connection to every peer it sends to and accepts the connections its peers
+dial: a node *sends* on the connection it dialed and *receives* on those it accepted, so there
+is no simultaneous-open race to break and a slow receiver only ever back-pressures its own
+inbound socket. Every partition's Raft traffic between two nodes shares that one connection
+(frames carry the group id, see codec.py).
+
+Sending never blocks and never raises: `send` queues an encoded frame for the peer's writer
+task; frames queued during one loop turn go out in one `write` (up to
+`limits.peer_write_bytes_max`), so many small Raft messages cost one syscall. The queue is
+bounded by `limits.peer_send_queue_bytes_max`: past it frames are dropped, as a lossy network
+would drop them (Raft retransmits). While a peer is unreachable its frames are dropped and the
+writer redials with backoff.
+
+Handshake (codec.py kinds 10-12), both sides proving they hold the cluster secret:
+
+```
+server -> client  CHALLENGE(server_id, nonce_s)
+client -> server  HELLO(client_id, nonce_c, HMAC-SHA256(secret, "c" | nonce_s | client | server))
+server -> client  WELCOME(HMAC-SHA256(secret, "s" | nonce_c | server | client))
+```
+
+A peer that fails it is refused with a log line naming its address (and claimed id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import ssl
+from collections import deque
+from collections.abc import Callable
+
+from spate.core.ids import NodeId
+from spate.node.replication import codec, limits
+
+log = logging.getLogger(__name__)
+
+FrameHandler = Callable[[NodeId, int, memoryview], None]
+"""Called on the loop for every frame received: (peer, kind, body)."""
+PeerAddress = Callable[[NodeId], tuple[str, int] | None]
+
+
+def _mac(secret: bytes, role: bytes, nonce: bytes, first: NodeId, second: NodeId) -> bytes:
+    message = b"|".join((role, nonce, first.encode(), second.encode()))
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, memoryview]:
+    head = await reader.readexactly(codec.FRAME_HEAD_BYTES)
+    length, kind = codec.FRAME_HEAD.unpack(head)
+    if length < 1 or length > limits.frame_bytes_max:
+        raise codec.CodecError(f"frame of {length} bytes (limit {limits.frame_bytes_max})")
+    body = await reader.readexactly(length - 1) if length > 1 else b""
+    return kind, memoryview(body)
+
+
+class _Peer:
+    def __init__(self, node: NodeId) -> None:
+        self.node = node
+        self.frames: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.connected = False
+
+
+class Transport:
+    def __init__(
+        self,
+        node: NodeId,
+        secret: str,
+        host: str,
+        port: int,
+        peers: PeerAddress,
+        on_frame: FrameHandler,
+        *,
+        ssl_server: ssl.SSLContext | None = None,
+        ssl_client: ssl.SSLContext | None = None,
+    ) -> None:
+        self.node = node
+        self._secret = secret.encode()
+        self._host = host
+        self._port = port
+        self._address_of = peers
+        self._on_frame = on_frame
+        self._ssl_server = ssl_server
+        self._ssl_client = ssl_client
+        self._peers: dict[NodeId, _Peer] = {}
+        self._server: asyncio.Server | None = None
+        self._inbound: set[asyncio.Task[None]] = set()
+        self._inbound_writers: set[asyncio.StreamWriter] = set()
+        self._closing = False
+        self.frames_dropped = 0
+        self.refused = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(
+            self._accept, self._host, self._port, ssl=self._ssl_server
+        )
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        tasks = [p.task for p in self._peers.values() if p.task is not None]
+        for task in tasks:
+            task.cancel()
+        for writer in list(self._inbound_writers):
+            writer.close()  # the reading tasks end on their own (no cancel: see asyncio streams)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._inbound:
+            await asyncio.wait(list(self._inbound), timeout=1.0)
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    # -- sending
+
+    def send(self, peer: NodeId, data: bytes) -> bool:
+        """Queue one encoded frame; False when it was dropped (queue full or closing)."""
+        assert peer != self.node
+        if self._closing:
+            return False
+        state = self._peers.get(peer)
+        if state is None:
+            state = self._peers[peer] = _Peer(peer)
+            state.task = asyncio.get_running_loop().create_task(
+                self._dial_loop(state), name=f"replication-send-{peer}"
+            )
+        if not state.connected or (
+            state.queued_bytes + len(data) > limits.peer_send_queue_bytes_max
+        ):
+            self.frames_dropped += 1
+            return False
+        state.frames.append(data)
+        state.queued_bytes += len(data)
+        state.wake.set()
+        return True
+
+    def connected(self, peer: NodeId) -> bool:
+        state = self._peers.get(peer)
+        return state is not None and state.connected
+
+    def dial(self, peer: NodeId) -> None:
+        """Start connecting to `peer` ahead of the first send."""
+        if peer not in self._peers and not self._closing:
+            state = self._peers[peer] = _Peer(peer)
+            state.task = asyncio.get_running_loop().create_task(
+                self._dial_loop(state), name=f"replication-send-{peer}"
+            )
+
+    async def _dial_loop(self, peer: _Peer) -> None:
+        delay_ms = limits.reconnect_delay_ms_min
+        while not self._closing:
+            address = self._address_of(peer.node)
+            writer: asyncio.StreamWriter | None = None
+            try:
+                if address is None:
+                    raise OSError(f"no replication address known for {peer.node}")
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address[0], address[1], ssl=self._ssl_client),
+                    limits.handshake_timeout_ms / 1000,
+                )
+                await asyncio.wait_for(
+                    self._client_handshake(reader, writer, peer.node),
+                    limits.handshake_timeout_ms / 1000,
+                )
+                delay_ms = limits.reconnect_delay_ms_min
+                peer.connected = True
+                await self._write_loop(peer, reader, writer)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, codec.CodecError) as error:
+                log.debug("replication link %s -> %s down: %s", self.node, peer.node, error)
+            finally:
+                peer.connected = False
+                self.frames_dropped += len(peer.frames)
+                peer.frames.clear()
+                peer.queued_bytes = 0
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(delay_ms / 1000)
+            delay_ms = min(2 * delay_ms, limits.reconnect_delay_ms_max)
+
+    async def _client_handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected: NodeId
+    ) -> None:
+        kind, body = await _read_frame(reader)
+        if kind != codec.KIND_CHALLENGE:
+            raise codec.CodecError(f"expected a challenge, got frame kind {kind}")
+        server, nonce_s = codec.decode_challenge(body)
+        if server != expected:
+            raise codec.CodecError(f"dialed {expected} but {server} answered")
+        nonce_c = os.urandom(codec.NONCE_BYTES)
+        mac = _mac(self._secret, b"c", nonce_s, self.node, server)
+        writer.write(codec.encode_hello(self.node, nonce_c, mac))
+        await writer.drain()
+        kind, body = await _read_frame(reader)
+        if kind != codec.KIND_WELCOME:
+            raise codec.CodecError(f"expected a welcome, got frame kind {kind}")
+        want = _mac(self._secret, b"s", nonce_c, server, self.node)
+        if not hmac.compare_digest(codec.decode_welcome(body), want):
+            log.warning(
+                "replication: refusing peer %s: it does not hold the cluster secret", server
+            )
+            raise codec.CodecError("peer failed authentication")
+
+    async def _write_loop(
+        self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        # The dialed connection only carries our frames; reading it detects the peer closing.
+        closed = asyncio.ensure_future(reader.read(1))
+        try:
+            while not self._closing:
+                if not peer.frames:
+                    peer.wake.clear()
+                    waiter = asyncio.ensure_future(peer.wake.wait())
+                    done, _ = await asyncio.wait(
+                        {waiter, closed}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if closed in done:
+                        waiter.cancel()
+                        raise OSError("peer closed the connection")
+                    continue
+                batch: list[bytes] = []
+                size = 0
+                while peer.frames and size < limits.peer_write_bytes_max:
+                    data = peer.frames.popleft()
+                    batch.append(data)
+                    size += len(data)
+                peer.queued_bytes -= size
+                writer.write(b"".join(batch) if len(batch) > 1 else batch[0])
+                await writer.drain()
+        finally:
+            closed.cancel()
+
+    # -- receiving
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inbound.add(task)
+        self._inbound_writers.add(writer)
+        where = writer.get_extra_info("peername")
+        try:
+            peer = await asyncio.wait_for(
+                self._server_handshake(reader, writer, where), limits.handshake_timeout_ms / 1000
+            )
+            if peer is None:
+                return
+            while True:
+                kind, body = await _read_frame(reader)
+                self._on_frame(peer, kind, body)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
+            log.debug("replication link from %s closed: %s", where, error)
+        except codec.CodecError as error:
+            log.warning("replication: closing the link from %s: %s", where, error)
+        finally:
+            self._inbound.discard(task)
+            self._inbound_writers.discard(writer)
+            writer.close()
+
+    async def _server_handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: object
+    ) -> NodeId | None:
+        nonce_s = os.urandom(codec.NONCE_BYTES)
+        writer.write(codec.encode_challenge(self.node, nonce_s))
+        await writer.drain()
+        kind, body = await _read_frame(reader)
+        if kind != codec.KIND_HELLO:
+            raise codec.CodecError(f"expected a hello, got frame kind {kind}")
+        client, nonce_c, mac = codec.decode_hello(body)
+        want = _mac(self._secret, b"c", nonce_s, client, self.node)
+        if not hmac.compare_digest(mac, want) or client == self.node:
+            self.refused += 1
+            log.warning(
+                "replication: refusing a connection from %s claiming to be node %r: "
+                "it does not hold the cluster secret",
+                where,
+                client,
+            )
+            return None
+        writer.write(codec.encode_welcome(_mac(self._secret, b"s", nonce_c, self.node, client)))
+        await writer.drain()
+        return client
