@@ -19,7 +19,7 @@ from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata.service import MetadataService
 from spate.core.backend import PartitionInfo
 from spate.core.errors import ErrorCode, NotFound
-from spate.core.ids import NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 
 Scenario = Callable[[pb_grpc.AdminStub, grpc.aio.Channel, MetadataService], Awaitable[None]]
 
@@ -82,6 +82,14 @@ def serve(
         try:
             if not peers:
                 await metadata.wait_ready()
+                for node in ("n1", "n2", "n3"):  # n2, n3: registry entries only
+                    await metadata.register_node(
+                        NodeId(node),
+                        amqp=f"{node}.example:5672",
+                        admin=f"{node}.example:7600",
+                        replication=f"{node}.example:7700",
+                        metadata=f"{node}.example:7800",
+                    )
             admin_port = await server.start()
             async with grpc.aio.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
                 await scenario(pb_grpc.AdminStub(channel), channel, metadata)
@@ -129,7 +137,8 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
                 )
             )
         )
-        assert created.stream.partitions == 3 and created.stream.replicas == 1
+        # replicas unset: min(3, registered nodes) = 3
+        assert created.stream.partitions == 3 and created.stream.replicas == 3
         assert created.stream.segment_bytes == 64 * 1024 * 1024  # default filled in
         assert not created.stream.retention.HasField("max_bytes")
         assert [s.name for s in (await stub.ListStreams(pb.ListStreamsRequest())).streams] == [
@@ -144,6 +153,48 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
         ]
         assert described.partitions[1].messages == 7
         assert not described.partitions[1].HasField("first_offset")
+        assert [list(p.replicas) for p in described.partitions] == [
+            ["n1", "n2", "n3"],
+            ["n2", "n3", "n1"],
+            ["n3", "n1", "n2"],
+        ]
+        # No report yet: the stats provider's leader (n1) for partition 1, no epoch.
+        assert [(p.leader, p.HasField("leader_epoch")) for p in described.partitions] == [
+            ("", False),
+            ("n1", False),
+            ("", False),
+        ]
+        await metadata.report_leader(
+            StreamName("orders"), PartitionId(1), NodeId("n3"), LeaderEpoch(4)
+        )
+        await metadata.report_leader(
+            StreamName("orders"), PartitionId(1), NodeId("n2"), LeaderEpoch(2)
+        )
+        described = await stub.DescribeStream(pb.DescribeStreamRequest(name="orders"))
+        assert (described.partitions[1].leader, described.partitions[1].leader_epoch) == ("n3", 4)
+        listed = await stub.ListPartitions(pb.ListPartitionsRequest(stream="orders"))
+        assert [(p.stream, p.partition, p.leader, p.leader_alive) for p in listed.partitions] == [
+            ("orders", 0, "", False),
+            ("orders", 1, "n3", True),
+            ("orders", 2, "", False),
+        ]
+        assert listed.partitions[1].leader_epoch == 4
+        assert not listed.partitions[0].HasField("leader_epoch")
+        await expect_error(
+            stub.ListPartitions(pb.ListPartitionsRequest(stream="ghost")),
+            grpc.StatusCode.NOT_FOUND,
+            ErrorCode.NOT_FOUND,
+            "stream 'ghost' does not exist",
+        )
+        await expect_error(
+            stub.CreateStream(
+                pb.CreateStreamRequest(stream=pb.StreamConfig(name="big", replicas=4))
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ErrorCode.INVALID_ARGUMENT,
+            "stream needs 4 replicas but the cluster has 3 registered nodes: start more nodes "
+            "or use --replicas 3",
+        )
         await stub.CreateStream(pb.CreateStreamRequest(stream=pb.StreamConfig(name="hidden-1")))
         hidden = await stub.DescribeStream(pb.DescribeStreamRequest(name="hidden-1"))
         assert [p.available for p in hidden.partitions] == [False]
@@ -199,6 +250,13 @@ def test_admin_rpcs_health_reflection_and_error_statuses(
         assert [(e.name, e.address) for e in cluster.processes[0].endpoints] == [
             ("amqp", "127.0.0.1:5672")
         ]
+        nodes = [
+            (n.node_id, n.alive, n.partitions_hosted, n.partitions_led, n.replication)
+            for n in cluster.nodes
+        ]
+        # "orders" (and its leader report) is gone; hidden-1 and retried (3 replicas) remain.
+        assert nodes == [(f"n{i}", True, 2, 0, f"n{i}.example:7700") for i in (1, 2, 3)]
+        assert all(n.heartbeat_age_ms < 60_000 for n in cluster.nodes)
 
     serve(tmp_path, free_port(), scenario)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from spate.api.v1 import admin_pb2 as pb
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.metadata.service import MetadataStatus
-from spate.cluster.metadata.state import NodeRecord
+from spate.cluster.metadata.state import NodeStatus, PartitionPlacement, StreamRecord
 from spate.core import limits
 from spate.core.backend import PartitionInfo
 from spate.core.ids import PartitionId, StreamName
@@ -15,7 +15,9 @@ from spate.core.streams import Retention, StreamConfig
 
 
 def stream_config(message: pb.StreamConfig) -> StreamConfig:
-    """A definition from a request; unset fields take the defaults (validated by the caller)."""
+    """A definition from a request; unset fields take the defaults (validated by the caller).
+    An unset `replicas` reads as 1 here; the caller asks the metadata service for its default
+    (min(3, registered nodes)) when `replicas_given` is False."""
     r = message.retention
     return StreamConfig(
         name=StreamName(message.name),
@@ -34,6 +36,10 @@ def stream_config(message: pb.StreamConfig) -> StreamConfig:
     )
 
 
+def replicas_given(message: pb.StreamConfig) -> bool:
+    return message.HasField("replicas")
+
+
 def stream_config_message(config: StreamConfig) -> pb.StreamConfig:
     r = config.retention
     return pb.StreamConfig(
@@ -48,18 +54,20 @@ def stream_config_message(config: StreamConfig) -> pb.StreamConfig:
 
 
 def partition_stats(
-    config: StreamConfig, infos: Sequence[PartitionInfo]
+    record: StreamRecord, infos: Sequence[PartitionInfo]
 ) -> list[pb.PartitionStats]:
-    """One entry per partition of the stream, stats where this process has them."""
+    """One entry per partition of the stream: placement and reported leader from the metadata,
+    runtime stats where this process has them."""
+    config = record.config
     by_partition = {info.partition: info for info in infos if info.stream == config.name}
     stats = []
-    for index in range(config.partitions):
+    for index, placed in enumerate(record.partitions):
+        reported = placed.leader
         info = by_partition.get(PartitionId(index))
         if info is None:
-            stats.append(pb.PartitionStats(partition=index, available=False))
-            continue
-        stats.append(
-            pb.PartitionStats(
+            entry = pb.PartitionStats(partition=index, available=False)
+        else:
+            entry = pb.PartitionStats(
                 partition=index,
                 available=True,
                 first_offset=info.first_offset,
@@ -72,8 +80,26 @@ def partition_stats(
                 segments=info.segments,
                 leader=info.leader or "",
             )
-        )
+        entry.replicas.extend(placed.replicas)
+        if reported is not None:
+            entry.leader = reported.node
+            entry.leader_epoch = reported.epoch
+        stats.append(entry)
     return stats
+
+
+def partition_placement_message(
+    placement: PartitionPlacement, alive: bool
+) -> pb.PartitionPlacement:
+    leader = placement.leader
+    return pb.PartitionPlacement(
+        stream=placement.stream,
+        partition=placement.partition,
+        replicas=placement.replicas,
+        leader="" if leader is None else leader.node,
+        leader_epoch=None if leader is None else leader.epoch,
+        leader_alive=alive,
+    )
 
 
 def metadata_status_message(status: MetadataStatus) -> pb.MetadataStatus:
@@ -109,7 +135,17 @@ def process_message(facts: ProcessFacts) -> pb.ProcessStatus:
     )
 
 
-def node_message(record: NodeRecord) -> pb.RegisteredNode:
+def node_message(status: NodeStatus) -> pb.RegisteredNode:
+    record = status.record
     return pb.RegisteredNode(
-        node_id=record.node, amqp=record.amqp, admin=record.admin, heartbeat_ms=record.heartbeat_ms
+        node_id=record.node,
+        amqp=record.amqp,
+        admin=record.admin,
+        heartbeat_ms=record.heartbeat_ms,
+        replication=record.replication or "",
+        metadata=record.metadata or "",
+        alive=status.alive,
+        heartbeat_age_ms=status.heartbeat_age_ms,
+        partitions_hosted=status.partitions_hosted,
+        partitions_led=status.partitions_led,
     )

@@ -60,7 +60,7 @@ class AdminServer:
         """Listen and serve; returns the bound port. Raises Unavailable if it cannot listen."""
         assert self._server is None, "started twice"
         server = grpc.aio.server()
-        pb_grpc.add_AdminServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_AdminServicer_to_server(self._servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (
@@ -109,7 +109,9 @@ class _AdminServicer(pb_grpc.AdminServicer):
         async def call() -> pb.CreateStreamResponse:
             config = convert.stream_config(request.stream)
             stored = await self.metadata.create_stream(
-                config, request_id=_request_id(request.request_id)
+                config,
+                request_id=_request_id(request.request_id),
+                default_replicas=not convert.replicas_given(request.stream),
             )
             return pb.CreateStreamResponse(stream=convert.stream_config_message(stored))
 
@@ -135,11 +137,11 @@ class _AdminServicer(pb_grpc.AdminServicer):
         async def call() -> pb.DescribeStreamResponse:
             name = StreamName(request.name)
             validate_stream_name(name)
-            config = self.metadata.stream(name)
+            record = self.metadata.stream_record(name)
             infos = await self._stats(name)
             return pb.DescribeStreamResponse(
-                stream=convert.stream_config_message(config),
-                partitions=convert.partition_stats(config, infos),
+                stream=convert.stream_config_message(record.config),
+                partitions=convert.partition_stats(record, infos),
             )
 
         return await _answer(context, call)
@@ -166,7 +168,29 @@ class _AdminServicer(pb_grpc.AdminServicer):
             return pb.ClusterStatusResponse(
                 metadata=convert.metadata_status_message(self.metadata.status()),
                 processes=[convert.process_message(p) for p in self.status()],
-                nodes=[convert.node_message(n) for n in self.metadata.nodes()],
+                nodes=[convert.node_message(n) for n in self.metadata.node_statuses()],
+            )
+
+        return await _answer(context, call)
+
+    async def ListPartitions(
+        self,
+        request: pb.ListPartitionsRequest,
+        context: grpc.aio.ServicerContext[pb.ListPartitionsRequest, pb.ListPartitionsResponse],
+    ) -> pb.ListPartitionsResponse:
+        async def call() -> pb.ListPartitionsResponse:
+            stream = None
+            if request.stream:
+                validate_stream_name(request.stream)
+                stream = StreamName(request.stream)
+            alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
+            return pb.ListPartitionsResponse(
+                partitions=[
+                    convert.partition_placement_message(
+                        p, p.leader is not None and p.leader.node in alive
+                    )
+                    for p in self.metadata.partitions(stream)
+                ]
             )
 
         return await _answer(context, call)
