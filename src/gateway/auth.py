@@ -29,12 +29,19 @@ USERS_MAX = 100_000
 PASSWORD_BYTES_MAX = 1024
 
 
-def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P,
-                  salt: bytes | None = None) -> str:
+def hash_password(
+    password: str,
+    *,
+    n: int = SCRYPT_N,
+    r: int = SCRYPT_R,
+    p: int = SCRYPT_P,
+    salt: bytes | None = None,
+) -> str:
     """`scrypt$n$r$p$salt_b64$hash_b64` for a users file."""
     salt = os.urandom(SALT_BYTES) if salt is None else salt
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=HASH_BYTES,
-                            maxmem=SCRYPT_MAXMEM_BYTES)
+    digest = hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, dklen=HASH_BYTES, maxmem=SCRYPT_MAXMEM_BYTES
+    )
     b64 = base64.b64encode
     return f"scrypt${n}${r}${p}${b64(salt).decode()}${b64(digest).decode()}"
 
@@ -48,8 +55,9 @@ def verify_password(password: str, encoded: str) -> bool:
     salt, expected = base64.b64decode(parts[4]), base64.b64decode(parts[5])
     if len(password.encode()) > PASSWORD_BYTES_MAX:
         return False
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(expected),
-                            maxmem=SCRYPT_MAXMEM_BYTES)
+    digest = hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(expected), maxmem=SCRYPT_MAXMEM_BYTES
+    )
     return hmac.compare_digest(digest, expected)
 
 
@@ -66,7 +74,7 @@ class Users:
             raise InvalidArgument(f"cannot read users file {path}: {err}") from err
         users = doc.get("users") if isinstance(doc, dict) else None
         if not isinstance(users, dict) or len(users) > USERS_MAX:
-            raise InvalidArgument(f"users file {path}: expected {{\"users\": {{name: hash}}}}")
+            raise InvalidArgument(f'users file {path}: expected {{"users": {{name: hash}}}}')
         for name, encoded in users.items():
             if not isinstance(encoded, str) or not encoded.startswith("scrypt$"):
                 raise InvalidArgument(f"users file {path}: user {name!r} has no scrypt hash")

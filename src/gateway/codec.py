@@ -146,13 +146,13 @@ def _decode_checked(b: bytes | memoryview, i: int, depth: int) -> Any:
         return simple(b, i)
     if c in (0xA0, 0xB0):
         size, start = _var_size(b, i, c == 0xA0)
-        return bytes(b[start:start + size])
+        return bytes(b[start : start + size])
     if c in (0xA1, 0xB1):
         size, start = _var_size(b, i, c == 0xA1)
-        return bytes(b[start:start + size]).decode("utf-8")
+        return bytes(b[start : start + size]).decode("utf-8")
     if c in (0xA3, 0xB3):
         size, start = _var_size(b, i, c == 0xA3)
-        return Symbol(bytes(b[start:start + size]).decode("ascii"))
+        return Symbol(bytes(b[start : start + size]).decode("ascii"))
     if c in (0xC0, 0xD0, 0xC1, 0xD1):
         small = c in (0xC0, 0xC1)
         size, start = _var_size(b, i, small)
@@ -243,10 +243,10 @@ _SIMPLE: dict[int, Any] = {
     0x81: _fixed(_I64),
     0x82: _fixed(_F64, float),
     0x83: _fixed(_I64, Timestamp),
-    0x98: lambda b, i: bytes(b[i:i + 16]),
-    0x74: lambda b, i: bytes(b[i:i + 4]),
-    0x84: lambda b, i: bytes(b[i:i + 8]),
-    0x94: lambda b, i: bytes(b[i:i + 16]),
+    0x98: lambda b, i: bytes(b[i : i + 16]),
+    0x74: lambda b, i: bytes(b[i : i + 4]),
+    0x84: lambda b, i: bytes(b[i : i + 8]),
+    0x94: lambda b, i: bytes(b[i : i + 16]),
 }
 
 

@@ -39,14 +39,12 @@ from proton import (
     symbol,
     ushort,
 )
-
 from spate.core import limits
-from spate.core.backend import Broker, Partition
+from spate.core.backend import Broker
 from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
 from spate.gateway import codec, info, links, sections
-from spate.gateway.errors import AmqpError, amqp_error, plain
-from spate.gateway.errors import DECODE_ERROR, RESOURCE_LIMIT_EXCEEDED
+from spate.gateway.errors import DECODE_ERROR, RESOURCE_LIMIT_EXCEEDED, AmqpError, amqp_error, plain
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
 
 log = logging.getLogger(__name__)
@@ -56,12 +54,19 @@ LINKS_PER_CONNECTION_MAX = 1024
 CONSUMER_UNSETTLED_MAX = 10_000
 """Deliveries one consumer link may hold unsettled (credit beyond this waits for settlements)."""
 _TAG = struct.Struct("<Q")
-_CONTROL_EVENTS = frozenset((
-    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
-    lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
-    lib.PN_LINK_REMOTE_OPEN, lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH,
-    lib.PN_LINK_FLOW, lib.PN_TRANSPORT_ERROR,
-))
+_CONTROL_EVENTS = frozenset(
+    (
+        lib.PN_CONNECTION_REMOTE_OPEN,
+        lib.PN_CONNECTION_REMOTE_CLOSE,
+        lib.PN_SESSION_REMOTE_OPEN,
+        lib.PN_SESSION_REMOTE_CLOSE,
+        lib.PN_LINK_REMOTE_OPEN,
+        lib.PN_LINK_REMOTE_CLOSE,
+        lib.PN_LINK_REMOTE_DETACH,
+        lib.PN_LINK_FLOW,
+        lib.PN_TRANSPORT_ERROR,
+    )
+)
 
 
 def _key(pointer: Any) -> int:
@@ -77,8 +82,9 @@ class Context:
     allow_anonymous: bool
     authenticate_plain: Callable[[str, str], Awaitable[bool]] | None
     idle_timeout_s: float | None
-    recv_buffer: Any = field(default_factory=lambda: ffi.new("char[]",
-                                                             limits.message_bytes_max + 1))
+    recv_buffer: Any = field(
+        default_factory=lambda: ffi.new("char[]", limits.message_bytes_max + 1)
+    )
     connections: set[AmqpConnection] = field(default_factory=set)
 
 
@@ -119,8 +125,9 @@ class AmqpConnection(asyncio.Protocol):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.loop = asyncio.get_running_loop()
-        self.sasl = SaslServer(allow_anonymous=ctx.allow_anonymous,
-                               allow_plain=ctx.authenticate_plain is not None)
+        self.sasl = SaslServer(
+            allow_anonymous=ctx.allow_anonymous, allow_plain=ctx.authenticate_plain is not None
+        )
         self.user: str | None = None
         self.engine = Transport(Transport.SERVER)
         self.engine.max_frame_size = limits.frame_bytes_max
@@ -215,9 +222,13 @@ class AmqpConnection(asyncio.Protocol):
         user: str | None = None
         if request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
             user = "anonymous"
-        elif (request.mechanism == "PLAIN" and self.ctx.authenticate_plain is not None
-              and request.user is not None and request.password is not None
-              and await self.ctx.authenticate_plain(request.user, request.password)):
+        elif (
+            request.mechanism == "PLAIN"
+            and self.ctx.authenticate_plain is not None
+            and request.user is not None
+            and request.password is not None
+            and await self.ctx.authenticate_plain(request.user, request.password)
+        ):
             user = request.user
         if not self.closed:
             self._sasl_actions(self.sasl.outcome(user))
@@ -245,8 +256,10 @@ class AmqpConnection(asyncio.Protocol):
     def _continue(self) -> None:
         if self.closed or self._rest is None:
             return
-        chunk, rest = self._rest[:limits.socket_read_slice_bytes], self._rest[
-            limits.socket_read_slice_bytes:]
+        chunk, rest = (
+            self._rest[: limits.socket_read_slice_bytes],
+            self._rest[limits.socket_read_slice_bytes :],
+        )
         self._push(bytes(chunk))
         self.pump()
         if len(rest) and not self.closed:
@@ -303,7 +316,7 @@ class AmqpConnection(asyncio.Protocol):
         while True:
             pending = engine.pending()
             if pending > 0:
-                self.sock.write(engine.peek(pending))
+                self.sock.write(engine.peek(pending) or b"")
                 engine.pop(pending)
                 continue
             if pending < 0:  # head closed: everything is written
@@ -330,12 +343,12 @@ class AmqpConnection(asyncio.Protocol):
             if kind == lib.PN_DELIVERY:
                 self._delivery(lib.pn_event_delivery(ev))
             elif kind in _CONTROL_EVENTS:
-                self._control(kind, Event.wrap(ev))
+                self._control(kind, _wrap_event(ev))
             pop(collector)
 
     # control plane ------------------------------------------------------------------------------
 
-    def _control(self, kind: int, event: Event) -> None:
+    def _control(self, kind: int, event: Any) -> None:
         if kind == lib.PN_LINK_REMOTE_OPEN:
             self._link_remote_open(event.link)
         elif kind == lib.PN_LINK_FLOW:
@@ -380,11 +393,18 @@ class AmqpConnection(asyncio.Protocol):
         remote = link.remote_target if link.is_receiver else link.remote_source
         address = remote.address
         try:
-            if len(self.producers) + len(self.consumers) + len(self.infos) >= \
-                    LINKS_PER_CONNECTION_MAX:
-                self._refuse(link, plain(RESOURCE_LIMIT_EXCEEDED,
-                                         f"a connection may have {LINKS_PER_CONNECTION_MAX} links"),
-                             address)
+            if (
+                len(self.producers) + len(self.consumers) + len(self.infos)
+                >= LINKS_PER_CONNECTION_MAX
+            ):
+                self._refuse(
+                    link,
+                    plain(
+                        RESOURCE_LIMIT_EXCEEDED,
+                        f"a connection may have {LINKS_PER_CONNECTION_MAX} links",
+                    ),
+                    address,
+                )
                 return
             links.check_terminus(remote.dynamic, terminus)
             parsed = links.parse_address(address, terminus=terminus)
@@ -414,18 +434,21 @@ class AmqpConnection(asyncio.Protocol):
         link.open()
         link.condition = Condition(error.condition, error.description, info or None)
         link.close()
-        log.info("refused link %r to %r: %s %s", link.name, address, error.condition,
-                 error.description)
+        log.info(
+            "refused link %r to %r: %s %s", link.name, address, error.condition, error.description
+        )
 
-    def _open_producer(self, link: Link, address: links.Address,
-                       properties: dict[Any, Any]) -> None:
+    def _open_producer(
+        self, link: Link, address: links.Address, properties: dict[Any, Any]
+    ) -> None:
         plan = links.plan_producer(self.ctx.broker, address, properties)
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if properties.get(links.PARTITION_PROPERTY) is not None:
             assert plan.bound is not None
-            link.properties = {symbol(links.PARTITION_PROPERTY):
-                               symbol(links.partition_symbol(plan.bound))}
+            link.properties = {
+                symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(plan.bound))
+            }
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         state = ProducerLink(link, link._impl, plan, presettled)
@@ -433,8 +456,9 @@ class AmqpConnection(asyncio.Protocol):
         link.open()
         self._top_up(state)
 
-    def _open_consumer(self, link: Link, address: links.Address,
-                       properties: dict[Any, Any]) -> None:
+    def _open_consumer(
+        self, link: Link, address: links.Address, properties: dict[Any, Any]
+    ) -> None:
         filters = _filter_map(link.remote_source.filter)
         plan = links.plan_consumer(self.ctx.broker, address, properties, filters)
         link.source.copy(link.remote_source)
@@ -442,11 +466,13 @@ class AmqpConnection(asyncio.Protocol):
         link.source.filter.clear()
         if plan.selection.accepted_keys:
             original = _data_object(link.remote_source.filter) or {}
-            link.source.filter.put_object({key: original[key] for key in original
-                                           if key in plan.selection.accepted_keys})
+            link.source.filter.put_object(
+                {key: original[key] for key in original if key in plan.selection.accepted_keys}
+            )
         if plan.bound is not None:
-            link.properties = {symbol(links.PARTITION_PROPERTY):
-                               symbol(links.partition_symbol(plan.bound))}
+            link.properties = {
+                symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(plan.bound))
+            }
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
@@ -497,8 +523,9 @@ class AmqpConnection(asyncio.Protocol):
                 self._drain(producer)
             return
         # a consumer's disposition: streams are not destructive, any outcome settles it
-        if lib.pn_delivery_updated(delivery) and (lib.pn_delivery_remote_state(delivery)
-                                                  or lib.pn_delivery_settled(delivery)):
+        if lib.pn_delivery_updated(delivery) and (
+            lib.pn_delivery_remote_state(delivery) or lib.pn_delivery_settled(delivery)
+        ):
             consumer = self.consumers.get(link_key)
             if consumer is not None and not consumer.presettled:
                 consumer.unsettled -= 1
@@ -530,8 +557,11 @@ class AmqpConnection(asyncio.Protocol):
                     return
                 producer.oversize.discard(cur_key)
                 lib.pn_link_advance(lp)
-                error = amqp_error(MessageSizeExceeded(
-                    f"message larger than {size_max} bytes (limits.message_bytes_max)"))
+                error = amqp_error(
+                    MessageSizeExceeded(
+                        f"message larger than {size_max} bytes (limits.message_bytes_max)"
+                    )
+                )
                 self._reject(cur, error)
                 continue
             if partial:
@@ -605,8 +635,9 @@ class AmqpConnection(asyncio.Protocol):
                 for chunk in _cut_chunks(items):
                     self._append(producer, pid, chunk)
 
-    def _append(self, producer: ProducerLink, pid: PartitionId,
-                items: list[tuple[bytes, Any]]) -> None:
+    def _append(
+        self, producer: ProducerLink, pid: PartitionId, items: list[tuple[bytes, Any]]
+    ) -> None:
         deliveries = [d for _, d in items if d is not None]
         partition = producer.plan.targets.get(pid)
         try:
@@ -620,8 +651,9 @@ class AmqpConnection(asyncio.Protocol):
         self._own(future)
         future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
 
-    def _append_done(self, producer: ProducerLink, deliveries: list[Any],
-                     future: asyncio.Future[Any]) -> None:
+    def _append_done(
+        self, producer: ProducerLink, deliveries: list[Any], future: asyncio.Future[Any]
+    ) -> None:
         if future.cancelled():
             self._appended(producer, deliveries, BrokerError("append was cancelled"))
             return
@@ -631,8 +663,9 @@ class AmqpConnection(asyncio.Protocol):
             error = BrokerError(f"append failed: {type(error).__name__}")
         self._appended(producer, deliveries, error)
 
-    def _appended(self, producer: ProducerLink, deliveries: list[Any],
-                  error: BrokerError | None) -> None:
+    def _appended(
+        self, producer: ProducerLink, deliveries: list[Any], error: BrokerError | None
+    ) -> None:
         self.unconfirmed -= len(deliveries)
         if self.closed or producer.closed:
             return  # the link or connection is gone; nobody is waiting for the outcome
@@ -677,7 +710,9 @@ class AmqpConnection(asyncio.Protocol):
             for cursor, offset, timestamp_ms, record in records:
                 da = sections.encode_delivery_annotations(
                     offset_to_symbol(Offset(offset)),
-                    timestamp_ms, cursor.symbol if plan.tag_source_partition else None)
+                    timestamp_ms,
+                    cursor.symbol if plan.tag_source_partition else None,
+                )
                 out = sections.splice_delivery_annotations(record, da)
                 consumer.tag += 1
                 tag = _TAG.pack(consumer.tag)
@@ -727,14 +762,20 @@ class AmqpConnection(asyncio.Protocol):
             self._info_timer = self.loop.call_at(wake, self.schedule_pump)
 
 
+def _wrap_event(ev: Any) -> Any:
+    """proton's Event wrapper for a control event (typed Any: proton's stubs are partial)."""
+    return cast(Any, Event).wrap(ev)
+
+
 def _cut_chunks(items: list[tuple[bytes, Any]]) -> list[list[tuple[bytes, Any]]]:
     """Split one batch into chunks within limits.chunk_records_max / chunk_bytes_max."""
     chunks: list[list[tuple[bytes, Any]]] = [[]]
     size = 0
     for item in items:
         current = chunks[-1]
-        if current and (len(current) >= limits.chunk_records_max
-                        or size + len(item[0]) > limits.chunk_bytes_max):
+        if current and (
+            len(current) >= limits.chunk_records_max or size + len(item[0]) > limits.chunk_bytes_max
+        ):
             chunks.append([])
             size = 0
         chunks[-1].append(item)
@@ -765,4 +806,3 @@ def _data_object(data: Data) -> Any:
     value = data.get_object()
     data.rewind()
     return value
-

@@ -2,20 +2,19 @@
 
 AMQP conditions (002 / AMQP 1.0 §2.8.15-2.8.18) used by the gateway:
 
-| ErrorCode             | AMQP condition                      | where it shows up                      |
-|-----------------------|-------------------------------------|----------------------------------------|
-| NOT_FOUND             | amqp:not-found                      | attach refused; transfer rejected      |
-| ALREADY_EXISTS        | amqp:resource-locked                | attach refused                         |
-| INVALID_ARGUMENT      | amqp:invalid-field                  | attach refused; transfer rejected      |
-| MESSAGE_SIZE_EXCEEDED | amqp:link:message-size-exceeded     | transfer rejected (link stays usable)  |
-| UNAUTHORIZED          | amqp:unauthorized-access            | attach refused                         |
-| NOT_LEADER            | amqp:link:redirect (leader known)   | attach + detach with the info map      |
-|                       | amqp:resource-locked (leader unknown, retry later) |                         |
-| UNAVAILABLE           | amqp:resource-locked                | transfer rejected / attach refused     |
-| RESOURCE_LIMIT        | amqp:resource-limit-exceeded        | attach refused                         |
-| NOT_IMPLEMENTED       | amqp:not-implemented                | attach refused (e.g. dynamic nodes)    |
-| INTERNAL              | amqp:internal-error                 | anything                               |
-| STORAGE               | amqp:internal-error                 | transfer rejected                      |
+| ErrorCode             | AMQP condition                  | typical use                     |
+|-----------------------|---------------------------------|---------------------------------|
+| NOT_FOUND             | amqp:not-found                  | attach refused; transfer reject |
+| ALREADY_EXISTS        | amqp:resource-locked            | attach refused                  |
+| INVALID_ARGUMENT      | amqp:invalid-field              | attach refused; transfer reject |
+| MESSAGE_SIZE_EXCEEDED | amqp:link:message-size-exceeded | transfer rejected, link usable  |
+| UNAUTHORIZED          | amqp:unauthorized-access        | attach refused                  |
+| NOT_LEADER            | amqp:link:redirect              | attach + detach with info map   |
+|   (leader unknown)    | amqp:resource-locked            | retry later                     |
+| UNAVAILABLE           | amqp:resource-locked            | transfer rejected / attach      |
+| RESOURCE_LIMIT        | amqp:resource-limit-exceeded    | attach refused                  |
+| NOT_IMPLEMENTED       | amqp:not-implemented            | e.g. dynamic nodes              |
+| INTERNAL, STORAGE     | amqp:internal-error             | anything / transfer rejected    |
 
 Every condition carries the error's message as its description, and an info map with
 `spate:code` (the ErrorCode value) and `spate:retryable` (bool) so clients can decide to retry
@@ -76,11 +75,15 @@ def amqp_error(err: BrokerError) -> AmqpError:
     if isinstance(err, NotLeader):
         if err.leader_host is None or err.leader_port is None:
             return AmqpError(RESOURCE_LOCKED, f"{err.message} (leader unknown; retry later)", info)
-        return AmqpError(REDIRECT, err.message, {
-            "hostname": err.leader_node or err.leader_host,
-            "network-host": err.leader_host,
-            "port": err.leader_port,
-        })
+        return AmqpError(
+            REDIRECT,
+            err.message,
+            {
+                "hostname": err.leader_node or err.leader_host,
+                "network-host": err.leader_host,
+                "port": err.leader_port,
+            },
+        )
     return AmqpError(CONDITIONS[err.code], err.message, info)
 
 

@@ -50,8 +50,9 @@ SQL_CHARS_MAX = 1024
 ACCEPTED_FORMS = (
     "accepted: @0x200/amqp:event-streams-delivery-annotations-filter with a map "
     "{event-streams-offset: '<offset>'|'@earliest'|'@latest', event-streams-timestamp: <ms>} or a "
-    "simple value; @0x201/amqp:event-streams-sql-filter with \"d.event-streams-offset > '<offset>'\""
-    " (>, >=, AND, TRUE, d.event-streams-timestamp > <ms>); rabbitmq:stream-offset-spec with a "
+    "simple value; @0x201/amqp:event-streams-sql-filter with "
+    "\"d.event-streams-offset > '<offset>'\" (>, >=, AND, TRUE, d.event-streams-timestamp > <ms>); "
+    "rabbitmq:stream-offset-spec with a "
     "simple value. Simple values: first | last | next | offset N >= 0 | -N (N before the end) | "
     "timestamp"
 )
@@ -102,8 +103,11 @@ def _kind(key: Any, value: Any) -> str | None:
         if isinstance(d, int) and not isinstance(d, bool):
             return {DA_FILTER_CODE: "da", SQL_FILTER_CODE: "sql"}.get(d)
         if isinstance(d, str):
-            return {DA_FILTER_NAME: "da", SQL_FILTER_NAME: "sql",
-                    RABBITMQ_OFFSET_SPEC: "simple"}.get(d)
+            return {
+                DA_FILTER_NAME: "da",
+                SQL_FILTER_NAME: "sql",
+                RABBITMQ_OFFSET_SPEC: "simple",
+            }.get(d)
         return None
     if key == RABBITMQ_OFFSET_SPEC:
         return "simple"
@@ -129,8 +133,7 @@ def simple_spec(key: Any, value: Any) -> OffsetSpec:
         if word == "next":
             return OffsetSpec.next()
         raise _refuse(f"filter {key!s}: unknown offset specification {value!r}")
-    raise _refuse(f"filter {key!s}: cannot use a {type(value).__name__} as an offset "
-                  "specification")
+    raise _refuse(f"filter {key!s}: cannot use a {type(value).__name__} as an offset specification")
 
 
 def _da_map(key: Any, entries: dict[Any, Any]) -> list[OffsetSpec]:
@@ -143,15 +146,19 @@ def _da_map(key: Any, entries: dict[Any, Any]) -> list[OffsetSpec]:
         elif name == TIMESTAMP_KEY:
             specs.append(_timestamp_after(key, value, inclusive=False))
         else:
-            raise _refuse(f"filter {key!s}: annotation {name!r} cannot be filtered on (only "
-                          f"{OFFSET_KEY} and {TIMESTAMP_KEY})")
+            raise _refuse(
+                f"filter {key!s}: annotation {name!r} cannot be filtered on (only "
+                f"{OFFSET_KEY} and {TIMESTAMP_KEY})"
+            )
     return specs
 
 
 def _offset_after(key: Any, value: Any, *, inclusive: bool) -> OffsetSpec:
     if not isinstance(value, str):
-        raise _refuse(f"filter {key!s}: {OFFSET_KEY} must be compared with a symbol, "
-                      f"got {type(value).__name__}")
+        raise _refuse(
+            f"filter {key!s}: {OFFSET_KEY} must be compared with a symbol, "
+            f"got {type(value).__name__}"
+        )
     if value == EARLIEST:
         return OffsetSpec.first()
     if value == LATEST:
@@ -164,19 +171,24 @@ def _offset_after(key: Any, value: Any, *, inclusive: bool) -> OffsetSpec:
 
 def _timestamp_after(key: Any, value: Any, *, inclusive: bool) -> OffsetSpec:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _refuse(f"filter {key!s}: {TIMESTAMP_KEY} must be compared with a timestamp or a "
-                      f"non-negative integer of milliseconds, got {value!r}")
+        raise _refuse(
+            f"filter {key!s}: {TIMESTAMP_KEY} must be compared with a timestamp or a "
+            f"non-negative integer of milliseconds, got {value!r}"
+        )
     return OffsetSpec.timestamp(int(value) if inclusive else int(value) + 1)
 
 
 # SQL subset (000 §5.2.2) ------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"""\s*(?:
+_TOKEN = re.compile(
+    r"""\s*(?:
     (?P<str>'(?:[^']|'')*')
   | (?P<int>-?\d+)
   | (?P<op>>=|>)
   | (?P<word>[A-Za-z_][A-Za-z0-9_.\-]*)
-)""", re.VERBOSE)
+)""",
+    re.VERBOSE,
+)
 _FIELDS = {
     "d.event-streams-offset": OFFSET_KEY,
     "delivery_annotations.event-streams-offset": OFFSET_KEY,
@@ -209,7 +221,7 @@ def parse_sql(text: str) -> list[OffsetSpec]:
         else:
             if i + 3 > len(tokens):
                 raise _refuse(f"SQL filter {text!r}: incomplete comparison")
-            (fk, field), (ok, op), (ck, const) = tokens[i:i + 3]
+            (fk, field), (ok, op), (ck, const) = tokens[i : i + 3]
             name = _FIELDS.get(field.lower()) if fk == "word" else None
             if name is None:
                 raise _refuse(f"SQL filter {text!r}: {field!r} is not a filterable field")
@@ -219,8 +231,9 @@ def parse_sql(text: str) -> list[OffsetSpec]:
             if name == OFFSET_KEY:
                 if ck != "str":
                     raise _refuse(f"SQL filter {text!r}: compare the offset with a quoted symbol")
-                specs.append(_offset_after("sql", const[1:-1].replace("''", "'"),
-                                           inclusive=inclusive))
+                specs.append(
+                    _offset_after("sql", const[1:-1].replace("''", "'"), inclusive=inclusive)
+                )
             else:
                 if ck != "int":
                     raise _refuse(f"SQL filter {text!r}: compare the timestamp with an integer")

@@ -43,8 +43,12 @@ def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[s
         try:
             info = broker.partition(stream, pid).info()
         except NotLeader as err:
-            entry |= {"earliest-offset": None, "latest-offset": None, "available": False,
-                      "leader": err.leader_node}
+            entry |= {
+                "earliest-offset": None,
+                "latest-offset": None,
+                "available": False,
+                "leader": err.leader_node,
+            }
             partitions.append(entry)
             continue
         entry |= {
@@ -59,8 +63,12 @@ def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[s
             "available": True,
         }
         partitions.append(entry)
-    return {"stream": stream, "partition-count": config.partitions, "node": node,
-            "partitions": partitions}
+    return {
+        "stream": stream,
+        "partition-count": config.partitions,
+        "node": node,
+        "partitions": partitions,
+    }
 
 
 def encode_info_message(info: dict[str, Any]) -> bytes:

@@ -28,7 +28,7 @@ PARTITION_PROPERTY = "event-streams-partition"
 TARGET_PARTITION_ANNOTATION = "event-streams-target-partition"
 CONSUMER_READ_BYTES = 1024 * 1024
 """Bytes asked of Partition.read per refill of a consumer cursor."""
-assert CONSUMER_READ_BYTES >= limits.message_bytes_max
+assert limits.message_bytes_max <= CONSUMER_READ_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,10 @@ class Address:
 def parse_address(address: str | None, *, terminus: str) -> Address:
     """`orders` or `orders/$info`; raises NotFound / InvalidArgument with a readable reason."""
     if not address:
-        raise InvalidArgument(f"the {terminus} has no address: name a stream (e.g. 'orders') "
-                              "or its runtime information ('orders/$info')")
+        raise InvalidArgument(
+            f"the {terminus} has no address: name a stream (e.g. 'orders') "
+            "or its runtime information ('orders/$info')"
+        )
     if "/" in address:
         stream, _, node = address.partition("/")
         if node == INFO_NODE and stream and not stream.startswith("$"):
@@ -68,15 +70,18 @@ def parse_partition(value: Any, stream: StreamName, partitions: int) -> Partitio
     else:
         number = None
     if number is None or not 0 <= number < partitions:
-        raise NotFound(f"stream {stream!r} has no partition {value!r}: its partitions are "
-                       f"'0'..'{partitions - 1}' (ask '{stream}/$info')")
+        raise NotFound(
+            f"stream {stream!r} has no partition {value!r}: its partitions are "
+            f"'0'..'{partitions - 1}' (ask '{stream}/$info')"
+        )
     return PartitionId(number)
 
 
 def check_terminus(dynamic: bool, terminus: str) -> None:
     if dynamic:
-        raise NotImplementedFeature(f"dynamic {terminus}s are not supported: attach to a "
-                                    "stream's address")
+        raise NotImplementedFeature(
+            f"dynamic {terminus}s are not supported: attach to a stream's address"
+        )
 
 
 # Producers --------------------------------------------------------------------------------------
@@ -101,8 +106,10 @@ class ProducerPlan:
             return PartitionId(self.round_robin % self.partitions)
         wanted = parse_partition(target, self.stream, self.partitions)
         if self.bound is not None and wanted != self.bound:
-            raise InvalidArgument(f"{TARGET_PARTITION_ANNOTATION} {target!r} does not match the "
-                                  f"link's partition {partition_symbol(self.bound)!r}")
+            raise InvalidArgument(
+                f"{TARGET_PARTITION_ANNOTATION} {target!r} does not match the "
+                f"link's partition {partition_symbol(self.bound)!r}"
+            )
         return wanted
 
     def next_batch(self) -> None:
@@ -122,21 +129,25 @@ def plan_producer(broker: Broker, address: Address, properties: dict[Any, Any]) 
         plan.bound = PartitionId(0)
     for pid in [plan.bound] if plan.bound is not None else range(config.partitions):
         plan.targets[PartitionId(pid)] = partition_or_agnostic_error(
-            broker, address.stream, PartitionId(pid), plan.bound is None)
+            broker, address.stream, PartitionId(pid), plan.bound is None
+        )
     return plan
 
 
-def partition_or_agnostic_error(broker: Broker, stream: StreamName, pid: PartitionId,
-                                agnostic: bool) -> Partition:
+def partition_or_agnostic_error(
+    broker: Broker, stream: StreamName, pid: PartitionId, agnostic: bool
+) -> Partition:
     """broker.partition, but an agnostic link cannot be redirected to one partition's leader."""
     try:
         return broker.partition(stream, pid)
     except NotLeader as err:
         if not agnostic:
             raise
-        raise Unavailable(f"partition {int(pid)} of {stream!r} is served by another node, so a "
-                          "partition-agnostic link cannot be served here; bind the link with the "
-                          f"'{PARTITION_PROPERTY}' property to be redirected") from err
+        raise Unavailable(
+            f"partition {int(pid)} of {stream!r} is served by another node, so a "
+            "partition-agnostic link cannot be served here; bind the link with the "
+            f"'{PARTITION_PROPERTY}' property to be redirected"
+        ) from err
 
 
 # Consumers --------------------------------------------------------------------------------------
@@ -165,7 +176,7 @@ class Cursor:
                         self.pending.append((first + i, chunk.timestamp_ms, record))
             if self.pending:
                 self.next_offset = Offset(self.pending[-1][0] + 1)
-        out = []
+        out: list[tuple[int, int, bytes | memoryview]] = []
         while self.pending and len(out) < count:
             out.append(self.pending.popleft())
         return out
@@ -203,8 +214,9 @@ def start_offset(partition: Partition, specs: tuple[OffsetSpec, ...]) -> Offset:
     return max(partition.resolve(spec) for spec in specs)
 
 
-def plan_consumer(broker: Broker, address: Address, properties: dict[Any, Any],
-                  filters: dict[Any, Any] | None) -> ConsumerPlan:
+def plan_consumer(
+    broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
+) -> ConsumerPlan:
     config = broker.stream(address.stream)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
@@ -218,8 +230,13 @@ def plan_consumer(broker: Broker, address: Address, properties: dict[Any, Any],
     for pid in pids:
         part = partition_or_agnostic_error(broker, address.stream, pid, bound is None)
         cursors.append(Cursor(part, partition_symbol(pid), start_offset(part, selection.specs)))
-    return ConsumerPlan(address.stream, bound if requested is not None else None, cursors,
-                        selection, tag_source_partition=config.partitions > 1)
+    return ConsumerPlan(
+        address.stream,
+        bound if requested is not None else None,
+        cursors,
+        selection,
+        tag_source_partition=config.partitions > 1,
+    )
 
 
 def plan_info(broker: Broker, address: Address) -> StreamName:

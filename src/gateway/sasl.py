@@ -15,7 +15,8 @@ without a SASL layer once the outcome is ok.
     DONE       -                                   everything goes to the engine
 
 Frame: `size:u32 doff:u8=2 type:u8=1 channel:u16=0` then a described list.
-sasl-mechanisms 0x40 [symbol[]]; sasl-init 0x41 [symbol, binary?, string?]; sasl-outcome 0x44 [ubyte].
+sasl-mechanisms 0x40 [symbol[]]; sasl-init 0x41 [symbol, binary?, string?];
+sasl-outcome 0x44 [ubyte].
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class SaslServer:
     @property
     def mechanisms(self) -> tuple[str, ...]:
         return (("PLAIN",) if self.allow_plain else ()) + (
-            ("ANONYMOUS",) if self.allow_anonymous else ())
+            ("ANONYMOUS",) if self.allow_anonymous else ()
+        )
 
     def receive(self, data: bytes) -> list[Action]:
         assert self.stage not in (Stage.DONE, Stage.CLOSED), self.stage
@@ -113,7 +115,7 @@ class SaslServer:
                 return [*out, Close(f"bad SASL frame (size {size}, doff {doff}, type {ftype})")]
             if len(self._buf) < size:
                 return out
-            body, self._buf = self._buf[doff * 4:size], self._buf[size:]
+            body, self._buf = self._buf[doff * 4 : size], self._buf[size:]
             out.append(self._init(body))
         return out
 
@@ -123,8 +125,12 @@ class SaslServer:
         except codec.DecodeError as err:
             self.stage = Stage.CLOSED
             return Close(f"undecodable SASL frame: {err}")
-        if (not isinstance(performative, codec.Described) or performative.descriptor != INIT
-                or not isinstance(performative.value, list) or not performative.value):
+        if (
+            not isinstance(performative, codec.Described)
+            or performative.descriptor != INIT
+            or not isinstance(performative.value, list)
+            or not performative.value
+        ):
             self.stage = Stage.CLOSED
             return Close("expected sasl-init")
         fields = [*performative.value, None, None]
@@ -148,8 +154,10 @@ class SaslServer:
         assert self.stage == Stage.AUTH, self.stage
         if user is None:
             self.stage = Stage.CLOSED
-            return [Send(frame(OUTCOME, [codec.UByte(OUTCOME_AUTH)])),
-                    Close("authentication failed")]
+            return [
+                Send(frame(OUTCOME, [codec.UByte(OUTCOME_AUTH)])),
+                Close("authentication failed"),
+            ]
         self.stage = Stage.DONE
         rest, self._buf = self._buf, b""
         return [Send(frame(OUTCOME, [codec.UByte(OUTCOME_OK)])), Done(rest, user)]

@@ -75,7 +75,7 @@ def section_code(b: bytes | memoryview, i: int) -> int | None:
         code = _U64.unpack_from(b, i + 2)[0]
     elif d == 0xA3:
         size = b[i + 2]
-        code = _SYMBOLIC.get(bytes(b[i + 3:i + 3 + size]), -1)
+        code = _SYMBOLIC.get(bytes(b[i + 3 : i + 3 + size]), -1)
     else:
         return None
     return code if HEADER <= code <= FOOTER else None
@@ -184,8 +184,9 @@ _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
 
 
-def encode_delivery_annotations(offset_symbol: str, timestamp_ms: int,
-                                source_partition: str | None = None) -> bytes:
+def encode_delivery_annotations(
+    offset_symbol: str, timestamp_ms: int, source_partition: str | None = None
+) -> bytes:
     """The DA section every consumer delivery carries: offset (symbol), timestamp (AMQP
     timestamp, ms) and, on partitioned streams, the source partition (symbol)."""
     body = _K_OFFSET + _sym8(offset_symbol) + _K_TIMESTAMP + b"\x83" + _I64.pack(timestamp_ms)

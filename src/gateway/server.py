@@ -58,10 +58,12 @@ class GatewayServer:
             return await asyncio.to_thread(users.check, user, password)
 
         self._context = Context(
-            broker=self.broker, node_id=self.config.node_id,
+            broker=self.broker,
+            node_id=self.config.node_id,
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,
-            idle_timeout_s=self.config.idle_timeout_s)
+            idle_timeout_s=self.config.idle_timeout_s,
+        )
         tls = None
         if self.config.tls_cert is not None and self.config.tls_key is not None:
             tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -69,8 +71,12 @@ class GatewayServer:
         loop = asyncio.get_running_loop()
         context = self._context
         self._server = await loop.create_server(
-            lambda: AmqpConnection(context), self.config.host, self.config.port,
-            backlog=limits.listen_backlog, ssl=tls)
+            lambda: AmqpConnection(context),
+            self.config.host,
+            self.config.port,
+            backlog=limits.listen_backlog,
+            ssl=tls,
+        )
         port = int(self._server.sockets[0].getsockname()[1])
         log.info("AMQP listener on %s:%d (tls=%s)", self.config.host, port, tls is not None)
         return port

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.amqp_clients import LoopThread, RunningGateway, unique
-from support.memory_broker import MemoryBroker
-
 from spate.core.ids import StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway.server import GatewayServer, ListenerConfig
+from support.amqp_clients import LoopThread, RunningGateway, unique
+from support.memory_broker import MemoryBroker
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +35,9 @@ def make_stream(loop_thread: LoopThread, broker: MemoryBroker) -> Callable[..., 
 
     def make(partitions: int = 1, prefix: str = "s") -> str:
         name = unique(prefix)
-        loop_thread.run(lambda: broker.create_stream(
-            StreamConfig(name=StreamName(name), partitions=partitions)))
+        loop_thread.run(
+            lambda: broker.create_stream(StreamConfig(name=StreamName(name), partitions=partitions))
+        )
         return name
 
     return make

@@ -42,8 +42,9 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gateway-loop",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="gateway-loop", daemon=True
+        )
         self.thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 10.0) -> T:
@@ -52,6 +53,7 @@ class LoopThread:
     def run(self, fn: Callable[[], T], timeout_s: float = 10.0) -> T:
         async def wrapper() -> T:
             return fn()
+
         return self.call(wrapper(), timeout_s)
 
     def stop(self) -> None:
@@ -81,7 +83,10 @@ class LinkProperties(LinkOption):
         link.properties = self.properties
 
 
-def offset_filter(value: Any, *, descriptor: Any = ulong(0x200), key: str = "offset") -> Filter:
+DA_FILTER = ulong(0x200)
+
+
+def offset_filter(value: Any, *, descriptor: Any = DA_FILTER, key: str = "offset") -> Filter:
     return Filter({symbol(key): Described(descriptor, value)})
 
 
@@ -90,8 +95,13 @@ def partition_option(partition: str) -> LinkProperties:
 
 
 @contextmanager
-def blocking(gateway: RunningGateway, *, user: str | None = None, password: str | None = None,
-             timeout_s: float = 10.0) -> Iterator[BlockingConnection]:
+def blocking(
+    gateway: RunningGateway,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    timeout_s: float = 10.0,
+) -> Iterator[BlockingConnection]:
     kwargs: dict[str, Any] = {"timeout": timeout_s}
     if user is not None:
         kwargs |= {"user": user, "password": password, "allowed_mechs": "PLAIN"}
@@ -122,8 +132,12 @@ def da(message: Message, key: str) -> Any:
     return (message.instructions or {}).get(symbol(key))
 
 
-def publish(gateway: RunningGateway, address: str, bodies: list[Any],
-            properties: dict[Any, Any] | None = None) -> None:
+def publish(
+    gateway: RunningGateway,
+    address: str,
+    bodies: list[Any],
+    properties: dict[Any, Any] | None = None,
+) -> None:
     with blocking(gateway) as conn:
         options = LinkProperties(properties) if properties else None
         sender = conn.create_sender(address, name=unique("tx"), options=options)
@@ -152,7 +166,7 @@ class RawExchange(MessagingHandler):  # type: ignore[misc]
 
     def on_sendable(self, event: Any) -> None:
         while event.sender.credit and self.sent < len(self.outgoing):
-            delivery = event.sender.delivery(str(self.sent).encode())
+            event.sender.delivery(str(self.sent).encode())
             event.sender.send(self.outgoing[self.sent])
             event.sender.advance()
             self.sent += 1
@@ -181,8 +195,11 @@ class RawExchange(MessagingHandler):  # type: ignore[misc]
             event.connection.close()
             return
         receiver = event.container.create_receiver(
-            self.conn, self.address, name=unique("rawrx"),
-            options=[Filter({symbol("start"): Described(ulong(0x200), "first")})])
+            self.conn,
+            self.address,
+            name=unique("rawrx"),
+            options=[Filter({symbol("start"): Described(ulong(0x200), "first")})],
+        )
         receiver.flow(self.expect)
 
     def on_link_error(self, event: Any) -> None:
@@ -197,15 +214,24 @@ class RawExchange(MessagingHandler):  # type: ignore[misc]
 # rhea ---------------------------------------------------------------------------------------
 
 
-def run_rhea(gateway: RunningGateway, steps: list[dict[str, Any]], *, timeout_s: float = 30.0,
-             **extra: Any) -> dict[str, Any]:
+def run_rhea(
+    gateway: RunningGateway, steps: list[dict[str, Any]], *, timeout_s: float = 30.0, **extra: Any
+) -> dict[str, Any]:
     """Run tests/js/client.js with these steps; returns its JSON report."""
-    args: dict[str, Any] = {"port": gateway.port, "steps": steps,
-                            "timeout_ms": int(timeout_s * 1000) - 2000} | extra
+    args: dict[str, Any] = {
+        "port": gateway.port,
+        "steps": steps,
+        "timeout_ms": int(timeout_s * 1000) - 2000,
+    } | extra
     if gateway.tls_ca is not None:
         args["tls"] = {"ca": gateway.tls_ca.read_text()}
-    proc = subprocess.Popen(["node", str(JS_DIR / "client.js")], cwd=JS_DIR,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["node", str(JS_DIR / "client.js")],
+        cwd=JS_DIR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(json.dumps(args).encode(), timeout=timeout_s)
     finally:
@@ -234,19 +260,28 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path

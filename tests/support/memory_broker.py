@@ -104,7 +104,8 @@ class MemoryPartition:
     def info(self) -> PartitionInfo:
         empty = not self.chunks
         return PartitionInfo(
-            stream=self.stream, partition=self.partition,
+            stream=self.stream,
+            partition=self.partition,
             first_offset=None if empty else Offset(0),
             last_offset=None if empty else Offset(self.committed_end - 1),
             end_offset=Offset(self.committed_end),
@@ -112,7 +113,8 @@ class MemoryPartition:
             last_timestamp_ms=None if empty else self.chunks[-1].timestamp_ms,
             messages=self.committed_end,
             bytes=sum(len(r) for c in self.chunks for r in c.records),
-            segments=1, leader=self.node,
+            segments=1,
+            leader=self.node,
         )
 
     def add_listener(self, callback: Callable[[], None]) -> None:
@@ -163,11 +165,16 @@ class MemoryBroker:
     def partition(self, name: StreamName, partition: PartitionId) -> MemoryPartition:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
-            raise NotFound(f"stream {name!r} has no partition {partition} "
-                           f"(it has {config.partitions}: 0-{config.partitions - 1})")
+            raise NotFound(
+                f"stream {name!r} has no partition {partition} "
+                f"(it has {config.partitions}: 0-{config.partitions - 1})"
+            )
         leader = self.remote.get((name, partition))
         if leader is not None:
-            raise NotLeader(f"partition {partition} of {name!r} is led by {leader.node}",
-                            leader_host=leader.host, leader_port=leader.port,
-                            leader_node=leader.node)
+            raise NotLeader(
+                f"partition {partition} of {name!r} is led by {leader.node}",
+                leader_host=leader.host,
+                leader_port=leader.port,
+                leader_node=leader.node,
+            )
         return self.partitions[(name, partition)]

@@ -1,0 +1,178 @@
+"""The gateway's pure modules without sockets: codec, section scanner, filters, SASL, errors."""
+
+from __future__ import annotations
+
+import pytest
+from proton import Data, Described, Message, symbol, timestamp, ulong
+from spate.core.backend import OffsetSpec
+from spate.core.errors import (
+    BrokerError,
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+    StorageFailure,
+)
+from spate.core.ids import Offset, offset_to_symbol
+from spate.gateway import codec, sections
+from spate.gateway.errors import CONDITIONS, amqp_error
+from spate.gateway.filters import parse_filters, parse_sql
+from spate.gateway.sasl import AMQP_HEADER, SASL_HEADER, Authenticate, Close, Done, SaslServer, Send
+
+
+def proton_encode(value: object) -> bytes:
+    data = Data()
+    data.put_object(value)
+    return bytes(data.encode())
+
+
+def test_codec_decodes_what_proton_encodes() -> None:
+    value = {
+        symbol("a"): Described(ulong(0x200), {symbol("event-streams-offset"): symbol("x")}),
+        "b": [1, -2, 3.5, None, True, b"\x00\x01", timestamp(1234)],
+        symbol("c"): "é",
+    }
+    decoded = codec.decode(proton_encode(value))
+    assert decoded["a"] == codec.Described(0x200, {"event-streams-offset": "x"})
+    assert decoded["b"] == [1, -2, 3.5, None, True, b"\x00\x01", 1234]
+    assert isinstance(decoded["b"][6], codec.Timestamp) and isinstance(decoded["a"].value, dict)
+    assert decoded["c"] == "é"
+
+
+def test_codec_encoding_is_read_back_by_proton() -> None:
+    value = {
+        "partitions": [
+            {"partition": codec.Symbol("0"), "x": None, "t": codec.Timestamp(5), "n": 1 << 40}
+        ]
+    }
+    data = Data()
+    data.decode(codec.encode(value))
+    data.rewind()
+    data.next()
+    back = data.get_object()
+    assert back == {
+        "partitions": [{"partition": symbol("0"), "x": None, "t": timestamp(5), "n": 1 << 40}]
+    }
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"", b"\xa1\x05ab", b"\xd1\x00\x00\x00\x09\x00\x00\x00\x02", b"\xff", b"\xc1\x03\x01\x41"],
+)
+def test_codec_rejects_malformed_input(bad: bytes) -> None:
+    with pytest.raises(codec.DecodeError):
+        codec.decode(bad)
+
+
+def test_scanner_strips_incoming_delivery_annotations_and_splices_ours() -> None:
+    """002 §3.2: DA are hop-by-hop; the bare message is kept byte for byte."""
+    message = Message(body="x", subject="s", annotations={symbol("m"): 1})
+    bare = message.encode()
+    message.instructions = {symbol("hop"): 1}
+    incoming = sections.scan_incoming(message.encode())
+    assert incoming.stored == bare and incoming.delivery_annotations is not None
+    assert sections.delivery_annotations_map(incoming.delivery_annotations) == {"hop": 1}
+    da = sections.encode_delivery_annotations(offset_to_symbol(Offset(7)), 99, "2")
+    out = Message()
+    out.decode(sections.splice_delivery_annotations(incoming.stored, da))
+    assert out.instructions == {
+        symbol("event-streams-offset"): symbol(offset_to_symbol(Offset(7))),
+        symbol("event-streams-timestamp"): timestamp(99),
+        symbol("event-streams-source-partition"): symbol("2"),
+    }
+    assert out.subject == "s" and out.annotations == {symbol("m"): 1}
+
+
+def test_scanner_accepts_symbolic_descriptors_and_rejects_bad_sequences() -> None:
+    header = b"\x00\xa3\x10amqp:header:list\x45"
+    value = b"\x00\xa3\x11amqp:amqp-value:*\xa1\x01x"
+    assert sections.scan_incoming(header + value).stored == header + value
+    for bad in (value + header, b"\x00\x53\x70\x45", value + value, b"\x00\x53\x77"):
+        with pytest.raises(sections.MalformedMessage):
+            sections.scan_incoming(bad)
+
+
+def test_filters_forms() -> None:
+    """000 §5.2.1/§5.2.2 and the simple forms."""
+    o5 = offset_to_symbol(Offset(5))
+    cases = {
+        "first": OffsetSpec.first(),
+        "last": OffsetSpec.last(),
+        "NEXT": OffsetSpec.next(),
+        7: OffsetSpec.offset(7),
+        -3: OffsetSpec.relative(3),
+        codec.Timestamp(1000): OffsetSpec.timestamp(1000),
+    }
+    for value, spec in cases.items():
+        parsed = parse_filters({"k": codec.Described(0x200, value)})
+        assert parsed.specs == (spec,) and parsed.accepted_keys == ("k",)
+    assert parse_filters({"k": codec.Described(0x200, {"event-streams-offset": o5})}).specs == (
+        OffsetSpec.offset(6),
+    )
+    assert parse_filters({"k": codec.Described(0x200, {"event-streams-timestamp": 10})}).specs == (
+        OffsetSpec.timestamp(11),
+    )
+    assert parse_filters({"rabbitmq:stream-offset-spec": "first"}).specs == (OffsetSpec.first(),)
+    assert parse_filters({"other": codec.Described("x:y", 1)}).specs == (OffsetSpec.next(),)
+    assert parse_filters(None).accepted_keys == ()
+    assert parse_sql(f"d.event-streams-offset >= '{o5}' AND d.event-streams-timestamp > 4") == [
+        OffsetSpec.offset(5),
+        OffsetSpec.timestamp(5),
+    ]
+    assert parse_sql("TRUE") == [OffsetSpec.first()]
+    assert parse_sql("d.event-streams-offset > '@latest'") == [OffsetSpec.next()]
+    for bad in (
+        "d.x > 1",
+        "d.event-streams-offset = 'a'",
+        "TRUE AND",
+        "d.event-streams-offset > 5",
+        "d.event-streams-timestamp > 'x'",
+        "TRUE OR TRUE",
+    ):
+        with pytest.raises(InvalidArgument):
+            parse_sql(bad)
+
+
+def test_sasl_plain_flow() -> None:
+    server = SaslServer(allow_anonymous=False, allow_plain=True)
+    first = server.receive(SASL_HEADER)
+    assert isinstance(first[0], Send) and first[0].data.startswith(SASL_HEADER)
+    assert b"PLAIN" in first[0].data and b"ANONYMOUS" not in first[0].data
+    init = codec.encode(codec.Described(codec.ULong(0x41), [codec.Symbol("PLAIN"), b"\0alice\0pw"]))
+    frame = (8 + len(init)).to_bytes(4, "big") + b"\x02\x01\x00\x00" + init
+    [auth] = server.receive(frame + AMQP_HEADER)
+    assert auth == Authenticate("PLAIN", "alice", "pw")
+    sent, done = server.outcome("alice")
+    assert isinstance(sent, Send) and sent.data.endswith(b"\x50\x00")
+    assert done == Done(AMQP_HEADER, "alice")
+
+
+def test_sasl_refusals() -> None:
+    assert isinstance(
+        SaslServer(allow_anonymous=False, allow_plain=True).receive(AMQP_HEADER)[-1], Close
+    )
+    assert isinstance(
+        SaslServer(allow_anonymous=True, allow_plain=False).receive(AMQP_HEADER)[0], Done
+    )
+    oversize = SaslServer(allow_anonymous=True, allow_plain=False)
+    assert isinstance(
+        oversize.receive(SASL_HEADER + b"\x7f\x00\x00\x00\x02\x01\x00\x00")[-1], Close
+    )
+    refused = SaslServer(allow_anonymous=True, allow_plain=False)
+    refused.receive(SASL_HEADER)
+    init = codec.encode(codec.Described(codec.ULong(0x41), [codec.Symbol("ANONYMOUS")]))
+    refused.receive((8 + len(init)).to_bytes(4, "big") + b"\x02\x01\x00\x00" + init)
+    assert isinstance(refused.outcome(None)[-1], Close)
+
+
+def test_error_table_covers_every_code() -> None:
+    assert set(CONDITIONS) == set(ErrorCode)
+    assert amqp_error(NotFound("x")).condition == "amqp:not-found"
+    assert amqp_error(StorageFailure("disk")).info == {
+        "spate:code": "storage",
+        "spate:retryable": False,
+    }
+    redirect = amqp_error(NotLeader("moved", leader_host="h", leader_port=1, leader_node="n2"))
+    assert redirect.condition == "amqp:link:redirect" and redirect.info["network-host"] == "h"
+    assert amqp_error(NotLeader("unknown")).condition == "amqp:resource-locked"
+    assert amqp_error(BrokerError("bug")).condition == "amqp:internal-error"
