@@ -1,4 +1,5 @@
-"""Admin subcommands over gRPC: `spate stream create|list|describe|delete`, `spate cluster status`.
+"""Admin subcommands over gRPC: `spate stream create|list|describe|delete`, `spate partition list`,
+`spate cluster status`.
 
 Where the admin API is (first that applies): `--admin HOST:PORT`; the SPATE_ADMIN environment
 variable; the "admin" field of <data dir>/endpoints.json, written by `spate dev up`, where the data
@@ -78,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "create",
         parents=[common],
         help="define a new stream",
-        description="Define a new stream. Its partitions are created on the nodes right away. "
+        description="Define a new stream. Each partition is placed on R different live nodes "
+        "(spread round robin, preferred leaders rotating) and created there right away. "
         "Sizes take B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB; "
         "durations take ms, s, m, h, d, w. Without any --max-* option the stream "
         "keeps every message forever.",
@@ -101,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=None,
         metavar="R",
-        help=f"copies of each partition, 1-{limits.replicas_max} (default: the server's, 1)",
+        help=f"copies of each partition, 1-{limits.replicas_max}, each on a different live node "
+        "(default: min(3, registered nodes))",
     )
     create.add_argument(
         "--max-age",
@@ -138,9 +141,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "describe",
         parents=[common],
         help="show one stream and its partitions",
-        description="Show a stream's definition and, per partition, the offsets, message count, "
-        "size and leader reported by the node that answers (partitions it does not "
-        "serve show '-').",
+        description="Show a stream's definition and, per partition, its replicas (preferred "
+        "leader first), its leader and leader epoch as last reported to the metadata service, "
+        "and the offsets, message count and size reported by the node that answers "
+        "(partitions it does not serve show '-').",
     )
     describe.add_argument("name", metavar="NAME", help="stream name")
     describe.set_defaults(run=_describe)
@@ -154,6 +158,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     delete.add_argument("name", metavar="NAME", help="stream name")
     delete.set_defaults(run=_delete)
+
+    partition = subparsers.add_parser(
+        "partition",
+        help="where partitions live and who leads them",
+        description="Inspect partition placement and leadership, held by the metadata service.",
+    )
+    partition_commands = partition.add_subparsers(
+        title="partition commands", metavar="ACTION", dest="action", required=True
+    )
+    partition_list = partition_commands.add_parser(
+        "list",
+        parents=[common],
+        help="replicas, leader and leader epoch of every partition",
+        description="List every partition (of STREAM, or of all streams) with its replica set "
+        "(preferred leader first), the leader last reported to the metadata service, that "
+        "report's leader epoch, and whether the leader's node is alive. A leader shows '-' "
+        "until the partition's first election is reported.",
+    )
+    partition_list.add_argument(
+        "stream", metavar="STREAM", nargs="?", help="only this stream (default: every stream)"
+    )
+    partition_list.set_defaults(run=_partition_list)
 
     cluster = subparsers.add_parser(
         "cluster",
@@ -169,7 +195,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="metadata leader, voters and processes",
         description="Show the metadata service's Raft state as seen by the answering node "
         "(leader, voters, quorum, commit index), the processes it reports with "
-        "their endpoints, and the registered nodes.",
+        "their endpoints, and every registered node: its endpoints, whether it is alive "
+        "(heartbeat age), and how many partitions it hosts and leads.",
     )
     status.set_defaults(run=_cluster_status)
 
@@ -252,13 +279,18 @@ def _describe(args: argparse.Namespace) -> int:
         return EXIT_OK
     rows = []
     for p in partitions:
+        placement = [
+            ",".join(p["replicas"]) or output.EMPTY,
+            p["leader"] or output.EMPTY,
+            output.number(p["leader_epoch"]),
+        ]
         if not p["available"]:
-            rows.append([str(p["partition"])] + [output.EMPTY] * 7)
+            rows.append([str(p["partition"]), *placement] + [output.EMPTY] * 6)
             continue
         rows.append(
             [
                 str(p["partition"]),
-                p["leader"] or output.EMPTY,
+                *placement,
                 output.number(p["first_offset"]),
                 output.number(p["last_offset"]),
                 str(p["end_offset"]),
@@ -271,10 +303,62 @@ def _describe(args: argparse.Namespace) -> int:
         _stream_fields(stream)
         + "\n\n"
         + output.render_table(
-            ["PARTITION", "LEADER", "FIRST", "LAST", "END", "MESSAGES", "SIZE", "SEGMENTS"], rows
+            [
+                "PARTITION",
+                "REPLICAS",
+                "LEADER",
+                "EPOCH",
+                "FIRST",
+                "LAST",
+                "END",
+                "MESSAGES",
+                "SIZE",
+                "SEGMENTS",
+            ],
+            rows,
         )
     )
     return EXIT_OK
+
+
+def _partition_list(args: argparse.Namespace) -> int:
+    if args.stream is not None:
+        validate_stream_name(args.stream)
+    response = _call(args, "ListPartitions", pb.ListPartitionsRequest(stream=args.stream or ""))
+    partitions = [
+        {
+            "stream": p.stream,
+            "partition": p.partition,
+            "replicas": list(p.replicas),
+            "leader": p.leader or None,
+            "leader_epoch": p.leader_epoch if p.HasField("leader_epoch") else None,
+            "leader_alive": p.leader_alive,
+        }
+        for p in response.partitions
+    ]
+    if args.output == "json":
+        _print(output.render_json({"partitions": partitions}))
+    elif not partitions:
+        _print("No partitions. Create a stream with `spate stream create NAME`.")
+    else:
+        rows = [
+            [
+                p["stream"],
+                str(p["partition"]),
+                ",".join(p["replicas"]) or "(every node)",
+                _leader_text(p["leader"], p["leader_alive"]),
+                output.number(p["leader_epoch"]),
+            ]
+            for p in partitions
+        ]
+        _print(output.render_table(["STREAM", "PARTITION", "REPLICAS", "LEADER", "EPOCH"], rows))
+    return EXIT_OK
+
+
+def _leader_text(leader: str | None, alive: bool) -> str:
+    if leader is None:
+        return output.EMPTY
+    return leader if alive else f"{leader} (down)"
 
 
 def _delete(args: argparse.Namespace) -> int:
@@ -318,7 +402,24 @@ def _cluster_status(args: argparse.Namespace) -> int:
         for p in response.processes
     ]
     nodes = [
-        {"node_id": n.node_id, "amqp": n.amqp, "admin": n.admin, "heartbeat_ms": n.heartbeat_ms}
+        {
+            "node_id": n.node_id,
+            "endpoints": {
+                name: address
+                for name, address in (
+                    ("amqp", n.amqp),
+                    ("admin", n.admin),
+                    ("replication", n.replication),
+                    ("metadata", n.metadata),
+                )
+                if address
+            },
+            "alive": n.alive,
+            "heartbeat_ms": n.heartbeat_ms,
+            "heartbeat_age_ms": n.heartbeat_age_ms,
+            "partitions_hosted": n.partitions_hosted,
+            "partitions_led": n.partitions_led,
+        }
         for n in response.nodes
     ]
     if args.output == "json":
@@ -362,10 +463,21 @@ def _cluster_status(args: argparse.Namespace) -> int:
     if nodes:
         blocks.append(
             output.render_table(
-                ["REGISTERED NODE", "AMQP", "ADMIN"],
-                [[n["node_id"], n["amqp"], n["admin"]] for n in nodes],
+                ["REGISTERED NODE", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"],
+                [
+                    [
+                        n["node_id"],
+                        output.liveness(n["alive"], n["heartbeat_age_ms"]),
+                        str(n["partitions_hosted"]),
+                        str(n["partitions_led"]),
+                        " ".join(f"{k}={v}" for k, v in n["endpoints"].items()),
+                    ]
+                    for n in nodes
+                ],
             )
         )
+    else:
+        blocks.append("No registered nodes: nodes register themselves when they start.")
     _print("\n\n".join(blocks))
     return EXIT_OK
 
@@ -405,7 +517,7 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
     if args.timeout <= 0:
         raise InvalidArgument(f"--timeout must be positive, got {args.timeout:g}")
     with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        stub = admin_pb2_grpc.AdminStub(channel)
         try:
             return getattr(stub, method)(request, timeout=args.timeout)
         except grpc.RpcError as error:
@@ -485,7 +597,9 @@ def _partition_json(message: Any) -> dict[str, Any]:
     return {
         "partition": message.partition,
         "available": message.available,
+        "replicas": list(message.replicas),
         "leader": message.leader or None,
+        "leader_epoch": optional("leader_epoch"),
         "first_offset": optional("first_offset"),
         "last_offset": optional("last_offset"),
         "end_offset": message.end_offset if message.available else None,

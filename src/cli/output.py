@@ -64,6 +64,13 @@ def number(value: int | None) -> str:
     return EMPTY if value is None else str(value)
 
 
+def liveness(alive: bool, heartbeat_age_ms: int) -> str:
+    """`yes (2s ago)` / `NO (5m ago)`: whether a node is alive and its last heartbeat's age."""
+    seconds = heartbeat_age_ms // 1000
+    age = f"{seconds}s" if seconds < 120 else format_duration_ms(seconds // 60 * 60_000)
+    return f"{'yes' if alive else 'NO'} ({age} ago)"
+
+
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 

@@ -25,7 +25,9 @@ HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
 def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("host")
     proc = subprocess.Popen(
-        [sys.executable, str(HOST_SCRIPT), str(data_dir)], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(HOST_SCRIPT), str(data_dir), "--also-register", "n2,n3"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -132,7 +134,8 @@ def test_list_in_both_formats(admin: str) -> None:
         "SEGMENT",
     ]
     row = next(line for line in lines if line.startswith("list-a "))
-    assert row.split() == ["list-a", "2", "1", "1w", "-", "-", "67.1MB"]
+    # --replicas not given: min(3, registered nodes) = 3
+    assert row.split() == ["list-a", "2", "3", "1w", "-", "-", "67.1MB"]
     # Aligned columns: the numbers of PARTITIONS end where its header ends.
     end = lines[0].index("PARTITIONS") + len("PARTITIONS")
     assert row[:end].endswith(" 2") and row[end] == " "
@@ -143,7 +146,16 @@ def test_describe_in_both_formats(admin: str) -> None:
     document = ok_json("stream", "describe", "described", "--admin", admin)
     assert document["stream"]["name"] == "described"
     first, second = document["partitions"]
-    assert first == {
+    placement = {
+        p["partition"]: p
+        for p in ok_json("partition", "list", "described", "--admin", admin)["partitions"]
+    }
+    assert sorted(first["replicas"]) == ["n1", "n2", "n3"]
+    assert first["replicas"] == placement[0]["replicas"]
+    assert second["replicas"] == placement[1]["replicas"]
+    assert first["leader"] == "n1"  # reported by the host at epoch 1, or its local stats
+    assert first["leader_epoch"] in (None, 1)
+    assert {k: v for k, v in first.items() if k not in ("replicas", "leader_epoch")} == {
         "partition": 0,
         "available": True,
         "leader": "n1",
@@ -162,7 +174,9 @@ def test_describe_in_both_formats(admin: str) -> None:
     table = text.split("\n\n")[1].splitlines()
     assert table[0].split() == [
         "PARTITION",
+        "REPLICAS",
         "LEADER",
+        "EPOCH",
         "FIRST",
         "LAST",
         "END",
@@ -170,8 +184,56 @@ def test_describe_in_both_formats(admin: str) -> None:
         "SIZE",
         "SEGMENTS",
     ]
-    assert table[1].split() == ["0", "n1", "0", "9", "10", "10", "1.5KB", "1"]
-    assert table[2].split() == ["1", "-", "-", "-", "-", "-", "-", "-"]
+    row = table[1].split()
+    assert row[:3] == ["0", ",".join(first["replicas"]), "n1"]
+    assert row[4:] == ["0", "9", "10", "10", "1.5KB", "1"]
+    assert table[2].split()[:2] == ["1", ",".join(second["replicas"])]
+    assert table[2].split()[4:] == ["-"] * 6
+
+
+def test_partition_list_in_both_formats(admin: str) -> None:
+    """Three partitions over three nodes: every node is preferred leader once; the host (n1)
+    reports itself leader at epoch 1 of the partition it is preferred for."""
+    ok("stream", "create", "placed", "--partitions", "3", "--admin", admin)
+    for _ in range(100):  # the host reports asynchronously; bounded wait
+        partitions = ok_json("partition", "list", "placed", "--admin", admin)["partitions"]
+        if any(p["leader"] for p in partitions):
+            break
+    assert [p["partition"] for p in partitions] == [0, 1, 2]
+    assert sorted(p["replicas"][0] for p in partitions) == ["n1", "n2", "n3"]
+    assert all(sorted(p["replicas"]) == ["n1", "n2", "n3"] for p in partitions)
+    mine = next(p for p in partitions if p["replicas"][0] == "n1")
+    assert mine == {
+        "stream": "placed",
+        "partition": mine["partition"],
+        "replicas": mine["replicas"],
+        "leader": "n1",
+        "leader_epoch": 1,
+        "leader_alive": True,
+    }
+    others = [p for p in partitions if p is not mine]
+    assert all(p["leader"] is None and p["leader_epoch"] is None for p in others)
+    lines = ok("partition", "list", "placed", "--admin", admin).splitlines()
+    assert lines[0].split() == ["STREAM", "PARTITION", "REPLICAS", "LEADER", "EPOCH"]
+    row = lines[1 + mine["partition"]].split()
+    assert row == ["placed", str(mine["partition"]), ",".join(mine["replicas"]), "n1", "1"]
+    every = ok_json("partition", "list", "--admin", admin)["partitions"]
+    assert {p["stream"] for p in every} >= {"placed", "described"}
+    assert fails(3, "partition", "list", "ghost", "--admin", admin) == (
+        "spate: stream 'ghost' does not exist\n"
+    )
+    assert "invalid stream name" in fails(2, "partition", "list", "bad/name", "--admin", admin)
+
+
+def test_too_few_nodes_is_refused_with_advice(admin: str) -> None:
+    for output in ("table", "json"):
+        message = fails(
+            2, "stream", "create", "wide", "--replicas", "4", "--admin", admin, "-o", output
+        )
+        assert message == (
+            "spate: stream needs 4 replicas but the cluster has 3 registered nodes: "
+            "start more nodes or use --replicas 3\n"
+        )
 
 
 def test_delete_in_both_formats_then_gone(admin: str) -> None:
@@ -238,10 +300,26 @@ def test_cluster_status_in_both_formats(admin: str) -> None:
     process = document["processes"][0]
     assert process["node_id"] == "n1" and process["role"] == "node"
     assert process["endpoints"]["admin"] == admin and process["pid"] > 0
+    nodes = {n["node_id"]: n for n in document["nodes"]}
+    assert sorted(nodes) == ["n1", "n2", "n3"]
+    n1 = nodes["n1"]
+    assert n1["alive"] is True and n1["heartbeat_age_ms"] >= 0 and n1["heartbeat_ms"] > 0
+    assert sorted(n1["endpoints"]) == ["admin", "amqp", "metadata", "replication"]
+    assert n1["endpoints"]["admin"] == admin
+    assert n1["endpoints"]["metadata"] == metadata["self_address"]
+    assert nodes["n2"]["endpoints"]["replication"] == "n2.invalid:7700"
+    assert all(
+        isinstance(n["partitions_hosted"], int) and isinstance(n["partitions_led"], int)
+        for n in nodes.values()
+    )
     text = ok("cluster", "status", "--admin", admin)
     assert f"metadata leader  {metadata['leader']}" in text
     assert "quorum           yes" in text
     assert f"admin={admin}" in text
+    registered = text.split("\n\n")[-1].splitlines()
+    assert registered[0].split() == ["REGISTERED", "NODE", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"]
+    row = next(line for line in registered if line.startswith("n2 "))
+    assert row.split()[1] == "yes" and "replication=n2.invalid:7700" in row
 
 
 def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path: Path) -> None:
@@ -260,7 +338,10 @@ def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path:
 
 def test_help_texts() -> None:
     top = ok("--help")
-    assert "stream" in top and "cluster" in top and "exit codes" in top
+    assert "stream" in top and "cluster" in top and "partition" in top and "exit codes" in top
+    assert "min(3, registered nodes)" in ok("stream", "create", "--help").replace("\n", " ")
+    partition_list = ok("partition", "list", "--help")
+    assert "STREAM" in partition_list and "leader epoch" in partition_list
     create = ok("stream", "create", "--help")
     for option in (
         "--partitions",
@@ -278,6 +359,7 @@ def test_help_texts() -> None:
         ("stream", "describe"),
         ("stream", "delete"),
         ("cluster", "status"),
+        ("partition", "list"),
     ):
         assert "--output" in ok(*command, "--help")
     assert fails(2, "stream").startswith("spate: the following arguments are required")
