@@ -1,6 +1,8 @@
 """Gateway test fixtures. Every gateway test talks to a real listener on 127.0.0.1 through real
-AMQP clients; only `broker` knows which Broker is behind it (today the in-memory one; the
-node-backed broker can be added as a parameter of `broker` + `make_stream`).
+AMQP clients; only `broker` knows which Broker is behind it. Every test runs twice: against the
+in-memory broker and against the node's real broker (partition logs on disk with fsync), so the
+fake passes the same suite as the thing it stands in for. Tests marked `memory_broker_only` use
+failure-injection hooks that only the in-memory broker has.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from spate.core.streams import StreamConfig
 from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, RunningGateway, unique
 from support.memory_broker import MemoryBroker
+from support.node_broker import NodeBroker
 
 
 @pytest.fixture(scope="session")
@@ -24,27 +27,46 @@ def loop_thread() -> Iterator[LoopThread]:
     thread.stop()
 
 
-@pytest.fixture
-def broker(loop_thread: LoopThread) -> MemoryBroker:
-    return MemoryBroker("n1")
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "broker" in metafunc.fixturenames:
+        kinds = ["memory"]
+        if metafunc.definition.get_closest_marker("memory_broker_only") is None:
+            kinds.append("node")
+        metafunc.parametrize("broker", kinds, indirect=True)
 
 
 @pytest.fixture
-def make_stream(loop_thread: LoopThread, broker: MemoryBroker) -> Callable[..., str]:
+def broker(
+    request: pytest.FixtureRequest, loop_thread: LoopThread, tmp_path: Path
+) -> Iterator[MemoryBroker | NodeBroker]:
+    if request.param == "memory":
+        yield MemoryBroker("n1")
+        return
+    node = NodeBroker(tmp_path / "node", "n1")
+    yield node
+    loop_thread.call(node.close())
+
+
+@pytest.fixture
+def make_stream(loop_thread: LoopThread, broker: MemoryBroker | NodeBroker) -> Callable[..., str]:
     """Create a fresh stream (on the gateway's loop); returns its name."""
 
     def make(partitions: int = 1, prefix: str = "s") -> str:
         name = unique(prefix)
-        loop_thread.run(
-            lambda: broker.create_stream(StreamConfig(name=StreamName(name), partitions=partitions))
-        )
+        config = StreamConfig(name=StreamName(name), partitions=partitions)
+        if isinstance(broker, NodeBroker):
+            loop_thread.call(broker.create_stream(config))
+        else:
+            loop_thread.run(lambda: broker.create_stream(config))
         return name
 
     return make
 
 
 @pytest.fixture
-def start_gateway(loop_thread: LoopThread, broker: MemoryBroker) -> Iterator[Callable[..., Any]]:
+def start_gateway(
+    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker
+) -> Iterator[Callable[..., Any]]:
     servers: list[GatewayServer] = []
 
     def start(**config: Any) -> RunningGateway:

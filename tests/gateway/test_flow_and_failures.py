@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from proton import Message
 from spate.core import limits
 from spate.core.errors import StorageFailure, Unavailable
@@ -39,6 +40,7 @@ def test_volume_beyond_credit_windows(
     assert consumed["messages"][-1]["offset"] == offset_to_symbol(Offset(count - 1))
 
 
+@pytest.mark.memory_broker_only
 def test_failed_append_is_rejected_never_accepted(
     gateway: RunningGateway, broker: MemoryBroker, loop_thread: Any, make_stream: Callable[..., str]
 ) -> None:

@@ -105,6 +105,7 @@ def test_dynamic_nodes_are_not_implemented(gateway: RunningGateway) -> None:
     assert attach_error(gateway, None, dynamic=True).name == "amqp:not-implemented"
 
 
+@pytest.mark.memory_broker_only
 def test_not_leader_redirects(
     gateway: RunningGateway, broker: MemoryBroker, make_stream: Callable[..., str], loop_thread: Any
 ) -> None:
