@@ -48,7 +48,8 @@ async def fetch(store: RaftStore, key: codec.GroupKey, raft_index: int, request:
     staging.mkdir(exist_ok=True)
     kind, body = await request(lambda rid: codec.encode_fetch_manifest(key, rid, raft_index))
     if kind != codec.KIND_MANIFEST:
-        raise Unavailable(f"leader refused the manifest: {bytes(body).decode(errors='replace')}")
+        reason = bytes(codec.decode_reply(body)[1]).decode(errors="replace")
+        raise Unavailable(f"leader refused the manifest: {reason}")
     _, manifest = codec.decode_manifest(body)
     names = {name for name, _ in manifest}
     for name, _ in manifest:
@@ -72,12 +73,13 @@ async def fetch(store: RaftStore, key: codec.GroupKey, raft_index: int, request:
                         key, rid, n, at, w
                     )
                 )
-                if kind != codec.KIND_PIECE or len(body) == 0:
-                    reason = bytes(body).decode(errors="replace")
+                _, data = codec.decode_reply(body)
+                if kind != codec.KIND_PIECE or len(data) == 0:
+                    reason = bytes(data).decode(errors="replace")
                     raise Unavailable(f"leader refused segment {name} at {have}: {reason}")
-                out.write(body[:want])
+                out.write(data[:want])
                 out.flush()
-                have += min(len(body), want)
+                have += min(len(data), want)
         await asyncio.to_thread(_fsync_file, path)
     await asyncio.to_thread(_fsync_file, staging)
     return manifest

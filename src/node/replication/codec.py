@@ -30,7 +30,8 @@ type  message            fields
  2    VoteResponse       granted u8 | pre_vote u8
  3    Append             prev_index u64 | prev_term u64 | commit u64 | count u32 |
                          (index u64 | term u64 | length u32 | payload)*
- 4    AppendResponse     index u64 | rejected u8 | hint_index u64 | hint_term u64
+ 4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
+                         hint_term u64
  5    Heartbeat          commit u64
  6    HeartbeatResponse  (nothing)
  7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64
@@ -192,7 +193,10 @@ def encode_raft(key: GroupKey, message: Message) -> bytes:
         case AppendResponse():
             tail = [
                 _APPEND_RESP.pack(
-                    message.index, message.rejected, message.hint_index, message.hint_term
+                    message.index,
+                    int(message.rejected) | int(message.lost) << 1,
+                    message.hint_index,
+                    message.hint_term,
                 )
             ]
         case Heartbeat():
@@ -230,7 +234,8 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
     elif kind == 4:
         index, rejected, hint_index, hint_term = reader.unpack(_APPEND_RESP)
         message = AppendResponse(
-            term, source, target, index, bool(rejected), hint_index, Term(hint_term)
+            term, source, target, index, bool(rejected & 1), hint_index, Term(hint_term),
+            bool(rejected & 2),
         )
     elif kind == 5:
         message = Heartbeat(term, source, target, reader.u64())

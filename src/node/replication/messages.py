@@ -112,6 +112,10 @@ class AppendResponse:
     rejected: bool = False
     hint_index: int = 0
     hint_term: Term = TERM_ZERO
+    lost: bool = False
+    """Rejected because the follower's log is shorter than the commit the leader sent it
+    (its data directory was wiped): the leader forgets what it knew matched and probes it from
+    scratch. `hint_index`/`hint_term` are the follower's last entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +265,7 @@ def describe(message: Message) -> str:
             if message.rejected:
                 return (
                     f"{head} reject {message.index} hint={message.hint_term}/{message.hint_index}"
+                    + (" lost" if message.lost else "")
                 )
             return f"{head} ok {message.index}"
         case Heartbeat():

@@ -109,6 +109,12 @@ class Progress:
             assert self.state is ProgressState.PROBE
             self.probe_sent = True
 
+    def forget(self) -> None:
+        """The follower lost its log (a wiped replica): nothing is known to match any more."""
+        self.match = 0
+        self.become_probe()
+        self.next = 1
+
     def maybe_update(self, index: int) -> bool:
         """An accepted ack for `index`; returns whether match moved."""
         updated = index > self.match

@@ -471,6 +471,22 @@ class Raft:
             case Append():
                 self._handle_append(message)
             case Heartbeat():
+                if message.commit > self.log.last_index:
+                    # The leader saw us persist entries we no longer have: our data directory
+                    # was wiped. Committing would assert; ask to be probed from scratch.
+                    self._send(
+                        AppendResponse(
+                            self.term,
+                            self.id,
+                            message.source,
+                            0,
+                            rejected=True,
+                            hint_index=self.log.last_index,
+                            hint_term=self.log.last_term,
+                            lost=True,
+                        )
+                    )
+                    return
                 self.log.commit_to(message.commit)
                 self._send(HeartbeatResponse(self.term, self.id, message.source))
             case SnapshotNeeded():
@@ -534,6 +550,11 @@ class Raft:
     def _handle_append_response(self, message: AppendResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
+        if message.lost:
+            if progress.match > message.hint_index:
+                progress.forget()
+                self._send_appends(message.source, send_if_empty=True)
+            return
         if message.rejected:
             probe = message.hint_index
             if message.hint_term > 0:

@@ -1,0 +1,281 @@
+"""Three ReplicationHosts in one process: real sockets on 127.0.0.1, real files with fsync.
+
+Brief §2.3 (replication): election, acknowledged appends, reads from followers up to the commit
+index, leader epochs, failures of a minority and a majority, and catch-up of a wiped replica by
+replay and by segment transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+
+import pytest
+from spate.core.backend import OffsetSpec
+from spate.core.errors import BrokerError, NotLeader
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import Retention
+from spate.node.log import LogConfig
+from spate.node.replication.host import ReplicationHost
+from spate.node.replication.partition import ReplicatedPartition
+from spate.node.replication.raft import RaftConfig
+
+STREAM = StreamName("orders")
+P0 = PartitionId(0)
+IDS = [NodeId("n1"), NodeId("n2"), NodeId("n3")]
+SECRET = "cluster-secret"
+TICK_MS = 20
+WAIT_S = 15.0
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll until `predicate` holds; a liveness bound, not a timing assertion."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {WAIT_S}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+class Cluster:
+    def __init__(self, root: Path, config: LogConfig, raft_config: RaftConfig) -> None:
+        self.root = root
+        self.config = config
+        self.raft_config = raft_config
+        self.addresses: dict[NodeId, tuple[str, int]] = {}
+        self.hosts: dict[NodeId, ReplicationHost] = {}
+        self.parts: dict[NodeId, ReplicatedPartition] = {}
+        self.leader_events: list[tuple[NodeId, NodeId | None, LeaderEpoch]] = []
+
+    async def start(self, node: NodeId) -> ReplicatedPartition:
+        host = ReplicationHost(
+            node,
+            self.root / node,
+            host="127.0.0.1",
+            port=0,
+            secret=SECRET,
+            peers=self.addresses.get,
+            tick_ms=TICK_MS,
+            rng_seed=IDS.index(node),
+            raft_config=self.raft_config,
+        )
+        self.addresses[node] = ("127.0.0.1", await host.start())
+        self.hosts[node] = host
+
+        def record(s: StreamName, p: PartitionId, leader: NodeId | None, e: LeaderEpoch) -> None:
+            self.leader_events.append((node, leader, e))
+
+        host.add_leader_listener(record)
+        part = await host.open_partition(STREAM, P0, IDS, self.config)
+        self.parts[node] = part
+        return part
+
+    async def stop(self, node: NodeId) -> None:
+        await self.hosts.pop(node).stop()
+        del self.parts[node]
+        del self.addresses[node]
+
+    async def leader(self) -> ReplicatedPartition:
+        await until(
+            lambda: any(p.is_leader for p in self.parts.values()), "a leader is elected"
+        )
+        return next(p for p in self.parts.values() if p.is_leader)
+
+    async def append_retrying(self, records: list[bytes]) -> Offset:
+        """Append through whichever replica leads, retrying retryable refusals."""
+        for _ in range(500):
+            part = await self.leader()
+            try:
+                return await part.append(records)
+            except BrokerError as error:
+                assert error.retryable, error
+                await asyncio.sleep(0.02)
+        raise AssertionError("no append succeeded")
+
+
+def all_records(part: ReplicatedPartition) -> list[bytes]:
+    out: list[bytes] = []
+    start = part.resolve(OffsetSpec.first())
+    while start < part.end_offset():
+        views = part.read(start, 1 << 20)
+        assert views
+        for view in views:
+            for i, record in enumerate(view.records):
+                if view.first_offset + i >= start:
+                    out.append(bytes(record))
+            start = Offset(view.first_offset + len(view.records))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def three_nodes(
+    root: Path, config: LogConfig | None = None, raft_config: RaftConfig | None = None
+) -> AsyncIterator[Cluster]:
+    c = Cluster(root, config or LogConfig(), raft_config or RaftConfig())
+    try:
+        for node in IDS:
+            await c.start(node)
+        yield c
+    finally:
+        for node in list(c.hosts):
+            await c.stop(node)
+
+
+def run(body: Callable[[Cluster], Coroutine[None, None, None]], root: Path,
+        config: LogConfig | None = None, raft_config: RaftConfig | None = None) -> None:
+    async def main() -> None:
+        async with three_nodes(root, config, raft_config) as c:
+            await body(c)
+
+    asyncio.run(main())
+
+
+def test_leader_acks_and_followers_serve_up_to_commit(tmp_path: Path) -> None:
+    run(_leader_acks_and_followers_serve_up_to_commit, tmp_path)
+
+
+async def _leader_acks_and_followers_serve_up_to_commit(cluster: Cluster) -> None:
+    """Brief §2.3: appends resolve once committed; followers read what is committed; producers
+    on a follower are told where the leader is; the leader epoch is visible."""
+    leader = await cluster.leader()
+    offsets = await asyncio.gather(*(leader.append([b"m%d" % i, b"n%d" % i]) for i in range(200)))
+    assert sorted(offsets) == list(range(0, 400, 2))
+    await until(
+        lambda: all(p.end_offset() == 400 for p in cluster.parts.values()), "followers commit"
+    )
+    expected = [r for i in range(200) for r in (b"m%d" % i, b"n%d" % i)]
+    for part in cluster.parts.values():
+        assert sorted(all_records(part)) == sorted(expected)
+        assert all_records(part) == all_records(leader)
+        assert part.leader == leader.node
+        assert part.leader_epoch == leader.leader_epoch > 0
+        assert part.info().leader == leader.node
+        assert part.info().messages == 400
+    follower = next(p for p in cluster.parts.values() if not p.is_leader)
+    with pytest.raises(NotLeader) as refused:
+        await follower.append([b"x"])
+    assert refused.value.leader_node == leader.node
+    assert (follower.node, leader.node, leader.leader_epoch) in cluster.leader_events
+
+
+def test_majority_lost_refuses_then_recovers(tmp_path: Path) -> None:
+    run(_majority_lost_refuses_then_recovers, tmp_path)
+
+
+async def _majority_lost_refuses_then_recovers(cluster: Cluster) -> None:
+    """With two of three replicas down an append fails with a retryable error, never a false
+    ack; once a majority is back appends succeed and nothing acknowledged is lost."""
+    leader = await cluster.leader()
+    await leader.append([b"before"])
+    survivor = leader.node
+    others = [n for n in IDS if n != survivor]
+    for node in others:
+        await cluster.stop(node)
+    part = cluster.parts[survivor]
+    outcomes: list[BrokerError] = []
+    for _ in range(3):
+        try:
+            await part.append([b"lonely"])
+        except BrokerError as error:
+            assert error.retryable, error
+            outcomes.append(error)
+    assert len(outcomes) == 3  # no ack without a majority
+    await until(lambda: not part.is_leader, "the cut-off leader steps down (check-quorum)")
+    await cluster.start(others[0])
+    await cluster.append_retrying([b"after"])
+    for p in cluster.parts.values():
+        await until(lambda p=p: b"after" in all_records(p), "the majority commits")
+        records = all_records(p)
+        assert records[0] == b"before" and records.count(b"after") == 1
+
+
+def test_wiped_follower_is_rebuilt_by_replay(tmp_path: Path) -> None:
+    run(_wiped_follower_is_rebuilt_by_replay, tmp_path)
+
+
+async def _wiped_follower_is_rebuilt_by_replay(cluster: Cluster) -> None:
+    """A replica whose directory was wiped catches up by Append replay from index 1 while the
+    leader still holds every entry in memory."""
+    leader = await cluster.leader()
+    for i in range(50):
+        await leader.append([b"r%d" % i])
+    victim = next(n for n in IDS if n != leader.node)
+    await cluster.stop(victim)
+    shutil.rmtree(cluster.root / victim)
+    part = await cluster.start(victim)
+    await cluster.append_retrying([b"tail"])
+    await until(lambda: part.end_offset() == 51, "the wiped replica catches up")
+    assert all_records(part) == [b"r%d" % i for i in range(50)] + [b"tail"]
+    assert not (cluster.root / victim / "partitions" / STREAM / "0" / "catchup").exists()
+
+
+def test_wiped_follower_is_rebuilt_by_segment_transfer_after_retention(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="spate.node.replication.host")
+    config = LogConfig(segment_bytes=64 * 1024, retention=Retention(max_bytes=256 * 1024))
+    run(lambda c: _segment_transfer(c, tmp_path, caplog), tmp_path, config,
+        RaftConfig(log_cache_bytes=0))
+
+
+async def _segment_transfer(c: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> (
+        None):
+    """When the leader no longer keeps the prefix in memory (log cache 0) and retention has
+    deleted the first segments, a wiped replica is rebuilt from the leader's segment files."""
+    if True:
+        leader = await c.leader()
+        record = b"z" * 4000
+        for i in range(200):  # ~800 KB: 12+ segments of 64 KiB
+            await leader.append([record + b"%d" % i])
+        for host in c.hosts.values():
+            host.apply_retention(host.partition(STREAM, P0))
+        first = leader.resolve(OffsetSpec.first())
+        assert first > 0, "retention removed the prefix"
+        victim = next(n for n in IDS if n != leader.node)
+        await c.stop(victim)
+        shutil.rmtree(tmp_path / victim)
+        part = await c.start(victim)
+        await c.append_retrying([b"tail"])
+        await until(lambda: part.end_offset() == 201, "the wiped replica catches up")
+        assert "by segment transfer" in caplog.text
+        assert part.resolve(OffsetSpec.first()) == first
+        assert all_records(part) == all_records(leader)
+        assert all_records(part)[-1] == b"tail"
+
+
+def test_single_replica_group_commits_after_local_fsync(tmp_path: Path) -> None:
+    """A group of one (single-node clusters use the same path) leads itself and acks."""
+    asyncio.run(_single_replica(tmp_path))
+
+
+async def _single_replica(tmp_path: Path) -> None:
+    host = ReplicationHost(
+        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda n: None,
+        tick_ms=TICK_MS,
+    )
+    await host.start()
+    try:
+        part = await host.open_partition(STREAM, P0, [IDS[0]], LogConfig())
+        await until(lambda: part.is_leader, "a single replica elects itself")
+        assert await part.append([b"a", b"b"]) == 0
+        assert await part.append([b"c"]) == 2
+        assert all_records(part) == [b"a", b"b", b"c"]
+        assert host.fsyncs > 0
+    finally:
+        await host.stop()
+    host = ReplicationHost(
+        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda n: None,
+        tick_ms=TICK_MS,
+    )
+    await host.start()
+    try:
+        part = await host.open_partition(STREAM, P0, [IDS[0]], LogConfig())
+        assert all_records(part) == [b"a", b"b", b"c"]  # the commit point survived
+        await until(lambda: part.is_leader, "re-elected after restart")
+        assert await part.append([b"d"]) == 3
+    finally:
+        await host.stop()
