@@ -17,7 +17,12 @@ from typing import NoReturn
 
 from spate.core.errors import BrokerError, ErrorCode
 
-COMMAND_MODULES: tuple[str, ...] = ("spate.cli.admin", "spate.cli.dev", "spate.cli.node")
+COMMAND_MODULES: tuple[str, ...] = (
+    "spate.cli.admin",
+    "spate.cli.dev",
+    "spate.cli.node",
+    "spate.cli.user",
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
