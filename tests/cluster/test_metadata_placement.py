@@ -151,9 +151,29 @@ def test_too_few_registered_nodes_is_refused_with_advice() -> None:
         "use --replicas 2",
     )
     assert not state.view.streams and state.view.version == 2
-    empty = MetadataState().apply(create("orders"))
-    assert isinstance(empty, Rejected) and "no registered nodes" not in empty.message
-    assert "has 0 registered nodes: start more nodes or start a node first" in empty.message
+    one = cluster("n1")
+    result = one.apply(create("orders", replicas=2))
+    assert isinstance(result, Rejected)
+    assert result.message == (
+        "stream needs 2 replicas but the cluster has 1 registered node: start more nodes or "
+        "use --replicas 1"
+    )
+
+
+def test_a_cluster_where_no_node_ever_registered_creates_unplaced_streams() -> None:
+    """Transitional (UNPLACED_WHEN_NO_NODES): node processes that do not register yet keep the
+    behaviour from before placement, every node hosts every partition."""
+    state = MetadataState()
+    assert isinstance(state.apply(create("orders", partitions=2, default=True)), Applied)
+    record = state.view.streams[StreamName("orders")]
+    assert not record.placed and record.config.replicas == 1
+    assert [(c.name, int(p), r) for c, p, r in assignments(state.view, NodeId("any"))] == [
+        ("orders", 0, ()),
+        ("orders", 1, ()),
+    ]
+    state.apply(register("n1"))
+    refused = state.apply(create("wide", replicas=2))
+    assert isinstance(refused, Rejected) and "1 registered node" in refused.message
 
 
 def test_dead_nodes_are_not_candidates() -> None:
@@ -180,8 +200,6 @@ def test_default_replicas_is_min_of_three_and_registered_nodes() -> None:
         record = state.view.streams[StreamName("s")]
         assert record.config.replicas == expected
         assert all(len(p.replicas) == expected for p in record.partitions)
-    result = MetadataState().apply(create("s", default=True))
-    assert isinstance(result, Rejected) and "no registered nodes" in result.message
 
 
 def test_assignments_list_what_each_node_hosts() -> None:

@@ -25,6 +25,7 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | CreateStream | name in use | none | R(already-exists) |
 | CreateStream | invalid config | none | R(invalid-argument) |
 | CreateStream | < R registered or < R alive | none | R(invalid-argument) |
+| CreateStream | no node ever registered | add unplaced (transitional), v+1 | A |
 | LegacyCreateStream (format 1) | as CreateStream | add unplaced (replicas ()), v+1 | A |
 | DeleteStream | exists | remove with placement+leaders, v+1 | A |
 | DeleteStream | unknown | none | R(not-found) |
@@ -280,6 +281,12 @@ Command = (
     | Barrier
 )
 
+UNPLACED_WHEN_NO_NODES = True
+"""Transitional: while no node has ever registered, CreateStream stores the stream unplaced (every
+node hosts every partition, the behaviour before placement), so node processes that do not
+register yet keep working. Once one node registers, placement and its refusals apply. This is a
+constant of the state machine, not a setting: replicas must agree on it (ADR 0006)."""
+
 _NOT_REMEMBERED = (Heartbeat, ReportLeader)
 """Idempotent commands (they keep a maximum): applying one twice changes nothing."""
 
@@ -403,7 +410,7 @@ class MetadataState:
         view = self.view
         version = view.version + 1
         if isinstance(command, CreateStream | LegacyCreateStream):
-            if isinstance(command, CreateStream):
+            if isinstance(command, CreateStream) and (view.nodes or not UNPLACED_WHEN_NO_NODES):
                 config = self._placeable_config(command)
                 partitions = tuple(
                     PartitionRecord(replicas)
@@ -414,7 +421,7 @@ class MetadataState:
                         start=sum(r.config.partitions for r in view.streams.values()),
                     )
                 )
-            else:
+            else:  # format 1, or no node has ever registered: unplaced (UNPLACED_WHEN_NO_NODES)
                 config = command.config
                 config.validate()
                 self._check_new_stream(config)
