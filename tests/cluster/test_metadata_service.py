@@ -19,7 +19,7 @@ import pytest
 from spate.cluster.metadata.codec import DUMP_MAGIC, decode_dump
 from spate.cluster.metadata.raft import DUMP_FILE, JOURNAL_FILE
 from spate.cluster.metadata.service import MetadataService
-from spate.cluster.metadata.state import MetadataView, RequestId
+from spate.cluster.metadata.state import MetadataView, PartitionLeader, RequestId
 from spate.core.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -27,7 +27,7 @@ from spate.core.errors import (
     StorageFailure,
     Unavailable,
 )
-from spate.core.ids import NodeId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 
 PASSWORD = "test-secret"
@@ -342,3 +342,73 @@ def test_refuses_to_start_without_password_on_a_busy_port_or_on_a_corrupt_dump(
             await svc.stop()
 
     run(corrupt_dump)
+
+
+def test_registry_heartbeats_assignments_and_leader_reports_through_the_service(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """The API a node process wires: register, heartbeat, assignments, report_leader."""
+
+    async def scenario() -> None:
+        svc = service(tmp_path, free_port())
+        await svc.start()
+        try:
+            await svc.wait_ready()
+            t0 = 1_700_000_000_000
+            for node in ("n1", "n2", "n3"):
+                await svc.register_node(
+                    NodeId(node),
+                    amqp=f"{node}:5672",
+                    admin=f"{node}:7600",
+                    replication=f"{node}:7700",
+                    metadata=f"{node}:7800",
+                    now_ms=t0,
+                )
+            assert svc.node(NodeId("n2")).replication == "n2:7700"
+            with pytest.raises(NotFound):
+                svc.node(NodeId("n9"))
+            version = svc.view().version
+            views: list[MetadataView] = []
+            svc.add_listener(views.append)
+            # Too soon after the registration: no Raft command at all.
+            assert await svc.heartbeat(NodeId("n1"), t0 + 10) is False
+            assert await svc.heartbeat(NodeId("n1"), t0 + 5_000) is True
+            assert svc.node(NodeId("n1")).heartbeat_ms == t0 + 5_000
+            assert svc.view().version == version  # liveness is not a configuration change
+            with pytest.raises(NotFound, match="not registered"):
+                await svc.heartbeat(NodeId("n9"), t0 + 5_000)
+            alive = [(s.record.node, s.alive) for s in svc.node_statuses(t0 + 12_000)]
+            assert alive == [("n1", True), ("n2", False), ("n3", False)]
+
+            created = await svc.create_stream(
+                StreamConfig(StreamName("orders"), partitions=3), default_replicas=True, now_ms=t0
+            )
+            assert created.replicas == 3
+            hosted = svc.assignments(NodeId("n2"))
+            assert [(c.name, p, r) for c, p, r in hosted] == [
+                ("orders", 0, ("n1", "n2", "n3")),
+                ("orders", 1, ("n2", "n3", "n1")),
+                ("orders", 2, ("n3", "n1", "n2")),
+            ]
+            with pytest.raises(InvalidArgument, match="only 1 of the 3 registered nodes are alive"):
+                await svc.create_stream(
+                    StreamConfig(StreamName("late"), replicas=2), now_ms=t0 + 12_000
+                )
+            leader = await svc.report_leader(
+                StreamName("orders"), PartitionId(1), NodeId("n2"), LeaderEpoch(3)
+            )
+            assert leader == PartitionLeader(NodeId("n2"), LeaderEpoch(3))
+            stale = await svc.report_leader(
+                StreamName("orders"), PartitionId(1), NodeId("n3"), LeaderEpoch(2)
+            )
+            assert stale == leader  # the stale report was ignored; the recorded leader stands
+            with pytest.raises(InvalidArgument, match="not a replica"):
+                await svc.report_leader(
+                    StreamName("orders"), PartitionId(1), NodeId("n9"), LeaderEpoch(9)
+                )
+            assert [p.leader for p in svc.partitions(StreamName("orders"))] == [None, leader, None]
+            await eventually(lambda: len(views) == 2, "listeners saw the create and the report")
+        finally:
+            await svc.stop()
+
+    run(scenario)
