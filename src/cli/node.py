@@ -28,6 +28,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--admin-port", type=int, help="gRPC admin port (default 7600; 0 = any free)")
     run.add_argument("--metadata-port", type=int, help="metadata Raft port (default 7700)")
     run.add_argument(
+        "--replication-port", type=int, help="node-to-node replication port (default 7800)"
+    )
+    run.add_argument(
         "--metadata-peers", help="other metadata voters as host:port,host:port (default: none)"
     )
     run.add_argument(
@@ -54,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         "amqp_port": args.amqp_port,
         "admin_port": args.admin_port,
         "metadata_port": args.metadata_port,
+        "replication_port": args.replication_port,
         "metadata_peers": args.metadata_peers,
         "users_file": args.users_file,
         "tls_cert": args.tls_cert,

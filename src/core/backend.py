@@ -130,6 +130,11 @@ class Broker(Protocol):
         """Raises NotFound for an unknown stream."""
         ...
 
-    def partition(self, name: StreamName, partition: PartitionId) -> Partition:
-        """Raises NotFound (unknown stream or partition) or NotLeader (served elsewhere)."""
+    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+        """The local replica of a partition.
+
+        `write=True` (producers) needs the leader; `write=False` (consumers, `$info`) is served
+        by any replica up to its commit index. Raises NotFound (unknown stream or partition) or
+        NotLeader (served elsewhere; the error names where).
+        """
         ...

@@ -41,7 +41,7 @@ def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[s
         pid = PartitionId(p)
         entry: dict[str, Any] = {"partition": codec.Symbol(partition_symbol(pid))}
         try:
-            info = broker.partition(stream, pid).info()
+            info = broker.partition(stream, pid, write=False).info()
         except NotLeader as err:
             entry |= {
                 "earliest-offset": None,

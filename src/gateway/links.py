@@ -129,17 +129,20 @@ def plan_producer(broker: Broker, address: Address, properties: dict[Any, Any]) 
         plan.bound = PartitionId(0)
     for pid in [plan.bound] if plan.bound is not None else range(config.partitions):
         plan.targets[PartitionId(pid)] = partition_or_agnostic_error(
-            broker, address.stream, PartitionId(pid), plan.bound is None
+            broker, address.stream, PartitionId(pid), plan.bound is None, write=True
         )
     return plan
 
 
 def partition_or_agnostic_error(
-    broker: Broker, stream: StreamName, pid: PartitionId, agnostic: bool
+    broker: Broker, stream: StreamName, pid: PartitionId, agnostic: bool, *, write: bool
 ) -> Partition:
-    """broker.partition, but an agnostic link cannot be redirected to one partition's leader."""
+    """broker.partition, but an agnostic link cannot be redirected to one partition's leader.
+
+    Producers (`write`) need the partition's leader; consumers are served by any local replica.
+    """
     try:
-        return broker.partition(stream, pid)
+        return broker.partition(stream, pid, write=write)
     except NotLeader as err:
         if not agnostic:
             raise
@@ -228,7 +231,7 @@ def plan_consumer(
     pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
     cursors = []
     for pid in pids:
-        part = partition_or_agnostic_error(broker, address.stream, pid, bound is None)
+        part = partition_or_agnostic_error(broker, address.stream, pid, bound is None, write=False)
         cursors.append(Cursor(part, partition_symbol(pid), start_offset(part, selection.specs)))
     return ConsumerPlan(
         address.stream,

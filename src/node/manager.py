@@ -120,7 +120,7 @@ class LocalBroker:
             )
         return config
 
-    def partition(self, name: StreamName, partition: PartitionId) -> PartitionShell:
+    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> PartitionShell:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

@@ -42,6 +42,7 @@ class NodePlan:
     amqp_port: int
     admin_port: int
     metadata_port: int
+    replication_port: int
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +50,7 @@ class NodePlan:
             "amqp_port": self.amqp_port,
             "admin_port": self.admin_port,
             "metadata_port": self.metadata_port,
+            "replication_port": self.replication_port,
         }
 
 
@@ -135,6 +137,8 @@ class DevCluster:
             str(node.admin_port),
             "--metadata-port",
             str(node.metadata_port),
+            "--replication-port",
+            str(node.replication_port),
             "--metadata-peers",
             ",".join(peers),
         ]
@@ -197,7 +201,8 @@ class DevCluster:
                 f"`spate dev down` and delete {self.dir} first"
             )
         while len(plan) < nodes:
-            plan.append(NodePlan(f"n{len(plan) + 1}", _free_port(), _free_port(), _free_port()))
+            ports = [_free_port() for _ in range(4)]
+            plan.append(NodePlan(f"n{len(plan) + 1}", *ports))
         self._save_plan(plan)
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for node in plan:
@@ -254,6 +259,7 @@ class DevCluster:
                 "amqp": f"{HOST}:{node.amqp_port}",
                 "admin": f"{HOST}:{node.admin_port}",
                 "metadata": f"{HOST}:{node.metadata_port}",
+                "replication": f"{HOST}:{node.replication_port}",
                 "data_dir": str(self._node_dir(node.node_id)),
                 "log": str(self._node_dir(node.node_id) / "node.log"),
             }

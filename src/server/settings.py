@@ -20,6 +20,8 @@ class NodeSettings:
     amqp_port: int = 5672
     admin_port: int = 7600
     metadata_port: int = 7700
+    replication_port: int = 7800
+    """Node-to-node partition replication (Raft) listener."""
     metadata_peers: tuple[str, ...] = ()
     """Other metadata voters as host:port (empty: this node is the only voter)."""
     metadata_password: str = field(default="", repr=False)

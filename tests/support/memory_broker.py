@@ -162,7 +162,9 @@ class MemoryBroker:
             raise NotFound(f"stream {name!r} does not exist")
         return config
 
-    def partition(self, name: StreamName, partition: PartitionId) -> MemoryPartition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool
+    ) -> MemoryPartition:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

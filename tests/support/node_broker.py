@@ -28,5 +28,5 @@ class NodeBroker:
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)
 
-    def partition(self, name: StreamName, partition: PartitionId) -> Partition:
-        return self._broker.partition(name, partition)
+    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+        return self._broker.partition(name, partition, write=write)
