@@ -32,7 +32,7 @@ def _spate(*args: str, capture_json: bool = False) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spate.cli.demo", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=1, help="cluster size (default: 1)")
+    parser.add_argument("--nodes", type=int, default=3, help="cluster size (default: 3)")
     parser.add_argument("--messages", type=int, default=2000, help="messages to publish")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args(argv)

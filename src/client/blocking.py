@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -10,7 +11,7 @@ from typing import Any
 
 from proton import Delivery, Message, symbol
 from proton.reactor import Filter, LinkOption
-from proton.utils import BlockingConnection
+from proton.utils import BlockingConnection, LinkDetached
 from spate.client.offsets import Start, offset_filter
 from spate.core.ids import offset_from_symbol
 
@@ -36,6 +37,43 @@ class _LinkProperties(LinkOption):  # type: ignore[misc]
         link.properties = self.properties
 
 
+REDIRECT = "amqp:link:redirect"
+RETRYABLE = symbol("spate:retryable")
+redirect_hops_max = 5
+attach_backoff_s = 0.1
+
+
+def _open_link(
+    url: str,
+    timeout_s: float,
+    connection_options: dict[str, Any],
+    make_link: Callable[[BlockingConnection], Any],
+) -> tuple[BlockingConnection, Any]:
+    """Connect and attach, following `amqp:link:redirect` (to the partition's leader) and
+    retrying refusals the broker marks retryable (e.g. a leader election) until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    hops = 0
+    while True:
+        connection = BlockingConnection(url, timeout=timeout_s, **connection_options)
+        try:
+            return connection, make_link(connection)
+        except LinkDetached as detached:
+            condition = detached.link.remote_condition  # read before close() frees the link
+            name = condition.name if condition is not None else None
+            info = dict((condition.info if condition is not None else None) or {})
+            connection.close()
+            if name == REDIRECT and hops < redirect_hops_max:
+                hops += 1
+                scheme = url.split("://", 1)[0] if "://" in url else "amqp"
+                host, port = info[symbol("network-host")], int(info[symbol("port")])
+                url = f"{scheme}://{host}:{port}"
+                continue
+            if info.get(RETRYABLE) and time.monotonic() < deadline:
+                time.sleep(attach_backoff_s)
+                continue
+            raise
+
+
 def _message(body: bytes | Message) -> Message:
     if isinstance(body, Message):
         return body
@@ -58,9 +96,13 @@ class Producer:
     ) -> None:
         if user is not None:
             connection_options.update(user=user, password=password, allowed_mechs="PLAIN")
-        self._connection = BlockingConnection(url, timeout=timeout_s, **connection_options)
         options = [_LinkProperties({P_PARTITION: str(partition)})] if partition is not None else []
-        self._sender = self._connection.create_sender(stream, options=options)
+        self._connection, self._sender = _open_link(
+            url,
+            timeout_s,
+            connection_options,
+            lambda connection: connection.create_sender(stream, options=options),
+        )
         self._timeout_s = timeout_s
 
     def send(self, body: bytes | Message) -> None:
@@ -138,11 +180,15 @@ class Consumer:
     ) -> None:
         if user is not None:
             connection_options.update(user=user, password=password, allowed_mechs="PLAIN")
-        self._connection = BlockingConnection(url, timeout=timeout_s, **connection_options)
         options: list[LinkOption] = [Filter(offset_filter(start))]
         if partition is not None:
             options.append(_LinkProperties({P_PARTITION: str(partition)}))
-        self._receiver = self._connection.create_receiver(stream, credit=credit, options=options)
+        self._connection, self._receiver = _open_link(
+            url,
+            timeout_s,
+            connection_options,
+            lambda connection: connection.create_receiver(stream, credit=credit, options=options),
+        )
 
     def receive(self, timeout: float | None = 30.0) -> Event:
         message = self._receiver.receive(timeout=timeout)

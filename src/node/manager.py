@@ -1,116 +1,127 @@
-"""The partitions this node serves, kept in step with the stream definitions it is given.
+"""The partitions this node hosts, kept in step with the placement it is given.
 
-`PartitionManager.apply_streams` receives the full set of stream definitions (from the metadata
-service, wired by spate.server) and opens, keeps or closes-and-deletes partition logs to match.
-`LocalBroker` is the spate.core.backend.Broker the AMQP listener consumes.
+`PartitionManager.apply` receives every stream definition and this node's assignments (from the
+metadata service, wired by spate.server) and opens, keeps or closes-and-deletes replicas to match.
+Every partition, even one with a single replica, is a Raft group driven by the node's one
+`ReplicationHost`, so a one-node cluster and a three-node cluster run the same data path.
+
+`LocalBroker` is the spate.core.backend.Broker the AMQP listener consumes: producers are served by
+the partition's leader, consumers by any local replica up to its commit index, and everything
+else is a NotLeader naming where to go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from spate.core.backend import PartitionInfo
-from spate.core.errors import NotFound
+from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.log import LogConfig
-from spate.node.partition import PartitionShell
+from spate.node.replication.host import ReplicationHost
+from spate.node.replication.partition import ReplicatedPartition
 
 log = logging.getLogger(__name__)
 
 PartitionKey = tuple[StreamName, PartitionId]
 
 
-def partition_directory(root: Path, stream: StreamName, partition: PartitionId) -> Path:
-    return root / "streams" / stream / f"{partition:05d}"
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A partition this node hosts; `replicas` lists the group's voters (this node among them)."""
+
+    config: StreamConfig
+    partition: PartitionId
+    replicas: tuple[NodeId, ...]
 
 
 class PartitionManager:
-    """Owns one PartitionShell per (stream, partition) defined for this node."""
+    """Owns this node's replicas through the ReplicationHost."""
 
-    def __init__(
-        self, data_dir: Path, node_id: NodeId, clock_ms: Callable[[], int] | None = None
-    ) -> None:
-        self._root = data_dir
-        self._node_id = node_id
-        self._clock_ms = clock_ms
+    def __init__(self, host: ReplicationHost) -> None:
+        self.host = host
         self._configs: dict[StreamName, StreamConfig] = {}
-        self._shells: dict[PartitionKey, PartitionShell] = {}
+        self._open: dict[PartitionKey, Assignment] = {}
         self._lock = asyncio.Lock()
 
     @property
+    def node_id(self) -> NodeId:
+        return self.host.node_id
+
+    @property
     def configs(self) -> dict[StreamName, StreamConfig]:
+        """Every stream of the cluster, hosted here or not."""
         return self._configs
 
-    def shell(self, stream: StreamName, partition: PartitionId) -> PartitionShell | None:
-        return self._shells.get((stream, partition))
+    def replica(self, stream: StreamName, partition: PartitionId) -> ReplicatedPartition | None:
+        if (stream, partition) not in self._open:
+            return None
+        return self.host.partition(stream, partition)
 
-    async def apply_streams(self, streams: Iterable[StreamConfig]) -> None:
-        """Open partitions of new streams, close and delete those of deleted streams."""
+    def hosted(self) -> list[Assignment]:
+        return list(self._open.values())
+
+    async def apply(
+        self, streams: Iterable[StreamConfig], assignments: Iterable[Assignment]
+    ) -> None:
+        """Open new assignments; close and delete replicas no longer assigned here."""
         async with self._lock:
-            wanted = {s.name: s for s in streams}
-            for name in [n for n in self._configs if n not in wanted]:
-                await self._drop_stream(name)
-            for name, config in wanted.items():
-                if name not in self._configs:
-                    await self._open_stream(config)
-                self._configs[name] = config
-
-    async def _open_stream(self, config: StreamConfig) -> None:
-        log_config = LogConfig(segment_bytes=config.segment_bytes, retention=config.retention)
-        for index in range(config.partitions):
-            pid = PartitionId(index)
-            directory = partition_directory(self._root, config.name, pid)
-            kwargs = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
-            shell = PartitionShell(
-                config.name, pid, directory, log_config, leader=self._node_id, **kwargs
-            )
-            await shell.start()
-            self._shells[(config.name, pid)] = shell
-        log.info("serving stream %s (%d partitions)", config.name, config.partitions)
-
-    async def _drop_stream(self, name: StreamName) -> None:
-        config = self._configs.pop(name)
-        for index in range(config.partitions):
-            shell = self._shells.pop((name, PartitionId(index)), None)
-            if shell is not None:
-                await shell.close()
-        directory = self._root / "streams" / name
-        if directory.exists():
-            shutil.rmtree(directory)
-        log.info("deleted stream %s and its data", name)
-
-    async def open_existing(self) -> None:
-        """Nothing to do: partitions are opened when definitions arrive from metadata."""
+            self._configs = {s.name: s for s in streams}
+            wanted = {(a.config.name, a.partition): a for a in assignments}
+            for key in [k for k in self._open if k not in wanted]:
+                del self._open[key]
+                await self.host.close_partition(*key, delete=True)
+                log.info("no longer hosting %s/%d: replica closed and deleted", *key)
+            for key, assignment in wanted.items():
+                if key in self._open:
+                    continue
+                config = assignment.config
+                await self.host.open_partition(
+                    config.name,
+                    assignment.partition,
+                    assignment.replicas,
+                    LogConfig(segment_bytes=config.segment_bytes, retention=config.retention),
+                )
+                self._open[key] = assignment
+                log.info("hosting %s/%d with replicas %s", *key, ",".join(assignment.replicas))
 
     async def close(self) -> None:
         async with self._lock:
-            for shell in self._shells.values():
-                await shell.close()
-            self._shells.clear()
+            for key in list(self._open):
+                await self.host.close_partition(*key, delete=False)
+            self._open.clear()
 
     def stats(self, stream: StreamName) -> list[PartitionInfo]:
-        """Runtime facts of every partition of `stream` served here (for describe / $info)."""
-        config = self._configs.get(stream)
-        if config is None:
+        """Runtime facts of the partitions of `stream` hosted here (for describe / $info)."""
+        if stream not in self._configs:
             raise NotFound(f"stream {stream!r} does not exist")
-        infos = []
-        for index in range(config.partitions):
-            shell = self._shells.get((stream, PartitionId(index)))
-            if shell is not None:
-                infos.append(shell.info())
-        return infos
+        return [
+            self.host.partition(name, pid).info()
+            for (name, pid) in sorted(self._open)
+            if name == stream
+        ]
+
+
+Locate = Callable[[StreamName, PartitionId], Sequence[NodeId]]
+"""Nodes to send a client to for a partition not served here, best first (the reported leader,
+then the other replicas)."""
+AmqpAddress = Callable[[NodeId], tuple[str, int] | None]
+"""The AMQP listener of a node, from the node registry."""
 
 
 class LocalBroker:
-    """spate.core.backend.Broker over the partitions this node serves."""
+    """spate.core.backend.Broker over the replicas this node hosts."""
 
-    def __init__(self, manager: PartitionManager) -> None:
+    def __init__(
+        self, manager: PartitionManager, locate: Locate, amqp_address: AmqpAddress
+    ) -> None:
         self._manager = manager
+        self._locate = locate
+        self._amqp_address = amqp_address
 
     def stream(self, name: StreamName) -> StreamConfig:
         config = self._manager.configs.get(name)
@@ -120,14 +131,36 @@ class LocalBroker:
             )
         return config
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> PartitionShell:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool
+    ) -> ReplicatedPartition:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(
                 f"stream {name!r} has partitions 0..{config.partitions - 1}; "
                 f"there is no partition {partition}"
             )
-        shell = self._manager.shell(name, partition)
-        if shell is None:
-            raise NotFound(f"partition {partition} of stream {name!r} is not open on this node yet")
-        return shell
+        local = self._manager.replica(name, partition)
+        if local is not None and (local.is_leader or not write):
+            return local
+        if local is not None:
+            candidates: Sequence[NodeId] = [local.leader] if local.leader is not None else []
+        else:
+            candidates = self._locate(name, partition)
+        me = self._manager.node_id
+        for node in candidates:
+            if node == me:
+                continue
+            address = self._amqp_address(node)
+            if address is not None:
+                role = "led" if write or local is not None else "served"
+                raise NotLeader(
+                    f"partition {partition} of {name!r} is {role} by node {node}",
+                    leader_node=node,
+                    leader_host=address[0],
+                    leader_port=address[1],
+                )
+        raise Unavailable(
+            f"partition {partition} of {name!r} has no leader right now (an election is in "
+            "progress or a majority of its replicas is down); retry shortly"
+        )

@@ -1,8 +1,10 @@
 """`spate node run`: one storage node process on one asyncio (uvloop) loop.
 
-Start order: partitions directory -> metadata voter -> partition manager (follows stream
-definitions) -> AMQP listener -> gRPC admin -> endpoints file. Stop order is the reverse; SIGTERM
-and SIGINT stop it cleanly, nothing acknowledged is lost by a kill -9 either (acks follow fsync).
+Start order: metadata voter (waits for a leader) -> replication host -> AMQP listener -> gRPC
+admin -> register the node with all its endpoints -> open the partitions placed here -> follow
+metadata changes and heartbeat -> write the endpoints file (the "ready" signal `spate dev up`
+waits for). Stop order is the reverse; SIGTERM and SIGINT stop it cleanly, and a kill -9 loses
+nothing acknowledged either (acks follow a majority's fsync).
 """
 
 from __future__ import annotations
@@ -14,23 +16,32 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
+from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
-from spate.core.backend import PartitionInfo
-from spate.core.ids import NodeId, StreamName
+from spate.core.errors import BrokerError, NotFound
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.gateway.server import GatewayServer, ListenerConfig
-from spate.node.manager import LocalBroker, PartitionManager
+from spate.node.manager import Assignment, LocalBroker, PartitionManager
+from spate.node.replication.host import ReplicationHost
 from spate.server.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "node.json"
 """Written into the node's data directory once every listener is bound."""
+
+
+def _split(address: str | None) -> tuple[str, int] | None:
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,7 @@ class NodeEndpoints:
     amqp: str
     admin: str
     metadata: str
+    replication: str
     started_at_ms: int
 
     def to_json(self) -> dict[str, Any]:
@@ -50,6 +62,7 @@ class NodeEndpoints:
             "amqp": self.amqp,
             "admin": self.admin,
             "metadata": self.metadata,
+            "replication": self.replication,
             "started_at_ms": self.started_at_ms,
         }
 
@@ -57,8 +70,7 @@ class NodeEndpoints:
 class NodeProcess:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
-        node_id = NodeId(settings.node_id)
-        self.manager = PartitionManager(settings.data_dir, node_id)
+        self.node_id = NodeId(settings.node_id)
         self.metadata = MetadataService(
             node_id=settings.node_id,
             data_dir=settings.data_dir / "metadata",
@@ -66,8 +78,17 @@ class NodeProcess:
             peer_addresses=list(settings.metadata_peers),
             password=settings.metadata_password,
         )
+        self.replication = ReplicationHost(
+            self.node_id,
+            settings.data_dir,
+            host=settings.host,
+            port=settings.replication_port,
+            secret=settings.metadata_password,
+            peers=self._replication_address,
+        )
+        self.manager = PartitionManager(self.replication)
         self.gateway = GatewayServer(
-            LocalBroker(self.manager),
+            LocalBroker(self.manager, self._locate, self._amqp_address),
             ListenerConfig(
                 host=settings.host,
                 port=settings.amqp_port,
@@ -80,73 +101,161 @@ class NodeProcess:
         )
         self.admin = AdminServer(
             self.metadata,
-            stats=self._stats,
+            stats=self.manager.stats,
             status=self._status,
             host=settings.host,
             port=settings.admin_port,
         )
         self.endpoints: NodeEndpoints | None = None
-        self._sync_task: asyncio.Task[None] | None = None
-        self._streams_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reports: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
 
-    def _stats(self, stream: StreamName) -> list[PartitionInfo]:
-        return self.manager.stats(stream)
+    # -- lookups the node package needs from metadata (it never imports spate.cluster) -------
+
+    def _replication_address(self, node: NodeId) -> tuple[str, int] | None:
+        try:
+            return _split(self.metadata.node(node).replication)
+        except NotFound:
+            return None
+
+    def _amqp_address(self, node: NodeId) -> tuple[str, int] | None:
+        try:
+            return _split(self.metadata.node(node).amqp)
+        except NotFound:
+            return None
+
+    def _locate(self, stream: StreamName, partition: PartitionId) -> Sequence[NodeId]:
+        try:
+            placements = self.metadata.partitions(stream)
+        except NotFound:
+            return []
+        for placement in placements:
+            if placement.partition == partition:
+                first = [placement.leader.node] if placement.leader is not None else []
+                return first + [n for n in placement.replicas if n not in first]
+        return []
 
     def _status(self) -> list[ProcessFacts]:
         assert self.endpoints is not None
         e = self.endpoints
-        return [ProcessFacts(
-            node_id=e.node_id, role="node", pid=e.pid,
-            endpoints={"amqp": e.amqp, "admin": e.admin, "metadata": e.metadata},
-            partitions=sum(c.partitions for c in self.manager.configs.values()),
-            streams=len(self.manager.configs),
-        )]
+        hosted = self.manager.hosted()
+        return [
+            ProcessFacts(
+                node_id=e.node_id,
+                role="node",
+                pid=e.pid,
+                endpoints={
+                    "amqp": e.amqp,
+                    "admin": e.admin,
+                    "metadata": e.metadata,
+                    "replication": e.replication,
+                },
+                partitions=len(hosted),
+                streams=len({a.config.name for a in hosted}),
+            )
+        ]
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> NodeEndpoints:
-        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings = self.settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
         await self.metadata.start()
         await self.metadata.wait_ready()  # a leader exists and this replica has caught up
-        self.metadata.add_listener(lambda *_: self._streams_changed.set())
-        await self.manager.apply_streams(self.metadata.streams())
-        self._sync_task = asyncio.create_task(self._follow_streams(), name="follow-streams")
+        replication_port = await self.replication.start()
+        self.replication.add_leader_listener(self._on_leader)
         amqp_port = await self.gateway.start()
         admin_port = await self.admin.start()
-        host = self.settings.host
+        host = settings.host
         self.endpoints = NodeEndpoints(
-            node_id=self.settings.node_id,
+            node_id=settings.node_id,
             pid=os.getpid(),
             amqp=f"{host}:{amqp_port}",
             admin=f"{host}:{admin_port}",
-            metadata=f"{host}:{self.settings.metadata_port}",
+            metadata=f"{host}:{settings.metadata_port}",
+            replication=f"{host}:{replication_port}",
             started_at_ms=int(time.time() * 1000),
         )
-        path = self.settings.data_dir / ENDPOINTS_FILE
+        await self._register()
+        self.metadata.add_listener(lambda *_: self._changed.set())
+        await self._apply_metadata()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._follow_metadata(), name="follow-metadata"),
+            loop.create_task(self._heartbeat(), name="heartbeat"),
+        ]
+        path = settings.data_dir / ENDPOINTS_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints.to_json(), indent=2))
         tmp.replace(path)
         log.info(
             "node %s ready: amqp %s admin %s",
-            self.settings.node_id,
+            self.node_id,
             self.endpoints.amqp,
             self.endpoints.admin,
         )
         return self.endpoints
 
-    async def _follow_streams(self) -> None:
-        """Apply stream definitions whenever the metadata service reports a change."""
+    async def _register(self) -> None:
+        e = self.endpoints
+        assert e is not None
+        await self.metadata.register_node(
+            self.node_id, amqp=e.amqp, admin=e.admin, replication=e.replication, metadata=e.metadata
+        )
+
+    async def _apply_metadata(self) -> None:
+        assignments = [
+            Assignment(a.config, a.partition, tuple(a.replicas) or (self.node_id,))
+            for a in self.metadata.assignments(self.node_id)
+        ]
+        await self.manager.apply(self.metadata.streams(), assignments)
+
+    async def _follow_metadata(self) -> None:
+        """Open and close replicas whenever the metadata service reports a change."""
         while True:
-            await self._streams_changed.wait()
-            self._streams_changed.clear()
-            await self.manager.apply_streams(self.metadata.streams())
+            await self._changed.wait()
+            self._changed.clear()
+            await self._apply_metadata()
+
+    async def _heartbeat(self) -> None:
+        period_s = metadata_limits.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.metadata.heartbeat(self.node_id)
+            except NotFound:
+                await self._register()
+            except BrokerError as error:  # no metadata quorum right now: try again next period
+                log.warning("heartbeat failed: %s", error.message)
+
+    def _on_leader(
+        self, stream: StreamName, partition: PartitionId, leader: NodeId | None, epoch: LeaderEpoch
+    ) -> None:
+        if leader != self.node_id:
+            return
+        task = asyncio.get_running_loop().create_task(self._report(stream, partition, epoch))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report(self, stream: StreamName, partition: PartitionId, epoch: LeaderEpoch) -> None:
+        try:
+            await self.metadata.report_leader(stream, partition, self.node_id, epoch)
+        except BrokerError as error:
+            log.warning(
+                "could not report leadership of %s/%d: %s", stream, partition, error.message
+            )
 
     async def stop(self) -> None:
+        for task in [*self._tasks, *self._reports]:
+            task.cancel()
+        for task in [*self._tasks, *self._reports]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.admin.stop()
         await self.gateway.close()
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
         await self.manager.close()
+        await self.replication.stop()
         await self.metadata.stop()
         (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
 
@@ -174,12 +283,3 @@ def main_run(settings: NodeSettings) -> int:
     )
     uvloop.run(run_node(settings))
     return 0
-
-
-def read_endpoints(data_dir: Path) -> dict[str, Any] | None:
-    path = Path(data_dir) / ENDPOINTS_FILE
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None

@@ -160,17 +160,11 @@ def test_too_few_registered_nodes_is_refused_with_advice() -> None:
     )
 
 
-def test_a_cluster_where_no_node_ever_registered_creates_unplaced_streams() -> None:
-    """Transitional (UNPLACED_WHEN_NO_NODES): node processes that do not register yet keep the
-    behaviour from before placement, every node hosts every partition."""
+def test_a_cluster_where_no_node_registered_refuses_streams() -> None:
+    """Nodes register when they start; before any has, there is nowhere to place a stream."""
     state = MetadataState()
-    assert isinstance(state.apply(create("orders", partitions=2, default=True)), Applied)
-    record = state.view.streams[StreamName("orders")]
-    assert not record.placed and record.config.replicas == 1
-    assert [(c.name, int(p), r) for c, p, r in assignments(state.view, NodeId("any"))] == [
-        ("orders", 0, ()),
-        ("orders", 1, ()),
-    ]
+    refused = state.apply(create("orders", partitions=2, default=True))
+    assert isinstance(refused, Rejected) and "no registered nodes" in refused.message
     state.apply(register("n1"))
     refused = state.apply(create("wide", replicas=2))
     assert isinstance(refused, Rejected) and "1 registered node" in refused.message

@@ -1,29 +1,54 @@
-"""The node's real Broker (PartitionManager + LocalBroker over real files with fsync), with the
-same `create_stream` hook as the in-memory broker so the gateway suite runs against both."""
+"""The node's real Broker (PartitionManager + LocalBroker over a ReplicationHost with one-replica
+Raft groups on real files with fsync), with the same `create_stream` hook as the in-memory broker
+so the gateway suite runs against both."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from spate.core.backend import Partition
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
-from spate.node.manager import LocalBroker, PartitionManager
+from spate.node.manager import Assignment, LocalBroker, PartitionManager
+from spate.node.replication.host import ReplicationHost
 
 
 class NodeBroker:
     def __init__(self, data_dir: Path, node: str = "n1") -> None:
-        self.manager = PartitionManager(data_dir, NodeId(node))
-        self._broker = LocalBroker(self.manager)
+        self.node = NodeId(node)
+        self.host = ReplicationHost(
+            self.node, data_dir, host="127.0.0.1", port=0, secret="test", peers=lambda _: None
+        )
+        self.manager = PartitionManager(self.host)
+        self._broker = LocalBroker(self.manager, lambda _s, _p: [], lambda _n: None)
         self._configs: dict[StreamName, StreamConfig] = {}
+        self._started = False
 
     async def create_stream(self, config: StreamConfig) -> None:
         config.validate()
+        if not self._started:
+            await self.host.start()
+            self._started = True
         self._configs[config.name] = config
-        await self.manager.apply_streams(self._configs.values())
+        assignments = [
+            Assignment(c, PartitionId(p), (self.node,))
+            for c in self._configs.values()
+            for p in range(c.partitions)
+        ]
+        await self.manager.apply(self._configs.values(), assignments)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        for a in assignments:  # a one-replica group elects itself within its election timeout
+            replica = self.host.partition(a.config.name, a.partition)
+            while not replica.is_leader:
+                assert loop.time() < deadline, f"{a.config.name}/{a.partition} elected no leader"
+                await asyncio.sleep(0.01)
 
     async def close(self) -> None:
         await self.manager.close()
+        if self._started:
+            await self.host.stop()
 
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)

@@ -281,12 +281,6 @@ Command = (
     | Barrier
 )
 
-UNPLACED_WHEN_NO_NODES = True
-"""Transitional: while no node has ever registered, CreateStream stores the stream unplaced (every
-node hosts every partition, the behaviour before placement), so node processes that do not
-register yet keep working. Once one node registers, placement and its refusals apply. This is a
-constant of the state machine, not a setting: replicas must agree on it (ADR 0006)."""
-
 _NOT_REMEMBERED = (Heartbeat, ReportLeader)
 """Idempotent commands (they keep a maximum): applying one twice changes nothing."""
 
@@ -410,7 +404,7 @@ class MetadataState:
         view = self.view
         version = view.version + 1
         if isinstance(command, CreateStream | LegacyCreateStream):
-            if isinstance(command, CreateStream) and (view.nodes or not UNPLACED_WHEN_NO_NODES):
+            if isinstance(command, CreateStream):
                 config = self._placeable_config(command)
                 partitions = tuple(
                     PartitionRecord(replicas)
@@ -421,7 +415,7 @@ class MetadataState:
                         start=sum(r.config.partitions for r in view.streams.values()),
                     )
                 )
-            else:  # format 1, or no node has ever registered: unplaced (UNPLACED_WHEN_NO_NODES)
+            else:  # format 1: unplaced
                 config = command.config
                 config.validate()
                 self._check_new_stream(config)
