@@ -11,3 +11,9 @@ from support.cluster import Cluster, running_cluster
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     with running_cluster(tmp_path / "cluster", nodes=1) as c:
         yield c
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path / "cluster3", nodes=3) as c:
+        yield c

@@ -54,6 +54,43 @@ class Cluster:
     def cli_json(self, *args: str) -> Any:
         return json.loads(self.cli(*args, "--output", "json").stdout)
 
+    def refresh(self) -> None:
+        """Re-read which processes run (after a kill): `admin` becomes a live node's."""
+        out = spate("dev", "status", "--data-dir", str(self.data_dir), "--output", "json")
+        self.state = json.loads(out.stdout)
+
+    def urls(self) -> list[str]:
+        """AMQP URLs of every node of the plan (running or not)."""
+        return [f"amqp://{n['amqp']}" for n in self.state["nodes"]]
+
+    def index_of(self, node_id: str) -> int:
+        ids = [n["node_id"] for n in self.state["nodes"]]
+        return ids.index(node_id)
+
+    def leader_of(self, stream: str, partition: int = 0, timeout_s: float = 30) -> str:
+        """The partition's leader as reported to metadata, once one is."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            parts = self.cli_json("partition", "list", stream)["partitions"]
+            leader = next(p["leader"] for p in parts if p["partition"] == partition)
+            if leader is not None:
+                return str(leader)
+            assert time.monotonic() < deadline, f"{stream}/{partition} has no leader"
+            time.sleep(0.1)
+
+    def stop_node(self, index: int) -> None:
+        """SIGTERM one node and wait for it to exit."""
+        pid = self.node_pid(index)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
+
     def up(self, nodes: int) -> None:
         out = spate(
             "dev", "up", "--nodes", str(nodes), "--data-dir", str(self.data_dir), "--output", "json"
@@ -75,6 +112,7 @@ class Cluster:
 
 @contextmanager
 def running_cluster(data_dir: Path, nodes: int = 1) -> Iterator[Cluster]:
+    """`spate dev up --nodes N` in data_dir; `spate dev down` afterwards, whatever happened."""
     cluster = Cluster(data_dir, {})
     try:
         cluster.up(nodes)
