@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from proton import symbol
 from proton.utils import BlockingConnection
 from spate.client import Consumer, Producer
 
@@ -90,13 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         connection = BlockingConnection(url, timeout=10)
         try:
             receiver = connection.create_receiver("demo/$info", credit=1)
-            info = receiver.receive(timeout=10).body
+            info: Any = receiver.receive(timeout=10).body
             receiver.accept()
         finally:
             connection.close()
-        for part in (
-            info[symbol("partitions")] if symbol("partitions") in info else info["partitions"]
-        ):
+        for part in info["partitions"]:
             print("   " + ", ".join(f"{k}={v}" for k, v in part.items()))
 
         print()

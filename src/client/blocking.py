@@ -29,7 +29,7 @@ class PublishRefused(Exception):
         self.state, self.condition, self.description = state, condition, description
 
 
-class _LinkProperties(LinkOption):  # type: ignore[misc]
+class _LinkProperties(LinkOption):
     def __init__(self, properties: dict[symbol, Any]) -> None:
         self.properties = properties
 
@@ -60,12 +60,13 @@ def _open_link(
         except LinkDetached as detached:
             condition = detached.link.remote_condition  # read before close() frees the link
             name = condition.name if condition is not None else None
-            info = dict((condition.info if condition is not None else None) or {})
+            raw_info: Any = condition.info if condition is not None else None
+            info: dict[Any, Any] = dict(raw_info) if isinstance(raw_info, dict) else {}
             connection.close()
             if name == REDIRECT and hops < redirect_hops_max:
                 hops += 1
                 scheme = url.split("://", 1)[0] if "://" in url else "amqp"
-                host, port = info[symbol("network-host")], int(info[symbol("port")])
+                host, port = str(info[symbol("network-host")]), int(info[symbol("port")])
                 url = f"{scheme}://{host}:{port}"
                 continue
             if info.get(RETRYABLE) and time.monotonic() < deadline:
@@ -96,7 +97,9 @@ class Producer:
     ) -> None:
         if user is not None:
             connection_options.update(user=user, password=password, allowed_mechs="PLAIN")
-        options = [_LinkProperties({P_PARTITION: str(partition)})] if partition is not None else []
+        options: list[LinkOption] = (
+            [_LinkProperties({P_PARTITION: str(partition)})] if partition is not None else []
+        )
         self._connection, self._sender = _open_link(
             url,
             timeout_s,
