@@ -60,6 +60,8 @@ enum { MODE_PUBLISH, MODE_CONSUME, MODE_LATENCY };
 #define CLOSE_GRACE_MS 3000 /* after close(), wait this long for the transport to finish */
 #define RECV_BUF_BYTES (4u * 1024u * 1024u)
 #define ERR_CHARS 512
+#define REDIRECT_HOPS_MAX 5 /* amqp:link:redirect followed at most this many times per run */
+#define HOST_CHARS 256
 
 typedef struct {
     int mode;
@@ -92,6 +94,11 @@ typedef struct {
     /* latency: the producer child */
     pid_t child;
     int child_fd;
+
+    /* amqp:link:redirect (a node that does not lead the partition refuses a producer link with
+     * the leader's network-host/port in the condition's info map): reconnect there */
+    int redirects, redirect_pending;
+    char redirect_host[HOST_CHARS], redirect_port[16];
 
     uint64_t deadline;
     uint64_t close_by;  /* 0 until we close */
@@ -462,16 +469,82 @@ static void check_condition(app_t *a, pn_condition_t *c, const char *where) {
     }
 }
 
+/* copy a string-ish or integer pn_data value at the cursor into buf */
+static int data_to_str(pn_data_t *d, char *buf, size_t n) {
+    switch (pn_data_type(d)) {
+    case PN_STRING: case PN_SYMBOL: {
+        pn_bytes_t b = pn_data_type(d) == PN_STRING ? pn_data_get_string(d) : pn_data_get_symbol(d);
+        if (b.size == 0 || b.size >= n) return -1;
+        memcpy(buf, b.start, b.size);
+        buf[b.size] = '\0';
+        return 0;
+    }
+    case PN_USHORT: snprintf(buf, n, "%u", (unsigned)pn_data_get_ushort(d)); return 0;
+    case PN_UINT: snprintf(buf, n, "%u", (unsigned)pn_data_get_uint(d)); return 0;
+    case PN_INT: snprintf(buf, n, "%d", (int)pn_data_get_int(d)); return 0;
+    case PN_ULONG: snprintf(buf, n, "%llu", (unsigned long long)pn_data_get_ulong(d)); return 0;
+    case PN_LONG: snprintf(buf, n, "%lld", (long long)pn_data_get_long(d)); return 0;
+    default: return -1;
+    }
+}
+
+/* An attach refused with amqp:link:redirect (AMQP 1.0 2.8.15: info network-host, port) before
+ * anything was sent or received: remember where to go and return 1 (the caller closes this
+ * connection; main() reconnects there). At most REDIRECT_HOPS_MAX hops per run. */
+static int take_redirect(app_t *a, pn_condition_t *c) {
+    if (!pn_condition_is_set(c) || a->attached || a->closing) return 0;
+    const char *name = pn_condition_get_name(c);
+    if (!name || strcmp(name, "amqp:link:redirect")) return 0;
+    if (a->redirects >= REDIRECT_HOPS_MAX) {
+        char hops[16];
+        snprintf(hops, sizeof hops, "%d", REDIRECT_HOPS_MAX);
+        set_error(a, "link: amqp:link:redirect: more than %s hops%s", hops, "");
+        return 0;
+    }
+    char host[HOST_CHARS] = "", port[16] = "", key[64];
+    pn_data_t *info = pn_condition_info(c);
+    pn_data_rewind(info);
+    if (pn_data_next(info) && pn_data_type(info) == PN_MAP) {
+        pn_data_enter(info);
+        while (pn_data_next(info)) {
+            int ok = data_to_str(info, key, sizeof key) == 0;
+            if (!pn_data_next(info)) break;
+            if (!ok) continue;
+            if (!strcmp(key, "network-host")) data_to_str(info, host, sizeof host);
+            else if (!strcmp(key, "port")) data_to_str(info, port, sizeof port);
+        }
+        pn_data_exit(info);
+    }
+    if (!host[0] || !port[0]) {
+        set_error(a, "link: amqp:link:redirect without network-host/port: %s%s",
+                  pn_condition_get_description(c), "");
+        return 0;
+    }
+    memcpy(a->redirect_host, host, sizeof host);
+    memcpy(a->redirect_port, port, sizeof port);
+    a->redirect_pending = 1;
+    a->redirects++;
+    fprintf(stderr, "amqp_load: redirected to %s:%s (%s)\n", host, port,
+            pn_condition_get_description(c) ? pn_condition_get_description(c) : "");
+    return 1;
+}
+
 static void handle(app_t *a, pn_event_t *e) {
     switch (pn_event_type(e)) {
     case PN_CONNECTION_INIT:
         open_link(a);
         break;
-    case PN_LINK_REMOTE_OPEN:
+    case PN_LINK_REMOTE_OPEN: {
+        /* a refused attach carries a null terminus and is followed by a detach (AMQP 2.6.3):
+         * not attached, wait for the detach and its condition */
+        pn_link_t *l = pn_event_link(e);
+        pn_terminus_t *far = pn_link_is_sender(l) ? pn_link_remote_target(l) : pn_link_remote_source(l);
+        if (pn_terminus_get_type(far) == PN_UNSPECIFIED) break;
         a->attached = 1;
         if (a->mode == MODE_LATENCY && !a->child) start_producer(a);
         if (a->mode == MODE_PUBLISH) pump_send(a);
         break;
+    }
     case PN_LINK_FLOW:
         if (a->mode == MODE_PUBLISH) pump_send(a);
         break;
@@ -497,16 +570,19 @@ static void handle(app_t *a, pn_event_t *e) {
         if (a->mode == MODE_PUBLISH) pump_send(a);
         break;
     case PN_TRANSPORT_ERROR:
+        if (a->redirect_pending) break;
         check_condition(a, pn_transport_condition(pn_event_transport(e)), "transport");
         break;
     case PN_TRANSPORT_CLOSED:
         if (!a->done) check_condition(a, pn_transport_condition(pn_event_transport(e)), "transport");
-        if (!a->done && !a->error[0]) set_error(a, "connection closed before the run completed%s%s", "", "");
+        if (!a->done && !a->error[0] && !a->redirect_pending)
+            set_error(a, "connection closed before the run completed%s%s", "", "");
         a->closing = 1;
         a->transport_closed = 1;
         if (!a->close_by) a->close_by = mono_ns();
         break;
     case PN_CONNECTION_REMOTE_CLOSE:
+        if (a->redirect_pending) { close_conn(a); break; }
         check_condition(a, pn_connection_remote_condition(pn_event_connection(e)), "connection");
         close_conn(a);
         break;
@@ -516,6 +592,10 @@ static void handle(app_t *a, pn_event_t *e) {
         break;
     case PN_LINK_REMOTE_CLOSE:
     case PN_LINK_REMOTE_DETACH:
+        if (take_redirect(a, pn_link_remote_condition(pn_event_link(e)))) {
+            close_conn(a);
+            break;
+        }
         check_condition(a, pn_link_remote_condition(pn_event_link(e)), "link");
         if (!a->done && !a->error[0]) set_error(a, "link detached by the peer%s%s", "", "");
         close_conn(a);
@@ -581,7 +661,7 @@ static void print_common(app_t *a, const char *workload) {
            workload, a->size);
     printf(", \"address\": ");
     json_str(stdout, a->address);
-    printf(", \"endpoint\": \"%s:%s\"", a->host, a->port);
+    printf(", \"endpoint\": \"%s:%s\", \"redirects\": %d", a->host, a->port, a->redirects);
     if (a->label) { printf(", \"label\": "); json_str(stdout, a->label); }
     if (a->partition) { printf(", \"partition\": "); json_str(stdout, a->partition); }
 }
@@ -661,6 +741,23 @@ static double parse_double(const char *s, const char *name) {
     return v;
 }
 
+static void connect_to(app_t *a) {
+    a->conn = pn_connection();
+    pn_transport_t *t = pn_transport();
+    pn_sasl_t *sasl = pn_sasl(t);
+    if (a->user) {
+        pn_connection_set_user(a->conn, a->user);
+        if (a->password) pn_connection_set_password(a->conn, a->password);
+        pn_sasl_allowed_mechs(sasl, "PLAIN");
+        pn_sasl_set_allow_insecure_mechs(sasl, true);
+    } else {
+        pn_sasl_allowed_mechs(sasl, "ANONYMOUS");
+    }
+    char addr[PN_MAX_ADDR];
+    pn_proactor_addr(addr, sizeof addr, a->host, a->port);
+    pn_proactor_connect2(a->proactor, a->conn, t, addr);
+}
+
 int main(int argc, char **argv) {
     app_t a;
     memset(&a, 0, sizeof a);
@@ -725,21 +822,20 @@ int main(int argc, char **argv) {
 
     a.deadline = mono_ns() + (uint64_t)(a.timeout_s * 1e9);
     a.proactor = pn_proactor();
-    a.conn = pn_connection();
-    pn_transport_t *t = pn_transport();
-    pn_sasl_t *sasl = pn_sasl(t);
-    if (a.user) {
-        pn_connection_set_user(a.conn, a.user);
-        if (a.password) pn_connection_set_password(a.conn, a.password);
-        pn_sasl_allowed_mechs(sasl, "PLAIN");
-        pn_sasl_set_allow_insecure_mechs(sasl, true);
-    } else {
-        pn_sasl_allowed_mechs(sasl, "ANONYMOUS");
-    }
-    char addr[PN_MAX_ADDR];
-    pn_proactor_addr(addr, sizeof addr, a.host, a.port);
-    pn_proactor_connect2(a.proactor, a.conn, t, addr);
+    connect_to(&a);
     run(&a);
+    while (a.redirect_pending && !a.error[0] && mono_ns() < a.deadline) {
+        /* the refused connection is closed and freed by the proactor: start over there */
+        a.host = a.redirect_host;
+        a.port = a.redirect_port;
+        a.redirect_pending = 0;
+        a.attached = a.closing = a.transport_closed = 0;
+        a.close_by = 0;
+        a.link = NULL;
+        connect_to(&a);
+        run(&a);
+    }
+    if (a.redirect_pending && !a.error[0]) set_error(&a, "timeout while following redirects%s%s", "", "");
 
     char producer[8192] = "";
     if (a.child > 0) {
