@@ -19,6 +19,7 @@ is then 1 (never a silent skip).
   python benchmarks/run_all.py                 # storage + Spate
   python benchmarks/run_all.py --peers         # + RabbitMQ and NATS, ratios
   python benchmarks/run_all.py --quick         # small counts (20k messages, W3 5 s): smoke
+  python benchmarks/run_all.py --nodes 3 --peers  # 3-node clusters, 3 replicas everywhere
 JSON lines go to benchmarks/results/<UTC date>/ (--out-dir), the table to stdout and
 summary.md there.
 """
@@ -41,6 +42,8 @@ from typing import Any
 import gateway_cpu
 import workload
 from loadclient import ROOT, BenchError, build_client, emit, loadavg, log, machine, rss_kib
+
+from cluster import Cluster
 
 HERE = Path(__file__).resolve().parent
 SPATE = ROOT / ".venv" / "bin" / "spate"
@@ -226,6 +229,67 @@ def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def run_spate_cluster(part: Part, w: workload.Workload, out_dir: Path, nodes: int) -> None:
+    """W1/W2/W3 on `spate dev up --nodes N`, streams with N replicas (fsync on every replica
+    before a majority `accepted`). W1's producer connects to the first node and follows
+    amqp:link:redirect to the partition's leader; W2's and W3's consumers attach to a follower
+    (a replica that does not lead), which serves them from its own log."""
+    why = spate_available()
+    if why:
+        part.status, part.detail = "MISSING", why
+        return
+    mode = f"cluster{nodes}"
+    out = out_dir / f"spate-{mode}-c-proton.jsonl"
+    with Cluster(nodes) as c:
+        streams = (w.stream, w.stream + "-e2e")
+        for s in streams:
+            c.create_stream(s, replicas=nodes)
+        leaders = {s: c.leaders(s)[0] for s in streams}
+        first = c.node_ids()[0]
+
+        def target(node_id: str) -> workload.Target:
+            host, port = c.amqp(node_id)
+            return workload.Target(
+                host=host, port=port, peer="spate", server_pid=c.node(node_id).get("pid")
+            )
+
+        def follower(stream: str) -> str:
+            return next(n for n in c.node_ids() if n != leaders[stream])
+
+        w.label = f"spate/{mode}/c-proton/run1"
+        binary = build_client()
+        steps: list[tuple[str, str]] = [
+            ("w1", first),
+            ("w2", follower(w.stream)),
+            ("w3", follower(streams[1])),
+        ]
+        for name, node_id in steps:
+            fn = {"w1": workload.w1, "w2": workload.w2, "w3": workload.w3}[name]
+            r = fn(binary, target(node_id), w)
+            r.update(nodes=nodes, replicas=nodes, connected_to=node_id, commit=_commit())
+            r["leader"] = leaders[streams[1] if name == "w3" else w.stream]
+            emit(r, out)
+            part.results.append(r)
+            if name == "w1":
+                rss = {
+                    "peer": "spate",
+                    "workload": "rss_after_w1",
+                    "label": w.label,
+                    "rss_kib": [rss_kib(int(n["pid"])) for n in c.endpoints["nodes"]],
+                    "loadavg": loadavg(),
+                }
+                emit(rss, out)
+                part.results.append(rss)
+    errors = [f"{r.get('workload')}: {r['error']}" for r in part.results if r.get("error")]
+    part.status = "FAILED" if errors else "ok"
+    part.detail = "; ".join(errors)
+
+
+def _commit() -> str:
+    p = _run(["git", "rev-parse", "--short", "HEAD"], 30.0, cwd=ROOT)
+    return p.stdout.strip()
+
+
 # peers -----------------------------------------------------------------------------------------
 
 
@@ -244,7 +308,9 @@ def _peers_installed() -> bool:
     )
 
 
-def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
+def run_peers(part: Part, w: workload.Workload, out_dir: Path, mode: str = "single") -> None:
+    """mode: single (one server each) or cluster (3 nodes, streams with 3 replicas)."""
+    replicas = 3 if mode == "cluster" else 1
     if os.geteuid() != 0:
         part.status, part.detail = "MISSING", "the peers harness needs root (apt, ip netns)"
         return
@@ -275,22 +341,22 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
     errors: list[str] = []
     try:
         # RabbitMQ single: stream protocol (rstream), then AMQP 1.0 with our load client
-        jsonl = out_dir / "rabbitmq-single-rstream.jsonl"
+        jsonl = out_dir / f"rabbitmq-{mode}-rstream.jsonl"
         p = _run(
-            [run_bench, "rabbitmq", "single", "1"],
+            [run_bench, "rabbitmq", mode, "1"],
             PEER_BENCH_TIMEOUT_S,
             env=dict(env, CLIENT="rstream", OUT=str(jsonl)),
         )
         if p.returncode != 0:
             errors.append(f"rabbitmq rstream: exit {p.returncode}: {_tail(p, 5)}")
-        part.results += _read_jsonl(jsonl, "rabbitmq/single/rstream/run1")
+        part.results += _read_jsonl(jsonl, f"rabbitmq/{mode}/rstream/run1")
         t = workload.Target(
             port="5672",
             address_format="/amq/queue/{stream}",
             user="guest",
             password="guest",
             create_cmd=f"ip netns exec peers {PEERS_VENV_PY} {HERE / 'rabbitmq_stream.py'} "
-            "{stream}",
+            f"{{stream}} --replicas {replicas}",
             prefix=["ip", "netns", "exec", "peers"],
             peer="rabbitmq-stream",
         )
@@ -299,26 +365,26 @@ def run_peers(part: Part, w: workload.Workload, out_dir: Path) -> None:
                 **w.__dict__,
                 "stream": "amqp10",
                 "w2_count": min(w.count, RABBITMQ_AMQP10_W2_COUNT),
-                "label": "rabbitmq/single/c-proton-amqp10/run1",
+                "label": f"rabbitmq/{mode}/c-proton-amqp10/run1",
             }
         )
         part.results += workload.run(
-            t, wa, ["w1", "w2", "w3"], out_dir / "rabbitmq-single-c-proton-amqp10.jsonl"
+            t, wa, ["w1", "w2", "w3"], out_dir / f"rabbitmq-{mode}-c-proton-amqp10.jsonl"
         )
     finally:
         p = _run([rabbit, "stop"], PEER_STOP_TIMEOUT_S)
         if p.returncode != 0:
             errors.append(f"rabbitmq stop: {_tail(p, 5)}")
     try:
-        jsonl = out_dir / "nats-single-nats-py-raw.jsonl"
+        jsonl = out_dir / f"nats-{mode}-nats-py-raw.jsonl"
         p = _run(
-            [run_bench, "nats", "single", "1"],
+            [run_bench, "nats", mode, "1"],
             PEER_BENCH_TIMEOUT_S,
             env=dict(env, CLIENT="nats-py-raw", OUT=str(jsonl)),
         )
         if p.returncode != 0:
             errors.append(f"nats: exit {p.returncode}: {_tail(p, 5)}")
-        part.results += _read_jsonl(jsonl, "nats/single/nats-py-raw/run1")
+        part.results += _read_jsonl(jsonl, f"nats/{mode}/nats-py-raw/run1")
     finally:
         p = _run([nats, "stop"], PEER_STOP_TIMEOUT_S)
         if p.returncode != 0:
@@ -365,15 +431,15 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def table(spate: Part, peers: Part | None) -> str:
+def table(spate: Part, peers: Part | None, mode: str = "single") -> str:
     cols: list[tuple[str, dict[str, float | None]]] = [
         ("Spate (C client)", _figures(spate.results))
     ]
     if peers is not None:
         for name, prefix in (
-            ("RabbitMQ rstream", "rabbitmq/single/rstream"),
-            ("RabbitMQ AMQP 1.0 (C client)", "rabbitmq/single/c-proton-amqp10"),
-            ("NATS nats-py raw", "nats/single/nats-py-raw"),
+            ("RabbitMQ rstream", f"rabbitmq/{mode}/rstream"),
+            ("RabbitMQ AMQP 1.0 (C client)", f"rabbitmq/{mode}/c-proton-amqp10"),
+            ("NATS nats-py raw", f"nats/{mode}/nats-py-raw"),
         ):
             cols.append(
                 (
@@ -384,7 +450,7 @@ def table(spate: Part, peers: Part | None) -> str:
                 )
             )
     head = (
-        "| single node | "
+        f"| {'single node' if mode == 'single' else '3 nodes, 3 replicas'} | "
         + " | ".join(c if i == 0 else f"{c} | Spate/peer" for i, (c, _) in enumerate(cols))
         + " |"
     )
@@ -420,6 +486,14 @@ def main() -> int:
     )
     ap.add_argument("--peers", action="store_true", help="also run RabbitMQ and NATS (root)")
     ap.add_argument("--quick", action="store_true", help="20k messages, W3 5 s (a smoke run)")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: a three-node Spate cluster with 3-replica streams, and (--peers) the RabbitMQ "
+        "and NATS 3-node clusters with 3 replicas (no gateway CPU part)",
+    )
     ap.add_argument("--no-storage", action="store_true")
     ap.add_argument("--no-spate", action="store_true")
     ap.add_argument(
@@ -437,13 +511,22 @@ def main() -> int:
         log(f"FAILED: the load client: {e}")
         return 1
 
+    peer_mode = "single" if a.nodes == 1 else "cluster"
     parts: list[Part] = []
     storage, spate = Part("storage"), Part("spate")
     peers = Part("peers") if a.peers else None
     for part, fn, skip in (
         (storage, run_storage, a.no_storage),
-        (spate, lambda p: run_spate(p, w, a.out_dir), a.no_spate),
-        (peers, lambda p: run_peers(p, w, a.out_dir), peers is None),
+        (
+            spate,
+            lambda p: (
+                run_spate(p, w, a.out_dir)
+                if a.nodes == 1
+                else run_spate_cluster(p, w, a.out_dir, a.nodes)
+            ),
+            a.no_spate,
+        ),
+        (peers, lambda p: run_peers(p, w, a.out_dir, peer_mode), peers is None),
     ):
         if part is None:
             continue
@@ -457,7 +540,7 @@ def main() -> int:
         except BenchError as e:
             part.status, part.detail = "FAILED", str(e)
 
-    summary = table(spate, peers)
+    summary = table(spate, peers, peer_mode)
     report = ["## Parts", ""] + [
         f"- {p.name}: {p.status}" + (f" — {p.detail}" if p.detail else "") for p in parts
     ]
