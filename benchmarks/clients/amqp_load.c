@@ -681,6 +681,9 @@ static void print_publish(app_t *a) {
     if (a->t_first && a->t_last > a->t_first) {
         double el = (double)(a->t_last - a->t_first) / 1e9;
         printf(", \"elapsed_s\": %.3f, \"msgs_per_s\": %.1f", el, (double)a->accepted / el);
+        /* CLOCK_MONOTONIC is system-wide: concurrent producers' spans can be merged */
+        printf(", \"t_first_mono_ns\": %llu, \"t_last_mono_ns\": %llu",
+               (unsigned long long)a->t_first, (unsigned long long)a->t_last);
     }
     print_lat(stdout, "confirm", a->lat, a->n_lat);
     print_error(a);
