@@ -62,6 +62,7 @@ enum { MODE_PUBLISH, MODE_CONSUME, MODE_LATENCY };
 #define ERR_CHARS 512
 #define REDIRECT_HOPS_MAX 5 /* amqp:link:redirect followed at most this many times per run */
 #define HOST_CHARS 256
+#define ATTACH_RETRY_MS 100 /* pause before re-attaching after a refusal marked spate:retryable */
 
 typedef struct {
     int mode;
@@ -97,7 +98,7 @@ typedef struct {
 
     /* amqp:link:redirect (a node that does not lead the partition refuses a producer link with
      * the leader's network-host/port in the condition's info map): reconnect there */
-    int redirects, redirect_pending;
+    int redirects, redirect_pending, attach_retries, retry_pending;
     char redirect_host[HOST_CHARS], redirect_port[16];
 
     uint64_t deadline;
@@ -488,13 +489,43 @@ static int data_to_str(pn_data_t *d, char *buf, size_t n) {
     }
 }
 
-/* An attach refused with amqp:link:redirect (AMQP 1.0 2.8.15: info network-host, port) before
- * anything was sent or received: remember where to go and return 1 (the caller closes this
- * connection; main() reconnects there). At most REDIRECT_HOPS_MAX hops per run. */
+/* An attach refused before anything was sent or received, either
+ *  - with amqp:link:redirect (AMQP 1.0 2.8.15: info network-host, port): remember where to go,
+ *    at most REDIRECT_HOPS_MAX hops per run; or
+ *  - with info spate:retryable = true (e.g. the partition has no leader during an election):
+ *    attach again to the same node after ATTACH_RETRY_MS, until --timeout.
+ * Returns 1 when the caller should close this connection (main() reconnects), else 0. */
 static int take_redirect(app_t *a, pn_condition_t *c) {
     if (!pn_condition_is_set(c) || a->attached || a->closing) return 0;
     const char *name = pn_condition_get_name(c);
-    if (!name || strcmp(name, "amqp:link:redirect")) return 0;
+    if (!name) return 0;
+    if (strcmp(name, "amqp:link:redirect")) {
+        pn_data_t *info = pn_condition_info(c);
+        char key[64];
+        int retryable = 0;
+        pn_data_rewind(info);
+        if (pn_data_next(info) && pn_data_type(info) == PN_MAP) {
+            pn_data_enter(info);
+            while (pn_data_next(info)) {
+                int ok = data_to_str(info, key, sizeof key) == 0;
+                if (!pn_data_next(info)) break;
+                if (ok && !strcmp(key, "spate:retryable") && pn_data_type(info) == PN_BOOL)
+                    retryable = pn_data_get_bool(info);
+            }
+            pn_data_exit(info);
+        }
+        if (!retryable || mono_ns() + (uint64_t)ATTACH_RETRY_MS * 1000000ull > a->deadline) return 0;
+        if (a->host != a->redirect_host) /* after a redirect, host already points there */
+            snprintf(a->redirect_host, sizeof a->redirect_host, "%s", a->host);
+        if (a->port != a->redirect_port)
+            snprintf(a->redirect_port, sizeof a->redirect_port, "%s", a->port);
+        a->redirect_pending = a->retry_pending = 1;
+        if (a->attach_retries++ == 0)
+            fprintf(stderr, "amqp_load: attach refused (%s: %s), retrying every %d ms\n", name,
+                    pn_condition_get_description(c) ? pn_condition_get_description(c) : "",
+                    ATTACH_RETRY_MS);
+        return 1;
+    }
     if (a->redirects >= REDIRECT_HOPS_MAX) {
         char hops[16];
         snprintf(hops, sizeof hops, "%d", REDIRECT_HOPS_MAX);
@@ -661,7 +692,8 @@ static void print_common(app_t *a, const char *workload) {
            workload, a->size);
     printf(", \"address\": ");
     json_str(stdout, a->address);
-    printf(", \"endpoint\": \"%s:%s\", \"redirects\": %d", a->host, a->port, a->redirects);
+    printf(", \"endpoint\": \"%s:%s\", \"redirects\": %d, \"attach_retries\": %d", a->host, a->port,
+           a->redirects, a->attach_retries);
     if (a->label) { printf(", \"label\": "); json_str(stdout, a->label); }
     if (a->partition) { printf(", \"partition\": "); json_str(stdout, a->partition); }
 }
@@ -829,6 +861,8 @@ int main(int argc, char **argv) {
     run(&a);
     while (a.redirect_pending && !a.error[0] && mono_ns() < a.deadline) {
         /* the refused connection is closed and freed by the proactor: start over there */
+        if (a.retry_pending) usleep(ATTACH_RETRY_MS * 1000);
+        a.retry_pending = 0;
         a.host = a.redirect_host;
         a.port = a.redirect_port;
         a.redirect_pending = 0;

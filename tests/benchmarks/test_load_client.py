@@ -217,3 +217,68 @@ def test_refused_attach_is_reported_not_hung(client: Path, node: Node) -> None:
     assert rc == 1
     assert "amqp:not-found" in pub["error"]
     assert pub["confirmed"] == 0
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """`spate dev up --nodes 3`: every partition a Raft group over three node processes."""
+    data_dir = tmp_path_factory.mktemp("bench-cluster3")
+    up = _run(
+        [str(SPATE), "dev", "up", "--nodes", "3", "--data-dir", str(data_dir), "--output", "json"]
+    )
+    endpoints_file = data_dir / "endpoints.json"
+    endpoints: dict[str, Any] = {}
+    pids: list[int] = []
+    if endpoints_file.is_file():
+        endpoints = json.loads(endpoints_file.read_text())
+        pids = [int(n["pid"]) for n in endpoints["nodes"] if n.get("pid")]
+    try:
+        assert up.returncode == 0, f"spate dev up --nodes 3 failed:\n{up.stderr}"
+        yield data_dir, endpoints
+    finally:
+        _run([str(SPATE), "dev", "down", "--data-dir", str(data_dir)])
+        for pid in pids:
+            deadline = time.monotonic() + 15
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _leader(admin: str, stream: str) -> str:
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while True:
+        done = _run([str(SPATE), "partition", "list", stream, "--admin", admin, "--output", "json"])
+        assert done.returncode == 0, done.stderr
+        row = json.loads(done.stdout)["partitions"][0]
+        if row["leader"] and row["leader_alive"]:
+            return str(row["leader"])
+        assert time.monotonic() < deadline, f"no leader for {stream}: {row}"
+        time.sleep(0.2)
+
+
+def test_publish_to_a_follower_follows_the_redirect(
+    client: Path, cluster3: tuple[Path, dict[str, Any]]
+) -> None:
+    """A node that does not lead the partition refuses the producer link with
+    amqp:link:redirect and the leader's network-host/port (002 §2.8.15); the client reconnects
+    there (one hop) and every message is accepted. A consumer on the follower is served from its
+    own replica, no redirect."""
+    _, endpoints = cluster3
+    admin = endpoints["admin"]
+    done = _run([str(SPATE), "stream", "create", "redir", "--replicas", "3", "--admin", admin])
+    assert done.returncode == 0, done.stderr
+    leader_id = _leader(admin, "redir")
+    by_id = {n["node_id"]: n for n in endpoints["nodes"]}
+    follower = next(n for n in endpoints["nodes"] if n["node_id"] != leader_id)
+    host, _, port = follower["amqp"].rpartition(":")
+    node = Node(host, port, admin)
+    rc, pub = _load(client, node, "publish", "--address", "redir", "--count", "500")
+    assert rc == 0, pub
+    assert (pub["confirmed"], pub["redirects"], pub["error"]) == (500, 1, None)
+    assert pub["endpoint"] == by_id[leader_id]["amqp"]
+
+    rc, sub = _load(client, node, "consume", "--address", "redir", "--count", "500")
+    assert rc == 0, sub
+    assert (sub["received"], sub["redirects"], sub["seq_breaks"]) == (500, 0, 0)
+    assert sub["endpoint"] == follower["amqp"]
