@@ -241,7 +241,8 @@ def run_spate_cluster(part: Part, w: workload.Workload, out_dir: Path, nodes: in
     mode = f"cluster{nodes}"
     out = out_dir / f"spate-{mode}-c-proton.jsonl"
     with Cluster(nodes) as c:
-        streams = (w.stream, w.stream + "-e2e")
+        # W3 twice: consumer on a follower (the table's figure), then on the leader
+        streams = (w.stream, w.stream + "-e2e", w.stream + "-l-e2e")
         for s in streams:
             c.create_stream(s, replicas=nodes)
         leaders = {s: c.leaders(s)[0] for s in streams}
@@ -258,16 +259,20 @@ def run_spate_cluster(part: Part, w: workload.Workload, out_dir: Path, nodes: in
 
         w.label = f"spate/{mode}/c-proton/run1"
         binary = build_client()
-        steps: list[tuple[str, str]] = [
-            ("w1", first),
-            ("w2", follower(w.stream)),
-            ("w3", follower(streams[1])),
+        w_leader = workload.Workload(**{**w.__dict__, "stream": w.stream + "-l"})
+        steps: list[tuple[str, str, str, workload.Workload]] = [
+            ("w1", first, streams[0], w),
+            ("w2", follower(streams[0]), streams[0], w),
+            ("w3", follower(streams[1]), streams[1], w),
+            ("w3", leaders[streams[2]], streams[2], w_leader),
         ]
-        for name, node_id in steps:
+        for name, node_id, stream, wl in steps:
             fn = {"w1": workload.w1, "w2": workload.w2, "w3": workload.w3}[name]
-            r = fn(binary, target(node_id), w)
+            r = fn(binary, target(node_id), wl)
             r.update(nodes=nodes, replicas=nodes, connected_to=node_id, commit=_commit())
-            r["leader"] = leaders[streams[1] if name == "w3" else w.stream]
+            r["leader"] = leaders[stream]
+            if wl is w_leader:  # not the table's W3: recorded beside it
+                r["workload"] = "w3-consumer-on-leader"
             emit(r, out)
             part.results.append(r)
             if name == "w1":
@@ -541,6 +546,13 @@ def main() -> int:
             part.status, part.detail = "FAILED", str(e)
 
     summary = table(spate, peers, peer_mode)
+    for r in spate.results:
+        if r.get("workload") == "w3-consumer-on-leader":
+            summary += (
+                f"\n\nSpate W3 with the consumer on the partition's leader instead of a follower: "
+                f"e2e p50 {r.get('e2e_p50_ms')} ms, p99 {r.get('e2e_p99_ms')} ms, max "
+                f"{r.get('e2e_max_ms')} ms, delivered {r.get('received')}/{r.get('expected')}."
+            )
     report = ["## Parts", ""] + [
         f"- {p.name}: {p.status}" + (f" — {p.detail}" if p.detail else "") for p in parts
     ]
