@@ -7,6 +7,9 @@ Parts, in order:
   spate     `spate dev up --nodes 1 --data-dir TMP`; a stream per workload via
             `spate stream create NAME --replicas 1`; W1/W2/W3 (workload.py) and gateway CPU
             per message (gateway_cpu.py) with the native load client; `spate dev down`
+  spate -n3 (--nodes 3) `spate dev up --nodes 3`, streams with 3 replicas, W1 (producer
+            redirected to the leader), W2/W3 (consumer on a follower; W3 again on the leader);
+            then failover.py (--kills leader kills) and partitions.py (1, 3, 12 partitions)
   peers     (--peers) ../shared/peers: RabbitMQ 3.10 single node (streams, rstream client, and
             AMQP 1.0 with the same native load client as Spate) and NATS JetStream single
             (nats-py raw publisher), the same workload, then stopped
@@ -19,7 +22,7 @@ is then 1 (never a silent skip).
   python benchmarks/run_all.py                 # storage + Spate
   python benchmarks/run_all.py --peers         # + RabbitMQ and NATS, ratios
   python benchmarks/run_all.py --quick         # small counts (20k messages, W3 5 s): smoke
-  python benchmarks/run_all.py --nodes 3 --peers  # 3-node clusters, 3 replicas everywhere
+  python benchmarks/run_all.py --nodes 3 --peers --no-storage   # 3 nodes, 3 replicas everywhere
 JSON lines go to benchmarks/results/<UTC date>/ (--out-dir), the table to stdout and
 summary.md there.
 """
@@ -58,6 +61,8 @@ PEER_START_TIMEOUT_S = 300.0
 PEER_BENCH_TIMEOUT_S = 900.0
 PEER_STOP_TIMEOUT_S = 120.0
 KILL_GRACE_S = 15.0
+FAILOVER_TIMEOUT_S = 1200.0
+PARTITIONS_TIMEOUT_S = 900.0
 RABBITMQ_AMQP10_W2_COUNT = 60_000
 """RabbitMQ 3.10's AMQP 1.0 stream consumers stall after ~65,535 + credit messages
 (../shared/peers/RESULTS.md): W2 over AMQP 1.0 reads fewer."""
@@ -295,6 +300,18 @@ def _commit() -> str:
     return p.stdout.strip()
 
 
+def run_script(part: Part, script: str, args: list[str], out: Path, timeout_s: float) -> None:
+    """A benchmark script of this directory that appends JSON lines to `out` (--out)."""
+    p = _run([sys.executable, str(HERE / script), *args, "--out", str(out)], timeout_s, cwd=ROOT)
+    for line in p.stderr.splitlines():
+        if " $ " not in line:
+            log("  " + line)
+    part.results += [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    part.status = "ok" if p.returncode == 0 else "FAILED"
+    if p.returncode != 0:
+        part.detail = f"exit {p.returncode}: {_tail(p, 5)}"
+
+
 # peers -----------------------------------------------------------------------------------------
 
 
@@ -428,12 +445,22 @@ def _read_jsonl(path: Path, label: str) -> list[dict[str, Any]]:
 def _figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     by = {r.get("workload"): r for r in rows}
     w1, w2, w3 = by.get("w1", {}), by.get("w2", {}), by.get("w3", {})
-    return {
+    figs = {
         "W1 publish msgs/s": w1.get("msgs_per_s"),
         "W2 consume msgs/s": w2.get("msgs_per_s"),
         "W3 e2e p50 ms": w3.get("e2e_p50_ms"),
         "W3 e2e p99 ms": w3.get("e2e_p99_ms"),
     }
+    lead = by.get("w3-consumer-on-leader")
+    if lead:  # Spate 3 nodes: compared with the peers' (only) W3
+        figs[LEADER_P50] = lead.get("e2e_p50_ms")
+        figs[LEADER_P99] = lead.get("e2e_p99_ms")
+    return figs
+
+
+LEADER_P50 = "W3 e2e p50 ms, Spate consumer on the leader"
+LEADER_P99 = "W3 e2e p99 ms, Spate consumer on the leader"
+PEER_METRIC = {LEADER_P50: "W3 e2e p50 ms", LEADER_P99: "W3 e2e p99 ms"}
 
 
 def table(spate: Part, peers: Part | None, mode: str = "single") -> str:
@@ -464,7 +491,7 @@ def table(spate: Part, peers: Part | None, mode: str = "single") -> str:
         s = cols[0][1][metric]
         cells = [_fmt(s)]
         for _, figs in cols[1:]:
-            v = figs[metric]
+            v = figs.get(PEER_METRIC.get(metric, metric))
             cells += [_fmt(v), f"{s / v:.2f}" if s and v else "-"]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -499,6 +526,7 @@ def main() -> int:
         help="3: a three-node Spate cluster with 3-replica streams, and (--peers) the RabbitMQ "
         "and NATS 3-node clusters with 3 replicas (no gateway CPU part)",
     )
+    ap.add_argument("--kills", type=int, default=20, help="failover.py kills (--nodes 3)")
     ap.add_argument("--no-storage", action="store_true")
     ap.add_argument("--no-spate", action="store_true")
     ap.add_argument(
@@ -519,6 +547,8 @@ def main() -> int:
     peer_mode = "single" if a.nodes == 1 else "cluster"
     parts: list[Part] = []
     storage, spate = Part("storage"), Part("spate")
+    failover = Part("failover") if a.nodes > 1 else None
+    partitions = Part("partitions") if a.nodes > 1 else None
     peers = Part("peers") if a.peers else None
     for part, fn, skip in (
         (storage, run_storage, a.no_storage),
@@ -531,9 +561,31 @@ def main() -> int:
             ),
             a.no_spate,
         ),
+        (
+            failover,
+            lambda p: run_script(
+                p,
+                "failover.py",
+                ["--kills", str(a.kills)],
+                a.out_dir / "spate-cluster3-failover.jsonl",
+                FAILOVER_TIMEOUT_S,
+            ),
+            a.nodes == 1 or a.no_spate,
+        ),
+        (
+            partitions,
+            lambda p: run_script(
+                p,
+                "partitions.py",
+                ["--count", str(w.count)],
+                a.out_dir / "spate-cluster3-partitions.jsonl",
+                PARTITIONS_TIMEOUT_S,
+            ),
+            a.nodes == 1 or a.no_spate,
+        ),
         (peers, lambda p: run_peers(p, w, a.out_dir, peer_mode), peers is None),
     ):
-        if part is None:
+        if part is None or (skip and part in (failover, partitions)):
             continue
         parts.append(part)
         if skip:
@@ -546,13 +598,22 @@ def main() -> int:
             part.status, part.detail = "FAILED", str(e)
 
     summary = table(spate, peers, peer_mode)
-    for r in spate.results:
-        if r.get("workload") == "w3-consumer-on-leader":
-            summary += (
-                f"\n\nSpate W3 with the consumer on the partition's leader instead of a follower: "
-                f"e2e p50 {r.get('e2e_p50_ms')} ms, p99 {r.get('e2e_p99_ms')} ms, max "
-                f"{r.get('e2e_max_ms')} ms, delivered {r.get('received')}/{r.get('expected')}."
-            )
+    for r in failover.results if failover else []:
+        summary += (
+            f"\n\nFailover (leader kill -9 -> next acknowledged publish, {r.get('kills')} kills, "
+            f"{r.get('client')}): p50 {r.get('failover_p50_ms')} ms, p99 "
+            f"{r.get('failover_p99_ms')} ms, max {r.get('failover_max_ms')} ms"
+        )
+    for r in partitions.results if partitions else []:
+        summary += (
+            f"\nPartitions {r.get('partitions')} (3 replicas, one C-client producer per "
+            f"partition on its leader): {r.get('msgs_per_s')} msgs/s aggregate"
+        )
+    if a.nodes > 1:
+        summary += (
+            "\nSpate with 3 nodes: W1's producer follows the redirect to the leader; W2's and "
+            "the first W3's consumers read from a follower, the last rows' from the leader."
+        )
     report = ["## Parts", ""] + [
         f"- {p.name}: {p.status}" + (f" — {p.detail}" if p.detail else "") for p in parts
     ]
