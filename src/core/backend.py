@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from spate.core.ids import NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 
 
@@ -80,6 +80,9 @@ class PartitionInfo:
     bytes: int  # retained bytes on disk
     segments: int
     leader: NodeId | None
+    leader_epoch: LeaderEpoch | None = None
+    """Increases whenever the partition gets a new leader: a client that sees it change knows
+    the partition changed leader (None where the partition has no replication group)."""
 
 
 class Partition(Protocol):

@@ -37,10 +37,11 @@ from proton import (
     Transport,
     TransportException,
     symbol,
+    ulong,
     ushort,
 )
 from spate.core import limits
-from spate.core.backend import Broker
+from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
 from spate.gateway import codec, info, links, sections
@@ -67,6 +68,21 @@ _CONTROL_EVENTS = frozenset(
         lib.PN_TRANSPORT_ERROR,
     )
 )
+
+
+LEADER_EPOCH_PROPERTY = symbol("spate:leader-epoch")
+"""Answered on partition-bound links: a client that sees it change on a later attach (or in
+`$info`) knows its partition changed leader."""
+
+
+def _bound_properties(bound: PartitionId, partition: Partition) -> dict[symbol, Any]:
+    properties: dict[symbol, Any] = {
+        symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(bound))
+    }
+    epoch = partition.info().leader_epoch
+    if epoch is not None:
+        properties[LEADER_EPOCH_PROPERTY] = ulong(epoch)
+    return properties
 
 
 def _key(pointer: Any) -> int:
@@ -446,9 +462,7 @@ class AmqpConnection(asyncio.Protocol):
         link.target.copy(link.remote_target)
         if properties.get(links.PARTITION_PROPERTY) is not None:
             assert plan.bound is not None
-            link.properties = {
-                symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(plan.bound))
-            }
+            link.properties = _bound_properties(plan.bound, plan.targets[plan.bound])
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         state = ProducerLink(link, link._impl, plan, presettled)
@@ -470,9 +484,7 @@ class AmqpConnection(asyncio.Protocol):
                 {key: original[key] for key in original if key in plan.selection.accepted_keys}
             )
         if plan.bound is not None:
-            link.properties = {
-                symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(plan.bound))
-            }
+            link.properties = _bound_properties(plan.bound, plan.cursors[0].partition)
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED

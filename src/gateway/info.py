@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from spate.core.backend import Broker
-from spate.core.errors import NotLeader
+from spate.core.errors import NotLeader, Unavailable
 from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
 from spate.gateway import codec
 from spate.gateway.links import partition_symbol
@@ -42,12 +42,12 @@ def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[s
         entry: dict[str, Any] = {"partition": codec.Symbol(partition_symbol(pid))}
         try:
             info = broker.partition(stream, pid, write=False).info()
-        except NotLeader as err:
+        except (NotLeader, Unavailable) as err:
             entry |= {
                 "earliest-offset": None,
                 "latest-offset": None,
                 "available": False,
-                "leader": err.leader_node,
+                "leader": err.leader_node if isinstance(err, NotLeader) else None,
             }
             partitions.append(entry)
             continue
@@ -60,6 +60,7 @@ def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[s
             "messages": info.messages,
             "bytes": info.bytes,
             "leader": info.leader,
+            "leader-epoch": info.leader_epoch,
             "available": True,
         }
         partitions.append(entry)
