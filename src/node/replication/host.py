@@ -182,6 +182,10 @@ class ReplicationHost:
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
         return group
 
+    def partitions(self) -> list[ReplicatedPartition]:
+        """Every replica open on this node."""
+        return list(self._groups.values())
+
     # -- the ticker and the driver
 
     async def _tick(self) -> None:
@@ -251,7 +255,10 @@ class ReplicationHost:
                 group.raft.restore(index, term)
                 log.info(
                     "%s: %s/%s caught up to Raft index %d by segment transfer",
-                    self.node_id, group.stream, group.partition, index,
+                    self.node_id,
+                    group.stream,
+                    group.partition,
+                    index,
                 )
         now_ms = time.monotonic() * 1000
         if now_ms >= self._retention_due_ms:
@@ -275,7 +282,10 @@ class ReplicationHost:
     def _fail(self, group: ReplicatedPartition, reason: str) -> None:
         log.error(
             "%s: %s/%s stops: the disk failed: %s",
-            self.node_id, group.stream, group.partition, reason,
+            self.node_id,
+            group.stream,
+            group.partition,
+            reason,
         )
         group.fail(reason)
 
@@ -344,9 +354,7 @@ class ReplicationHost:
                 try:
                     if not self.transport.send(request.leader, build(request_id)):
                         raise Unavailable(f"no link to {request.leader}")
-                    return await asyncio.wait_for(
-                        future, limits.catchup_request_timeout_ms / 1000
-                    )
+                    return await asyncio.wait_for(future, limits.catchup_request_timeout_ms / 1000)
                 except TimeoutError as error:
                     raise Unavailable(f"{request.leader} did not answer") from error
                 finally:
@@ -360,7 +368,11 @@ class ReplicationHost:
         except (BrokerError, OSError) as error:
             log.info(
                 "%s: catch-up of %s/%s from %s interrupted (will resume): %s",
-                self.node_id, group.stream, group.partition, request.leader, error,
+                self.node_id,
+                group.stream,
+                group.partition,
+                request.leader,
+                error,
             )
             if not group.closed:
                 group.raft.snapshot_failed(request.leader)  # no-op on a follower
