@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,7 +76,7 @@ async def main() -> None:
 
     async def burst(request: dict[str, Any]) -> None:
         part = host.partition(StreamName(request["stream"]), PartitionId(request["partition"]))
-        record = b"x" * request["bytes"]
+        record = os.urandom(request["bytes"])
         semaphore = asyncio.Semaphore(request["window"])
         latencies: list[float] = []
 
