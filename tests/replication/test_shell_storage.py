@@ -78,11 +78,7 @@ def test_a_torn_hard_state_slot_falls_back_to_the_other(tmp_path: Path) -> None:
 
 def test_segment_manifest_ends_at_the_requested_entry(tmp_path: Path) -> None:
     store = RaftStore(tmp_path, CONFIG)
-    entries = []
-    offset = 0
-    for index in range(1, 60):
-        entries.append(entry(index, 1, offset, [b"x" * 3000]))
-        offset += 1
+    entries = [entry(index, 1, index - 1, [b"x" * 3000]) for index in range(1, 60)]
     persist(store, Ready(entries=tuple(entries), must_sync=True))
     assert len(store.log.segments) > 2
     manifest = store.log.transfer_manifest(40)

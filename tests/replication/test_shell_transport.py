@@ -97,11 +97,11 @@ async def _pair(
 ) -> tuple[Transport, Transport, list[tuple[NodeId, int, bytes]]]:
     received: list[tuple[NodeId, int, bytes]] = []
     addresses: dict[NodeId, tuple[str, int]] = {}
-    a = Transport(A, "right", "127.0.0.1", 0, addresses.get,
-                  lambda peer, kind, body: received.append((peer, kind, bytes(body))),
+    a = Transport(A, secret="right", host="127.0.0.1", port=0, peers=addresses.get,
+                  on_frame=lambda peer, kind, body: received.append((peer, kind, bytes(body))),
                   ssl_server=ssl_server, ssl_client=ssl_client)
-    b = Transport(B, secret_b, "127.0.0.1", 0, addresses.get, lambda *args: None,
-                  ssl_server=ssl_server, ssl_client=ssl_client)
+    b = Transport(B, secret=secret_b, host="127.0.0.1", port=0, peers=addresses.get,
+                  on_frame=lambda *args: None, ssl_server=ssl_server, ssl_client=ssl_client)
     addresses[A] = ("127.0.0.1", await a.start())
     addresses[B] = ("127.0.0.1", await b.start())
     return a, b, received
@@ -165,7 +165,7 @@ def test_frames_of_many_partitions_share_one_link_in_order() -> None:
 def _self_signed(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spate-replication")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

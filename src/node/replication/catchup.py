@@ -21,6 +21,7 @@ Leader side (`manifest_reply`, `piece_reply`): read-only, from durable, committe
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -40,8 +41,9 @@ def staging_dir(store: RaftStore) -> Path:
     return store.directory / "catchup"
 
 
-async def fetch(store: RaftStore, key: codec.GroupKey, raft_index: int, request: Request) -> (
-        list[tuple[str, int]]):
+async def fetch(
+    store: RaftStore, key: codec.GroupKey, raft_index: int, request: Request
+) -> list[tuple[str, int]]:
     """Stage the leader's files up to `raft_index`; returns the manifest. Raises Unavailable
     when the leader refuses or does not answer (the caller retries later)."""
     staging = staging_dir(store)
@@ -69,9 +71,7 @@ async def fetch(store: RaftStore, key: codec.GroupKey, raft_index: int, request:
             while have < size:
                 want = min(limits.catchup_piece_bytes, size - have)
                 kind, body = await request(
-                    lambda rid, n=name, at=have, w=want: codec.encode_fetch_piece(
-                        key, rid, n, at, w
-                    )
+                    functools.partial(_piece_request, key, name, have, want)
                 )
                 _, data = codec.decode_reply(body)
                 if kind != codec.KIND_PIECE or len(data) == 0:
@@ -83,6 +83,11 @@ async def fetch(store: RaftStore, key: codec.GroupKey, raft_index: int, request:
         await asyncio.to_thread(_fsync_file, path)
     await asyncio.to_thread(_fsync_file, staging)
     return manifest
+
+
+def _piece_request(key: codec.GroupKey, name: str, position: int, length: int,
+                   request_id: int) -> bytes:
+    return codec.encode_fetch_piece(key, request_id, name, position, length)
 
 
 def _fsync_file(path: Path) -> None:
@@ -111,8 +116,7 @@ def install(store: RaftStore, manifest: list[tuple[str, int]], raft_index: int) 
     store.log = PartitionLog.open(store.log_storage(), store.config)
     if store.log.last_raft_index != raft_index:
         raise StorageFailure(
-            f"installed segments end at Raft index {store.log.last_raft_index}, "
-            f"not {raft_index}"
+            f"installed segments end at Raft index {store.log.last_raft_index}, not {raft_index}"
         )
     store.write_commit(raft_index)
 
@@ -124,8 +128,7 @@ def manifest_reply(store: RaftStore, request_id: int, raft_index: int) -> bytes:
         return codec.encode_fetch_error(request_id, error.message)
 
 
-def piece_reply(store: RaftStore, request_id: int, name: str, position: int, length: int) -> (
-        bytes):
+def piece_reply(store: RaftStore, request_id: int, name: str, position: int, length: int) -> bytes:
     length = min(length, limits.catchup_piece_bytes)
     try:
         return codec.encode_piece(request_id, store.log.read_file(name, position, length))

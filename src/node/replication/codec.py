@@ -228,13 +228,17 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
         for _ in range(count):
             index, entry_term, length = reader.unpack(_ENTRY)
             entries.append(Entry(index, Term(entry_term), bytes(reader.take(length))))
-        message = Append(
-            term, source, target, prev_index, Term(prev_term), tuple(entries), commit
-        )
+        message = Append(term, source, target, prev_index, Term(prev_term), tuple(entries), commit)
     elif kind == 4:
         index, rejected, hint_index, hint_term = reader.unpack(_APPEND_RESP)
         message = AppendResponse(
-            term, source, target, index, bool(rejected & 1), hint_index, Term(hint_term),
+            term,
+            source,
+            target,
+            index,
+            bool(rejected & 1),
+            hint_index,
+            Term(hint_term),
             bool(rejected & 2),
         )
     elif kind == 5:

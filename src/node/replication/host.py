@@ -74,11 +74,11 @@ class ReplicationHost:
         self._rng = random.Random(rng_seed)
         self.transport = Transport(
             node_id,
-            secret,
-            host,
-            port,
-            peers,
-            self._on_frame,
+            secret=secret,
+            host=host,
+            port=port,
+            peers=peers,
+            on_frame=self._on_frame,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
         )
@@ -144,13 +144,13 @@ class ReplicationHost:
         store = await loop.run_in_executor(self._executor, RaftStore, directory, config)
         group = ReplicatedPartition(
             self.node_id,
-            stream,
-            partition,
-            replicas,
-            store,
-            self.raft_config,
-            random.Random(self._rng.getrandbits(64)),
-            self._wake.set,
+            stream=stream,
+            partition=partition,
+            replicas=replicas,
+            store=store,
+            raft_config=self.raft_config,
+            rng=random.Random(self._rng.getrandbits(64)),
+            wake=self._wake.set,
         )
 
         def report(leader: NodeId | None, epoch: LeaderEpoch) -> None:

@@ -62,6 +62,7 @@ class ReplicatedPartition:
     def __init__(
         self,
         node: NodeId,
+        *,
         stream: StreamName,
         partition: PartitionId,
         replicas: Sequence[NodeId],
@@ -324,8 +325,9 @@ class ReplicatedPartition:
             pending.future.set_result(pending.first_offset)
         else:
             pending.future.set_exception(
-                NotLeader("the append was lost in a leader change; retry",
-                          leader_node=self.raft.leader)
+                NotLeader(
+                    "the append was lost in a leader change; retry", leader_node=self.raft.leader
+                )
             )
 
     def restored(self, raft_index: int) -> None:

@@ -165,7 +165,10 @@ class RaftStore:
         log = self.log
         if ready.snapshot is not None:
             # The data was installed by the catch-up (catchup.py) before restore() was called.
-            assert log.last_raft_index >= ready.snapshot.index, (ready.snapshot, log.last_raft_index)
+            assert log.last_raft_index >= ready.snapshot.index, (
+                ready.snapshot,
+                log.last_raft_index,
+            )
             if log.last_raft_index > ready.snapshot.index:
                 log.truncate_from_index(ready.snapshot.index + 1)
         if ready.entries:
@@ -173,7 +176,9 @@ class RaftStore:
             if log.last_raft_index >= first:
                 log.truncate_from_index(first)
             assert log.last_raft_index == first - 1 or log.last_raft_index == 0, (
-                first, log.last_raft_index)
+                first,
+                log.last_raft_index,
+            )
             for entry in ready.entries:
                 if entry.payload:
                     data = entry.payload
@@ -183,7 +188,9 @@ class RaftStore:
                     )
                 header = log.append_chunk_bytes(data)
                 assert header.raft_index == entry.index and header.epoch == entry.term, (
-                    header, entry.describe())
+                    header,
+                    entry.describe(),
+                )
         if ready.hard_state is not None:
             self.hard.write(ready.hard_state)
         plan = log.begin_sync()

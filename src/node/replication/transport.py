@@ -74,12 +74,12 @@ class Transport:
     def __init__(
         self,
         node: NodeId,
+        *,
         secret: str,
         host: str,
         port: int,
         peers: PeerAddress,
         on_frame: FrameHandler,
-        *,
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
     ) -> None:
@@ -163,7 +163,7 @@ class Transport:
         delay_ms = limits.reconnect_delay_ms_min
         while not self._closing:
             address = self._address_of(peer.node)
-            writer: asyncio.StreamWriter | None = None
+            opened: asyncio.StreamWriter | None = None
             try:
                 if address is None:
                     raise OSError(f"no replication address known for {peer.node}")
@@ -171,6 +171,7 @@ class Transport:
                     asyncio.open_connection(address[0], address[1], ssl=self._ssl_client),
                     limits.handshake_timeout_ms / 1000,
                 )
+                opened = writer
                 await asyncio.wait_for(
                     self._client_handshake(reader, writer, peer.node),
                     limits.handshake_timeout_ms / 1000,
@@ -185,8 +186,8 @@ class Transport:
                 self.frames_dropped += len(peer.frames)
                 peer.frames.clear()
                 peer.queued_bytes = 0
-                if writer is not None:
-                    writer.close()
+                if opened is not None:
+                    opened.close()
             await asyncio.sleep(delay_ms / 1000)
             delay_ms = min(2 * delay_ms, limits.reconnect_delay_ms_max)
 
