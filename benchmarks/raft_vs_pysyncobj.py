@@ -45,8 +45,9 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def summary(name: str, latencies_ms: list[float], seconds: float, count: int,
-            fsync: str) -> dict[str, Any]:
+def summary(
+    name: str, latencies_ms: list[float], seconds: float, count: int, fsync: str
+) -> dict[str, Any]:
     ordered = sorted(latencies_ms)
     return {
         "system": name,
@@ -120,8 +121,12 @@ def pysyncobj_node(index: int, ports: list[int], data_dir: Path, count: int, win
         submit()
     done.wait(120)
     seconds = time.perf_counter() - started
-    print(json.dumps({"leader": True, "latencies_ms": latencies, "seconds": seconds,
-                      "failures": failures[0]}), flush=True)
+    print(
+        json.dumps(
+            {"leader": True, "latencies_ms": latencies, "seconds": seconds, "failures": failures[0]}
+        ),
+        flush=True,
+    )
     node.destroy()
 
 
@@ -131,10 +136,24 @@ def run_pysyncobj(count: int, window: int) -> dict[str, Any]:
         errors = open(Path(tmp) / "stderr", "w+")  # noqa: SIM115 (closed below)
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--pysyncobj-node", str(i), "--ports",
-                 ",".join(map(str, ports)), "--dir", tmp, "--count", str(count),
-                 "--window", str(window)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--pysyncobj-node",
+                    str(i),
+                    "--ports",
+                    ",".join(map(str, ports)),
+                    "--dir",
+                    tmp,
+                    "--count",
+                    str(count),
+                    "--window",
+                    str(window),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
             )
             for i in range(3)
         ]
@@ -160,8 +179,9 @@ def run_pysyncobj(count: int, window: int) -> dict[str, Any]:
             errors.seek(0)
             warnings = errors.read().count("truncating already-applied log entries")
             errors.close()
-    out = summary("pysyncobj 0.3.17", result["latencies_ms"], result["seconds"], count,
-                  "no (never fsyncs)")
+    out = summary(
+        "pysyncobj 0.3.17", result["latencies_ms"], result["seconds"], count, "no (never fsyncs)"
+    )
     out["failed"] = result["failures"]
     out["applied_entries_truncated_warnings"] = warnings
     return out
@@ -178,8 +198,13 @@ async def run_spate(count: int, window: int) -> dict[str, Any]:
             ports = {}
             for node in ids:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, str(SPATE_REPLICA), node, str(Path(tmp) / node), "50",
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    sys.executable,
+                    str(SPATE_REPLICA),
+                    node,
+                    str(Path(tmp) / node),
+                    "50",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
                     limit=64 * 1024 * 1024,
                 )
                 procs[node] = proc
@@ -208,15 +233,27 @@ async def run_spate(count: int, window: int) -> dict[str, Any]:
                     if status["role"] == "leader":
                         leader = node
                 await asyncio.sleep(0.05)
-            result = await call(leader, op="burst", stream="bench", partition=0, count=count,
-                                bytes=BATCH_BYTES, window=window)
+            result = await call(
+                leader,
+                op="burst",
+                stream="bench",
+                partition=0,
+                count=count,
+                bytes=BATCH_BYTES,
+                window=window,
+            )
         finally:
             for proc in procs.values():
                 if proc.returncode is None:
                     proc.kill()
                 await proc.wait()
-    out = summary("Spate partition Raft", result["latencies_ms"], result["seconds"], count,
-                  "yes (majority fsynced, group commit)")
+    out = summary(
+        "Spate partition Raft",
+        result["latencies_ms"],
+        result["seconds"],
+        count,
+        "yes (majority fsynced, group commit)",
+    )
     out["leader_fsync_batches"] = result["batches"]
     return out
 
@@ -230,13 +267,23 @@ def main() -> None:
     parser.add_argument("--dir")
     args = parser.parse_args()
     if args.pysyncobj_node is not None:
-        pysyncobj_node(args.pysyncobj_node, [int(p) for p in args.ports.split(",")],
-                       Path(args.dir), args.count, args.window)
+        pysyncobj_node(
+            args.pysyncobj_node,
+            [int(p) for p in args.ports.split(",")],
+            Path(args.dir),
+            args.count,
+            args.window,
+        )
         return
-    print(f"{args.count} batches of {BATCH_BYTES} random bytes, {args.window} in flight, "
-          "3 replicas as 3 processes on 127.0.0.1, leader-local closed loop", flush=True)
-    results = [run_pysyncobj(args.count, args.window),
-               asyncio.run(run_spate(args.count, args.window))]
+    print(
+        f"{args.count} batches of {BATCH_BYTES} random bytes, {args.window} in flight, "
+        "3 replicas as 3 processes on 127.0.0.1, leader-local closed loop",
+        flush=True,
+    )
+    results = [
+        run_pysyncobj(args.count, args.window),
+        asyncio.run(run_spate(args.count, args.window)),
+    ]
     columns = ["system", "MB_per_s", "commits_per_s", "p50_ms", "p99_ms", "fsync_before_ack"]
     widths = [max(len(c), *(len(str(r[c])) for r in results)) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))

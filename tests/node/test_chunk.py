@@ -22,8 +22,12 @@ from spate.node.log.index import (
 records_strategy = st.lists(st.binary(max_size=300), min_size=1, max_size=40)
 
 
-@given(records=records_strategy, first=st.integers(0, 2**64 - 1 - 40),
-       timestamp_ms=st.integers(-(2**63), 2**63 - 1), epoch=st.integers(0, 2**64 - 1))
+@given(
+    records=records_strategy,
+    first=st.integers(0, 2**64 - 1 - 40),
+    timestamp_ms=st.integers(-(2**63), 2**63 - 1),
+    epoch=st.integers(0, 2**64 - 1),
+)
 def test_chunk_round_trip(records: list[bytes], first: int, timestamp_ms: int, epoch: int) -> None:
     """Records come back byte for byte (002: the bare message is immutable), with the header."""
     data = chunk.encode_chunk(records, Offset(first), timestamp_ms, epoch)
@@ -31,7 +35,11 @@ def test_chunk_round_trip(records: list[bytes], first: int, timestamp_ms: int, e
     header, views = chunk.decode_chunk(data)
     assert [bytes(v) for v in views] == records
     assert (header.first_offset, header.record_count, header.timestamp_ms, header.epoch) == (
-        first, len(records), timestamp_ms, epoch)
+        first,
+        len(records),
+        timestamp_ms,
+        epoch,
+    )
     assert header.end_offset == first + len(records)
     assert header.chunk_bytes == len(data)
 
@@ -115,7 +123,11 @@ def test_barrier_chunk_has_no_records_and_carries_term_and_index() -> None:
     header, views = chunk.decode_chunk(data)
     assert views == []
     assert (header.first_offset, header.end_offset, header.epoch, header.raft_index) == (
-        42, 42, 7, 13)
+        42,
+        42,
+        7,
+        13,
+    )
     broken = bytearray(data)
     broken[12:16] = struct.pack(">I", 1)  # a record count without payload is not a chunk
     with pytest.raises(ChunkError):

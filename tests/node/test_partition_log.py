@@ -19,8 +19,9 @@ def record(offset: int) -> bytes:
     return f"{offset:08d}".encode() * 5  # 40 bytes, tells its own offset
 
 
-def fill(log: PartitionLog, chunks: int, per_chunk: int = 10, *, t0: int = 1000,
-         step_ms: int = 1000) -> None:
+def fill(
+    log: PartitionLog, chunks: int, per_chunk: int = 10, *, t0: int = 1000, step_ms: int = 1000
+) -> None:
     """Append `chunks` chunks; chunk k (from 1) is stamped t0 + (k - 1) * step_ms."""
     for k in range(chunks):
         start = log.end_offset
@@ -52,13 +53,22 @@ def test_empty_log(disk: DiskUnderTest) -> None:
     log = open_log(disk)
     assert log.end_offset == log.durable_end == 0
     assert log.read(Offset(0), 1000) == []
-    for spec in (OffsetSpec.first(), OffsetSpec.last(), OffsetSpec.next(),
-                 OffsetSpec.timestamp(5), OffsetSpec.relative(3), OffsetSpec.offset(9)):
+    for spec in (
+        OffsetSpec.first(),
+        OffsetSpec.last(),
+        OffsetSpec.next(),
+        OffsetSpec.timestamp(5),
+        OffsetSpec.relative(3),
+        OffsetSpec.offset(9),
+    ):
         assert log.resolve(spec) == 0
     info = log.info()
     assert (info.messages, info.segments, info.first_timestamp_ms) == (0, 1, None)
-    assert disk.storage.list() == ["00000000000000000000.index", "00000000000000000000.segment",
-                                   "00000000000000000000.timeindex"]
+    assert disk.storage.list() == [
+        "00000000000000000000.index",
+        "00000000000000000000.segment",
+        "00000000000000000000.timeindex",
+    ]
 
 
 def test_append_returns_first_offset_and_reads_back(disk: DiskUnderTest) -> None:
@@ -95,8 +105,9 @@ def test_a_chunk_larger_than_a_segment_gets_a_segment_of_its_own(disk: DiskUnder
 
 
 def test_big_appends_are_split_at_the_chunk_limits(disk: DiskUnderTest) -> None:
-    config = LogConfig(segment_bytes=1 << 20, chunk_records_max=7, chunk_bytes_max=1000,
-                       message_bytes_max=400)
+    config = LogConfig(
+        segment_bytes=1 << 20, chunk_records_max=7, chunk_bytes_max=1000, message_bytes_max=400
+    )
     log = open_log(disk, config)
     assert log.append([record(i) for i in range(20)], 5) == 0
     assert log.append([b"z" * 400] * 3, 6) == 20
@@ -139,7 +150,7 @@ def test_read_end_bound_excludes_later_chunks(disk: DiskUnderTest) -> None:
 def test_offset_specs(disk: DiskUnderTest) -> None:
     """FIRST / LAST / NEXT / OFFSET / TIMESTAMP / RELATIVE as core/backend.py defines them."""
     log = open_log(disk)
-    fill(log, 5, t0=1000, step_ms=1000)   # chunks at 0,10,..,40 stamped 1000..5000
+    fill(log, 5, t0=1000, step_ms=1000)  # chunks at 0,10,..,40 stamped 1000..5000
     log.append([b"unsynced"], 9000)
     resolve = log.resolve
     assert resolve(OffsetSpec.first()) == 0
@@ -209,8 +220,11 @@ def test_garbage_indexes_are_rebuilt(disk: DiskUnderTest) -> None:
     storage.truncate("00000000000000000060.index", 0)
     storage.fsync("00000000000000000060.index")
     log = PartitionLog.open(storage, SMALL)
-    assert {"00000000000000000020.segment", "00000000000000000040.segment",
-            "00000000000000000060.segment"} <= set(log.recovery.rebuilt_indexes)
+    assert {
+        "00000000000000000020.segment",
+        "00000000000000000040.segment",
+        "00000000000000000060.segment",
+    } <= set(log.recovery.rebuilt_indexes)
     assert read_all(log) == [(i, record(i)) for i in range(90)]
 
 
@@ -254,7 +268,7 @@ def test_retention_infinite_keeps_everything(disk: DiskUnderTest) -> None:
 def test_retention_by_message_count(disk: DiskUnderTest) -> None:
     """Whole segments go while the log holds more than max_messages (003 retention)."""
     log = open_log(disk, LogConfig(segment_bytes=1000, retention=Retention(max_messages=50)))
-    fill(log, 10)   # 100 messages in 5 segments of 20
+    fill(log, 10)  # 100 messages in 5 segments of 20
     assert log.apply_retention(now_ms=0) == 3
     assert retained(log) == (60, 2)
     assert log.resolve(OffsetSpec.first()) == 60
@@ -264,7 +278,7 @@ def test_retention_by_message_count(disk: DiskUnderTest) -> None:
 
 def test_retention_by_bytes(disk: DiskUnderTest) -> None:
     log = open_log(disk, LogConfig(segment_bytes=1000, retention=Retention(max_bytes=2000)))
-    fill(log, 10)   # 4960 bytes: 992 per full segment
+    fill(log, 10)  # 4960 bytes: 992 per full segment
     assert log.apply_retention(now_ms=0) == 3
     assert log.info().bytes == 1984
     assert retained(log) == (60, 2)
@@ -274,8 +288,8 @@ def test_retention_by_age(disk: DiskUnderTest) -> None:
     """A segment goes once its newest record is older than max_age."""
     log = open_log(disk, LogConfig(segment_bytes=1000, retention=Retention(max_age_ms=5500)))
     fill(log, 10, t0=1000, step_ms=1000)  # segment i's newest chunk at 2000 * (i + 1)
-    assert log.apply_retention(now_ms=9499) == 1     # 2000 < 3999
-    assert log.apply_retention(now_ms=9500) == 0     # 4000 is not < 4000
+    assert log.apply_retention(now_ms=9499) == 1  # 2000 < 3999
+    assert log.apply_retention(now_ms=9500) == 0  # 4000 is not < 4000
     assert log.apply_retention(now_ms=9501) == 1
     assert log.apply_retention(now_ms=10**9) == 2, "never the active segment"
     assert retained(log) == (80, 1)

@@ -56,7 +56,7 @@ def damage(storage: Storage, how: str) -> int:
     if how == "flip-payload":
         data[300] ^= 0x01
     elif how == "flip-header":
-        data[20] ^= 0x80          # first_offset, covered by the CRC
+        data[20] ^= 0x80  # first_offset, covered by the CRC
     elif how == "flip-crc":
         data[5] ^= 0xFF
     elif how == "cut-mid-header":
@@ -81,9 +81,19 @@ def damage(storage: Storage, how: str) -> int:
     return len(data)
 
 
-@pytest.mark.parametrize("how", ["flip-payload", "flip-header", "flip-crc", "cut-mid-header",
-                                 "cut-mid-payload", "garbage", "next-chunk-torn",
-                                 "wrong-offset"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "flip-payload",
+        "flip-header",
+        "flip-crc",
+        "cut-mid-header",
+        "cut-mid-payload",
+        "garbage",
+        "next-chunk-torn",
+        "wrong-offset",
+    ],
+)
 def test_damaged_tail_is_cut_to_the_last_valid_chunk(disk: DiskUnderTest, how: str) -> None:
     write_log(disk.storage).close()
     storage = disk.restart()
@@ -128,8 +138,9 @@ def test_simdisk_crash_loses_nothing_synced(seed: int) -> None:
     prefix of what was written; the log then works on."""
     rng = random.Random(seed)
     disk = SimDisk(seed)
-    config = LogConfig(segment_bytes=rng.choice([600, 1500, 10_000]),
-                       index_interval_bytes=rng.choice([100, 400]))
+    config = LogConfig(
+        segment_bytes=rng.choice([600, 1500, 10_000]), index_interval_bytes=rng.choice([100, 400])
+    )
     written: dict[int, bytes] = {}
     for _round in range(3):
         log = PartitionLog.open(disk, config)
@@ -155,8 +166,9 @@ def test_simdisk_crash_loses_nothing_synced(seed: int) -> None:
         disk.crash()
         recovered = PartitionLog.open(disk, config)
         survivors = all_records(recovered)
-        assert [o for o, _ in survivors] == list(range(recovered.start_offset,
-                                                       recovered.end_offset))
+        assert [o for o, _ in survivors] == list(
+            range(recovered.start_offset, recovered.end_offset)
+        )
         assert recovered.end_offset >= durable
         assert all(written[o] == r for o, r in survivors)
         recovered.close()
@@ -194,16 +206,22 @@ def load_writer_module() -> object:
 
 def run_writer_until_killed(directory: Path, acks_wanted: int) -> list[int]:
     """Start the writer, read acknowledged offsets until `acks_wanted`, then SIGKILL it."""
-    process = subprocess.Popen([sys.executable, str(WRITER), str(directory)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, str(WRITER), str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     acked: list[int] = []
     try:
         assert process.stdout is not None
         while len(acked) < acks_wanted:
             line = process.stdout.readline()
             if not line:
-                raise AssertionError(f"writer died: {process.stderr.read().decode()}"
-                                     if process.stderr else "writer died")
+                raise AssertionError(
+                    f"writer died: {process.stderr.read().decode()}"
+                    if process.stderr
+                    else "writer died"
+                )
             acked.append(int(line))
         os.kill(process.pid, signal.SIGKILL)
         rest, _ = process.communicate(timeout=30)

@@ -47,7 +47,12 @@ async def main() -> None:
     tick_ms = int(sys.argv[3]) if len(sys.argv) > 3 else 20
     addresses: dict[NodeId, tuple[str, int]] = {}
     host = ReplicationHost(
-        node, data_dir, host="127.0.0.1", port=0, secret=SECRET, peers=addresses.get,
+        node,
+        data_dir,
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        peers=addresses.get,
         tick_ms=tick_ms,
     )
     port = await host.start()
@@ -70,9 +75,16 @@ async def main() -> None:
             offset = await part.append(records)
             reply({"id": request["id"], "ok": True, "offset": offset})
         except BrokerError as error:
-            reply({"id": request["id"], "ok": False, "code": error.code.value,
-                   "retryable": error.retryable, "message": error.message,
-                   "leader": getattr(error, "leader_node", None)})
+            reply(
+                {
+                    "id": request["id"],
+                    "ok": False,
+                    "code": error.code.value,
+                    "retryable": error.retryable,
+                    "message": error.message,
+                    "leader": getattr(error, "leader_node", None),
+                }
+            )
 
     async def burst(request: dict[str, Any]) -> None:
         part = host.partition(StreamName(request["stream"]), PartitionId(request["partition"]))
@@ -88,9 +100,16 @@ async def main() -> None:
 
         started = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(request["count"])))
-        reply({"id": request["id"], "ok": True, "latencies_ms": latencies,
-               "seconds": time.perf_counter() - started, "fsyncs": host.fsyncs,
-               "batches": host.batches})
+        reply(
+            {
+                "id": request["id"],
+                "ok": True,
+                "latencies_ms": latencies,
+                "seconds": time.perf_counter() - started,
+                "fsyncs": host.fsyncs,
+                "batches": host.batches,
+            }
+        )
 
     while True:
         line = await reader.readline()
@@ -104,11 +123,15 @@ async def main() -> None:
             reply({"id": request.get("id"), "ok": True})
         elif op == "open":
             retention = Retention(max_bytes=request.get("max_bytes"))
-            config = LogConfig(segment_bytes=request.get("segment_bytes", 64 * 1024 * 1024),
-                               retention=retention)
-            await host.open_partition(StreamName(request["stream"]),
-                                      PartitionId(request["partition"]),
-                                      [NodeId(r) for r in request["replicas"]], config)
+            config = LogConfig(
+                segment_bytes=request.get("segment_bytes", 64 * 1024 * 1024), retention=retention
+            )
+            await host.open_partition(
+                StreamName(request["stream"]),
+                PartitionId(request["partition"]),
+                [NodeId(r) for r in request["replicas"]],
+                config,
+            )
             reply({"id": request.get("id"), "ok": True})
         elif op in ("append", "burst"):
             task = loop.create_task(append(request) if op == "append" else burst(request))
@@ -117,10 +140,17 @@ async def main() -> None:
         elif op == "status":
             parts = []
             for part in host.partitions():
-                parts.append({"stream": part.stream, "partition": part.partition,
-                              "role": part.role.value, "leader": part.leader,
-                              "epoch": part.leader_epoch, "end_offset": part.end_offset(),
-                              "first_offset": part.resolve(OffsetSpec.first())})
+                parts.append(
+                    {
+                        "stream": part.stream,
+                        "partition": part.partition,
+                        "role": part.role.value,
+                        "leader": part.leader,
+                        "epoch": part.leader_epoch,
+                        "end_offset": part.end_offset(),
+                        "first_offset": part.resolve(OffsetSpec.first()),
+                    }
+                )
             reply({"id": request.get("id"), "partitions": parts})
         elif op == "read":
             part = host.partition(StreamName(request["stream"]), PartitionId(request["partition"]))

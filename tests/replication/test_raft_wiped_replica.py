@@ -46,6 +46,9 @@ def test_a_stale_lost_answer_does_not_reset_a_caught_up_follower() -> None:
     group.stabilize()
     n2 = NodeId("n2")
     match = group["n1"].progress(n2).match
-    group["n1"].step(AppendResponse(group.term("n1"), n2, NodeId("n1"), 0, rejected=True,
-                                    hint_index=match, lost=True))
+    group["n1"].step(
+        AppendResponse(
+            group.term("n1"), n2, NodeId("n1"), 0, rejected=True, hint_index=match, lost=True
+        )
+    )
     assert group["n1"].progress(n2).match == match

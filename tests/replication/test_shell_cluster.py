@@ -80,9 +80,7 @@ class Cluster:
         del self.addresses[node]
 
     async def leader(self) -> ReplicatedPartition:
-        await until(
-            lambda: any(p.is_leader for p in self.parts.values()), "a leader is elected"
-        )
+        await until(lambda: any(p.is_leader for p in self.parts.values()), "a leader is elected")
         return next(p for p in self.parts.values() if p.is_leader)
 
     async def append_retrying(self, records: list[bytes]) -> Offset:
@@ -125,8 +123,12 @@ async def three_nodes(
             await c.stop(node)
 
 
-def run(body: Callable[[Cluster], Coroutine[None, None, None]], root: Path,
-        config: LogConfig | None = None, raft_config: RaftConfig | None = None) -> None:
+def run(
+    body: Callable[[Cluster], Coroutine[None, None, None]],
+    root: Path,
+    config: LogConfig | None = None,
+    raft_config: RaftConfig | None = None,
+) -> None:
     async def main() -> None:
         async with three_nodes(root, config, raft_config) as c:
             await body(c)
@@ -218,12 +220,15 @@ def test_wiped_follower_is_rebuilt_by_segment_transfer_after_retention(
 ) -> None:
     caplog.set_level(logging.INFO, logger="spate.node.replication.host")
     config = LogConfig(segment_bytes=64 * 1024, retention=Retention(max_bytes=256 * 1024))
-    run(lambda c: _segment_transfer(c, tmp_path, caplog), tmp_path, config,
-        RaftConfig(log_cache_bytes=0))
+    run(
+        lambda c: _segment_transfer(c, tmp_path, caplog),
+        tmp_path,
+        config,
+        RaftConfig(log_cache_bytes=0),
+    )
 
 
-async def _segment_transfer(c: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> (
-        None):
+async def _segment_transfer(c: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """When the leader no longer keeps the prefix in memory (log cache 0) and retention has
     deleted the first segments, a wiped replica is rebuilt from the leader's segment files."""
     if True:
@@ -254,7 +259,12 @@ def test_single_replica_group_commits_after_local_fsync(tmp_path: Path) -> None:
 
 async def _single_replica(tmp_path: Path) -> None:
     host = ReplicationHost(
-        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda n: None,
+        IDS[0],
+        tmp_path,
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        peers=lambda n: None,
         tick_ms=TICK_MS,
     )
     await host.start()
@@ -268,7 +278,12 @@ async def _single_replica(tmp_path: Path) -> None:
     finally:
         await host.stop()
     host = ReplicationHost(
-        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda n: None,
+        IDS[0],
+        tmp_path,
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        peers=lambda n: None,
         tick_ms=TICK_MS,
     )
     await host.start()

@@ -35,8 +35,13 @@ class Replica:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(SCRIPT), self.node, str(self.data_dir), "20",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            str(SCRIPT),
+            self.node,
+            str(self.data_dir),
+            "20",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
             limit=64 * 1024 * 1024,
         )
         assert self.proc.stdout is not None
@@ -88,8 +93,14 @@ class ProcessCluster:
         await self.replicas[node].start()
         self.up.add(node)
         await self.publish_peers()
-        await self.replicas[node].call("open", stream="s", partition=0, replicas=IDS,
-                                       segment_bytes=segment_bytes, max_bytes=max_bytes)
+        await self.replicas[node].call(
+            "open",
+            stream="s",
+            partition=0,
+            replicas=IDS,
+            segment_bytes=segment_bytes,
+            max_bytes=max_bytes,
+        )
 
     async def publish_peers(self) -> None:
         peers = {n: ["127.0.0.1", self.replicas[n].port] for n in self.up}
@@ -118,8 +129,9 @@ class ProcessCluster:
         raise AssertionError("no leader elected")
 
     async def records(self, node: str) -> list[str]:
-        result: list[str] = (await self.replicas[node].call("read", stream="s",
-                                                            partition=0))["records"]
+        result: list[str] = (await self.replicas[node].call("read", stream="s", partition=0))[
+            "records"
+        ]
         return result
 
     async def until_end(self, node: str, end: int) -> None:
@@ -135,15 +147,17 @@ class ProcessCluster:
             await replica.wait()
 
 
-async def produce(cluster: ProcessCluster, acked: list[str], stop: asyncio.Event,
-                  counter: itertools.count[int]) -> None:
+async def produce(
+    cluster: ProcessCluster, acked: list[str], stop: asyncio.Event, counter: itertools.count[int]
+) -> None:
     """Append one record at a time to whoever leads; remember only acknowledged ones."""
     target = await cluster.leader()
     while not stop.is_set():
         payload = f"rec-{next(counter)}".encode().hex()
         try:
-            reply = await cluster.replicas[target].call("append", stream="s", partition=0,
-                                                        records=[payload])
+            reply = await cluster.replicas[target].call(
+                "append", stream="s", partition=0, records=[payload]
+            )
         except (ConnectionError, TimeoutError):
             reply = {"ok": False, "retryable": True, "leader": None}
         if reply["ok"]:
@@ -165,8 +179,7 @@ async def wait_for_acks(acked: list[str], count: int, producer: asyncio.Task[Non
         await asyncio.sleep(0.02)
 
 
-def check_history(records: list[str], acked: list[str], *, after_retention: bool = False) -> (
-        None):
+def check_history(records: list[str], acked: list[str], *, after_retention: bool = False) -> None:
     """Every acknowledged record exactly once, in acknowledgement order (after retention:
     every one after the oldest retained one)."""
     positions = {record: i for i, record in enumerate(records)}
@@ -194,8 +207,7 @@ async def _kill_and_rebuild(tmp_path: Path) -> None:
         acked: list[str] = []
         counter = itertools.count()
         stop = asyncio.Event()
-        producer = asyncio.get_running_loop().create_task(
-            produce(cluster, acked, stop, counter))
+        producer = asyncio.get_running_loop().create_task(produce(cluster, acked, stop, counter))
         await wait_for_acks(acked, 100, producer)
         log.info("phase: kill the leader")
         old_leader = await cluster.leader()
@@ -228,13 +240,13 @@ async def _kill_and_rebuild(tmp_path: Path) -> None:
         # transfer.
         log.info("phase: retention, restart all, wipe and transfer")
         stop.clear()
-        producer = asyncio.get_running_loop().create_task(
-            produce(cluster, acked, stop, counter))
+        producer = asyncio.get_running_loop().create_task(produce(cluster, acked, stop, counter))
         leader = await cluster.leader()
         for i in range(120):
             big = (f"big-{i}-" + "y" * 3000).encode().hex()
-            reply = await cluster.replicas[leader].call("append", stream="s", partition=0,
-                                                        records=[big])
+            reply = await cluster.replicas[leader].call(
+                "append", stream="s", partition=0, records=[big]
+            )
             assert reply["ok"], reply
             acked.append(big)
         stop.set()
@@ -262,8 +274,9 @@ async def _kill_and_rebuild(tmp_path: Path) -> None:
         others = [n for n in IDS if n != leader]
         for node in others:
             await cluster.kill(node)
-        reply = await cluster.replicas[leader].call("append", stream="s", partition=0,
-                                                    records=[b"lonely".hex()])
+        reply = await cluster.replicas[leader].call(
+            "append", stream="s", partition=0, records=[b"lonely".hex()]
+        )
         assert not reply["ok"] and reply["retryable"], reply
         for node in others:
             await cluster.start(node, **layout)

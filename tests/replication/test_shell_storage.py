@@ -18,8 +18,9 @@ CONFIG = LogConfig(segment_bytes=64 * 1024)
 
 
 def entry(index: int, term: int, first: int, records: list[bytes]) -> Entry:
-    return Entry(index, Term(term), chunk_codec.encode_chunk(records, Offset(first), 1000, term,
-                                                             index))
+    return Entry(
+        index, Term(term), chunk_codec.encode_chunk(records, Offset(first), 1000, term, index)
+    )
 
 
 def persist(store: RaftStore, ready: Ready) -> None:
@@ -33,8 +34,14 @@ def test_entries_barriers_truncation_and_restart(tmp_path: Path) -> None:
     store = RaftStore(tmp_path, CONFIG)
     assert store.fresh
     barrier = Entry(1, Term(1), b"")
-    persist(store, Ready(entries=(barrier, entry(2, 1, 0, [b"a", b"b"]), entry(3, 1, 2, [b"c"])),
-                         hard_state=HardState(Term(1), NodeId("n1"), 2), must_sync=True))
+    persist(
+        store,
+        Ready(
+            entries=(barrier, entry(2, 1, 0, [b"a", b"b"]), entry(3, 1, 2, [b"c"])),
+            hard_state=HardState(Term(1), NodeId("n1"), 2),
+            must_sync=True,
+        ),
+    )
     assert store.log.last_raft_index == 3
     assert [len(v.records) for v in store.log.read(Offset(0), 1 << 20)] == [2, 1]
     # A new leader of term 2 overwrites index 3: the divergent chunk is cut, not re-encoded.
@@ -86,8 +93,8 @@ def test_segment_manifest_ends_at_the_requested_entry(tmp_path: Path) -> None:
     assert located is not None
     segment_number, position, header = located
     assert len(manifest) == segment_number + 1
-    assert manifest[-1] == (store.log.segments[segment_number].name,
-                            position + header.chunk_bytes)
+    assert manifest[-1] == (store.log.segments[segment_number].name, position + header.chunk_bytes)
     assert [size for _, size in manifest[:-1]] == [
-        s.size for s in store.log.segments[:segment_number]]
+        s.size for s in store.log.segments[:segment_number]
+    ]
     store.close()

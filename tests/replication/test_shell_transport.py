@@ -80,7 +80,10 @@ def test_truncated_or_padded_frames_are_refused() -> None:
 def test_catchup_frames_round_trip() -> None:
     head = codec.FRAME_HEAD_BYTES
     assert codec.decode_fetch_manifest(codec.encode_fetch_manifest(KEY, 5, 99)[head:]) == (
-        KEY, 5, 99)
+        KEY,
+        5,
+        99,
+    )
     files = [("00000000000000000000.segment", 65536), ("00000000000000000144.segment", 10)]
     assert codec.decode_manifest(codec.encode_manifest(6, files)[head:]) == (6, files)
     assert codec.decode_fetch_piece(
@@ -97,18 +100,34 @@ async def _pair(
 ) -> tuple[Transport, Transport, list[tuple[NodeId, int, bytes]]]:
     received: list[tuple[NodeId, int, bytes]] = []
     addresses: dict[NodeId, tuple[str, int]] = {}
-    a = Transport(A, secret="right", host="127.0.0.1", port=0, peers=addresses.get,
-                  on_frame=lambda peer, kind, body: received.append((peer, kind, bytes(body))),
-                  ssl_server=ssl_server, ssl_client=ssl_client)
-    b = Transport(B, secret=secret_b, host="127.0.0.1", port=0, peers=addresses.get,
-                  on_frame=lambda *args: None, ssl_server=ssl_server, ssl_client=ssl_client)
+    a = Transport(
+        A,
+        secret="right",
+        host="127.0.0.1",
+        port=0,
+        peers=addresses.get,
+        on_frame=lambda peer, kind, body: received.append((peer, kind, bytes(body))),
+        ssl_server=ssl_server,
+        ssl_client=ssl_client,
+    )
+    b = Transport(
+        B,
+        secret=secret_b,
+        host="127.0.0.1",
+        port=0,
+        peers=addresses.get,
+        on_frame=lambda *args: None,
+        ssl_server=ssl_server,
+        ssl_client=ssl_client,
+    )
     addresses[A] = ("127.0.0.1", await a.start())
     addresses[B] = ("127.0.0.1", await b.start())
     return a, b, received
 
 
-async def _send_until_delivered(b: Transport, received: list[tuple[NodeId, int, bytes]],
-                                frames: list[bytes]) -> bool:
+async def _send_until_delivered(
+    b: Transport, received: list[tuple[NodeId, int, bytes]], frames: list[bytes]
+) -> bool:
     b.dial(A)
     for _ in range(300):
         if b.connected(A):
@@ -146,14 +165,14 @@ def test_frames_of_many_partitions_share_one_link_in_order() -> None:
         a, b, received = await _pair("right")
         try:
             frames = [
-                codec.encode_raft((StreamName("s"), PartitionId(i % 16)),
-                                  Heartbeat(Term(1), B, A, i))
+                codec.encode_raft(
+                    (StreamName("s"), PartitionId(i % 16)), Heartbeat(Term(1), B, A, i)
+                )
                 for i in range(2000)
             ]
             assert await _send_until_delivered(b, received, frames)
             decoded = [codec.decode_raft(body) for _, _, body in received]
-            assert [m.commit for _, m in decoded if isinstance(m, Heartbeat)] == list(
-                range(2000))
+            assert [m.commit for _, m in decoded if isinstance(m, Heartbeat)] == list(range(2000))
             assert {peer for peer, _, _ in received} == {B}
         finally:
             await b.stop()
@@ -203,9 +222,17 @@ def test_replication_over_tls_with_a_self_signed_certificate(tmp_path: Path) -> 
         addresses: dict[NodeId, tuple[str, int]] = {}
         ids = [A, B]
         hosts = [
-            ReplicationHost(n, tmp_path / n, host="127.0.0.1", port=0, secret="s",
-                            peers=addresses.get, ssl_server=server_ctx, ssl_client=client_ctx,
-                            tick_ms=20)
+            ReplicationHost(
+                n,
+                tmp_path / n,
+                host="127.0.0.1",
+                port=0,
+                secret="s",
+                peers=addresses.get,
+                ssl_server=server_ctx,
+                ssl_client=client_ctx,
+                tick_ms=20,
+            )
             for n in ids
         ]
         try:

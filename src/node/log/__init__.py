@@ -3,5 +3,12 @@
 from spate.node.log.partition_log import LogConfig, LogInfo, PartitionLog, RecoveryReport, SyncPlan
 from spate.node.log.storage import FileStorage, Storage
 
-__all__ = ["FileStorage", "LogConfig", "LogInfo", "PartitionLog", "RecoveryReport", "Storage",
-           "SyncPlan"]
+__all__ = [
+    "FileStorage",
+    "LogConfig",
+    "LogInfo",
+    "PartitionLog",
+    "RecoveryReport",
+    "Storage",
+    "SyncPlan",
+]

@@ -100,8 +100,13 @@ def payload_bytes(records: Sequence[bytes | memoryview]) -> int:
     return sum(len(r) for r in records) + RECORD_PREFIX_BYTES * len(records)
 
 
-def encode_chunk(records: Sequence[bytes | memoryview], first_offset: Offset, timestamp_ms: int,
-                 epoch: int, raft_index: int = 0) -> bytes:
+def encode_chunk(
+    records: Sequence[bytes | memoryview],
+    first_offset: Offset,
+    timestamp_ms: int,
+    epoch: int,
+    raft_index: int = 0,
+) -> bytes:
     """The chunk's bytes, header then payload, with its CRC."""
     return encode_chunk_with_header(records, first_offset, timestamp_ms, epoch, raft_index)[0]
 
@@ -109,14 +114,19 @@ def encode_chunk(records: Sequence[bytes | memoryview], first_offset: Offset, ti
 def encode_barrier(first_offset: Offset, timestamp_ms: int, epoch: int, raft_index: int) -> bytes:
     """A barrier chunk: no records, just the Raft term and index of a new leader's first entry."""
     assert first_offset >= 0 and epoch >= 0 and raft_index > 0
-    after_crc = _AFTER_CRC.pack(VERSION, CHUNK_TYPE_RECORDS, 0, 0, first_offset, timestamp_ms,
-                                epoch, raft_index, 0, 0)
+    after_crc = _AFTER_CRC.pack(
+        VERSION, CHUNK_TYPE_RECORDS, 0, 0, first_offset, timestamp_ms, epoch, raft_index, 0, 0
+    )
     return b"".join((MAGIC, _RECORD_LENGTH.pack(crc32c.crc32c(after_crc)), after_crc))
 
 
-def encode_chunk_with_header(records: Sequence[bytes | memoryview], first_offset: Offset,
-                             timestamp_ms: int, epoch: int,
-                             raft_index: int = 0) -> tuple[bytes, ChunkHeader]:
+def encode_chunk_with_header(
+    records: Sequence[bytes | memoryview],
+    first_offset: Offset,
+    timestamp_ms: int,
+    epoch: int,
+    raft_index: int = 0,
+) -> tuple[bytes, ChunkHeader]:
     """The chunk's bytes and its header (saves the append path a decode)."""
     assert records, "a chunk holds at least one record"
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
@@ -126,28 +136,52 @@ def encode_chunk_with_header(records: Sequence[bytes | memoryview], first_offset
     parts[0::2] = map(_RECORD_LENGTH.pack, map(len, records))
     parts[1::2] = records
     payload = b"".join(parts)
-    after_crc = _AFTER_CRC.pack(VERSION, CHUNK_TYPE_RECORDS, 0, len(records), first_offset,
-                                timestamp_ms, epoch, raft_index, len(payload), 0)
+    after_crc = _AFTER_CRC.pack(
+        VERSION,
+        CHUNK_TYPE_RECORDS,
+        0,
+        len(records),
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        len(payload),
+        0,
+    )
     crc = crc32c.crc32c(payload, crc32c.crc32c(after_crc))
     data = b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
-    return data, ChunkHeader(first_offset, len(records), timestamp_ms, epoch, len(payload), crc,
-                             raft_index)
+    return data, ChunkHeader(
+        first_offset, len(records), timestamp_ms, epoch, len(payload), crc, raft_index
+    )
 
 
 def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     """Parse and sanity-check the header at `position` (not the CRC: that needs the payload)."""
     if len(buffer) - position < HEADER_BYTES:
         raise ChunkError(f"short header: {len(buffer) - position} of {HEADER_BYTES} bytes")
-    (magic, crc, version, chunk_type, flags, count, first_offset, timestamp_ms, epoch,
-     raft_index, payload_length, reserved) = _HEADER.unpack_from(buffer, position)
+    (
+        magic,
+        crc,
+        version,
+        chunk_type,
+        flags,
+        count,
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        payload_length,
+        reserved,
+    ) = _HEADER.unpack_from(buffer, position)
     if magic != MAGIC:
         raise ChunkError(f"bad magic {bytes(magic)!r}")
     if version != VERSION or chunk_type != CHUNK_TYPE_RECORDS or flags != 0 or reserved != 0:
         raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
     if payload_length < count * RECORD_PREFIX_BYTES or (count == 0) != (payload_length == 0):
         raise ChunkError(f"impossible chunk: {count} records in {payload_length} bytes")
-    return ChunkHeader(Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc,
-                       raft_index)
+    return ChunkHeader(
+        Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc, raft_index
+    )
 
 
 def check_crc(buffer: bytes | memoryview, position: int, header: ChunkHeader) -> None:
@@ -155,13 +189,14 @@ def check_crc(buffer: bytes | memoryview, position: int, header: ChunkHeader) ->
     end = position + header.chunk_bytes
     if len(buffer) < end:
         raise ChunkError(f"short chunk: {len(buffer) - position} of {header.chunk_bytes} bytes")
-    view = memoryview(buffer)[position + CRC_START:end]
+    view = memoryview(buffer)[position + CRC_START : end]
     if crc32c.crc32c(view) != header.crc:
         raise ChunkError(f"CRC mismatch in chunk at offset {header.first_offset}")
 
 
-def slice_records(buffer: bytes | memoryview, position: int,
-                  header: ChunkHeader) -> list[memoryview]:
+def slice_records(
+    buffer: bytes | memoryview, position: int, header: ChunkHeader
+) -> list[memoryview]:
     """The records of the chunk at `position` as views into `buffer` (no copy, no decoding)."""
     view = memoryview(buffer)
     cursor = position + HEADER_BYTES
@@ -175,15 +210,16 @@ def slice_records(buffer: bytes | memoryview, position: int,
         cursor += RECORD_PREFIX_BYTES
         if cursor + length > end:
             raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
-        records.append(view[cursor:cursor + length])
+        records.append(view[cursor : cursor + length])
         cursor += length
     if cursor != end:
         raise ChunkError(f"chunk at offset {header.first_offset}: {end - cursor} stray bytes")
     return records
 
 
-def decode_chunk(buffer: bytes | memoryview, position: int = 0) -> tuple[ChunkHeader,
-                                                                          list[memoryview]]:
+def decode_chunk(
+    buffer: bytes | memoryview, position: int = 0
+) -> tuple[ChunkHeader, list[memoryview]]:
     """Header and records of the whole, CRC-checked chunk at `position`."""
     header = decode_header(buffer, position)
     check_crc(buffer, position, header)

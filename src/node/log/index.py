@@ -89,13 +89,13 @@ def encode_time_entry(timestamp_ms: int, relative_offset: int) -> bytes:
 
 
 def encode_offset_index(index: SparseIndex) -> bytes:
-    return b"".join(encode_offset_entry(k, v) for k, v in zip(index.keys, index.values,
-                                                               strict=True))
+    return b"".join(
+        encode_offset_entry(k, v) for k, v in zip(index.keys, index.values, strict=True)
+    )
 
 
 def encode_time_index(index: SparseIndex) -> bytes:
-    return b"".join(encode_time_entry(k, v) for k, v in zip(index.keys, index.values,
-                                                             strict=True))
+    return b"".join(encode_time_entry(k, v) for k, v in zip(index.keys, index.values, strict=True))
 
 
 def decode_offset_index(data: bytes) -> SparseIndex | None:

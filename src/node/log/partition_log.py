@@ -81,17 +81,17 @@ class SyncPlan:
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     segments: int
-    truncated_bytes: int          # torn or corrupt bytes cut off the active segment
-    rebuilt_indexes: list[str]    # segment files whose indexes were rebuilt
-    deleted_files: list[str]      # orphan index files removed
+    truncated_bytes: int  # torn or corrupt bytes cut off the active segment
+    rebuilt_indexes: list[str]  # segment files whose indexes were rebuilt
+    deleted_files: list[str]  # orphan index files removed
 
 
 @dataclass(frozen=True, slots=True)
 class LogInfo:
     """Facts about the committed (durable) part of the log, for PartitionInfo."""
 
-    first_offset: Offset            # log start: the first retained offset (== end when empty)
-    end_offset: Offset              # durable end
+    first_offset: Offset  # log start: the first retained offset (== end when empty)
+    end_offset: Offset  # durable end
     first_timestamp_ms: int | None
     last_timestamp_ms: int | None
     messages: int
@@ -110,8 +110,9 @@ class _Counters:
 class PartitionLog:
     """See the module docstring; open it with `PartitionLog.open`."""
 
-    def __init__(self, storage: Storage, config: LogConfig, segments: list[Segment],
-                 recovery: RecoveryReport) -> None:
+    def __init__(
+        self, storage: Storage, config: LogConfig, segments: list[Segment], recovery: RecoveryReport
+    ) -> None:
         assert segments
         self._storage = storage
         self._config = config
@@ -120,7 +121,7 @@ class PartitionLog:
         self.end_offset = segments[-1].end_offset
         self.durable_end = self.end_offset
         self.counters = _Counters()
-        self._generation = 0     # bumped by truncate_from: sync plans from before are void
+        self._generation = 0  # bumped by truncate_from: sync plans from before are void
         self._failure: str | None = None
         self._chunks_synced = 0  # counters.chunks_appended covered by the last fsync
         self.last_raft_index = self._find_last_raft_index()
@@ -153,8 +154,12 @@ class PartitionLog:
             truncated = 0
             rebuilt: list[str] = []
             for i, base in enumerate(ordered):
-                recovered = recover_segment(storage, base, active=i == len(ordered) - 1,
-                                            index_interval_bytes=config.index_interval_bytes)
+                recovered = recover_segment(
+                    storage,
+                    base,
+                    active=i == len(ordered) - 1,
+                    index_interval_bytes=config.index_interval_bytes,
+                )
                 segment = recovered.segment
                 if segments and segments[-1].end_offset != segment.base_offset:
                     raise StorageFailure(
@@ -170,8 +175,9 @@ class PartitionLog:
             storage.fsync_dir()
         except OSError as error:
             raise StorageFailure(f"cannot open the partition log: {error}") from error
-        return cls(storage, config, segments,
-                   RecoveryReport(len(segments), truncated, rebuilt, orphans))
+        return cls(
+            storage, config, segments, RecoveryReport(len(segments), truncated, rebuilt, orphans)
+        )
 
     # ------------------------------------------------------------------ appending
 
@@ -202,15 +208,23 @@ class PartitionLog:
             raise InvalidArgument(f"chunk of {len(data)} bytes says {header.chunk_bytes}")
         assert header.first_offset == self.end_offset, (header.first_offset, self.end_offset)
         assert self.last_raft_index == 0 or header.raft_index == self.last_raft_index + 1, (
-            header.raft_index, self.last_raft_index)
+            header.raft_index,
+            self.last_raft_index,
+        )
         self._write_chunk(data, header)
         return header
 
     @property
     def last_timestamp_ms(self) -> int | None:
         """Timestamp of the newest record chunk written (None when there is none)."""
-        return next((s.last_timestamp_ms for s in reversed(self._segments)
-                     if s.last_timestamp_ms is not None), None)
+        return next(
+            (
+                s.last_timestamp_ms
+                for s in reversed(self._segments)
+                if s.last_timestamp_ms is not None
+            ),
+            None,
+        )
 
     def append(self, records: Sequence[bytes], timestamp_ms: int, epoch: int = 0) -> Offset:
         """Write the records as one chunk (several if over the chunk limits), not synced.
@@ -231,8 +245,14 @@ class PartitionLog:
                 )
         last = self._segments[-1].last_timestamp_ms
         if last is None:
-            last = next((s.last_timestamp_ms for s in reversed(self._segments)
-                         if s.last_timestamp_ms is not None), None)
+            last = next(
+                (
+                    s.last_timestamp_ms
+                    for s in reversed(self._segments)
+                    if s.last_timestamp_ms is not None
+                ),
+                None,
+            )
         if last is not None and timestamp_ms < last:
             timestamp_ms = last
         first = self.end_offset
@@ -252,8 +272,7 @@ class PartitionLog:
         return first
 
     def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
-        data, header = chunk.encode_chunk_with_header(records, self.end_offset, timestamp_ms,
-                                                      epoch)
+        data, header = chunk.encode_chunk_with_header(records, self.end_offset, timestamp_ms, epoch)
         self._write_chunk(data, header)
 
     def _write_chunk(self, data: bytes, header: ChunkHeader) -> None:
@@ -261,13 +280,17 @@ class PartitionLog:
             segment = self._segments[-1]
             # A segment holding barriers only is never sealed: its successor would have the
             # same base offset, hence the same file name.
-            if (segment.size > 0 and segment.end_offset > segment.base_offset
-                    and segment.size + len(data) > self._config.segment_bytes):
+            if (
+                segment.size > 0
+                and segment.end_offset > segment.base_offset
+                and segment.size + len(data) > self._config.segment_bytes
+            ):
                 segment = self._roll()
             position = segment.size
             self._storage.append(segment.name, data)
-            entry, time_entry = segment.note_chunk(position, header,
-                                                   self._config.index_interval_bytes)
+            entry, time_entry = segment.note_chunk(
+                position, header, self._config.index_interval_bytes
+            )
             if entry:
                 self._storage.append(segment.index_name, entry)
             if time_entry:
@@ -304,11 +327,17 @@ class PartitionLog:
     def begin_sync(self) -> SyncPlan | None:
         """What to fsync to make everything written so far durable; None when it already is."""
         self._check_usable()
-        if self.durable_end == self.end_offset and self._chunks_synced == \
-                self.counters.chunks_appended:
+        if (
+            self.durable_end == self.end_offset
+            and self._chunks_synced == self.counters.chunks_appended
+        ):
             return None
-        return SyncPlan(self._segments[-1].name, self.end_offset, self._generation,
-                        self.counters.chunks_appended)
+        return SyncPlan(
+            self._segments[-1].name,
+            self.end_offset,
+            self._generation,
+            self.counters.chunks_appended,
+        )
 
     def run_sync(self, plan: SyncPlan) -> None:
         """Perform the plan's fsync. Safe to call from another thread while the owner appends
@@ -383,15 +412,18 @@ class PartitionLog:
                     return views
                 got = reader.get(position, header.chunk_bytes)
                 if got is None:
-                    raise StorageFailure(f"segment {segment.name} ends inside the chunk at "
-                                         f"offset {header.first_offset}")
+                    raise StorageFailure(
+                        f"segment {segment.name} ends inside the chunk at "
+                        f"offset {header.first_offset}"
+                    )
                 buffer, at = got
                 try:
                     chunk.check_crc(buffer, at, header)
                     records = chunk.slice_records(buffer, at, header)
                 except ChunkError as error:
-                    raise StorageFailure(f"segment {segment.name} byte {position}: {error}") \
-                        from error
+                    raise StorageFailure(
+                        f"segment {segment.name} byte {position}: {error}"
+                    ) from error
                 if records:  # barriers hold none
                     views.append(ChunkView(header.first_offset, header.timestamp_ms, records))
                 total += header.chunk_bytes
@@ -400,8 +432,9 @@ class PartitionLog:
             i += 1
         return views
 
-    def _header_at(self, reader: BlockReader, segment: Segment, position: int,
-                   expected: Offset) -> ChunkHeader:
+    def _header_at(
+        self, reader: BlockReader, segment: Segment, position: int, expected: Offset
+    ) -> ChunkHeader:
         got = reader.get(position, chunk.HEADER_BYTES)
         try:
             if got is None:
@@ -410,8 +443,10 @@ class PartitionLog:
         except ChunkError as error:
             raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
         if header.first_offset != expected:
-            raise StorageFailure(f"segment {segment.name} byte {position}: chunk has offset "
-                                 f"{header.first_offset}, expected {expected}")
+            raise StorageFailure(
+                f"segment {segment.name} byte {position}: chunk has offset "
+                f"{header.first_offset}, expected {expected}"
+            )
         return header
 
     def _locate(self, offset: Offset) -> tuple[int, int, ChunkHeader]:
@@ -486,11 +521,15 @@ class PartitionLog:
         deleted = 0
         while len(self._segments) > 1:
             oldest = self._segments[0]
-            expired = (retention.max_age_ms is not None and oldest.last_timestamp_ms is not None
-                       and oldest.last_timestamp_ms < now_ms - retention.max_age_ms)
+            expired = (
+                retention.max_age_ms is not None
+                and oldest.last_timestamp_ms is not None
+                and oldest.last_timestamp_ms < now_ms - retention.max_age_ms
+            )
             too_big = retention.max_bytes is not None and total_bytes > retention.max_bytes
-            too_many = (retention.max_messages is not None
-                        and total_messages > retention.max_messages)
+            too_many = (
+                retention.max_messages is not None and total_messages > retention.max_messages
+            )
             if not (expired or too_big or too_many):
                 break
             if index_floor is not None:
@@ -548,19 +587,21 @@ class PartitionLog:
                 self.end_offset = self.durable_end = offset
                 return
             i = self._segment_index(offset)
-            for segment in reversed(self._segments[i + 1:]):
+            for segment in reversed(self._segments[i + 1 :]):
                 self._delete_segment(segment)
-            del self._segments[i + 1:]
+            del self._segments[i + 1 :]
             storage.fsync_dir()
             segment = self._segments[i]
             _, position, header = self._locate(offset)
             keep: list[bytes] = []
             if header.first_offset < offset:
                 view = self.read(header.first_offset, 0, end=header.end_offset)[0]
-                keep = [bytes(r) for r in view.records[:offset - header.first_offset]]
-            previous_timestamp_ms = (None if position == 0 else
-                                     self._chunk_holding(Offset(header.first_offset - 1))
-                                     .timestamp_ms)
+                keep = [bytes(r) for r in view.records[: offset - header.first_offset]]
+            previous_timestamp_ms = (
+                None
+                if position == 0
+                else self._chunk_holding(Offset(header.first_offset - 1)).timestamp_ms
+            )
             relative = header.first_offset - segment.base_offset
             segment.offset_index.cut(relative)
             time_index = segment.time_index
@@ -589,8 +630,12 @@ class PartitionLog:
         """Raft index of the segment's first chunk (one pread, cached in the segment)."""
         if segment.first_raft_index is None and segment.size > 0:
             try:
-                segment.first_raft_index = chunk.decode_header(
-                    self._storage.pread(segment.name, 0, chunk.HEADER_BYTES)).raft_index or None
+                segment.first_raft_index = (
+                    chunk.decode_header(
+                        self._storage.pread(segment.name, 0, chunk.HEADER_BYTES)
+                    ).raft_index
+                    or None
+                )
             except ChunkError as error:
                 raise StorageFailure(f"segment {segment.name}: {error}") from error
         return segment.first_raft_index
@@ -607,8 +652,7 @@ class PartitionLog:
                     raise ChunkError("file ends inside a chunk header")
                 header = chunk.decode_header(got[0], got[1])
             except ChunkError as error:
-                raise StorageFailure(f"segment {segment.name} byte {position}: {error}") \
-                    from error
+                raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
             out.append((position, header))
             position += header.chunk_bytes
         return out
@@ -686,9 +730,9 @@ class PartitionLog:
         self._generation += 1
         storage = self._storage
         try:
-            for segment in reversed(self._segments[i + 1:]):
+            for segment in reversed(self._segments[i + 1 :]):
                 self._delete_segment(segment)
-            del self._segments[i + 1:]
+            del self._segments[i + 1 :]
             storage.fsync_dir()
             segment = self._segments[i]
             kept = self._scan_headers(i, 0)
@@ -743,11 +787,19 @@ class PartitionLog:
         end = self.durable_end if end is None else max(first, min(end, self.durable_end))
         first_ts = last_ts = None
         if end > first:
-            first_ts = next(s.first_timestamp_ms for s in self._segments
-                            if s.first_timestamp_ms is not None)
+            first_ts = next(
+                s.first_timestamp_ms for s in self._segments if s.first_timestamp_ms is not None
+            )
             last_ts = self._chunk_holding(Offset(end - 1)).timestamp_ms
-        return LogInfo(first, end, first_ts, last_ts, end - first,
-                       sum(s.size for s in self._segments), len(self._segments))
+        return LogInfo(
+            first,
+            end,
+            first_ts,
+            last_ts,
+            end - first,
+            sum(s.size for s in self._segments),
+            len(self._segments),
+        )
 
     @property
     def segments(self) -> list[Segment]:

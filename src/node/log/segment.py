@@ -47,8 +47,12 @@ def file_name(base_offset: Offset, suffix: str) -> str:
 def parse_name(name: str) -> tuple[Offset, str] | None:
     """(base offset, suffix) of one of our file names, None for any other name."""
     stem, dot, suffix = name.partition(".")
-    if (not dot or len(stem) != NAME_DIGITS or not stem.isdigit()
-            or "." + suffix not in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
+    if (
+        not dot
+        or len(stem) != NAME_DIGITS
+        or not stem.isdigit()
+        or "." + suffix not in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+    ):
         return None
     return Offset(int(stem)), "." + suffix
 
@@ -58,12 +62,12 @@ class Segment:
     """What the log keeps in memory about one segment file."""
 
     base_offset: Offset
-    end_offset: Offset                 # offset after the last record written to it
-    size: int                          # bytes of chunks written to it
-    first_timestamp_ms: int | None     # None while empty
+    end_offset: Offset  # offset after the last record written to it
+    size: int  # bytes of chunks written to it
+    first_timestamp_ms: int | None  # None while empty
     last_timestamp_ms: int | None
     offset_index: SparseIndex = field(default_factory=SparseIndex)  # relative offset -> position
-    time_index: SparseIndex = field(default_factory=SparseIndex)    # timestamp -> relative offset
+    time_index: SparseIndex = field(default_factory=SparseIndex)  # timestamp -> relative offset
     first_raft_index: int | None = None  # of its first / last chunk, when known (see log)
     last_raft_index: int | None = None
     name: str = field(init=False)
@@ -79,8 +83,9 @@ class Segment:
     def messages(self) -> int:
         return int(self.end_offset - self.base_offset)
 
-    def note_chunk(self, position: int, header: ChunkHeader,
-                   index_interval_bytes: int) -> tuple[bytes, bytes]:
+    def note_chunk(
+        self, position: int, header: ChunkHeader, index_interval_bytes: int
+    ) -> tuple[bytes, bytes]:
         """Account for the chunk just written at `position`; returns the index bytes to append
         to the offset index and the time index (either may be empty)."""
         assert header.first_offset == self.end_offset and position == self.size
@@ -118,8 +123,9 @@ class Segment:
 class BlockReader:
     """Reads a file through a window of at least SCAN_BLOCK_BYTES, one pread per window."""
 
-    def __init__(self, storage: Storage, name: str, file_size: int,
-                 block_bytes: int = SCAN_BLOCK_BYTES) -> None:
+    def __init__(
+        self, storage: Storage, name: str, file_size: int, block_bytes: int = SCAN_BLOCK_BYTES
+    ) -> None:
         self._storage = storage
         self._name = name
         self._file_size = file_size
@@ -143,8 +149,15 @@ class BlockReader:
         return self._buffer, 0
 
 
-def scan_chunks(storage: Storage, name: str, file_size: int, position: int,
-                expected_offset: Offset, *, check_crc: bool) -> Iterator[tuple[int, ChunkHeader]]:
+def scan_chunks(
+    storage: Storage,
+    name: str,
+    file_size: int,
+    position: int,
+    expected_offset: Offset,
+    *,
+    check_crc: bool,
+) -> Iterator[tuple[int, ChunkHeader]]:
     """The chunks from `position` on, in order, while they are whole and valid (CRC included
     when `check_crc`) and their offsets follow on from `expected_offset`. Stops silently at the
     first one that is not: the caller compares where it stopped with the file size."""
@@ -180,12 +193,13 @@ def scan_chunks(storage: Storage, name: str, file_size: int, position: int,
 @dataclass(frozen=True, slots=True)
 class Recovered:
     segment: Segment
-    truncated_bytes: int    # bytes cut off the segment's tail (torn or corrupt)
+    truncated_bytes: int  # bytes cut off the segment's tail (torn or corrupt)
     indexes_rebuilt: bool
 
 
-def recover_segment(storage: Storage, base_offset: Offset, *, active: bool,
-                    index_interval_bytes: int) -> Recovered:
+def recover_segment(
+    storage: Storage, base_offset: Offset, *, active: bool, index_interval_bytes: int
+) -> Recovered:
     """Bring one segment back after a restart.
 
     The active (last) segment is scanned whole with CRC checks; its tail after the last valid
@@ -204,8 +218,7 @@ def recover_segment(storage: Storage, base_offset: Offset, *, active: bool,
             storage.create(missing)
     file_size = storage.size(name)
     offset_index = decode_offset_index(storage.pread(index_name, 0, storage.size(index_name)))
-    time_index = decode_time_index(storage.pread(time_index_name, 0,
-                                                 storage.size(time_index_name)))
+    time_index = decode_time_index(storage.pread(time_index_name, 0, storage.size(time_index_name)))
     if not active and offset_index is not None and time_index is not None:
         segment = _trust_indexes(storage, base_offset, file_size, offset_index, time_index)
         if segment is not None:
@@ -213,8 +226,7 @@ def recover_segment(storage: Storage, base_offset: Offset, *, active: bool,
     segment = Segment(base_offset, base_offset, 0, None, None)
     offset_bytes: list[bytes] = []
     time_bytes: list[bytes] = []
-    for position, header in scan_chunks(storage, name, file_size, 0, base_offset,
-                                        check_crc=True):
+    for position, header in scan_chunks(storage, name, file_size, 0, base_offset, check_crc=True):
         entry, time_entry = segment.note_chunk(position, header, index_interval_bytes)
         offset_bytes.append(entry)
         time_bytes.append(time_entry)
@@ -228,18 +240,26 @@ def recover_segment(storage: Storage, base_offset: Offset, *, active: bool,
     if truncated:
         storage.truncate(name, segment.size)
         storage.fsync(name)
-    rebuilt = not (segment.offset_index.same_as(offset_index)
-                   and segment.time_index.same_as(time_index))
+    rebuilt = not (
+        segment.offset_index.same_as(offset_index) and segment.time_index.same_as(time_index)
+    )
     if rebuilt:
-        for file, data in ((index_name, b"".join(offset_bytes)),
-                           (time_index_name, b"".join(time_bytes))):
+        for file, data in (
+            (index_name, b"".join(offset_bytes)),
+            (time_index_name, b"".join(time_bytes)),
+        ):
             storage.truncate(file, 0)
             storage.append(file, data)
     return Recovered(segment, truncated, rebuilt)
 
 
-def _trust_indexes(storage: Storage, base_offset: Offset, file_size: int,
-                   offset_index: SparseIndex, time_index: SparseIndex) -> Segment | None:
+def _trust_indexes(
+    storage: Storage,
+    base_offset: Offset,
+    file_size: int,
+    offset_index: SparseIndex,
+    time_index: SparseIndex,
+) -> Segment | None:
     """The sealed segment described by its indexes, or None when they disagree with it."""
     name = file_name(base_offset, SEGMENT_SUFFIX)
     last = offset_index.last()
@@ -249,8 +269,9 @@ def _trust_indexes(storage: Storage, base_offset: Offset, file_size: int,
     end_position = position
     end_offset = Offset(base_offset + relative)
     last_timestamp_ms: int | None = None
-    for chunk_position, header in scan_chunks(storage, name, file_size, position, end_offset,
-                                              check_crc=True):
+    for chunk_position, header in scan_chunks(
+        storage, name, file_size, position, end_offset, check_crc=True
+    ):
         end_position = chunk_position + header.chunk_bytes
         end_offset = header.end_offset
         if header.record_count:
@@ -267,13 +288,22 @@ def _trust_indexes(storage: Storage, base_offset: Offset, file_size: int,
         return None
     if last_time[0] > last_timestamp_ms or last_time[1] >= end_offset - base_offset:
         return None
-    return Segment(base_offset, end_offset, file_size, first_timestamp_ms, last_timestamp_ms,
-                   offset_index, time_index)
+    return Segment(
+        base_offset,
+        end_offset,
+        file_size,
+        first_timestamp_ms,
+        last_timestamp_ms,
+        offset_index,
+        time_index,
+    )
 
 
 def rewrite_indexes(storage: Storage, segment: Segment) -> None:
     """Replace both index files with the in-memory entries (after a truncation)."""
-    for file, data in ((segment.index_name, encode_offset_index(segment.offset_index)),
-                       (segment.time_index_name, encode_time_index(segment.time_index))):
+    for file, data in (
+        (segment.index_name, encode_offset_index(segment.offset_index)),
+        (segment.time_index_name, encode_time_index(segment.time_index)),
+    ):
         storage.truncate(file, 0)
         storage.append(file, data)

@@ -112,8 +112,9 @@ class FileStorage:
         return sorted(entry.name for entry in os.scandir(self._directory) if entry.is_file())
 
     def create(self, name: str) -> None:
-        fd = os.open(self._path(name),
-                     os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(
+            self._path(name), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644
+        )
         with self._lock:
             self._fds[name] = fd
 

@@ -70,9 +70,7 @@ async def fetch(
         with open(path, "ab") as out:
             while have < size:
                 want = min(limits.catchup_piece_bytes, size - have)
-                kind, body = await request(
-                    functools.partial(_piece_request, key, name, have, want)
-                )
+                kind, body = await request(functools.partial(_piece_request, key, name, have, want))
                 _, data = codec.decode_reply(body)
                 if kind != codec.KIND_PIECE or len(data) == 0:
                     reason = bytes(data).decode(errors="replace")
@@ -85,8 +83,9 @@ async def fetch(
     return manifest
 
 
-def _piece_request(key: codec.GroupKey, name: str, position: int, length: int,
-                   request_id: int) -> bytes:
+def _piece_request(
+    key: codec.GroupKey, name: str, position: int, length: int, request_id: int
+) -> bytes:
     return codec.encode_fetch_piece(key, request_id, name, position, length)
 
 
