@@ -657,6 +657,14 @@ class PartitionLog:
             position += header.chunk_bytes
         return out
 
+    def first_raft_index(self) -> int | None:
+        """Raft index of the first retained chunk; None when the log holds none."""
+        for segment in self._segments:
+            first = self._first_raft_index(segment)
+            if first is not None:
+                return first
+        return None
+
     def _find_last_raft_index(self) -> int:
         for i in range(len(self._segments) - 1, -1, -1):
             segment = self._segments[i]

@@ -267,13 +267,13 @@ class ReplicationHost:
                 self.apply_retention(group)
 
     def apply_retention(self, group: ReplicatedPartition) -> int:
-        """Delete expired segments, keeping the chunk at the durable commit point."""
-        hard = group.store.hard
-        if group.failure is not None or hard.dirty or hard.state is None:
+        """Delete expired segments, keeping the chunk at the applied commit point (a restart
+        starts at the later of the durable commit point and the first retained chunk)."""
+        if group.failure is not None:
             return 0
         try:
             return group.store.log.apply_retention(
-                int(time.time() * 1000), index_floor=hard.state.commit
+                int(time.time() * 1000), index_floor=group.raft.log.applied
             )
         except BrokerError as error:
             self._fail(group, str(error))

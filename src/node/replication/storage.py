@@ -16,7 +16,8 @@ itself from (end offset of the previous chunk, its timestamp, term, index): dete
 the logs agree up to it.
 
 `raft.state`: two 64-byte slots at bytes 0 and 64, written alternately in place with one
-`pwrite` and one `fdatasync`, so a torn write can only damage the slot being written:
+`pwrite` (and one `fdatasync` in the batch when the term or vote changed; a commit-only change
+is not synced), so a torn write can only damage the slot being written:
 
 ```
  0  4 magic "SPHS" | 4 4 crc32c of bytes 8..64 | 8 8 sequence u64 | 16 8 term u64
@@ -89,8 +90,10 @@ class HardStateFile:
                 best = (HardState(Term(term), voted, commit), sequence)
         return best
 
-    def write(self, state: HardState) -> None:
-        """Write (not sync) the new hard state into the older slot."""
+    def write(self, state: HardState, *, sync: bool = True) -> None:
+        """Write the new hard state into the older slot; `sync` marks the file dirty so the
+        next batch fsyncs it (a term or vote change). A commit-only change is written without
+        a sync: a commit point lost in a crash is learned again from the leader."""
         vote = (state.vote or "").encode()
         assert len(vote) <= 31, state.vote
         self._sequence += 1
@@ -98,7 +101,7 @@ class HardStateFile:
         data = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
         os.pwrite(self._fd, data, (self._sequence % 2) * SLOT_BYTES)
         self.state = state
-        self.dirty = True
+        self.dirty = self.dirty or sync
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
@@ -138,6 +141,11 @@ class RaftStore:
         state = self.hard.state or HardState()
         last = self.log.last_raft_index
         commit = min(state.commit, last)
+        first = self.log.first_raft_index()
+        if first is not None and commit < first:
+            # Retention (floor: the applied commit point) removed everything below `first`,
+            # so `first` was committed even if the commit-only hard-state write was lost.
+            commit = first
         snapshot = SNAPSHOT_EMPTY
         committed_end = self.log.start_offset
         if commit > 0:
@@ -192,7 +200,12 @@ class RaftStore:
                     entry.describe(),
                 )
         if ready.hard_state is not None:
-            self.hard.write(ready.hard_state)
+            old = self.hard.state
+            voted = old is None or (old.term, old.vote) != (
+                ready.hard_state.term,
+                ready.hard_state.vote,
+            )
+            self.hard.write(ready.hard_state, sync=voted)
         plan = log.begin_sync()
         if plan is None and not self.hard.dirty:
             return None
