@@ -114,6 +114,9 @@ class ReplicationHost:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.transport.stop()
+        # The fsync thread may still run a batch the cancelled driver started: let it finish
+        # before the files are closed (one worker, so this job runs after it).
+        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
         for group in self._groups.values():
             group.close()
         self._groups.clear()
