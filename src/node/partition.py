@@ -52,12 +52,19 @@ def wall_clock_ms() -> int:
 class PartitionShell:
     """One partition served from a local PartitionLog on FileStorage (see module docstring)."""
 
-    def __init__(self, stream: StreamName, partition: PartitionId, directory: Path,
-                 config: LogConfig, *, clock_ms: Callable[[], int] = wall_clock_ms,
-                 leader: NodeId | None = None,
-                 retention_interval_ms: int = RETENTION_INTERVAL_MS_DEFAULT,
-                 pending_appends_max: int = PENDING_APPENDS_MAX,
-                 storage: Storage | None = None) -> None:
+    def __init__(
+        self,
+        stream: StreamName,
+        partition: PartitionId,
+        directory: Path,
+        config: LogConfig,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        leader: NodeId | None = None,
+        retention_interval_ms: int = RETENTION_INTERVAL_MS_DEFAULT,
+        pending_appends_max: int = PENDING_APPENDS_MAX,
+        storage: Storage | None = None,
+    ) -> None:
         """`storage` replaces the FileStorage on `directory` (tests pass a SimDisk)."""
         assert retention_interval_ms > 0 and 0 < pending_appends_max <= PENDING_APPENDS_MAX
         self._stream = stream
@@ -87,17 +94,25 @@ class PartitionShell:
         assert self._log is None, "started twice"
         loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"fsync-{self._stream}-{self._partition}")
+            max_workers=1, thread_name_prefix=f"fsync-{self._stream}-{self._partition}"
+        )
         storage = self._storage if self._storage is not None else FileStorage(self._directory)
-        self._log = await loop.run_in_executor(self._executor, PartitionLog.open, storage,
-                                               self._config)
+        self._log = await loop.run_in_executor(
+            self._executor, PartitionLog.open, storage, self._config
+        )
         report = self._log.recovery
         if report.truncated_bytes or report.rebuilt_indexes or report.deleted_files:
-            log.warning("recovered %s/%d: cut %d torn bytes, rebuilt indexes of %s, removed %s",
-                        self._stream, self._partition, report.truncated_bytes,
-                        report.rebuilt_indexes, report.deleted_files)
+            log.warning(
+                "recovered %s/%d: cut %d torn bytes, rebuilt indexes of %s, removed %s",
+                self._stream,
+                self._partition,
+                report.truncated_bytes,
+                report.rebuilt_indexes,
+                report.deleted_files,
+            )
         self._retention_task = asyncio.create_task(
-            self._retention_loop(), name=f"retention-{self._stream}-{self._partition}")
+            self._retention_loop(), name=f"retention-{self._stream}-{self._partition}"
+        )
 
     async def close(self) -> None:
         """Refuse new appends, sync the ones written (they resolve normally), stop the tasks."""
@@ -140,13 +155,17 @@ class PartitionShell:
         future: asyncio.Future[Offset] = loop.create_future()
         core = self.log_core
         if self._closing:
-            future.set_exception(Unavailable(
-                f"partition {self._partition} of stream {self._stream!r} is closing"))
+            future.set_exception(
+                Unavailable(f"partition {self._partition} of stream {self._stream!r} is closing")
+            )
             return future
         if len(self._pending) >= self._pending_appends_max:
-            future.set_exception(ResourceLimitExceeded(
-                f"partition {self._partition} of stream {self._stream!r} already has "
-                f"{self._pending_appends_max} appends waiting for the disk; retry later"))
+            future.set_exception(
+                ResourceLimitExceeded(
+                    f"partition {self._partition} of stream {self._stream!r} already has "
+                    f"{self._pending_appends_max} appends waiting for the disk; retry later"
+                )
+            )
             return future
         try:
             first = core.append(records, self._clock_ms())
@@ -170,13 +189,16 @@ class PartitionShell:
         facts = self.log_core.info()
         empty = facts.messages == 0
         return PartitionInfo(
-            stream=self._stream, partition=self._partition,
+            stream=self._stream,
+            partition=self._partition,
             first_offset=None if empty else facts.first_offset,
             last_offset=None if empty else Offset(facts.end_offset - 1),
             end_offset=facts.end_offset,
             first_timestamp_ms=facts.first_timestamp_ms,
             last_timestamp_ms=facts.last_timestamp_ms,
-            messages=facts.messages, bytes=facts.bytes, segments=facts.segments,
+            messages=facts.messages,
+            bytes=facts.bytes,
+            segments=facts.segments,
             leader=self._leader,
         )
 
@@ -192,7 +214,8 @@ class PartitionShell:
     def _kick(self) -> None:
         if self._sync_task is None:
             self._sync_task = asyncio.create_task(
-                self._sync_loop(), name=f"fsync-{self._stream}-{self._partition}")
+                self._sync_loop(), name=f"fsync-{self._stream}-{self._partition}"
+            )
 
     async def _sync_loop(self) -> None:
         """Run one fsync at a time while appends wait; each covers all written before it."""
@@ -209,8 +232,12 @@ class PartitionShell:
                         await loop.run_in_executor(self._executor, core.run_sync, plan)
                     except OSError as error:
                         core.fail(f"fsync failed: {error}")
-                        log.error("partition %s/%d: fsync failed, refusing appends: %s",
-                                  self._stream, self._partition, error)
+                        log.error(
+                            "partition %s/%d: fsync failed, refusing appends: %s",
+                            self._stream,
+                            self._partition,
+                            error,
+                        )
                         self._fail_pending(f"fsync failed: {error}")
                         return
                     self.fsyncs += 1
@@ -238,9 +265,12 @@ class PartitionShell:
         while self._pending:
             _, _, future = self._pending.popleft()
             if not future.done():
-                future.set_exception(StorageFailure(
-                    f"partition {self._partition} of stream {self._stream!r} could not make "
-                    f"the write durable ({reason}); it refuses appends until restarted"))
+                future.set_exception(
+                    StorageFailure(
+                        f"partition {self._partition} of stream {self._stream!r} could not make "
+                        f"the write durable ({reason}); it refuses appends until restarted"
+                    )
+                )
 
     # ------------------------------------------------------------------ retention
 
@@ -264,9 +294,17 @@ class PartitionShell:
         try:
             deleted = core.apply_retention(self._clock_ms())
         except StorageFailure as error:
-            log.error("partition %s/%d: retention failed: %s", self._stream, self._partition,
-                      error.message)
+            log.error(
+                "partition %s/%d: retention failed: %s",
+                self._stream,
+                self._partition,
+                error.message,
+            )
             return
         if deleted:
-            log.info("partition %s/%d: retention deleted %d segments", self._stream,
-                     self._partition, deleted)
+            log.info(
+                "partition %s/%d: retention deleted %d segments",
+                self._stream,
+                self._partition,
+                deleted,
+            )

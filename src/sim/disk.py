@@ -78,7 +78,7 @@ class SimDisk:
     def pread(self, name: str, position: int, length: int) -> bytes:
         assert position >= 0 and length >= 0
         with self._lock:
-            return bytes(self._inode(name).data[position:position + length])
+            return bytes(self._inode(name).data[position : position + length])
 
     def size(self, name: str) -> int:
         with self._lock:
@@ -136,6 +136,6 @@ class SimDisk:
                 if torn is not None and torn.position == len(inode.durable):
                     kept = self.random.randint(0, torn.length)
                     # What reached the platter is there to stay.
-                    inode.data += inode_data[torn.position:torn.position + kept]
+                    inode.data += inode_data[torn.position : torn.position + kept]
                     inode.durable = bytes(inode.data)
             self._last_writes = {}

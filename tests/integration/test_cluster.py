@@ -11,10 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from proton import ProtonException
+from proton import ProtonException, symbol
 from proton.utils import BlockingConnection, LinkDetached
 from spate.client import Consumer, Producer, PublishRefused
-from support.amqp_clients import offset_filter
+from support.amqp_clients import offset_filter, partition_option
 from support.cluster import Cluster
 
 BATCH = 20
@@ -56,6 +56,18 @@ def consume_all(
     return seen
 
 
+def leader_epoch_seen_by_a_consumer(url: str, stream: str) -> int:
+    """The `spate:leader-epoch` a partition-bound consumer attach is answered with."""
+    connection = BlockingConnection(url, timeout=20)
+    try:
+        receiver = connection.create_receiver(
+            stream, credit=1, options=[partition_option("0"), offset_filter("next")]
+        )
+        return int(receiver.link.remote_properties[symbol("spate:leader-epoch")])
+    finally:
+        connection.close()
+
+
 def check_log(seen: list[tuple[int, bytes]], acked: list[bytes]) -> None:
     offsets = [o for o, _ in seen]
     assert offsets == list(range(len(seen))), "offsets must be consecutive from 0"
@@ -69,6 +81,7 @@ def check_log(seen: list[tuple[int, bytes]], acked: list[bytes]) -> None:
 def test_kill9_of_the_leader_while_publishing_loses_nothing(cluster3: Cluster) -> None:
     cluster3.cli("stream", "create", "orders", "--replicas", "3")
     leader = cluster3.leader_of("orders")
+    epoch_before = leader_epoch_seen_by_a_consumer(cluster3.urls()[0], "orders")
     acked: list[bytes] = []
     stop = threading.Event()
     failure: list[BaseException] = []
@@ -99,6 +112,9 @@ def test_kill9_of_the_leader_while_publishing_loses_nothing(cluster3: Cluster) -
         stop.set()
         thread.join(90)
     assert not failure, failure
+    survivor = next(u for i, u in enumerate(cluster3.urls()) if i != cluster3.index_of(leader))
+    # the consumer can tell its partition changed leader
+    assert leader_epoch_seen_by_a_consumer(survivor, "orders") > epoch_before
     cluster3.up(3)  # restart the killed node on its data
     cluster3.refresh()
     assert cluster3.leader_of("orders") is not None

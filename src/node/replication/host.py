@@ -162,6 +162,10 @@ class ReplicationHost:
 
         group.leader_listeners.append(report)
         self._groups[key] = group
+        if not group.raft.peers or (replicas[0] == self.node_id and group.raft.term == 0):
+            # A single-voter group, or the preferred leader of a brand-new group, need not wait
+            # an election timeout: a client can publish right after `stream create`.
+            group.raft.campaign()
         for peer in group.raft.peers:
             self.transport.dial(peer)
         self._wake.set()

@@ -228,6 +228,7 @@ class ReplicatedPartition:
             bytes=facts.bytes,
             segments=facts.segments,
             leader=self.raft.leader,
+            leader_epoch=self.leader_epoch,
         )
 
     def add_listener(self, callback: Callable[[], None]) -> None:
