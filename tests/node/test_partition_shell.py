@@ -35,14 +35,17 @@ class Clock:
         return self.now_ms
 
 
-def make_shell(directory: Path, config: LogConfig | None = None,
-               **kwargs: object) -> PartitionShell:
-    return PartitionShell(STREAM, PartitionId(0), directory, config or LogConfig(),
-                          leader=NodeId("n1"), **kwargs)  # type: ignore[arg-type]
+def make_shell(
+    directory: Path, config: LogConfig | None = None, **kwargs: object
+) -> PartitionShell:
+    return PartitionShell(
+        STREAM, PartitionId(0), directory, config or LogConfig(), leader=NodeId("n1"), **kwargs
+    )  # type: ignore[arg-type]
 
 
 def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     """64 producers each awaiting 20 appends: 1280 appends, each fsync covers a whole group."""
+
     async def body() -> None:
         shell = make_shell(tmp_path)
         await shell.start()
@@ -57,6 +60,7 @@ def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
         assert 1 <= shell.fsyncs <= 1280 // 20, shell.fsyncs
         assert shell.end_offset() == 1280
         await shell.close()
+
     run(body)
 
 
@@ -68,6 +72,7 @@ def test_appends_written_together_are_covered_by_one_fsync(tmp_path: Path) -> No
         assert await asyncio.gather(*futures) == list(range(500))
         assert shell.fsyncs == 1
         await shell.close()
+
     run(body)
 
 
@@ -84,8 +89,12 @@ def test_consumers_only_see_durable_data(tmp_path: Path) -> None:
         assert await future == 1
         assert shell.end_offset() == 3
         assert [bytes(r) for v in shell.read(Offset(0), 10_000) for r in v.records] == [
-            b"a", b"b", b"c"]
+            b"a",
+            b"b",
+            b"c",
+        ]
         await shell.close()
+
     run(body)
 
 
@@ -107,6 +116,7 @@ def test_listeners_are_called_after_each_sync(tmp_path: Path) -> None:
         await asyncio.sleep(0)
         assert seen == [1]
         await shell.close()
+
     run(body)
 
 
@@ -125,11 +135,13 @@ def test_failed_fsync_fails_waiting_appends_and_refuses_later_ones(tmp_path: Pat
             await shell.append([b"later"])
         assert shell.end_offset() == 1
         await shell.close()
+
     run(body)
 
 
 def test_too_many_pending_appends_fail_fast(tmp_path: Path) -> None:
     """Over the bound an append fails at once with a retryable ResourceLimitExceeded."""
+
     async def body() -> None:
         shell = make_shell(tmp_path, pending_appends_max=10)
         await shell.start()
@@ -140,6 +152,7 @@ def test_too_many_pending_appends_fail_fast(tmp_path: Path) -> None:
         assert await asyncio.gather(*futures[:10]) == list(range(10))
         assert await shell.append([b"again"]) == 10
         await shell.close()
+
     run(body)
 
 
@@ -152,6 +165,7 @@ def test_bad_input_fails_through_the_future(tmp_path: Path) -> None:
         await shell.close()
         with pytest.raises(Unavailable):
             await shell.append([b"late"])
+
     run(body)
 
 
@@ -162,6 +176,7 @@ def test_close_makes_written_appends_durable(tmp_path: Path) -> None:
         futures = [shell.append([b"m%d" % i]) for i in range(50)]
         await shell.close()
         assert [f.result() for f in futures] == list(range(50))
+
     run(body)
     log = PartitionLog.open(FileStorage(tmp_path), LogConfig())
     assert log.end_offset == 50 and log.recovery.truncated_bytes == 0
@@ -180,10 +195,11 @@ def test_retention_and_info(tmp_path: Path) -> None:
         assert (info.first_offset, info.last_offset, info.end_offset) == (0, 9, 10)
         assert (info.first_timestamp_ms, info.last_timestamp_ms) == (1_000, 10_000)
         assert (info.segments, info.leader, info.stream) == (5, "n1", STREAM)
-        clock.now_ms = 14_500     # segments whose newest record is before 4_500 go
+        clock.now_ms = 14_500  # segments whose newest record is before 4_500 go
         shell.request_retention()
         assert shell.info().first_offset == 4
         await shell.close()
+
     run(body)
 
 
@@ -194,10 +210,11 @@ def test_the_retention_task_runs_on_its_interval(tmp_path: Path) -> None:
         await shell.start()
         for _ in range(10):
             await shell.append([b"x" * 400])
-        for _ in range(2000):   # wait for the task, however slow the machine
+        for _ in range(2000):  # wait for the task, however slow the machine
             if len(shell.log_core.segments) == 1:
                 break
             await asyncio.sleep(0.005)
         assert shell.info().first_offset == 8
         await shell.close()
+
     run(body)

@@ -40,6 +40,7 @@ def test_the_same_seed_tears_the_same_way() -> None:
         disk.append("f", bytes(range(200)))
         disk.crash()
         return disk.pread("f", 0, 1000)
+
     assert [run(s) for s in range(10)] == [run(s) for s in range(10)]
 
 
