@@ -563,8 +563,10 @@ class AmqpConnection(asyncio.Protocol):
             pending = lib.pn_delivery_pending(cur)
             if cur_key in producer.oversize or pending > size_max:
                 producer.oversize.add(cur_key)
-                while lib.pn_link_recv(lp, buf, size_max + 1) > 0:
-                    pass  # discard: the message is too big to store
+                # discard what arrived: the message is too big to store
+                received = lib.pn_link_recv(lp, buf, size_max + 1)
+                while received > 0:
+                    received = lib.pn_link_recv(lp, buf, size_max + 1)
                 if partial:
                     return
                 producer.oversize.discard(cur_key)
