@@ -55,6 +55,10 @@ def parse_duration_ms(text: str) -> int:
 
 
 def format_bytes(count: int) -> str:
+    """`64MiB` for exact binary sizes (as a user would have typed them), else `53.2KB`."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)):
+        if count >= size and count % size == 0:
+            return f"{count // size}{unit}"
     for unit, size in (("GB", 1000**3), ("MB", 1000**2), ("KB", 1000)):
         if count >= size:
             return f"{count / size:.1f}{unit}"

@@ -135,7 +135,7 @@ def test_list_in_both_formats(admin: str) -> None:
     ]
     row = next(line for line in lines if line.startswith("list-a "))
     # --replicas not given: min(3, registered nodes) = 3
-    assert row.split() == ["list-a", "2", "3", "1w", "-", "-", "67.1MB"]
+    assert row.split() == ["list-a", "2", "3", "1w", "-", "-", "64MiB"]
     # Aligned columns: the numbers of PARTITIONS end where its header ends.
     end = lines[0].index("PARTITIONS") + len("PARTITIONS")
     assert row[:end].endswith(" 2") and row[end] == " "
