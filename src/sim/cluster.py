@@ -46,7 +46,8 @@ class Bugs:
     """Deliberate shell bugs, to prove the checker can fail."""
 
     ack_before_persist: bool = False
-    """Send a Ready's messages (including acks) before its entries are synced."""
+    """Send all of a Ready's messages (acks and votes too) before its sync, instead of only
+    `Ready.messages_before_sync()`."""
     forget_vote: bool = False
     """Never persist the hard state (term and vote survive no crash)."""
 
@@ -384,9 +385,13 @@ class SimCluster:
         if self.options.bugs.forget_vote:
             ready = replace(ready, hard_state=None)
         replica.store.write(ready)
-        if self.options.bugs.ack_before_persist:
-            for message in ready.messages:
-                self._send(group, message)
+        # Before the sync, as the shell does: what the Ready allows (a leader's Appends and
+        # Heartbeats; everything when nothing is to sync), then the committed entries.
+        early = ready.messages if self.options.bugs.ack_before_persist else None
+        for message in early if early is not None else ready.messages_before_sync():
+            self._send(group, message)
+        for entry in ready.committed:
+            self._apply(node, group, entry)
         if ready.entries or ready.must_sync:
             latency = self.rng.randint(0, self.options.disk_ms_max)
             self._schedule(latency, _Kind.DISK, node.id, group=group, incarnation=node.incarnation)
@@ -400,10 +405,8 @@ class SimCluster:
         if ready.entries or ready.must_sync:
             replica.store.sync()
         if not self.options.bugs.ack_before_persist:
-            for message in ready.messages:
+            for message in ready.messages_after_sync():
                 self._send(group, message)
-        for entry in ready.committed:
-            self._apply(node, group, entry)
         if ready.leader_change is not None:
             self._record(
                 f"{node.id} g{group} leader {ready.leader_change.leader} "

@@ -15,6 +15,11 @@ Requests (one JSON object per line; replies carry the request's "id"):
     {"op": "burst", "stream": "s", "partition": 0, "count": N, "bytes": B, "window": W}
         -> appends N records of B bytes, W in flight, from this (leader) process; replies with
            {"ok": true, "latencies_ms": [...], "seconds": S}
+        plus "starts": [[offset, monotonic seconds the append began], ...], "fsyncs",
+        "batches" and "cpu_seconds" (this process, during the burst)
+    {"op": "visible", "stream": "s", "partition": 0}
+        -> {"visible": [[end_offset, monotonic seconds it became committed here], ...]}
+           (recorded from the open on; the clock is CLOCK_MONOTONIC, shared by the processes)
     {"op": "status"}  -> {"partitions": [{"stream", "partition", "role", "leader", "epoch",
                           "end_offset", "first_offset"}]}
     {"op": "read", "stream": "s", "partition": 0}  -> {"records": ["<hex>", ...]} (committed)
@@ -67,6 +72,7 @@ async def main() -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     tasks: set[asyncio.Task[None]] = set()
+    visible: dict[tuple[StreamName, PartitionId], list[tuple[int, float]]] = {}
 
     async def append(request: dict[str, Any]) -> None:
         part = host.partition(StreamName(request["stream"]), PartitionId(request["partition"]))
@@ -91,23 +97,28 @@ async def main() -> None:
         record = os.urandom(request["bytes"])
         semaphore = asyncio.Semaphore(request["window"])
         latencies: list[float] = []
+        starts: list[tuple[int, float]] = []
 
         async def one() -> None:
             async with semaphore:
-                started = time.perf_counter()
-                await part.append([record])
-                latencies.append((time.perf_counter() - started) * 1000)
+                started = time.monotonic()
+                offset = await part.append([record])
+                latencies.append((time.monotonic() - started) * 1000)
+                starts.append((offset, started))
 
-        started = time.perf_counter()
+        fsyncs, batches, cpu = host.fsyncs, host.batches, time.process_time()
+        started = time.monotonic()
         await asyncio.gather(*(one() for _ in range(request["count"])))
         reply(
             {
                 "id": request["id"],
                 "ok": True,
                 "latencies_ms": latencies,
-                "seconds": time.perf_counter() - started,
-                "fsyncs": host.fsyncs,
-                "batches": host.batches,
+                "starts": starts,
+                "seconds": time.monotonic() - started,
+                "fsyncs": host.fsyncs - fsyncs,
+                "batches": host.batches - batches,
+                "cpu_seconds": time.process_time() - cpu,
             }
         )
 
@@ -126,13 +137,24 @@ async def main() -> None:
             config = LogConfig(
                 segment_bytes=request.get("segment_bytes", 64 * 1024 * 1024), retention=retention
             )
-            await host.open_partition(
+            opened = await host.open_partition(
                 StreamName(request["stream"]),
                 PartitionId(request["partition"]),
                 [NodeId(r) for r in request["replicas"]],
                 config,
             )
+            seen = visible.setdefault((opened.stream, opened.partition), [])
+
+            def record_visible(part: Any = opened, seen: list[tuple[int, float]] = seen) -> None:
+                end = int(part.end_offset())
+                if not seen or seen[-1][0] < end:
+                    seen.append((end, time.monotonic()))
+
+            opened.add_listener(record_visible)
             reply({"id": request.get("id"), "ok": True})
+        elif op == "visible":
+            key = (StreamName(request["stream"]), PartitionId(request["partition"]))
+            reply({"id": request.get("id"), "visible": visible.get(key, [])})
         elif op in ("append", "burst"):
             task = loop.create_task(append(request) if op == "append" else burst(request))
             tasks.add(task)

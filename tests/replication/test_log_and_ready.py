@@ -12,8 +12,11 @@ from spate.node.replication.messages import (
     AppendResponse,
     Entry,
     HardState,
+    Heartbeat,
+    HeartbeatResponse,
     SnapshotMeta,
     VoteRequest,
+    VoteResponse,
 )
 from spate.node.replication.raft import Raft, RaftConfig
 
@@ -71,8 +74,10 @@ def test_a_candidate_ready_syncs_term_and_vote_before_its_vote_requests() -> Non
     raft.campaign()
     ready = raft.ready()
     assert ready.hard_state == HardState(T1, N1, 0)
-    assert ready.must_sync
+    assert ready.must_sync and ready.hard_state_sync
     assert {m.target for m in ready.messages if isinstance(m, VoteRequest)} == {N2, N3}
+    assert ready.messages_before_sync() == ()
+    assert ready.messages_after_sync() == ready.messages
 
 
 def test_a_follower_ack_travels_with_the_entries_it_acknowledges() -> None:
@@ -84,5 +89,60 @@ def test_a_follower_ack_travels_with_the_entries_it_acknowledges() -> None:
     assert [e.index for e in ready.entries] == [1, 2]
     assert ready.must_sync
     assert ready.messages == (AppendResponse(T1, N2, N1, 2),)
+    assert ready.messages_before_sync() == ()
+    assert ready.messages_after_sync() == ready.messages
     raft.advance(ready)
     assert raft.status().persisted == 2
+
+
+def _elected_leader() -> Raft:
+    """n1 leads term 1 over n2 and n3 (pre-vote off), its barrier entry committed."""
+    raft = Raft(N1, [N1, N2, N3], RaftConfig(pre_vote=False), random.Random(1))
+    raft.campaign()
+    raft.advance(raft.ready())
+    raft.step(VoteResponse(T1, N2, N1, True, False))
+    raft.advance(raft.ready())  # the barrier entry (index 1) and the probing Appends
+    for peer in (N2, N3):
+        raft.step(AppendResponse(T1, peer, N1, 1))
+    raft.advance(raft.ready())  # the commit of 1: both followers now replicate
+    assert raft.log.committed == 1
+    return raft
+
+
+def test_a_leader_ready_lets_its_appends_leave_before_its_own_sync() -> None:
+    """The leader's Appends carry entries its disk has not synced yet: they may leave at once
+    (ADR 0005), because the commit counts the leader's *persisted* index, never its written
+    one; a follower's ack alone cannot commit while the leader's own index lags."""
+    raft = _elected_leader()
+    raft.propose(b"x")
+    ready = raft.ready()
+    assert [e.index for e in ready.entries] == [2] and ready.must_sync
+    assert not ready.hard_state_sync
+    early = ready.messages_before_sync()
+    assert {m.target for m in early if isinstance(m, Append)} == {N2, N3}
+    assert ready.messages_after_sync() == ()
+    # One follower acknowledges 2 before the leader's sync: no quorum of *persisted* copies.
+    raft.step(AppendResponse(T1, N2, N1, 2))
+    assert raft.log.committed < 2
+    raft.advance(ready)  # the leader's own sync done: n1 and n2 hold index 2
+    assert raft.log.committed == 2
+
+
+def test_acks_and_heartbeat_answers_wait_for_the_sync_that_covers_them() -> None:
+    """A follower stepping an Append (entries to sync) and a Heartbeat in one Ready: both the
+    AppendResponse and the HeartbeatResponse wait for the sync; with nothing to sync, a
+    Ready's messages need not wait at all."""
+    raft = Raft(N2, [N1, N2, N3], RaftConfig(), random.Random(1))
+    raft.step(Append(T1, N1, N2, 0, Term(0), tuple(entries([T1])), 0))
+    raft.step(Heartbeat(T1, N1, N2, 0))
+    ready = raft.ready()
+    assert ready.hard_state_sync  # the term (and the leader) are new
+    assert ready.messages_before_sync() == ()
+    assert {type(m) for m in ready.messages_after_sync()} == {AppendResponse, HeartbeatResponse}
+    raft.advance(ready)
+    raft.step(Heartbeat(T1, N1, N2, 1))  # only the commit moves: nothing to sync
+    ready = raft.ready()
+    assert not ready.must_sync
+    assert ready.messages_before_sync() == (HeartbeatResponse(T1, N2, N1),)
+    assert ready.messages_after_sync() == ()
+    assert [e.index for e in ready.committed] == [1]

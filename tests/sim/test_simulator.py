@@ -55,8 +55,10 @@ def _run_with_bug(seed: int, bugs: Bugs) -> SimResult:
 
 
 def test_ack_before_persist_is_caught() -> None:
-    """A follower shell that sends its acks before syncing lets an acknowledged entry live on
-    only a minority of disks after a crash; the durability invariant reports it."""
+    """The shell may send a leader's Appends before its sync (`Ready.messages_before_sync`),
+    never an ack: a shell that sends every message at write time (acks included) lets an
+    acknowledged entry live on only a minority of disks after a crash; the durability
+    invariant reports it, while the same seeds obeying the rule are clean."""
     failures = [
         r.failure or ""
         for r in (_run_with_bug(s, Bugs(ack_before_persist=True)) for s in range(30))

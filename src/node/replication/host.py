@@ -2,14 +2,20 @@
 
 One driver task runs the loop turn the Raft cores' contract asks for, across all partitions:
 
-1. take a Ready from every replica that has one; persist each (entries as chunks, hard state;
-   page cache only, on the loop);
+1. take a Ready from every replica that has one; write each (entries as chunks, hard state;
+   page cache only, on the loop); send at once what `Ready.messages_before_sync` allows (a
+   leader's Appends and Heartbeats, or everything when the Ready has nothing to sync) and
+   apply the committed entries (resolving producers' appends: committed means a quorum has
+   them on disk);
 2. run ONE batch of fsyncs for every dirty file of every replica, in the fsync thread (group
    commit across partitions). Messages, ticks and proposals keep arriving meanwhile and are
    stepped into the cores (allowed between `ready` and `advance`): they make the next batch;
-3. send every Ready's messages (only now: they may acknowledge what step 2 synced), apply the
-   committed entries (resolving producers' appends), report leader changes, start catch-ups;
+3. send `Ready.messages_after_sync` (acks and votes: only now, they promise what step 2
+   synced), report leader changes, start catch-ups;
 4. `advance` every Ready, and go again while any replica has work.
+
+Frames are written to the sockets on the same loop turn (`Transport.flush`), not by waking the
+per-peer writer tasks, which costs several loop turns per hop.
 
 A ticker task ticks every core every `tick_ms`. The transport (transport.py) carries frames
 between nodes; catch-up requests are served and made here (catchup.py does the file work).
@@ -34,7 +40,7 @@ from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unavailabl
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import catchup, codec, limits
-from spate.node.replication.messages import Ready, SnapshotRequest
+from spate.node.replication.messages import Message, Ready, SnapshotRequest
 from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.raft import RaftConfig, Role
 from spate.node.replication.storage import RaftStore, SyncWork
@@ -223,8 +229,15 @@ class ReplicationHost:
                     self._fail(group, str(error))
                     continue
                 batch.append((group, ready, work))
+                # Before the sync: a leader's Appends and Heartbeats (its commit counts its own
+                # *persisted* index, so a follower may hold an entry before the leader's disk
+                # does), everything when there is nothing to sync, and the committed entries
+                # (a quorum holds them on disk; this replica has written them).
+                self._send(group, ready.messages_before_sync())
+                group.apply_committed(ready)
             if not batch:
                 continue
+            self.transport.flush()
             syncs = [(group, work) for group, _, work in batch if work is not None]
             if syncs:
                 failures = await loop.run_in_executor(self._executor, _run_syncs, syncs)
@@ -238,11 +251,12 @@ class ReplicationHost:
             for group, ready, _ in batch:
                 if group.failure is not None or group.closed:
                     continue
-                self._send(group, ready)
-                group.apply(ready)
+                self._send(group, ready.messages_after_sync())
+                group.report_leader(ready)
                 if ready.snapshot_request is not None:
                     self._start_catchup(group, ready.snapshot_request)
                 group.raft.advance(ready)
+            self.transport.flush()
             self._wake.set()
 
     def _between_batches(self) -> None:
@@ -296,9 +310,11 @@ class ReplicationHost:
         )
         group.fail(reason)
 
-    def _send(self, group: ReplicatedPartition, ready: Ready) -> None:
+    def _send(self, group: ReplicatedPartition, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
         key = (group.stream, group.partition)
-        for message in ready.messages:
+        for message in messages:
             self.transport.send(message.target, codec.encode_raft(key, message))
 
     # -- receiving

@@ -217,10 +217,17 @@ class SnapshotRequest:
 class Ready:
     """Work for the shell, to be done in this order, then handed back with `Raft.advance`:
 
-    1. persist `snapshot` (a restored prefix marker), `entries` (write from entries[0].index,
-       discarding any later entries on disk) and `hard_state`; sync if `must_sync`;
-    2. send `messages` (only now: they may acknowledge what step 1 persisted);
-    3. apply `committed` entries in order; report `leader_change`; start `snapshot_request`.
+    1. write `snapshot` (a restored prefix marker), `entries` (write from entries[0].index,
+       discarding any later entries on disk) and `hard_state` (page cache);
+    2. send `messages_before_sync()` (a leader's Appends, Heartbeats and SnapshotNeeded: they
+       acknowledge nothing) and apply `committed` entries in order (committed means a quorum
+       has them on disk already, so neither waits for this replica's sync);
+    3. sync if `must_sync`;
+    4. send `messages_after_sync()` (acks, votes, anything after a term or vote change: they
+       may promise what steps 1 and 3 made durable); report `leader_change`; start
+       `snapshot_request`.
+
+    A shell may also run step 3 before step 2 (the order the rule is written against).
     """
 
     hard_state: HardState | None = None
@@ -231,7 +238,32 @@ class Ready:
     leader_change: LeaderChange | None = None
     snapshot_request: SnapshotRequest | None = None
     must_sync: bool = False
+    hard_state_sync: bool = False
+    """The term or the vote changed: the hard state itself must be synced (it always is when
+    `must_sync` is set for this reason), and no message of this Ready may leave before."""
     serial: int = field(default=0, compare=False)
+
+    def messages_before_sync(self) -> tuple[Message, ...]:
+        """The messages that may leave once the Ready is written, before its sync: all of them
+        when there is nothing to sync; otherwise a leader's Append, Heartbeat and
+        SnapshotNeeded, unless the term or vote changed. None of those acknowledges or
+        votes: the leader counts its own *persisted* index, never its written one, so a
+        follower may hold an entry before the leader's disk does (Raft thesis §10.2.1)."""
+        if not self.must_sync:
+            return self.messages
+        if self.hard_state_sync:
+            return ()
+        return tuple(m for m in self.messages if isinstance(m, _LEADER_OUTPUT))
+
+    def messages_after_sync(self) -> tuple[Message, ...]:
+        """The rest of `messages`, in order: acknowledgements (AppendResponse,
+        HeartbeatResponse), votes (VoteRequest, VoteResponse) and every message of a Ready
+        that changes the term or the vote. They leave only once the sync is done."""
+        if not self.must_sync:
+            return ()
+        if self.hard_state_sync:
+            return self.messages
+        return tuple(m for m in self.messages if not isinstance(m, _LEADER_OUTPUT))
 
     def is_empty(self) -> bool:
         return (
@@ -274,3 +306,7 @@ def describe(message: Message) -> str:
             return head
         case SnapshotNeeded():
             return f"{head} snapshot={message.snapshot.term}/{message.snapshot.index}"
+
+
+_LEADER_OUTPUT = (Append, Heartbeat, SnapshotNeeded)
+"""Messages only a leader sends, none of which promises anything about the sender's disk."""

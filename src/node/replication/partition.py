@@ -289,7 +289,14 @@ class ReplicatedPartition:
             pending.future.set_exception(NotLeader(reason, leader_node=self.raft.leader))
 
     def apply(self, ready: Ready) -> None:
-        """Step 3 of a Ready (after its messages were sent)."""
+        """Apply the committed entries, then report a leader change (a whole Ready at once)."""
+        self.apply_committed(ready)
+        self.report_leader(ready)
+
+    def apply_committed(self, ready: Ready) -> None:
+        """Step 2 of a Ready: resolve the appends its committed entries carry and wake readers.
+        Runs before the Ready's own sync: a committed entry is on a quorum's disks already,
+        and it was written here (page cache) by this or an earlier Ready."""
         moved = False
         for entry in ready.committed:
             self._apply(entry)
@@ -305,15 +312,18 @@ class ReplicatedPartition:
                     pending.future.set_exception(
                         Unavailable("the entry's outcome is unknown after a catch-up; retry")
                     )
+        if moved:
+            for callback in list(self._listeners):
+                callback()
+
+    def report_leader(self, ready: Ready) -> None:
+        """Step 4 of a Ready (after its sync: a new term is on disk before it is announced)."""
         if ready.leader_change is not None:
             change = ready.leader_change
             if change.leader is not None:
                 self._heard_leader = True
             for listener in list(self.leader_listeners):
                 listener(change.leader, change.epoch)
-        if moved:
-            for callback in list(self._listeners):
-                callback()
 
     def _apply(self, entry: Entry) -> None:
         if entry.payload:

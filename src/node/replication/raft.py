@@ -18,9 +18,11 @@ Role table (pre-vote and check-quorum on, as the shell always runs it)::
                    | check-quorum every election timeout   | election timeout -> FOLLOWER
 
 Durability rules the core relies on (see messages.Ready): entries and hard state in a Ready are
-persisted before its messages are sent, so a follower's AppendResponse (produced while stepping
-the Append that carried the entries) is only sent once those entries are durable; the leader
-counts its own *persisted* index, not its appended one, when computing the commit index.
+persisted before its acknowledging messages are sent, so a follower's AppendResponse (produced
+while stepping the Append that carried the entries) is only sent once those entries are
+durable, and a vote only once the vote is; the leader counts its own *persisted* index, not its
+appended one, when computing the commit index, so its Appends, Heartbeats and SnapshotNeeded
+may leave before its own sync (`Ready.messages_before_sync`).
 """
 
 from __future__ import annotations
@@ -275,17 +277,11 @@ class Raft:
             self.log.handed_to_disk(entries[-1].index)
         hard_state = self._hard_state()
         changed_hard_state = hard_state if hard_state != self._handed_hard_state else None
-        must_sync = (
-            bool(entries)
-            or self._snapshot_to_persist is not None
-            or (
-                changed_hard_state is not None
-                and (
-                    hard_state.term != self._handed_hard_state.term
-                    or hard_state.vote != self._handed_hard_state.vote
-                )
-            )
+        hard_state_sync = changed_hard_state is not None and (
+            hard_state.term != self._handed_hard_state.term
+            or hard_state.vote != self._handed_hard_state.vote
         )
+        must_sync = bool(entries) or self._snapshot_to_persist is not None or hard_state_sync
         self._handed_hard_state = hard_state
         leader_change = None
         if self._handed_leader != (self.leader, self.leader_epoch):
@@ -302,6 +298,7 @@ class Raft:
             leader_change=leader_change,
             snapshot_request=self._snapshot_request,
             must_sync=must_sync,
+            hard_state_sync=hard_state_sync,
             serial=self._serial,
         )
         self._outbox = []

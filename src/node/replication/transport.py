@@ -60,6 +60,18 @@ async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, memoryview]:
     return kind, memoryview(body)
 
 
+def _write_some(peer: _Peer, writer: asyncio.StreamWriter) -> None:
+    """Write up to `peer_write_bytes_max` of the queued frames, coalesced into one write."""
+    batch: list[bytes] = []
+    size = 0
+    while peer.frames and size < limits.peer_write_bytes_max:
+        data = peer.frames.popleft()
+        batch.append(data)
+        size += len(data)
+    peer.queued_bytes -= size
+    writer.write(b"".join(batch) if len(batch) > 1 else batch[0])
+
+
 class _Peer:
     def __init__(self, node: NodeId) -> None:
         self.node = node
@@ -68,6 +80,8 @@ class _Peer:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.connected = False
+        self.writer: asyncio.StreamWriter | None = None
+        """The connected writer while the write loop is not waiting for it to drain."""
 
 
 class Transport:
@@ -147,6 +161,20 @@ class Transport:
         state.wake.set()
         return True
 
+    def flush(self) -> None:
+        """Write every queued frame now, on this loop turn, to each link whose socket buffer is
+        below `peer_write_bytes_max`; the rest stays queued for the link's write loop (which
+        waits for the socket to drain). Saves the loop turns of waking the writer task."""
+        for peer in self._peers.values():
+            writer = peer.writer
+            while (
+                peer.frames
+                and writer is not None
+                and not writer.transport.is_closing()
+                and writer.transport.get_write_buffer_size() < limits.peer_write_bytes_max
+            ):
+                _write_some(peer, writer)
+
     def connected(self, peer: NodeId) -> bool:
         state = self._peers.get(peer)
         return state is not None and state.connected
@@ -219,6 +247,7 @@ class Transport:
     ) -> None:
         # The dialed connection only carries our frames; reading it detects the peer closing.
         closed = asyncio.ensure_future(reader.read(1))
+        peer.writer = writer
         try:
             while not self._closing:
                 if not peer.frames:
@@ -231,16 +260,12 @@ class Transport:
                         waiter.cancel()
                         raise OSError("peer closed the connection")
                     continue
-                batch: list[bytes] = []
-                size = 0
-                while peer.frames and size < limits.peer_write_bytes_max:
-                    data = peer.frames.popleft()
-                    batch.append(data)
-                    size += len(data)
-                peer.queued_bytes -= size
-                writer.write(b"".join(batch) if len(batch) > 1 else batch[0])
+                _write_some(peer, writer)
+                peer.writer = None  # flush() must not write past the backpressure
                 await writer.drain()
+                peer.writer = writer
         finally:
+            peer.writer = None
             closed.cancel()
 
     # -- receiving
