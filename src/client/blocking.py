@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from proton import Delivery, Message, symbol
 from proton.reactor import Filter, LinkOption
@@ -81,7 +81,22 @@ def _message(body: bytes | Message) -> Message:
     return Message(body=body, inferred=True)  # a data section, not amqp-value(binary)
 
 
-class Producer:
+class _Connected:
+    """Owns one connection; a context manager that closes it."""
+
+    _connection: BlockingConnection
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+
+class Producer(_Connected):
     """Publishes with confirms: every send returns only once the broker accepted the message."""
 
     def __init__(
@@ -142,15 +157,6 @@ class Producer:
             d.settle()
         return len(deliveries)
 
-    def close(self) -> None:
-        self._connection.close()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.close()
-
 
 @dataclass(frozen=True)
 class Event:
@@ -165,7 +171,7 @@ class Event:
         return bytes(body) if isinstance(body, memoryview) else body
 
 
-class Consumer:
+class Consumer(_Connected):
     """Reads a stream from `start` (first, last, next, an offset, -N, or a datetime)."""
 
     def __init__(
@@ -203,12 +209,3 @@ class Consumer:
         stamp_ms = int(stamp.timestamp() * 1000) if isinstance(stamp, datetime) else int(stamp or 0)
         source = annotations.get(DA_SOURCE)
         return Event(offset, stamp_ms, None if source is None else str(source), message)
-
-    def close(self) -> None:
-        self._connection.close()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self.close()
