@@ -43,7 +43,7 @@ from proton import (
 from spate.core import limits
 from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
-from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
+from spate.core.ids import PartitionId, StreamName
 from spate.gateway import codec, info, links, sections
 from spate.gateway.errors import DECODE_ERROR, RESOURCE_LIMIT_EXCEEDED, AmqpError, amqp_error, plain
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
@@ -55,6 +55,8 @@ LINKS_PER_CONNECTION_MAX = 1024
 CONSUMER_UNSETTLED_MAX = 10_000
 """Deliveries one consumer link may hold unsettled (credit beyond this waits for settlements)."""
 _TAG = struct.Struct("<Q")
+DELIVERY = lib.PN_DELIVERY
+ACCEPTED = lib.PN_ACCEPTED
 _CONTROL_EVENTS = frozenset(
     (
         lib.PN_CONNECTION_REMOTE_OPEN,
@@ -85,10 +87,6 @@ def _bound_properties(bound: PartitionId, partition: Partition) -> dict[symbol, 
     return properties
 
 
-def _key(pointer: Any) -> int:
-    return int(ffi.cast("uintptr_t", pointer))
-
-
 @dataclass
 class Context:
     """What every connection of one listener shares (all on the listener's loop)."""
@@ -110,9 +108,15 @@ class ProducerLink:
     pointer: Any
     plan: links.ProducerPlan
     presettled: bool
-    batch: dict[PartitionId, list[tuple[bytes, Any]]] = field(default_factory=dict)
-    unrouted: list[tuple[bytes, Any]] = field(default_factory=list)
-    oversize: set[int] = field(default_factory=set)
+    records: list[bytes] = field(default_factory=list)
+    """Drained this turn, for the bound partition (or, on an agnostic link, unannotated ones for
+    this batch's round-robin partition)."""
+    deliveries: list[Any] = field(default_factory=list)
+    """`records[i]`'s delivery, None when it came settled (nothing to confirm)."""
+    routed: dict[PartitionId, tuple[list[bytes], list[Any]]] = field(default_factory=dict)
+    """Agnostic links: records routed by their event-streams-target-partition annotation."""
+    oversize: set[Any] = field(default_factory=set)
+    """Deliveries (pointers) being read and dropped: larger than `limits.message_bytes_max`."""
     closed: bool = False
 
 
@@ -122,7 +126,6 @@ class ConsumerLink:
     pointer: Any
     plan: links.ConsumerPlan
     presettled: bool
-    unsettled: int = 0
     tag: int = 0
     closed: bool = False
 
@@ -161,10 +164,18 @@ class AmqpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._info_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        self.producers: dict[int, ProducerLink] = {}
-        self.consumers: dict[int, ConsumerLink] = {}
-        self.infos: dict[int, InfoLink] = {}
-        self.dirty: set[int] = set()
+        # keyed by the C link pointer (cffi pointers hash and compare by address), so the hot
+        # path looks a link up by `pn_delivery_link(...)` without converting it to an int
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink] = {}
+        self.infos: dict[Any, InfoLink] = {}
+        self.dirty: set[Any] = set()
+        """Producer links (pointers) that drained records this turn."""
+        # delivery tags are copied by pn_delivery: one 8-byte buffer serves every send
+        self._tag_buffer = ffi.new("char[]", _TAG.size)
+        self._tag_view = ffi.buffer(self._tag_buffer)
+        self._tag_struct = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))
+        self._tag_value = self._tag_struct[0]
         self.unconfirmed = 0
 
     # asyncio side -------------------------------------------------------------------------------
@@ -351,13 +362,26 @@ class AmqpConnection(asyncio.Protocol):
     def _dispatch(self) -> None:
         collector = self.collector._impl
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        event_delivery, readable, delivery_link = (
+            lib.pn_event_delivery,
+            lib.pn_delivery_readable,
+            lib.pn_delivery_link,
+        )
+        remote_state, remote_settled = lib.pn_delivery_remote_state, lib.pn_delivery_settled
+        producers = self.producers
         while True:
             ev = peek(collector)
             if ev == ffi.NULL:
                 return
             kind = event_type(ev)
-            if kind == lib.PN_DELIVERY:
-                self._delivery(lib.pn_event_delivery(ev))
+            if kind == DELIVERY:
+                delivery = event_delivery(ev)
+                if readable(delivery):  # a producer link's current delivery: drain the link
+                    producer = producers.get(delivery_link(delivery))
+                    if producer is not None:
+                        self._drain(producer)
+                elif remote_state(delivery) or remote_settled(delivery):
+                    self._consumer_settled(delivery)
             elif kind in _CONTROL_EVENTS:
                 self._control(kind, _wrap_event(ev))
             pop(collector)
@@ -394,7 +418,7 @@ class AmqpConnection(asyncio.Protocol):
         elif kind == lib.PN_TRANSPORT_ERROR:
             log.info("AMQP transport error: %s", event.transport.condition)
 
-    def _links_of(self, session: Any) -> list[int]:
+    def _links_of(self, session: Any) -> list[Any]:
         out = []
         for table in (self.producers, self.consumers, self.infos):
             for link_key, state in table.items():
@@ -466,7 +490,7 @@ class AmqpConnection(asyncio.Protocol):
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         state = ProducerLink(link, link._impl, plan, presettled)
-        self.producers[_key(link._impl)] = state
+        self.producers[link._impl] = state
         link.open()
         self._top_up(state)
 
@@ -489,7 +513,7 @@ class AmqpConnection(asyncio.Protocol):
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
         state = ConsumerLink(link, link._impl, plan, presettled)
-        self.consumers[_key(link._impl)] = state
+        self.consumers[link._impl] = state
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.schedule_pump)
         link.open()
@@ -501,14 +525,14 @@ class AmqpConnection(asyncio.Protocol):
         link.source.filter.clear()
         if link.remote_snd_settle_mode == Link.SND_SETTLED:
             link.snd_settle_mode = Link.SND_SETTLED
-        self.infos[_key(link._impl)] = InfoLink(link, link._impl, stream)
+        self.infos[link._impl] = InfoLink(link, link._impl, stream)
         link.open()
         self.schedule_pump()
 
     def _forget_link(self, link: Link) -> None:
-        self._forget_key(_key(link._impl))
+        self._forget_key(link._impl)
 
-    def _forget_key(self, link_key: int) -> None:
+    def _forget_key(self, link_key: Any) -> None:
         producer = self.producers.pop(link_key, None)
         if producer is not None:
             producer.closed = True
@@ -526,66 +550,92 @@ class AmqpConnection(asyncio.Protocol):
 
     # hot path: deliveries -----------------------------------------------------------------------
 
-    def _delivery(self, delivery: Any) -> None:
-        link_pointer = lib.pn_delivery_link(delivery)
-        link_key = _key(link_pointer)
-        if lib.pn_link_is_receiver(link_pointer):
-            producer = self.producers.get(link_key)
-            if producer is not None:
-                self._drain(producer)
-            return
-        # a consumer's disposition: streams are not destructive, any outcome settles it
-        if lib.pn_delivery_updated(delivery) and (
-            lib.pn_delivery_remote_state(delivery) or lib.pn_delivery_settled(delivery)
-        ):
-            consumer = self.consumers.get(link_key)
-            if consumer is not None and not consumer.presettled:
-                consumer.unsettled -= 1
-                if consumer.unsettled == CONSUMER_UNSETTLED_MAX - 1:
-                    self.schedule_pump()
+    def _consumer_settled(self, delivery: Any) -> None:
+        """A consumer's disposition: streams are not destructive, any outcome settles it."""
+        if not lib.pn_link_is_receiver(lib.pn_delivery_link(delivery)):
             lib.pn_delivery_settle(delivery)
 
     def _drain(self, producer: ProducerLink) -> None:
+        """Read every complete delivery of a producer link (called for its current delivery)."""
         lp = producer.pointer
         buf = self.ctx.recv_buffer
         size_max = limits.message_bytes_max
+        current, partial, recv, advance = (
+            lib.pn_link_current,
+            lib.pn_delivery_partial,
+            lib.pn_link_recv,
+            lib.pn_link_advance,
+        )
+        remote_settled, settle, unpack, is_plain = (
+            lib.pn_delivery_settled,
+            lib.pn_delivery_settle,
+            ffi.unpack,
+            sections.is_plain,
+        )
+        presettled = producer.presettled
+        records, deliveries = producer.records, producer.deliveries
+        oversize = producer.oversize
+        got = 0
         while True:
-            cur = lib.pn_link_current(lp)
-            if cur == ffi.NULL or not lib.pn_delivery_readable(cur):
-                return
-            cur_key = _key(cur)
-            if lib.pn_delivery_aborted(cur):
-                producer.oversize.discard(cur_key)
-                lib.pn_link_advance(lp)
-                lib.pn_delivery_settle(cur)
+            cur = current(lp)
+            if cur == ffi.NULL:
+                break
+            if partial(cur):
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                if cur in oversize or lib.pn_delivery_pending(cur) > size_max:
+                    oversize.add(cur)  # discard what arrived: the message is too big to store
+                    while recv(lp, buf, size_max + 1) > 0:
+                        pass
+                break
+            size = recv(lp, buf, size_max + 1)
+            if size > size_max or (oversize and cur in oversize):
+                self._reject_oversize(producer, cur)
                 continue
-            partial = lib.pn_delivery_partial(cur)
-            pending = lib.pn_delivery_pending(cur)
-            if cur_key in producer.oversize or pending > size_max:
-                producer.oversize.add(cur_key)
-                # discard what arrived: the message is too big to store
-                received = lib.pn_link_recv(lp, buf, size_max + 1)
-                while received > 0:
-                    received = lib.pn_link_recv(lp, buf, size_max + 1)
-                if partial:
-                    return
-                producer.oversize.discard(cur_key)
-                lib.pn_link_advance(lp)
-                error = amqp_error(
-                    MessageSizeExceeded(
-                        f"message larger than {size_max} bytes (limits.message_bytes_max)"
-                    )
-                )
-                self._reject(cur, error)
+            if size < 0:
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                size = 0  # an empty transfer: not a message, scan_incoming says why
+            raw = unpack(buf, size)
+            advance(lp)
+            if not is_plain(raw):
+                self._accept_incoming(producer, cur, raw)
+                got += 1
                 continue
-            if partial:
-                return
-            size = lib.pn_link_recv(lp, buf, size_max + 1)
-            raw = ffi.unpack(buf, size) if size > 0 else b""
-            lib.pn_link_advance(lp)
-            self._accept_incoming(producer, cur, raw)
+            if presettled or remote_settled(cur):
+                settle(cur)
+                deliveries.append(None)
+            else:
+                deliveries.append(cur)
+                self.unconfirmed += 1
+            records.append(raw)
+            got += 1
+        if got:
+            self.dirty.add(lp)
+
+    def _discard_aborted(self, producer: ProducerLink, delivery: Any) -> None:
+        producer.oversize.discard(delivery)
+        lib.pn_link_advance(producer.pointer)
+        lib.pn_delivery_settle(delivery)
+
+    def _reject_oversize(self, producer: ProducerLink, delivery: Any) -> None:
+        """The rest of a message over `limits.message_bytes_max` is read and dropped; the
+        delivery is rejected and the link stays usable."""
+        lp, buf, size_max = producer.pointer, self.ctx.recv_buffer, limits.message_bytes_max
+        while lib.pn_link_recv(lp, buf, size_max + 1) > 0:
+            pass
+        producer.oversize.discard(delivery)
+        lib.pn_link_advance(lp)
+        error = amqp_error(
+            MessageSizeExceeded(f"message larger than {size_max} bytes (limits.message_bytes_max)")
+        )
+        self._reject(delivery, error)
 
     def _accept_incoming(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
+        """The full path for what `sections.is_plain` did not settle: delivery annotations
+        (routing by event-streams-target-partition), rarer layouts, and malformed messages."""
         try:
             incoming = sections.scan_incoming(raw)
         except sections.MalformedMessage as err:
@@ -598,7 +648,6 @@ class AmqpConnection(asyncio.Protocol):
         else:
             self.unconfirmed += 1
         plan = producer.plan
-        target = None
         if incoming.delivery_annotations is not None:
             try:
                 annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
@@ -610,15 +659,15 @@ class AmqpConnection(asyncio.Protocol):
             except BrokerError as err:
                 self._reject_counted(delivery, amqp_error(err))
                 return
-            if pid is not None:
-                producer.batch.setdefault(pid, []).append((incoming.stored, delivery))
-                self.dirty.add(_key(producer.pointer))
+            if pid is not None and plan.bound is None:
+                records, deliveries = producer.routed.setdefault(pid, ([], []))
+                records.append(incoming.stored)
+                deliveries.append(delivery)
                 return
-        if plan.bound is not None:
-            producer.batch.setdefault(plan.bound, []).append((incoming.stored, delivery))
-        else:
-            producer.unrouted.append((incoming.stored, delivery))
-        self.dirty.add(_key(producer.pointer))
+        # bound links keep arrival order in one list (a routed message there matched the bound
+        # partition); agnostic links collect the unannotated for this batch's round-robin turn
+        producer.records.append(incoming.stored)
+        producer.deliveries.append(delivery)
 
     def _reject_counted(self, delivery: Any, error: AmqpError) -> None:
         if delivery is not None:
@@ -639,25 +688,40 @@ class AmqpConnection(asyncio.Protocol):
             if producer is None or producer.closed:
                 continue
             plan = producer.plan
-            if producer.unrouted:
-                pid = plan.route(None)
-                plan.next_batch()
-                producer.batch.setdefault(pid, []).extend(producer.unrouted)
-                producer.unrouted = []
-            batches, producer.batch = producer.batch, {}
-            for pid, items in batches.items():
-                for chunk in _cut_chunks(items):
-                    self._append(producer, pid, chunk)
+            batches, producer.routed = producer.routed, {}
+            records, deliveries = producer.records, producer.deliveries
+            if records:
+                producer.records, producer.deliveries = [], []
+                if plan.bound is not None:
+                    pid = plan.bound
+                else:
+                    pid = plan.route(None)
+                    plan.next_batch()
+                routed = batches.get(pid)
+                if routed is None:
+                    batches[pid] = (records, deliveries)
+                else:
+                    routed[0].extend(records)
+                    routed[1].extend(deliveries)
+            for pid, (batch_records, batch_deliveries) in batches.items():
+                for start, end in _chunk_bounds(batch_records):
+                    self._append(
+                        producer, pid, batch_records[start:end], batch_deliveries[start:end]
+                    )
 
     def _append(
-        self, producer: ProducerLink, pid: PartitionId, items: list[tuple[bytes, Any]]
+        self,
+        producer: ProducerLink,
+        pid: PartitionId,
+        records: list[bytes],
+        deliveries: list[Any],
     ) -> None:
-        deliveries = [d for _, d in items if d is not None]
+        """One chunk; `deliveries[i]` is record i's delivery, None when it came settled."""
         partition = producer.plan.targets.get(pid)
         try:
             if partition is None:
                 raise NotFound(f"partition {int(pid)} is not served on this link")
-            pending = partition.append([record for record, _ in items])
+            pending = partition.append(records)
         except BrokerError as err:
             self._appended(producer, deliveries, err)
             return
@@ -680,17 +744,20 @@ class AmqpConnection(asyncio.Protocol):
     def _appended(
         self, producer: ProducerLink, deliveries: list[Any], error: BrokerError | None
     ) -> None:
-        self.unconfirmed -= len(deliveries)
+        self.unconfirmed -= len(deliveries) - deliveries.count(None)
         if self.closed or producer.closed:
             return  # the link or connection is gone; nobody is waiting for the outcome
         if error is None:
+            update, settle, accepted = lib.pn_delivery_update, lib.pn_delivery_settle, ACCEPTED
             for delivery in deliveries:
-                lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
-                lib.pn_delivery_settle(delivery)
+                if delivery is not None:
+                    update(delivery, accepted)
+                    settle(delivery)
         else:
             amqp = amqp_error(error)
             for delivery in deliveries:
-                self._reject(delivery, amqp)
+                if delivery is not None:
+                    self._reject(delivery, amqp)
         self.schedule_pump()
 
     def _top_up_credit(self) -> None:
@@ -708,36 +775,49 @@ class AmqpConnection(asyncio.Protocol):
     # hot path: consumers ------------------------------------------------------------------------
 
     def _send_consumers(self) -> None:
+        """Per link, up to its room in runs of consecutive records; each run's delivery
+        annotations are encoded once (`sections.delivery_annotation_parts`) and spliced into
+        every record of it (`sections.splice_run`). Unsettled deliveries are proton's count
+        (`pn_link_unsettled`); any ack arrives with input, which is followed by a pump."""
         more = False
+        new_delivery, send, advance, settle = (
+            lib.pn_delivery,
+            lib.pn_link_send,
+            lib.pn_link_advance,
+            lib.pn_delivery_settle,
+        )
+        tag_view, tag_value = self._tag_view, self._tag_value
+        pack_tag = _TAG.pack_into
+        parts = sections.delivery_annotation_parts
         for consumer in self.consumers.values():
             if consumer.closed:
                 continue
             lp = consumer.pointer
             room = lib.pn_link_credit(lp)
             if not consumer.presettled:
-                room = min(room, CONSUMER_UNSETTLED_MAX - consumer.unsettled)
+                room = min(room, CONSUMER_UNSETTLED_MAX - lib.pn_link_unsettled(lp))
             room = min(room, limits.consumer_send_batch_max)
             if room <= 0:
                 continue
             plan = consumer.plan
-            records = plan.take(room)
-            for cursor, offset, timestamp_ms, record in records:
-                da = sections.encode_delivery_annotations(
-                    offset_to_symbol(Offset(offset)),
-                    timestamp_ms,
-                    cursor.symbol if plan.tag_source_partition else None,
+            presettled = consumer.presettled
+            tag = consumer.tag
+            sent = 0
+            for run in plan.take(room):
+                prefix, suffix = parts(
+                    run.timestamp_ms, run.cursor.symbol if plan.tag_source_partition else None
                 )
-                out = sections.splice_delivery_annotations(record, da)
-                consumer.tag += 1
-                tag = _TAG.pack(consumer.tag)
-                delivery = lib.pn_delivery(lp, (len(tag), ffi.from_buffer(tag)))
-                lib.pn_link_send(lp, ffi.from_buffer(out), len(out))
-                lib.pn_link_advance(lp)
-                if consumer.presettled:
-                    lib.pn_delivery_settle(delivery)
-                else:
-                    consumer.unsettled += 1
-            if len(records) == room and plan.available():
+                for out in sections.splice_run(run.records, run.first_offset, prefix, suffix):
+                    tag += 1
+                    pack_tag(tag_view, 0, tag)
+                    delivery = new_delivery(lp, tag_value)
+                    send(lp, out, len(out))
+                    advance(lp)
+                    if presettled:
+                        settle(delivery)
+                sent += len(run.records)
+            consumer.tag = tag
+            if sent == room and plan.available():
                 more = True
         if more:
             self.schedule_pump()  # another turn, after other connections had theirs
@@ -781,20 +861,23 @@ def _wrap_event(ev: Any) -> Any:
     return cast(Any, Event).wrap(ev)
 
 
-def _cut_chunks(items: list[tuple[bytes, Any]]) -> list[list[tuple[bytes, Any]]]:
-    """Split one batch into chunks within limits.chunk_records_max / chunk_bytes_max."""
-    chunks: list[list[tuple[bytes, Any]]] = [[]]
+def _chunk_bounds(records: list[bytes]) -> list[tuple[int, int]]:
+    """Cut one batch into chunks within limits.chunk_records_max / chunk_bytes_max:
+    [(start, end), ...] index ranges."""
+    records_max, bytes_max = limits.chunk_records_max, limits.chunk_bytes_max
+    if len(records) <= records_max and sum(map(len, records)) <= bytes_max:
+        return [(0, len(records))]
+    bounds: list[tuple[int, int]] = []
+    start = 0
     size = 0
-    for item in items:
-        current = chunks[-1]
-        if current and (
-            len(current) >= limits.chunk_records_max or size + len(item[0]) > limits.chunk_bytes_max
-        ):
-            chunks.append([])
+    for i, record in enumerate(records):
+        if i > start and (i - start >= records_max or size + len(record) > bytes_max):
+            bounds.append((start, i))
+            start = i
             size = 0
-        chunks[-1].append(item)
-        size += len(item[0])
-    return chunks
+        size += len(record)
+    bounds.append((start, len(records)))
+    return bounds
 
 
 def _filter_map(filter_data: Data) -> dict[Any, Any] | None:

@@ -8,6 +8,7 @@ Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-inform
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +157,19 @@ def partition_or_agnostic_error(
 # Consumers --------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class Run:
+    """Consecutive records of one chunk: offsets `first_offset` .. `first_offset + len - 1`.
+
+    The unit the egress hot path works in: everything but the offset digits of a delivery's
+    annotations is the same for a run (`sections.delivery_annotation_parts`)."""
+
+    cursor: Cursor
+    first_offset: int
+    timestamp_ms: int
+    records: Sequence[bytes | memoryview]
+
+
 @dataclass
 class Cursor:
     """One partition's read position for a consumer link."""
@@ -163,25 +177,39 @@ class Cursor:
     partition: Partition
     symbol: str
     next_offset: Offset
-    pending: deque[tuple[int, int, bytes | memoryview]] = field(default_factory=deque)
-    """Records read but not sent yet: (offset, timestamp_ms, stored bytes)."""
+    pending: deque[Run] = field(default_factory=deque)
+    """Runs read but not sent yet, in log order (whole chunks from `Partition.read`, trimmed)."""
 
     def available(self) -> bool:
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
 
-    def take(self, count: int) -> list[tuple[int, int, bytes | memoryview]]:
-        """Up to `count` records from the next offset on, in log order."""
-        if not self.pending and self.next_offset < self.partition.end_offset():
+    def take(self, count: int) -> list[Run]:
+        """Runs holding up to `count` records from the next offset on, in log order."""
+        pending = self.pending
+        if not pending and self.next_offset < self.partition.end_offset():
+            start = int(self.next_offset)
             for chunk in self.partition.read(self.next_offset, CONSUMER_READ_BYTES):
                 first = int(chunk.first_offset)
-                for i, record in enumerate(chunk.records):
-                    if first + i >= self.next_offset:
-                        self.pending.append((first + i, chunk.timestamp_ms, record))
-            if self.pending:
-                self.next_offset = Offset(self.pending[-1][0] + 1)
-        out: list[tuple[int, int, bytes | memoryview]] = []
-        while self.pending and len(out) < count:
-            out.append(self.pending.popleft())
+                records = chunk.records
+                if first < start:
+                    records = records[start - first :]
+                    first = start
+                if records:
+                    pending.append(Run(self, first, chunk.timestamp_ms, records))
+                    start = first + len(records)
+            self.next_offset = Offset(start)
+        out: list[Run] = []
+        while pending and count > 0:
+            run = pending[0]
+            size = len(run.records)
+            if size <= count:
+                out.append(pending.popleft())
+                count -= size
+            else:
+                out.append(Run(self, run.first_offset, run.timestamp_ms, run.records[:count]))
+                run.records = run.records[count:]
+                run.first_offset += count
+                count = 0
         return out
 
 
@@ -198,17 +226,20 @@ class ConsumerPlan:
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
 
-    def take(self, count: int) -> list[tuple[Cursor, int, int, bytes | memoryview]]:
-        """Up to `count` records, taking turns between partitions."""
-        out: list[tuple[Cursor, int, int, bytes | memoryview]] = []
+    def take(self, count: int) -> list[Run]:
+        """Runs holding up to `count` records in all, taking turns between partitions."""
+        out: list[Run] = []
+        taken = 0
         idle = 0
-        while len(out) < count and idle < len(self.cursors):
+        while taken < count and idle < len(self.cursors):
             cursor = self.cursors[self.turn % len(self.cursors)]
             self.turn += 1
-            share = max((count - len(out)) // len(self.cursors), 1)
+            share = max((count - taken) // len(self.cursors), 1)
             got = cursor.take(share)
             idle = 0 if got else idle + 1
-            out += [(cursor, off, ts, rec) for off, ts, rec in got]
+            for run in got:
+                taken += len(run.records)
+            out += got
         return out
 
 

@@ -18,9 +18,11 @@ section inserted right after the header (or at the front when there is no header
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.core.ids import OFFSET_SYMBOL_DIGITS
 from spate.gateway import codec
 
 HEADER = 0x70
@@ -79,6 +81,67 @@ def section_code(b: bytes | memoryview, i: int) -> int | None:
     else:
         return None
     return code if HEADER <= code <= FOOTER else None
+
+
+# Fast path: the width of a value by its constructor's high nibble, exactly as `codec.skip` reads
+# it (0x00, described, has no entry: such sections go to the full scanner).
+_VAR8 = 100
+_VAR32 = 101
+_NO = 102
+_WIDTH_BY_NIBBLE = (
+    *(_NO, _NO, _NO, _NO, 0, 1, 2, 4, 8, 16),
+    *(_VAR8, _VAR32, _VAR8, _VAR32, _VAR8, _VAR32),
+)
+
+
+def is_plain(raw: bytes) -> bool:
+    """True when `scan_incoming(raw)` would return `raw` unchanged with no delivery annotations.
+
+    The hot path's check (about 0.5 µs for a header + data message instead of ~2 µs): one step
+    per section, for sections with `00 53 <code>` descriptors among header, message-annotations,
+    properties, application-properties and bodies. Anything else (a DA section to cut, a
+    footer, symbolic or ulong descriptors, a described section value, any malformation) answers
+    False, and the caller runs `scan_incoming`, which decides and names the error. So this
+    never accepts what `scan_incoming` rejects, and never rejects anything itself.
+    """
+    n = len(raw)
+    i = 0
+    last = 0
+    bodies = 0
+    count = 0
+    while i < n:
+        if n - i < 4 or raw[i] or raw[i + 1] != 0x53:
+            return False
+        code = raw[i + 2]
+        if code <= last:  # repeats allowed only for data / amqp-sequence bodies
+            if code != last or code not in (DATA, AMQP_SEQUENCE):
+                return False
+        elif code >= DATA:
+            if code > AMQP_VALUE or bodies:  # footer, not a section, or a second body kind
+                return False
+        elif code < HEADER or code == DELIVERY_ANNOTATIONS:
+            return False
+        if code >= DATA:
+            bodies += 1
+        count += 1
+        j = i + 4
+        width = _WIDTH_BY_NIBBLE[raw[i + 3] >> 4]
+        if width < _VAR8:
+            i = j + width
+        elif width == _VAR8:
+            if j >= n:
+                return False
+            i = j + 1 + raw[j]
+        elif width == _VAR32:
+            if j + 4 > n:
+                return False
+            i = j + 4 + _U32.unpack_from(raw, j)[0]
+        else:
+            return False
+        if i > n:
+            return False
+        last = code
+    return bodies > 0 and count <= SECTIONS_MAX
 
 
 def scan_incoming(raw: bytes) -> Incoming:
@@ -140,7 +203,8 @@ def delivery_annotations_map(section: bytes) -> dict[Any, Any]:
 def header_end(stored: bytes | memoryview) -> int:
     """Length of the header section at the front of stored bytes (0 when there is none)."""
     if section_code(stored, 0) == HEADER:
-        return codec.skip(stored, 0)
+        end: int = codec.skip(stored, 0)
+        return end
     return 0
 
 
@@ -182,6 +246,9 @@ _K_SOURCE = _sym8("event-streams-source-partition")
 _I64 = struct.Struct(">q")
 _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
+_U32 = struct.Struct(">I")
+_OFFSET_SYMBOL_HEAD = b"\xa3" + bytes((OFFSET_SYMBOL_DIGITS,))
+assert OFFSET_SYMBOL_DIGITS == 20, "splice_run formats offsets with %020d"
 
 
 def encode_delivery_annotations(
@@ -195,3 +262,61 @@ def encode_delivery_annotations(
         body += _K_SOURCE + _sym8(source_partition)
         count = 6
     return _DA_DESCRIPTOR + b"\xd1" + _MAP32_HEAD.pack(len(body) + 4, count) + body
+
+
+def delivery_annotation_parts(
+    timestamp_ms: int, source_partition: str | None = None
+) -> tuple[bytes, bytes]:
+    """(prefix, suffix) such that `prefix + b"%020d" % offset + suffix` is
+    `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`.
+
+    The offset symbol has a fixed width (`OFFSET_SYMBOL_DIGITS`), so everything but its digits
+    is constant for one run of records sharing a chunk timestamp: the egress hot path encodes
+    the two parts once per run and formats only the digits per message."""
+    body_tail = _K_TIMESTAMP + b"\x83" + _I64.pack(timestamp_ms)
+    count = 4
+    if source_partition is not None:
+        body_tail += _K_SOURCE + _sym8(source_partition)
+        count = 6
+    body_len = len(_K_OFFSET) + len(_OFFSET_SYMBOL_HEAD) + OFFSET_SYMBOL_DIGITS + len(body_tail)
+    prefix = (
+        _DA_DESCRIPTOR
+        + b"\xd1"
+        + _MAP32_HEAD.pack(body_len + 4, count)
+        + _K_OFFSET
+        + _OFFSET_SYMBOL_HEAD
+    )
+    return prefix, body_tail
+
+
+def splice_run(
+    records: Sequence[bytes | memoryview], first_offset: int, prefix: bytes, suffix: bytes
+) -> list[bytes]:
+    """Outgoing messages for consecutive records from `first_offset` on: each record with the
+    delivery-annotations section `prefix + <offset digits> + suffix` spliced after its header
+    (`splice_delivery_annotations`, one formatting operation per message).
+
+    Header forms read inline: none, `00 53 70 45` (empty list) and `00 53 70 c0 <size> ...`
+    (list8, what proton and the native clients send); others go through `header_end`."""
+    assert first_offset >= 0 and first_offset + len(records) <= 10**OFFSET_SYMBOL_DIGITS
+    out: list[bytes] = []
+    append = out.append
+    join = b"".join
+    offset = first_offset
+    for record in records:
+        if len(record) > 4 and record[2] == HEADER and record[1] == 0x53 and record[0] == 0:
+            constructor = record[3]
+            if constructor == 0x45:
+                cut = 4
+            elif constructor == 0xC0 and 5 + record[4] <= len(record):
+                cut = 5 + record[4]
+            else:
+                cut = header_end(record)
+            append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
+        elif len(record) > 2 and record[0] == 0 and record[1] == 0x53:
+            append(join((prefix, b"%020d" % offset, suffix, record)))
+        else:
+            cut = header_end(record)
+            append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
+        offset += 1
+    return out

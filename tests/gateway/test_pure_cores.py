@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
+
 import pytest
 from proton import Data, Described, Message, symbol, timestamp, ulong
 from spate.core.backend import OffsetSpec
@@ -13,11 +16,12 @@ from spate.core.errors import (
     NotLeader,
     StorageFailure,
 )
-from spate.core.ids import Offset, offset_to_symbol
-from spate.gateway import codec, sections
+from spate.core.ids import NodeId, Offset, PartitionId, StreamName, offset_to_symbol
+from spate.gateway import codec, links, sections
 from spate.gateway.errors import CONDITIONS, amqp_error
 from spate.gateway.filters import parse_filters, parse_sql
 from spate.gateway.sasl import AMQP_HEADER, SASL_HEADER, Authenticate, Close, Done, SaslServer, Send
+from support.memory_broker import MemoryPartition
 
 
 def proton_encode(value: object) -> bytes:
@@ -176,3 +180,93 @@ def test_error_table_covers_every_code() -> None:
     assert redirect.condition == "amqp:link:redirect" and redirect.info["network-host"] == "h"
     assert amqp_error(NotLeader("unknown")).condition == "amqp:resource-locked"
     assert amqp_error(BrokerError("bug")).condition == "amqp:internal-error"
+
+
+def _layouts() -> list[bytes]:
+    """Valid messages in the layouts producers send (proton, rhea, the native clients)."""
+    header = b"\x00\x53\x70\xc0\x02\x01\x41"
+    data = b"\x00\x53\x75\xa0\x64" + b"x" * 100
+    big_data = b"\x00\x53\x75\xb0\x00\x00\x01\x00" + b"y" * 256
+    value = b"\x00\x53\x77\xa1\x01x"
+    sequence = b"\x00\x53\x76\xc0\x01\x00"
+    proton = Message(body="x", subject="s", annotations={symbol("m"): 1}, properties={"k": 1})
+    return [
+        header + data,
+        data,
+        b"\x00\x53\x70\x45" + data + data,
+        header + big_data,
+        value,
+        sequence + sequence,
+        bytes(proton.encode()),
+        bytes(Message(body=b"\x00" * 300).encode()),
+    ]
+
+
+def test_is_plain_never_accepts_what_the_full_scanner_rejects() -> None:
+    """002 §3.2: the fast check answers True only for a well-formed section sequence without
+    delivery annotations (what scan_incoming stores unchanged); it is tried on valid layouts,
+    and on every truncation and many single-byte corruptions of them (a seeded sweep)."""
+    rng = random.Random(20261121)
+    cases: list[bytes] = []
+    for raw in _layouts():
+        assert sections.is_plain(raw), raw
+        cases += [raw[:cut] for cut in range(len(raw))]
+        for _ in range(300):
+            i = rng.randrange(len(raw))
+            cases.append(raw[:i] + bytes((rng.randrange(256),)) + raw[i + 1 :])
+    cases += [
+        b"\x00\x53\x71\xc1\x01\x00" + b"\x00\x53\x77\x40",  # DA: the full scanner cuts it
+        b"\x00\x53\x77\x40\x00\x53\x78\xc1\x01\x00",  # footer
+        b"\x00\x53\x75\xa0\x00\x00\x53\x77\x40",  # two kinds of body
+        b"\x00\x53\x77\x40" * 2,  # amqp-value twice
+        b"\x00\x53\x75\xa0\x00" * (sections.SECTIONS_MAX + 1),
+    ]
+    plain_count = 0
+    for raw in cases:
+        if sections.is_plain(raw):
+            plain_count += 1
+            incoming = sections.scan_incoming(raw)
+            assert incoming.stored == raw and incoming.delivery_annotations is None, raw
+    assert plain_count > len(_layouts())  # some corruptions stay valid (payload bytes)
+    for raw in cases[-5:]:
+        assert not sections.is_plain(raw)
+
+
+def test_splice_run_equals_splicing_one_by_one() -> None:
+    """000 §5.1.1 / §4.6.4: every delivery carries offset, timestamp and (partitioned) source
+    partition; the run encoder must produce the same bytes as the one-message encoder."""
+    records: list[bytes | memoryview] = list(_layouts())
+    records += [memoryview(r) for r in _layouts()]
+    records.append(b"\x00\xa3\x10amqp:header:list\x45\x00\x53\x77\x40")
+    records.append(b"\x00\x53\x70\xd0\x00\x00\x00\x05\x00\x00\x00\x01\x41\x00\x53\x77\x40")
+    for source in (None, "0", "11"):
+        for first in (0, 5, 10**19 - len(records)):
+            prefix, suffix = sections.delivery_annotation_parts(1_700_000_000_123, source)
+            out = sections.splice_run(records, first, prefix, suffix)
+            for k, record in enumerate(records):
+                da = sections.encode_delivery_annotations(
+                    offset_to_symbol(Offset(first + k)), 1_700_000_000_123, source
+                )
+                assert out[k] == sections.splice_delivery_annotations(record, da)
+    message = Message()
+    message.decode(out[0])
+    assert message.instructions[symbol("event-streams-source-partition")] == symbol("11")
+
+
+def test_cursor_takes_runs_across_chunks_in_log_order() -> None:
+    """A consumer reads whole chunks and sends runs of consecutive offsets, split at `count`."""
+
+    async def scenario() -> None:
+        part = MemoryPartition(StreamName("s"), PartitionId(0), NodeId("n1"))
+        for size in (3, 1, 5):
+            await part.append([b"%d" % i for i in range(size)])
+        cursor = links.Cursor(part, "0", Offset(2))
+        taken: list[tuple[int, int]] = []
+        while cursor.available():
+            runs = cursor.take(2)
+            assert 0 < sum(len(run.records) for run in runs) <= 2
+            taken += [(run.first_offset, len(run.records)) for run in runs]
+        assert taken == [(2, 1), (3, 1), (4, 2), (6, 2), (8, 1)]
+        assert cursor.take(5) == []
+
+    asyncio.run(scenario())
