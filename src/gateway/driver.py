@@ -368,6 +368,7 @@ class AmqpConnection(asyncio.Protocol):
             lib.pn_delivery_link,
         )
         remote_state, remote_settled = lib.pn_delivery_remote_state, lib.pn_delivery_settled
+        is_receiver, settle = lib.pn_link_is_receiver, lib.pn_delivery_settle
         producers = self.producers
         while True:
             ev = peek(collector)
@@ -380,8 +381,10 @@ class AmqpConnection(asyncio.Protocol):
                     producer = producers.get(delivery_link(delivery))
                     if producer is not None:
                         self._drain(producer)
-                elif remote_state(delivery) or remote_settled(delivery):
-                    self._consumer_settled(delivery)
+                elif (remote_state(delivery) or remote_settled(delivery)) and not is_receiver(
+                    delivery_link(delivery)
+                ):  # a consumer's disposition: streams are not destructive, any outcome settles
+                    settle(delivery)
             elif kind in _CONTROL_EVENTS:
                 self._control(kind, _wrap_event(ev))
             pop(collector)
@@ -549,11 +552,6 @@ class AmqpConnection(asyncio.Protocol):
             cursor.partition.remove_listener(self.schedule_pump)
 
     # hot path: deliveries -----------------------------------------------------------------------
-
-    def _consumer_settled(self, delivery: Any) -> None:
-        """A consumer's disposition: streams are not destructive, any outcome settles it."""
-        if not lib.pn_link_is_receiver(lib.pn_delivery_link(delivery)):
-            lib.pn_delivery_settle(delivery)
 
     def _drain(self, producer: ProducerLink) -> None:
         """Read every complete delivery of a producer link (called for its current delivery)."""
