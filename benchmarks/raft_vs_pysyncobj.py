@@ -7,6 +7,8 @@ Both sides run a leader-local closed loop: the leader process keeps `window` app
 flight and measures each from submission to its commit callback / resolved future. Reported:
 MB/s, commits/s, p50/p99 commit latency, and whether the commit waited for fsync (pysyncobj
 never fsyncs, research/pysyncobj.md §2; Spate fsyncs a majority before it acks, group commit).
+The latency of single sequential appends (leader commit and follower visibility) is measured
+by benchmarks/replication_latency.py on the same three-process harness.
 
 pysyncobj 0.3.17 is configured as ADR 0004 says it must always be: bindAddress 127.0.0.1,
 `password` set (so it unpickles nothing unauthenticated), `journalFile` and `fullDumpFile`, with

@@ -132,3 +132,21 @@ def test_barrier_chunk_has_no_records_and_carries_term_and_index() -> None:
     broken[12:16] = struct.pack(">I", 1)  # a record count without payload is not a chunk
     with pytest.raises(ChunkError):
         chunk.decode_chunk(bytes(broken))
+
+
+def test_the_single_buffer_encoding_is_the_chunk_and_caches_no_long_lengths() -> None:
+    """The append path's one-copy buffer holds exactly the chunk bytes (header packed in place,
+    CRC over it), for record lengths below and above the prefix cache's bound."""
+    long = chunk.PREFIX_CACHE_LENGTH_MAX
+    records = [b"", b"a", b"b" * 1024, b"c" * long, b"d" * (long + 1), b"e" * 100]
+    buffer, header = chunk.encode_chunk_buffer(records, Offset(7), 99, 3, 12)
+    assert isinstance(buffer, bytearray)
+    payload = b"".join(struct.pack(">I", len(r)) + r for r in records)
+    after_crc = struct.pack(">BBHIQqQQII", 2, 0, 0, len(records), 7, 99, 3, 12, len(payload), 0)
+    crc = crc32c.crc32c(after_crc + payload)
+    assert bytes(buffer) == b"SPCK" + struct.pack(">I", crc) + after_crc + payload
+    assert bytes(buffer) == chunk.encode_chunk(records, Offset(7), 99, 3, 12)
+    decoded, views = chunk.decode_chunk(bytes(buffer))
+    assert decoded == header
+    assert [bytes(v) for v in views] == records
+    assert long not in chunk._PREFIXES and (long - 1) not in chunk._PREFIXES

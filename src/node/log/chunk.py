@@ -128,15 +128,53 @@ def encode_chunk_with_header(
     raft_index: int = 0,
 ) -> tuple[bytes, ChunkHeader]:
     """The chunk's bytes and its header (saves the append path a decode)."""
+    buffer, header = encode_chunk_buffer(records, first_offset, timestamp_ms, epoch, raft_index)
+    return bytes(buffer), header
+
+
+PREFIX_CACHE_LENGTH_MAX = 16 * 1024
+"""Record lengths (bytes) below this have their 4-byte prefix cached (at most ~1 MiB of cache)."""
+
+
+class _Prefixes(dict[int, bytes]):
+    """Record length -> its encoded prefix: a C-level dict lookup per record instead of a
+    `struct.pack` call (the encode's main cost for small records)."""
+
+    def __missing__(self, length: int) -> bytes:
+        prefix = _RECORD_LENGTH.pack(length)
+        if length < PREFIX_CACHE_LENGTH_MAX:
+            self[length] = prefix
+        return prefix
+
+
+_PREFIXES = _Prefixes()
+_HEADER_SPACE = bytes(HEADER_BYTES)
+_HEAD = struct.Struct(">4sI")
+
+
+def encode_chunk_buffer(
+    records: Sequence[bytes | memoryview],
+    first_offset: Offset,
+    timestamp_ms: int,
+    epoch: int,
+    raft_index: int = 0,
+) -> tuple[bytearray, ChunkHeader]:
+    """The chunk in one new buffer, built with a single copy of the records: header space,
+    length prefixes and records joined at once, then the header packed in place and the CRC
+    taken over the buffer (1 MiB of 1 KiB records: 76 us, against 390 us for joining the
+    payload and then header + payload)."""
     assert records, "a chunk holds at least one record"
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
-    # Interleave length prefixes and records with two slice assignments: twice as fast as an
-    # append loop (72 vs 147 us for 1000 records of 100 B), which is most of the encode cost.
-    parts: list[bytes | memoryview] = [b""] * (2 * len(records))
-    parts[0::2] = map(_RECORD_LENGTH.pack, map(len, records))
-    parts[1::2] = records
-    payload = b"".join(parts)
-    after_crc = _AFTER_CRC.pack(
+    # Interleave prefixes and records with slice assignments: no Python-level loop per record.
+    parts: list[bytes | memoryview] = [b""] * (2 * len(records) + 1)
+    parts[0] = _HEADER_SPACE
+    parts[1::2] = map(_PREFIXES.__getitem__, map(len, records))
+    parts[2::2] = records
+    buffer = bytearray().join(parts)
+    payload_length = len(buffer) - HEADER_BYTES
+    _AFTER_CRC.pack_into(
+        buffer,
+        CRC_START,
         VERSION,
         CHUNK_TYPE_RECORDS,
         0,
@@ -145,13 +183,14 @@ def encode_chunk_with_header(
         timestamp_ms,
         epoch,
         raft_index,
-        len(payload),
+        payload_length,
         0,
     )
-    crc = crc32c.crc32c(payload, crc32c.crc32c(after_crc))
-    data = b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
-    return data, ChunkHeader(
-        first_offset, len(records), timestamp_ms, epoch, len(payload), crc, raft_index
+    with memoryview(buffer) as view:
+        crc = crc32c.crc32c(view[CRC_START:])
+    _HEAD.pack_into(buffer, 0, MAGIC, crc)
+    return buffer, ChunkHeader(
+        first_offset, len(records), timestamp_ms, epoch, payload_length, crc, raft_index
     )
 
 

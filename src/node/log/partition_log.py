@@ -237,12 +237,15 @@ class PartitionLog:
             raise InvalidArgument("an append needs at least one record")
         assert epoch >= 0
         config = self._config
-        for record in records:
-            if len(record) > config.message_bytes_max:
-                raise MessageSizeExceeded(
-                    f"a message of {len(record)} bytes is over the limit of "
-                    f"{config.message_bytes_max} bytes"
-                )
+        # Per-record work in C (map/max/sum), none in Python: on 1 MiB of 1 KiB records the
+        # interpreted loops cost three times the chunk encoding.
+        lengths = list(map(len, records))
+        longest = max(lengths)
+        if longest > config.message_bytes_max:
+            raise MessageSizeExceeded(
+                f"a message of {longest} bytes is over the limit of "
+                f"{config.message_bytes_max} bytes"
+            )
         last = self._segments[-1].last_timestamp_ms
         if last is None:
             last = next(
@@ -256,13 +259,19 @@ class PartitionLog:
         if last is not None and timestamp_ms < last:
             timestamp_ms = last
         first = self.end_offset
-        start = 0
         count = len(records)
+        if (
+            count <= config.chunk_records_max
+            and sum(lengths) + chunk.RECORD_PREFIX_BYTES * count <= config.chunk_bytes_max
+        ):
+            self._append_chunk(records, timestamp_ms, epoch)  # the usual case: one chunk
+            return first
+        start = 0
         while start < count:
             end = start
             payload = 0
             while end < count and end - start < config.chunk_records_max:
-                size = len(records[end]) + chunk.RECORD_PREFIX_BYTES
+                size = lengths[end] + chunk.RECORD_PREFIX_BYTES
                 if end > start and payload + size > config.chunk_bytes_max:
                     break
                 payload += size
@@ -272,10 +281,10 @@ class PartitionLog:
         return first
 
     def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
-        data, header = chunk.encode_chunk_with_header(records, self.end_offset, timestamp_ms, epoch)
+        data, header = chunk.encode_chunk_buffer(records, self.end_offset, timestamp_ms, epoch)
         self._write_chunk(data, header)
 
-    def _write_chunk(self, data: bytes, header: ChunkHeader) -> None:
+    def _write_chunk(self, data: bytes | bytearray, header: ChunkHeader) -> None:
         try:
             segment = self._segments[-1]
             # A segment holding barriers only is never sealed: its successor would have the
