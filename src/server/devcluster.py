@@ -71,7 +71,12 @@ class DevCluster:
         if not path.exists():
             return []
         raw = json.loads(path.read_text())
-        return [NodePlan(**n) for n in raw["nodes"]]
+        plan = []
+        for node in raw["nodes"]:
+            # cluster.json written before nodes had a replication port: give them one now
+            node.setdefault("replication_port", _free_port())
+            plan.append(NodePlan(**node))
+        return plan
 
     def _save_plan(self, plan: list[NodePlan]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
