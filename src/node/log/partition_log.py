@@ -296,7 +296,7 @@ class PartitionLog:
             ):
                 segment = self._roll()
             position = segment.size
-            self._storage.append(segment.name, data)
+            self._storage.append(segment.name, memoryview(data))
             entry, time_entry = segment.note_chunk(
                 position, header, self._config.index_interval_bytes
             )
