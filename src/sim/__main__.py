@@ -16,7 +16,11 @@ from dataclasses import replace
 
 from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions, SimResult
 
-_BUGS = {"ack-before-persist": Bugs(ack_before_persist=True), "forget-vote": Bugs(forget_vote=True)}
+_BUGS = {
+    "ack-before-persist": Bugs(ack_before_persist=True),
+    "early-append-response": Bugs(early_append_response=True),
+    "forget-vote": Bugs(forget_vote=True),
+}
 
 
 def _replay_command(seed: int, args: argparse.Namespace) -> str:

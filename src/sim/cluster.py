@@ -21,6 +21,7 @@ from enum import Enum
 
 from spate.core.ids import NodeId, Term
 from spate.node.replication.messages import (
+    AppendResponse,
     Entry,
     Message,
     Proposed,
@@ -48,6 +49,8 @@ class Bugs:
     ack_before_persist: bool = False
     """Send all of a Ready's messages (acks and votes too) before its sync, instead of only
     `Ready.messages_before_sync()`."""
+    early_append_response: bool = False
+    """Obey the send rule except for AppendResponse, which leaves at write time too."""
     forget_vote: bool = False
     """Never persist the hard state (term and vote survive no crash)."""
 
@@ -387,8 +390,7 @@ class SimCluster:
         replica.store.write(ready)
         # Before the sync, as the shell does: what the Ready allows (a leader's Appends and
         # Heartbeats; everything when nothing is to sync), then the committed entries.
-        early = ready.messages if self.options.bugs.ack_before_persist else None
-        for message in early if early is not None else ready.messages_before_sync():
+        for message in self._early(ready):
             self._send(group, message)
         for entry in ready.committed:
             self._apply(node, group, entry)
@@ -398,14 +400,28 @@ class SimCluster:
         else:
             self._complete(node, group)
 
+    def _early(self, ready: Ready) -> tuple[Message, ...]:
+        """What this shell sends at write time: `messages_before_sync`, unless a bug says more."""
+        bugs = self.options.bugs
+        if bugs.ack_before_persist:
+            return ready.messages
+        if bugs.early_append_response:
+            return tuple(
+                m
+                for m in ready.messages
+                if m in ready.messages_before_sync() or isinstance(m, AppendResponse)
+            )
+        return ready.messages_before_sync()
+
     def _complete(self, node: _Node, group: int) -> None:
         replica = node.replicas[group]
         ready, raft = replica.inflight, replica.raft
         assert ready is not None and raft is not None
         if ready.entries or ready.must_sync:
             replica.store.sync()
-        if not self.options.bugs.ack_before_persist:
-            for message in ready.messages_after_sync():
+        early = self._early(ready)
+        for message in ready.messages_after_sync():
+            if message not in early:
                 self._send(group, message)
         if ready.leader_change is not None:
             self._record(

@@ -69,6 +69,17 @@ def test_ack_before_persist_is_caught() -> None:
     assert [r.failure for r in clean if not r.ok] == []
 
 
+def test_an_append_response_sent_before_its_sync_is_caught() -> None:
+    """The send rule's boundary is exact: a shell that obeys it (a leader's Appends leave at
+    write time) except for one message type, the follower's AppendResponse, loses
+    acknowledged entries after crashes, and the checker says so."""
+    failures = [
+        r.failure or ""
+        for r in (_run_with_bug(s, Bugs(early_append_response=True)) for s in range(30))
+    ]
+    assert any(f.startswith("acknowledged-durable:") for f in failures), failures
+
+
 def test_forgetting_the_vote_is_caught() -> None:
     """A shell that never persists term and vote lets a restarted node vote twice in a term:
     two leaders in one term, or logs that disagree."""
