@@ -349,6 +349,8 @@ class SimCluster:
         replica = node.replicas[group]
         assert replica.raft is not None
         replica.raft.step(message)
+        for entry in replica.raft.take_committed():  # as the shell: a commit during a sync
+            self._apply(node, group, entry)
         self._pump(node, group)
 
     def _send(self, group: int, message: Message) -> None:

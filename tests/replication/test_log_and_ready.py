@@ -146,3 +146,23 @@ def test_acks_and_heartbeat_answers_wait_for_the_sync_that_covers_them() -> None
     assert ready.messages_before_sync() == (HeartbeatResponse(T1, N2, N1),)
     assert ready.messages_after_sync() == ()
     assert [e.index for e in ready.committed] == [1]
+
+
+def test_a_commit_learned_during_a_sync_is_applied_at_once_and_only_once() -> None:
+    """While the leader's Ready with entry 3 is being synced, an ack for entry 2 commits it:
+    `take_committed` hands entry 2 over now (a producer's confirm need not wait for the fsync
+    of entry 3), and no later Ready hands it again."""
+    raft = _elected_leader()
+    raft.propose(b"x")
+    raft.advance(raft.ready())  # entry 2 written and synced on the leader
+    assert raft.take_committed() == ()  # no Ready outstanding
+    raft.propose(b"y")
+    ready = raft.ready()  # entry 3, its sync in flight
+    assert [e.index for e in ready.entries] == [3] and ready.committed == ()
+    raft.step(AppendResponse(T1, N2, N1, 2))
+    assert raft.log.committed == 2
+    assert [e.index for e in raft.take_committed()] == [2]
+    assert raft.take_committed() == ()
+    raft.advance(ready)
+    assert raft.status().applied == 2
+    assert all(e.index != 2 for e in raft.ready().committed)

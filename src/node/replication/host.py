@@ -326,6 +326,11 @@ class ReplicationHost:
                 group = self._groups.get(key)
                 if group is not None and message.source == peer and group.failure is None:
                     group.step(message)
+                    # A commit learned while this group's Ready is in the fsync thread: apply
+                    # it now (producers' confirms), not after that fsync.
+                    committed = group.raft.take_committed()
+                    if committed:
+                        group.apply_entries(committed)
                     self._wake.set()
             elif kind == codec.KIND_FETCH_MANIFEST:
                 key, request_id, raft_index = codec.decode_fetch_manifest(body)

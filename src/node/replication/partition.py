@@ -297,12 +297,16 @@ class ReplicatedPartition:
         """Step 2 of a Ready: resolve the appends its committed entries carry and wake readers.
         Runs before the Ready's own sync: a committed entry is on a quorum's disks already,
         and it was written here (page cache) by this or an earlier Ready."""
+        self.apply_entries(ready.committed)
+
+    def apply_entries(self, committed: Sequence[Entry]) -> None:
+        """Apply committed entries in order (from a Ready or `Raft.take_committed`)."""
         moved = False
-        for entry in ready.committed:
+        for entry in committed:
             self._apply(entry)
             moved = moved or bool(entry.payload)
-        if ready.committed:
-            applied = ready.committed[-1].index
+        if committed:
+            applied = committed[-1].index
             while self._pending:
                 index = next(iter(self._pending))
                 if index > applied:

@@ -307,6 +307,23 @@ class Raft:
         self._outstanding = ready
         return ready
 
+    def take_committed(self) -> tuple[Entry, ...]:
+        """Entries committed since the outstanding Ready was taken, for the shell to apply at
+        once while that Ready's sync runs (a leader learns a commit from a follower's ack
+        while its own fsync is in flight; without this the producer's confirm would wait for
+        that fsync). Only while a Ready is outstanding and after the shell applied that
+        Ready's own `committed` (the contract's step 2); bounded like `Ready.committed` and
+        by what was handed to disk. They count as applied from now on; `advance` keeps it."""
+        ready = self._outstanding
+        if ready is None:
+            return ()
+        if ready.committed and ready.committed[-1].index > self.log.applied:
+            self.log.applied_to(ready.committed[-1].index)
+        entries = self.log.next_committed(limits.apply_bytes_max)
+        if entries:
+            self.log.applied_to(entries[-1].index)
+        return entries
+
     def advance(self, ready: Ready) -> None:
         assert ready is self._outstanding, "advance must get the last Ready back"
         self._outstanding = None
