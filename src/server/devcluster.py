@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -34,6 +35,8 @@ NODE_ENDPOINTS_FILE = "node.json"
 metadata_voters_max = 3
 node_start_timeout_s = 60.0
 node_stop_timeout_s = 15.0
+dev_port_min, dev_port_max = 20_000, 32_000
+"""Dev cluster ports come from here, below Linux's default ephemeral range (32768-60999)."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,27 @@ class NodePlan:
         }
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port free now and outside the kernel's ephemeral range, so no outgoing connection can
+    take it between this choice and the node binding it (the ports are fixed for restarts)."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(dev_port_min, dev_port_max) if not low <= p <= high]
+    for port in random.sample(candidates, k=min(len(candidates), 200)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise Unavailable(f"no free port between {dev_port_min} and {dev_port_max} on {HOST}")
 
 
 class DevCluster:
