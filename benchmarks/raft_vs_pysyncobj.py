@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SPATE_REPLICA = REPO / "tests" / "replication" / "replica_process.py"
+from replica_group import replica_group
+
 BATCH_BYTES = 16 * 1024
 
 
@@ -193,62 +193,16 @@ def run_pysyncobj(count: int, window: int) -> dict[str, Any]:
 
 
 async def run_spate(count: int, window: int) -> dict[str, Any]:
-    ids = ["n1", "n2", "n3"]
-    with tempfile.TemporaryDirectory() as tmp:
-        procs: dict[str, asyncio.subprocess.Process] = {}
-        try:
-            ports = {}
-            for node in ids:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    str(SPATE_REPLICA),
-                    node,
-                    str(Path(tmp) / node),
-                    "50",
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    limit=64 * 1024 * 1024,
-                )
-                procs[node] = proc
-                assert proc.stdout is not None
-                ports[node] = json.loads(await proc.stdout.readline())["port"]
-
-            async def call(node: str, **request: Any) -> dict[str, Any]:
-                proc = procs[node]
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write((json.dumps({"id": 1, **request}) + "\n").encode())
-                await proc.stdin.drain()
-                reply: dict[str, Any] = json.loads(await proc.stdout.readline())
-                return reply
-
-            peers = {n: ["127.0.0.1", p] for n, p in ports.items()}
-            for node in ids:
-                await call(node, op="peers", peers=peers)
-            for node in ids:
-                await call(node, op="open", stream="bench", partition=0, replicas=ids)
-            leader = None
-            deadline = time.monotonic() + 30
-            while leader is None:
-                assert time.monotonic() < deadline, "Spate elected no leader"
-                for node in ids:
-                    status = (await call(node, op="status"))["partitions"][0]
-                    if status["role"] == "leader":
-                        leader = node
-                await asyncio.sleep(0.05)
-            result = await call(
-                leader,
-                op="burst",
-                stream="bench",
-                partition=0,
-                count=count,
-                bytes=BATCH_BYTES,
-                window=window,
-            )
-        finally:
-            for proc in procs.values():
-                if proc.returncode is None:
-                    proc.kill()
-                await proc.wait()
+    async with replica_group("bench") as (call, leader):
+        result = await call(
+            leader,
+            op="burst",
+            stream="bench",
+            partition=0,
+            count=count,
+            bytes=BATCH_BYTES,
+            window=window,
+        )
     out = summary(
         "Spate partition Raft",
         result["latencies_ms"],

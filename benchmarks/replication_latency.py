@@ -21,15 +21,9 @@ import asyncio
 import json
 import os
 import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SPATE_REPLICA = REPO / "tests" / "replication" / "replica_process.py"
-IDS = ["n1", "n2", "n3"]
+from replica_group import IDS, replica_group
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -42,66 +36,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 async def run(count: int, size: int, window: int, warmup: int, tick_ms: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(dir=os.environ.get("SPATE_BENCH_DIR")) as tmp:
-        procs: dict[str, asyncio.subprocess.Process] = {}
-        try:
-            ports = {}
-            for node in IDS:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    str(SPATE_REPLICA),
-                    node,
-                    str(Path(tmp) / node),
-                    str(tick_ms),
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    limit=64 * 1024 * 1024,
-                )
-                procs[node] = proc
-                assert proc.stdout is not None
-                ports[node] = json.loads(await proc.stdout.readline())["port"]
-
-            async def call(node: str, **request: Any) -> dict[str, Any]:
-                proc = procs[node]
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write((json.dumps({"id": 1, **request}) + "\n").encode())
-                await proc.stdin.drain()
-                reply: dict[str, Any] = json.loads(await proc.stdout.readline())
-                return reply
-
-            peers = {n: ["127.0.0.1", p] for n, p in ports.items()}
-            for node in IDS:
-                await call(node, op="peers", peers=peers)
-            for node in IDS:
-                await call(node, op="open", stream="lat", partition=0, replicas=IDS)
-            leader = None
-            deadline = time.monotonic() + 30
-            while leader is None:
-                assert time.monotonic() < deadline, "no leader elected"
-                for node in IDS:
-                    status = (await call(node, op="status"))["partitions"][0]
-                    if status["role"] == "leader":
-                        leader = node
-                await asyncio.sleep(0.05)
-            burst = {"op": "burst", "stream": "lat", "partition": 0, "bytes": size}
-            await call(leader, **burst, count=warmup, window=window)
-            result = await call(leader, **burst, count=count, window=window)
-            await asyncio.sleep(0.5)  # let the followers learn the last commit
-            followers = [n for n in IDS if n != leader]
-            seen = {
-                n: (await call(n, op="visible", stream="lat", partition=0))["visible"]
-                for n in followers
-            }
-        finally:
-            for proc in procs.values():
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            for proc in procs.values():
-                try:
-                    await asyncio.wait_for(proc.wait(), 10)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+    async with replica_group("lat", tick_ms) as (call, leader):
+        burst = {"op": "burst", "stream": "lat", "partition": 0, "bytes": size}
+        await call(leader, **burst, count=warmup, window=window)
+        result = await call(leader, **burst, count=count, window=window)
+        await asyncio.sleep(0.5)  # let the followers learn the last commit
+        followers = [n for n in IDS if n != leader]
+        seen = {
+            n: (await call(n, op="visible", stream="lat", partition=0))["visible"]
+            for n in followers
+        }
     follower_ms: list[float] = []
     for node in followers:
         visible = seen[node]
