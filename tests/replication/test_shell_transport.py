@@ -5,17 +5,11 @@ partitions share one link."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import logging
 import ssl
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from spate.core.ids import NodeId, PartitionId, StreamName, Term
 from spate.node.log import LogConfig
 from spate.node.replication import codec
@@ -33,6 +27,7 @@ from spate.node.replication.messages import (
     VoteResponse,
 )
 from spate.node.replication.transport import Transport
+from support.amqp_clients import self_signed_cert
 
 A, B = NodeId("n1"), NodeId("n2")
 KEY = (StreamName("orders"), PartitionId(7))
@@ -182,32 +177,7 @@ def test_frames_of_many_partitions_share_one_link_in_order() -> None:
 
 
 def _self_signed(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spate-replication")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path, key_path = self_signed_cert(directory)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert_path, key_path)
     client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert_path))
