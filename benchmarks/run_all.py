@@ -46,7 +46,7 @@ import gateway_cpu
 import workload
 from loadclient import ROOT, BenchError, build_client, emit, loadavg, log, machine, rss_kib
 
-from cluster import Cluster
+from cluster import Cluster, stop_pids
 
 HERE = Path(__file__).resolve().parent
 SPATE = ROOT / ".venv" / "bin" / "spate"
@@ -60,7 +60,6 @@ PEER_INSTALL_TIMEOUT_S = 1200.0
 PEER_START_TIMEOUT_S = 300.0
 PEER_BENCH_TIMEOUT_S = 900.0
 PEER_STOP_TIMEOUT_S = 120.0
-KILL_GRACE_S = 15.0
 FAILOVER_TIMEOUT_S = 1200.0
 PARTITIONS_TIMEOUT_S = 900.0
 RABBITMQ_AMQP10_W2_COUNT = 60_000
@@ -122,30 +121,6 @@ def spate_available() -> str | None:
     if p.returncode != 0:
         return f"`spate dev up` is not available yet (the node is not ready): {_tail(p, 3)}"
     return None
-
-
-def _stop_pids(pids: list[int]) -> None:
-    """SIGTERM then SIGKILL processes this run started (read from its own endpoints.json)."""
-    alive = [pid for pid in pids if _alive(pid)]
-    for pid in alive:
-        log(f"node pid {pid} still running after `spate dev down`: SIGTERM")
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [pid for pid in alive if _alive(pid)]
-    for pid in alive:
-        log(f"node pid {pid} ignored SIGTERM: SIGKILL")
-        os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
 def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
@@ -230,7 +205,7 @@ def run_spate(part: Part, w: workload.Workload, out_dir: Path) -> None:
         )
         if d.returncode != 0:
             log(f"spate dev down failed (exit {d.returncode}): {_tail(d, 5)}")
-        _stop_pids(pids)
+        stop_pids(pids)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -596,11 +596,6 @@ class PartitionLog:
                 self.end_offset = self.durable_end = offset
                 return
             i = self._segment_index(offset)
-            for segment in reversed(self._segments[i + 1 :]):
-                self._delete_segment(segment)
-            del self._segments[i + 1 :]
-            storage.fsync_dir()
-            segment = self._segments[i]
             _, position, header = self._locate(offset)
             keep: list[bytes] = []
             if header.first_offset < offset:
@@ -611,16 +606,7 @@ class PartitionLog:
                 if position == 0
                 else self._chunk_holding(Offset(header.first_offset - 1)).timestamp_ms
             )
-            relative = header.first_offset - segment.base_offset
-            segment.offset_index.cut(relative)
-            time_index = segment.time_index
-            while len(time_index) and time_index.values[-1] >= relative:
-                time_index.keys.pop()
-                time_index.values.pop()
-            storage.truncate(segment.name, position)
-            rewrite_indexes(storage, segment)
-            segment.size = position
-            segment.end_offset = header.first_offset
+            segment = self._cut_tail(i, position, header)
             segment.last_timestamp_ms = previous_timestamp_ms
             if position == 0:
                 segment.first_timestamp_ms = None
@@ -736,6 +722,27 @@ class PartitionLog:
             position = 0
         return out
 
+    def _cut_tail(self, i: int, position: int, header: ChunkHeader) -> Segment:
+        """Delete the segments after segment i and cut segment i at `position`, where the chunk
+        `header` starts: file, offset index and time index. Timestamps are the caller's."""
+        storage = self._storage
+        for later in reversed(self._segments[i + 1 :]):
+            self._delete_segment(later)
+        del self._segments[i + 1 :]
+        storage.fsync_dir()
+        segment = self._segments[i]
+        relative = header.first_offset - segment.base_offset
+        segment.offset_index.cut(relative)
+        time_index = segment.time_index
+        while len(time_index) and time_index.values[-1] >= relative:
+            time_index.keys.pop()
+            time_index.values.pop()
+        storage.truncate(segment.name, position)
+        rewrite_indexes(storage, segment)
+        segment.size = position
+        segment.end_offset = header.first_offset
+        return segment
+
     def truncate_from_index(self, raft_index: int) -> None:
         """Drop the chunk with `raft_index` and every later one, durably (Raft log repair)."""
         self._check_usable()
@@ -747,23 +754,8 @@ class PartitionLog:
         self._generation += 1
         storage = self._storage
         try:
-            for segment in reversed(self._segments[i + 1 :]):
-                self._delete_segment(segment)
-            del self._segments[i + 1 :]
-            storage.fsync_dir()
-            segment = self._segments[i]
-            kept = self._scan_headers(i, 0)
-            kept = [(at, h) for at, h in kept if at < position]
-            relative = header.first_offset - segment.base_offset
-            segment.offset_index.cut(relative)
-            time_index = segment.time_index
-            while len(time_index) and time_index.values[-1] >= relative:
-                time_index.keys.pop()
-                time_index.values.pop()
-            storage.truncate(segment.name, position)
-            rewrite_indexes(storage, segment)
-            segment.size = position
-            segment.end_offset = header.first_offset
+            kept = [(at, h) for at, h in self._scan_headers(i, 0) if at < position]
+            segment = self._cut_tail(i, position, header)
             records = [h for _, h in kept if h.record_count]
             segment.last_timestamp_ms = records[-1].timestamp_ms if records else None
             if not records:
