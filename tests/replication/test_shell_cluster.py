@@ -218,7 +218,7 @@ async def _wiped_follower_is_rebuilt_by_replay(cluster: Cluster) -> None:
 def test_wiped_follower_is_rebuilt_by_segment_transfer_after_retention(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="spate.node.replication.host")
+    caplog.set_level(logging.INFO, logger="spate.node.replication.driver")
     config = LogConfig(segment_bytes=64 * 1024, retention=Retention(max_bytes=256 * 1024))
     run(
         lambda c: _segment_transfer(c, tmp_path, caplog),

@@ -11,6 +11,7 @@ from spate.core.backend import OffsetSpec
 from spate.core.ids import NodeId, Offset, Term
 from spate.node.log import LogConfig
 from spate.node.log import chunk as chunk_codec
+from spate.node.replication.files import DirectoryFiles
 from spate.node.replication.messages import Entry, HardState, Ready, SnapshotMeta
 from spate.node.replication.storage import SLOT_BYTES, HardStateFile, RaftStore
 
@@ -31,7 +32,7 @@ def persist(store: RaftStore, ready: Ready) -> None:
 
 
 def test_entries_barriers_truncation_and_restart(tmp_path: Path) -> None:
-    store = RaftStore(tmp_path, CONFIG)
+    store = RaftStore(DirectoryFiles(tmp_path), CONFIG)
     assert store.fresh
     barrier = Entry(1, Term(1), b"")
     persist(
@@ -55,7 +56,7 @@ def test_entries_barriers_truncation_and_restart(tmp_path: Path) -> None:
     assert store.log.chunks_from_index(3, 1 << 20)[0] == replacement.payload  # byte for byte
     store.close()
 
-    again = RaftStore(tmp_path, CONFIG)
+    again = RaftStore(DirectoryFiles(tmp_path), CONFIG)
     assert not again.fresh
     hard, snapshot, entries, committed_end = again.initial()
     assert hard == HardState(Term(1), NodeId("n1"), 2)
@@ -68,23 +69,24 @@ def test_entries_barriers_truncation_and_restart(tmp_path: Path) -> None:
 
 def test_a_torn_hard_state_slot_falls_back_to_the_other(tmp_path: Path) -> None:
     path = tmp_path / "raft.state"
-    first = HardStateFile(path)
+    files = DirectoryFiles(tmp_path)
+    first = HardStateFile(*files.open_state())
     assert first.state is None
     first.write(HardState(Term(5), NodeId("n2"), 10))
     first.write(HardState(Term(6), None, 12))
     first.sync()
     first.close()
-    assert HardStateFile(path).state == HardState(Term(6), None, 12)
+    assert HardStateFile(*files.open_state()).state == HardState(Term(6), None, 12)
     # Tear the newer slot (sequence 2 lives in slot 0).
     fd = os.open(path, os.O_RDWR)
     os.pwrite(fd, b"\xff" * 20, 10)
     os.close(fd)
     assert os.path.getsize(path) == 2 * SLOT_BYTES
-    assert HardStateFile(path).state == HardState(Term(5), NodeId("n2"), 10)
+    assert HardStateFile(*files.open_state()).state == HardState(Term(5), NodeId("n2"), 10)
 
 
 def test_segment_manifest_ends_at_the_requested_entry(tmp_path: Path) -> None:
-    store = RaftStore(tmp_path, CONFIG)
+    store = RaftStore(DirectoryFiles(tmp_path), CONFIG)
     entries = [entry(index, 1, index - 1, [b"x" * 3000]) for index in range(1, 60)]
     persist(store, Ready(entries=tuple(entries), must_sync=True))
     assert len(store.log.segments) > 2

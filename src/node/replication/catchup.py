@@ -1,118 +1,138 @@
 """Catch-up by segment transfer: how a replica that needs entries its leader no longer keeps in
 memory (or a wiped replica) gets the leader's segment files.
 
-Follower side (`fetch`): ask the leader for a manifest of the segment files that hold every
-chunk up to the snapshot index (the last file cut right after that chunk), then fetch each
-file in pieces of `limits.catchup_piece_bytes` into `<replica>/catchup/`, one request in flight.
-The transfer is resumable: a staged file is continued from its current size (the leader's
-committed bytes never change, and the chunk bytes are identical on every replica), so a
-transfer broken by a timeout, a leader change or a restart goes on where it stopped instead
-of starting from zero (pysyncobj's behaviour, research/pysyncobj.md). Staged files are fsynced
-before `install`.
+Follower side (`Fetch`, a state machine: no I/O of its own beyond the replica's staging
+Storage, no clock; the ReplicationDriver sends its requests, matches replies by request id and
+times requests out): ask the leader for a manifest of the segment files that hold every chunk
+up to the snapshot index (the last file cut right after that chunk), then fetch each file in
+pieces of `limits.catchup_piece_bytes` into the replica's staging place (`catchup/`), one
+request in flight. The transfer is resumable: a staged file is continued from its current size
+(the leader's committed bytes never change, and the chunk bytes are identical on every
+replica), so a transfer broken by a timeout, a leader change or a restart goes on where it
+stopped instead of starting from zero (pysyncobj's behaviour, research/pysyncobj.md).
 
-`install` (on the owner's loop, between Ready batches): close the log, replace its segment
-files by the staged ones, fsync the directory, reopen (recovery rebuilds the indexes, which are
-caches), and record the commit point in the hard state. Then the host calls
-`Raft.restore(index, term)`.
+```
+state              request sent                      on the reply
+MANIFEST           FETCH_MANIFEST(index)             MANIFEST: drop stale staged files -> PIECES
+                                                     FETCH_ERROR: Unavailable (abandoned)
+PIECES             FETCH_PIECE(first unfinished      PIECE: append to the staged file; all
+                   file, its staged size, <= 1 MiB)  staged -> DONE; FETCH_ERROR or empty:
+                                                     Unavailable (abandoned)
+DONE               -                                 the driver installs between batches
+```
+
+`install` (on the owner's thread, between Ready batches): fsync the staged files, close the
+log, replace its segment files by the staged ones (ReplicaFiles.install_staged), reopen
+(recovery rebuilds the indexes, which are caches), and record the commit point in the hard
+state. Then the driver calls `Raft.restore(index, term)`.
 
 Leader side (`manifest_reply`, `piece_reply`): read-only, from durable, committed data.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import os
-import shutil
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-
 from spate.core.errors import StorageFailure, Unavailable
+from spate.core.ids import NodeId, Term
 from spate.node.log.partition_log import PartitionLog
 from spate.node.log.segment import SEGMENT_SUFFIX, parse_name
 from spate.node.replication import codec, limits
 from spate.node.replication.storage import RaftStore
 
-Request = Callable[[Callable[[int], bytes]], Awaitable[tuple[int, memoryview]]]
-"""Sends a request frame built for a request id to the leader; resolves to (kind, body)."""
+Manifest = list[tuple[str, int]]
+"""Segment files (name, bytes) of a transfer, oldest first."""
 
 
-def staging_dir(store: RaftStore) -> Path:
-    return store.directory / "catchup"
+class Fetch:
+    """One transfer of the leader's files up to `raft_index` into the staging place."""
+
+    def __init__(
+        self, store: RaftStore, key: codec.GroupKey, leader: NodeId, raft_index: int, term: Term
+    ) -> None:
+        self.key = key
+        self.leader = leader
+        self.raft_index = raft_index
+        self.term = term
+        self._staging = store.files.staging()
+        self.manifest: Manifest | None = None
+        self._asked: tuple[str, int, int] | None = None  # the piece in flight
+
+    @property
+    def done(self) -> bool:
+        return self.manifest is not None and self._next_piece() is None
+
+    def request(self, request_id: int) -> bytes:
+        """The frame of the next request (only while not `done`)."""
+        if self.manifest is None:
+            return codec.encode_fetch_manifest(self.key, request_id, self.raft_index)
+        piece = self._next_piece()
+        assert piece is not None, "the transfer is done"
+        self._asked = piece
+        name, position, length = piece
+        return codec.encode_fetch_piece(self.key, request_id, name, position, length)
+
+    def _next_piece(self) -> tuple[str, int, int] | None:
+        assert self.manifest is not None
+        for name, size in self.manifest:
+            have = self._staging.size(name)
+            if have < size:
+                return name, have, min(limits.catchup_piece_bytes, size - have)
+        return None
+
+    def on_reply(self, kind: int, body: memoryview) -> None:
+        """The reply to the last request. Raises Unavailable when the leader refused (the
+        driver abandons the transfer; a later one resumes from the staged bytes)."""
+        if self.manifest is None:
+            if kind != codec.KIND_MANIFEST:
+                reason = bytes(codec.decode_reply(body)[1]).decode(errors="replace")
+                raise Unavailable(f"leader refused the manifest: {reason}")
+            _, manifest = codec.decode_manifest(body)
+            self._stage(manifest)
+            self.manifest = manifest
+            return
+        assert self._asked is not None
+        name, position, length = self._asked
+        self._asked = None
+        _, data = codec.decode_reply(body)
+        if kind != codec.KIND_PIECE or len(data) == 0:
+            reason = bytes(data).decode(errors="replace")
+            raise Unavailable(f"leader refused segment {name} at {position}: {reason}")
+        assert self._staging.size(name) == position, "one request in flight"
+        self._staging.append(name, data[:length])
+
+    def _stage(self, manifest: Manifest) -> None:
+        names = {name for name, _ in manifest}
+        for name, _ in manifest:
+            meaning = parse_name(name)
+            if meaning is None or meaning[1] != SEGMENT_SUFFIX or "/" in name:
+                raise Unavailable(f"leader sent a manifest with a strange file name {name!r}")
+        staged = self._staging.list()
+        for stale in staged:
+            if stale not in names:
+                self._staging.delete(stale)
+        for name, size in manifest:
+            if name not in staged:
+                self._staging.create(name)
+            elif self._staging.size(name) > size:
+                # The committed prefix is identical everywhere: keep what fits.
+                self._staging.truncate(name, size)
+
+    def close(self) -> None:
+        self._staging.close()
 
 
-async def fetch(
-    store: RaftStore, key: codec.GroupKey, raft_index: int, request: Request
-) -> list[tuple[str, int]]:
-    """Stage the leader's files up to `raft_index`; returns the manifest. Raises Unavailable
-    when the leader refuses or does not answer (the caller retries later)."""
-    staging = staging_dir(store)
-    staging.mkdir(exist_ok=True)
-    kind, body = await request(lambda rid: codec.encode_fetch_manifest(key, rid, raft_index))
-    if kind != codec.KIND_MANIFEST:
-        reason = bytes(codec.decode_reply(body)[1]).decode(errors="replace")
-        raise Unavailable(f"leader refused the manifest: {reason}")
-    _, manifest = codec.decode_manifest(body)
-    names = {name for name, _ in manifest}
-    for name, _ in manifest:
-        meaning = parse_name(name)
-        if meaning is None or meaning[1] != SEGMENT_SUFFIX or "/" in name:
-            raise Unavailable(f"leader sent a manifest with a strange file name {name!r}")
-    for stale in os.listdir(staging):
-        if stale not in names:
-            os.unlink(staging / stale)
-    for name, size in manifest:
-        path = staging / name
-        have = path.stat().st_size if path.exists() else 0
-        if have > size:
-            os.truncate(path, size)  # the committed prefix is identical: keep what fits
-            have = size
-        with open(path, "ab") as out:
-            while have < size:
-                want = min(limits.catchup_piece_bytes, size - have)
-                kind, body = await request(functools.partial(_piece_request, key, name, have, want))
-                _, data = codec.decode_reply(body)
-                if kind != codec.KIND_PIECE or len(data) == 0:
-                    reason = bytes(data).decode(errors="replace")
-                    raise Unavailable(f"leader refused segment {name} at {have}: {reason}")
-                out.write(data[:want])
-                out.flush()
-                have += min(len(data), want)
-        await asyncio.to_thread(_fsync_file, path)
-    await asyncio.to_thread(_fsync_file, staging)
-    return manifest
-
-
-def _piece_request(
-    key: codec.GroupKey, name: str, position: int, length: int, request_id: int
-) -> bytes:
-    return codec.encode_fetch_piece(key, request_id, name, position, length)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def install(store: RaftStore, manifest: list[tuple[str, int]], raft_index: int) -> None:
+def install(store: RaftStore, manifest: Manifest, raft_index: int) -> None:
     """Replace the replica's log by the staged files (see module docstring)."""
-    staging = staging_dir(store)
-    for name, size in manifest:
-        if (staging / name).stat().st_size != size:
-            raise StorageFailure(f"staged segment {name} is not {size} bytes")
+    staging = store.files.staging()
+    try:
+        for name, size in manifest:
+            if staging.size(name) != size:
+                raise StorageFailure(f"staged segment {name} is not {size} bytes")
+            staging.fsync(name)
+    finally:
+        staging.close()
     store.log.close()
-    log_dir = store.directory / "log"
-    for name in os.listdir(log_dir):
-        os.unlink(log_dir / name)
-    for name, _ in manifest:
-        os.rename(staging / name, log_dir / name)
-    _fsync_file(log_dir)
-    shutil.rmtree(staging)
-    _fsync_file(store.directory)
-    store.log = PartitionLog.open(store.log_storage(), store.config)
+    store.files.install_staged([name for name, _ in manifest])
+    store.log = PartitionLog.open(store.files.log_storage(), store.config)
     if store.log.last_raft_index != raft_index:
         raise StorageFailure(
             f"installed segments end at Raft index {store.log.last_raft_index}, not {raft_index}"

@@ -30,18 +30,17 @@ replica, which matters for voting (ADR 0005).
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 import crc32c
 from spate.core.errors import StorageFailure
 from spate.core.ids import NodeId, Offset, Term
-from spate.node.log import FileStorage, LogConfig, PartitionLog
+from spate.node.log import LogConfig, PartitionLog
 from spate.node.log import chunk as chunk_codec
 from spate.node.log.partition_log import SyncPlan
 from spate.node.replication import limits
+from spate.node.replication.files import ReplicaFiles, SlotFile
 from spate.node.replication.messages import (
     SNAPSHOT_EMPTY,
     Entry,
@@ -60,26 +59,18 @@ class HardStateFile:
     """The hard state of one replica (see module docstring). Not thread-safe: `write` on the
     owner's thread, `sync` may run in the fsync thread."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        existed = path.exists()
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    def __init__(self, file: SlotFile, existed: bool) -> None:
+        self._file = file
         self._sequence = 0
         self.state: HardState | None = None
         if existed:
             self.state, self._sequence = self._load()
-        else:
-            fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
         self.dirty = False
 
     def _load(self) -> tuple[HardState | None, int]:
         best: tuple[HardState | None, int] = (None, 0)
         for slot in (0, 1):
-            data = os.pread(self._fd, SLOT_BYTES, slot * SLOT_BYTES)
+            data = self._file.pread(slot * SLOT_BYTES, SLOT_BYTES)
             if len(data) != SLOT_BYTES:
                 continue
             magic, crc, sequence, term, commit, vote_length, vote = _SLOT.unpack(data)
@@ -99,15 +90,15 @@ class HardStateFile:
         self._sequence += 1
         body = _SLOT.pack(_MAGIC, 0, self._sequence, state.term, state.commit, len(vote), vote)
         data = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
-        os.pwrite(self._fd, data, (self._sequence % 2) * SLOT_BYTES)
+        self._file.pwrite((self._sequence % 2) * SLOT_BYTES, data)
         self.state = state
         self.dirty = self.dirty or sync
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        self._file.sync()
 
     def close(self) -> None:
-        os.close(self._fd)
+        self._file.close()
 
 
 @dataclass(slots=True)
@@ -121,16 +112,12 @@ class SyncWork:
 class RaftStore:
     """The log and hard state of one replica, and how a Ready is persisted into them."""
 
-    def __init__(self, directory: Path, config: LogConfig) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, files: ReplicaFiles, config: LogConfig) -> None:
+        self.files = files
         self.config = config
-        self.log = PartitionLog.open(self.log_storage(), config)
-        self.hard = HardStateFile(directory / "raft.state")
+        self.log = PartitionLog.open(files.log_storage(), config)
+        self.hard = HardStateFile(*files.open_state())
         self.fresh = self.hard.state is None and self.log.last_raft_index == 0
-
-    def log_storage(self) -> FileStorage:
-        return FileStorage(self.directory / "log")
 
     # -- restart
 

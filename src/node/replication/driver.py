@@ -1,0 +1,405 @@
+"""ReplicationDriver: everything the node's replication shell decides, with no asyncio, no
+threads, no sockets and no clock of its own, so the simulator runs it exactly as a node does.
+
+The asyncio shell (host.py) only moves things in and out: it calls `tick()` from its timer,
+`receive()` for every frame the transport reads, runs `begin_batch()` when woken, hands the
+batch's syncs to its fsync thread (`run_syncs`, the only blocking I/O), then `finish_batch()`.
+The simulator (spate.sim.shell) calls the same methods from its event loop, with frames carried
+by the simulated network and syncs completed after a simulated disk latency.
+
+One batch is the loop turn the Raft cores' contract asks for, across all partitions:
+
+1. `begin_batch`: installs and retention first (never while a batch syncs); then take a Ready
+   from every replica that has one; write each (entries as chunks, hard state; page cache
+   only); send at once what `Ready.messages_before_sync` allows (a leader's Appends and
+   Heartbeats, or everything when the Ready has nothing to sync) and apply the committed
+   entries (resolving producers' appends: committed means a quorum has them on disk);
+2. `run_syncs`: ONE batch of fsyncs for every dirty file of every replica (group commit across
+   partitions). Messages, ticks and proposals keep arriving meanwhile and are stepped into the
+   cores (allowed between `ready` and `advance`): they make the next batch;
+3. `finish_batch`: send `Ready.messages_after_sync` (acks and votes: only now, they promise
+   what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; the
+   shell goes again while anything woke it.
+
+Catch-up transfers (catchup.Fetch) run here too: one request in flight per partition, matched
+by request id, abandoned after `limits.catchup_request_timeout_ms` without a reply (checked on
+tick) and resumed by the next SnapshotNeeded. Replies to the leader-side requests are built
+here from committed, durable data.
+
+The methods `_early_messages`/`_late_messages`, `_serves_catchup` and `_retention_floor`, and
+`_observe_ready`, are the seams the
+simulator's planted bugs override (tests prove the checker catches each).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from spate.core.errors import BrokerError, NotFound
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.node.replication import catchup, codec, limits
+from spate.node.replication.messages import Message, Ready, SnapshotRequest
+from spate.node.replication.raft import Role
+from spate.node.replication.replica import Replica
+from spate.node.replication.storage import SyncWork
+
+log = logging.getLogger(__name__)
+
+RETENTION_INTERVAL_MS = 10_000
+"""How often retention is applied to every replica (between batches)."""
+
+LeaderListener = Callable[[StreamName, PartitionId, NodeId | None, LeaderEpoch], None]
+Send = Callable[[NodeId, bytes], bool]
+"""Queue one encoded frame for a peer; False when it was dropped."""
+
+R = TypeVar("R", bound=Replica)
+
+
+@dataclass(slots=True)
+class Batch(Generic[R]):
+    """The Readies taken by one `begin_batch`, and the syncs they need."""
+
+    items: list[tuple[R, Ready, SyncWork | None]]
+
+    @property
+    def syncs(self) -> list[tuple[R, SyncWork]]:
+        return [(group, work) for group, _, work in self.items if work is not None]
+
+
+@dataclass(slots=True)
+class _Transfer:
+    group: Replica
+    fetch: catchup.Fetch
+    request_id: int = 0
+    deadline_ms: float = 0.0
+
+
+class ReplicationDriver(Generic[R]):
+    def __init__(
+        self,
+        node_id: NodeId,
+        *,
+        send: Send,
+        wake: Callable[[], None],
+        monotonic_ms: Callable[[], float],
+        wall_ms: Callable[[], int],
+        retention_interval_ms: int = RETENTION_INTERVAL_MS,
+    ) -> None:
+        assert retention_interval_ms > 0
+        self.node_id = node_id
+        self._send_frame = send
+        self.wake = wake
+        self._monotonic_ms = monotonic_ms
+        self._wall_ms = wall_ms
+        self.retention_interval_ms = retention_interval_ms
+        self.groups: dict[codec.GroupKey, R] = {}
+        self.leader_listeners: list[LeaderListener] = []
+        self._transfers: dict[int, _Transfer] = {}  # by request id
+        self._request_ids = itertools.count(1)
+        self._retention_due_ms = 0.0
+        self.batches = 0
+        self.fsyncs = 0
+
+    # -- replicas
+
+    def add(self, group: R) -> None:
+        key = (group.stream, group.partition)
+        assert key not in self.groups, key
+
+        def report(leader: NodeId | None, epoch: LeaderEpoch) -> None:
+            for listener in list(self.leader_listeners):
+                listener(group.stream, group.partition, leader, epoch)
+
+        group.leader_listeners.append(report)
+        self.groups[key] = group
+        if not group.raft.peers or (group.replicas[0] == self.node_id and group.raft.term == 0):
+            # A single-voter group, or the preferred leader of a brand-new group, need not wait
+            # an election timeout: a client can publish right after `stream create`.
+            group.raft.campaign()
+        self.wake()
+
+    def remove(self, stream: StreamName, partition: PartitionId) -> R:
+        """Forget a replica (the caller closes it once no sync can touch its files)."""
+        group = self.groups.pop((stream, partition), None)
+        if group is None:
+            raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
+        for request_id, transfer in list(self._transfers.items()):
+            if transfer.group is group:
+                self._end_transfer(request_id)
+        return group
+
+    def get(self, stream: StreamName, partition: PartitionId) -> R:
+        group = self.groups.get((stream, partition))
+        if group is None:
+            raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
+        return group
+
+    # -- time
+
+    def tick(self) -> None:
+        """Every tick_ms: tick every core, time out catch-up requests."""
+        for group in list(self.groups.values()):
+            if group.failure is None:
+                group.tick()
+        now_ms = self._monotonic_ms()
+        for request_id, transfer in list(self._transfers.items()):
+            if transfer.deadline_ms <= now_ms:
+                self._abandon(request_id, f"{transfer.fetch.leader} did not answer")
+        self.wake()
+
+    # -- batches
+
+    def begin_batch(self) -> Batch[R] | None:
+        """Steps 1 of a batch (see the module docstring); None when no replica has work."""
+        self._between_batches()
+        items: list[tuple[R, Ready, SyncWork | None]] = []
+        for group in list(self.groups.values()):
+            if group.failure is not None or not group.raft.has_ready():
+                continue
+            ready = group.raft.ready()
+            self._observe_ready(group, ready)
+            try:
+                work = group.persist(ready)
+            except (BrokerError, OSError) as error:
+                self._fail(group, str(error))
+                continue
+            items.append((group, ready, work))
+            # Before the sync: a leader's Appends and Heartbeats (its commit counts its own
+            # *persisted* index, so a follower may hold an entry before the leader's disk
+            # does), everything when there is nothing to sync, and the committed entries (a
+            # quorum holds them on disk; this replica has written them).
+            self._send(group, self._early_messages(ready))
+            group.apply_committed(ready)
+        return Batch(items) if items else None
+
+    def run_syncs(self, batch: Batch[R]) -> dict[R, str]:
+        """Step 2: the fsyncs (the only blocking I/O; the asyncio shell runs this in its fsync
+        thread). Failures per replica."""
+        failures: dict[R, str] = {}
+        for group, work in batch.syncs:
+            try:
+                group.store.run_sync(work)
+            except OSError as error:
+                failures[group] = f"fsync failed: {error}"
+        return failures
+
+    def finish_batch(self, batch: Batch[R], failures: dict[R, str]) -> None:
+        """Step 3 (see the module docstring)."""
+        syncs = batch.syncs
+        self.fsyncs += len(syncs)
+        for group, work in syncs:
+            if group in failures:
+                self._fail(group, failures[group])
+            elif not group.closed:
+                group.store.finish_sync(work)
+        self.batches += 1
+        for group, ready, _ in batch.items:
+            if group.failure is not None or group.closed:
+                continue
+            self._send(group, self._late_messages(ready))
+            group.report_leader(ready)
+            if ready.snapshot_request is not None:
+                self._start_transfer(group, ready.snapshot_request)
+            group.raft.advance(ready)
+        self.wake()
+
+    def _observe_ready(self, group: R, ready: Ready) -> None:
+        """Seam for the simulator's checker: a Ready was just taken from `group`'s core."""
+
+    def _early_messages(self, ready: Ready) -> Sequence[Message]:
+        """What leaves at write time (ADR 0005's send rule)..."""
+        return ready.messages_before_sync()
+
+    def _late_messages(self, ready: Ready) -> Sequence[Message]:
+        """... and what leaves once the batch's fsyncs are done."""
+        return ready.messages_after_sync()
+
+    def _between_batches(self) -> None:
+        """Work that must not overlap an fsync batch: installs and retention."""
+        for group in list(self.groups.values()):
+            if group.install is not None and group.failure is None:
+                manifest, index, term = group.install
+                group.install = None
+                if group.raft.role is Role.LEADER or index <= group.raft.log.committed:
+                    continue
+                try:
+                    catchup.install(group.store, manifest, index)
+                except (BrokerError, OSError) as error:
+                    self._fail(group, f"installing segments failed: {error}")
+                    continue
+                group.restored(index)
+                group.raft.restore(index, term)
+                log.info(
+                    "%s: %s/%s caught up to Raft index %d by segment transfer",
+                    self.node_id,
+                    group.stream,
+                    group.partition,
+                    index,
+                )
+        now_ms = self._monotonic_ms()
+        if now_ms >= self._retention_due_ms:
+            self._retention_due_ms = now_ms + self.retention_interval_ms
+            for group in list(self.groups.values()):
+                self.apply_retention(group)
+
+    def apply_retention(self, group: R) -> int:
+        """Delete expired segments, keeping the chunk at the applied commit point (a restart
+        starts at the later of the durable commit point and the first retained chunk)."""
+        if group.failure is not None or group.install is not None:
+            return 0
+        try:
+            return group.store.log.apply_retention(
+                self._wall_ms(), index_floor=self._retention_floor(group)
+            )
+        except BrokerError as error:
+            self._fail(group, str(error))
+            return 0
+
+    def _retention_floor(self, group: R) -> int | None:
+        return group.raft.log.applied
+
+    def _fail(self, group: R, reason: str) -> None:
+        log.error(
+            "%s: %s/%s stops: the disk failed: %s",
+            self.node_id,
+            group.stream,
+            group.partition,
+            reason,
+        )
+        group.fail(reason)
+
+    def _send(self, group: R, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        key = (group.stream, group.partition)
+        for message in messages:
+            self._send_frame(message.target, codec.encode_raft(key, message))
+
+    # -- receiving
+
+    def receive(self, peer: NodeId, kind: int, body: memoryview) -> None:
+        """One frame from an authenticated peer. Garbage is logged and dropped (the transport
+        closes a connection that breaks framing)."""
+        try:
+            self._receive(peer, kind, body)
+        except codec.CodecError as error:
+            log.warning("replication: bad frame from %s: %s", peer, error)
+
+    def _receive(self, peer: NodeId, kind: int, body: memoryview) -> None:
+        if kind == codec.KIND_RAFT:
+            key, message = codec.decode_raft(body)
+            group = self.groups.get(key)
+            if group is not None and message.source == peer and group.failure is None:
+                group.step(message)
+                # A commit learned while this group's Ready is in the fsync thread: apply it
+                # now (producers' confirms), not after that fsync.
+                committed = group.raft.take_committed()
+                if committed:
+                    group.apply_entries(committed)
+                self.wake()
+        elif kind == codec.KIND_FETCH_MANIFEST:
+            key, request_id, raft_index = codec.decode_fetch_manifest(body)
+            group = self.groups.get(key)
+            if group is None or not self._serves_catchup(group, raft_index):
+                reply = codec.encode_fetch_error(request_id, "not committed here")
+            else:
+                reply = catchup.manifest_reply(group.store, request_id, raft_index)
+            self._send_frame(peer, reply)
+        elif kind == codec.KIND_FETCH_PIECE:
+            key, request_id, name, position, length = codec.decode_fetch_piece(body)
+            group = self.groups.get(key)
+            if group is None:
+                reply = codec.encode_fetch_error(request_id, "no such partition here")
+            else:
+                reply = catchup.piece_reply(group.store, request_id, name, position, length)
+            self._send_frame(peer, reply)
+        elif kind in (codec.KIND_MANIFEST, codec.KIND_PIECE, codec.KIND_FETCH_ERROR):
+            request_id = codec.Reader(body).u64()
+            transfer = self._transfers.get(request_id)
+            if transfer is not None and transfer.fetch.leader == peer:
+                self._on_transfer_reply(request_id, transfer, kind, body)
+        else:
+            raise codec.CodecError(f"unknown frame kind {kind}")
+
+    def _serves_catchup(self, group: R, raft_index: int) -> bool:
+        """Only committed data is transferred (it is durable here and identical everywhere)."""
+        return raft_index <= group.raft.log.committed
+
+    # -- catch-up (follower side)
+
+    def _start_transfer(self, group: R, request: SnapshotRequest) -> None:
+        if group.catching_up or group.install is not None:
+            return
+        group.catching_up = True
+        fetch = catchup.Fetch(
+            group.store,
+            (group.stream, group.partition),
+            request.leader,
+            request.snapshot.index,
+            request.snapshot.term,
+        )
+        self._ask(_Transfer(group, fetch))
+
+    def _ask(self, transfer: _Transfer) -> None:
+        request_id = next(self._request_ids)
+        transfer.request_id = request_id
+        transfer.deadline_ms = self._monotonic_ms() + limits.catchup_request_timeout_ms
+        self._transfers[request_id] = transfer
+        if not self._send_frame(transfer.fetch.leader, transfer.fetch.request(request_id)):
+            self._abandon(request_id, f"no link to {transfer.fetch.leader}")
+
+    def _on_transfer_reply(
+        self, request_id: int, transfer: _Transfer, kind: int, body: memoryview
+    ) -> None:
+        group, fetch = transfer.group, transfer.fetch
+        del self._transfers[request_id]
+        if group.closed or group.failure is not None:
+            self._finish_transfer(transfer)
+            return
+        try:
+            fetch.on_reply(kind, body)
+        except (BrokerError, OSError) as error:
+            self._abandon_transfer(transfer, str(error))
+            return
+        if not fetch.done:
+            self._ask(transfer)
+            return
+        assert fetch.manifest is not None
+        self._finish_transfer(transfer)
+        group.install = (fetch.manifest, fetch.raft_index, fetch.term)
+        self.wake()
+
+    def _abandon(self, request_id: int, reason: str) -> None:
+        self._abandon_transfer(self._transfers.pop(request_id), reason)
+
+    def _abandon_transfer(self, transfer: _Transfer, reason: str) -> None:
+        self._finish_transfer(transfer)
+        log.info(
+            "%s: catch-up of %s/%s from %s interrupted (will resume): %s",
+            self.node_id,
+            transfer.group.stream,
+            transfer.group.partition,
+            transfer.fetch.leader,
+            reason,
+        )
+        if not transfer.group.closed:
+            transfer.group.raft.snapshot_failed(transfer.fetch.leader)  # no-op on a follower
+
+    def _end_transfer(self, request_id: int) -> _Transfer:
+        transfer = self._transfers.pop(request_id)
+        self._finish_transfer(transfer)
+        return transfer
+
+    @staticmethod
+    def _finish_transfer(transfer: _Transfer) -> None:
+        transfer.fetch.close()
+        transfer.group.catching_up = False
+
+    @property
+    def transfers(self) -> int:
+        """Catch-up transfers in progress."""
+        return len(self._transfers)
