@@ -5,9 +5,10 @@ survive a crash. `crash()` throws the first away and keeps the second, with the 
 disk allows after a power cut:
 
 - file content written since the file's last `fsync` is lost;
-- each file's last write, if not yet synced and if it directly follows the file's durable
-  content, may survive in part: a prefix of it cut at a byte boundary chosen by the seeded
-  `random.Random` (0 bytes = lost, all = fully written); earlier unsynced writes are lost;
+- each file's last write (an append, or an overwrite in place by `write_at`), if not yet
+  synced and if it starts within or right after the file's durable content, may survive in
+  part: a prefix of it cut at a byte boundary chosen by the seeded `random.Random` (0 bytes =
+  lost, all = fully written); earlier unsynced writes are lost;
 - creations, deletions and renames since the last `fsync_dir` are undone.
 
 Faults on demand: `fail_fsync = True` makes every fsync raise OSError(EIO) (after syncing
@@ -75,6 +76,41 @@ class SimDisk:
             inode.data += data
             self._last_writes[id(inode)] = _Write(inode, position, len(data))
 
+    def write_at(self, name: str, position: int, data: bytes) -> None:
+        """Overwrite (or extend) the file at `position` (not part of the Storage protocol: the
+        hard-state file's slots, spate.node.replication.files.SlotFile). Writing past the end
+        fills the gap with zeros, as pwrite does; the gap is part of the write."""
+        assert position >= 0
+        with self._lock:
+            inode = self._inode(name)
+            start = min(position, len(inode.data))
+            data = bytes(position - start) + data
+            inode.data[start : start + len(data)] = data
+            self._last_writes[id(inode)] = _Write(inode, start, len(data))
+
+    def adopt(self, other: SimDisk, name: str) -> None:
+        """Move a file in from another simulated directory (a rename across directories):
+        its content keeps its durability; the move itself is durable after both directories'
+        `fsync_dir`."""
+        assert other is not self
+        with other._lock:
+            inode = other._inode(name)
+            del other._files[name]
+        with self._lock:
+            self._files[name] = inode
+
+    def durable_copy(self) -> SimDisk:
+        """A new disk holding exactly what would survive a crash now, without torn writes (for
+        checkers that read a replica's synced state without disturbing it)."""
+        copy = SimDisk()
+        with self._lock:
+            copy._files = {
+                name: _Inode(bytearray(i.durable), i.durable)
+                for name, i in self._durable_files.items()
+            }
+            copy._durable_files = dict(copy._files)
+        return copy
+
     def pread(self, name: str, position: int, length: int) -> bytes:
         assert position >= 0 and length >= 0
         with self._lock:
@@ -133,9 +169,10 @@ class SimDisk:
                 torn = self._last_writes.get(id(inode))
                 inode_data = inode.data
                 inode.data = bytearray(inode.durable)
-                if torn is not None and torn.position == len(inode.durable):
+                if torn is not None and torn.position <= len(inode.durable):
                     kept = self.random.randint(0, torn.length)
                     # What reached the platter is there to stay.
-                    inode.data += inode_data[torn.position : torn.position + kept]
+                    start = torn.position
+                    inode.data[start : start + kept] = inode_data[start : start + kept]
                     inode.durable = bytes(inode.data)
             self._last_writes = {}

@@ -120,8 +120,10 @@ class Fetch:
         self._staging.close()
 
 
-def install(store: RaftStore, manifest: Manifest, raft_index: int) -> None:
-    """Replace the replica's log by the staged files (see module docstring)."""
+def install(store: RaftStore, manifest: Manifest, raft_index: int) -> tuple[int, Term]:
+    """Replace the replica's log by the staged files (see module docstring). Returns the Raft
+    index and term of the last installed entry: `raft_index`, or a later committed one when
+    the leader had no longer retained `raft_index` (see `manifest_reply`)."""
     staging = store.files.staging()
     try:
         for name, size in manifest:
@@ -133,14 +135,22 @@ def install(store: RaftStore, manifest: Manifest, raft_index: int) -> None:
     store.log.close()
     store.files.install_staged([name for name, _ in manifest])
     store.log = PartitionLog.open(store.files.log_storage(), store.config)
-    if store.log.last_raft_index != raft_index:
-        raise StorageFailure(
-            f"installed segments end at Raft index {store.log.last_raft_index}, not {raft_index}"
-        )
-    store.write_commit(raft_index)
+    last = store.log.last_raft_index
+    header = store.log.header_at_index(last)
+    if last < raft_index or header is None:
+        raise StorageFailure(f"installed segments end at Raft index {last}, before {raft_index}")
+    store.write_commit(last)
+    return last, Term(header.epoch)
 
 
-def manifest_reply(store: RaftStore, request_id: int, raft_index: int) -> bytes:
+def manifest_reply(store: RaftStore, request_id: int, raft_index: int, applied: int) -> bytes:
+    """The files up to `raft_index`; when retention has deleted it since the core named it
+    (the core's snapshot marker is where the replica restarted, and retention moves on), the
+    files up to `applied` instead, which retention always keeps (its floor) and which is
+    committed: the follower installs and restores to whatever the files end at."""
+    first = store.log.first_raft_index()
+    if first is not None and raft_index < first <= applied:
+        raft_index = applied
     try:
         return codec.encode_manifest(request_id, store.log.transfer_manifest(raft_index))
     except StorageFailure as error:

@@ -227,7 +227,7 @@ class ReplicationDriver(Generic[R]):
                 if group.raft.role is Role.LEADER or index <= group.raft.log.committed:
                     continue
                 try:
-                    catchup.install(group.store, manifest, index)
+                    index, term = catchup.install(group.store, manifest, index)
                 except (BrokerError, OSError) as error:
                     self._fail(group, f"installing segments failed: {error}")
                     continue
@@ -307,7 +307,8 @@ class ReplicationDriver(Generic[R]):
             if group is None or not self._serves_catchup(group, raft_index):
                 reply = codec.encode_fetch_error(request_id, "not committed here")
             else:
-                reply = catchup.manifest_reply(group.store, request_id, raft_index)
+                applied = group.raft.log.applied
+                reply = catchup.manifest_reply(group.store, request_id, raft_index, applied)
             self._send_frame(peer, reply)
         elif kind == codec.KIND_FETCH_PIECE:
             key, request_id, name, position, length = codec.decode_fetch_piece(body)

@@ -1,0 +1,87 @@
+"""SimReplicaFiles: spate.node.replication.files.ReplicaFiles on simulated disks, so RaftStore,
+the PartitionLog and the catch-up run in the simulator exactly as on a node.
+
+One replica is three SimDisk directories (log, staging, state), each with the crash model of
+disk.py: unsynced content lost, the last unsynced write possibly torn, directory changes undone
+unless the directory was synced. A wiped replica is a new SimReplicaFiles (a replaced disk).
+"""
+
+from __future__ import annotations
+
+import random
+
+from spate.node.log import Storage
+from spate.node.replication.files import SlotFile
+from spate.sim.disk import SimDisk
+
+STATE_FILE = "raft.state"
+
+
+class _SimSlotFile:
+    def __init__(self, disk: SimDisk) -> None:
+        self._disk = disk
+
+    def pread(self, position: int, length: int) -> bytes:
+        return self._disk.pread(STATE_FILE, position, length)
+
+    def pwrite(self, position: int, data: bytes) -> None:
+        self._disk.write_at(STATE_FILE, position, data)
+
+    def sync(self) -> None:
+        self._disk.fsync(STATE_FILE)
+
+    def close(self) -> None:
+        """The simulated disk outlives its users."""
+
+
+class SimReplicaFiles:
+    def __init__(self, name: str, rng: random.Random) -> None:
+        self._name = name
+        self.log = SimDisk(rng.getrandbits(64))
+        self.staging_disk = SimDisk(rng.getrandbits(64))
+        self.state = SimDisk(rng.getrandbits(64))
+
+    @property
+    def disks(self) -> tuple[SimDisk, SimDisk, SimDisk]:
+        return self.log, self.staging_disk, self.state
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def log_storage(self) -> Storage:
+        return self.log
+
+    def staging(self) -> Storage:
+        return self.staging_disk
+
+    def open_state(self) -> tuple[SlotFile, bool]:
+        existed = STATE_FILE in self.state.list()
+        if not existed:
+            self.state.create(STATE_FILE)
+            self.state.fsync_dir()
+        return _SimSlotFile(self.state), existed
+
+    def install_staged(self, names: list[str]) -> None:
+        for name in self.log.list():
+            self.log.delete(name)
+        for name in names:
+            self.log.adopt(self.staging_disk, name)
+        self.log.fsync_dir()
+        for name in self.staging_disk.list():
+            self.staging_disk.delete(name)
+        self.staging_disk.fsync_dir()
+
+    def remove(self) -> None:
+        for disk in self.disks:
+            for name in disk.list():
+                disk.delete(name)
+            disk.fsync_dir()
+
+    def crash(self) -> None:
+        for disk in self.disks:
+            disk.crash()
+
+    def set_fail_fsync(self, failing: bool) -> None:
+        for disk in self.disks:
+            disk.fail_fsync = failing

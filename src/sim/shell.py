@@ -1,0 +1,844 @@
+"""The production replication shell under simulation: ReplicationDriver, Replica, RaftStore,
+PartitionLog and the catch-up, all unchanged, on simulated disks and a simulated network.
+
+Each simulated node is what a node process runs minus asyncio: one `ReplicationDriver` holding
+one `Replica` per partition, each over a `RaftStore` on `SimReplicaFiles` (three SimDisks). The
+simulator plays the asyncio shell's part (host.py): it ticks the driver every `tick_ms`, hands
+it every frame the network delivers (`driver.receive`), and runs its batches (`begin_batch`,
+then `run_syncs` + `finish_batch` once the simulated disk latency has passed). Frames are the
+production codec's bytes. A client proposes records through `Replica.propose`, as the AMQP
+listener's producers do, and learns each outcome from the same callback.
+
+Faults (the mix drawn per seed, as in cluster.py): message loss, duplication, delay and so
+reordering, symmetric and one-way partitions, crashes (unsynced writes lost, last write torn),
+restarts, a replica's disk wiped (the node comes back with an empty directory and must be
+rebuilt by segment transfer), and fsyncs failing on a node until it is restarted. Retention
+runs concurrently with small segments, so transfers and restarts meet deleted prefixes.
+
+Invariants: the Raft ones of checker.py after every event, plus, for the shell:
+
+- `acknowledged-durable`: after every crash, each acknowledged entry is on the synced log of a
+  majority (or below the first retained index there);
+- `acknowledged-readable`: after every restart and at the end, every acknowledged record reads
+  back through `Replica.read` at its offset, byte for byte, on every replica whose committed
+  end passed it;
+- `logs-identical`: after every restart and at the end, every replica's chunks up to its
+  commit index are byte-identical to the committed history (barriers: same term, no records);
+- `retention-floor`: retention never deletes a chunk above the replica's applied index;
+- `liveness`: after healing, every group acknowledges a new append and every replica (wiped
+  ones too) applies it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import random
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from spate.core.backend import OffsetSpec
+from spate.core.errors import BrokerError, NotLeader
+from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
+from spate.core.streams import Retention
+from spate.node.log import LogConfig, PartitionLog
+from spate.node.log import chunk as chunk_codec
+from spate.node.replication import codec
+from spate.node.replication.driver import Batch, ReplicationDriver
+from spate.node.replication.messages import Entry, Message, Ready, SnapshotRequest
+from spate.node.replication.raft import RaftConfig
+from spate.node.replication.replica import Replica
+from spate.node.replication.storage import RaftStore
+from spate.sim.checker import Checker, InvariantViolation
+from spate.sim.files import SimReplicaFiles
+
+tick_ms = 10
+"""Simulated milliseconds per Raft tick."""
+liveness_ms_max = 20_000
+"""Simulated time the healed cluster gets to elect leaders and acknowledge an append."""
+events_max = 400_000
+"""Events one run may process in all (a livelocked run fails instead of spinning)."""
+batches_per_wake_max = 1000
+"""Batches one wake-up may run back to back without a sync (a spinning driver is a bug)."""
+wall_clock_base_ms = 1_700_000_000_000
+"""Simulated wall clock at time 0 (chunk timestamps)."""
+STREAM = StreamName("sim")
+
+
+@dataclass(frozen=True, slots=True)
+class ShellBugs:
+    """Deliberate shell bugs, planted in the production driver through its seams."""
+
+    ack_before_fsync: bool = False
+    """Every message of a Ready leaves at write time: followers ack before their fsync."""
+    skip_fsync: bool = False
+    """The batch marks writes synced without fsyncing them (PartitionLog acks from the page
+    cache)."""
+    catchup_uncommitted: bool = False
+    """A catch-up fetches the leader's log up to its last *written* entry and installs it as
+    committed."""
+    retention_without_floor: bool = False
+    """Retention ignores the applied index and may delete entries not yet applied."""
+
+
+NO_BUGS = ShellBugs()
+
+
+@dataclass(frozen=True, slots=True)
+class ShellOptions:
+    nodes: int
+    groups: int
+    loss: float
+    duplication: float
+    delay_ms_max: int
+    disk_ms_max: int
+    nemesis_ms: int
+    crash_weight: int
+    partition_weight: int
+    wipe_weight: int
+    disk_fail_weight: int
+    propose_ms: int
+    log_cache_bytes: int
+    segment_bytes: int
+    retention_messages: int | None
+    steps: int
+    bugs: ShellBugs = NO_BUGS
+
+    @staticmethod
+    def draw(
+        seed: int, *, nodes: int | None = None, groups: int | None = None, steps: int = 2000
+    ) -> ShellOptions:
+        rng = random.Random(f"shell-options/{seed}")
+        return ShellOptions(
+            nodes=nodes if nodes is not None else rng.choice((3, 3, 3, 5)),
+            groups=groups if groups is not None else rng.randint(1, 3),
+            loss=rng.choice((0.0, 0.01, 0.05, 0.2)),
+            duplication=rng.choice((0.0, 0.01, 0.05)),
+            delay_ms_max=rng.choice((2, 10, 30)),
+            disk_ms_max=rng.choice((0, 3, 15)),
+            nemesis_ms=rng.choice((50, 200, 600)),
+            crash_weight=rng.choice((0, 1, 3)),
+            partition_weight=rng.choice((0, 1, 3)),
+            wipe_weight=rng.choice((0, 1)),
+            disk_fail_weight=rng.choice((0, 0, 1)),
+            propose_ms=rng.choice((5, 20, 60)),
+            log_cache_bytes=rng.choice((0, 200, 100_000)),
+            segment_bytes=rng.choice((4096, 4096, 65536)),
+            retention_messages=rng.choice((None, 40, 200)),
+            steps=steps,
+        )
+
+    def log_config(self) -> LogConfig:
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            retention=Retention(max_messages=self.retention_messages),
+            index_interval_bytes=512,
+        )
+
+
+class _Kind(Enum):
+    TICK = "tick"
+    DELIVER = "deliver"
+    DISK = "disk"
+    PROPOSE = "propose"
+    NEMESIS = "nemesis"
+    RESTART = "restart"
+    HEAL = "heal"
+
+
+@dataclass(order=True)
+class _Event:
+    time_ms: int
+    seq: int
+    kind: _Kind = field(compare=False)
+    node: NodeId = field(compare=False)
+    group: int = field(compare=False, default=0)
+    frame: bytes = field(compare=False, default=b"")
+    source: NodeId | None = field(compare=False, default=None)
+    incarnation: int = field(compare=False, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ack:
+    """One acknowledged append (one record, one chunk)."""
+
+    index: int
+    term: Term
+    payload: bytes
+    offset: Offset
+    record: bytes
+
+
+class _SimReplica(Replica):
+    """The production Replica; applied entries are reported to the checker first."""
+
+    sim: ShellCluster
+    group_number: int
+
+    def _apply(self, entry: Entry) -> None:
+        self.sim.checker.committed(self.node, self.group_number, entry, "applied")
+        super()._apply(entry)
+
+
+class _SimDriver(ReplicationDriver[_SimReplica]):
+    """The production driver with the simulator's checker hooks and the planted bugs."""
+
+    sim: ShellCluster
+
+    def _observe_ready(self, group: _SimReplica, ready: Ready) -> None:
+        if ready.entries:
+            prev_term = group.raft.log.term(ready.entries[0].index - 1)
+            assert prev_term is not None
+            self.sim.checker.appended(self.node_id, group.group_number, ready.entries, prev_term)
+
+    def _early_messages(self, ready: Ready) -> Sequence[Message]:
+        if self.sim.options.bugs.ack_before_fsync:
+            return ready.messages
+        return super()._early_messages(ready)
+
+    def _late_messages(self, ready: Ready) -> Sequence[Message]:
+        if self.sim.options.bugs.ack_before_fsync:
+            return ()
+        return super()._late_messages(ready)
+
+    def run_syncs(self, batch: Batch[_SimReplica]) -> dict[_SimReplica, str]:
+        if self.sim.options.bugs.skip_fsync:
+            return {}
+        return super().run_syncs(batch)
+
+    def _serves_catchup(self, group: _SimReplica, raft_index: int) -> bool:
+        if self.sim.options.bugs.catchup_uncommitted:
+            return raft_index <= group.raft.log.last_index
+        return super()._serves_catchup(group, raft_index)
+
+    def _start_transfer(self, group: _SimReplica, request: SnapshotRequest) -> None:
+        if self.sim.options.bugs.catchup_uncommitted:
+            leader = self.sim.nodes[request.leader]
+            source = (
+                leader.driver.groups.get((group.stream, group.partition)) if leader.up else None
+            )
+            if source is not None and source.raft.log.last_index > request.snapshot.index:
+                index = source.store.log.last_raft_index
+                header = source.store.log.header_at_index(index)
+                if header is not None:
+                    request = replace(
+                        request,
+                        snapshot=replace(request.snapshot, index=index, term=Term(header.epoch)),
+                    )
+        super()._start_transfer(group, request)
+
+    def _retention_floor(self, group: _SimReplica) -> int | None:
+        if self.sim.options.bugs.retention_without_floor:
+            return None
+        return super()._retention_floor(group)
+
+    def apply_retention(self, group: _SimReplica) -> int:
+        deleted = super().apply_retention(group)
+        if deleted:
+            self.sim.retention_deletes += deleted
+            first = group.store.log.first_raft_index()
+            floor = group.raft.log.applied
+            if first is not None and first > max(floor, 1):
+                raise InvariantViolation(
+                    "retention-floor",
+                    f"{self.node_id} g{group.group_number}: retention left Raft index {first} "
+                    f"first, above the applied index {floor}",
+                )
+        return deleted
+
+
+@dataclass(frozen=True, slots=True)
+class _SyncedLog:
+    first_index: int  # 0: holds nothing
+    chunks: dict[int, tuple[Term, bytes]]
+
+    def holds(self, index: int, term: Term, payload: bytes) -> bool:
+        if 0 < index < self.first_index:
+            return True  # applied, then deleted by retention
+        known = self.chunks.get(index)
+        if known is None:
+            return False
+        if payload:
+            return known == (term, payload)
+        return known[0] == term  # a barrier, encoded by each replica
+
+
+@dataclass
+class _Node:
+    id: NodeId
+    files: list[SimReplicaFiles]
+    driver: _SimDriver
+    up: bool = True
+    incarnation: int = 0
+    woken: bool = False
+    batch: Batch[_SimReplica] | None = None  # the batch whose syncs are in flight
+    disk_failing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ShellResult:
+    seed: int
+    options: ShellOptions
+    failure: str | None
+    steps: int
+    time_ms: int
+    trace_digest: str
+    acknowledged: int
+    elections: int
+    crashes: int
+    snapshots: int
+    wipes: int
+    retention_deletes: int
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+class ShellCluster:
+    def __init__(self, seed: int, options: ShellOptions, *, keep_trace: bool = False) -> None:
+        self.seed = seed
+        self.options = options
+        self.trace_lines: list[str] = []
+        self._keep_trace = keep_trace
+        self.rng = random.Random(f"shell/{seed}")
+        self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
+        self.replicas = self.ids[:3] if options.nodes > 3 else list(self.ids)
+        self.config = RaftConfig(
+            election_timeout_ticks=10,
+            heartbeat_interval_ticks=2,
+            inflight_appends_max=8,
+            append_bytes_max=1024,
+            log_cache_bytes=options.log_cache_bytes,
+        )
+        self.log_config = options.log_config()
+        self.checker = Checker(options.groups)
+        self.now_ms = 0
+        self._queue: list[_Event] = []
+        self._seq = 0
+        self._trace = hashlib.blake2b(digest_size=16)
+        self.blocked: set[tuple[NodeId, NodeId]] = set()
+        self.faults = True
+        self.steps = 0
+        self.crashes = 0
+        self.wipes = 0
+        self.retention_deletes = 0
+        self.snapshots = 0
+        self._client_seq = 0
+        self._leader_hint: list[NodeId | None] = [None] * options.groups
+        self.acked: list[list[_Ack]] = [[] for _ in range(options.groups)]
+        self._acked_after: list[int | None] = [None] * options.groups
+        self._liveness_from_ms = 0
+        self.nodes: dict[NodeId, _Node] = {}
+        for node in self.ids:
+            files = [
+                SimReplicaFiles(f"{node}/g{g}", random.Random(f"disk/{seed}/{node}/{g}/0"))
+                for g in range(options.groups)
+            ]
+            self.nodes[node] = _Node(node, files, self._new_driver(node))
+            self._start(self.nodes[node])
+            self._schedule(self.rng.randrange(tick_ms), _Kind.TICK, node)
+        for group in range(options.groups):
+            self._schedule(
+                self.rng.randrange(1, 2 * options.propose_ms),
+                _Kind.PROPOSE,
+                self.ids[0],
+                group=group,
+            )
+        self._schedule(options.nemesis_ms, _Kind.NEMESIS, self.ids[0])
+
+    # -- running
+
+    def run(self) -> ShellResult:
+        failure = None
+        try:
+            self._run_until(lambda: self.steps >= self.options.steps)
+            self._heal_all()
+            self._liveness_from_ms = self.now_ms
+            self._run_until(self._live)
+            if not self._live():
+                failure = (
+                    f"liveness: within {liveness_ms_max} ms after healing, not every group "
+                    f"acknowledged an append that every replica then applied "
+                    f"(acknowledged at {self._acked_after})"
+                )
+            else:
+                for node in self.ids:
+                    self._check_storage(self.nodes[node])
+        except InvariantViolation as violation:
+            failure = str(violation)
+        except AssertionError as error:
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+            failure = f"assertion at {where}: {error}"
+        return ShellResult(
+            seed=self.seed,
+            options=self.options,
+            failure=failure,
+            steps=self.steps,
+            time_ms=self.now_ms,
+            trace_digest=self._trace.hexdigest(),
+            acknowledged=sum(len(a) for a in self.acked),
+            elections=len(self.checker.leaders),
+            crashes=self.crashes,
+            snapshots=self.snapshots,
+            wipes=self.wipes,
+            retention_deletes=self.retention_deletes,
+        )
+
+    def _run_until(self, done: object) -> None:
+        assert callable(done)
+        while not done() and self._queue and self.steps < events_max:
+            if not self.faults and self.now_ms - self._liveness_from_ms > liveness_ms_max:
+                return
+            self.step()
+
+    def _live(self) -> bool:
+        if self.faults:
+            return False
+        for group, index in enumerate(self._acked_after):
+            if index is None:
+                return False
+            for node in self.replicas:
+                state = self.nodes[node]
+                replica = state.driver.groups.get((STREAM, PartitionId(group)))
+                if not state.up or replica is None or replica.raft.log.applied < index:
+                    return False
+        return True
+
+    def step(self) -> None:
+        event = heapq.heappop(self._queue)
+        self.now_ms = event.time_ms
+        self.steps += 1
+        self._dispatch(event)
+        self._check()
+
+    def _schedule(
+        self,
+        delay_ms: int,
+        kind: _Kind,
+        node: NodeId,
+        *,
+        group: int = 0,
+        frame: bytes = b"",
+        source: NodeId | None = None,
+        incarnation: int = 0,
+    ) -> None:
+        self._seq += 1
+        heapq.heappush(
+            self._queue,
+            _Event(
+                self.now_ms + delay_ms, self._seq, kind, node, group, frame, source, incarnation
+            ),
+        )
+
+    def _record(self, line: str) -> None:
+        text = f"{self.now_ms} {line}"
+        self._trace.update(text.encode() + b"\n")
+        if self._keep_trace:
+            self.trace_lines.append(text)
+
+    def _check(self) -> None:
+        checker = self.checker
+        for node in self.replicas:
+            state = self.nodes[node]
+            if state.up:
+                for replica in state.driver.groups.values():
+                    checker.observe(node, replica.group_number, replica.raft)
+
+    # -- a node: the asyncio shell's part
+
+    def _new_driver(self, node: NodeId) -> _SimDriver:
+        driver = _SimDriver(
+            node,
+            send=lambda peer, frame: self._send(node, peer, frame),
+            wake=lambda: self._wake(node),
+            monotonic_ms=lambda: float(self.now_ms),
+            wall_ms=lambda: wall_clock_base_ms + self.now_ms,
+            retention_interval_ms=100,
+        )
+        driver.sim = self
+        driver.leader_listeners.append(self._on_leader)
+        return driver
+
+    def _on_leader(
+        self, stream: StreamName, partition: PartitionId, leader: NodeId | None, epoch: int
+    ) -> None:
+        self._record(f"g{partition} leader {leader} epoch {epoch}")
+        if leader is not None:
+            self._leader_hint[partition] = leader
+
+    def _start(self, node: _Node) -> None:
+        if node.id not in self.replicas:
+            return
+        for group, files in enumerate(node.files):
+            store = RaftStore(files, self.log_config)
+            replica = _SimReplica(
+                node.id,
+                stream=STREAM,
+                partition=PartitionId(group),
+                replicas=self.replicas,
+                store=store,
+                raft_config=self.config,
+                rng=random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}"),
+                wake=functools.partial(self._wake, node.id),
+                clock_ms=lambda: wall_clock_base_ms + self.now_ms,
+                monotonic_ms=lambda: float(self.now_ms),
+            )
+            replica.sim = self
+            replica.group_number = group
+            self.checker.restarted(node.id, group, replica.raft.log.committed)
+            node.driver.add(replica)
+
+    def _wake(self, node_id: NodeId) -> None:
+        self.nodes[node_id].woken = True
+
+    def _drive(self, node: _Node) -> None:
+        """What host.py's driver loop does when woken, with the sync as a disk event."""
+        runs = 0
+        while node.up and node.batch is None and node.woken:
+            node.woken = False
+            runs += 1
+            assert runs <= batches_per_wake_max, "the driver keeps producing batches"
+            batch = node.driver.begin_batch()
+            if batch is None:
+                continue
+            if batch.syncs:
+                node.batch = batch
+                latency = self.rng.randint(0, self.options.disk_ms_max)
+                self._schedule(latency, _Kind.DISK, node.id, incarnation=node.incarnation)
+                return
+            node.driver.finish_batch(batch, {})
+
+    # -- events
+
+    def _dispatch(self, event: _Event) -> None:
+        node = self.nodes[event.node]
+        match event.kind:
+            case _Kind.TICK:
+                self._schedule(tick_ms, _Kind.TICK, event.node)
+                if node.up:
+                    node.driver.tick()
+                    self._drive(node)
+            case _Kind.DELIVER:
+                self._deliver(node, event)
+            case _Kind.DISK:
+                if node.up and node.incarnation == event.incarnation and node.batch is not None:
+                    batch, node.batch = node.batch, None
+                    failures = node.driver.run_syncs(batch)
+                    self._record(f"{node.id} synced{' FAILED' if failures else ''}")
+                    node.driver.finish_batch(batch, failures)
+                    self._drive(node)
+            case _Kind.PROPOSE:
+                self._schedule(
+                    self.rng.randrange(1, 2 * self.options.propose_ms),
+                    _Kind.PROPOSE,
+                    event.node,
+                    group=event.group,
+                )
+                self._propose(event.group)
+            case _Kind.NEMESIS:
+                if self.faults:
+                    self._nemesis()
+                    self._schedule(
+                        self.rng.randrange(1, 2 * self.options.nemesis_ms),
+                        _Kind.NEMESIS,
+                        event.node,
+                    )
+            case _Kind.RESTART:
+                if not node.up or node.disk_failing:
+                    self._restart(node)
+            case _Kind.HEAL:
+                if self.blocked:
+                    self._record("heal")
+                self.blocked.clear()
+
+    def _send(self, source: NodeId, target: NodeId, frame: bytes) -> bool:
+        if target not in self.nodes:
+            return False
+        if self.faults:
+            if (source, target) in self.blocked or self.rng.random() < self.options.loss:
+                self._record(f"{source}>{target} dropped")
+                return True  # lost on the wire, as far as the sender can tell
+            copies = 2 if self.rng.random() < self.options.duplication else 1
+        else:
+            copies = 1
+        incarnation = self.nodes[target].incarnation
+        for _ in range(copies):
+            self._schedule(
+                self.rng.randint(1, self.options.delay_ms_max),
+                _Kind.DELIVER,
+                target,
+                frame=frame,
+                source=source,
+                incarnation=incarnation,
+            )
+        return True
+
+    def _deliver(self, node: _Node, event: _Event) -> None:
+        assert event.source is not None
+        if (
+            not node.up
+            or node.incarnation != event.incarnation
+            or (event.source, node.id) in self.blocked
+        ):
+            return
+        length, kind = codec.FRAME_HEAD.unpack_from(event.frame)
+        assert length == len(event.frame) - 4
+        body = memoryview(event.frame)[codec.FRAME_HEAD.size :]
+        if kind == codec.KIND_RAFT:
+            key, message = codec.decode_raft(body)
+            self._record(
+                f"g{key[1]} {type(message).__name__} "
+                f"{message.source}>{message.target} t{message.term}"
+            )
+        else:
+            self._record(f"{event.source}>{node.id} frame {kind}")
+        installs = sum(1 for r in node.driver.groups.values() if r.install is not None)
+        node.driver.receive(event.source, kind, body)
+        self.snapshots += (
+            sum(1 for r in node.driver.groups.values() if r.install is not None) - installs
+        )
+        self._drive(node)
+
+    # -- client
+
+    def _propose(self, group: int) -> None:
+        hint = self._leader_hint[group]
+        target = hint if hint is not None else self.replicas[self.rng.randrange(len(self.replicas))]
+        node = self.nodes[target]
+        replica = node.driver.groups.get((STREAM, PartitionId(group))) if node.up else None
+        if replica is None:
+            self._leader_hint[group] = None
+            return
+        self._client_seq += 1
+        record = f"g{group}c{self._client_seq}".encode()
+        term = replica.raft.term
+        proposal: dict[str, int | bytes] = {}
+
+        def done(outcome: Offset | BrokerError) -> None:
+            if isinstance(outcome, BrokerError):
+                if isinstance(outcome, NotLeader):
+                    leader = outcome.leader_node
+                    self._leader_hint[group] = (
+                        NodeId(leader) if leader and leader != target else None
+                    )
+                self._record(f"append g{group} {record!r} failed: {outcome.code.value}")
+                return
+            index, payload = proposal["index"], proposal["payload"]
+            assert isinstance(index, int) and isinstance(payload, bytes)
+            self._record(f"ack g{group} {record!r} at offset {outcome} index {index}")
+            self.checker.acknowledged(group, index, term, payload)
+            self.acked[group].append(_Ack(index, term, payload, outcome, record))
+            if not self.faults and self._acked_after[group] is None:
+                self._acked_after[group] = index
+
+        index = replica.propose([record], done)
+        if index is not None:
+            proposal["index"] = index
+            proposal["payload"] = bytes(replica.raft.log.entry(index).payload)
+            self._record(f"propose g{group} {record!r} at {target} -> {term}/{index}")
+        self._drive(node)
+
+    # -- faults
+
+    def _nemesis(self) -> None:
+        options = self.options
+        weights = [
+            options.crash_weight,
+            options.crash_weight,
+            options.partition_weight,
+            options.partition_weight,
+            options.wipe_weight,
+            options.disk_fail_weight,
+            1,
+        ]
+        actions = ["crash", "restart", "partition", "one-way", "wipe", "disk-fail", "heal"]
+        action = self.rng.choices(actions, weights)[0]
+        up = [n for n in self.replicas if self.nodes[n].up]
+        if action in ("crash", "wipe", "disk-fail") and up:
+            node = self.nodes[up[self.rng.randrange(len(up))]]
+            if action == "disk-fail":
+                self._record(f"disk fails {node.id}")
+                node.disk_failing = True
+                for files in node.files:
+                    files.set_fail_fsync(True)
+                self._schedule(self.rng.randrange(50, 1000), _Kind.RESTART, node.id)
+            else:
+                group = self.rng.randrange(options.groups)
+                wipe = action == "wipe" and self._may_wipe(node.id, group)
+                self._crash(node)
+                if wipe:
+                    self._record(f"wipe {node.id} g{group}")
+                    self.wipes += 1
+                    node.files[group] = SimReplicaFiles(
+                        f"{node.id}/g{group}",
+                        random.Random(f"disk/{self.seed}/{node.id}/{group}/{node.incarnation}"),
+                    )
+        elif action == "restart":
+            down = [n for n in self.replicas if not self.nodes[n].up]
+            if down:
+                self._restart(self.nodes[down[self.rng.randrange(len(down))]])
+        elif action == "partition":
+            side = [n for n in self.ids if self.rng.random() < 0.5]
+            other = [n for n in self.ids if n not in side]
+            self._record(f"partition {side} | {other}")
+            for a in side:
+                for b in other:
+                    self.blocked.update(((a, b), (b, a)))
+            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+        elif action == "one-way":
+            a, b = self.rng.sample(self.ids, 2)
+            self._record(f"block {a} -> {b}")
+            self.blocked.add((a, b))
+            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+        elif action == "heal":
+            self.blocked.clear()
+            self._record("heal")
+
+    def _crash(self, node: _Node) -> None:
+        self._record(f"crash {node.id}")
+        self.crashes += 1
+        node.up = False
+        node.incarnation += 1
+        node.batch = None
+        node.woken = False
+        for files in node.files:
+            files.crash()
+        node.driver = self._new_driver(node.id)
+        for group in range(self.options.groups):
+            self._check_durable(group)
+        self._schedule(self.rng.randrange(20, 1000), _Kind.RESTART, node.id)
+
+    def _restart(self, node: _Node) -> None:
+        if node.up:  # a disk-fail restart: the process dies first
+            self._crash(node)
+        self._record(f"restart {node.id}")
+        if node.disk_failing:
+            node.disk_failing = False
+            for files in node.files:
+                files.set_fail_fsync(False)
+        node.up = True
+        self._start(node)
+        self._check_storage(node)
+        self._drive(node)
+
+    def _heal_all(self) -> None:
+        self._record("liveness phase")
+        self.faults = False
+        self.blocked.clear()
+        for node in self.ids:
+            state = self.nodes[node]
+            if not state.up or state.disk_failing:
+                self._restart(state)
+            elif any(r.failure is not None for r in state.driver.groups.values()):
+                self._crash(state)
+                self._restart(state)
+
+    # -- storage invariants
+
+    def _synced_logs(self, group: int, nodes: Sequence[NodeId]) -> list[_SyncedLog]:
+        """What each node's replica of `group` would hold after a crash now."""
+        logs = []
+        for node in nodes:
+            disk = self.nodes[node].files[group].log.durable_copy()
+            log = PartitionLog.open(disk, self.log_config)
+            first = log.first_raft_index()
+            chunks = {}
+            if first is not None:
+                for data in log.chunks_from_index(first, 1 << 40):
+                    header = chunk_codec.decode_header(data)
+                    chunks[header.raft_index] = (Term(header.epoch), data)
+            # Entries below the first retained one were applied, then deleted by retention.
+            logs.append(_SyncedLog(first or 0, chunks))
+        return logs
+
+    def _check_durable(self, group: int) -> None:
+        """After a crash: every acknowledged entry is on the synced log of a majority."""
+        if not self.acked[group]:
+            return
+        logs = self._synced_logs(group, self.replicas)
+        quorum = len(self.replicas) // 2 + 1
+        for ack in self.acked[group]:
+            holders = sum(1 for log in logs if log.holds(ack.index, ack.term, ack.payload))
+            if holders < quorum:
+                raise InvariantViolation(
+                    "acknowledged-durable",
+                    f"group {group} acknowledged {ack.term}/{ack.index} {ack.record!r} is on "
+                    f"the synced log of {holders} of {len(logs)} replicas",
+                )
+
+    def _may_wipe(self, node: NodeId, group: int) -> bool:
+        """A disk may be lost only while the other replicas' synced logs still hold every
+        committed entry on a majority: losing more than Raft tolerates is not a bug."""
+        others = [n for n in self.replicas if n != node]
+        logs = self._synced_logs(group, others)
+        quorum = len(self.replicas) // 2 + 1
+        return all(
+            sum(1 for log in logs if log.holds(index, term, payload)) >= quorum
+            for index, (term, payload) in self.checker.history[group].items()
+        )
+
+    def _check_storage(self, node: _Node) -> None:
+        """A (re)started or final replica: its chunks up to its commit index are the committed
+        history byte for byte, and every acknowledged record it has committed reads back."""
+        for replica in node.driver.groups.values():
+            if replica.failure is not None:
+                continue
+            group = replica.group_number
+            log = replica.store.log
+            commit = replica.raft.log.committed
+            first = log.first_raft_index()
+            history = self.checker.history[group]
+            if first is not None and commit >= first:
+                for data in log.chunks_from_index(first, 1 << 40):
+                    header = chunk_codec.decode_header(data)
+                    if header.raft_index > commit:
+                        break
+                    known = history.get(header.raft_index)
+                    if known is None:
+                        continue  # committed before this run's checker saw it applied
+                    term, payload = known
+                    same = header.epoch == term and (
+                        data == payload if payload else header.record_count == 0
+                    )
+                    if not same:
+                        raise InvariantViolation(
+                            "logs-identical",
+                            f"{node.id} g{group} holds chunk {header.epoch}/{header.raft_index} "
+                            f"({header.record_count} records) where {term}/{header.raft_index} "
+                            f"was committed",
+                        )
+            end = replica.end_offset()
+            start = replica.resolve(OffsetSpec.first())
+            records: dict[int, bytes] = {}
+            position: int = start
+            while position < end:
+                views = replica.read(Offset(position), 1 << 20)
+                assert views, (node.id, group, position, end)
+                for view in views:
+                    for i, record in enumerate(view.records):
+                        records[view.first_offset + i] = bytes(record)
+                    position = max(position, view.first_offset + len(view.records))
+            for ack in self.acked[group]:
+                if start <= ack.offset < end and records.get(ack.offset) != ack.record:
+                    raise InvariantViolation(
+                        "acknowledged-readable",
+                        f"{node.id} g{group} reads {records.get(ack.offset)!r} at offset "
+                        f"{ack.offset}, where {ack.record!r} was acknowledged",
+                    )
+
+
+def run_shell_seed(
+    seed: int,
+    *,
+    nodes: int | None = None,
+    groups: int | None = None,
+    steps: int = 2000,
+    bugs: ShellBugs = NO_BUGS,
+) -> ShellResult:
+    options = replace(ShellOptions.draw(seed, nodes=nodes, groups=groups, steps=steps), bugs=bugs)
+    return ShellCluster(seed, options).run()
