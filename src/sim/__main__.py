@@ -1,46 +1,151 @@
-"""`python -m spate.sim`: run the deterministic cluster simulator over many seeds, or replay one.
+"""`python -m spate.sim`: run the deterministic simulators over many seeds, or replay one.
 
-    python -m spate.sim --seeds 200 [--start 0] [--nodes 3] [--steps 3000]
-    python -m spate.sim --seed 17 [--nodes 3] [--steps 3000] [--trace]
+    python -m spate.sim --seeds 200 [--start 0] [--model shell] [--nodes 3] [--steps N]
+    python -m spate.sim --seed 17 [--model shell] [--trace]
+    python -m spate.sim --seeds 30 --bug skip-fsync          # watch the checker fail
+
+Models (`--model`, default `shell`; `all` runs each in turn):
+  shell  the production replication shell: ReplicationDriver, Replica, RaftStore, PartitionLog
+         and the catch-up on simulated disks and network (shell.py)
+  core   the Raft core alone under the reference shell and a model store (cluster.py)
 
 Exits 1 when any seed fails, after printing the invariant, the seed and the command that
-replays it exactly.
+replays it exactly. The summary line gives seeds per second.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions, SimResult
+from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions
+from spate.sim.shell import NO_BUGS as NO_SHELL_BUGS
+from spate.sim.shell import ShellBugs, ShellCluster, ShellOptions
 
-_BUGS = {
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    ok: bool
+    failure: str | None
+    digest: str
+    steps: int
+    summary: dict[str, int]
+    options: object
+    trace: list[str]
+
+
+def _run_core(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
+    options = SimOptions.draw(seed, nodes=args.nodes, steps=args.steps or 3000)
+    options = replace(options, bugs=_CORE_BUGS[bug] if bug else NO_BUGS)
+    cluster = SimCluster(seed, options, keep_trace=trace)
+    result = cluster.run()
+    summary = {
+        "acknowledged": result.acknowledged,
+        "elections": result.elections,
+        "crashes": result.crashes,
+        "snapshot transfers": result.snapshots,
+        "simulated ms": result.time_ms,
+    }
+    return _Outcome(
+        result.ok,
+        result.failure,
+        result.trace_digest,
+        result.steps,
+        summary,
+        options,
+        cluster.trace_lines,
+    )
+
+
+def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
+    options = ShellOptions.draw(
+        seed, nodes=args.nodes, groups=args.groups, steps=args.steps or 2000
+    )
+    options = replace(options, bugs=_SHELL_BUGS[bug] if bug else NO_SHELL_BUGS)
+    cluster = ShellCluster(seed, options, keep_trace=trace)
+    result = cluster.run()
+    summary = {
+        "acknowledged": result.acknowledged,
+        "elections": result.elections,
+        "crashes": result.crashes,
+        "wiped replicas": result.wipes,
+        "segment transfers": result.snapshots,
+        "segments deleted by retention": result.retention_deletes,
+        "simulated ms": result.time_ms,
+    }
+    return _Outcome(
+        result.ok,
+        result.failure,
+        result.trace_digest,
+        result.steps,
+        summary,
+        options,
+        cluster.trace_lines,
+    )
+
+
+_CORE_BUGS = {
     "ack-before-persist": Bugs(ack_before_persist=True),
     "early-append-response": Bugs(early_append_response=True),
     "forget-vote": Bugs(forget_vote=True),
 }
+_SHELL_BUGS = {
+    "ack-before-fsync": ShellBugs(ack_before_fsync=True),
+    "skip-fsync": ShellBugs(skip_fsync=True),
+    "catchup-uncommitted": ShellBugs(catchup_uncommitted=True),
+    "retention-without-floor": ShellBugs(retention_without_floor=True),
+}
+
+Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]
+MODELS: dict[str, tuple[Runner, dict[str, Any]]] = {
+    "shell": (_run_shell, _SHELL_BUGS),
+    "core": (_run_core, _CORE_BUGS),
+}
 
 
-def _replay_command(seed: int, args: argparse.Namespace) -> str:
-    parts = ["python -m spate.sim", f"--seed {seed}", f"--steps {args.steps}"]
-    if args.nodes is not None:
-        parts.append(f"--nodes {args.nodes}")
-    if args.bug is not None:
-        parts.append(f"--bug {args.bug}")
+def _replay_command(model: str, seed: int, args: argparse.Namespace) -> str:
+    parts = ["python -m spate.sim", f"--model {model}", f"--seed {seed}"]
+    for flag in ("steps", "nodes", "groups", "bug"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts.append(f"--{flag} {value}")
     return " ".join(parts)
 
 
-def _run(seed: int, args: argparse.Namespace, *, trace: bool) -> SimResult:
-    options = SimOptions.draw(seed, nodes=args.nodes, steps=args.steps)
-    options = replace(options, bugs=_BUGS[args.bug] if args.bug else NO_BUGS)
-    cluster = SimCluster(seed, options, keep_trace=trace)
-    result = cluster.run()
-    if trace:
-        for line in cluster.trace_lines:
-            print(line)
-    return result
+def _run_model(model: str, seeds: list[int], args: argparse.Namespace) -> int:
+    runner, bugs = MODELS[model]
+    bug = args.bug if args.bug in bugs else None
+    if args.bug is not None and bug is None:
+        print(f"model {model}: no planted bug {args.bug!r}; skipped")
+        return 0
+    started = time.monotonic()
+    failures = 0
+    totals: dict[str, int] = {}
+    for seed in seeds:
+        outcome = runner(seed, args, bug, args.trace and args.seed is not None)
+        for key, value in outcome.summary.items():
+            totals[key] = totals.get(key, 0) + value
+        if args.seed is not None:
+            for line in outcome.trace:
+                print(line)
+            print(f"seed {seed}: {outcome.options}")
+            print(f"trace digest {outcome.digest}, {outcome.steps} events")
+        if not outcome.ok:
+            failures += 1
+            print(f"FAIL {model} seed {seed}: {outcome.failure}")
+            print(f"  replay: {_replay_command(model, seed, args)}")
+    wall_s = time.monotonic() - started
+    facts = ", ".join(f"{value} {key}" for key, value in totals.items())
+    print(
+        f"{model}: {len(seeds)} seeds, {len(seeds) - failures} passed, {failures} failed; "
+        f"{facts}; {wall_s:.1f} s, {len(seeds) / wall_s:.1f} seeds/s"
+    )
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,48 +159,45 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--seed", type=int, help="replay one seed")
     parser.add_argument("--start", type=int, default=0, help="first seed (with --seeds)")
     parser.add_argument(
+        "--model", choices=[*MODELS, "all"], default="shell", help="what to simulate"
+    )
+    parser.add_argument(
         "--nodes",
         type=int,
         choices=(3, 4, 5),
         default=None,
-        help="cluster size (default: drawn from the seed, 3-5)",
+        help="cluster size (default: drawn from the seed)",
     )
-    parser.add_argument("--steps", type=int, default=3000, help="events in the fault phase")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        choices=(1, 2, 3),
+        default=None,
+        help="partitions (shell model; default: drawn from the seed)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="events in the fault phase (default: shell 2000, core 3000)",
+    )
     parser.add_argument("--trace", action="store_true", help="print the event trace (--seed)")
+    every_bug = sorted({name for _, bugs in MODELS.values() for name in bugs})
     parser.add_argument(
         "--bug",
-        choices=sorted(_BUGS),
+        choices=every_bug,
         default=None,
-        help="inject a deliberate shell bug (to see the checker fail)",
+        help="plant a deliberate bug (to see the checker fail)",
     )
     args = parser.parse_args(argv)
-    if args.steps <= 0 or (args.seeds is not None and args.seeds <= 0):
+    if (args.steps is not None and args.steps <= 0) or (args.seeds is not None and args.seeds <= 0):
         parser.error("--seeds and --steps must be positive")
-
+    logging.disable(logging.CRITICAL)  # the shell logs failures it is made to meet
     seeds = (
         [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))
     )
-    started = time.monotonic()
-    failures: list[SimResult] = []
-    totals = {"acknowledged": 0, "elections": 0, "crashes": 0, "snapshots": 0, "time_ms": 0}
-    for seed in seeds:
-        result = _run(seed, args, trace=args.trace and args.seed is not None)
-        for key in totals:
-            totals[key] += getattr(result, key)
-        if args.seed is not None:
-            print(f"seed {seed}: {result.options}")
-            print(f"trace digest {result.trace_digest}, {result.steps} events")
-        if not result.ok:
-            failures.append(result)
-            print(f"FAIL seed {seed}: {result.failure}")
-            print(f"  replay: {_replay_command(seed, args)}")
-    wall_s = time.monotonic() - started
-    print(
-        f"{len(seeds)} seeds, {len(seeds) - len(failures)} passed, {len(failures)} failed; "
-        f"{totals['acknowledged']} acknowledged appends, {totals['elections']} elections, "
-        f"{totals['crashes']} crashes, {totals['snapshots']} snapshot transfers, "
-        f"{totals['time_ms'] / 1000:.1f} s simulated in {wall_s:.1f} s"
-    )
+    models = list(MODELS) if args.model == "all" else [args.model]
+    failures = sum(_run_model(model, seeds, args) for model in models)
     return 1 if failures else 0
 
 

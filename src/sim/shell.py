@@ -37,7 +37,7 @@ import heapq
 import random
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from spate.core.backend import OffsetSpec
@@ -63,6 +63,9 @@ events_max = 400_000
 """Events one run may process in all (a livelocked run fails instead of spinning)."""
 batches_per_wake_max = 1000
 """Batches one wake-up may run back to back without a sync (a spinning driver is a bug)."""
+catchup_request_timeout_ms = 300
+"""A lost catch-up request is retried after this long (a node waits 5 s: simulated networks
+lose far more requests, and the liveness phase would spend most of its events waiting)."""
 wall_clock_base_ms = 1_700_000_000_000
 """Simulated wall clock at time 0 (chunk timestamps)."""
 STREAM = StreamName("sim")
@@ -126,8 +129,8 @@ class ShellOptions:
             disk_fail_weight=rng.choice((0, 0, 1)),
             propose_ms=rng.choice((5, 20, 60)),
             log_cache_bytes=rng.choice((0, 200, 100_000)),
-            segment_bytes=rng.choice((4096, 4096, 65536)),
-            retention_messages=rng.choice((None, 40, 200)),
+            segment_bytes=rng.choice((1024, 4096, 65536)),
+            retention_messages=rng.choice((None, 20, 100)),
             steps=steps,
         )
 
@@ -149,16 +152,14 @@ class _Kind(Enum):
     HEAL = "heal"
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class _Event:
-    time_ms: int
-    seq: int
-    kind: _Kind = field(compare=False)
-    node: NodeId = field(compare=False)
-    group: int = field(compare=False, default=0)
-    frame: bytes = field(compare=False, default=b"")
-    source: NodeId | None = field(compare=False, default=None)
-    incarnation: int = field(compare=False, default=0)
+    kind: _Kind
+    node: NodeId
+    group: int = 0
+    frame: bytes = b""
+    source: NodeId | None = None
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,10 @@ class _SimReplica(Replica):
     def _apply(self, entry: Entry) -> None:
         self.sim.checker.committed(self.node, self.group_number, entry, "applied")
         super()._apply(entry)
+
+    def restored(self, raft_index: int) -> None:
+        self.sim.snapshots += 1
+        super().restored(raft_index)
 
 
 class _SimDriver(ReplicationDriver[_SimReplica]):
@@ -307,6 +312,7 @@ class ShellCluster:
         self.rng = random.Random(f"shell/{seed}")
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
         self.replicas = self.ids[:3] if options.nodes > 3 else list(self.ids)
+        self._replica_set = frozenset(self.replicas)
         self.config = RaftConfig(
             election_timeout_ticks=10,
             heartbeat_interval_ticks=2,
@@ -317,7 +323,7 @@ class ShellCluster:
         self.log_config = options.log_config()
         self.checker = Checker(options.groups)
         self.now_ms = 0
-        self._queue: list[_Event] = []
+        self._queue: list[tuple[int, int, _Event]] = []
         self._seq = 0
         self._trace = hashlib.blake2b(digest_size=16)
         self.blocked: set[tuple[NodeId, NodeId]] = set()
@@ -410,11 +416,14 @@ class ShellCluster:
         return True
 
     def step(self) -> None:
-        event = heapq.heappop(self._queue)
-        self.now_ms = event.time_ms
+        self.now_ms, _, event = heapq.heappop(self._queue)
         self.steps += 1
         self._dispatch(event)
-        self._check()
+        # Only the event's node changed, except for client and nemesis events.
+        if event.kind is _Kind.PROPOSE or event.kind is _Kind.NEMESIS:
+            self._check(self.replicas)
+        elif event.node in self._replica_set:
+            self._check((event.node,))
 
     def _schedule(
         self,
@@ -430,8 +439,10 @@ class ShellCluster:
         self._seq += 1
         heapq.heappush(
             self._queue,
-            _Event(
-                self.now_ms + delay_ms, self._seq, kind, node, group, frame, source, incarnation
+            (
+                self.now_ms + delay_ms,
+                self._seq,
+                _Event(kind, node, group, frame, source, incarnation),
             ),
         )
 
@@ -441,9 +452,9 @@ class ShellCluster:
         if self._keep_trace:
             self.trace_lines.append(text)
 
-    def _check(self) -> None:
+    def _check(self, nodes: Sequence[NodeId]) -> None:
         checker = self.checker
-        for node in self.replicas:
+        for node in nodes:
             state = self.nodes[node]
             if state.up:
                 for replica in state.driver.groups.values():
@@ -459,6 +470,7 @@ class ShellCluster:
             monotonic_ms=lambda: float(self.now_ms),
             wall_ms=lambda: wall_clock_base_ms + self.now_ms,
             retention_interval_ms=100,
+            catchup_request_timeout_ms=catchup_request_timeout_ms,
         )
         driver.sim = self
         driver.leader_listeners.append(self._on_leader)
@@ -589,19 +601,8 @@ class ShellCluster:
         length, kind = codec.FRAME_HEAD.unpack_from(event.frame)
         assert length == len(event.frame) - 4
         body = memoryview(event.frame)[codec.FRAME_HEAD.size :]
-        if kind == codec.KIND_RAFT:
-            key, message = codec.decode_raft(body)
-            self._record(
-                f"g{key[1]} {type(message).__name__} "
-                f"{message.source}>{message.target} t{message.term}"
-            )
-        else:
-            self._record(f"{event.source}>{node.id} frame {kind}")
-        installs = sum(1 for r in node.driver.groups.values() if r.install is not None)
+        self._record(f"{event.source}>{node.id} kind {kind} {len(event.frame)} bytes")
         node.driver.receive(event.source, kind, body)
-        self.snapshots += (
-            sum(1 for r in node.driver.groups.values() if r.install is not None) - installs
-        )
         self._drive(node)
 
     # -- client

@@ -44,6 +44,7 @@ connection is then closed: a peer that sends garbage is broken or hostile).
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from spate.core.ids import NodeId, PartitionId, StreamName, Term
@@ -102,12 +103,14 @@ def frame(kind: int, *parts: bytes | memoryview) -> bytes:
     return b"".join((FRAME_HEAD.pack(body_length, kind), *parts))
 
 
+@functools.lru_cache(maxsize=1024)
 def _str8(text: str) -> bytes:
     data = text.encode()
     assert len(data) <= 255, text
     return _U8.pack(len(data)) + data
 
 
+@functools.lru_cache(maxsize=65536)
 def _group(key: GroupKey) -> bytes:
     stream = key[0].encode()
     assert len(stream) <= 0xFFFF
@@ -129,8 +132,13 @@ class Reader:
         return part
 
     def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
-        values = layout.unpack_from(self.take(layout.size))
-        return tuple(int(v) for v in values)
+        at = self.at
+        end = at + layout.size
+        if end > len(self.view):
+            raise CodecError(f"frame ends early: {layout.size} bytes wanted at {at}")
+        self.at = end
+        values: tuple[int, ...] = layout.unpack_from(self.view, at)
+        return values
 
     def u8(self) -> int:
         return self.unpack(_U8)[0]

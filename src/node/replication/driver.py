@@ -22,9 +22,9 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    shell goes again while anything woke it.
 
 Catch-up transfers (catchup.Fetch) run here too: one request in flight per partition, matched
-by request id, abandoned after `limits.catchup_request_timeout_ms` without a reply (checked on
-tick) and resumed by the next SnapshotNeeded. Replies to the leader-side requests are built
-here from committed, durable data.
+by request id, abandoned after `catchup_request_timeout_ms` (default: the limit of that name)
+without a reply (checked on tick) and resumed by the next SnapshotNeeded. Replies to the
+leader-side requests are built here from committed, durable data.
 
 The methods `_early_messages`/`_late_messages`, `_serves_catchup` and `_retention_floor`, and
 `_observe_ready`, are the seams the
@@ -88,14 +88,16 @@ class ReplicationDriver(Generic[R]):
         monotonic_ms: Callable[[], float],
         wall_ms: Callable[[], int],
         retention_interval_ms: int = RETENTION_INTERVAL_MS,
+        catchup_request_timeout_ms: int = limits.catchup_request_timeout_ms,
     ) -> None:
-        assert retention_interval_ms > 0
+        assert retention_interval_ms > 0 and catchup_request_timeout_ms > 0
         self.node_id = node_id
         self._send_frame = send
         self.wake = wake
         self._monotonic_ms = monotonic_ms
         self._wall_ms = wall_ms
         self.retention_interval_ms = retention_interval_ms
+        self.catchup_request_timeout_ms = catchup_request_timeout_ms
         self.groups: dict[codec.GroupKey, R] = {}
         self.leader_listeners: list[LeaderListener] = []
         self._transfers: dict[int, _Transfer] = {}  # by request id
@@ -348,7 +350,7 @@ class ReplicationDriver(Generic[R]):
     def _ask(self, transfer: _Transfer) -> None:
         request_id = next(self._request_ids)
         transfer.request_id = request_id
-        transfer.deadline_ms = self._monotonic_ms() + limits.catchup_request_timeout_ms
+        transfer.deadline_ms = self._monotonic_ms() + self.catchup_request_timeout_ms
         self._transfers[request_id] = transfer
         if not self._send_frame(transfer.fetch.leader, transfer.fetch.request(request_id)):
             self._abandon(request_id, f"no link to {transfer.fetch.leader}")

@@ -259,11 +259,15 @@ class Raft:
         if self._outstanding is not None:
             return False
         self._flush_appends()
+        log = self.log
+        handed = self._handed_hard_state
         return bool(
             self._outbox
-            or self.log.persist_from <= self.log.last_index
-            or self._hard_state() != self._handed_hard_state
-            or self.log.applied < self.log.committed
+            or log.persist_from <= log.last_index
+            or self.term != handed.term
+            or self.vote != handed.vote
+            or log.committed != handed.commit
+            or log.applied < log.committed
             or self._handed_leader != (self.leader, self.leader_epoch)
             or self._snapshot_to_persist is not None
             or self._snapshot_request is not None

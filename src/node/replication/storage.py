@@ -15,9 +15,15 @@ empty payload in the core) is stored as a barrier chunk (no records) that each r
 itself from (end offset of the previous chunk, its timestamp, term, index): deterministic, since
 the logs agree up to it.
 
-`raft.state`: two 64-byte slots at bytes 0 and 64, written alternately in place with one
-`pwrite` (and one `fdatasync` in the batch when the term or vote changed; a commit-only change
-is not synced), so a torn write can only damage the slot being written:
+`raft.state`: two 64-byte slots at bytes 0 and 64, each written in place with one `pwrite`,
+with one `fdatasync` in the batch when the term or vote changed (a commit-only change is not
+synced). Every write goes to the slot that does NOT hold the last synced record (the scratch
+slot); a sync makes the scratch slot the synced one. So a torn or lost write, synced or not,
+can only damage the scratch slot, and the synced record (the term and vote this replica may
+have promised in messages) always survives. (Alternating slots on every write, as this file
+first did, lets two unsynced commit-only writes overwrite the synced slot; the simulator found
+a replica that forgot its vote that way, two leaders in one term: `python -m spate.sim
+--model shell --seed 15` before the fix.)
 
 ```
  0  4 magic "SPHS" | 4 4 crc32c of bytes 8..64 | 8 8 sequence u64 | 16 8 term u64
@@ -63,12 +69,14 @@ class HardStateFile:
         self._file = file
         self._sequence = 0
         self.state: HardState | None = None
+        self._synced_slot = 1  # the slot holding the last synced record
+        self._written_slot = 0  # the slot of the last write
         if existed:
-            self.state, self._sequence = self._load()
+            self.state, self._sequence, self._synced_slot = self._load()
         self.dirty = False
 
-    def _load(self) -> tuple[HardState | None, int]:
-        best: tuple[HardState | None, int] = (None, 0)
+    def _load(self) -> tuple[HardState | None, int, int]:
+        best: tuple[HardState | None, int, int] = (None, 0, 1)
         for slot in (0, 1):
             data = self._file.pread(slot * SLOT_BYTES, SLOT_BYTES)
             if len(data) != SLOT_BYTES:
@@ -78,11 +86,11 @@ class HardStateFile:
                 continue
             if best[0] is None or sequence > best[1]:
                 voted = NodeId(vote[:vote_length].decode()) if vote_length else None
-                best = (HardState(Term(term), voted, commit), sequence)
+                best = (HardState(Term(term), voted, commit), sequence, slot)
         return best
 
     def write(self, state: HardState, *, sync: bool = True) -> None:
-        """Write the new hard state into the older slot; `sync` marks the file dirty so the
+        """Write the new hard state into the scratch slot; `sync` marks the file dirty so the
         next batch fsyncs it (a term or vote change). A commit-only change is written without
         a sync: a commit point lost in a crash is learned again from the leader."""
         vote = (state.vote or "").encode()
@@ -90,12 +98,17 @@ class HardStateFile:
         self._sequence += 1
         body = _SLOT.pack(_MAGIC, 0, self._sequence, state.term, state.commit, len(vote), vote)
         data = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
-        self._file.pwrite((self._sequence % 2) * SLOT_BYTES, data)
+        self._written_slot = 1 - self._synced_slot
+        self._file.pwrite(self._written_slot * SLOT_BYTES, data)
         self.state = state
         self.dirty = self.dirty or sync
 
     def sync(self) -> None:
+        """fdatasync; the last write's slot becomes the synced one. Runs in the fsync thread
+        while no write can happen (one batch at a time per replica)."""
+        written = self._written_slot
         self._file.sync()
+        self._synced_slot = written
 
     def close(self) -> None:
         self._file.close()
