@@ -142,9 +142,12 @@ class RaftStore:
         last = self.log.last_raft_index
         commit = min(state.commit, last)
         first = self.log.first_raft_index()
-        if first is not None and commit < first:
+        if first is not None and first > 1 and commit < first:
             # Retention (floor: the applied commit point) removed everything below `first`,
             # so `first` was committed even if the commit-only hard-state write was lost.
+            # (Not when `first` is 1: nothing was removed, and index 1 may be a deposed
+            # leader's uncommitted barrier; the shell simulator found a replica that took it
+            # for committed.)
             commit = first
         snapshot = SNAPSHOT_EMPTY
         committed_end = self.log.start_offset
