@@ -112,7 +112,7 @@ def test_same_seed_same_trace_across_processes_with_different_string_hashing() -
     """No iteration order in the simulator or the core depends on str hashing."""
     digests = set()
     for hash_seed in ("1", "2"):
-        done = _sim("--seed", "11", "--steps", "2000", hash_seed=hash_seed)
+        done = _sim("--model", "core", "--seed", "11", "--steps", "2000", hash_seed=hash_seed)
         assert done.returncode == 0, done.stdout + done.stderr
         digests.add(
             next(line for line in done.stdout.splitlines() if line.startswith("trace digest "))
@@ -122,19 +122,22 @@ def test_same_seed_same_trace_across_processes_with_different_string_hashing() -
 
 
 def test_cli_summarises_passing_seeds() -> None:
-    done = _sim("--seeds", "5", "--start", "100", "--nodes", "3", "--steps", "500")
+    done = _sim(
+        "--model", "core", "--seeds", "5", "--start", "100", "--nodes", "3", "--steps", "500"
+    )
     assert done.returncode == 0, done.stderr
-    assert "5 seeds, 5 passed, 0 failed" in done.stdout
+    assert "core: 5 seeds, 5 passed, 0 failed" in done.stdout
+    assert "seeds/s" in done.stdout
 
 
 @pytest.mark.slow
 def test_cli_failure_prints_seed_and_a_replay_command_that_reproduces_it() -> None:
-    done = _sim("--seeds", "10", "--steps", "2000", "--bug", "forget-vote")
+    done = _sim("--model", "core", "--seeds", "10", "--steps", "2000", "--bug", "forget-vote")
     assert done.returncode == 1
     lines = done.stdout.splitlines()
-    fail = next(line for line in lines if line.startswith("FAIL seed "))
+    fail = next(line for line in lines if line.startswith("FAIL core seed "))
     replay = lines[lines.index(fail) + 1].strip()
-    assert replay.startswith("replay: python -m spate.sim --seed ")
+    assert replay.startswith("replay: python -m spate.sim --model core --seed ")
     command = replay.removeprefix("replay: python -m spate.sim ").split()
     again = _sim(*command)
     assert again.returncode == 1

@@ -241,6 +241,12 @@ class Replica:
             leader_epoch=self.leader_epoch,
         )
 
+    @property
+    def heard_leader(self) -> bool:
+        """A leader has been reported since this replica opened (ends a new directory's vote
+        embargo)."""
+        return self._heard_leader
+
     def add_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
 
