@@ -3,6 +3,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 SEEDS  ?= 200
+MODEL  ?= all
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: demo test check fmt bench sim install proto clean help
@@ -13,7 +14,7 @@ help:
 	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
-	@echo "make sim    - run the deterministic cluster simulator over SEEDS seeds"
+	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core)"
 
 install:
 	@bash tools/bootstrap.sh
@@ -43,7 +44,7 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 sim: install
-	$(PY) -m spate.sim --seeds $(SEEDS)
+	$(PY) -m spate.sim --model $(MODEL) --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/api/v1 tests/js/node_modules
