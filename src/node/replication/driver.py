@@ -33,6 +33,7 @@ simulator's planted bugs override (tests prove the checker catches each).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -71,8 +72,8 @@ class Batch(Generic[R]):
 
 
 @dataclass(slots=True)
-class _Transfer:
-    group: Replica
+class _Transfer(Generic[R]):
+    group: R
     fetch: catchup.Fetch
     request_id: int = 0
     deadline_ms: float = 0.0
@@ -99,8 +100,12 @@ class ReplicationDriver(Generic[R]):
         self.retention_interval_ms = retention_interval_ms
         self.catchup_request_timeout_ms = catchup_request_timeout_ms
         self.groups: dict[codec.GroupKey, R] = {}
+        self._dirty: dict[codec.GroupKey, R] = {}
+        """Replicas touched since the last batch: only they can have a Ready (a batch looks at
+        these, not at every replica: O(touched), not O(partitions), per wake-up)."""
         self.leader_listeners: list[LeaderListener] = []
-        self._transfers: dict[int, _Transfer] = {}  # by request id
+        self._transfers: dict[int, _Transfer[R]] = {}  # by request id
+        self._installs: list[R] = []  # replicas whose transfer is staged, to install
         self._request_ids = itertools.count(1)
         self._retention_due_ms = 0.0
         self.batches = 0
@@ -117,11 +122,16 @@ class ReplicationDriver(Generic[R]):
                 listener(group.stream, group.partition, leader, epoch)
 
         group.leader_listeners.append(report)
+        group.set_wake(functools.partial(self._wake_group, key, group))
         self.groups[key] = group
         if not group.raft.peers or (group.replicas[0] == self.node_id and group.raft.term == 0):
             # A single-voter group, or the preferred leader of a brand-new group, need not wait
             # an election timeout: a client can publish right after `stream create`.
             group.raft.campaign()
+        self._wake_group(key, group)
+
+    def _wake_group(self, key: codec.GroupKey, group: R) -> None:
+        self._dirty[key] = group
         self.wake()
 
     def remove(self, stream: StreamName, partition: PartitionId) -> R:
@@ -129,6 +139,7 @@ class ReplicationDriver(Generic[R]):
         group = self.groups.pop((stream, partition), None)
         if group is None:
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
+        self._dirty.pop((stream, partition), None)
         for request_id, transfer in list(self._transfers.items()):
             if transfer.group is group:
                 self._end_transfer(request_id)
@@ -144,9 +155,10 @@ class ReplicationDriver(Generic[R]):
 
     def tick(self) -> None:
         """Every tick_ms: tick every core, time out catch-up requests."""
-        for group in list(self.groups.values()):
+        for key, group in self.groups.items():
             if group.failure is None:
                 group.tick()
+                self._dirty[key] = group
         now_ms = self._monotonic_ms()
         for request_id, transfer in list(self._transfers.items()):
             if transfer.deadline_ms <= now_ms:
@@ -159,8 +171,9 @@ class ReplicationDriver(Generic[R]):
         """Steps 1 of a batch (see the module docstring); None when no replica has work."""
         self._between_batches()
         items: list[tuple[R, Ready, SyncWork | None]] = []
-        for group in list(self.groups.values()):
-            if group.failure is not None or not group.raft.has_ready():
+        dirty, self._dirty = self._dirty, {}
+        for group in dirty.values():
+            if group.failure is not None or group.closed or not group.raft.has_ready():
                 continue
             ready = group.raft.ready()
             self._observe_ready(group, ready)
@@ -207,6 +220,7 @@ class ReplicationDriver(Generic[R]):
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)
             group.raft.advance(ready)
+            self._dirty[(group.stream, group.partition)] = group  # it may have more work
         self.wake()
 
     def _observe_ready(self, group: R, ready: Ready) -> None:
@@ -222,8 +236,10 @@ class ReplicationDriver(Generic[R]):
 
     def _between_batches(self) -> None:
         """Work that must not overlap an fsync batch: installs and retention."""
-        for group in list(self.groups.values()):
-            if group.install is not None and group.failure is None:
+        installs, self._installs = self._installs, []
+        for group in installs:
+            self._dirty[(group.stream, group.partition)] = group
+            if group.install is not None and group.failure is None and not group.closed:
                 manifest, index, term = group.install
                 group.install = None
                 if group.raft.role is Role.LEADER or index <= group.raft.log.committed:
@@ -310,7 +326,7 @@ class ReplicationDriver(Generic[R]):
                 committed = group.raft.take_committed()
                 if committed:
                     group.apply_entries(committed)
-                self.wake()
+                self._wake_group(key, group)
         elif kind == codec.KIND_FETCH_MANIFEST:
             key, request_id, raft_index = codec.decode_fetch_manifest(body)
             group = self.groups.get(key)
@@ -355,7 +371,7 @@ class ReplicationDriver(Generic[R]):
         )
         self._ask(_Transfer(group, fetch))
 
-    def _ask(self, transfer: _Transfer) -> None:
+    def _ask(self, transfer: _Transfer[R]) -> None:
         request_id = next(self._request_ids)
         transfer.request_id = request_id
         transfer.deadline_ms = self._monotonic_ms() + self.catchup_request_timeout_ms
@@ -364,7 +380,7 @@ class ReplicationDriver(Generic[R]):
             self._abandon(request_id, f"no link to {transfer.fetch.leader}")
 
     def _on_transfer_reply(
-        self, request_id: int, transfer: _Transfer, kind: int, body: memoryview
+        self, request_id: int, transfer: _Transfer[R], kind: int, body: memoryview
     ) -> None:
         group, fetch = transfer.group, transfer.fetch
         del self._transfers[request_id]
@@ -382,12 +398,13 @@ class ReplicationDriver(Generic[R]):
         assert fetch.manifest is not None
         self._finish_transfer(transfer)
         group.install = (fetch.manifest, fetch.raft_index, fetch.term)
+        self._installs.append(group)
         self.wake()
 
     def _abandon(self, request_id: int, reason: str) -> None:
         self._abandon_transfer(self._transfers.pop(request_id), reason)
 
-    def _abandon_transfer(self, transfer: _Transfer, reason: str) -> None:
+    def _abandon_transfer(self, transfer: _Transfer[R], reason: str) -> None:
         self._finish_transfer(transfer)
         log.info(
             "%s: catch-up of %s/%s from %s interrupted (will resume): %s",
@@ -399,14 +416,16 @@ class ReplicationDriver(Generic[R]):
         )
         if not transfer.group.closed:
             transfer.group.raft.snapshot_failed(transfer.fetch.leader)  # no-op on a follower
+            key = (transfer.group.stream, transfer.group.partition)
+            self._dirty[key] = transfer.group
 
-    def _end_transfer(self, request_id: int) -> _Transfer:
+    def _end_transfer(self, request_id: int) -> _Transfer[R]:
         transfer = self._transfers.pop(request_id)
         self._finish_transfer(transfer)
         return transfer
 
     @staticmethod
-    def _finish_transfer(transfer: _Transfer) -> None:
+    def _finish_transfer(transfer: _Transfer[R]) -> None:
         transfer.fetch.close()
         transfer.group.catching_up = False
 

@@ -241,6 +241,10 @@ class Replica:
             leader_epoch=self.leader_epoch,
         )
 
+    def set_wake(self, wake: Callable[[], None]) -> None:
+        """Who to tell that this replica has work (the driver marks it for the next batch)."""
+        self._wake = wake
+
     @property
     def heard_leader(self) -> bool:
         """A leader has been reported since this replica opened (ends a new directory's vote
