@@ -8,6 +8,8 @@ Models (`--model`, default `shell`; `all` runs each in turn):
   shell  the production replication shell: ReplicationDriver, Replica, RaftStore, PartitionLog
          and the catch-up on simulated disks and network (shell.py)
   core   the Raft core alone under the reference shell and a model store (cluster.py)
+  metadata  the metadata service's state machine and codec on a simulated replicated log
+         (metadata.py; a plug-in: later state machines register beside it)
 
 Exits 1 when any seed fails, after printing the invariant, the seed and the command that
 replays it exactly. The summary line gives seeds per second.
@@ -24,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions
+from spate.sim.metadata import MetadataBugs, run_state_machine_seed
 from spate.sim.shell import NO_BUGS as NO_SHELL_BUGS
 from spate.sim.shell import ShellBugs, ShellCluster, ShellOptions
 
@@ -89,6 +92,36 @@ def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool
     )
 
 
+def _run_metadata(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
+    result, cluster = run_state_machine_seed(
+        seed,
+        nodes=args.nodes,
+        steps=args.steps or 2000,
+        bugs=_METADATA_BUGS[bug] if bug else None,
+        keep_trace=trace,
+    )
+    summary = {
+        "acknowledged commands": result.acknowledged,
+        "elections": result.elections,
+        "crashes": result.crashes,
+        "simulated ms": result.time_ms,
+    }
+    return _Outcome(
+        result.ok,
+        result.failure,
+        result.trace_digest,
+        result.steps,
+        summary,
+        cluster.options,
+        cluster.trace_lines,
+    )
+
+
+_METADATA_BUGS = {
+    "forget-requests": MetadataBugs(forget_requests=True),
+    "stale-epochs": MetadataBugs(stale_epochs=True),
+    "local-clock": MetadataBugs(local_clock=True),
+}
 _CORE_BUGS = {
     "ack-before-persist": Bugs(ack_before_persist=True),
     "early-append-response": Bugs(early_append_response=True),
@@ -105,6 +138,7 @@ Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]
 MODELS: dict[str, tuple[Runner, dict[str, Any]]] = {
     "shell": (_run_shell, _SHELL_BUGS),
     "core": (_run_core, _CORE_BUGS),
+    "metadata": (_run_metadata, _METADATA_BUGS),
 }
 
 
@@ -179,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         type=int,
         default=None,
-        help="events in the fault phase (default: shell 2000, core 3000)",
+        help="events in the fault phase (default: core 3000, others 2000)",
     )
     parser.add_argument("--trace", action="store_true", help="print the event trace (--seed)")
     every_bug = sorted({name for _, bugs in MODELS.values() for name in bugs})

@@ -8,6 +8,7 @@ from spate.cluster.metadata.state import (
     Barrier,
     CreateStream,
     DeleteStream,
+    Heartbeat,
     MetadataState,
     RegisterNode,
     Rejected,
@@ -138,6 +139,18 @@ def test_register_node_and_refresh() -> None:
     ):
         result = state.apply(bad)
         assert isinstance(result, Rejected) and result.code is ErrorCode.INVALID_ARGUMENT, bad
+
+
+def test_a_late_registration_moves_endpoints_but_never_the_heartbeat_back() -> None:
+    """A registration retried after a leader change may be applied after newer heartbeats:
+    its endpoints win (the node registered them), its older clock does not (the node would
+    look dead). Found by the metadata simulator (src/sim/metadata.py)."""
+    state = MetadataState()
+    state.apply(register("a", "n1", "h:5672", now_ms=5))
+    state.apply(Heartbeat(RequestId("hb"), NodeId("n1"), 50))
+    assert state.apply(register("late", "n1", "h:6000", now_ms=7)) == Applied(2)
+    record = state.view.nodes[NodeId("n1")]
+    assert (record.amqp, record.heartbeat_ms) == ("h:6000", 50)
 
 
 def test_barrier_changes_nothing() -> None:

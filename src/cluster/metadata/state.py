@@ -29,7 +29,7 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | LegacyCreateStream (format 1) | as CreateStream | add unplaced (replicas ()), v+1 | A |
 | DeleteStream | exists | remove with placement+leaders, v+1 | A |
 | DeleteStream | unknown | none | R(not-found) |
-| RegisterNode | new or other endpoints | record, heartbeat=now_ms, v+1 | A |
+| RegisterNode | new or other endpoints | record, heartbeat=max(old, now_ms), v+1 | A |
 | RegisterNode | same endpoints | heartbeat=max(old, now_ms) | A |
 | Heartbeat | registered | heartbeat=max(old, now_ms), version kept | A |
 | Heartbeat | unknown node | none | R(not-found) |
@@ -511,7 +511,11 @@ class MetadataState:
             admin=command.admin,
             replication=command.replication,
             metadata=command.metadata,
-            heartbeat_ms=command.now_ms,
+            # A registration applied late (retried after a leader change) never moves the
+            # heartbeat back: the node would look dead (found by the metadata simulator).
+            heartbeat_ms=command.now_ms
+            if known is None
+            else max(known.heartbeat_ms, command.now_ms),
         )
         nodes = dict(view.nodes)
         if known is not None and replace(known, heartbeat_ms=record.heartbeat_ms) == record:
