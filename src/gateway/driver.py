@@ -817,6 +817,10 @@ class AmqpConnection(asyncio.Protocol):
             consumer.tag = tag
             if sent == room and plan.available():
                 more = True
+            elif lib.pn_link_get_drain(lp) and not plan.available():
+                # Core §2.6.7: asked to drain, and nothing more to send now: use up the rest of
+                # the credit (delivery-count advances; the flow goes out with this pump).
+                lib.pn_link_drained(lp)
         if more:
             self.schedule_pump()  # another turn, after other connections had theirs
 

@@ -79,7 +79,9 @@ def amqp_error(err: BrokerError) -> AmqpError:
             REDIRECT,
             err.message,
             {
-                "hostname": err.leader_node or err.leader_host,
+                # The name a client puts in open.hostname and TLS SNI: the leader's advertised
+                # host, never its node id (core §2.8.18; issue 7).
+                "hostname": err.leader_host,
                 "network-host": err.leader_host,
                 "port": err.leader_port,
             },

@@ -116,7 +116,7 @@ def test_not_leader_redirects(
     condition = attach_error(gateway, stream, options=partition_option("1"))
     assert condition.name == "amqp:link:redirect"
     assert condition.info == {
-        symbol("hostname"): "n2",
+        symbol("hostname"): "127.0.0.2",  # the advertised host (open.hostname, SNI), not "n2"
         symbol("network-host"): "127.0.0.2",
         symbol("port"): 5999,
         symbol("address"): stream,

@@ -42,6 +42,9 @@ class MemoryPartition:
     assigned_end: int = 0
     listeners: list[Callable[[], None]] = field(default_factory=list)
     failures: list[BrokerError] = field(default_factory=list)
+    commit_delay_s: float | None = FSYNC_DELAY_S
+    """None: appends wait for `release()` (the pump rig decides when the 'fsync' is done)."""
+    held: list[tuple[_Chunk, asyncio.Future[Offset]]] = field(default_factory=list)
 
     def append(self, records: Sequence[bytes]) -> Awaitable[Offset]:
         assert records, "an append carries at least one record"
@@ -49,13 +52,23 @@ class MemoryPartition:
         future: asyncio.Future[Offset] = loop.create_future()
         if self.failures:
             error = self.failures.pop(0)
-            loop.call_later(FSYNC_DELAY_S, future.set_exception, error)
+            loop.call_later(self.commit_delay_s or 0.0, future.set_exception, error)
             return future
         first = self.assigned_end
         self.assigned_end += len(records)
         chunk = _Chunk(first, self.clock_ms(), [bytes(r) for r in records])
-        loop.call_later(FSYNC_DELAY_S, self._commit, chunk, future)
+        if self.commit_delay_s is None:
+            self.held.append((chunk, future))
+        else:
+            loop.call_later(self.commit_delay_s, self._commit, chunk, future)
         return future
+
+    def release(self) -> int:
+        """Commit every held append, in order; returns how many."""
+        held, self.held = self.held, []
+        for chunk, future in held:
+            self._commit(chunk, future)
+        return len(held)
 
     def _commit(self, chunk: _Chunk, future: asyncio.Future[Offset]) -> None:
         assert chunk.first_offset == self.committed_end, "appends commit in order"
@@ -135,8 +148,9 @@ class RemoteLeader:
 class MemoryBroker:
     """Streams live in a dict; must be used from the event loop that runs the gateway."""
 
-    def __init__(self, node: str = "n1") -> None:
+    def __init__(self, node: str = "n1", *, commit_delay_s: float | None = FSYNC_DELAY_S) -> None:
         self.node = NodeId(node)
+        self.commit_delay_s = commit_delay_s
         self.configs: dict[StreamName, StreamConfig] = {}
         self.partitions: dict[tuple[StreamName, PartitionId], MemoryPartition] = {}
         self.remote: dict[tuple[StreamName, PartitionId], RemoteLeader] = {}
@@ -146,7 +160,13 @@ class MemoryBroker:
         self.configs[config.name] = config
         for p in range(config.partitions):
             pid = PartitionId(p)
-            self.partitions[(config.name, pid)] = MemoryPartition(config.name, pid, self.node)
+            self.partitions[(config.name, pid)] = MemoryPartition(
+                config.name, pid, self.node, commit_delay_s=self.commit_delay_s
+            )
+
+    def release(self) -> int:
+        """Commit every held append of every partition (commit_delay_s=None)."""
+        return sum(p.release() for p in self.partitions.values())
 
     def set_remote(self, name: str, partition: int, leader: RemoteLeader) -> None:
         """Pretend another node leads this partition (NotLeader with its address)."""
