@@ -24,7 +24,18 @@ def register(subparsers: Any) -> None:
     run.add_argument("--node-id", help="stable node name, e.g. n1")
     run.add_argument("--data-dir", type=Path, help="directory for partitions and metadata")
     run.add_argument("--host", help="address to bind every listener to (default 127.0.0.1)")
+    run.add_argument(
+        "--advertise-host",
+        help="host other nodes and clients reach this node at (default --host; required when "
+        "--host is 0.0.0.0 or ::); redirects send clients there",
+    )
     run.add_argument("--amqp-port", type=int, help="AMQP 1.0 port (default 5672; 0 = any free)")
+    run.add_argument(
+        "--advertise-amqp-port",
+        type=int,
+        help="AMQP port clients should use when a load balancer or port mapping fronts the node "
+        "(default: the bound port)",
+    )
     run.add_argument("--admin-port", type=int, help="gRPC admin port (default 7600; 0 = any free)")
     run.add_argument("--metadata-port", type=int, help="metadata Raft port (default 7700)")
     run.add_argument(
@@ -54,7 +65,9 @@ def _run(args: argparse.Namespace) -> int:
         "node_id": args.node_id,
         "data_dir": args.data_dir,
         "host": args.host,
+        "advertise_host": args.advertise_host,
         "amqp_port": args.amqp_port,
+        "advertise_amqp_port": args.advertise_amqp_port,
         "admin_port": args.admin_port,
         "metadata_port": args.metadata_port,
         "replication_port": args.replication_port,

@@ -29,7 +29,7 @@ from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
-from spate.server.settings import NodeSettings
+from spate.server.settings import NodeSettings, advertised_host
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ class NodeProcess:
         self.metadata = MetadataService(
             node_id=settings.node_id,
             data_dir=settings.data_dir / "metadata",
-            self_address=f"{settings.host}:{settings.metadata_port}",
+            self_address=f"{advertised_host(settings)}:{settings.metadata_port}",
+            bind_address=f"{settings.host}:{settings.metadata_port}",
             peer_addresses=list(settings.metadata_peers),
             password=settings.metadata_password,
         )
@@ -167,11 +168,11 @@ class NodeProcess:
         self.replication.add_leader_listener(self._on_leader)
         amqp_port = await self.gateway.start()
         admin_port = await self.admin.start()
-        host = settings.host
+        host = advertised_host(settings)
         self.endpoints = NodeEndpoints(
             node_id=settings.node_id,
             pid=os.getpid(),
-            amqp=f"{host}:{amqp_port}",
+            amqp=f"{host}:{settings.advertise_amqp_port or amqp_port}",
             admin=f"{host}:{admin_port}",
             metadata=f"{host}:{settings.metadata_port}",
             replication=f"{host}:{replication_port}",

@@ -10,6 +10,7 @@ from typing import Any
 from spate.core.errors import InvalidArgument
 
 DEFAULT_HOST = "127.0.0.1"
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,14 @@ class NodeSettings:
     node_id: str
     data_dir: Path
     host: str = DEFAULT_HOST
+    """Address every listener binds to."""
+    advertise_host: str | None = None
+    """Host other nodes and clients reach this node at (registered endpoints, link redirects,
+    `open.hostname`/SNI of redirected clients). Default: `host`; required when `host` is a
+    wildcard (0.0.0.0, ::)."""
+    advertise_amqp_port: int | None = None
+    """AMQP port clients should use when it differs from the bound one (a load balancer or a
+    port mapping in front of the node). Default: the bound port."""
     amqp_port: int = 5672
     admin_port: int = 7600
     metadata_port: int = 7700
@@ -42,6 +51,22 @@ class NodeSettings:
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
+        if self.host in WILDCARD_HOSTS and not self.advertise_host:
+            raise InvalidArgument(
+                f"--host {self.host} binds every interface, so the address other nodes and "
+                "clients should use cannot be guessed: set --advertise-host (e.g. this "
+                "machine's DNS name)"
+            )
+        if self.advertise_host is not None and (
+            not self.advertise_host or any(c in self.advertise_host for c in " /:")
+        ):
+            raise InvalidArgument(
+                f"--advertise-host {self.advertise_host!r} must be a host name or IPv4 address"
+            )
+        if self.advertise_amqp_port is not None and not 0 < self.advertise_amqp_port < 65536:
+            raise InvalidArgument(
+                f"--advertise-amqp-port must be 1-65535, got {self.advertise_amqp_port}"
+            )
         if not self.allow_anonymous and self.users_file is None:
             raise InvalidArgument(
                 "anonymous access is off but no users file is given (--users-file)"
@@ -78,3 +103,7 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSe
     settings = NodeSettings(**values)
     settings.validate()
     return settings
+
+
+def advertised_host(settings: NodeSettings) -> str:
+    return settings.advertise_host or settings.host
