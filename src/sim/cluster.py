@@ -12,10 +12,7 @@ leader and acknowledge a new proposal within `liveness_ms_max` of simulated time
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import random
-import traceback
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -31,7 +28,8 @@ from spate.node.replication.messages import (
     describe,
 )
 from spate.node.replication.raft import Raft, RaftConfig, Role
-from spate.sim.checker import Checker, InvariantViolation
+from spate.sim.checker import Checker
+from spate.sim.loop import SimLoop
 from spate.sim.raft_store import SimRaftStore
 
 tick_ms = 10
@@ -106,16 +104,14 @@ class _Kind(Enum):
     HEAL = "heal"
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class _Event:
-    time_ms: int
-    seq: int
-    kind: _Kind = field(compare=False)
-    node: NodeId = field(compare=False)
-    group: int = field(compare=False, default=0)
-    message: Message | None = field(compare=False, default=None)
-    incarnation: int = field(compare=False, default=0)
-    request: SnapshotRequest | None = field(compare=False, default=None)
+    kind: _Kind
+    node: NodeId
+    group: int = 0
+    message: Message | None = None
+    incarnation: int = 0
+    request: SnapshotRequest | None = None
 
 
 @dataclass
@@ -153,11 +149,11 @@ class SimResult:
         return self.failure is None
 
 
-class SimCluster:
+class SimCluster(SimLoop[_Event]):
     def __init__(self, seed: int, options: SimOptions, *, keep_trace: bool = False) -> None:
-        self.seed = seed
-        self.trace_lines: list[str] = []
-        self._keep_trace = keep_trace
+        super().__init__(
+            seed, keep_trace=keep_trace, liveness_ms_max=liveness_ms_max, events_max=events_max
+        )
         self.options = options
         self.rng = random.Random(f"cluster/{seed}")
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
@@ -173,20 +169,12 @@ class SimCluster:
             node: _Node(node, [_Replica(SimRaftStore()) for _ in range(options.groups)])
             for node in self.ids
         }
-        self.now_ms = 0
-        self._queue: list[_Event] = []
-        self._seq = 0
-        self._trace = hashlib.blake2b(digest_size=16)
-        self.blocked: set[tuple[NodeId, NodeId]] = set()
-        self.faults = True
-        self.steps = 0
         self.crashes = 0
         self.snapshots = 0
         self._client_seq = 0
         self._leader_hint: list[NodeId | None] = [None] * options.groups
         self._acked_after: list[int | None] = [None] * options.groups
         """Per group: the index of the first proposal acknowledged after faults stopped."""
-        self._liveness_from_ms = 0
         for node in self.ids:
             self._start(self.nodes[node])
             self._schedule(self.rng.randrange(tick_ms), _Kind.TICK, node)
@@ -202,45 +190,27 @@ class SimCluster:
     # -- running
 
     def run(self) -> SimResult:
-        failure = None
-        try:
-            self._run_until(lambda: self.steps >= self.options.steps)
-            self._heal_all()
-            self._liveness_from_ms = self.now_ms
-            self._run_until(self._live)
-            if not self._live():
-                failure = (
-                    f"liveness: within {liveness_ms_max} ms after healing, not every "
-                    f"group acknowledged a proposal that every replica then applied "
-                    f"(acknowledged at {self._acked_after})"
-                )
-        except InvariantViolation as violation:
-            failure = str(violation)
-        except AssertionError as error:
-            frame = traceback.extract_tb(error.__traceback__)[-1]
-            where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
-            failure = f"assertion at {where}: {error}"
+        failure = self.run_phases(self.options.steps)
         return SimResult(
             seed=self.seed,
             options=self.options,
             failure=failure,
             steps=self.steps,
             time_ms=self.now_ms,
-            trace_digest=self._trace.hexdigest(),
+            trace_digest=self.trace_digest,
             acknowledged=sum(len(a) for a in self.checker.acked),
             elections=len(self.checker.leaders),
             crashes=self.crashes,
             snapshots=self.snapshots,
         )
 
-    def _run_until(self, done: object) -> None:
-        assert callable(done)
-        while not done() and self._queue and self.steps < events_max:
-            if not self.faults and self.now_ms - self._liveness_from_ms > liveness_ms_max:
-                return
-            self.step()
+    def liveness_failure(self) -> str:
+        return (
+            "not every group acknowledged a proposal that every replica then applied "
+            f"(acknowledged at {self._acked_after})"
+        )
 
-    def _live(self) -> bool:
+    def live(self) -> bool:
         """Every group acknowledged a proposal after healing, and every replica has applied
         it (no follower is left stuck behind, e.g. waiting for a snapshot forever)."""
         if self.faults:
@@ -254,9 +224,7 @@ class SimCluster:
         return True
 
     def step(self) -> None:
-        event = heapq.heappop(self._queue)
-        self.now_ms = event.time_ms
-        self.steps += 1
+        event = self.pop()
         self._dispatch(event)
         self._check()
 
@@ -271,19 +239,7 @@ class SimCluster:
         incarnation: int = 0,
         request: SnapshotRequest | None = None,
     ) -> None:
-        self._seq += 1
-        heapq.heappush(
-            self._queue,
-            _Event(
-                self.now_ms + delay_ms, self._seq, kind, node, group, message, incarnation, request
-            ),
-        )
-
-    def _record(self, line: str) -> None:
-        text = f"{self.now_ms} {line}"
-        self._trace.update(text.encode() + b"\n")
-        if self._keep_trace:
-            self.trace_lines.append(text)
+        self.push(delay_ms, _Event(kind, node, group, message, incarnation, request))
 
     def _check(self) -> None:
         for node in self.ids:
@@ -337,9 +293,7 @@ class SimCluster:
                 if not node.up:
                     self._restart(node)
             case _Kind.HEAL:
-                if self.blocked:
-                    self._record("heal")
-                self.blocked.clear()
+                self.heal()
 
     def _deliver(self, node: _Node, group: int, message: Message) -> None:
         if not node.up or (message.source, message.target) in self.blocked:
@@ -504,8 +458,7 @@ class SimCluster:
             return
         replica = node.replicas[group]
         assert replica.raft is not None
-        self._client_seq += 1
-        payload = f"g{group}c{self._client_seq}".encode()
+        payload = self._next_payload(group)
         result = replica.raft.propose(payload)
         match result:
             case Proposed():
@@ -517,6 +470,11 @@ class SimCluster:
             case Refusal():
                 self._leader_hint[group] = result.leader if result.leader != target else None
                 self._record(f"propose g{group} at {target} refused {result.reason.value}")
+
+    def _next_payload(self, group: int) -> bytes:
+        """What the client proposes next (state-machine simulators override it)."""
+        self._client_seq += 1
+        return f"g{group}c{self._client_seq}".encode()
 
     # -- faults
 
@@ -539,18 +497,9 @@ class SimCluster:
             if down:
                 self._restart(self.nodes[down[self.rng.randrange(len(down))]])
         elif action == "partition":
-            side = [n for n in self.ids if self.rng.random() < 0.5]
-            other = [n for n in self.ids if n not in side]
-            self._record(f"partition {side} | {other}")
-            for a in side:
-                for b in other:
-                    self.blocked.update(((a, b), (b, a)))
-            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+            self._schedule(self.partition(self.ids, self.rng), _Kind.HEAL, self.ids[0])
         elif action == "one-way":
-            a, b = self.rng.sample(self.ids, 2)
-            self._record(f"block {a} -> {b}")
-            self.blocked.add((a, b))
-            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+            self._schedule(self.one_way(self.ids, self.rng), _Kind.HEAL, self.ids[0])
         else:
             self.blocked.clear()
             self._record("heal")
@@ -594,7 +543,7 @@ class SimCluster:
         for group in range(len(node.replicas)):
             self._pump(node, group)
 
-    def _heal_all(self) -> None:
+    def heal_all(self) -> None:
         self._record("liveness phase")
         self.faults = False
         self.blocked.clear()

@@ -50,7 +50,7 @@ from spate.cluster.metadata.state import (
 )
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
-from spate.node.replication.messages import Entry, Proposed, Refusal
+from spate.node.replication.messages import Entry
 from spate.sim.checker import InvariantViolation
 from spate.sim.cluster import SimCluster, SimOptions, SimResult
 from spate.sim.cluster import _Node as SimNode
@@ -331,24 +331,8 @@ class StateMachineCluster(SimCluster):
                 f"different states",
             )
 
-    def _propose(self, group: int) -> None:
-        hint = self._leader_hint[group]
-        target = hint if hint is not None else self.ids[self.rng.randrange(len(self.ids))]
-        node = self.nodes[target]
-        if not node.up:
-            self._leader_hint[group] = None
-            return
-        replica = node.replicas[group]
-        assert replica.raft is not None
-        payload = self.plugin.next_command(self._workload, self.now_ms)
-        result = replica.raft.propose(payload)
-        match result:
-            case Proposed():
-                self._record(f"propose {len(payload)} bytes at {target} -> {result.index}")
-                replica.proposals[result.index] = (result.term, payload)
-                self._pump(node, group)
-            case Refusal():
-                self._leader_hint[group] = result.leader if result.leader != target else None
+    def _next_payload(self, group: int) -> bytes:
+        return self.plugin.next_command(self._workload, self.now_ms)
 
 
 def run_state_machine_seed(

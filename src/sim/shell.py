@@ -32,10 +32,7 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
 from __future__ import annotations
 
 import functools
-import hashlib
-import heapq
 import random
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -54,6 +51,7 @@ from spate.node.replication.replica import Replica
 from spate.node.replication.storage import RaftStore
 from spate.sim.checker import Checker, InvariantViolation
 from spate.sim.files import SimReplicaFiles
+from spate.sim.loop import SimLoop
 
 tick_ms = 10
 """Simulated milliseconds per Raft tick."""
@@ -304,12 +302,12 @@ class ShellResult:
         return self.failure is None
 
 
-class ShellCluster:
+class ShellCluster(SimLoop[_Event]):
     def __init__(self, seed: int, options: ShellOptions, *, keep_trace: bool = False) -> None:
-        self.seed = seed
+        super().__init__(
+            seed, keep_trace=keep_trace, liveness_ms_max=liveness_ms_max, events_max=events_max
+        )
         self.options = options
-        self.trace_lines: list[str] = []
-        self._keep_trace = keep_trace
         self.rng = random.Random(f"shell/{seed}")
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
         self.replicas = self.ids[:3] if options.nodes > 3 else list(self.ids)
@@ -323,13 +321,6 @@ class ShellCluster:
         )
         self.log_config = options.log_config()
         self.checker = Checker(options.groups)
-        self.now_ms = 0
-        self._queue: list[tuple[int, int, _Event]] = []
-        self._seq = 0
-        self._trace = hashlib.blake2b(digest_size=16)
-        self.blocked: set[tuple[NodeId, NodeId]] = set()
-        self.faults = True
-        self.steps = 0
         self.crashes = 0
         self.wipes = 0
         self.retention_deletes = 0
@@ -339,7 +330,6 @@ class ShellCluster:
         self._leader_hint: list[NodeId | None] = [None] * options.groups
         self.acked: list[list[_Ack]] = [[] for _ in range(options.groups)]
         self._acked_after: list[int | None] = [None] * options.groups
-        self._liveness_from_ms = 0
         self.nodes: dict[NodeId, _Node] = {}
         for node in self.ids:
             files = [
@@ -361,34 +351,14 @@ class ShellCluster:
     # -- running
 
     def run(self) -> ShellResult:
-        failure = None
-        try:
-            self._run_until(lambda: self.steps >= self.options.steps)
-            self._heal_all()
-            self._liveness_from_ms = self.now_ms
-            self._run_until(self._live)
-            if not self._live():
-                failure = (
-                    f"liveness: within {liveness_ms_max} ms after healing, not every group "
-                    f"acknowledged an append that every replica then applied "
-                    f"(acknowledged at {self._acked_after})"
-                )
-            else:
-                for node in self.ids:
-                    self._check_storage(self.nodes[node])
-        except InvariantViolation as violation:
-            failure = str(violation)
-        except AssertionError as error:
-            frame = traceback.extract_tb(error.__traceback__)[-1]
-            where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
-            failure = f"assertion at {where}: {error}"
+        failure = self.run_phases(self.options.steps)
         return ShellResult(
             seed=self.seed,
             options=self.options,
             failure=failure,
             steps=self.steps,
             time_ms=self.now_ms,
-            trace_digest=self._trace.hexdigest(),
+            trace_digest=self.trace_digest,
             acknowledged=sum(len(a) for a in self.acked),
             elections=len(self.checker.leaders),
             crashes=self.crashes,
@@ -397,14 +367,17 @@ class ShellCluster:
             retention_deletes=self.retention_deletes,
         )
 
-    def _run_until(self, done: object) -> None:
-        assert callable(done)
-        while not done() and self._queue and self.steps < events_max:
-            if not self.faults and self.now_ms - self._liveness_from_ms > liveness_ms_max:
-                return
-            self.step()
+    def liveness_failure(self) -> str:
+        return (
+            "not every group acknowledged an append that every replica then applied "
+            f"(acknowledged at {self._acked_after})"
+        )
 
-    def _live(self) -> bool:
+    def final_checks(self) -> None:
+        for node in self.ids:
+            self._check_storage(self.nodes[node])
+
+    def live(self) -> bool:
         if self.faults:
             return False
         for group, index in enumerate(self._acked_after):
@@ -418,8 +391,7 @@ class ShellCluster:
         return True
 
     def step(self) -> None:
-        self.now_ms, _, event = heapq.heappop(self._queue)
-        self.steps += 1
+        event = self.pop()
         self._dispatch(event)
         # Only the event's node changed, except for client and nemesis events.
         if event.kind is _Kind.PROPOSE or event.kind is _Kind.NEMESIS:
@@ -438,21 +410,7 @@ class ShellCluster:
         source: NodeId | None = None,
         incarnation: int = 0,
     ) -> None:
-        self._seq += 1
-        heapq.heappush(
-            self._queue,
-            (
-                self.now_ms + delay_ms,
-                self._seq,
-                _Event(kind, node, group, frame, source, incarnation),
-            ),
-        )
-
-    def _record(self, line: str) -> None:
-        text = f"{self.now_ms} {line}"
-        self._trace.update(text.encode() + b"\n")
-        if self._keep_trace:
-            self.trace_lines.append(text)
+        self.push(delay_ms, _Event(kind, node, group, frame, source, incarnation))
 
     def _check(self, nodes: Sequence[NodeId]) -> None:
         checker = self.checker
@@ -465,6 +423,7 @@ class ShellCluster:
     # -- a node: the asyncio shell's part
 
     def _new_driver(self, node: NodeId) -> _SimDriver:
+        request_id_base = self.rng.getrandbits(62) + 1
         driver = _SimDriver(
             node,
             send=lambda peer, frame: self._send(node, peer, frame),
@@ -473,6 +432,7 @@ class ShellCluster:
             wall_ms=lambda: wall_clock_base_ms + self.now_ms,
             retention_interval_ms=100,
             catchup_request_timeout_ms=catchup_request_timeout_ms,
+            request_id_base=request_id_base,
         )
         driver.sim = self
         driver.leader_listeners.append(self._on_leader)
@@ -566,9 +526,7 @@ class ShellCluster:
                 if not node.up or node.disk_failing:
                     self._restart(node)
             case _Kind.HEAL:
-                if self.blocked:
-                    self._record("heal")
-                self.blocked.clear()
+                self.heal()
 
     def _send(self, source: NodeId, target: NodeId, frame: bytes) -> bool:
         if target not in self.nodes:
@@ -700,18 +658,9 @@ class ShellCluster:
             if down:
                 self._restart(self.nodes[down[self.rng.randrange(len(down))]])
         elif action == "partition":
-            side = [n for n in self.ids if self.rng.random() < 0.5]
-            other = [n for n in self.ids if n not in side]
-            self._record(f"partition {side} | {other}")
-            for a in side:
-                for b in other:
-                    self.blocked.update(((a, b), (b, a)))
-            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+            self._schedule(self.partition(self.ids, self.rng), _Kind.HEAL, self.ids[0])
         elif action == "one-way":
-            a, b = self.rng.sample(self.ids, 2)
-            self._record(f"block {a} -> {b}")
-            self.blocked.add((a, b))
-            self._schedule(self.rng.randrange(50, 2000), _Kind.HEAL, self.ids[0])
+            self._schedule(self.one_way(self.ids, self.rng), _Kind.HEAL, self.ids[0])
         elif action == "heal":
             self.blocked.clear()
             self._record("heal")
@@ -743,7 +692,7 @@ class ShellCluster:
         self._check_storage(node)
         self._drive(node)
 
-    def _heal_all(self) -> None:
+    def heal_all(self) -> None:
         self._record("liveness phase")
         self.faults = False
         self.blocked.clear()

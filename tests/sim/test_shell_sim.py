@@ -37,7 +37,7 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert [(r.seed, r.failure) for r in results if not r.ok] == []
     # The run must have exercised what it claims to: every fault and every shell path.
     assert sum(r.crashes for r in results) > 300
-    assert sum(r.wipes for r in results) > 40
+    assert sum(r.wipes for r in results) > 20
     assert sum(r.snapshots for r in results) > 100, "segment transfers"
     assert sum(r.retention_deletes for r in results) > 100
     assert sum(r.acknowledged for r in results) > 20 * SEEDS

@@ -38,6 +38,12 @@ from spate.node.log.segment import SEGMENT_SUFFIX, parse_name
 from spate.node.replication import codec, limits
 from spate.node.replication.storage import RaftStore
 
+
+class ShortInstall(Unavailable):
+    """The installed files end before the transfer's point (a reply that answered another
+    request): what was installed is a committed prefix, and a later transfer goes on."""
+
+
 Manifest = list[tuple[str, int]]
 """Segment files (name, bytes) of a transfer, oldest first."""
 

@@ -71,6 +71,7 @@ class ReplicationHost:
             wake=self._wake.set,
             monotonic_ms=monotonic_clock_ms,
             wall_ms=wall_clock_ms,
+            request_id_base=random.SystemRandom().getrandbits(62) + 1,
         )
         self.transport = Transport(
             node_id,
