@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class NodePlan:
     metadata_port: int
     replication_port: int
 
+    @property
+    def ports(self) -> tuple[int, int, int, int]:
+        return (self.amqp_port, self.admin_port, self.metadata_port, self.replication_port)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
@@ -65,11 +70,15 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _free_port() -> int:
+def _free_port(taken: Collection[int] = ()) -> int:
     """A port free now and outside the kernel's ephemeral range, so no outgoing connection can
-    take it between this choice and the node binding it (the ports are fixed for restarts)."""
+    take it between this choice and the node binding it (the ports are fixed for restarts),
+    and not one of `taken` (the plan's other ports: a port free now is free for every draw
+    until a node binds it, so two listeners of one plan could get the same one)."""
     low, high = _ephemeral_range()
-    candidates = [p for p in range(dev_port_min, dev_port_max) if not low <= p <= high]
+    candidates = [
+        p for p in range(dev_port_min, dev_port_max) if not low <= p <= high and p not in taken
+    ]
     for port in random.sample(candidates, k=min(len(candidates), 200)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -91,9 +100,14 @@ class DevCluster:
             return []
         raw = json.loads(path.read_text())
         plan = []
+        taken = {
+            value for node in raw["nodes"] for key, value in node.items() if key.endswith("_port")
+        }
         for node in raw["nodes"]:
             # cluster.json written before nodes had a replication port: give them one now
-            node.setdefault("replication_port", _free_port())
+            if "replication_port" not in node:
+                node["replication_port"] = _free_port(taken)
+                taken.add(node["replication_port"])
             plan.append(NodePlan(**node))
         return plan
 
@@ -224,8 +238,12 @@ class DevCluster:
                 f"set of a running cluster is not supported yet. Use a new --data-dir, or "
                 f"`spate dev down` and delete {self.dir} first"
             )
+        taken = {port for node in plan for port in node.ports}
         while len(plan) < nodes:
-            ports = [_free_port() for _ in range(4)]
+            ports = []
+            for _ in range(4):
+                ports.append(_free_port(taken))
+                taken.add(ports[-1])
             plan.append(NodePlan(f"n{len(plan) + 1}", *ports))
         self._save_plan(plan)
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
