@@ -9,6 +9,9 @@
         event = consumer.receive(timeout=5)
         print(event.offset, event.timestamp_ms, event.body)
 
+    # survive the node's death: try these nodes in turn, resend what was not confirmed
+    producer = Producer([url1, url2, url3], "orders", reconnect_timeout_s=30)
+
 Any AMQP 1.0 client works with Spate; this module only saves writing filters and reading
 delivery annotations by hand. See docs/amqp.md for the wire-level contract.
 """
