@@ -74,3 +74,42 @@ def test_producer_and_consumer_ride_through_a_leader_kill(cluster3: Cluster) -> 
     assert positions == sorted(positions), "confirmed messages were reordered"
     producer.close()
     consumer.close()
+
+
+def test_async_producer_resends_what_the_dead_leader_did_not_confirm(cluster3: Cluster) -> None:
+    """The asyncio producer keeps every unconfirmed message and resends it after reconnecting:
+    every confirm future resolves accepted, and every confirmed message is in the log."""
+    import asyncio
+
+    from spate.client.aio import AsyncProducer
+
+    cluster3.cli("stream", "create", "events", "--replicas", "3")
+    leader = cluster3.leader_of("events")
+    urls = cluster3.urls()
+    leader_url = urls[cluster3.index_of(leader)]
+
+    async def publish() -> tuple[list[bytes], int]:
+        producer = await AsyncProducer.connect(
+            [leader_url, *urls], "events", window=2000, timeout_s=10, reconnect_timeout_s=60
+        )
+        bodies = [b"e%d" % i for i in range(6000)]
+        futures = []
+        for i, body in enumerate(bodies):
+            futures.append(await producer.send(body))
+            if i == 2000:
+                await asyncio.to_thread(cluster3.kill9, cluster3.index_of(leader))
+        await asyncio.wait_for(asyncio.gather(*futures), 90)
+        reconnects = producer.reconnects
+        await producer.close()
+        return bodies, reconnects
+
+    bodies, reconnects = asyncio.run(publish())
+    assert reconnects >= 1
+    survivor = next(u for u in urls if u != leader_url)
+    with Consumer(survivor, "events", start="first", timeout_s=30) as consumer:
+        seen: dict[bytes, int] = {}
+        while len(seen) < len(bodies):
+            event = consumer.receive(timeout=30)
+            seen.setdefault(event.body, event.offset)
+    positions = [seen[body] for body in bodies]
+    assert positions == sorted(positions), "confirmed messages were reordered"
