@@ -51,13 +51,15 @@ def main(argv: list[str] | None = None) -> int:
             capture_json=True,
         )
         node = cluster["nodes"][0]
+        gateway = cluster["gateways"][0]
         print(
-            f"   {len(cluster['nodes'])} node(s) ready; AMQP at {node['amqp']}, admin at "
-            f"{cluster['admin']}\n"
+            f"   {len(cluster['nodes'])} node(s) ready; clients connect to the gateway at "
+            f"{gateway['amqp']} (it redirects each link to its partition's leader); "
+            f"admin at {cluster['admin']}\n"
         )
         admin = ["--admin", cluster["admin"]]
         _spate("stream", "create", "demo", "--partitions", "1", "--max-age", "1h", *admin)
-        url = f"amqp://{node['amqp']}"
+        url = f"amqp://{gateway['amqp']}"
 
         print(f"\n== publish {args.messages} messages to 'demo' with confirms (accepted = fsynced)")
         bodies = [f"event {i}".encode() for i in range(args.messages)]
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - started
         print(
             f"   {confirmed} accepted in {elapsed:.2f}s ({confirmed / elapsed:,.0f} msg/s, "
-            "python-qpid-proton BlockingConnection)"
+            "python-qpid-proton BlockingConnection, redirected by the gateway)"
         )
 
         print("\n== consume from 'first' (event-streams offset filter)")
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print("   " + ", ".join(f"{e.offset}:{e.body!r}" for e in tail))
 
         print("\n== runtime information from 'demo/$info' (Event Streams §6)")
-        connection = BlockingConnection(url, timeout=10)
+        connection = BlockingConnection(f"amqp://{node['amqp']}", timeout=10)
         try:
             receiver = connection.create_receiver("demo/$info", credit=1)
             info: Any = receiver.receive(timeout=10).body

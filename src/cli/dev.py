@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
         "dev",
         help="run a local cluster of node processes on this machine",
         description="Run a local Spate cluster: separate node processes on 127.0.0.1, data under "
-        "--data-dir. `up` is idempotent: it starts whichever nodes are not running, "
+        "--data-dir, with one AMQP gateway (redirect mode) in front unless --gateways 0. "
+        "`up` is idempotent: it starts whichever nodes are not running, "
         "reusing their data and ports, so it also restarts a killed node.",
     )
     commands = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
@@ -45,6 +46,12 @@ def register(subparsers: Any) -> None:
         "print the endpoints.",
     )
     up.add_argument("--nodes", type=int, default=1, help="number of nodes, 1 to 3 (default: 1)")
+    up.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="AMQP gateways in redirect mode in front of the nodes, 0 to 4 (default: 1)",
+    )
     up.set_defaults(run=_up)
     down = commands.add_parser(
         "down",
@@ -76,10 +83,10 @@ def _print(result: dict[str, Any], output: str) -> None:
             str(n["pid"] or "-"),
             "ready" if n["ready"] else ("starting" if n["running"] else "stopped"),
             n["amqp"],
-            n["admin"],
-            n["metadata"],
+            n.get("admin", "-"),
+            n.get("metadata", "-"),
         ]
-        for n in result["nodes"]
+        for n in result["processes"]
     ]
     print(render_table(["NODE", "ROLE", "PID", "STATE", "AMQP", "ADMIN", "METADATA"], rows))
     print(f"\ndata: {result['data_dir']}   admin: {result['admin'] or '-'}")
@@ -89,7 +96,7 @@ def _print(result: dict[str, Any], output: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     from spate.server.devcluster import DevCluster
 
-    _print(DevCluster(Path(args.data_dir)).up(args.nodes), args.output)
+    _print(DevCluster(Path(args.data_dir)).up(args.nodes, args.gateways), args.output)
     return 0
 
 

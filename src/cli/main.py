@@ -20,6 +20,7 @@ from spate.core.errors import BrokerError, ErrorCode
 COMMAND_MODULES: tuple[str, ...] = (
     "spate.cli.admin",
     "spate.cli.dev",
+    "spate.cli.gateway",
     "spate.cli.node",
     "spate.cli.user",
 )

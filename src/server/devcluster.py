@@ -33,11 +33,21 @@ HOST = "127.0.0.1"
 CLUSTER_FILE = "cluster.json"
 ENDPOINTS_FILE = "endpoints.json"
 NODE_ENDPOINTS_FILE = "node.json"
+GATEWAY_ENDPOINTS_FILE = "gateway.json"
+gateways_max = 4
+gateway_refresh_ms = 500
+"""How often a dev gateway re-reads the routes (a leader change reaches it within this)."""
 metadata_voters_max = 3
 node_start_timeout_s = 60.0
 node_stop_timeout_s = 15.0
 dev_port_min, dev_port_max = 20_000, 32_000
 """Dev cluster ports come from here, below Linux's default ephemeral range (32768-60999)."""
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    gateway_id: str
+    amqp_port: int
 
 
 @dataclass(frozen=True)
@@ -111,9 +121,21 @@ class DevCluster:
             plan.append(NodePlan(**node))
         return plan
 
-    def _save_plan(self, plan: list[NodePlan]) -> None:
+    def _load_gateways(self) -> list[GatewayPlan]:
+        path = self.dir / CLUSTER_FILE
+        if not path.exists():
+            return []
+        return [GatewayPlan(**g) for g in json.loads(path.read_text()).get("gateways", [])]
+
+    def _save_plan(self, plan: list[NodePlan], gateways: list[GatewayPlan] | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        doc = {"version": 1, "nodes": [n.to_json() for n in plan]}
+        if gateways is None:
+            gateways = self._load_gateways()
+        doc = {
+            "version": 1,
+            "nodes": [n.to_json() for n in plan],
+            "gateways": [{"gateway_id": g.gateway_id, "amqp_port": g.amqp_port} for g in gateways],
+        }
         (self.dir / CLUSTER_FILE).write_text(json.dumps(doc, indent=2))
 
     def _secret(self) -> str:
@@ -193,12 +215,48 @@ class DevCluster:
         (node_dir / "pid").write_text(str(proc.pid))
         return proc
 
-    def _wait_ready(self, node_id: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    def _start_gateway(self, gateway: GatewayPlan, plan: list[NodePlan]) -> subprocess.Popen[bytes]:
+        gateway_dir = self._node_dir(gateway.gateway_id)
+        gateway_dir.mkdir(parents=True, exist_ok=True)
+        (gateway_dir / GATEWAY_ENDPOINTS_FILE).unlink(missing_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "spate.cli.main",
+            "gateway",
+            "run",
+            "--gateway-id",
+            gateway.gateway_id,
+            "--admin",
+            ",".join(f"{HOST}:{n.admin_port}" for n in plan),
+            "--data-dir",
+            str(gateway_dir),
+            "--host",
+            HOST,
+            "--port",
+            str(gateway.amqp_port),
+            "--refresh-ms",
+            str(gateway_refresh_ms),
+        ]
+        with open(gateway_dir / "node.log", "ab") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (gateway_dir / "pid").write_text(str(proc.pid))
+        return proc
+
+    def _wait_ready(
+        self, node_id: str, proc: subprocess.Popen[bytes], endpoints_file: str = NODE_ENDPOINTS_FILE
+    ) -> dict[str, Any]:
         """Wait for the node's endpoints file; the child is polled (its /proc cmdline is the
         parent's until exec, so the cmdline check would race)."""
         pid = proc.pid
         deadline = time.monotonic() + node_start_timeout_s
-        path = self._node_dir(node_id) / NODE_ENDPOINTS_FILE
+        path = self._node_dir(node_id) / endpoints_file
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise Unavailable(
@@ -225,7 +283,7 @@ class DevCluster:
         return "\n".join(text.splitlines()[-lines:])
 
     # -- commands ---------------------------------------------------------------------------
-    def up(self, nodes: int) -> dict[str, Any]:
+    def up(self, nodes: int, gateways: int = 1) -> dict[str, Any]:
         if not 1 <= nodes <= metadata_voters_max:
             raise InvalidArgument(
                 f"--nodes must be between 1 and {metadata_voters_max}: every node is a metadata "
@@ -245,19 +303,34 @@ class DevCluster:
                 ports.append(_free_port(taken))
                 taken.add(ports[-1])
             plan.append(NodePlan(f"n{len(plan) + 1}", *ports))
-        self._save_plan(plan)
+        if not 0 <= gateways <= gateways_max:
+            raise InvalidArgument(f"--gateways must be between 0 and {gateways_max}")
+        gateway_plan = self._load_gateways()
+        taken |= {g.amqp_port for g in gateway_plan}
+        while len(gateway_plan) < gateways:
+            port = _free_port(taken)
+            taken.add(port)
+            gateway_plan.append(GatewayPlan(f"g{len(gateway_plan) + 1}", port))
+        self._save_plan(plan, gateway_plan)
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for node in plan:
             if self._pid(node.node_id) is None:
                 started.append((node.node_id, self._start_node(node, plan)))
         for node_id, proc in started:
             self._wait_ready(node_id, proc)
+        started = []
+        for gateway in gateway_plan[:gateways]:
+            if self._pid(gateway.gateway_id) is None:
+                started.append((gateway.gateway_id, self._start_gateway(gateway, plan)))
+        for gateway_id, proc in started:
+            self._wait_ready(gateway_id, proc, GATEWAY_ENDPOINTS_FILE)
         return self._write_endpoints(plan)
 
     def down(self) -> dict[str, Any]:
         plan = self._load_plan()
         stopped = []
-        pids = {n.node_id: self._pid(n.node_id) for n in plan}
+        pids = {g.gateway_id: self._pid(g.gateway_id) for g in self._load_gateways()}
+        pids |= {n.node_id: self._pid(n.node_id) for n in plan}
         for pid in pids.values():
             if pid is not None:
                 os.kill(pid, signal.SIGTERM)
@@ -308,11 +381,36 @@ class DevCluster:
             if admin is None and entry["ready"]:
                 admin = entry["admin"]
             processes.append(entry)
+        gateways = []
+        for gateway in self._load_gateways():
+            pid = self._pid(gateway.gateway_id)
+            live = None
+            if pid is not None:
+                try:
+                    live = json.loads(
+                        (self._node_dir(gateway.gateway_id) / GATEWAY_ENDPOINTS_FILE).read_text()
+                    )
+                except (OSError, ValueError):
+                    live = None
+            gateways.append(
+                {
+                    "node_id": gateway.gateway_id,
+                    "role": "gateway",
+                    "mode": "redirect",
+                    "pid": pid,
+                    "running": pid is not None,
+                    "ready": bool(live and live.get("pid") == pid),
+                    "amqp": f"{HOST}:{gateway.amqp_port}",
+                    "data_dir": str(self._node_dir(gateway.gateway_id)),
+                    "log": str(self._node_dir(gateway.gateway_id) / "node.log"),
+                }
+            )
         return {
             "data_dir": str(self.dir),
             "admin": admin,
             "nodes": processes,
-            "processes": processes,
+            "gateways": gateways,
+            "processes": processes + gateways,
         }
 
     def _write_endpoints(self, plan: list[NodePlan]) -> dict[str, Any]:

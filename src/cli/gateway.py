@@ -1,0 +1,57 @@
+"""`spate gateway run`: run one stateless AMQP 1.0 gateway in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    gateway = subparsers.add_parser(
+        "gateway", help="run an AMQP gateway", description="Gateway commands."
+    )
+    commands = gateway.add_subparsers(dest="gateway_command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run one gateway in the foreground",
+        description="Run a stateless AMQP 1.0 gateway: clients connect to it without knowing "
+        "where partitions live, and each link is redirected (amqp:link:redirect) to the node "
+        "that leads its partition. It learns the routes from any node's admin API.",
+    )
+    run.add_argument("--gateway-id", default="g1", help="name shown to clients (default g1)")
+    run.add_argument(
+        "--admin",
+        required=True,
+        help="node admin endpoints to read routes from, host:port[,host:port...]",
+    )
+    run.add_argument("--data-dir", type=Path, required=True, help="where gateway.json is written")
+    run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    run.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672; 0 = any)")
+    run.add_argument(
+        "--refresh-ms", type=int, default=1000, help="how often routes are re-read (default 1000)"
+    )
+    run.add_argument("--users-file", type=Path, help="JSON users file for SASL PLAIN")
+    run.add_argument("--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS")
+    run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
+    run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    run.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from spate.server.gateway_process import GatewaySettings, main_run
+
+    settings = GatewaySettings(
+        gateway_id=args.gateway_id,
+        admin=tuple(a for a in args.admin.split(",") if a),
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        refresh_ms=args.refresh_ms,
+        allow_anonymous=not args.no_anonymous,
+        users_file=args.users_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    settings.validate()
+    return main_run(settings)

@@ -1,0 +1,111 @@
+"""Redirect mode of the gateway tier: a Broker that serves no partition and sends every link to
+the node that leads it (issue 7; ADR 0008 for the proxy mode to come).
+
+`Routes` is the gateway's picture of the cluster, built from the metadata service (streams,
+each partition's leader and epoch, each node's advertised AMQP address) at one metadata
+`version`; `RoutingTable.update` keeps the newest and refuses an older picture (a node that is
+behind answered: revision fencing). `RedirectBroker` implements spate.core.backend.Broker over
+it: `stream()` answers from the picture, `partition()` always raises NotLeader naming the
+leader's advertised host and port, which the listener turns into `amqp:link:redirect`
+(core §2.8.18) with `hostname`, `network-host`, `port` and `address` — the listener code is the
+node's, unchanged. A partition without a known, live leader is refused as retryable
+(`amqp:resource-locked`, `spate:retryable`), so clients retry after the election. A stream
+the picture does not hold (created since the last refresh, or not at all) is redirected to a
+node, which knows for sure.
+
+What redirect mode cannot do (proxy mode will): a partition-agnostic sender on a stream of
+several partitions (refused: bind the link with `event-streams-partition`), clients that do not
+follow redirects, and `$info` with offsets (it lists each partition's leader instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spate.core.backend import Partition
+from spate.core.errors import NotFound, NotLeader, Unavailable
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    leader: NodeId | None
+    epoch: LeaderEpoch | None
+    leader_alive: bool
+    replicas: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """The cluster as the gateway sees it, at one metadata version."""
+
+    version: int
+    streams: Mapping[StreamName, StreamConfig] = field(default_factory=dict)
+    partitions: Mapping[tuple[StreamName, PartitionId], Route] = field(default_factory=dict)
+    amqp: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
+    """Each node's advertised AMQP host and port."""
+
+
+class RoutingTable:
+    """The newest Routes seen; older pictures are refused (revision fencing)."""
+
+    def __init__(self) -> None:
+        self.routes = Routes(version=-1)
+        self.updates = 0
+        self.stale_refused = 0
+
+    def update(self, routes: Routes) -> bool:
+        if routes.version < self.routes.version:
+            self.stale_refused += 1
+            return False
+        self.routes = routes
+        self.updates += 1
+        return True
+
+
+class RedirectBroker:
+    """spate.core.backend.Broker for a gateway in redirect mode (see the module docstring)."""
+
+    def __init__(self, table: RoutingTable) -> None:
+        self.table = table
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        routes = self.table.routes
+        config = routes.streams.get(name)
+        if config is None:
+            if routes.version < 0 or not routes.amqp:
+                raise Unavailable("the gateway has not reached the metadata service yet; retry")
+            # Created since the last refresh, or not at all: a node knows for sure.
+            node = min(routes.amqp)
+            host, port = routes.amqp[node]
+            raise NotLeader(
+                f"stream {name!r} is not known to this gateway yet; ask a node",
+                leader_host=host,
+                leader_port=port,
+                leader_node=node,
+            )
+        return config
+
+    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+        config = self.stream(name)
+        if not 0 <= partition < config.partitions:
+            raise NotFound(
+                f"stream {name!r} has partitions 0..{config.partitions - 1}; "
+                f"there is no partition {partition}"
+            )
+        routes = self.table.routes
+        route = routes.partitions.get((name, partition))
+        if route is None or route.leader is None or not route.leader_alive:
+            raise Unavailable(f"partition {partition} of {name!r} has no leader right now; retry")
+        address = routes.amqp.get(route.leader)
+        if address is None:
+            raise Unavailable(f"the leader {route.leader} of {name}/{partition} has no address yet")
+        role = "led" if write else "served"
+        raise NotLeader(
+            f"partition {partition} of {name!r} is {role} by {route.leader}",
+            leader_host=address[0],
+            leader_port=address[1],
+            leader_node=route.leader,
+        )

@@ -1,0 +1,182 @@
+"""`spate gateway run`: a stateless AMQP 1.0 gateway in redirect mode (issue 7).
+
+It holds no partition and no metadata voter. Every `refresh_ms` it reads the cluster from any
+node's admin API (streams, partition leaders and epochs, nodes' advertised AMQP addresses) into
+a `RoutingTable` — a picture is taken only when the metadata version is the same before and
+after the reads, and never replaces a newer one (revision fencing) — and serves AMQP with the
+node's own listener over a `RedirectBroker`: every link is redirected to its partition's
+leader (spate.gateway.routes). Several gateways behind one address work: they share nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from spate.api.v1 import admin_pb2 as pb
+from spate.api.v1 import admin_pb2_grpc as pb_grpc
+from spate.cluster.admin import convert
+from spate.core.errors import InvalidArgument
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
+from spate.gateway.server import GatewayServer, ListenerConfig
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_FILE = "gateway.json"
+refresh_ms_default = 1000
+"""How often the gateway re-reads the cluster's routes."""
+admin_timeout_s = 5.0
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    gateway_id: str
+    admin: tuple[str, ...]
+    """Admin endpoints (host:port) of nodes to read the routes from, tried in turn."""
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 5672
+    refresh_ms: int = refresh_ms_default
+    allow_anonymous: bool = True
+    users_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    def validate(self) -> None:
+        if not self.admin:
+            raise InvalidArgument("a gateway needs at least one node admin endpoint (--admin)")
+        if self.refresh_ms <= 0:
+            raise InvalidArgument(f"--refresh-ms must be positive, got {self.refresh_ms}")
+
+
+async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
+    """One consistent picture from one node, or None when the metadata moved meanwhile."""
+    stub = pb_grpc.AdminStub(channel)
+    before = await stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=admin_timeout_s)
+    streams = await stub.ListStreams(pb.ListStreamsRequest(), timeout=admin_timeout_s)
+    placements = await stub.ListPartitions(pb.ListPartitionsRequest(), timeout=admin_timeout_s)
+    after = await stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=admin_timeout_s)
+    if before.metadata.version != after.metadata.version:
+        return None
+    amqp: dict[NodeId, tuple[str, int]] = {}
+    for node in after.nodes:
+        host, _, port = node.amqp.rpartition(":")
+        if host and port.isdigit():
+            amqp[NodeId(node.node_id)] = (host, int(port))
+    partitions = {
+        (StreamName(p.stream), PartitionId(p.partition)): Route(
+            NodeId(p.leader) if p.leader else None,
+            LeaderEpoch(p.leader_epoch) if p.HasField("leader_epoch") else None,
+            p.leader_alive,
+            tuple(NodeId(r) for r in p.replicas),
+        )
+        for p in placements.partitions
+    }
+    configs = {StreamName(m.name): convert.stream_config(m) for m in streams.streams}
+    return Routes(after.metadata.version, configs, partitions, amqp)
+
+
+class GatewayProcess:
+    def __init__(self, settings: GatewaySettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self.table = RoutingTable()
+        self.server = GatewayServer(
+            RedirectBroker(self.table),
+            ListenerConfig(
+                host=settings.host,
+                port=settings.port,
+                node_id=settings.gateway_id,
+                allow_anonymous=settings.allow_anonymous,
+                users_file=settings.users_file,
+                tls_cert=settings.tls_cert,
+                tls_key=settings.tls_key,
+            ),
+        )
+        self._task: asyncio.Task[None] | None = None
+        self.endpoints: dict[str, Any] = {}
+
+    async def start(self) -> dict[str, Any]:
+        await self._refresh_once(self.settings.admin)  # serve with routes from the start
+        port = await self.server.start()
+        self._task = asyncio.get_running_loop().create_task(self._refresh(), name="routes")
+        self.endpoints = {
+            "gateway_id": self.settings.gateway_id,
+            "role": "gateway",
+            "pid": os.getpid(),
+            "amqp": f"{self.settings.host}:{port}",
+            "mode": "redirect",
+            "started_at_ms": int(time.time() * 1000),
+        }
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.settings.data_dir / ENDPOINTS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.endpoints, indent=2))
+        tmp.replace(path)
+        log.info("gateway %s ready: amqp %s (redirect mode)", self.settings.gateway_id, port)
+        return self.endpoints
+
+    async def _refresh(self) -> None:
+        admins = list(self.settings.admin)
+        while True:
+            await asyncio.sleep(self.settings.refresh_ms / 1000)
+            if await self._refresh_once(admins):
+                continue
+            admins = admins[1:] + admins[:1]  # next time, ask another node first
+
+    async def _refresh_once(self, admins: Sequence[str]) -> bool:
+        for admin in admins:
+            try:
+                async with grpc.aio.insecure_channel(admin) as channel:
+                    routes = await read_routes(channel)
+            except grpc.aio.AioRpcError as error:
+                log.info("routes from %s unavailable: %s", admin, error.details())
+                continue
+            if routes is not None:
+                self.table.update(routes)
+                return True
+        return False
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.server.close()
+        (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+
+
+async def run_gateway(settings: GatewaySettings) -> None:
+    gateway = GatewayProcess(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    try:
+        await stop.wait()
+    finally:
+        log.info("gateway %s stopping", settings.gateway_id)
+        await gateway.stop()
+
+
+def main_run(settings: GatewaySettings) -> int:
+    import uvloop
+
+    logging.basicConfig(
+        level=os.environ.get("SPATE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvloop.run(run_gateway(settings))
+    return 0
