@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
@@ -228,17 +227,41 @@ class Producer(_Connected):
         return unconfirmed
 
 
-@dataclass(frozen=True)
 class Event:
-    offset: int
-    timestamp_ms: int
-    partition: str | None
-    message: Message
+    """One consumed message: its offset and append time, the partition it came from (on an
+    unbound link over several partitions), and the message — decoded on first use when the
+    client kept only its bytes (the asyncio consumer's fast path)."""
+
+    __slots__ = ("_message", "_raw", "offset", "partition", "timestamp_ms")
+
+    def __init__(
+        self,
+        offset: int,
+        timestamp_ms: int,
+        partition: str | None,
+        message: Message | None = None,
+        raw: bytes | None = None,
+    ) -> None:
+        assert (message is None) != (raw is None), "a message or its bytes"
+        self.offset, self.timestamp_ms, self.partition = offset, timestamp_ms, partition
+        self._message, self._raw = message, raw
+
+    @property
+    def message(self) -> Message:
+        if self._message is None:
+            assert self._raw is not None
+            message = Message()
+            message.decode(self._raw)
+            self._message = message
+        return self._message
 
     @property
     def body(self) -> Any:
         body = self.message.body
         return bytes(body) if isinstance(body, memoryview) else body
+
+    def __repr__(self) -> str:
+        return f"Event(offset={self.offset}, timestamp_ms={self.timestamp_ms})"
 
 
 class Consumer(_Connected):
