@@ -20,8 +20,13 @@ reconnects (URLs in turn, attach redirects followed) and resends them in order, 
 whose confirm was lost with the connection may be stored twice until producer deduplication
 (issue 8). A consumer resumes after the last offset it returned.
 
-Bodies given as bytes are framed as one AMQP `data` section by hand (no proton `Message` per
-send); a `proton.Message` is encoded by proton.
+The hot path is proton's C API through cffi, as in the node's listener (research/proton.md
+§1): a send is `pn_delivery` + `pn_link_send` + `pn_link_advance` with a reused 8-byte tag, an
+outcome is read with `pn_delivery_remote_state`, a consumed message is read with
+`pn_link_recv` and its offset and timestamp found without decoding it (`Event.message` is
+decoded on first use). proton's Python wrappers are used for the control path only (attach,
+refusals). Bodies given as bytes are framed as one AMQP `data` section by hand; a
+`proton.Message` is encoded by proton. Client CPU: benchmarks/RESULTS.md §8.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
+from cproton_ffi import ffi, lib
 from proton import (
     Collector,
     Connection,
@@ -74,6 +80,7 @@ read_slice_bytes = 16 * 1024
 _DATA_SHORT = b"\x00\x53\x75\xa0"  # described data section, vbin8
 _DATA_LONG = b"\x00\x53\x75\xb0"  # described data section, vbin32
 _U32 = struct.Struct(">I")
+_TAG = struct.Struct("<Q")
 _DA_OFFSET = str(DA_OFFSET)
 _DA_TIMESTAMP = str(DA_TIMESTAMP)
 _DA_SOURCE = str(DA_SOURCE)
@@ -114,6 +121,8 @@ class _Engine(asyncio.Protocol):
         self.sock: asyncio.Transport | None = None
         self.lost: asyncio.Future[None] = self.loop.create_future()
         self.on_event: Callable[[Event], None] = lambda event: None
+        self.on_delivery: Callable[[Any], None] | None = None
+        """Delivery events on the fast path: called with the C delivery (cffi pointer)."""
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -145,12 +154,18 @@ class _Engine(asyncio.Protocol):
 
     def pump(self) -> None:
         self._scheduled = False
+        collector = self.collector._impl
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         while True:
-            event = self.collector.peek()
-            if event is None:
+            ev = peek(collector)
+            if ev == ffi.NULL:
                 break
-            self.collector.pop()
-            self.on_event(event)
+            on_delivery = self.on_delivery
+            if on_delivery is not None and event_type(ev) == lib.PN_DELIVERY:
+                on_delivery(lib.pn_event_delivery(ev))
+            else:
+                self.on_event(_wrap_event(ev))
+            pop(collector)
         if self.sock is None or self.lost.done():
             return
         while True:
@@ -173,6 +188,12 @@ class _Engine(asyncio.Protocol):
         self.pump()
         if self.sock is not None:
             self.sock.close()
+
+
+def _wrap_event(ev: Any) -> Event:
+    """proton's Event wrapper for a control event (the hot path never builds one)."""
+    event: Event = cast(Any, Event).wrap(ev)
+    return event
 
 
 async def _attach(  # noqa: PLR0917
@@ -320,8 +341,11 @@ class AsyncProducer:
         self._user, self._password = user, password
         self._tags = itertools.count(1)
         self._unconfirmed: OrderedDict[int, tuple[bytes, asyncio.Future[None]]] = OrderedDict()
-        self._in_flight: dict[str, int] = {}  # delivery tag -> message sequence
-        self._room = asyncio.Condition()
+        self._in_flight: dict[Any, int] = {}  # C delivery -> message sequence
+        self._tag_buffer = ffi.new("char[]", _TAG.size)
+        self._tag_view = ffi.buffer(self._tag_buffer)
+        self._tag = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))[0]
+        self._has_room = asyncio.Event()
         self._closed = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -344,7 +368,9 @@ class AsyncProducer:
             self._make_link,
         )
         self._engine.on_event = self._on_event
+        self._engine.on_delivery = self._on_delivery
         self._engine.lost.add_done_callback(self._on_lost)
+        self._lp = self._link._impl
         self._in_flight.clear()
         for sequence, (data, _) in self._unconfirmed.items():
             self._transfer(sequence, data)
@@ -353,9 +379,9 @@ class AsyncProducer:
 
     async def send(self, body: bytes | Message) -> asyncio.Future[None]:
         """Queue a message once the window has room; the future resolves on `accepted`."""
-        if len(self._unconfirmed) >= self._window:
-            async with self._room:
-                await self._room.wait_for(lambda: len(self._unconfirmed) < self._window)
+        while len(self._unconfirmed) >= self._window:
+            self._has_room.clear()
+            await self._has_room.wait()
         return self.send_nowait(body)
 
     def send_nowait(
@@ -376,11 +402,12 @@ class AsyncProducer:
         return future
 
     def _transfer(self, sequence: int, data: bytes) -> None:
-        tag = str(sequence)
-        self._link.delivery(tag)
-        self._link.send(data)
-        self._link.advance()
-        self._in_flight[tag] = sequence
+        """The fast path: proton's C calls through cffi, no Python wrapper per message."""
+        _TAG.pack_into(self._tag_view, 0, sequence)
+        delivery = lib.pn_delivery(self._lp, self._tag)
+        lib.pn_link_send(self._lp, data, len(data))
+        lib.pn_link_advance(self._lp)
+        self._in_flight[delivery] = sequence
 
     async def flush(self) -> None:
         """Wait until every message sent so far is confirmed (raises the first refusal)."""
@@ -394,40 +421,41 @@ class AsyncProducer:
 
     # outcomes
 
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.DELIVERY:
-            delivery = event.delivery
-            assert delivery is not None
-            tag = delivery.tag
-            sequence = self._in_flight.get(tag)
-            if sequence is None or not delivery.remote_state:
-                return
-            del self._in_flight[tag]
-            delivery.settle()
-            entry = self._unconfirmed.get(sequence)
-            if entry is None:
-                return
-            if delivery.remote_state == Delivery.ACCEPTED:
+    def _on_delivery(self, delivery: Any) -> None:
+        sequence = self._in_flight.get(delivery)
+        state = lib.pn_delivery_remote_state(delivery)
+        if sequence is None or not state:
+            return
+        del self._in_flight[delivery]
+        if state == lib.PN_ACCEPTED:
+            lib.pn_delivery_settle(delivery)
+            if sequence in self._unconfirmed:
                 self._confirmed(sequence, None)
-                return
-            condition = delivery.remote.condition
-            raw: Any = condition.info if condition is not None else None
-            info = dict(raw) if isinstance(raw, dict) else {}
-            retryable = condition is not None and (
-                condition.name == REDIRECT or bool(info.get(RETRYABLE))
-            )
-            if retryable and self._reconnect_timeout_s > 0:
-                self._start_reconnect()  # it stays unconfirmed and is resent
-                return
-            self._confirmed(
-                sequence,
-                PublishRefused(
-                    str(delivery.remote_state),
-                    condition.name if condition else None,
-                    condition.description if condition else None,
-                ),
-            )
-        elif event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            return
+        wrapped = cast(Any, Delivery).wrap(delivery)  # the rare path: read the condition
+        condition = wrapped.remote.condition
+        lib.pn_delivery_settle(delivery)
+        if sequence not in self._unconfirmed:
+            return
+        raw: Any = condition.info if condition is not None else None
+        info = dict(raw) if isinstance(raw, dict) else {}
+        retryable = condition is not None and (
+            condition.name == REDIRECT or bool(info.get(RETRYABLE))
+        )
+        if retryable and self._reconnect_timeout_s > 0:
+            self._start_reconnect()  # it stays unconfirmed and is resent
+            return
+        self._confirmed(
+            sequence,
+            PublishRefused(
+                str(wrapped.remote_state),
+                condition.name if condition else None,
+                condition.description if condition else None,
+            ),
+        )
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
             self._on_lost(None)
 
     def _confirmed(self, sequence: int, error: BaseException | None) -> None:
@@ -438,11 +466,7 @@ class AsyncProducer:
             else:
                 future.set_exception(error)
         if len(self._unconfirmed) < self._window:
-            self._own(asyncio.ensure_future(self._notify_room()))
-
-    async def _notify_room(self) -> None:
-        async with self._room:
-            self._room.notify_all()
+            self._has_room.set()
 
     def _on_lost(self, _: object) -> None:
         if self._closed:
@@ -527,6 +551,7 @@ class AsyncConsumer:
         self._user: str | None = None
         self._password: str | None = None
         self._events: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        self._buffer = ffi.new("char[]", 64 * 1024)
         self._last_offset: int | None = None
         self._closed = False
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -551,23 +576,34 @@ class AsyncConsumer:
             self._make_link,
         )
         self._engine.on_event = self._on_event
+        self._engine.on_delivery = self._on_delivery
         self._engine.lost.add_done_callback(self._on_lost)
+        self._lp = self._link._impl
         self._link.flow(self._credit)
         self._engine.pump()
 
     def _on_event(self, event: Event) -> None:
-        if event.type != Event.DELIVERY or event.link != self._link:
-            if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-                self._on_lost(None)
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            self._on_lost(None)
+
+    def _on_delivery(self, delivery: Any) -> None:
+        """The fast path: proton's C calls through cffi, no Python wrapper per message."""
+        lp = self._lp
+        if lib.pn_delivery_link(delivery) != lp:
             return
-        delivery = event.delivery
-        assert delivery is not None
-        if not delivery.readable or delivery.partial:
+        if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
             return
-        data = bytes(self._link.recv(delivery.pending) or b"")
-        self._link.advance()
-        delivery.update(Delivery.ACCEPTED)
-        delivery.settle()
+        size = lib.pn_delivery_pending(delivery)
+        if size > len(self._buffer):
+            self._buffer = ffi.new("char[]", size)
+        got = lib.pn_link_recv(lp, self._buffer, size)
+        data = ffi.unpack(self._buffer, max(got, 0))
+        lib.pn_link_advance(lp)
+        lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
+        lib.pn_delivery_settle(delivery)
+        credit = lib.pn_link_credit(lp)
+        if credit < self._credit // 2:
+            lib.pn_link_flow(lp, self._credit - credit)
         # The annotations are read without decoding the message (proton.Message costs
         # ~45 µs): the message itself is decoded when the caller asks for it.
         try:
@@ -593,8 +629,6 @@ class AsyncConsumer:
                 raw=incoming.stored,
             )
         )
-        if self._link.credit < self._credit // 2:
-            self._link.flow(self._credit - self._link.credit)
 
     def _on_lost(self, _: object) -> None:
         if self._closed:
