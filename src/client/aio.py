@@ -349,6 +349,7 @@ class AsyncProducer:
         self._closed = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._broken: BaseException | None = None
         self.reconnects = 0
 
     def _make_link(self, session: Any) -> Link:
@@ -390,6 +391,8 @@ class AsyncProducer:
         """Queue a message now, even past the window; `callback(None | error)` on its outcome."""
         if self._closed:
             raise RuntimeError("the producer is closed")
+        if self._broken is not None:
+            raise ConnectionError(f"the producer lost its connection for good: {self._broken}")
         data = encode_data(body) if isinstance(body, bytes | bytearray) else body.encode()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if callback is not None:
@@ -473,6 +476,7 @@ class AsyncProducer:
             return
         if self._reconnect_timeout_s <= 0:
             error = ConnectionError("the connection was lost before these were confirmed")
+            self._broken = error
             for sequence in list(self._unconfirmed):
                 self._confirmed(sequence, error)
             return
@@ -497,6 +501,7 @@ class AsyncProducer:
             self.reconnects += 1
             self._engine.pump()
         except BaseException as error:
+            self._broken = error
             for sequence in list(self._unconfirmed):
                 self._confirmed(sequence, error)
         finally:

@@ -111,3 +111,20 @@ def test_a_redirect_is_followed_to_the_leader() -> None:
             await leader.close()
 
     run(scenario, partitions=2)
+
+
+def test_without_reconnecting_a_lost_connection_fails_every_pending_confirm() -> None:
+    async def scenario(broker: MemoryBroker, url: str) -> None:
+        broker.partitions[(StreamName("orders"), 0)].commit_delay_s = None  # type: ignore[index]
+        producer = await AsyncProducer.connect(url, "orders")
+        pending = [await producer.send(b"p%d" % i) for i in range(10)]
+        await asyncio.sleep(0.05)  # transferred, held by the broker: not confirmed
+        assert producer._engine.sock is not None
+        producer._engine.sock.abort()  # the connection drops under the producer
+        for future in pending:
+            with pytest.raises(ConnectionError):
+                await future
+        with pytest.raises(ConnectionError):
+            producer.send_nowait(b"after")
+
+    run(scenario)
