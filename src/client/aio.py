@@ -300,7 +300,54 @@ async def _open(  # noqa: PLR0917
     return engine, link
 
 
-class AsyncProducer:
+class _LinkClient:
+    """What a producer and a consumer share: one link on one engine, (re)attached with
+    redirects followed, and the link's events routed to `_on_delivery` / `_on_lost`."""
+
+    _engine: _Engine
+    _link: Link
+    _lp: Any
+    _urls: list[str]
+    _timeout_s: float
+    _reconnect_timeout_s: float
+    _user: str | None
+    _password: str | None
+    _tasks: set[asyncio.Future[Any]]
+    reconnects: int
+
+    def _make_link(self, session: Any) -> Link:
+        raise NotImplementedError
+
+    def _on_delivery(self, delivery: Any) -> None:
+        raise NotImplementedError
+
+    def _on_lost(self, _: object) -> None:
+        raise NotImplementedError
+
+    async def _attach_link(self) -> None:
+        self._engine, self._link = await _attach(
+            self._urls,
+            self._timeout_s,
+            self._reconnect_timeout_s,
+            self._user,
+            self._password,
+            self._make_link,
+        )
+        self._engine.on_event = self._on_event
+        self._engine.on_delivery = self._on_delivery
+        self._engine.lost.add_done_callback(self._on_lost)
+        self._lp = self._link._impl
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            self._on_lost(None)
+
+    def _own(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class AsyncProducer(_LinkClient):
     """See the module docstring; create it with `await AsyncProducer.connect(...)`."""
 
     _engine: _Engine
@@ -360,18 +407,7 @@ class AsyncProducer:
         return link
 
     async def _attach(self) -> None:
-        self._engine, self._link = await _attach(
-            self._urls,
-            self._timeout_s,
-            self._reconnect_timeout_s,
-            self._user,
-            self._password,
-            self._make_link,
-        )
-        self._engine.on_event = self._on_event
-        self._engine.on_delivery = self._on_delivery
-        self._engine.lost.add_done_callback(self._on_lost)
-        self._lp = self._link._impl
+        await self._attach_link()
         self._in_flight.clear()
         for sequence, (data, _) in self._unconfirmed.items():
             self._transfer(sequence, data)
@@ -457,10 +493,6 @@ class AsyncProducer:
             ),
         )
 
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-            self._on_lost(None)
-
     def _confirmed(self, sequence: int, error: BaseException | None) -> None:
         _, future = self._unconfirmed.pop(sequence)
         if not future.done():
@@ -487,10 +519,6 @@ class AsyncProducer:
             return
         self._reconnecting = asyncio.ensure_future(self._reconnect())
 
-    def _own(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _reconnect(self) -> None:
         try:
             old = self._engine
@@ -514,7 +542,7 @@ class AsyncProducer:
         self._engine.close()
 
 
-class AsyncConsumer:
+class AsyncConsumer(_LinkClient):
     """See the module docstring; create it with `await AsyncConsumer.connect(...)`."""
 
     _engine: _Engine
@@ -572,24 +600,9 @@ class AsyncConsumer:
         return link
 
     async def _attach(self) -> None:
-        self._engine, self._link = await _attach(
-            self._urls,
-            self._timeout_s,
-            self._reconnect_timeout_s,
-            self._user,
-            self._password,
-            self._make_link,
-        )
-        self._engine.on_event = self._on_event
-        self._engine.on_delivery = self._on_delivery
-        self._engine.lost.add_done_callback(self._on_lost)
-        self._lp = self._link._impl
+        await self._attach_link()
         self._link.flow(self._credit)
         self._engine.pump()
-
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-            self._on_lost(None)
 
     def _on_delivery(self, delivery: Any) -> None:
         """The fast path: proton's C calls through cffi, no Python wrapper per message."""
@@ -642,10 +655,6 @@ class AsyncConsumer:
             self._events.put_nowait(ConnectionError("the consumer's connection was lost"))
             return
         self._own(asyncio.ensure_future(self._reconnect()))
-
-    def _own(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _reconnect(self) -> None:
         try:
