@@ -1,357 +1,121 @@
-"""asyncio-native producer and consumer on proton's engine API (no reactor, no threads).
+"""asyncio-native producer and consumer: the shells around `core`'s state machines, on the
+engine adapter (`spate.client.engine`: proton's engine in an asyncio Protocol, no reactor,
+no thread).
 
     producer = await AsyncProducer.connect(["amqp://n1:5672", "amqp://n2:5672"], "orders")
     confirm = await producer.send(b"hello")       # waits for room in the window, not the confirm
     await confirm                                  # accepted: a majority has fsynced it
     producer.send_nowait(b"x", callback=on_done)   # or a callback per confirm
-    await producer.flush()                         # every message sent so far is confirmed
+    await producer.flush()                         # every message sent so far is settled
     await producer.close()
 
     consumer = await AsyncConsumer.connect(url, "orders", start="first")
-    async for event in consumer:                   # Event(offset, timestamp_ms, partition, message)
+    async for event in consumer:                   # Event(offset, timestamp_ms, partition, raw)
         ...
+    # or push: handler(offset, timestamp_ms, raw_bytes) called for each message
+    consumer = await AsyncConsumer.connect(url, "orders", start=-100, handler=handler)
 
-One proton `Connection`/`Transport`/`Collector` per client inside an `asyncio.Protocol`, as the
-node's listener drives its side (research/proton.md §1b). Sends made in one loop turn leave in
-one socket write. A producer keeps every unconfirmed message: when its connection drops, or a
-message is refused as retryable (a leader change: `amqp:link:redirect`, `spate:retryable`), it
-reconnects (URLs in turn, attach redirects followed) and resends them in order, if
-`reconnect_timeout_s` allows; a confirm future resolves exactly once. At-least-once: a message
-whose confirm was lost with the connection may be stored twice until producer deduplication
-(issue 8). A consumer resumes after the last offset it returned.
-
-The hot path is proton's C API through cffi, as in the node's listener (research/proton.md
-§1): a send is `pn_delivery` + `pn_link_send` + `pn_link_advance` with a reused 8-byte tag, an
-outcome is read with `pn_delivery_remote_state`, a consumed message is read with
-`pn_link_recv` and its offset and timestamp found without decoding it (`Event.message` is
-decoded on first use). proton's Python wrappers are used for the control path only (attach,
-refusals). Bodies given as bytes are framed as one AMQP `data` section by hand; a
-`proton.Message` is encoded by proton. Client CPU: benchmarks/RESULTS.md §8.
+The shells only act: they feed `core` what the engine reports and carry out its effects
+(transfer, settle a confirm, reconnect, grant credit). Reconnecting (`reconnect_timeout_s` >
+0) follows `core.Connector`; the producer resends every unconfirmed message in order, the
+consumer resumes after the last offset it handed out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import struct
+import collections
 import time
-from collections import OrderedDict
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, cast
-from urllib.parse import urlsplit
+from typing import Any
 
-from cproton_ffi import ffi, lib
-from proton import (
-    Collector,
-    Connection,
-    Delivery,
-    Event,
-    Link,
-    Message,
-    Receiver,
-    Transport,
-    symbol,
+from spate.client import engine as eng
+from spate.client.core import (
+    Confirmed,
+    Connector,
+    ConsumerCore,
+    Dial,
+    Failed,
+    GiveUp,
+    Outcome,
+    ProducerCore,
+    ProducerEffect,
+    Reconnect,
+    Start,
+    credit_default,
+    encode_data,
+    window_default,
 )
-from proton.reactor import Filter
-from spate.client.blocking import (
-    DA_OFFSET,
-    DA_SOURCE,
-    DA_TIMESTAMP,
-    P_PARTITION,
-    REDIRECT,
-    RETRYABLE,
-    PublishRefused,
-    reconnect_backoff_s,
-    redirect_hops_max,
-)
-from spate.client.blocking import Event as StreamEvent
-from spate.client.offsets import Start, offset_filter
+from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed
+from spate.client.event import Event
 from spate.core.ids import offset_from_symbol
 from spate.gateway import sections
 
-window_default = 10_000
-"""Unconfirmed messages a producer keeps in flight."""
-credit_default = 1_000
-"""Link credit of a consumer, topped up at half."""
-read_slice_bytes = 16 * 1024
-"""Input pushed into proton per loop turn."""
+__all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 
-_DATA_SHORT = b"\x00\x53\x75\xa0"  # described data section, vbin8
-_DATA_LONG = b"\x00\x53\x75\xb0"  # described data section, vbin32
-_U32 = struct.Struct(">I")
-_TAG = struct.Struct("<Q")
-_DA_OFFSET = str(DA_OFFSET)
-_DA_TIMESTAMP = str(DA_TIMESTAMP)
-_DA_SOURCE = str(DA_SOURCE)
+P_PARTITION = "event-streams-partition"
+_DA_OFFSET = "event-streams-offset"
+_DA_TIMESTAMP = "event-streams-timestamp"
+_DA_SOURCE = "event-streams-source-partition"
 
-
-def encode_data(body: bytes) -> bytes:
-    """A bare message of one data section (002 §3.2.6), the way a proton client encodes
-    `Message(body=b"...", inferred=True)`, without building a Message."""
-    if len(body) < 256:
-        return _DATA_SHORT + bytes((len(body),)) + body
-    return _DATA_LONG + _U32.pack(len(body)) + body
+Body = bytes | bytearray | eng.Message
+"""A body (framed as one data section) or a `proton.Message` (encoded by proton)."""
+Settle = Callable[[BaseException | None], None]
+Token = asyncio.Future[None] | Settle
+Handler = Callable[[int, int, Any], None]
+"""`handler(offset, timestamp_ms, message)`: the message is the delivered bytes (the AMQP
+encoding, delivery annotations included), or a decoded `proton.Message` with `decode=True`."""
 
 
-class AttachRefused(Exception):
-    """The broker refused the link; `condition` and `info` say why."""
-
-    def __init__(self, condition: str | None, description: str | None, info: dict[Any, Any]):
-        super().__init__(f"attach refused: {condition}: {description}")
-        self.condition, self.description, self.info = condition, description, info
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
-class _Engine(asyncio.Protocol):
-    """One AMQP connection: proton's engine in client mode, driven by asyncio."""
-
-    def __init__(self, hostname: str, user: str | None, password: str | None) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.transport = Transport()
-        self.transport.sasl().allowed_mechs("PLAIN" if user is not None else "ANONYMOUS")
-        self.connection = Connection()
-        self.connection.container = f"spate-client-{id(self):x}"
-        self.connection.hostname = hostname
-        if user is not None:
-            self.connection.user = user
-            self.connection.password = password or ""
-        self.collector = Collector()
-        self.connection.collect(self.collector)
-        self.transport.bind(self.connection)
-        self.sock: asyncio.Transport | None = None
-        self.lost: asyncio.Future[None] = self.loop.create_future()
-        self.on_event: Callable[[Event], None] = lambda event: None
-        self.on_delivery: Callable[[Any], None] | None = None
-        """Delivery events on the fast path: called with the C delivery (cffi pointer)."""
-        self._scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.sock = transport  # type: ignore[assignment]
-        self.connection.open()
-        self.pump()
-
-    def data_received(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            capacity = self.transport.capacity()
-            if capacity <= 0:
-                break
-            self.transport.push(bytes(view[:capacity]))
-            view = view[capacity:]
-            self.pump()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost.done():
-            self.lost.set_result(None)
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def schedule_pump(self) -> None:
-        if not self._scheduled and not self.lost.done():
-            self._scheduled = True
-            self.loop.call_soon(self.pump)
-
-    def pump(self) -> None:
-        self._scheduled = False
-        collector = self.collector._impl
-        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-        while True:
-            ev = peek(collector)
-            if ev == ffi.NULL:
-                break
-            on_delivery = self.on_delivery
-            if on_delivery is not None and event_type(ev) == lib.PN_DELIVERY:
-                on_delivery(lib.pn_event_delivery(ev))
-            else:
-                self.on_event(_wrap_event(ev))
-            pop(collector)
-        if self.sock is None or self.lost.done():
-            return
-        while True:
-            pending = self.transport.pending()
-            if pending > 0:
-                self.sock.write(self.transport.peek(pending) or b"")
-                self.transport.pop(pending)
-                continue
-            if pending < 0:
-                self.sock.close()
-            break
-        deadline = self.transport.tick(self.loop.time())
-        if deadline:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self.loop.call_at(deadline, self.pump)
-
-    def close(self) -> None:
-        self.connection.close()
-        self.pump()
-        if self.sock is not None:
-            self.sock.close()
+def encode(body: Body) -> bytes:
+    if isinstance(body, bytes | bytearray):
+        return encode_data(bytes(body))
+    return eng.encode_message(body)
 
 
-def _wrap_event(ev: Any) -> Event:
-    """proton's Event wrapper for a control event (the hot path never builds one)."""
-    event: Event = cast(Any, Event).wrap(ev)
-    return event
-
-
-async def _attach(  # noqa: PLR0917
-    urls: Sequence[str],
+async def _connect(
+    connector: Connector,
+    spec: Callable[[], eng.LinkSpec],
     timeout_s: float,
-    reconnect_timeout_s: float,
     user: str | None,
     password: str | None,
-    make_link: Callable[[Any], Link],
-) -> tuple[_Engine, Link]:
-    """Connect and attach, following redirects and retrying retryable refusals and lost
-    connections until `reconnect_timeout_s` (at least one attempt per URL)."""
-    deadline = time.monotonic() + max(reconnect_timeout_s, 0.0)
-    loop = asyncio.get_running_loop()
-    attempt = 0
-    last_error: BaseException | None = None
+) -> tuple[eng.Engine, Any]:
+    """Dial and attach as `connector` decides (URLs in turn, redirects, backoff, give up)."""
+    dial = connector.next_dial()
     while True:
-        url = urls[attempt % len(urls)]
-        attempt += 1
-        for _ in range(redirect_hops_max + 1):
-            parts = urlsplit(url if "://" in url else f"amqp://{url}")
-            host, port = parts.hostname or "127.0.0.1", parts.port or 5672
-            try:
-                engine, link = await asyncio.wait_for(
-                    _open(loop, host, port, user, password, make_link), timeout_s
-                )
-                return engine, link
-            except AttachRefused as refused:
-                last_error = refused
-                if refused.condition == REDIRECT:
-                    info = refused.info
-                    url = f"amqp://{info[symbol('network-host')]}:{int(info[symbol('port')])}"
-                    continue
-                if not refused.info.get(RETRYABLE):
-                    raise
-                break
-            except (OSError, TimeoutError, ConnectionError) as error:
-                last_error = error
-                break
-        if time.monotonic() >= deadline and attempt >= len(urls):
-            assert last_error is not None
-            raise last_error
-        await asyncio.sleep(reconnect_backoff_s)
-
-
-async def _open(  # noqa: PLR0917
-    loop: asyncio.AbstractEventLoop,
-    host: str,
-    port: int,
-    user: str | None,
-    password: str | None,
-    make_link: Callable[[Any], Link],
-) -> tuple[_Engine, Link]:
-    engine: _Engine | None = None
-
-    def factory() -> _Engine:
-        nonlocal engine
-        engine = _Engine(host, user, password)
-        return engine
-
-    await loop.create_connection(factory, host, port)
-    assert engine is not None
-    session = engine.connection.session()
-    session.open()
-    link = make_link(session)
-    link.open()
-    opened: asyncio.Future[None] = loop.create_future()
-
-    def on_event(event: Event) -> None:
-        if opened.done():
-            return
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == link:
-            condition = link.remote_condition
-            raw: Any = condition.info if condition is not None else None
-            opened.set_exception(
-                AttachRefused(
-                    condition.name if condition else None,
-                    condition.description if condition else None,
-                    dict(raw) if isinstance(raw, dict) else {},
-                )
+        link_spec = spec()
+        step: Dial | GiveUp | Any
+        try:
+            attached = await asyncio.wait_for(
+                eng.attach(dial.host, dial.port, link_spec, user, password), timeout_s
             )
-        elif event.type == Event.LINK_REMOTE_OPEN and event.link == link:
-            # A refusal is an attach with a null terminus followed by a detach: wait a turn.
-            if (link.remote_target if link.is_sender else link.remote_source).address is None:
-                return
-            opened.set_result(None)
-        elif event.type in (Event.TRANSPORT_CLOSED, Event.CONNECTION_REMOTE_CLOSE):
-            opened.set_exception(ConnectionError("the connection closed while attaching"))
-
-    engine.on_event = on_event
-    engine.pump()
-    lost = asyncio.ensure_future(asyncio.shield(engine.lost))
-    try:
-        done, _ = await asyncio.wait({opened, lost}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        lost.cancel()
-    if opened not in done:
-        raise ConnectionError(f"connection to {host}:{port} lost while attaching")
-    try:
-        opened.result()
-    except BaseException:
-        engine.close()
-        raise
-    return engine, link
+        except AttachRefused as refused:
+            step = connector.on_refused(dial, refused, _now_ms())
+        except OSError as error:  # refused, reset, timed out (TimeoutError is an OSError)
+            step = connector.on_failed(error, _now_ms())
+        else:
+            connector.on_attached()
+            return attached
+        if isinstance(step, Dial):
+            dial = step
+            continue
+        if isinstance(step, GiveUp):
+            raise step.error
+        await asyncio.sleep(step.delay_ms / 1000)
+        dial = connector.next_dial()
 
 
-class _LinkClient:
-    """What a producer and a consumer share: one link on one engine, (re)attached with
-    redirects followed, and the link's events routed to `_on_delivery` / `_on_lost`."""
-
-    _engine: _Engine
-    _link: Link
-    _lp: Any
-    _urls: list[str]
-    _timeout_s: float
-    _reconnect_timeout_s: float
-    _user: str | None
-    _password: str | None
-    _tasks: set[asyncio.Future[Any]]
-    reconnects: int
-
-    def _make_link(self, session: Any) -> Link:
-        raise NotImplementedError
-
-    def _on_delivery(self, delivery: Any) -> None:
-        raise NotImplementedError
-
-    def _on_lost(self, _: object) -> None:
-        raise NotImplementedError
-
-    async def _attach_link(self) -> None:
-        self._engine, self._link = await _attach(
-            self._urls,
-            self._timeout_s,
-            self._reconnect_timeout_s,
-            self._user,
-            self._password,
-            self._make_link,
-        )
-        self._engine.on_event = self._on_event
-        self._engine.on_delivery = self._on_delivery
-        self._engine.lost.add_done_callback(self._on_lost)
-        self._lp = self._link._impl
-
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-            self._on_lost(None)
-
-    def _own(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+def _ignore(*_: object) -> None:
+    return None
 
 
-class AsyncProducer(_LinkClient):
-    """See the module docstring; create it with `await AsyncProducer.connect(...)`."""
-
-    _engine: _Engine
-    _link: Link
+class AsyncProducer:
+    """Publishes with confirms. Create it with `await AsyncProducer.connect(...)`."""
 
     @classmethod
     async def connect(
@@ -366,8 +130,15 @@ class AsyncProducer(_LinkClient):
         user: str | None = None,
         password: str | None = None,
     ) -> AsyncProducer:
+        """`url`: one node or gateway, or several tried in turn. `window`: unconfirmed
+        messages `send` allows. `timeout_s` bounds each attempt to connect and attach (and
+        the retries of a refusal marked retryable); `reconnect_timeout_s` > 0 turns on
+        reconnecting, for that long after a failure."""
         self = cls(url, stream, partition, window, timeout_s, reconnect_timeout_s, user, password)
-        await self._attach()
+        engine, link = await _connect(
+            self._connector, lambda: self._spec, timeout_s, self._user, self._password
+        )
+        self._use(engine, link)
         return self
 
     def __init__(  # noqa: PLR0917 (private: use connect)
@@ -381,172 +152,159 @@ class AsyncProducer(_LinkClient):
         user: str | None,
         password: str | None,
     ) -> None:
-        self._urls = [url] if isinstance(url, str) else list(url)
-        assert self._urls and window > 0
-        self._stream, self._partition, self._window = stream, partition, window
-        self._timeout_s, self._reconnect_timeout_s = timeout_s, reconnect_timeout_s
+        urls = [url] if isinstance(url, str) else list(url)
+        self._core: ProducerCore[Token] = ProducerCore(window, reconnect_timeout_s > 0)
+        self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
+        properties = {} if partition is None else {P_PARTITION: str(partition)}
+        self._spec = eng.LinkSpec(f"spate-producer-{uuid.uuid4().hex[:12]}", stream, properties)
+        self._timeout_s = timeout_s
         self._user, self._password = user, password
-        self._tags = itertools.count(1)
-        self._unconfirmed: OrderedDict[int, tuple[bytes, asyncio.Future[None]]] = OrderedDict()
-        self._in_flight: dict[Any, int] = {}  # C delivery -> message sequence
-        self._tag_buffer = ffi.new("char[]", _TAG.size)
-        self._tag_view = ffi.buffer(self._tag_buffer)
-        self._tag = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))[0]
-        self._has_room = asyncio.Event()
-        self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self._room = asyncio.Event()
+        self._room.set()
         self._reconnecting: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Future[Any]] = set()
-        self._broken: BaseException | None = None
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._last_sequence = 0
+        self._engine: eng.Engine
+        self._link: eng.SenderLink
         self.reconnects = 0
+        """Times the producer reattached after losing its link."""
 
-    def _make_link(self, session: Any) -> Link:
-        link: Link = session.sender(f"spate-producer-{id(self):x}")
-        link.target.address = self._stream
-        if self._partition is not None:
-            link.properties = {P_PARTITION: str(self._partition)}
-        return link
-
-    async def _attach(self) -> None:
-        await self._attach_link()
-        self._in_flight.clear()
-        for sequence, (data, _) in self._unconfirmed.items():
-            self._transfer(sequence, data)
+    def _use(self, engine: eng.Engine, link: Any) -> None:
+        self._engine = engine
+        self._link = eng.SenderLink(engine, link)
+        self._link.on_outcome = self._on_outcome
+        self._link.on_lost = self._on_lost
+        for sequence, data in self._core.on_attached():
+            self._link.transfer(sequence, data)
+        engine.schedule_pump()
 
     # sending
 
-    async def send(self, body: bytes | Message) -> asyncio.Future[None]:
-        """Queue a message once the window has room; the future resolves on `accepted`."""
-        while len(self._unconfirmed) >= self._window:
-            self._has_room.clear()
-            await self._has_room.wait()
+    async def send(self, body: Body) -> asyncio.Future[None]:
+        """Queue a message once the window has room; returns its confirm future, which
+        resolves when the broker accepted it (a majority fsynced it) or fails with
+        `PublishRefused` (the condition) or `ConnectionLost`."""
+        while not self._core.has_room():
+            self._room.clear()
+            await self._room.wait()
         return self.send_nowait(body)
 
-    def send_nowait(
-        self, body: bytes | Message, callback: Callable[[BaseException | None], None] | None = None
-    ) -> asyncio.Future[None]:
-        """Queue a message now, even past the window; `callback(None | error)` on its outcome."""
-        if self._closed:
-            raise RuntimeError("the producer is closed")
-        if self._broken is not None:
-            raise ConnectionError(f"the producer lost its connection for good: {self._broken}")
-        data = encode_data(body) if isinstance(body, bytes | bytearray) else body.encode()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def send_nowait(self, body: Body, callback: Settle | None = None) -> asyncio.Future[None]:
+        """Queue a message now, even past the window; `callback(None | error)` runs once on
+        its outcome (from the loop, as a future callback)."""
+        future: asyncio.Future[None] = self._loop.create_future()
         if callback is not None:
             future.add_done_callback(lambda f: callback(None if f.cancelled() else f.exception()))
-        sequence = next(self._tags)
-        self._unconfirmed[sequence] = (bytes(data), future)
-        if self._reconnecting is None:
-            self._transfer(sequence, bytes(data))
-            self._engine.schedule_pump()
+        self._submit(encode(body), future)
         return future
 
-    def _transfer(self, sequence: int, data: bytes) -> None:
-        """The fast path: proton's C calls through cffi, no Python wrapper per message."""
-        _TAG.pack_into(self._tag_view, 0, sequence)
-        delivery = lib.pn_delivery(self._lp, self._tag)
-        lib.pn_link_send(self._lp, data, len(data))
-        lib.pn_link_advance(self._lp)
-        self._in_flight[delivery] = sequence
+    def _submit(self, data: bytes, token: Token) -> None:
+        """The hot path: one message into the core, and onto the link unless reconnecting."""
+        sequence, transfer = self._core.submit(data, token)
+        self._last_sequence = sequence
+        if transfer:
+            self._link.transfer(sequence, data)
+            self._engine.schedule_pump()
+
+    def has_room(self) -> bool:
+        return self._core.has_room()
 
     async def flush(self) -> None:
-        """Wait until every message sent so far is confirmed (raises the first refusal)."""
-        futures = [future for _, future in self._unconfirmed.values()]
-        if futures:
-            await asyncio.gather(*futures)
+        """Wait until every message sent before this call is settled (confirmed or failed:
+        the outcome of each is on its future or callback; flush itself does not raise)."""
+        target = self._last_sequence
+        oldest = self._core.oldest_unconfirmed()
+        if oldest is None or oldest > target:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._flush_waiters.append((target, waiter))
+        await waiter
+
+    confirm_all = flush
 
     @property
     def unconfirmed(self) -> int:
-        return len(self._unconfirmed)
+        return self._core.unconfirmed
 
     # outcomes
 
-    def _on_delivery(self, delivery: Any) -> None:
-        sequence = self._in_flight.get(delivery)
-        state = lib.pn_delivery_remote_state(delivery)
-        if sequence is None or not state:
-            return
-        del self._in_flight[delivery]
-        if state == lib.PN_ACCEPTED:
-            lib.pn_delivery_settle(delivery)
-            if sequence in self._unconfirmed:
-                self._confirmed(sequence, None)
-            return
-        wrapped = cast(Any, Delivery).wrap(delivery)  # the rare path: read the condition
-        condition = wrapped.remote.condition
-        lib.pn_delivery_settle(delivery)
-        if sequence not in self._unconfirmed:
-            return
-        raw: Any = condition.info if condition is not None else None
-        info = dict(raw) if isinstance(raw, dict) else {}
-        retryable = condition is not None and (
-            condition.name == REDIRECT or bool(info.get(RETRYABLE))
-        )
-        if retryable and self._reconnect_timeout_s > 0:
-            self._start_reconnect()  # it stays unconfirmed and is resent
-            return
-        self._confirmed(
-            sequence,
-            PublishRefused(
-                str(wrapped.remote_state),
-                condition.name if condition else None,
-                condition.description if condition else None,
-            ),
-        )
+    def _on_outcome(self, sequence: int, outcome: Outcome) -> None:
+        self._apply(self._core.on_outcome(sequence, outcome))
 
-    def _confirmed(self, sequence: int, error: BaseException | None) -> None:
-        _, future = self._unconfirmed.pop(sequence)
-        if not future.done():
-            if error is None:
-                future.set_result(None)
+    def _on_lost(self, error: BaseException) -> None:
+        self._apply(self._core.on_lost(error))
+
+    def _apply(self, effects: list[ProducerEffect[Token]]) -> None:
+        for effect in effects:
+            if isinstance(effect, Confirmed):
+                _settle(effect.token, None)
+            elif isinstance(effect, Failed):
+                _settle(effect.token, effect.error)
             else:
-                future.set_exception(error)
-        if len(self._unconfirmed) < self._window:
-            self._has_room.set()
-
-    def _on_lost(self, _: object) -> None:
-        if self._closed:
-            return
-        if self._reconnect_timeout_s <= 0:
-            error = ConnectionError("the connection was lost before these were confirmed")
-            self._broken = error
-            for sequence in list(self._unconfirmed):
-                self._confirmed(sequence, error)
-            return
-        self._start_reconnect()
-
-    def _start_reconnect(self) -> None:
-        if self._reconnecting is not None or self._closed:
-            return
-        self._reconnecting = asyncio.ensure_future(self._reconnect())
+                assert isinstance(effect, Reconnect)
+                if self._reconnecting is None:
+                    self._reconnecting = self._loop.create_task(self._reconnect())
+        if self._core.has_room():
+            self._room.set()
+        if self._flush_waiters:
+            oldest = self._core.oldest_unconfirmed()
+            waiting = []
+            for target, waiter in self._flush_waiters:
+                if oldest is None or oldest > target:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiting.append((target, waiter))
+            self._flush_waiters = waiting
 
     async def _reconnect(self) -> None:
+        self._link.on_outcome, self._link.on_lost = _ignore, _ignore
+        self._engine.close()
         try:
-            old = self._engine
-            old.on_event = lambda event: None
-            with contextlib.suppress(Exception):
-                old.close()
-            await self._attach()
-            self.reconnects += 1
-            self._engine.pump()
-        except BaseException as error:
-            self._broken = error
-            for sequence in list(self._unconfirmed):
-                self._confirmed(sequence, error)
-        finally:
+            engine, link = await _connect(
+                self._connector, lambda: self._spec, self._timeout_s, self._user, self._password
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # every way of failing to reconnect fails the messages
             self._reconnecting = None
+            self._apply(self._core.on_gave_up(error))
+            return
+        self._reconnecting = None
+        if self._core.state == "closed":
+            engine.close()
+            return
+        self.reconnects += 1
+        self._use(engine, link)
 
     async def close(self) -> None:
-        self._closed = True
+        """Close now: messages still unconfirmed fail with `ConnectionLost` (flush first to
+        wait for them)."""
+        if self._core.state == "closed":
+            return
         if self._reconnecting is not None:
             self._reconnecting.cancel()
+        self._apply(self._core.close())
+        self._link.on_outcome, self._link.on_lost = _ignore, _ignore
         self._engine.close()
 
 
-class AsyncConsumer(_LinkClient):
-    """See the module docstring; create it with `await AsyncConsumer.connect(...)`."""
+def _settle(token: Token, error: BaseException | None) -> None:
+    if isinstance(token, asyncio.Future):
+        if token.done():
+            return
+        if error is None:
+            token.set_result(None)
+        else:
+            token.set_exception(error)
+    else:
+        token(error)
 
-    _engine: _Engine
-    _link: Link
+
+class AsyncConsumer:
+    """Reads a stream. Create it with `await AsyncConsumer.connect(...)`; pull events with
+    `receive` / `async for`, or pass `handler` to have each message pushed to it."""
 
     @classmethod
     async def connect(
@@ -557,14 +315,27 @@ class AsyncConsumer(_LinkClient):
         start: Start = "next",
         partition: int | None = None,
         credit: int = credit_default,
+        handler: Handler | None = None,
+        decode: bool = False,
         timeout_s: float = 30.0,
         reconnect_timeout_s: float = 0.0,
         user: str | None = None,
         password: str | None = None,
+        sink: Callable[[Event | BaseException], None] | None = None,
     ) -> AsyncConsumer:
+        """`start`: first, last, next, an offset, -N or a datetime. `credit`: messages in
+        flight to this consumer plus those buffered for it (a handler's are taken at once).
+        `handler(offset, timestamp_ms, raw_bytes)` (a `proton.Message` with `decode=True`)
+        is called for each message on the loop; an exception it raises stops the consumer
+        and comes out of `wait()`. `partition` binds the link (`event-streams-partition`).
+        `sink` is for the blocking layer: events (and the final error) go there instead."""
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
-        await self._attach()
+        self._handler, self._decode, self._sink = handler, decode, sink
+        engine, link = await _connect(
+            self._connector, self._spec, timeout_s, self._user, self._password
+        )
+        self._use(engine, link)
         return self
 
     def __init__(  # noqa: PLR0917 (private: use connect)
@@ -577,112 +348,173 @@ class AsyncConsumer(_LinkClient):
         timeout_s: float,
         reconnect_timeout_s: float,
     ) -> None:
-        self._urls = [url] if isinstance(url, str) else list(url)
-        self._stream, self._partition, self._credit = stream, partition, credit
-        self._start: Start = start
-        self._timeout_s, self._reconnect_timeout_s = timeout_s, reconnect_timeout_s
+        urls = [url] if isinstance(url, str) else list(url)
+        self._core = ConsumerCore(start, credit)
+        self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
+        self._stream = stream
+        self._properties = {} if partition is None else {P_PARTITION: str(partition)}
+        self._name = f"spate-consumer-{uuid.uuid4().hex[:12]}"
+        self._timeout_s, self._reconnecting_allowed = timeout_s, reconnect_timeout_s > 0
         self._user: str | None = None
         self._password: str | None = None
-        self._events: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
-        self._buffer = ffi.new("char[]", 64 * 1024)
-        self._last_offset: int | None = None
+        self._handler: Handler | None = None
+        self._decode = False
+        self._sink: Callable[[Event | BaseException], None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._events: collections.deque[Event | BaseException] = collections.deque()
+        self._ready = asyncio.Event()
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._engine: eng.Engine
+        self._link: eng.ReceiverLink
         self.reconnects = 0
+        """Times the consumer reattached after losing its link."""
 
-    def _make_link(self, session: Any) -> Link:
-        link: Receiver = session.receiver(f"spate-consumer-{id(self):x}")
-        link.source.address = self._stream
-        start = self._start if self._last_offset is None else self._last_offset + 1
-        Filter(offset_filter(start)).apply(link)
-        if self._partition is not None:
-            link.properties = {P_PARTITION: str(self._partition)}
-        return link
+    def _spec(self) -> eng.LinkSpec:
+        return eng.LinkSpec(
+            self._name, self._stream, self._properties, start=self._core.resume_start()
+        )
 
-    async def _attach(self) -> None:
-        await self._attach_link()
-        self._link.flow(self._credit)
-        self._engine.pump()
+    @property
+    def last_offset(self) -> int | None:
+        """The offset of the last message handed to the application."""
+        return self._core.last_offset
 
-    def _on_delivery(self, delivery: Any) -> None:
-        """The fast path: proton's C calls through cffi, no Python wrapper per message."""
-        lp = self._lp
-        if lib.pn_delivery_link(delivery) != lp:
+    def _use(self, engine: eng.Engine, link: Any) -> None:
+        self._engine = engine
+        self._link = eng.ReceiverLink(engine, link)
+        self._link.on_message = self._on_message
+        self._link.on_drained = self._grant
+        self._link.on_lost = self._on_lost
+        self._grant()
+
+    def _grant(self) -> None:
+        self._link.flow(self._core.credit_to_grant(self._link.credit))
+
+    def _on_message(self, raw: bytes) -> None:
+        """The hot path: offset and timestamp read at the fixed places the node writes them
+        (`sections.read_spate_annotations`), the message left undecoded."""
+        if self._closed:
             return
-        if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
-            return
-        size = lib.pn_delivery_pending(delivery)
-        if size > len(self._buffer):
-            self._buffer = ffi.new("char[]", size)
-        got = lib.pn_link_recv(lp, self._buffer, size)
-        data = ffi.unpack(self._buffer, max(got, 0))
-        lib.pn_link_advance(lp)
-        lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
-        lib.pn_delivery_settle(delivery)
-        credit = lib.pn_link_credit(lp)
-        if credit < self._credit // 2:
-            lib.pn_link_flow(lp, self._credit - credit)
-        # Offset and timestamp are read without decoding the message (proton.Message costs
-        # ~45 µs): at their fixed places when the node wrote them, else by the scanner.
-        fast = sections.read_spate_annotations(data)
+        fast = sections.read_spate_annotations(raw)
         if fast is not None:
             offset, stamp, source = fast
         else:
-            try:
-                incoming = sections.scan_incoming(data)
-            except sections.MalformedMessage:
-                return  # not one of Spate's deliveries
-            annotations = (
-                sections.delivery_annotations_map(incoming.delivery_annotations)
-                if incoming.delivery_annotations is not None
-                else {}
-            )
-            parsed = offset_from_symbol(str(annotations.get(_DA_OFFSET, "")))
+            parsed = _scan(raw)
             if parsed is None:
+                return  # not one of Spate's deliveries: no offset to resume from
+            offset, stamp, source = parsed
+        if not self._core.on_message(offset, source):
+            return  # a repeat after resuming: already handed out
+        if self._handler is not None:
+            try:
+                self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)
+            except Exception as error:  # the application's: stop and report it from wait()
+                self._finish(error)
                 return
-            offset, stamp = parsed, int(annotations.get(_DA_TIMESTAMP) or 0)
-            found = annotations.get(_DA_SOURCE)
-            source = None if found is None else str(found)
-        if self._last_offset is not None and offset <= self._last_offset:
-            return  # a repeat after resuming: already returned
-        self._last_offset = offset
-        self._events.put_nowait(StreamEvent(offset, stamp, source, raw=data))
+            self._core.on_taken()
+        elif self._sink is not None:
+            self._sink(Event(offset, stamp, source, raw))
+        else:
+            self._events.append(Event(offset, stamp, source, raw))
+            self._ready.set()
 
-    def _on_lost(self, _: object) -> None:
-        if self._closed:
+    def _taken(self, count: int) -> None:
+        """The application took `count` buffered events: room for more credit."""
+        self._core.on_taken(count)
+        if not self._closed and self._reconnecting is None:
+            self._grant()
+
+    def _on_lost(self, error: BaseException) -> None:
+        if self._closed or self._reconnecting is not None:
             return
-        if self._reconnect_timeout_s <= 0:
-            self._events.put_nowait(ConnectionError("the consumer's connection was lost"))
+        if not self._reconnecting_allowed:
+            self._finish(ConnectionLost(f"the consumer's connection was lost: {error}"))
             return
-        self._own(asyncio.ensure_future(self._reconnect()))
+        self._reconnecting = self._loop.create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
+        self._link.on_message, self._link.on_lost, self._link.on_drained = _ignore, _ignore, _ignore
+        self._engine.close()
         try:
-            self._engine.on_event = lambda event: None
-            await self._attach()
-            self.reconnects += 1
-        except BaseException as error:
-            self._events.put_nowait(error)
+            engine, link = await _connect(
+                self._connector, self._spec, self._timeout_s, self._user, self._password
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # every way of failing to reconnect ends the consumer
+            self._reconnecting = None
+            self._finish(error)
+            return
+        self._reconnecting = None
+        if self._closed:
+            engine.close()
+            return
+        self.reconnects += 1
+        self._use(engine, link)
 
-    async def receive(self, timeout: float | None = None) -> StreamEvent:
-        item: StreamEvent | BaseException
-        if not self._events.empty():
-            item = self._events.get_nowait()  # the common case: no task, no timer
+    def _finish(self, error: BaseException | None) -> None:
+        """Stop for good: `error` reaches the application after the events already buffered."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        self._link.on_message, self._link.on_lost, self._link.on_drained = _ignore, _ignore, _ignore
+        self._engine.close()
+        final = error if error is not None else ConsumerClosed("the consumer is closed")
+        if self._sink is not None:
+            self._sink(final)
         else:
-            item = await asyncio.wait_for(self._events.get(), timeout)
+            self._events.append(final)
+            self._ready.set()
+        if not self._done.done():
+            if error is None:
+                self._done.set_result(None)
+            else:
+                self._done.set_exception(error)
+                self._done.exception()  # retrieved here too: wait() is optional
+
+    async def receive(self, timeout: float | None = None) -> Event:
+        """The next event; `TimeoutError` after `timeout` seconds without one; the error that
+        stopped the consumer (after every event received before it)."""
+        while not self._events:
+            self._ready.clear()
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        item = self._events[0]
         if isinstance(item, BaseException):
-            raise item
+            raise item  # stays queued: every later receive raises it too
+        self._events.popleft()
+        self._taken(1)
         return item
 
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+    def __aiter__(self) -> AsyncIterator[Event]:
         return self
 
-    async def __anext__(self) -> StreamEvent:
+    async def __anext__(self) -> Event:
         return await self.receive()
 
+    async def wait(self) -> None:
+        """Until the consumer is closed; raises what stopped it (a handler's exception, a
+        connection lost for good)."""
+        await asyncio.shield(self._done)
+
     async def close(self) -> None:
-        self._closed = True
-        self._engine.close()
+        self._finish(None)
 
 
-__all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
+def _scan(raw: bytes) -> tuple[int, int, str | None] | None:
+    """Offset, timestamp and source partition by the section scanner (another layout)."""
+    try:
+        incoming = sections.scan_incoming(raw)
+    except sections.MalformedMessage:
+        return None
+    if incoming.delivery_annotations is None:
+        return None
+    annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
+    offset = offset_from_symbol(str(annotations.get(_DA_OFFSET, "")))
+    if offset is None:
+        return None
+    source = annotations.get(_DA_SOURCE)
+    return offset, int(annotations.get(_DA_TIMESTAMP) or 0), None if source is None else str(source)

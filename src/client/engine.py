@@ -1,0 +1,429 @@
+"""The client's one adapter over python-qpid-proton: every `proton` and `cproton_ffi` import of
+spate.client is here (the cores and shells see plain bytes, ints, strings and dicts).
+
+What it does:
+- `Engine`: one AMQP connection — proton's `Connection`/`Transport`/`Collector` in client mode
+  inside an `asyncio.Protocol`, as the node's listener drives its side (research/proton.md
+  §1b). Input is pushed in slices of at most the transport's capacity; output is written once
+  per loop turn (`schedule_pump`), so the transfers made in one turn leave in one write.
+- `attach(...)`: connect, open a sender or receiver with the link properties and the start
+  filter, and wait for the broker's answer: the link, or `AttachRefused` with the condition
+  and its info as a plain dict (`network-host`, `port`, `spate:retryable`, ...).
+- `SenderLink.transfer` / `ReceiverLink` deliveries: the hot path, proton's C calls through
+  cffi (`pn_delivery` + `pn_link_send` + `pn_link_advance` with a reused 8-byte tag; outcomes
+  read with `pn_delivery_remote_state`; received bytes with `pn_link_recv`), never proton's
+  Python `Event`/`Delivery` wrappers, which cost 30-45 µs per message (research/proton.md §5).
+  Control events (attach, detach, close) go through the wrappers.
+- Codecs that need proton: `offset_filter` (the Event Streams filter), `encode_message`,
+  `decode_message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from cproton_ffi import ffi, lib
+from proton import (
+    Collector,
+    Connection,
+    Delivery,
+    Described,
+    Event,
+    Link,
+    Message,
+    Transport,
+    symbol,
+    timestamp,
+    ulong,
+)
+from proton.reactor import Filter
+from spate.client.core import ACCEPTED, Outcome, Start, StartSpec, start_spec
+from spate.client.errors import AttachRefused
+from spate.core.ids import Offset, offset_to_symbol
+
+__all__ = [
+    "Engine",
+    "LinkSpec",
+    "Message",
+    "ReceiverLink",
+    "SenderLink",
+    "attach",
+    "decode_message",
+    "encode_message",
+    "offset_filter",
+]
+
+read_slice_bytes = 16 * 1024
+"""Input pushed into proton at a time, so one flood cannot starve the loop (research §1b)."""
+receive_buffer_bytes = 64 * 1024
+"""Initial receive buffer; grown to the largest delivery seen."""
+
+# The Event Streams offset filter (000 §5.2.1).
+ES_FILTER = ulong(0x00000000_00000200)
+FILTER_KEY = symbol("event-streams-offset-filter")
+K_OFFSET = symbol("event-streams-offset")
+K_TIMESTAMP = symbol("event-streams-timestamp")
+
+_TAG = struct.Struct("<Q")
+_STATES = {
+    lib.PN_ACCEPTED: "accepted",
+    lib.PN_REJECTED: "rejected",
+    lib.PN_RELEASED: "released",
+    lib.PN_MODIFIED: "modified",
+}
+
+
+def _filter_value(spec: StartSpec) -> Any:
+    if spec.kind == "earliest":
+        return {K_OFFSET: symbol("@earliest")}
+    if spec.kind == "latest":
+        return {K_OFFSET: symbol("@latest")}
+    if spec.kind == "after-offset":
+        return {K_OFFSET: symbol(offset_to_symbol(Offset(spec.value)))}
+    if spec.kind == "after-timestamp":
+        return {K_TIMESTAMP: timestamp(spec.value)}
+    if spec.kind == "relative":
+        return spec.value  # Spate's form: |value| messages before the end
+    assert spec.kind == "last", spec
+    return symbol("last")
+
+
+def offset_filter(start: Start) -> dict[symbol, Any]:
+    """The source filter map selecting where a consumer starts (`core.start_spec`)."""
+    return {FILTER_KEY: Described(ES_FILTER, _filter_value(start_spec(start)))}
+
+
+def encode_message(message: Message) -> bytes:
+    data: bytes = message.encode()
+    return data
+
+
+def decode_message(raw: bytes) -> Message:
+    message = Message()
+    message.decode(raw)
+    return message
+
+
+def _plain(value: Any) -> Any:
+    """A condition's info value as plain Python (symbols and strings become str)."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int | bool | float | bytes) or value is None:
+        return value
+    return str(value)
+
+
+def _condition(raw_condition: Any) -> tuple[str | None, str | None, dict[str, Any]]:
+    if raw_condition is None:
+        return None, None, {}
+    raw: Any = raw_condition.info
+    info = {str(k): _plain(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    name = None if raw_condition.name is None else str(raw_condition.name)
+    description = None if raw_condition.description is None else str(raw_condition.description)
+    return name, description, info
+
+
+class Engine(asyncio.Protocol):
+    """One AMQP connection: proton's engine in client mode, driven by asyncio."""
+
+    def __init__(self, hostname: str, user: str | None, password: str | None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport = Transport()
+        self.transport.sasl().allowed_mechs("PLAIN" if user is not None else "ANONYMOUS")
+        self.connection = Connection()
+        self.connection.container = f"spate-client-{id(self):x}"
+        self.connection.hostname = hostname
+        if user is not None:
+            self.connection.user = user
+            self.connection.password = password or ""
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        self.sock: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = self.loop.create_future()
+        self.on_event: Callable[[Event], None] = lambda event: None
+        """Control events (proton's wrapper)."""
+        self.on_delivery: Callable[[Any], None] = lambda delivery: None
+        """Delivery events on the fast path: called with the C delivery (cffi pointer)."""
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.sock = cast(asyncio.Transport, transport)
+        self.connection.open()
+        self.pump()
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                break  # the transport is closed for input: `pump` closes the socket
+            chunk = min(capacity, read_slice_bytes)
+            self.transport.push(bytes(view[:chunk]))
+            view = view[chunk:]
+            self.pump()
+
+    def eof_received(self) -> bool | None:
+        self.transport.close_tail()
+        self.pump()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def schedule_pump(self) -> None:
+        """Write what the engine has, once, at the end of this loop turn."""
+        if not self._scheduled and not self.lost.done():
+            self._scheduled = True
+            self.loop.call_soon(self.pump)
+
+    def pump(self) -> None:
+        self._scheduled = False
+        collector = self.collector._impl
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        while True:
+            ev = peek(collector)
+            if ev == ffi.NULL:
+                break
+            if event_type(ev) == lib.PN_DELIVERY:
+                self.on_delivery(lib.pn_event_delivery(ev))
+            else:
+                self.on_event(cast(Any, Event).wrap(ev))
+            pop(collector)
+        if self.sock is None or self.lost.done():
+            return
+        while True:
+            pending = self.transport.pending()
+            if pending > 0:
+                self.sock.write(self.transport.peek(pending) or b"")
+                self.transport.pop(pending)
+                continue
+            if pending < 0:
+                self.sock.close()
+            break
+        deadline = self.transport.tick(self.loop.time())
+        if deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(deadline, self.pump)
+
+    def close(self) -> None:
+        """Close the connection politely and drop the socket (callbacks are detached first)."""
+        self.on_event = lambda event: None
+        self.on_delivery = lambda delivery: None
+        if self.lost.done():
+            return
+        self.connection.close()
+        self.pump()
+        if self.sock is not None:
+            self.sock.close()
+
+    def abort(self) -> None:
+        """Drop the socket at once (tests: a connection cut under the client)."""
+        if self.sock is not None:
+            self.sock.abort()
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """What to attach: a sender (`start` None) or a receiver, with its link properties."""
+
+    name: str
+    address: str
+    properties: dict[str, str] = field(default_factory=dict)
+    start: Start | None = None
+
+    @property
+    def is_sender(self) -> bool:
+        return self.start is None
+
+
+class SenderLink:
+    """A producer's attached link. `on_outcome(sequence, Outcome)` is called once per
+    settled delivery; `on_lost(error)` when the link or its connection goes away."""
+
+    def __init__(self, engine: Engine, link: Link) -> None:
+        self.engine = engine
+        self._link = link
+        self._lp = link._impl
+        self._in_flight: dict[Any, int] = {}  # C delivery -> sequence
+        self._tag_buffer = ffi.new("char[]", _TAG.size)
+        self._tag_view = ffi.buffer(self._tag_buffer)
+        self._tag = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))[0]
+        self.on_outcome: Callable[[int, Outcome], None] = lambda sequence, outcome: None
+        self.on_lost: Callable[[BaseException], None] = lambda error: None
+        engine.on_delivery = self._on_delivery
+        engine.on_event = self._on_event
+        engine.lost.add_done_callback(self._on_connection_lost)
+
+    def transfer(self, sequence: int, data: bytes) -> None:
+        """Queue one encoded message on the link (written at the end of the loop turn)."""
+        _TAG.pack_into(self._tag_view, 0, sequence)
+        delivery = lib.pn_delivery(self._lp, self._tag)
+        lib.pn_link_send(self._lp, data, len(data))
+        lib.pn_link_advance(self._lp)
+        self._in_flight[delivery] = sequence
+
+    def _on_delivery(self, delivery: Any) -> None:
+        state = lib.pn_delivery_remote_state(delivery)
+        if not state:
+            return
+        sequence = self._in_flight.pop(delivery, None)
+        if sequence is None:
+            return
+        if state == lib.PN_ACCEPTED:
+            lib.pn_delivery_settle(delivery)
+            self.on_outcome(sequence, ACCEPTED)
+            return
+        wrapped = cast(Any, Delivery).wrap(delivery)  # the rare path: read the condition
+        name, description, info = _condition(wrapped.remote.condition)
+        lib.pn_delivery_settle(delivery)
+        self.on_outcome(sequence, Outcome(_STATES.get(state, str(state)), name, description, info))
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            name, description, _ = _condition(self._link.remote_condition)
+            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
+        elif event.type == Event.CONNECTION_REMOTE_CLOSE:
+            name, description, _ = _condition(self.engine.connection.remote_condition)
+            self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))
+
+    def _on_connection_lost(self, _: object) -> None:
+        self.on_lost(ConnectionError("connection lost"))
+
+
+class ReceiverLink:
+    """A consumer's attached link. `on_message(raw)` per complete delivery (accepted and
+    settled at once), then `on_drained()` after each burst; `on_lost(error)` as for senders."""
+
+    def __init__(self, engine: Engine, link: Link) -> None:
+        self.engine = engine
+        self._link = link
+        self._lp = link._impl
+        self._buffer = ffi.new("char[]", receive_buffer_bytes)
+        self._buffer_bytes = receive_buffer_bytes
+        self.on_message: Callable[[bytes], None] = lambda raw: None
+        self.on_drained: Callable[[], None] = lambda: None
+        self.on_lost: Callable[[BaseException], None] = lambda error: None
+        engine.on_delivery = self._on_delivery
+        engine.on_event = self._on_event
+        engine.lost.add_done_callback(self._on_connection_lost)
+
+    @property
+    def credit(self) -> int:
+        credit: int = lib.pn_link_credit(self._lp)
+        return credit
+
+    def flow(self, credit: int) -> None:
+        if credit > 0:
+            lib.pn_link_flow(self._lp, credit)
+            self.engine.schedule_pump()
+
+    def _on_delivery(self, delivery: Any) -> None:
+        lp = self._lp
+        if lib.pn_delivery_link(delivery) != lp:
+            return
+        while True:  # every complete delivery queued on the link
+            current = lib.pn_link_current(lp)
+            if (
+                current == ffi.NULL
+                or not lib.pn_delivery_readable(current)
+                or lib.pn_delivery_partial(current)
+            ):
+                break
+            size = lib.pn_delivery_pending(current)
+            if size > self._buffer_bytes:
+                self._buffer, self._buffer_bytes = ffi.new("char[]", size), size
+            got = lib.pn_link_recv(lp, self._buffer, size)
+            raw = ffi.unpack(self._buffer, max(got, 0))
+            lib.pn_link_advance(lp)
+            lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+            lib.pn_delivery_settle(current)
+            self.on_message(raw)
+        self.on_drained()
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            name, description, _ = _condition(self._link.remote_condition)
+            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
+        elif event.type == Event.CONNECTION_REMOTE_CLOSE:
+            name, description, _ = _condition(self.engine.connection.remote_condition)
+            self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))
+
+    def _on_connection_lost(self, _: object) -> None:
+        self.on_lost(ConnectionError("connection lost"))
+
+
+async def attach(
+    host: str,
+    port: int,
+    spec: LinkSpec,
+    user: str | None,
+    password: str | None,
+) -> tuple[Engine, Link]:
+    """Connect and attach one link. Raises `AttachRefused` (the broker's condition and info)
+    or `ConnectionError`; the connection is closed on any failure, cancellation included."""
+    loop = asyncio.get_running_loop()
+    engine: Engine | None = None
+
+    def factory() -> Engine:
+        nonlocal engine
+        engine = Engine(host, user, password)
+        return engine
+
+    await loop.create_connection(factory, host, port)
+    assert engine is not None
+    session = engine.connection.session()
+    session.open()
+    link: Link
+    if spec.is_sender:
+        link = session.sender(spec.name)
+        link.target.address = spec.address
+    else:
+        assert spec.start is not None
+        link = session.receiver(spec.name)
+        link.source.address = spec.address
+        Filter(offset_filter(spec.start)).apply(link)
+    if spec.properties:
+        link.properties = {symbol(k): v for k, v in spec.properties.items()}
+    link.open()
+    opened: asyncio.Future[None] = loop.create_future()
+
+    def on_event(event: Event) -> None:
+        if opened.done():
+            return
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == link:
+            opened.set_exception(AttachRefused(*_condition(link.remote_condition)))
+        elif event.type == Event.LINK_REMOTE_OPEN and event.link == link:
+            # A refusal is an attach with a null terminus followed by a detach: wait for it.
+            if (link.remote_target if link.is_sender else link.remote_source).address is None:
+                return
+            opened.set_result(None)
+        elif event.type in (Event.TRANSPORT_CLOSED, Event.CONNECTION_REMOTE_CLOSE):
+            opened.set_exception(ConnectionError("the connection closed while attaching"))
+
+    engine.on_event = on_event
+    try:
+        engine.pump()
+        lost = asyncio.ensure_future(asyncio.shield(engine.lost))
+        try:
+            done, _ = await asyncio.wait({opened, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if opened not in done:
+            raise ConnectionError(f"connection to {host}:{port} lost while attaching")
+        opened.result()
+    except BaseException:
+        engine.close()
+        if not opened.done():
+            opened.cancel()
+        raise
+    return engine, link
