@@ -43,6 +43,7 @@ from spate.client.errors import (
     ConnectionLost,
     PublishRefused,
     is_retryable,
+    is_retryable_outcome,
 )
 
 # Limits (named once, with their unit).
@@ -273,7 +274,7 @@ class ProducerCore(Generic[T]):
             del self._unconfirmed[sequence]
             return [Confirmed(sequence, entry[1])]
         info = outcome.info or {}
-        if self.reconnecting_allowed and is_retryable(outcome.condition, info):
+        if self.reconnecting_allowed and is_retryable_outcome(outcome.condition, info):
             return self._start_reconnect()  # it stays unconfirmed and is resent
         del self._unconfirmed[sequence]
         error = PublishRefused(outcome.state, outcome.condition, outcome.description, info)

@@ -54,3 +54,14 @@ def is_retryable(condition: str | None, info: dict[str, Any]) -> bool:
     """A refusal that a re-attach (elsewhere or later) can cure: a redirect or a refusal the
     broker marked `spate:retryable` (a leader change)."""
     return condition == REDIRECT or bool(info.get(RETRYABLE))
+
+
+RESOURCE_LOCKED = "amqp:resource-locked"
+
+
+def is_retryable_outcome(condition: str | None, info: dict[str, Any]) -> bool:
+    """A rejected transfer that a resend after re-attaching can cure. Besides the attach
+    rules: `amqp:resource-locked`, which on a transfer only means Unavailable / leader
+    unknown (src/gateway/errors.py's table) — the node's rejections carry no info map today,
+    so `spate:retryable` cannot be read there."""
+    return is_retryable(condition, info) or condition == RESOURCE_LOCKED
