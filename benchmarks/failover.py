@@ -42,7 +42,7 @@ from pathlib import Path
 
 from loadclient import BenchError, build_client, emit, loadavg, log, machine, run_client
 from proton import ProtonException
-from spate.client import Producer, PublishRefused
+from spate.client import AttachRefused, Producer, PublishRefused
 
 from cluster import Cluster, alive
 
@@ -95,7 +95,7 @@ def produce(urls: list[str], acks: Acks, stop: threading.Event) -> None:
             done = time.monotonic()
             with acks.lock:
                 acks.times.append((start, done))
-        except (ProtonException, PublishRefused, OSError) as e:
+        except (ProtonException, PublishRefused, AttachRefused, OSError) as e:
             with acks.lock:
                 acks.reconnects += 1
                 if len(acks.errors) < 200:

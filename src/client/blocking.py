@@ -124,18 +124,30 @@ class Producer:
         resolves on `accepted` or fails with `PublishRefused` / `ConnectionLost`.
         `callback(None | error)` runs on the client's loop thread."""
         data = encode(body)
-        if not self._slots.acquire(timeout=self._timeout_s):
-            raise TimeoutError(f"the producer's window stayed full for {self._timeout_s} s")
+        self._take_slot(blocking=True)
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         if callback is not None:
             future.add_done_callback(lambda f: callback(f.exception()))
+        self._enqueue([(data, future)])
+        return future
+
+    def _take_slot(self, *, blocking: bool) -> bool:
+        if not blocking:
+            return self._slots.acquire(blocking=False)
+        if not self._slots.acquire(timeout=self._timeout_s):
+            raise TimeoutError(f"the producer's window stayed full for {self._timeout_s} s")
+        return True
+
+    def _enqueue(self, items: list[tuple[bytes, concurrent.futures.Future[None]]]) -> None:
+        """Hand messages to the loop; it is woken once however many are queued meanwhile."""
+        if not items:
+            return
         with self._inbox_lock:
-            self._inbox.append((data, future))
+            self._inbox.extend(items)
             wake = not self._wake_pending
             self._wake_pending = True
         if wake:
             self._thread.loop.call_soon_threadsafe(self._drain_inbox)
-        return future
 
     def _drain_inbox(self) -> None:
         """On the loop: submit every queued message in this turn."""
@@ -169,14 +181,27 @@ class Producer:
         self.send_async(body).result(self._confirm_timeout_s)
 
     def send_batch(self, bodies: Iterable[Body], window: int | None = None) -> int:
-        """Send pipelined (at most `window` of these unconfirmed, besides the producer's own
-        window) and wait for every confirm; returns how many were confirmed, or raises the
-        first failure once all are settled."""
+        """Send pipelined and wait for every confirm; returns how many were confirmed, or
+        raises the first failure once all are settled. The batch is handed to the loop in as
+        few turns as the window allows (one, when it fits), so it leaves in few writes and
+        the node appends it as few chunks. `window` (optional) caps how many of these are
+        unconfirmed at once, below the producer's own window."""
+        datas = [encode(body) for body in bodies]
         futures: list[concurrent.futures.Future[None]] = []
-        for body in bodies:
+        pending: list[tuple[bytes, concurrent.futures.Future[None]]] = []
+        for data in datas:
             if window is not None and len(futures) >= window:
+                self._enqueue(pending)
+                pending = []
                 futures[-window].exception(self._confirm_timeout_s)
-            futures.append(self.send_async(body))
+            if not self._take_slot(blocking=False):
+                self._enqueue(pending)  # the window is full: let those go, then wait
+                pending = []
+                self._take_slot(blocking=True)
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            futures.append(future)
+            pending.append((data, future))
+        self._enqueue(pending)
         errors = [future.exception(self._confirm_timeout_s) for future in futures]
         first = next((error for error in errors if error is not None), None)
         if first is not None:

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from proton import ProtonException, symbol
-from proton.utils import BlockingConnection, LinkDetached
-from spate.client import Consumer, Producer, PublishRefused
+from proton.utils import BlockingConnection
+from spate.client import AttachRefused, Consumer, Producer, PublishRefused
 from support.amqp_clients import offset_filter, partition_option
 from support.cluster import Cluster
 
@@ -34,7 +34,7 @@ def publish_with_failover(
             with Producer(url, stream, timeout_s=5) as producer:
                 producer.send_batch(bodies)
                 return
-        except (ProtonException, PublishRefused, OSError):
+        except (ProtonException, PublishRefused, AttachRefused, OSError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -173,9 +173,9 @@ def test_without_a_majority_publishing_is_refused_then_resumes(cluster3: Cluster
             raise AssertionError("a message was acknowledged without a majority of replicas")
         except PublishRefused as refused:
             refusal = refused
-        except LinkDetached as detached:
+        except AttachRefused as detached:
             refusal = detached
-        except ProtonException:  # e.g. a timeout while the isolated leader steps down
+        except (ProtonException, OSError):  # e.g. a timeout while the leader steps down
             time.sleep(0.2)
     text = str(refusal)
     assert "amqp:resource-locked" in text or "amqp:link:redirect" in text, text

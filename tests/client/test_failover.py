@@ -1,0 +1,174 @@
+"""spate.client across a node's death on a real three-process cluster (`spate dev up --nodes
+3`, issue 7, BRIEF §4): the partition leader is killed with SIGKILL while the asyncio and the
+blocking producer publish, and a consumer's node is killed while it reads.
+
+What must hold: every confirmed message is in the log, in confirm order (by first copy); a
+message may be stored twice when its `accepted` was lost with the leader and the producer
+resent it (at-least-once until producer deduplication, issue 8; counted and printed); the
+consumer hands out offsets without a gap or a repeat across its reconnection."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+from spate.client import Consumer, Producer
+from spate.client.aio import AsyncConsumer, AsyncProducer
+from support.cluster import Cluster
+
+BATCH = 20
+
+
+def check_confirmed_in_log(confirmed: list[bytes], log: list[bytes]) -> int:
+    """Every confirmed body is in the log, first copies in confirm order; returns how many
+    extra copies the log holds (resends of messages whose confirm was lost)."""
+    first_seen: dict[bytes, int] = {}
+    for position, body in enumerate(log):
+        first_seen.setdefault(body, position)
+    missing = [body for body in confirmed if body not in first_seen]
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {missing[:3]}"
+    positions = [first_seen[body] for body in confirmed]
+    assert positions == sorted(positions), "confirmed messages were reordered"
+    copies = Counter(log)
+    assert max(copies.values()) <= 2, "a message stored more than twice"
+    return sum(count - 1 for count in copies.values())
+
+
+def test_blocking_producer_and_consumer_ride_through_a_leader_kill(cluster3: Cluster) -> None:
+    cluster3.cli("stream", "create", "orders", "--replicas", "3")
+    leader = cluster3.leader_of("orders")
+    urls = cluster3.urls()
+    leader_url = urls[cluster3.index_of(leader)]
+    others = [u for u in urls if u != leader_url]
+    acked: list[bytes] = []
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    producer = Producer(urls, "orders", timeout_s=5, reconnect_timeout_s=60)
+    # The consumer starts on the leader, the node about to die.
+    consumer = Consumer(
+        [leader_url, *others], "orders", start="first", partition=0, reconnect_timeout_s=60
+    )
+
+    def publish() -> None:
+        batch = 0
+        try:
+            while not stop.is_set():
+                bodies = [f"m{batch}-{i}".encode() for i in range(BATCH)]
+                assert producer.send_batch(bodies) == BATCH
+                acked.extend(bodies)
+                batch += 1
+        except BaseException as error:  # reported to the test thread below
+            failure.append(error)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    events = []
+    try:
+        while len(acked) < 10 * BATCH and not failure:
+            time.sleep(0.02)
+        for _ in range(5 * BATCH):  # the consumer is reading when its node dies
+            events.append(consumer.receive(timeout=20))
+        cluster3.kill9(cluster3.index_of(leader))
+        before = len(acked)
+        deadline = time.monotonic() + 60
+        while len(acked) < before + 10 * BATCH and not failure:
+            assert time.monotonic() < deadline, "publishing did not resume after the leader died"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        thread.join(90)
+    assert not failure, failure
+    assert producer.reconnects >= 1
+    wanted = set(acked)
+    deadline = time.monotonic() + 60
+    while wanted - {e.body for e in events}:
+        assert time.monotonic() < deadline, "confirmed messages missing"
+        events.append(consumer.receive(timeout=20))
+    assert consumer.reconnects >= 1
+    offsets = [e.offset for e in events]
+    assert offsets == list(range(len(offsets))), "a gap or a repeat across the reconnection"
+    duplicates = check_confirmed_in_log(acked, [e.body for e in events])
+    print(f"blocking: {len(acked)} confirmed, {duplicates} resent duplicates in the log")
+    producer.close()
+    consumer.close()
+
+
+def test_asyncio_producer_resends_what_the_dead_leader_did_not_confirm(cluster3: Cluster) -> None:
+    """The asyncio producer keeps every unconfirmed message and resends it after reconnecting:
+    every confirm future resolves accepted; an asyncio consumer with a handler reads them
+    all back from a survivor."""
+    cluster3.cli("stream", "create", "events", "--replicas", "3")
+    leader = cluster3.leader_of("events")
+    urls = cluster3.urls()
+    leader_url = urls[cluster3.index_of(leader)]
+    survivors = [u for u in urls if u != leader_url]
+    bodies = [b"e%d" % i for i in range(6000)]
+
+    async def publish() -> int:
+        producer = await AsyncProducer.connect(
+            [leader_url, *urls], "events", window=2000, timeout_s=10, reconnect_timeout_s=60
+        )
+        futures = []
+        for i, body in enumerate(bodies):
+            futures.append(await producer.send(body))
+            if i == 2000:
+                await asyncio.to_thread(cluster3.kill9, cluster3.index_of(leader))
+        await asyncio.wait_for(asyncio.gather(*futures), 90)
+        reconnects = producer.reconnects
+        await producer.close()
+        return reconnects
+
+    async def consume() -> list[tuple[int, bytes]]:
+        log: list[tuple[int, bytes]] = []
+        wanted = set(bodies)
+        done = asyncio.Event()
+
+        def handler(offset: int, timestamp_ms: int, message: object) -> None:
+            body = bytes(message.body)  # type: ignore[attr-defined]
+            log.append((offset, body))
+            wanted.discard(body)
+            if not wanted:
+                done.set()
+
+        consumer = await AsyncConsumer.connect(
+            survivors, "events", start="first", handler=handler, decode=True, timeout_s=30
+        )
+        await asyncio.wait_for(done.wait(), 60)
+        await consumer.close()
+        return log
+
+    assert asyncio.run(publish()) >= 1
+    log = asyncio.run(consume())
+    assert [offset for offset, _ in log] == list(range(len(log)))
+    duplicates = check_confirmed_in_log(bodies, [body for _, body in log])
+    print(f"asyncio: {len(bodies)} confirmed, {duplicates} resent duplicates in the log")
+
+
+def test_asyncio_consumer_resumes_without_gaps_when_its_node_dies(cluster3: Cluster) -> None:
+    """A consumer reading from a follower (any replica serves reads) loses that node mid-way:
+    it reconnects to another replica and resumes at the next offset."""
+    cluster3.cli("stream", "create", "clicks", "--replicas", "3")
+    leader = cluster3.leader_of("clicks")
+    urls = cluster3.urls()
+    follower = next(u for u in urls if u != urls[cluster3.index_of(leader)])
+    count = 3000
+    with Producer(urls, "clicks", reconnect_timeout_s=30) as producer:
+        producer.send_batch([b"c%d" % i for i in range(count)])
+
+    async def consume() -> tuple[list[int], int]:
+        consumer = await AsyncConsumer.connect(
+            [follower, *urls], "clicks", start="first", partition=0, credit=200,
+            reconnect_timeout_s=60,
+        )  # fmt: skip
+        offsets = [(await consumer.receive(20)).offset for _ in range(1000)]
+        await asyncio.to_thread(cluster3.kill9, urls.index(follower))
+        offsets += [(await consumer.receive(30)).offset for _ in range(count - 1000)]
+        reconnects = consumer.reconnects
+        await consumer.close()
+        return offsets, reconnects
+
+    offsets, reconnects = asyncio.run(consume())
+    assert reconnects >= 1
+    assert offsets == list(range(count)), "a gap or a repeat across the reconnection"
