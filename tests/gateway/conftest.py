@@ -18,6 +18,7 @@ from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, RunningGateway, unique
 from support.memory_broker import MemoryBroker
 from support.node_broker import NodeBroker
+from support.pump import Client, PumpRig
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +85,27 @@ def start_gateway(
 @pytest.fixture
 def gateway(start_gateway: Callable[..., RunningGateway]) -> RunningGateway:
     return start_gateway()
+
+
+# -- the pump rig (tests/support/pump.py): the listener and a client engine in memory, no sockets
+
+
+@pytest.fixture
+def memory() -> MemoryBroker:
+    """Streams `orders` (1 partition) and `clicks` (3); appends wait for `rig.release()`."""
+    memory = MemoryBroker("n1", commit_delay_s=None)
+    for name, partitions in (("orders", 1), ("clicks", 3)):
+        memory.create_stream(StreamConfig(StreamName(name), partitions=partitions))
+    return memory
+
+
+@pytest.fixture
+def rig(memory: MemoryBroker) -> Iterator[PumpRig]:
+    rig = PumpRig(memory)
+    yield rig
+    rig.close()
+
+
+@pytest.fixture
+def client(rig: PumpRig) -> Client:
+    return rig.connect()

@@ -306,6 +306,8 @@ class Client:
         self._tags = itertools.count(1)
         self._formats: dict[bytes, int] = {}
         self._injected = bytearray()
+        self._inbound = bytearray()
+        """Listener bytes the client engine had no room for yet."""
         self.sent: list[Frame] = []
         """Frames the client put on the wire, in order."""
         self.heard: list[Frame] = []
@@ -451,11 +453,14 @@ class Client:
                 self.server.data_received(bytes(wire))
         back = self.server_transport.take()
         if back:
-            moved += len(back)
             self.heard.extend(self._tap_in.feed(back))
-            if self.transport.capacity() > 0:
-                self.transport.push(back)
-        elif self.server_transport.closed and self.transport.capacity() > 0:
+            self._inbound += back
+        while self._inbound and self.transport.capacity() > 0:  # proton takes what it has room for
+            n = min(self.transport.capacity(), len(self._inbound))
+            self.transport.push(bytes(self._inbound[:n]))
+            del self._inbound[:n]
+            moved += n
+        if not self._inbound and self.server_transport.closed and self.transport.capacity() > 0:
             self.transport.close_tail()  # the listener hung up: the client sees end of input
         return moved
 
