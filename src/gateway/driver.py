@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -77,11 +77,11 @@ LEADER_EPOCH_PROPERTY = symbol("spate:leader-epoch")
 `$info`) knows its partition changed leader."""
 
 
-def _bound_properties(bound: PartitionId, partition: Partition) -> dict[symbol, Any]:
+async def _bound_properties(bound: PartitionId, partition: Partition) -> dict[symbol, Any]:
     properties: dict[symbol, Any] = {
         symbol(links.PARTITION_PROPERTY): symbol(links.partition_symbol(bound))
     }
-    epoch = partition.info().leader_epoch
+    epoch = (await partition.describe()).leader_epoch
     if epoch is not None:
         properties[LEADER_EPOCH_PROPERTY] = ulong(epoch)
     return properties
@@ -136,6 +136,8 @@ class InfoLink:
     pointer: Any
     stream: StreamName
     next_send_s: float = 0.0
+    body: dict[str, Any] | None = None
+    """Figures gathered for the next message (`_gather_info`)."""
     tag: int = 0
     closed: bool = False
 
@@ -171,6 +173,9 @@ class AmqpConnection(asyncio.Protocol):
         self.infos: dict[Any, InfoLink] = {}
         self.dirty: set[Any] = set()
         """Producer links (pointers) that drained records this turn."""
+        self.attaching: set[Any] = set()
+        """Links (pointers) whose attach is being planned (the broker may answer remotely)."""
+        self._info_tasks: dict[Any, asyncio.Future[Any]] = {}
         # delivery tags are copied by pn_delivery: one 8-byte buffer serves every send
         self._tag_buffer = ffi.new("char[]", _TAG.size)
         self._tag_view = ffi.buffer(self._tag_buffer)
@@ -214,7 +219,8 @@ class AmqpConnection(asyncio.Protocol):
             self._forget_consumer(consumer)
         self.consumers.clear()
         for producer in self.producers.values():
-            producer.closed = True
+            self._forget_producer(producer)
+        self.producers.clear()
         self.infos.clear()
 
     def pause_writing(self) -> None:
@@ -430,14 +436,14 @@ class AmqpConnection(asyncio.Protocol):
         return out
 
     def _link_remote_open(self, link: Link) -> None:
-        if link.state & Endpoint.LOCAL_ACTIVE:
+        if link.state & Endpoint.LOCAL_ACTIVE or link._impl in self.attaching:
             return
         terminus = "target" if link.is_receiver else "source"
         remote = link.remote_target if link.is_receiver else link.remote_source
         address = remote.address
         try:
             if (
-                len(self.producers) + len(self.consumers) + len(self.infos)
+                len(self.producers) + len(self.consumers) + len(self.infos) + len(self.attaching)
                 >= LINKS_PER_CONNECTION_MAX
             ):
                 self._refuse(
@@ -451,15 +457,54 @@ class AmqpConnection(asyncio.Protocol):
                 return
             links.check_terminus(remote.dynamic, terminus)
             parsed = links.parse_address(address, terminus=terminus)
-            properties = dict(link.remote_properties or {})
-            if link.is_receiver:
-                self._open_producer(link, parsed, properties)
-            elif parsed.info:
-                self._open_info(link, links.plan_info(self.ctx.broker, parsed))
-            else:
-                self._open_consumer(link, parsed, properties)
         except BrokerError as err:
             self._refuse(link, amqp_error(err), address)
+            return
+        self.attaching.add(link._impl)
+        self._own(asyncio.ensure_future(self._attach(link, parsed, address)))
+
+    async def _attach(self, link: Link, parsed: links.Address, address: str | None) -> None:
+        """Plan the link with the broker (which may ask a node over the wire), then answer the
+        attach: open it, or refuse it (attach + detach) with the broker's error."""
+        properties = dict(link.remote_properties or {})
+        broker = self.ctx.broker
+        plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None = None
+        answer: dict[symbol, Any] | None = None
+        error: AmqpError | None = None
+        try:
+            if link.is_receiver:
+                plan = await links.plan_producer(broker, parsed, properties)
+                if properties.get(links.PARTITION_PROPERTY) is not None:
+                    assert plan.bound is not None
+                    answer = await _bound_properties(plan.bound, plan.targets[plan.bound])
+            elif parsed.info:
+                plan = await links.plan_info(broker, parsed)
+            else:
+                filters = _filter_map(link.remote_source.filter)
+                plan = await links.plan_consumer(broker, parsed, properties, filters)
+                if plan.bound is not None:
+                    answer = await _bound_properties(plan.bound, plan.cursors[0].partition)
+        except BrokerError as err:
+            error = amqp_error(err)
+        except Exception as err:
+            log.exception("planning link %r to %r failed", link.name, address)
+            error = amqp_error(BrokerError(f"the attach failed: {type(err).__name__}: {err}"))
+        finally:
+            self.attaching.discard(link._impl)
+        if self.closed or link.state & Endpoint.REMOTE_CLOSED:
+            _detach_all(_partitions_of(plan))  # the client went away meanwhile
+            return
+        if error is not None:
+            _detach_all(_partitions_of(plan))
+            self._refuse(link, error, address)
+        elif isinstance(plan, links.ProducerPlan):
+            self._open_producer(link, plan, answer)
+        elif isinstance(plan, links.ConsumerPlan):
+            self._open_consumer(link, plan, answer)
+        else:
+            assert plan is not None
+            self._open_info(link, plan)
+        self.schedule_pump()
 
     def _refuse(self, link: Link, error: AmqpError, address: str | None) -> None:
         """Attach with a null terminus, then detach with the error, in one flush (AMQP 2.6.3)."""
@@ -482,14 +527,12 @@ class AmqpConnection(asyncio.Protocol):
         )
 
     def _open_producer(
-        self, link: Link, address: links.Address, properties: dict[Any, Any]
+        self, link: Link, plan: links.ProducerPlan, answer: dict[symbol, Any] | None
     ) -> None:
-        plan = links.plan_producer(self.ctx.broker, address, properties)
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
-        if properties.get(links.PARTITION_PROPERTY) is not None:
-            assert plan.bound is not None
-            link.properties = _bound_properties(plan.bound, plan.targets[plan.bound])
+        if answer is not None:
+            link.properties = answer
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         state = ProducerLink(link, link._impl, plan, presettled)
@@ -498,10 +541,8 @@ class AmqpConnection(asyncio.Protocol):
         self._top_up(state)
 
     def _open_consumer(
-        self, link: Link, address: links.Address, properties: dict[Any, Any]
+        self, link: Link, plan: links.ConsumerPlan, answer: dict[symbol, Any] | None
     ) -> None:
-        filters = _filter_map(link.remote_source.filter)
-        plan = links.plan_consumer(self.ctx.broker, address, properties, filters)
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         link.source.filter.clear()
@@ -510,8 +551,8 @@ class AmqpConnection(asyncio.Protocol):
             link.source.filter.put_object(
                 {key: original[key] for key in original if key in plan.selection.accepted_keys}
             )
-        if plan.bound is not None:
-            link.properties = _bound_properties(plan.bound, plan.cursors[0].partition)
+        if answer is not None:
+            link.properties = answer
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
@@ -538,7 +579,7 @@ class AmqpConnection(asyncio.Protocol):
     def _forget_key(self, link_key: Any) -> None:
         producer = self.producers.pop(link_key, None)
         if producer is not None:
-            producer.closed = True
+            self._forget_producer(producer)
         consumer = self.consumers.pop(link_key, None)
         if consumer is not None:
             self._forget_consumer(consumer)
@@ -546,10 +587,15 @@ class AmqpConnection(asyncio.Protocol):
         if info_link is not None:
             info_link.closed = True
 
+    def _forget_producer(self, producer: ProducerLink) -> None:
+        producer.closed = True
+        _detach_all(producer.plan.targets.values())
+
     def _forget_consumer(self, consumer: ConsumerLink) -> None:
         consumer.closed = True
         for cursor in consumer.plan.cursors:
             cursor.partition.remove_listener(self.schedule_pump)
+        _detach_all(c.partition for c in consumer.plan.cursors)
 
     # hot path: deliveries -----------------------------------------------------------------------
 
@@ -824,6 +870,22 @@ class AmqpConnection(asyncio.Protocol):
         if more:
             self.schedule_pump()  # another turn, after other connections had theirs
 
+    async def _gather_info(self, state: InfoLink) -> None:
+        """The figures of a `$info` message (the broker may ask the nodes over the wire)."""
+        try:
+            state.body = await info.runtime_information(
+                self.ctx.broker, state.stream, self.ctx.node_id
+            )
+        except BrokerError as err:
+            if not state.closed:
+                error = amqp_error(err)
+                state.closed = True
+                state.link.condition = Condition(error.condition, error.description)
+                state.link.close()
+        finally:
+            del self._info_tasks[state.pointer]
+        self.schedule_pump()
+
     def _send_infos(self) -> None:
         now = self.loop.time()
         wake: float | None = None
@@ -833,14 +895,15 @@ class AmqpConnection(asyncio.Protocol):
             if now < state.next_send_s:
                 wake = state.next_send_s if wake is None else min(wake, state.next_send_s)
                 continue
-            try:
-                body = info.runtime_information(self.ctx.broker, state.stream, self.ctx.node_id)
-            except BrokerError as err:
-                error = amqp_error(err)
-                state.closed = True
-                state.link.condition = Condition(error.condition, error.description)
-                state.link.close()
+            if state.pointer in self._info_tasks:
+                continue  # the figures are being gathered
+            body = state.body
+            if body is None:
+                task = asyncio.ensure_future(self._gather_info(state))
+                self._info_tasks[state.pointer] = task
+                self._own(task)
                 continue
+            state.body = None
             message = info.encode_info_message(body)
             state.tag += 1
             tag = _TAG.pack(state.tag)
@@ -856,6 +919,21 @@ class AmqpConnection(asyncio.Protocol):
             if self._info_timer is not None:
                 self._info_timer.cancel()
             self._info_timer = self.loop.call_at(wake, self.schedule_pump)
+
+
+def _detach_all(partitions: Iterable[Partition]) -> None:
+    for partition in partitions:
+        partition.detach()
+
+
+def _partitions_of(
+    plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None,
+) -> list[Partition]:
+    if isinstance(plan, links.ProducerPlan):
+        return list(plan.targets.values())
+    if isinstance(plan, links.ConsumerPlan):
+        return [cursor.partition for cursor in plan.cursors]
+    return []
 
 
 def _wrap_event(ev: Any) -> Any:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.core import limits
-from spate.core.backend import Broker, OffsetSpec, Partition
+from spate.core.backend import Broker, Partition
 from spate.core.errors import (
     InvalidArgument,
     NotFound,
@@ -118,10 +118,12 @@ class ProducerPlan:
         self.round_robin += 1
 
 
-def plan_producer(broker: Broker, address: Address, properties: dict[Any, Any]) -> ProducerPlan:
+async def plan_producer(
+    broker: Broker, address: Address, properties: dict[Any, Any]
+) -> ProducerPlan:
     if address.info:
         raise InvalidArgument(f"'{address.stream}/$info' is a source: it cannot be sent to")
-    config = broker.stream(address.stream)
+    config = await broker.lookup(address.stream)
     requested = properties.get(PARTITION_PROPERTY)
     plan = ProducerPlan(address.stream, config.partitions, None)
     if requested is not None:
@@ -243,15 +245,10 @@ class ConsumerPlan:
         return out
 
 
-def start_offset(partition: Partition, specs: tuple[OffsetSpec, ...]) -> Offset:
-    """All start filters must hold: the largest resolved offset wins (000 §5.2.1)."""
-    return max(partition.resolve(spec) for spec in specs)
-
-
-def plan_consumer(
+async def plan_consumer(
     broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
 ) -> ConsumerPlan:
-    config = broker.stream(address.stream)
+    config = await broker.lookup(address.stream)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
     bound: PartitionId | None = None
@@ -260,10 +257,19 @@ def plan_consumer(
     elif config.partitions == 1:
         bound = PartitionId(0)
     pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
-    cursors = []
-    for pid in pids:
-        part = partition_or_agnostic_error(broker, address.stream, pid, bound is None, write=False)
-        cursors.append(Cursor(part, partition_symbol(pid), start_offset(part, selection.specs)))
+    cursors: list[Cursor] = []
+    try:
+        for pid in pids:
+            part = partition_or_agnostic_error(
+                broker, address.stream, pid, bound is None, write=False
+            )
+            cursors.append(Cursor(part, partition_symbol(pid), Offset(0)))
+            # all start filters must hold: the partition starts at the largest (000 §5.2.1)
+            cursors[-1].next_offset = await part.begin(selection.specs)
+    except BaseException:
+        for cursor in cursors:
+            cursor.partition.detach()
+        raise
     return ConsumerPlan(
         address.stream,
         bound if requested is not None else None,
@@ -273,8 +279,8 @@ def plan_consumer(
     )
 
 
-def plan_info(broker: Broker, address: Address) -> StreamName:
+async def plan_info(broker: Broker, address: Address) -> StreamName:
     if not address.info:
         raise AssertionError("plan_info needs an $info address")
-    broker.stream(address.stream)
+    await broker.lookup(address.stream)
     return address.stream

@@ -71,6 +71,9 @@ class RedirectBroker:
     def __init__(self, table: RoutingTable) -> None:
         self.table = table
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         routes = self.table.routes
         config = routes.streams.get(name)

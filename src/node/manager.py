@@ -123,6 +123,9 @@ class LocalBroker:
         self._locate = locate
         self._amqp_address = amqp_address
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         config = self._manager.configs.get(name)
         if config is None:

@@ -50,6 +50,9 @@ class NodeBroker:
         if self._started:
             await self.host.stop()
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)
 
