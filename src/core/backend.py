@@ -113,7 +113,7 @@ class Partition(Protocol):
         """Committed chunks from the one holding `start`; at least one chunk if any is here.
 
         The first chunk may begin before `start`: callers skip the records below it. A remote
-        partition takes `start` as where its reader is: what lies below is let go.
+        partition hands each record out once: its reader keeps what it read.
         """
         ...
 

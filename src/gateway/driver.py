@@ -72,6 +72,9 @@ _CONTROL_EVENTS = frozenset(
 )
 
 
+GATEWAY_MODE_PROPERTY = "spate:gateway-mode"
+"""Link or connection property: "proxy" or "redirect", which a gateway then uses for the link
+(docs/gateway.md); nodes ignore it."""
 LEADER_EPOCH_PROPERTY = symbol("spate:leader-epoch")
 """Answered on partition-bound links: a client that sees it change on a later attach (or in
 `$info`) knows its partition changed leader."""
@@ -100,6 +103,9 @@ class Context:
         default_factory=lambda: ffi.new("char[]", limits.message_bytes_max + 1)
     )
     connections: set[AmqpConnection] = field(default_factory=set)
+    modes: dict[str, Broker] = field(default_factory=dict)
+    """A gateway's brokers by mode ("proxy", "redirect"): a client picks one per connection or
+    per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
 
 
 @dataclass
@@ -467,11 +473,11 @@ class AmqpConnection(asyncio.Protocol):
         """Plan the link with the broker (which may ask a node over the wire), then answer the
         attach: open it, or refuse it (attach + detach) with the broker's error."""
         properties = dict(link.remote_properties or {})
-        broker = self.ctx.broker
         plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None = None
         answer: dict[symbol, Any] | None = None
         error: AmqpError | None = None
         try:
+            broker = self._broker_for(properties)
             if link.is_receiver:
                 plan = await links.plan_producer(broker, parsed, properties)
                 if properties.get(links.PARTITION_PROPERTY) is not None:
@@ -505,6 +511,24 @@ class AmqpConnection(asyncio.Protocol):
             assert plan is not None
             self._open_info(link, plan)
         self.schedule_pump()
+
+    def _broker_for(self, properties: dict[Any, Any]) -> Broker:
+        """The link's `spate:gateway-mode` property, else the connection's, else the default."""
+        modes = self.ctx.modes
+        if not modes:
+            return self.ctx.broker
+        mode = properties.get(GATEWAY_MODE_PROPERTY)
+        if mode is None:
+            mode = (self.conn.remote_properties or {}).get(GATEWAY_MODE_PROPERTY)
+        if mode is None:
+            return self.ctx.broker
+        broker = modes.get(str(mode))
+        if broker is None:
+            raise InvalidArgument(
+                f"{GATEWAY_MODE_PROPERTY} {mode!r}: this gateway serves "
+                + " or ".join(repr(m) for m in sorted(modes))
+            )
+        return broker
 
     def _refuse(self, link: Link, error: AmqpError, address: str | None) -> None:
         """Attach with a null terminus, then detach with the error, in one flush (AMQP 2.6.3)."""

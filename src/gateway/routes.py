@@ -20,7 +20,7 @@ follow redirects, and `$info` with offsets (it lists each partition's leader ins
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spate.core.backend import Partition
@@ -46,6 +46,8 @@ class Routes:
     partitions: Mapping[tuple[StreamName, PartitionId], Route] = field(default_factory=dict)
     amqp: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
     """Each node's advertised AMQP host and port."""
+    replication: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
+    """Each node's replication port, where gateways open wire sessions (proxy mode)."""
 
 
 class RoutingTable:
@@ -55,6 +57,8 @@ class RoutingTable:
         self.routes = Routes(version=-1)
         self.updates = 0
         self.stale_refused = 0
+        self.listeners: list[Callable[[], None]] = []
+        """Called after every accepted update."""
 
     def update(self, routes: Routes) -> bool:
         if routes.version < self.routes.version:
@@ -62,6 +66,8 @@ class RoutingTable:
             return False
         self.routes = routes
         self.updates += 1
+        for listener in list(self.listeners):
+            listener()
         return True
 
 

@@ -29,6 +29,7 @@ from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
+from spate.node.wire_server import WireServer
 from spate.server.settings import NodeSettings, advertised_host
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,12 @@ class NodeProcess:
             peers=self._replication_address,
         )
         self.manager = PartitionManager(self.replication)
+        self.broker = LocalBroker(self.manager, self._locate, self._amqp_address)
+        self.wire = WireServer(self.broker)
+        """Gateways' sessions (ADR 0008), on the replication port."""
+        self.replication.transport.on_session = self.wire.serve
         self.gateway = GatewayServer(
-            LocalBroker(self.manager, self._locate, self._amqp_address),
+            self.broker,
             ListenerConfig(
                 host=settings.host,
                 port=settings.amqp_port,
