@@ -44,8 +44,17 @@ from spate.core import limits
 from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId, StreamName
-from spate.gateway import codec, info, links, sections
-from spate.gateway.errors import DECODE_ERROR, RESOURCE_LIMIT_EXCEEDED, AmqpError, amqp_error, plain
+from spate.gateway import codec, inbound, info, links, sections
+from spate.gateway.errors import (
+    DECODE_ERROR,
+    FRAMING_ERROR,
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    RESOURCE_LIMIT_EXCEEDED,
+    AmqpError,
+    amqp_error,
+    plain,
+)
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
 
 log = logging.getLogger(__name__)
@@ -169,6 +178,9 @@ class AmqpConnection(asyncio.Protocol):
         self._paused_writing = False
         self._rest: memoryview | None = None
         self._pump_scheduled = False
+        self._hang_up = False
+        """Close the socket once proton's output is written (a framing error was answered)."""
+        self.guard = inbound.InboundGuard()
         self._timer: asyncio.TimerHandle | None = None
         self._info_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -310,6 +322,48 @@ class AmqpConnection(asyncio.Protocol):
                 self.sock.resume_reading()
 
     def _push(self, data: bytes) -> None:
+        problems = self.guard.feed(data)
+        if not problems:
+            self._push_engine(data)
+            return
+        done = 0
+        for problem in problems:
+            if problem.cut > done:
+                self._push_engine(data[done : problem.cut])
+                done = problem.cut
+            self._dispatch()  # the links attached before the problem are known now
+            self._guard_problem(problem)
+            if problem.kind == "frame":
+                return
+            # write the detach before proton reads the offending frame: proton drops a local
+            # detach it has not encoded yet when a transfer arrives for the same link
+            self._write()
+        self._push_engine(data[done:])
+
+    def _guard_problem(self, problem: inbound.Problem) -> None:
+        """What the inbound guard found: a bad frame ends the connection, a transfer with a
+        message-format other than 0 or on the client's receiving link ends that link."""
+        if problem.kind == "frame":
+            log.info("closing connection: %s", problem.description)
+            self.conn.condition = Condition(FRAMING_ERROR, problem.description)
+            self.conn.close()
+            self._hang_up = True
+            return
+        candidates: list[tuple[Any, ProducerLink | ConsumerLink | InfoLink]] = (
+            [*self.consumers.items(), *self.infos.items()]
+            if problem.client_receives
+            else [*self.producers.items()]
+        )
+        for key, state in candidates:
+            if state.link.name == problem.link_name and not state.closed:
+                condition = NOT_ALLOWED if problem.client_receives else NOT_IMPLEMENTED
+                log.info("ending link %r: %s", problem.link_name, problem.description)
+                self._forget_key(key)
+                state.link.condition = Condition(condition, problem.description)
+                state.link.close()
+                return
+
+    def _push_engine(self, data: bytes) -> None:
         view = memoryview(data)
         while view and not self.closed:
             capacity = self.engine.capacity()
@@ -358,7 +412,7 @@ class AmqpConnection(asyncio.Protocol):
                 self.sock.write(engine.peek(pending) or b"")
                 engine.pop(pending)
                 continue
-            if pending < 0:  # head closed: everything is written
+            if pending < 0 or self._hang_up:  # head closed (or given up): all is written
                 self.sock.close()
                 self.closed = True
                 return

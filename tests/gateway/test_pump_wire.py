@@ -145,12 +145,6 @@ def test_a_frame_larger_than_max_frame_size_is_a_framing_error(
     assert client.server_transport.closed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="driver: proton closes its input on an undecodable performative without a condition "
-    "or a close frame, and AmqpConnection keeps the socket open (half-dead until the peer "
-    "hangs up or idle-timeout fires)",
-)
 def test_an_undecodable_performative_closes_the_connection(rig: PumpRig, client: Client) -> None:
     """core §2.3.2: a frame body that is not a performative is a framing/decode error."""
     client.inject(b"\x00\x00\x00\x0c\x02\x00\x00\x00\xde\xad\xbe\xef")
@@ -159,13 +153,6 @@ def test_an_undecodable_performative_closes_the_connection(rig: PumpRig, client:
     assert close_error(client)[0] in ("amqp:connection:framing-error", "amqp:decode-error")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="driver: a transfer on a link where the listener is the sender becomes that link's "
-    "current delivery in proton, and the next message the listener sends on it is written into "
-    "that delivery: the consumer gets the client's bytes, under the client's tag, in front of "
-    "the stored message",
-)
 def test_a_transfer_on_a_link_the_listener_sends_on_is_refused(
     rig: PumpRig, client: Client, memory: MemoryBroker
 ) -> None:
@@ -211,28 +198,30 @@ def test_an_aborted_delivery_is_dropped_and_the_link_carries_on(
 # -- message-format (core §2.7.5; 002 MESSAGE-FORMAT = 0)
 
 
-def test_a_non_zero_message_format_is_stored_and_redelivered_as_format_0_today(
+def test_a_non_zero_message_format_ends_the_link_with_not_implemented(
     rig: PumpRig, client: Client, memory: MemoryBroker
 ) -> None:
-    """Documents current behaviour (issue 7 changes it): the listener ignores the transfer's
-    message-format. A transfer with format 0x80013700 whose payload is a valid AMQP message is
-    accepted and stored as one record, and a consumer gets it back with message-format 0 --
-    the data silently changes meaning. 002: format 0 is the one this document defines."""
+    """core §2.7.5: message-format 0 is the AMQP message this document defines; Spate stores
+    only those (another format would come back as 0 and change meaning). A transfer with
+    format 0x80013700 ends its link with amqp:not-implemented naming the format; nothing of it
+    is stored, what came before it is, and the connection serves other links."""
     sender = client.sender("orders")
     rig.pump()
-    delivery = client.send(sender, encode(body="batch?"), message_format=BATCH_FORMAT)
+    before = client.send(sender, encode(body="before"))
     rig.pump()
     rig.release()
-    sent = client.sent_of("transfer")[-1]
-    assert sent.field(3) == BATCH_FORMAT, "the rig put the format on the wire"
-    assert delivery.remote_state == Delivery.ACCEPTED
-    assert stored(memory) == 1
-    receiver = client.receiver("orders", filters=offset_filter("first"), credit=1)
+    assert before.remote_state == Delivery.ACCEPTED
+    client.send(sender, encode(body="batch?"), message_format=BATCH_FORMAT)
     rig.pump()
-    [(data, _)] = client.received(receiver)
-    assert decode(data).body == "batch?"
-    heard = client.heard_of("transfer")[-1]
-    assert heard.field(3) == 0, "redelivered with message-format 0"
+    rig.release()
+    assert client.sent_of("transfer")[-1].field(3) == BATCH_FORMAT, "the rig put it on the wire"
+    condition = sender.remote_condition
+    assert condition is not None and condition.name == "amqp:not-implemented"
+    assert "0x80013700" in condition.description
+    assert stored(memory) == 1
+    publish_one(rig, client, "after")  # a new link on the same connection works
+    rig.release()
+    assert stored(memory) == 2
 
 
 def test_message_format_0_is_the_default_both_ways(rig: PumpRig, client: Client) -> None:
