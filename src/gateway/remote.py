@@ -38,7 +38,7 @@ from typing import Any
 from spate.core import frames, wire
 from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
-from spate.core.ids import NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway.routes import Route, RoutingTable
 
@@ -51,6 +51,8 @@ REROUTE_TIMEOUT_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
+RETRY_SAME_ROUTE_S = 1.0
+"""A refusal with nothing stored under an unchanged route is retried after this long."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 
 
@@ -390,6 +392,9 @@ class RemoteWriter(_PartitionBase):
         self.detached = False
         self._seq = itertools.count()
         self._reroute: asyncio.Task[None] | None = None
+        self._route: tuple[NodeId | None, LeaderEpoch | None] | None = None
+        """(leader, epoch) the last appends went to."""
+        self._refused_by: tuple[NodeId | None, LeaderEpoch | None] | None = None
 
     def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
         future: asyncio.Future[Offset] = self.loop.create_future()
@@ -411,6 +416,7 @@ class RemoteWriter(_PartitionBase):
             self._stall()
             return
         epoch = int(route.epoch or 0)
+        self._route = (route.leader, route.epoch)
         while self.queue:
             pending = self.queue.popleft()
             request = session.next_id()
@@ -428,6 +434,7 @@ class RemoteWriter(_PartitionBase):
         self.inflight.pop(pending.seq, None)
         if not stored and error.retryable and not self.detached:
             self.refused.append(pending)  # nothing was written: send it to the next leader
+            self._refused_by = self._route
             self._stall()
             return
         if not pending.future.done():
@@ -446,7 +453,9 @@ class RemoteWriter(_PartitionBase):
 
     async def _wait_for_leader(self) -> None:
         """Hold appends until those in flight are answered and a leader is reachable, then
-        send the refused ones first, in their original order."""
+        send the refused ones first, in their original order. A leader that refused them is
+        asked again only once the table names another leader or epoch, or after
+        `RETRY_SAME_ROUTE_S` (a refusal that was not about leadership)."""
         deadline = self.loop.time() + REROUTE_TIMEOUT_S
         try:
             while self.loop.time() < deadline and not self.detached:
@@ -454,18 +463,23 @@ class RemoteWriter(_PartitionBase):
                     await asyncio.sleep(0.01)
                     continue
                 route = self.broker.route(self.key)
-                if route is not None and route.leader is not None and route.leader_alive:
-                    try:
-                        await asyncio.wait_for(
-                            self.broker.sessions.connected(route.leader),
-                            max(0.0, deadline - self.loop.time()),
-                        )
-                    except (BrokerError, TimeoutError):
-                        await self.broker.wait_change(0.2)
-                        continue
-                    self._resume()
-                    return
-                await self.broker.wait_change(max(0.0, deadline - self.loop.time()))
+                if route is None or route.leader is None or not route.leader_alive:
+                    await self.broker.wait_change(max(0.0, deadline - self.loop.time()))
+                    continue
+                if self.refused and (route.leader, route.epoch) == self._refused_by:
+                    self._refused_by = None  # once more after a change or a pause
+                    await self.broker.wait_change(RETRY_SAME_ROUTE_S)
+                    continue
+                try:
+                    await asyncio.wait_for(
+                        self.broker.sessions.connected(route.leader),
+                        max(0.0, deadline - self.loop.time()),
+                    )
+                except (BrokerError, TimeoutError):
+                    await self.broker.wait_change(0.2)
+                    continue
+                self._resume()
+                return
             self._give_up()
         finally:
             self._reroute = None

@@ -24,11 +24,13 @@ class NodeBroker:
         self._broker = LocalBroker(self.manager, lambda _s, _p: [], lambda _n: None)
         self._configs: dict[StreamName, StreamConfig] = {}
         self._started = False
+        self.port = 0
+        """The replication port (where gateways open wire sessions) once started."""
 
     async def create_stream(self, config: StreamConfig) -> None:
         config.validate()
         if not self._started:
-            await self.host.start()
+            self.port = await self.host.start()
             self._started = True
         self._configs[config.name] = config
         assignments = [
