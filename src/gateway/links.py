@@ -156,7 +156,27 @@ def partition_or_agnostic_error(
         ) from err
 
 
+def producer_credit(credit: int, unconfirmed: int) -> int:
+    """Credit to grant a producer link now: none while the connection has
+    `limits.producer_unconfirmed_max` deliveries waiting for durability (admission control),
+    else top it up to `limits.link_credit_max` once it fell below half."""
+    if unconfirmed >= limits.producer_unconfirmed_max or credit >= limits.link_credit_max // 2:
+        return 0
+    return limits.link_credit_max - credit
+
+
 # Consumers --------------------------------------------------------------------------------------
+
+CONSUMER_UNSETTLED_MAX = 10_000
+"""Deliveries one consumer link may hold unsettled (credit beyond this waits for settlements)."""
+
+
+def consumer_room(credit: int, unsettled: int, presettled: bool) -> int:
+    """Deliveries to send a consumer link in one pump: its credit, bounded by
+    `CONSUMER_UNSETTLED_MAX` unsettled (unless pre-settled) and `limits.consumer_send_batch_max`
+    (then the pump yields to other connections)."""
+    room = credit if presettled else min(credit, CONSUMER_UNSETTLED_MAX - unsettled)
+    return min(room, limits.consumer_send_batch_max)
 
 
 @dataclass(slots=True)
