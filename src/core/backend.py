@@ -165,12 +165,17 @@ class Broker(Protocol):
         """The stream's configuration; raises NotFound for an unknown stream."""
         ...
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
         """A partition of a stream looked up before (`lookup`), for one link.
 
         `write=True` (producers) needs the leader; `write=False` (consumers, `$info`) is served
         by any replica up to its commit index. Raises NotFound (unknown stream or partition) or
-        NotLeader (served elsewhere; the error names where). Each call may return a new object:
-        the link calls `detach` on it when it goes.
+        NotLeader (served elsewhere; the error names where). `relay=True` (partition-agnostic
+        links, which cannot be redirected to one place): a broker that can reach a partition
+        served elsewhere does so (a node or redirect gateway through the gateway wire) instead
+        of raising NotLeader. Each call may return a new object: the link calls `detach` on it
+        when it goes.
         """
         ...

@@ -145,7 +145,7 @@ def partition_or_agnostic_error(
     Producers (`write`) need the partition's leader; consumers are served by any local replica.
     """
     try:
-        return broker.partition(stream, pid, write=write)
+        return broker.partition(stream, pid, write=write, relay=agnostic)
     except NotLeader as err:
         if not agnostic:
             raise

@@ -334,7 +334,7 @@ class RemoteBroker:
         return config
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> RemoteWriter | RemoteReader:
         config = self._config(name)
         if not 0 <= partition < config.partitions:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spate.core.backend import Partition
+from spate.core.backend import Broker, Partition
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -74,10 +74,15 @@ class RoutingTable:
 class RedirectBroker:
     """spate.core.backend.Broker for a gateway in redirect mode (see the module docstring)."""
 
-    def __init__(self, table: RoutingTable) -> None:
+    def __init__(self, table: RoutingTable, relay: Broker | None = None) -> None:
         self.table = table
+        self.relay = relay
+        """Serves partition-agnostic links (which cannot be redirected to one leader): the
+        gateway's proxy broker, when it has the cluster secret."""
 
     async def lookup(self, name: StreamName) -> StreamConfig:
+        if self.relay is not None and name not in self.table.routes.streams:
+            return await self.relay.lookup(name)  # ask a node (proxy available)
         return self.stream(name)
 
     def stream(self, name: StreamName) -> StreamConfig:
@@ -97,7 +102,11 @@ class RedirectBroker:
             )
         return config
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
+        if relay and self.relay is not None:
+            return self.relay.partition(name, partition, write=write, relay=True)
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

@@ -135,8 +135,10 @@ class LocalBroker:
         return config
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> ReplicatedPartition:
+        """The local replica (see spate.core.backend.Broker; a node relays through
+        spate.server.node_process.NodeFront, which wraps this)."""
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

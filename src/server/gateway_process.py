@@ -114,11 +114,13 @@ class GatewayProcess:
         settings.validate()
         self.settings = settings
         self.table = RoutingTable()
-        modes: dict[str, Broker] = {"redirect": RedirectBroker(self.table)}
+        modes: dict[str, Broker] = {}
         self.sessions: Sessions | None = None
         if settings.secret:
             self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
             modes["proxy"] = RemoteBroker(self.table, self.sessions)
+        # partition-agnostic links cannot be redirected to one leader: proxied when possible
+        modes["redirect"] = RedirectBroker(self.table, relay=modes.get("proxy"))
         self.server = GatewayServer(
             modes[settings.mode],
             ListenerConfig(

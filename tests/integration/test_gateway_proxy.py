@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proton import Message, symbol
+from proton import Message, Timeout, symbol
 from proton.utils import BlockingConnection, LinkDetached, SendException
 from spate.client import Consumer, Producer
 from support.amqp_clients import (
@@ -181,17 +181,33 @@ def test_redirect_mode_on_request(cluster: Cluster) -> None:
 
 
 def test_leader_kill9_during_proxied_publish_and_consume(cluster: Cluster) -> None:
-    """Every message a BlockingConnection saw accepted is consumed, in order, once; messages
-    refused while the leader changed were refused with a retryable condition and resent."""
+    """A BlockingConnection publishes through one gateway while another BlockingConnection
+    consumes through the other gateway, and the partition's leader is killed -9 midway (the
+    consuming gateway reads from the leader, so its reader must move too). Every accepted
+    message is consumed, in publish order; the consumer sees every offset once, in order;
+    messages refused while the leader changed carried a retryable condition and were resent."""
     cluster.cli("stream", "create", "orders", "--replicas", "3")
     leader = cluster.leader_of("orders")
     time.sleep(1.0)
-    url = gateways(cluster)[0]
-    connection = BlockingConnection(url, timeout=60)
+    publisher = BlockingConnection(gateways(cluster)[0], timeout=60)
+    reader = BlockingConnection(gateways(cluster)[1], timeout=60)
     accepted: list[str] = []
+    received: list[Message] = []
     refused = 0
+
+    def take(timeout_s: float) -> None:
+        try:
+            while True:
+                received.append(receiver.receive(timeout=timeout_s))
+                receiver.accept()
+        except Timeout:
+            pass
+
     try:
-        sender = connection.create_sender("orders")
+        receiver = reader.create_receiver(
+            "orders", options=[offset_filter(symbol("first"))], credit=500
+        )
+        sender = publisher.create_sender("orders")
         for i in range(300):
             body = f"o{i}"
             while True:
@@ -205,9 +221,17 @@ def test_leader_kill9_during_proxied_publish_and_consume(cluster: Cluster) -> No
                     time.sleep(0.2)
             if i == 100:
                 cluster.kill9(cluster.index_of(leader))
+            if i % 20 == 0:
+                take(0.01)
+        deadline = time.monotonic() + 60
+        while len({str(m.body) for m in received} & set(accepted)) < len(accepted):
+            assert time.monotonic() < deadline, "the consumer did not catch up"
+            take(1.0)
     finally:
-        connection.close()
-    received = consume_all(gateways(cluster)[1], "orders", len(accepted), timeout_s=60)
+        publisher.close()
+        reader.close()
+    offsets = [int(da(m, "event-streams-offset")) for m in received]
+    assert offsets == list(range(len(offsets))), "the consumer skipped or repeated an offset"
     bodies = [str(m.body) for m in received]
     # resent after an unknown outcome may be stored twice; accepted ones are all there, in order
     first_seen = {body: i for i, body in reversed(list(enumerate(bodies)))}
@@ -253,3 +277,39 @@ def test_gateway_kill9_during_publish_and_consume(cluster: Cluster) -> None:
     assert set(confirmed) <= set(seen)
     positions = [seen[body] for body in confirmed]
     assert positions == sorted(positions)
+
+
+def test_any_node_serves_partition_agnostic_links(cluster: Cluster) -> None:
+    """000 §4.1-4.2 through a node, not a gateway: with one replica per partition each node
+    leads two of the six partitions and holds no copy of the other four; a plain
+    BlockingConnection sender without `event-streams-partition` still reaches all six (the
+    node relays to their leaders over the gateway wire), and a plain receiver reads all six."""
+    cluster.cli("stream", "create", "spread", "--partitions", str(PARTITIONS), "--replicas", "1")
+    wait_leaders(cluster, "spread", PARTITIONS)
+    node_url = cluster.amqp_url(0)
+    connection = BlockingConnection(node_url, timeout=30)
+    try:
+        sender = connection.create_sender("spread")
+        for i in range(60):
+            sender.send(Message(body=f"n{i}"))
+    finally:
+        connection.close()
+    received = consume_all(cluster.amqp_url(1), "spread", 60)
+    assert sorted(str(m.body) for m in received) == sorted(f"n{i}" for i in range(60))
+    partitions = {str(da(m, "event-streams-source-partition")) for m in received}
+    assert partitions == {str(p) for p in range(PARTITIONS)}
+
+
+def test_a_redirect_gateway_proxies_partition_agnostic_links(cluster: Cluster) -> None:
+    """A link that cannot be redirected to one leader is proxied by a gateway that can."""
+    cluster.cli("stream", "create", "agnostic", "--partitions", "3", "--replicas", "3")
+    wait_leaders(cluster, "agnostic", 3)
+    connection = BlockingConnection(gateways(cluster)[0], timeout=30)
+    try:
+        mode = LinkProperties({symbol("spate:gateway-mode"): "redirect"})
+        sender = connection.create_sender("agnostic", options=[mode])
+        for i in range(9):
+            sender.send(Message(body=f"r{i}"))
+    finally:
+        connection.close()
+    assert len(consume_all(gateways(cluster)[1], "agnostic", 9)) == 9

@@ -186,7 +186,7 @@ class MemoryBroker:
         return config
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> MemoryPartition:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:

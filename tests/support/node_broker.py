@@ -58,5 +58,7 @@ class NodeBroker:
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
         return self._broker.partition(name, partition, write=write)

@@ -71,7 +71,7 @@ class ProxyBroker:
         return self.node.stream(name)
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> RemoteWriter | RemoteReader:
         if self.remote is None:
             self.node.stream(name)  # raises NotFound
