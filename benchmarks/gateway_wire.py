@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from spate.node.replication.codec import FRAME_HEAD, frame
+from spate.core.frames import FRAME_HEAD, frame
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 CHUNK_RECORDS_MAX = 256

@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
         "dev",
         help="run a local cluster of node processes on this machine",
         description="Run a local Spate cluster: separate node processes on 127.0.0.1, data under "
-        "--data-dir, with one AMQP gateway (redirect mode) in front unless --gateways 0. "
+        "--data-dir, with one AMQP gateway (proxy mode) in front unless --gateways 0. "
         "`up` is idempotent: it starts whichever nodes are not running, "
         "reusing their data and ports, so it also restarts a killed node.",
     )
@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
         "--gateways",
         type=int,
         default=1,
-        help="AMQP gateways in redirect mode in front of the nodes, 0 to 4 (default: 1)",
+        help="AMQP gateways in proxy mode in front of the nodes, 0 to 4 (default: 1)",
     )
     up.set_defaults(run=_up)
     down = commands.add_parser(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,12 @@ def register(subparsers: Any) -> None:
         "run",
         help="run one gateway in the foreground",
         description="Run a stateless AMQP 1.0 gateway: clients connect to it without knowing "
-        "where partitions live, and each link is redirected (amqp:link:redirect) to the node "
-        "that leads its partition. It learns the routes from any node's admin API.",
+        "where partitions live. In proxy mode (the default) it keeps every link and carries "
+        "messages to and from the nodes, so any AMQP 1.0 client works; in redirect mode each "
+        "link is redirected (amqp:link:redirect) to the node that leads its partition. A client "
+        "may ask for either per connection or per link with the 'spate:gateway-mode' property. "
+        "It learns the routes from any node's admin API. Proxy mode needs the cluster secret "
+        "(the nodes' metadata password) in SPATE_METADATA_PASSWORD.",
     )
     run.add_argument("--gateway-id", default="g1", help="name shown to clients (default g1)")
     run.add_argument(
@@ -30,6 +35,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672; 0 = any)")
     run.add_argument(
         "--refresh-ms", type=int, default=1000, help="how often routes are re-read (default 1000)"
+    )
+    run.add_argument(
+        "--mode",
+        choices=("proxy", "redirect"),
+        default="proxy",
+        help="how links are served unless a client asks otherwise (default proxy)",
     )
     run.add_argument("--users-file", type=Path, help="JSON users file for SASL PLAIN")
     run.add_argument("--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS")
@@ -52,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
         users_file=args.users_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        mode=args.mode,
+        secret=os.environ.get("SPATE_METADATA_PASSWORD", ""),
     )
     settings.validate()
     return main_run(settings)

@@ -6,6 +6,7 @@ wires them together. Neither side imports the other (see the import contracts in
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -102,22 +103,31 @@ class Partition(Protocol):
         """
         ...
 
-    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
-        """Committed chunks from the one holding `start`; at least one chunk if any is there.
+    def begin(self, specs: Sequence[OffsetSpec]) -> Awaitable[Offset]:
+        """Where a consumer attaching now with these start filters begins: the largest of
+        their resolved offsets (all must hold, 000 §5.2.1). A remote partition starts
+        streaming records from there; `read` serves what has arrived."""
+        ...
 
-        The first chunk may begin before `start`: callers skip the records below it.
+    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
+        """Committed chunks from the one holding `start`; at least one chunk if any is here.
+
+        The first chunk may begin before `start`: callers skip the records below it. A remote
+        partition hands each record out once: its reader keeps what it read.
         """
         ...
 
-    def resolve(self, spec: OffsetSpec) -> Offset:
-        """The offset a consumer attaching now with `spec` starts at."""
-        ...
-
     def end_offset(self) -> Offset:
-        """The offset after the last committed message."""
+        """The offset after the last committed message that `read` can serve now."""
         ...
 
-    def info(self) -> PartitionInfo: ...
+    def describe(self) -> Awaitable[PartitionInfo]:
+        """The partition's figures now (for `$info` and the leader epoch answered on attach)."""
+        ...
+
+    def detach(self) -> None:
+        """The link using this partition is gone (a remote one stops streaming)."""
+        ...
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the event loop) whenever the committed end advances."""
@@ -126,18 +136,46 @@ class Partition(Protocol):
     def remove_listener(self, callback: Callable[[], None]) -> None: ...
 
 
-class Broker(Protocol):
-    """Streams and partitions served by this process."""
+class LocalPartition(ABC):
+    """`start`, `describe` and `detach` for a partition held in this process, whose `resolve`
+    and `info` answer at once (the node's replicas, the in-memory test broker)."""
 
-    def stream(self, name: StreamName) -> StreamConfig:
-        """Raises NotFound for an unknown stream."""
+    @abstractmethod
+    def resolve(self, spec: OffsetSpec) -> Offset:
+        """The offset a consumer attaching now with `spec` starts at."""
+
+    @abstractmethod
+    def info(self) -> PartitionInfo: ...
+
+    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+        return max(self.resolve(spec) for spec in specs)
+
+    async def describe(self) -> PartitionInfo:
+        return self.info()
+
+    def detach(self) -> None:  # nothing to let go of in-process
+        return None
+
+
+class Broker(Protocol):
+    """Streams and partitions served through this process: held here (a node) or reached over
+    the gateway wire (a gateway in proxy mode, spate.core.wire)."""
+
+    def lookup(self, name: StreamName) -> Awaitable[StreamConfig]:
+        """The stream's configuration; raises NotFound for an unknown stream."""
         ...
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
-        """The local replica of a partition.
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
+        """A partition of a stream looked up before (`lookup`), for one link.
 
         `write=True` (producers) needs the leader; `write=False` (consumers, `$info`) is served
         by any replica up to its commit index. Raises NotFound (unknown stream or partition) or
-        NotLeader (served elsewhere; the error names where).
+        NotLeader (served elsewhere; the error names where). `relay=True` (partition-agnostic
+        links, which cannot be redirected to one place): a broker that can reach a partition
+        served elsewhere does so (a node or redirect gateway through the gateway wire) instead
+        of raising NotLeader. Each call may return a new object: the link calls `detach` on it
+        when it goes.
         """
         ...

@@ -39,6 +39,7 @@ RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 REDIRECT = "amqp:link:redirect"
+FRAMING_ERROR = "amqp:connection:framing-error"
 
 CONDITIONS: dict[ErrorCode, str] = {
     ErrorCode.NOT_FOUND: NOT_FOUND,

@@ -34,14 +34,18 @@ def _ts(value: int | None) -> codec.Timestamp | None:
     return None if value is None else codec.Timestamp(value)
 
 
-def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[str, Any]:
-    config = broker.stream(stream)
+async def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[str, Any]:
+    config = await broker.lookup(stream)
     partitions: list[dict[str, Any]] = []
     for p in range(config.partitions):
         pid = PartitionId(p)
         entry: dict[str, Any] = {"partition": codec.Symbol(partition_symbol(pid))}
         try:
-            info = broker.partition(stream, pid, write=False).info()
+            partition = broker.partition(stream, pid, write=False)
+            try:
+                info = await partition.describe()
+            finally:
+                partition.detach()
         except (NotLeader, Unavailable) as err:
             entry |= {
                 "earliest-offset": None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.core import limits
-from spate.core.backend import Broker, OffsetSpec, Partition
+from spate.core.backend import Broker, Partition
 from spate.core.errors import (
     InvalidArgument,
     NotFound,
@@ -118,10 +118,12 @@ class ProducerPlan:
         self.round_robin += 1
 
 
-def plan_producer(broker: Broker, address: Address, properties: dict[Any, Any]) -> ProducerPlan:
+async def plan_producer(
+    broker: Broker, address: Address, properties: dict[Any, Any]
+) -> ProducerPlan:
     if address.info:
         raise InvalidArgument(f"'{address.stream}/$info' is a source: it cannot be sent to")
-    config = broker.stream(address.stream)
+    config = await broker.lookup(address.stream)
     requested = properties.get(PARTITION_PROPERTY)
     plan = ProducerPlan(address.stream, config.partitions, None)
     if requested is not None:
@@ -143,7 +145,7 @@ def partition_or_agnostic_error(
     Producers (`write`) need the partition's leader; consumers are served by any local replica.
     """
     try:
-        return broker.partition(stream, pid, write=write)
+        return broker.partition(stream, pid, write=write, relay=agnostic)
     except NotLeader as err:
         if not agnostic:
             raise
@@ -154,7 +156,27 @@ def partition_or_agnostic_error(
         ) from err
 
 
+def producer_credit(credit: int, unconfirmed: int) -> int:
+    """Credit to grant a producer link now: none while the connection has
+    `limits.producer_unconfirmed_max` deliveries waiting for durability (admission control),
+    else top it up to `limits.link_credit_max` once it fell below half."""
+    if unconfirmed >= limits.producer_unconfirmed_max or credit >= limits.link_credit_max // 2:
+        return 0
+    return limits.link_credit_max - credit
+
+
 # Consumers --------------------------------------------------------------------------------------
+
+CONSUMER_UNSETTLED_MAX = 10_000
+"""Deliveries one consumer link may hold unsettled (credit beyond this waits for settlements)."""
+
+
+def consumer_room(credit: int, unsettled: int, presettled: bool) -> int:
+    """Deliveries to send a consumer link in one pump: its credit, bounded by
+    `CONSUMER_UNSETTLED_MAX` unsettled (unless pre-settled) and `limits.consumer_send_batch_max`
+    (then the pump yields to other connections)."""
+    room = credit if presettled else min(credit, CONSUMER_UNSETTLED_MAX - unsettled)
+    return min(room, limits.consumer_send_batch_max)
 
 
 @dataclass(slots=True)
@@ -243,15 +265,10 @@ class ConsumerPlan:
         return out
 
 
-def start_offset(partition: Partition, specs: tuple[OffsetSpec, ...]) -> Offset:
-    """All start filters must hold: the largest resolved offset wins (000 §5.2.1)."""
-    return max(partition.resolve(spec) for spec in specs)
-
-
-def plan_consumer(
+async def plan_consumer(
     broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
 ) -> ConsumerPlan:
-    config = broker.stream(address.stream)
+    config = await broker.lookup(address.stream)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
     bound: PartitionId | None = None
@@ -260,10 +277,19 @@ def plan_consumer(
     elif config.partitions == 1:
         bound = PartitionId(0)
     pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
-    cursors = []
-    for pid in pids:
-        part = partition_or_agnostic_error(broker, address.stream, pid, bound is None, write=False)
-        cursors.append(Cursor(part, partition_symbol(pid), start_offset(part, selection.specs)))
+    cursors: list[Cursor] = []
+    try:
+        for pid in pids:
+            part = partition_or_agnostic_error(
+                broker, address.stream, pid, bound is None, write=False
+            )
+            cursors.append(Cursor(part, partition_symbol(pid), Offset(0)))
+            # all start filters must hold: the partition starts at the largest (000 §5.2.1)
+            cursors[-1].next_offset = await part.begin(selection.specs)
+    except BaseException:
+        for cursor in cursors:
+            cursor.partition.detach()
+        raise
     return ConsumerPlan(
         address.stream,
         bound if requested is not None else None,
@@ -273,8 +299,8 @@ def plan_consumer(
     )
 
 
-def plan_info(broker: Broker, address: Address) -> StreamName:
+async def plan_info(broker: Broker, address: Address) -> StreamName:
     if not address.info:
         raise AssertionError("plan_info needs an $info address")
-    broker.stream(address.stream)
+    await broker.lookup(address.stream)
     return address.stream

@@ -20,10 +20,10 @@ follow redirects, and `$info` with offsets (it lists each partition's leader ins
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spate.core.backend import Partition
+from spate.core.backend import Broker, Partition
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -46,6 +46,8 @@ class Routes:
     partitions: Mapping[tuple[StreamName, PartitionId], Route] = field(default_factory=dict)
     amqp: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
     """Each node's advertised AMQP host and port."""
+    replication: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
+    """Each node's replication port, where gateways open wire sessions (proxy mode)."""
 
 
 class RoutingTable:
@@ -55,6 +57,8 @@ class RoutingTable:
         self.routes = Routes(version=-1)
         self.updates = 0
         self.stale_refused = 0
+        self.listeners: list[Callable[[], None]] = []
+        """Called after every accepted update."""
 
     def update(self, routes: Routes) -> bool:
         if routes.version < self.routes.version:
@@ -62,14 +66,24 @@ class RoutingTable:
             return False
         self.routes = routes
         self.updates += 1
+        for listener in list(self.listeners):
+            listener()
         return True
 
 
 class RedirectBroker:
     """spate.core.backend.Broker for a gateway in redirect mode (see the module docstring)."""
 
-    def __init__(self, table: RoutingTable) -> None:
+    def __init__(self, table: RoutingTable, relay: Broker | None = None) -> None:
         self.table = table
+        self.relay = relay
+        """Serves partition-agnostic links (which cannot be redirected to one leader): the
+        gateway's proxy broker, when it has the cluster secret."""
+
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        if self.relay is not None and name not in self.table.routes.streams:
+            return await self.relay.lookup(name)  # ask a node (proxy available)
+        return self.stream(name)
 
     def stream(self, name: StreamName) -> StreamConfig:
         routes = self.table.routes
@@ -88,7 +102,11 @@ class RedirectBroker:
             )
         return config
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
+        if relay and self.relay is not None:
+            return self.relay.partition(name, partition, write=write, relay=True)
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

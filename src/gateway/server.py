@@ -40,9 +40,13 @@ class ListenerConfig:
 
 
 class GatewayServer:
-    def __init__(self, broker: Broker, config: ListenerConfig) -> None:
+    def __init__(
+        self, broker: Broker, config: ListenerConfig, modes: dict[str, Broker] | None = None
+    ) -> None:
         config.validate()
         self.broker = broker
+        self.modes = modes or {}
+        """Gateways: the broker of each mode a client may ask for (`spate:gateway-mode`)."""
         self.config = config
         self._server: asyncio.Server | None = None
         self._context: Context | None = None
@@ -59,6 +63,7 @@ class GatewayServer:
 
         self._context = Context(
             broker=self.broker,
+            modes=self.modes,
             node_id=self.config.node_id,
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,

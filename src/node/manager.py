@@ -123,6 +123,9 @@ class LocalBroker:
         self._locate = locate
         self._amqp_address = amqp_address
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         config = self._manager.configs.get(name)
         if config is None:
@@ -132,8 +135,10 @@ class LocalBroker:
         return config
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> ReplicatedPartition:
+        """The local replica (see spate.core.backend.Broker; a node relays through
+        spate.server.node_process.NodeFront, which wraps this)."""
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from spate.core import limits
-from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
+from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, PartitionInfo
 from spate.core.errors import BrokerError, ResourceLimitExceeded, StorageFailure, Unavailable
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import FileStorage, LogConfig, PartitionLog, Storage
@@ -49,7 +49,7 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class PartitionShell:
+class PartitionShell(LocalPartition):
     """One partition served from a local PartitionLog on FileStorage (see module docstring)."""
 
     def __init__(

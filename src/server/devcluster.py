@@ -48,6 +48,7 @@ dev_port_min, dev_port_max = 20_000, 32_000
 class GatewayPlan:
     gateway_id: str
     amqp_port: int
+    mode: str = "proxy"
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,10 @@ class DevCluster:
         doc = {
             "version": 1,
             "nodes": [n.to_json() for n in plan],
-            "gateways": [{"gateway_id": g.gateway_id, "amqp_port": g.amqp_port} for g in gateways],
+            "gateways": [
+                {"gateway_id": g.gateway_id, "amqp_port": g.amqp_port, "mode": g.mode}
+                for g in gateways
+            ],
         }
         (self.dir / CLUSTER_FILE).write_text(json.dumps(doc, indent=2))
 
@@ -237,12 +241,16 @@ class DevCluster:
             str(gateway.amqp_port),
             "--refresh-ms",
             str(gateway_refresh_ms),
+            "--mode",
+            gateway.mode,
         ]
+        env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(gateway_dir / "node.log", "ab") as log_file:
             proc = subprocess.Popen(
                 argv,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -396,7 +404,7 @@ class DevCluster:
                 {
                     "node_id": gateway.gateway_id,
                     "role": "gateway",
-                    "mode": "redirect",
+                    "mode": gateway.mode,
                     "pid": pid,
                     "running": pid is not None,
                     "ready": bool(live and live.get("pid") == pid),

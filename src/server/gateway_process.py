@@ -1,11 +1,17 @@
-"""`spate gateway run`: a stateless AMQP 1.0 gateway in redirect mode (issue 7).
+"""`spate gateway run`: a stateless AMQP 1.0 gateway in proxy or redirect mode (issue 7).
 
 It holds no partition and no metadata voter. Every `refresh_ms` it reads the cluster from any
-node's admin API (streams, partition leaders and epochs, nodes' advertised AMQP addresses) into
-a `RoutingTable` — a picture is taken only when the metadata version is the same before and
-after the reads, and never replaces a newer one (revision fencing) — and serves AMQP with the
-node's own listener over a `RedirectBroker`: every link is redirected to its partition's
-leader (spate.gateway.routes). Several gateways behind one address work: they share nothing.
+node's admin API (streams, partition leaders and epochs, nodes' advertised AMQP and replication
+addresses) into a `RoutingTable` — a picture is taken only when the metadata version is the
+same before and after the reads, and never replaces a newer one (revision fencing) — and
+serves AMQP with the node's own listener over
+- a `RemoteBroker` (proxy mode, spate.gateway.remote): it keeps every link and carries its
+  messages to and from the nodes over the gateway wire (ADR 0008), so clients that do not
+  follow redirects work; it needs the cluster secret;
+- a `RedirectBroker` (redirect mode, spate.gateway.routes): every link is redirected to its
+  partition's leader.
+`mode` is the default; a client may ask for the other per connection or per link
+(`spate:gateway-mode`). Several gateways behind one address work: they share nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +32,17 @@ import grpc
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
+from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.gateway.remote import RemoteBroker, Sessions
 from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "gateway.json"
+MODES = ("proxy", "redirect")
 refresh_ms_default = 1000
 """How often the gateway re-reads the cluster's routes."""
 admin_timeout_s = 5.0
@@ -52,10 +61,21 @@ class GatewaySettings:
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    mode: str = "proxy"
+    """Default for links that do not ask: "proxy" or "redirect"."""
+    secret: str = field(default="", repr=False)
+    """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
 
     def validate(self) -> None:
         if not self.admin:
             raise InvalidArgument("a gateway needs at least one node admin endpoint (--admin)")
+        if self.mode not in MODES:
+            raise InvalidArgument(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "proxy" and not self.secret:
+            raise InvalidArgument(
+                "proxy mode talks to the nodes with the cluster secret: set "
+                "SPATE_METADATA_PASSWORD (the nodes' metadata password), or use --mode redirect"
+            )
         if self.refresh_ms <= 0:
             raise InvalidArgument(f"--refresh-ms must be positive, got {self.refresh_ms}")
 
@@ -70,10 +90,12 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
     if before.metadata.version != after.metadata.version:
         return None
     amqp: dict[NodeId, tuple[str, int]] = {}
+    replication: dict[NodeId, tuple[str, int]] = {}
     for node in after.nodes:
-        host, _, port = node.amqp.rpartition(":")
-        if host and port.isdigit():
-            amqp[NodeId(node.node_id)] = (host, int(port))
+        for endpoint, table in ((node.amqp, amqp), (node.replication, replication)):
+            host, _, port = endpoint.rpartition(":")
+            if host and port.isdigit():
+                table[NodeId(node.node_id)] = (host, int(port))
     partitions = {
         (StreamName(p.stream), PartitionId(p.partition)): Route(
             NodeId(p.leader) if p.leader else None,
@@ -84,7 +106,7 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
         for p in placements.partitions
     }
     configs = {StreamName(m.name): convert.stream_config(m) for m in streams.streams}
-    return Routes(after.metadata.version, configs, partitions, amqp)
+    return Routes(after.metadata.version, configs, partitions, amqp, replication)
 
 
 class GatewayProcess:
@@ -92,8 +114,15 @@ class GatewayProcess:
         settings.validate()
         self.settings = settings
         self.table = RoutingTable()
+        modes: dict[str, Broker] = {}
+        self.sessions: Sessions | None = None
+        if settings.secret:
+            self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
+            modes["proxy"] = RemoteBroker(self.table, self.sessions)
+        # partition-agnostic links cannot be redirected to one leader: proxied when possible
+        modes["redirect"] = RedirectBroker(self.table, relay=modes.get("proxy"))
         self.server = GatewayServer(
-            RedirectBroker(self.table),
+            modes[settings.mode],
             ListenerConfig(
                 host=settings.host,
                 port=settings.port,
@@ -103,6 +132,7 @@ class GatewayProcess:
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
             ),
+            modes,
         )
         self._task: asyncio.Task[None] | None = None
         self.endpoints: dict[str, Any] = {}
@@ -116,7 +146,7 @@ class GatewayProcess:
             "role": "gateway",
             "pid": os.getpid(),
             "amqp": f"{self.settings.host}:{port}",
-            "mode": "redirect",
+            "mode": self.settings.mode,
             "started_at_ms": int(time.time() * 1000),
         }
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +154,12 @@ class GatewayProcess:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints, indent=2))
         tmp.replace(path)
-        log.info("gateway %s ready: amqp %s (redirect mode)", self.settings.gateway_id, port)
+        log.info(
+            "gateway %s ready: amqp %s (%s mode)",
+            self.settings.gateway_id,
+            port,
+            self.settings.mode,
+        )
         return self.endpoints
 
     async def _refresh(self) -> None:
@@ -154,6 +189,8 @@ class GatewayProcess:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.server.close()
+        if self.sessions is not None:
+            await self.sessions.close()
         (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
 
 

@@ -26,9 +26,13 @@ from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
 from spate.core.errors import BrokerError, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.gateway.remote import RemoteBroker, Sessions
+from spate.gateway.routes import Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
+from spate.node.wire_server import WireServer
+from spate.server.node_front import NodeFront
 from spate.server.settings import NodeSettings, advertised_host
 
 log = logging.getLogger(__name__)
@@ -88,8 +92,20 @@ class NodeProcess:
             peers=self._replication_address,
         )
         self.manager = PartitionManager(self.replication)
+        self.broker = LocalBroker(self.manager, self._locate, self._amqp_address)
+        self.wire = WireServer(self.broker)
+        """Gateways' sessions (ADR 0008), on the replication port."""
+        self.replication.transport.on_session = self.wire.serve
+        self.routes = RoutingTable()
+        """The cluster as this node's metadata replica sees it, for relayed links."""
+        self.relay_sessions = Sessions(
+            f"{settings.node_id}/relay", settings.metadata_password, self.routes
+        )
+        self.front = NodeFront(
+            self.broker, RemoteBroker(self.routes, self.relay_sessions), self._update_routes
+        )
         self.gateway = GatewayServer(
-            LocalBroker(self.manager, self._locate, self._amqp_address),
+            self.front,
             ListenerConfig(
                 host=settings.host,
                 port=settings.amqp_port,
@@ -181,6 +197,7 @@ class NodeProcess:
         await self._register()
         self.metadata.add_listener(lambda *_: self._changed.set())
         await self._apply_metadata()
+        self._update_routes()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow_metadata(), name="follow-metadata"),
@@ -218,6 +235,30 @@ class NodeProcess:
             await self._changed.wait()
             self._changed.clear()
             await self._apply_metadata()
+            self._update_routes()
+
+    def _update_routes(self) -> None:
+        """Routes for relayed links (NodeFront) from this node's metadata replica."""
+        view = self.metadata.view()
+        alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
+        partitions = {
+            (p.stream, p.partition): Route(
+                p.leader.node if p.leader is not None else None,
+                p.leader.epoch if p.leader is not None else None,
+                p.leader is not None and p.leader.node in alive,
+                tuple(p.replicas),
+            )
+            for p in self.metadata.partitions()
+        }
+        amqp: dict[NodeId, tuple[str, int]] = {}
+        replication: dict[NodeId, tuple[str, int]] = {}
+        for record in self.metadata.nodes():
+            for endpoint, table in ((record.amqp, amqp), (record.replication, replication)):
+                address = _split(endpoint)
+                if address is not None:
+                    table[record.node] = address
+        streams = {config.name: config for config in self.metadata.streams()}
+        self.routes.update(Routes(view.version, streams, partitions, amqp, replication))
 
     async def _heartbeat(self) -> None:
         period_s = metadata_limits.heartbeat_interval_ms / 1000
@@ -255,6 +296,7 @@ class NodeProcess:
                 await task
         await self.admin.stop()
         await self.gateway.close()
+        await self.relay_sessions.close()
         await self.manager.close()
         await self.replication.stop()
         await self.metadata.stop()

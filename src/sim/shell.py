@@ -37,13 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from spate.core import frames
 from spate.core.backend import OffsetSpec
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
 from spate.core.streams import Retention
 from spate.node.log import LogConfig, PartitionLog
 from spate.node.log import chunk as chunk_codec
-from spate.node.replication import codec
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import Entry, Message, Ready, SnapshotRequest
 from spate.node.replication.raft import RaftConfig
@@ -558,9 +558,9 @@ class ShellCluster(SimLoop[_Event]):
             or (event.source, node.id) in self.blocked
         ):
             return
-        length, kind = codec.FRAME_HEAD.unpack_from(event.frame)
+        length, kind = frames.FRAME_HEAD.unpack_from(event.frame)
         assert length == len(event.frame) - 4
-        body = memoryview(event.frame)[codec.FRAME_HEAD.size :]
+        body = memoryview(event.frame)[frames.FRAME_HEAD.size :]
         self._record(f"{event.source}>{node.id} kind {kind} {len(event.frame)} bytes")
         node.driver.receive(event.source, kind, body)
         self._drive(node)

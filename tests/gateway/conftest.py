@@ -1,8 +1,9 @@
 """Gateway test fixtures. Every gateway test talks to a real listener on 127.0.0.1 through real
 AMQP clients; only `broker` knows which Broker is behind it. Every test runs twice: against the
-in-memory broker and against the node's real broker (partition logs on disk with fsync), so the
-fake passes the same suite as the thing it stands in for. Tests marked `memory_broker_only` use
-failure-injection hooks that only the in-memory broker has.
+in-memory broker, against the node's real broker (partition logs on disk with fsync), and
+against a gateway's proxy-mode broker in front of that node over the real gateway wire
+(support.proxy_broker), so the fake and the proxy pass the same suite as the node. Tests
+marked `memory_broker_only` use failure-injection hooks that only the in-memory broker has.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, RunningGateway, unique
 from support.memory_broker import MemoryBroker
 from support.node_broker import NodeBroker
+from support.proxy_broker import ProxyBroker
+from support.pump import Client, PumpRig
 
 
 @pytest.fixture(scope="session")
@@ -31,30 +34,32 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "broker" in metafunc.fixturenames:
         kinds = ["memory"]
         if metafunc.definition.get_closest_marker("memory_broker_only") is None:
-            kinds.append("node")
+            kinds += ["node", "proxy"]
         metafunc.parametrize("broker", kinds, indirect=True)
 
 
 @pytest.fixture
 def broker(
     request: pytest.FixtureRequest, loop_thread: LoopThread, tmp_path: Path
-) -> Iterator[MemoryBroker | NodeBroker]:
+) -> Iterator[MemoryBroker | NodeBroker | ProxyBroker]:
     if request.param == "memory":
         yield MemoryBroker("n1")
         return
-    node = NodeBroker(tmp_path / "node", "n1")
+    node = (NodeBroker if request.param == "node" else ProxyBroker)(tmp_path / "node", "n1")
     yield node
     loop_thread.call(node.close())
 
 
 @pytest.fixture
-def make_stream(loop_thread: LoopThread, broker: MemoryBroker | NodeBroker) -> Callable[..., str]:
+def make_stream(
+    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker | ProxyBroker
+) -> Callable[..., str]:
     """Create a fresh stream (on the gateway's loop); returns its name."""
 
     def make(partitions: int = 1, prefix: str = "s") -> str:
         name = unique(prefix)
         config = StreamConfig(name=StreamName(name), partitions=partitions)
-        if isinstance(broker, NodeBroker):
+        if isinstance(broker, NodeBroker | ProxyBroker):
             loop_thread.call(broker.create_stream(config))
         else:
             loop_thread.run(lambda: broker.create_stream(config))
@@ -65,7 +70,7 @@ def make_stream(loop_thread: LoopThread, broker: MemoryBroker | NodeBroker) -> C
 
 @pytest.fixture
 def start_gateway(
-    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker
+    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker | ProxyBroker
 ) -> Iterator[Callable[..., Any]]:
     servers: list[GatewayServer] = []
 
@@ -84,3 +89,27 @@ def start_gateway(
 @pytest.fixture
 def gateway(start_gateway: Callable[..., RunningGateway]) -> RunningGateway:
     return start_gateway()
+
+
+# -- the pump rig (tests/support/pump.py): the listener and a client engine in memory, no sockets
+
+
+@pytest.fixture
+def memory() -> MemoryBroker:
+    """Streams `orders` (1 partition) and `clicks` (3); appends wait for `rig.release()`."""
+    memory = MemoryBroker("n1", commit_delay_s=None)
+    for name, partitions in (("orders", 1), ("clicks", 3)):
+        memory.create_stream(StreamConfig(StreamName(name), partitions=partitions))
+    return memory
+
+
+@pytest.fixture
+def rig(memory: MemoryBroker) -> Iterator[PumpRig]:
+    rig = PumpRig(memory)
+    yield rig
+    rig.close()
+
+
+@pytest.fixture
+def client(rig: PumpRig) -> Client:
+    return rig.connect()

@@ -1,11 +1,11 @@
-"""Link logic through the in-memory pump rig (tests/support/pump.py): the production listener and
+"""Link logic through the in-memory pump rig (tests/support/pump.py; fixtures `memory`, `rig`,
+`client` in conftest.py): the production listener and
 a proton client engine, bytes moved by hand, no sockets, no sleeps. Each test cites the clause
 it checks: 000 is the Event Streams extension (../shared/seeds/000_e36e0ffc94de3955.txt), 002
 AMQP 1.0 messaging, and "core" the AMQP 1.0 core specification (transport, links)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,29 +14,8 @@ from proton import Delivery, Described, symbol
 from spate.client.offsets import offset_filter
 from spate.core import limits
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, offset_from_symbol
-from spate.core.streams import StreamConfig
 from support.memory_broker import MemoryBroker, RemoteLeader
 from support.pump import Client, PumpRig, condition, decode, encode
-
-
-@pytest.fixture
-def memory() -> MemoryBroker:
-    memory = MemoryBroker("n1", commit_delay_s=None)
-    for name, partitions in (("orders", 1), ("clicks", 3)):
-        memory.create_stream(StreamConfig(StreamName(name), partitions=partitions))
-    return memory
-
-
-@pytest.fixture
-def rig(memory: MemoryBroker) -> Iterator[PumpRig]:
-    rig = PumpRig(memory)
-    yield rig
-    rig.close()
-
-
-@pytest.fixture
-def client(rig: PumpRig) -> Client:
-    return rig.connect()
 
 
 def publish(rig: PumpRig, client: Client, address: str, bodies: list[Any]) -> list[Delivery]:

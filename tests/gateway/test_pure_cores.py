@@ -7,6 +7,7 @@ import random
 
 import pytest
 from proton import Data, Described, Message, symbol, timestamp, ulong
+from spate.core import limits
 from spate.core.backend import OffsetSpec
 from spate.core.errors import (
     BrokerError,
@@ -270,3 +271,22 @@ def test_cursor_takes_runs_across_chunks_in_log_order() -> None:
         assert cursor.take(5) == []
 
     asyncio.run(scenario())
+
+
+def test_producer_credit_is_admission_control() -> None:
+    full = limits.link_credit_max
+    assert links.producer_credit(0, 0) == full
+    assert links.producer_credit(full // 2 - 1, 0) == full - (full // 2 - 1)  # fell below half
+    assert links.producer_credit(full // 2, 0) == 0  # still half: no flow frame
+    assert links.producer_credit(0, limits.producer_unconfirmed_max) == 0  # the disk is behind
+    assert links.producer_credit(0, limits.producer_unconfirmed_max - 1) == full
+
+
+def test_consumer_room_is_credit_bounded_by_unsettled_and_the_pump_batch() -> None:
+    batch = limits.consumer_send_batch_max
+    assert links.consumer_room(10, 0, presettled=False) == 10
+    assert links.consumer_room(10**6, 0, presettled=True) == batch
+    cap = links.CONSUMER_UNSETTLED_MAX
+    assert links.consumer_room(10**6, cap - 3, presettled=False) == min(3, batch)
+    assert links.consumer_room(10**6, cap, presettled=False) <= 0
+    assert links.consumer_room(10**6, cap, presettled=True) == batch  # settled: no bound

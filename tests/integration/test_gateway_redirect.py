@@ -39,6 +39,8 @@ def gateway_url(cluster3: Cluster, tmp_path: Path) -> Iterator[str]:
             "0",
             "--refresh-ms",
             "200",
+            "--mode",
+            "redirect",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -74,7 +76,7 @@ def test_clients_reach_every_partition_through_the_gateway(
             assert producer.send_batch(bodies) == len(bodies)
         with Consumer(gateway_url, "clicks", partition=partition, start="first") as consumer:
             assert [consumer.receive(timeout=20).body for _ in bodies] == bodies
-    # A client that does not follow redirects learns where to go (proxy mode is to come).
+    # A client that does not follow redirects learns where to go (or uses proxy mode).
     connection = BlockingConnection(gateway_url, timeout=20)
     try:
         with pytest.raises(LinkDetached) as detached:

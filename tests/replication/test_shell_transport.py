@@ -10,6 +10,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+from spate.core import frames
 from spate.core.ids import NodeId, PartitionId, StreamName, Term
 from spate.node.log import LogConfig
 from spate.node.replication import codec
@@ -58,22 +59,22 @@ MESSAGES: list[Message] = [
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_every_raft_message_round_trips(message: Message) -> None:
     data = codec.encode_raft(KEY, message)
-    length, kind = codec.FRAME_HEAD.unpack_from(data)
+    length, kind = frames.FRAME_HEAD.unpack_from(data)
     assert kind == codec.KIND_RAFT and length == len(data) - 4
-    assert codec.decode_raft(data[codec.FRAME_HEAD_BYTES :]) == (KEY, message)
+    assert codec.decode_raft(data[frames.FRAME_HEAD_BYTES :]) == (KEY, message)
 
 
 def test_truncated_or_padded_frames_are_refused() -> None:
-    body = codec.encode_raft(KEY, MESSAGES[4])[codec.FRAME_HEAD_BYTES :]
+    body = codec.encode_raft(KEY, MESSAGES[4])[frames.FRAME_HEAD_BYTES :]
     for cut in (0, 3, 20, len(body) - 1):
-        with pytest.raises(codec.CodecError):
+        with pytest.raises(frames.CodecError):
             codec.decode_raft(body[:cut])
-    with pytest.raises(codec.CodecError):
+    with pytest.raises(frames.CodecError):
         codec.decode_raft(body + b"\0")
 
 
 def test_catchup_frames_round_trip() -> None:
-    head = codec.FRAME_HEAD_BYTES
+    head = frames.FRAME_HEAD_BYTES
     assert codec.decode_fetch_manifest(codec.encode_fetch_manifest(KEY, 5, 99)[head:]) == (
         KEY,
         5,

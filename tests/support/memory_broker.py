@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core.backend import ChunkView, OffsetSpec, OffsetSpecKind, PartitionInfo
+from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, OffsetSpecKind, PartitionInfo
 from spate.core.errors import BrokerError, NotFound, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -32,7 +32,7 @@ class _Chunk:
 
 
 @dataclass
-class MemoryPartition:
+class MemoryPartition(LocalPartition):
     stream: StreamName
     partition: PartitionId
     node: NodeId
@@ -176,6 +176,9 @@ class MemoryBroker:
         """The next appends to this partition fail with these errors, in order."""
         self.partitions[(StreamName(name), PartitionId(partition))].failures.extend(errors)
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         config = self.configs.get(name)
         if config is None:
@@ -183,7 +186,7 @@ class MemoryBroker:
         return config
 
     def partition(
-        self, name: StreamName, partition: PartitionId, *, write: bool
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> MemoryPartition:
         config = self.stream(name)
         if not 0 <= partition < config.partitions:

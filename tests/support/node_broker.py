@@ -24,11 +24,13 @@ class NodeBroker:
         self._broker = LocalBroker(self.manager, lambda _s, _p: [], lambda _n: None)
         self._configs: dict[StreamName, StreamConfig] = {}
         self._started = False
+        self.port = 0
+        """The replication port (where gateways open wire sessions) once started."""
 
     async def create_stream(self, config: StreamConfig) -> None:
         config.validate()
         if not self._started:
-            await self.host.start()
+            self.port = await self.host.start()
             self._started = True
         self._configs[config.name] = config
         assignments = [
@@ -50,8 +52,13 @@ class NodeBroker:
         if self._started:
             await self.host.stop()
 
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return self.stream(name)
+
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)
 
-    def partition(self, name: StreamName, partition: PartitionId, *, write: bool) -> Partition:
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
         return self._broker.partition(name, partition, write=write)

@@ -31,6 +31,7 @@ Leader side (`manifest_reply`, `piece_reply`): read-only, from durable, committe
 
 from __future__ import annotations
 
+from spate.core import frames
 from spate.core.errors import StorageFailure, Unavailable
 from spate.core.ids import NodeId, Term
 from spate.node.log.partition_log import PartitionLog
@@ -52,7 +53,7 @@ class Fetch:
     """One transfer of the leader's files up to `raft_index` into the staging place."""
 
     def __init__(
-        self, store: RaftStore, key: codec.GroupKey, leader: NodeId, raft_index: int, term: Term
+        self, store: RaftStore, key: frames.GroupKey, leader: NodeId, raft_index: int, term: Term
     ) -> None:
         self.key = key
         self.leader = leader

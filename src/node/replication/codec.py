@@ -17,10 +17,10 @@ kind  name            body
  4    FETCH_PIECE     group | request_id u64 | name str8 | position u64 | length u32
  5    PIECE           request_id u64 | data (rest of the frame)
  6    FETCH_ERROR     request_id u64 | reason (UTF-8, rest of the frame)
-10    CHALLENGE       node str8 | nonce (16 bytes)                 (handshake, server first)
-11    HELLO           node str8 | nonce (16 bytes) | mac (32 bytes) (client's answer)
-12    WELCOME         mac (32 bytes)                                (server's answer)
+10-13             the handshake, spate.core.frames (shared with the gateway wire)
 ```
+
+Framing, `str8`, `group`, the bounds-checked Reader and CodecError are spate.core.frames'.
 
 Raft message = type u8 | term u64 | source str8 | target str8 | fields:
 
@@ -44,10 +44,21 @@ connection is then closed: a peer that sends garbage is broken or hostile).
 
 from __future__ import annotations
 
-import functools
 import struct
 
-from spate.core.ids import NodeId, PartitionId, StreamName, Term
+from spate.core.frames import (
+    U8,
+    U16,
+    U32,
+    U64,
+    CodecError,
+    GroupKey,
+    Reader,
+    frame,
+    group,
+    str8,
+)
+from spate.core.ids import NodeId, Term
 from spate.node.replication.messages import (
     Append,
     AppendResponse,
@@ -67,20 +78,9 @@ KIND_MANIFEST = 3
 KIND_FETCH_PIECE = 4
 KIND_PIECE = 5
 KIND_FETCH_ERROR = 6
-KIND_CHALLENGE = 10
-KIND_HELLO = 11
-KIND_WELCOME = 12
 
-NONCE_BYTES = 16
-MAC_BYTES = 32
-
-GroupKey = tuple[StreamName, PartitionId]
-
-FRAME_HEAD = struct.Struct(">IB")
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
+_U8, _U16, _U32, _U64 = U8, U16, U32, U64
+_str8, _group = str8, group
 _MSG_HEAD = struct.Struct(">BQ")
 _VOTE_REQ = struct.Struct(">QQB")
 _VOTE_RESP = struct.Struct(">BB")
@@ -90,86 +90,6 @@ _APPEND_RESP = struct.Struct(">QBQQ")
 _SNAP = struct.Struct(">QQ")
 _PIECE_REQ = struct.Struct(">QI")
 _MANIFEST_ITEM = struct.Struct(">Q")
-
-FRAME_HEAD_BYTES = FRAME_HEAD.size
-
-
-class CodecError(Exception):
-    """Bytes that are not a valid frame body."""
-
-
-def frame(kind: int, *parts: bytes | memoryview) -> bytes:
-    body_length = 1 + sum(len(p) for p in parts)
-    return b"".join((FRAME_HEAD.pack(body_length, kind), *parts))
-
-
-@functools.lru_cache(maxsize=1024)
-def _str8(text: str) -> bytes:
-    data = text.encode()
-    assert len(data) <= 255, text
-    return _U8.pack(len(data)) + data
-
-
-@functools.lru_cache(maxsize=65536)
-def _group(key: GroupKey) -> bytes:
-    stream = key[0].encode()
-    assert len(stream) <= 0xFFFF
-    return b"".join((_U16.pack(len(stream)), stream, _U32.pack(key[1])))
-
-
-class Reader:
-    """A cursor over one frame body; every read is bounds-checked (CodecError)."""
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.view = memoryview(data)
-        self.at = 0
-
-    def take(self, count: int) -> memoryview:
-        if count < 0 or self.at + count > len(self.view):
-            raise CodecError(f"frame ends early: {count} bytes wanted at {self.at}")
-        part = self.view[self.at : self.at + count]
-        self.at += count
-        return part
-
-    def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
-        at = self.at
-        end = at + layout.size
-        if end > len(self.view):
-            raise CodecError(f"frame ends early: {layout.size} bytes wanted at {at}")
-        self.at = end
-        values: tuple[int, ...] = layout.unpack_from(self.view, at)
-        return values
-
-    def u8(self) -> int:
-        return self.unpack(_U8)[0]
-
-    def u32(self) -> int:
-        return self.unpack(_U32)[0]
-
-    def u64(self) -> int:
-        return self.unpack(_U64)[0]
-
-    def str8(self) -> str:
-        try:
-            return str(self.take(self.u8()), "utf-8")
-        except UnicodeDecodeError as error:
-            raise CodecError(f"bad UTF-8: {error}") from error
-
-    def group(self) -> GroupKey:
-        length = self.unpack(_U16)[0]
-        try:
-            stream = str(self.take(length), "utf-8")
-        except UnicodeDecodeError as error:
-            raise CodecError(f"bad UTF-8: {error}") from error
-        return StreamName(stream), PartitionId(self.u32())
-
-    def rest(self) -> memoryview:
-        return self.take(len(self.view) - self.at)
-
-    def done(self) -> None:
-        if self.at != len(self.view):
-            raise CodecError(f"{len(self.view) - self.at} stray bytes at the end of a frame")
-
 
 # -- Raft messages
 
@@ -340,45 +260,3 @@ def decode_reply(body: bytes | memoryview) -> tuple[int, memoryview]:
     """request_id and the rest, for PIECE and FETCH_ERROR."""
     reader = Reader(body)
     return reader.u64(), reader.rest()
-
-
-# -- handshake
-
-
-def encode_challenge(node: NodeId, nonce: bytes) -> bytes:
-    assert len(nonce) == NONCE_BYTES
-    return frame(KIND_CHALLENGE, _str8(node), nonce)
-
-
-def decode_challenge(body: bytes | memoryview) -> tuple[NodeId, bytes]:
-    reader = Reader(body)
-    node = NodeId(reader.str8())
-    nonce = bytes(reader.take(NONCE_BYTES))
-    reader.done()
-    return node, nonce
-
-
-def encode_hello(node: NodeId, nonce: bytes, mac: bytes) -> bytes:
-    assert len(nonce) == NONCE_BYTES and len(mac) == MAC_BYTES
-    return frame(KIND_HELLO, _str8(node), nonce, mac)
-
-
-def decode_hello(body: bytes | memoryview) -> tuple[NodeId, bytes, bytes]:
-    reader = Reader(body)
-    node = NodeId(reader.str8())
-    nonce = bytes(reader.take(NONCE_BYTES))
-    mac = bytes(reader.take(MAC_BYTES))
-    reader.done()
-    return node, nonce, mac
-
-
-def encode_welcome(mac: bytes) -> bytes:
-    assert len(mac) == MAC_BYTES
-    return frame(KIND_WELCOME, mac)
-
-
-def decode_welcome(body: bytes | memoryview) -> bytes:
-    reader = Reader(body)
-    mac = bytes(reader.take(MAC_BYTES))
-    reader.done()
-    return mac

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from spate.core import frames
 from spate.core.errors import BrokerError, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.node.replication import catchup, codec, limits
@@ -100,8 +101,8 @@ class ReplicationDriver(Generic[R]):
         self._wall_ms = wall_ms
         self.retention_interval_ms = retention_interval_ms
         self.catchup_request_timeout_ms = catchup_request_timeout_ms
-        self.groups: dict[codec.GroupKey, R] = {}
-        self._dirty: dict[codec.GroupKey, R] = {}
+        self.groups: dict[frames.GroupKey, R] = {}
+        self._dirty: dict[frames.GroupKey, R] = {}
         """Replicas touched since the last batch: only they can have a Ready (a batch looks at
         these, not at every replica: O(touched), not O(partitions), per wake-up)."""
         self.leader_listeners: list[LeaderListener] = []
@@ -135,7 +136,7 @@ class ReplicationDriver(Generic[R]):
             group.raft.campaign()
         self._wake_group(key, group)
 
-    def _wake_group(self, key: codec.GroupKey, group: R) -> None:
+    def _wake_group(self, key: frames.GroupKey, group: R) -> None:
         self._dirty[key] = group
         self.wake()
 
@@ -321,7 +322,7 @@ class ReplicationDriver(Generic[R]):
         closes a connection that breaks framing)."""
         try:
             self._receive(peer, kind, body)
-        except codec.CodecError as error:
+        except frames.CodecError as error:
             log.warning("replication: bad frame from %s: %s", peer, error)
 
     def _receive(self, peer: NodeId, kind: int, body: memoryview) -> None:
@@ -354,12 +355,12 @@ class ReplicationDriver(Generic[R]):
                 reply = catchup.piece_reply(group.store, request_id, name, position, length)
             self._send_frame(peer, reply)
         elif kind in (codec.KIND_MANIFEST, codec.KIND_PIECE, codec.KIND_FETCH_ERROR):
-            request_id = codec.Reader(body).u64()
+            request_id = frames.Reader(body).u64()
             transfer = self._transfers.get(request_id)
             if transfer is not None and transfer.fetch.leader == peer:
                 self._on_transfer_reply(request_id, transfer, kind, body)
         else:
-            raise codec.CodecError(f"unknown frame kind {kind}")
+            raise frames.CodecError(f"unknown frame kind {kind}")
 
     def _serves_catchup(self, group: R, raft_index: int) -> bool:
         """Only committed data is transferred (it is durable here and identical everywhere)."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
+from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, PartitionInfo
 from spate.core.errors import (
     BrokerError,
     InvalidArgument,
@@ -65,7 +65,7 @@ def monotonic_clock_ms() -> float:
     return time.monotonic() * 1000
 
 
-class Replica:
+class Replica(LocalPartition):
     def __init__(
         self,
         node: NodeId,

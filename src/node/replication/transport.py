@@ -28,34 +28,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
 import os
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from spate.core import frames
 from spate.core.ids import NodeId
-from spate.node.replication import codec, limits
+from spate.node.replication import limits
 
 log = logging.getLogger(__name__)
 
 FrameHandler = Callable[[NodeId, int, memoryview], None]
 """Called on the loop for every frame received: (peer, kind, body)."""
 PeerAddress = Callable[[NodeId], tuple[str, int] | None]
+SessionHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+"""Serves one authenticated gateway session (frames.KIND_SESSION) until it ends."""
+_mac = frames.mac
 
 
-def _mac(secret: bytes, role: bytes, nonce: bytes, first: NodeId, second: NodeId) -> bytes:
-    message = b"|".join((role, nonce, first.encode(), second.encode()))
-    return hmac.new(secret, message, hashlib.sha256).digest()
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, memoryview]:
-    head = await reader.readexactly(codec.FRAME_HEAD_BYTES)
-    length, kind = codec.FRAME_HEAD.unpack(head)
-    if length < 1 or length > limits.frame_bytes_max:
-        raise codec.CodecError(f"frame of {length} bytes (limit {limits.frame_bytes_max})")
+async def read_frame(
+    reader: asyncio.StreamReader, bytes_max: int = limits.frame_bytes_max
+) -> tuple[int, memoryview]:
+    head = await reader.readexactly(frames.FRAME_HEAD_BYTES)
+    length, kind = frames.FRAME_HEAD.unpack(head)
+    if length < 1 or length > bytes_max:
+        raise frames.CodecError(f"frame of {length} bytes (limit {bytes_max})")
     body = await reader.readexactly(length - 1) if length > 1 else b""
     return kind, memoryview(body)
 
@@ -96,6 +96,7 @@ class Transport:
         on_frame: FrameHandler,
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
+        on_session: SessionHandler | None = None,
     ) -> None:
         self.node = node
         self._secret = secret.encode()
@@ -105,6 +106,8 @@ class Transport:
         self._on_frame = on_frame
         self._ssl_server = ssl_server
         self._ssl_client = ssl_client
+        self.on_session = on_session
+        """Serves gateway sessions (ADR 0008); None refuses them."""
         self._peers: dict[NodeId, _Peer] = {}
         self._server: asyncio.Server | None = None
         self._inbound: set[asyncio.Task[None]] = set()
@@ -207,7 +210,7 @@ class Transport:
                 delay_ms = limits.reconnect_delay_ms_min
                 peer.connected = True
                 await self._write_loop(peer, reader, writer)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, codec.CodecError) as error:
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, frames.CodecError) as error:
                 log.debug("replication link %s -> %s down: %s", self.node, peer.node, error)
             finally:
                 peer.connected = False
@@ -222,25 +225,25 @@ class Transport:
     async def _client_handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected: NodeId
     ) -> None:
-        kind, body = await _read_frame(reader)
-        if kind != codec.KIND_CHALLENGE:
-            raise codec.CodecError(f"expected a challenge, got frame kind {kind}")
-        server, nonce_s = codec.decode_challenge(body)
+        kind, body = await read_frame(reader)
+        if kind != frames.KIND_CHALLENGE:
+            raise frames.CodecError(f"expected a challenge, got frame kind {kind}")
+        server, nonce_s = frames.decode_challenge(body)
         if server != expected:
-            raise codec.CodecError(f"dialed {expected} but {server} answered")
-        nonce_c = os.urandom(codec.NONCE_BYTES)
+            raise frames.CodecError(f"dialed {expected} but {server} answered")
+        nonce_c = os.urandom(frames.NONCE_BYTES)
         mac = _mac(self._secret, b"c", nonce_s, self.node, server)
-        writer.write(codec.encode_hello(self.node, nonce_c, mac))
+        writer.write(frames.encode_hello(self.node, nonce_c, mac))
         await writer.drain()
-        kind, body = await _read_frame(reader)
-        if kind != codec.KIND_WELCOME:
-            raise codec.CodecError(f"expected a welcome, got frame kind {kind}")
+        kind, body = await read_frame(reader)
+        if kind != frames.KIND_WELCOME:
+            raise frames.CodecError(f"expected a welcome, got frame kind {kind}")
         want = _mac(self._secret, b"s", nonce_c, server, self.node)
-        if not hmac.compare_digest(codec.decode_welcome(body), want):
+        if not hmac.compare_digest(frames.decode_welcome(body), want):
             log.warning(
                 "replication: refusing peer %s: it does not hold the cluster secret", server
             )
-            raise codec.CodecError("peer failed authentication")
+            raise frames.CodecError("peer failed authentication")
 
     async def _write_loop(
         self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -277,17 +280,23 @@ class Transport:
         self._inbound_writers.add(writer)
         where = writer.get_extra_info("peername")
         try:
-            peer = await asyncio.wait_for(
+            hello = await asyncio.wait_for(
                 self._server_handshake(reader, writer, where), limits.handshake_timeout_ms / 1000
             )
-            if peer is None:
+            if hello is None:
                 return
+            peer, session = hello
+            if session:
+                assert self.on_session is not None
+                await self.on_session(peer, reader, writer)
+                return
+            node = NodeId(peer)
             while True:
-                kind, body = await _read_frame(reader)
-                self._on_frame(peer, kind, body)
+                kind, body = await read_frame(reader)
+                self._on_frame(node, kind, body)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
             log.debug("replication link from %s closed: %s", where, error)
-        except codec.CodecError as error:
+        except frames.CodecError as error:
             log.warning("replication: closing the link from %s: %s", where, error)
         finally:
             self._inbound.discard(task)
@@ -296,14 +305,16 @@ class Transport:
 
     async def _server_handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: object
-    ) -> NodeId | None:
-        nonce_s = os.urandom(codec.NONCE_BYTES)
-        writer.write(codec.encode_challenge(self.node, nonce_s))
+    ) -> tuple[str, bool] | None:
+        """(client id, whether it opened a gateway session), or None when refused."""
+        nonce_s = os.urandom(frames.NONCE_BYTES)
+        writer.write(frames.encode_challenge(self.node, nonce_s))
         await writer.drain()
-        kind, body = await _read_frame(reader)
-        if kind != codec.KIND_HELLO:
-            raise codec.CodecError(f"expected a hello, got frame kind {kind}")
-        client, nonce_c, mac = codec.decode_hello(body)
+        kind, body = await read_frame(reader)
+        session = kind == frames.KIND_SESSION
+        if kind != frames.KIND_HELLO and not (session and self.on_session is not None):
+            raise frames.CodecError(f"expected a hello, got frame kind {kind}")
+        client, nonce_c, mac = frames.decode_hello(body)
         want = _mac(self._secret, b"c", nonce_s, client, self.node)
         if not hmac.compare_digest(mac, want) or client == self.node:
             self.refused += 1
@@ -314,6 +325,6 @@ class Transport:
                 client,
             )
             return None
-        writer.write(codec.encode_welcome(_mac(self._secret, b"s", nonce_c, self.node, client)))
+        writer.write(frames.encode_welcome(_mac(self._secret, b"s", nonce_c, self.node, client)))
         await writer.drain()
-        return client
+        return client, session

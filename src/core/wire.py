@@ -1,0 +1,347 @@
+"""The gateway-to-node wire (ADR 0008): spate.core.backend's contract, remote.
+
+A gateway opens one session per node on the node's replication port (the frames and the
+cluster-secret handshake of spate.core.frames, with SESSION in place of HELLO) and sends
+requests; the node answers and pushes records. All integers big-endian; `group` is a partition
+(stream str16 | partition u32); `spec` is an offset specification (kind u8 | value u64, kinds
+in SPEC_KINDS).
+
+```
+kind  name        direction  body
+ 20   APPEND      g -> n     request u64 | group | epoch u64 (0: any) | count u32 |
+                             (length u32 | record)*
+ 21   APPENDED    n -> g     request u64 | first_offset u64
+ 22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec*
+ 23   STARTED     n -> g     sub u32 | start u64
+ 24   RECORDS     n -> g     sub u32 | first_offset u64 | timestamp_ms u64 | count u32 |
+                             (length u32 | record)*
+ 25   CREDIT      g -> n     sub u32 | records u32
+ 26   UNSUBSCRIBE g -> n     sub u32
+ 27   ENDED       n -> g     sub u32 | error
+ 28   INFO        g -> n     request u64 | group
+ 29   STREAM      g -> n     request u64 | name str16
+ 30   REPLY       n -> g     request u64 | JSON (PartitionInfo or StreamConfig fields)
+ 31   FAILED      n -> g     request u64 | error
+error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
+        message (UTF-8, rest of the frame)
+```
+
+`stored` on a failed APPEND: 0 when the node refused it before proposing (nothing was written:
+the gateway may send it to the new leader), 1 when its outcome is unknown (it may commit).
+Records are the producers' encoded AMQP messages, carried byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from spate.core import errors
+from spate.core.backend import OffsetSpec, OffsetSpecKind, PartitionInfo
+from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import Retention, StreamConfig
+
+APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
+CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
+
+SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)
+_APPEND_HEAD = struct.Struct(">QQI")
+_APPENDED = struct.Struct(">QQ")
+_SUB_HEAD = struct.Struct(">I")
+_SPEC = struct.Struct(">BQ")
+_STARTED = struct.Struct(">IQ")
+_RECORDS_HEAD = struct.Struct(">IQQI")
+_CREDIT = struct.Struct(">II")
+_REQUEST = struct.Struct(">Q")
+_PORT = struct.Struct(">H")
+
+_ERRORS: dict[errors.ErrorCode, type[errors.BrokerError]] = {
+    cls.code: cls
+    for cls in (
+        errors.NotFound,
+        errors.AlreadyExists,
+        errors.InvalidArgument,
+        errors.MessageSizeExceeded,
+        errors.Unauthorized,
+        errors.NotImplementedFeature,
+        errors.ResourceLimitExceeded,
+        errors.Unavailable,
+        errors.NotLeader,
+        errors.StorageFailure,
+        errors.BrokerError,
+    )
+}
+assert set(_ERRORS) == set(errors.ErrorCode), "every ErrorCode needs a class on the wire"
+
+
+def _records(records: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    parts: list[bytes | memoryview] = []
+    pack = U32.pack
+    for record in records:
+        parts.append(pack(len(record)))
+        parts.append(record)
+    return parts
+
+
+def _unrecords(reader: Reader, count: int) -> list[bytes]:
+    view, at, end = reader.view, reader.at, len(reader.view)
+    out = []
+    unpack = U32.unpack_from
+    for _ in range(count):
+        if at + 4 > end:
+            raise CodecError("records end early")
+        (length,) = unpack(view, at)
+        at += 4
+        if at + length > end:
+            raise CodecError("a record runs past the end of its frame")
+        out.append(bytes(view[at : at + length]))
+        at += length
+    reader.at = at
+    return out
+
+
+# -- requests
+
+
+def encode_append(
+    request: int, key: GroupKey, epoch: int, records: Sequence[bytes | memoryview]
+) -> bytes:
+    return frame(
+        APPEND, group(key), _APPEND_HEAD.pack(request, epoch, len(records)), *_records(records)
+    )
+
+
+def decode_append(body: memoryview) -> tuple[int, GroupKey, int, list[bytes]]:
+    reader = Reader(body)
+    key = reader.group()
+    request, epoch, count = reader.unpack(_APPEND_HEAD)
+    records = _unrecords(reader, count)
+    reader.done()
+    return request, key, epoch, records
+
+
+def encode_subscribe(sub: int, key: GroupKey, credit: int, specs: Sequence[OffsetSpec]) -> bytes:
+    parts = [_SPEC.pack(SPEC_KINDS.index(s.kind), s.value) for s in specs]
+    return frame(
+        SUBSCRIBE, _SUB_HEAD.pack(sub), group(key), U32.pack(credit), bytes([len(specs)]), *parts
+    )
+
+
+def decode_subscribe(body: memoryview) -> tuple[int, GroupKey, int, list[OffsetSpec]]:
+    reader = Reader(body)
+    (sub,) = reader.unpack(_SUB_HEAD)
+    key = reader.group()
+    credit = reader.u32()
+    specs = []
+    for _ in range(reader.u8()):
+        kind, value = reader.unpack(_SPEC)
+        if kind >= len(SPEC_KINDS):
+            raise CodecError(f"unknown offset specification kind {kind}")
+        specs.append(OffsetSpec(SPEC_KINDS[kind], value))
+    reader.done()
+    return sub, key, credit, specs
+
+
+def encode_credit(sub: int, records: int) -> bytes:
+    return frame(CREDIT, _CREDIT.pack(sub, records))
+
+
+def decode_credit(body: memoryview) -> tuple[int, int]:
+    reader = Reader(body)
+    sub, records = reader.unpack(_CREDIT)
+    reader.done()
+    return sub, records
+
+
+def encode_unsubscribe(sub: int) -> bytes:
+    return frame(UNSUBSCRIBE, _SUB_HEAD.pack(sub))
+
+
+def decode_unsubscribe(body: memoryview) -> int:
+    reader = Reader(body)
+    (sub,) = reader.unpack(_SUB_HEAD)
+    reader.done()
+    return sub
+
+
+def encode_info(request: int, key: GroupKey) -> bytes:
+    return frame(INFO, _REQUEST.pack(request), group(key))
+
+
+def decode_info(body: memoryview) -> tuple[int, GroupKey]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    key = reader.group()
+    reader.done()
+    return request, key
+
+
+def encode_stream(request: int, name: str) -> bytes:
+    return frame(STREAM, _REQUEST.pack(request), str16(name))
+
+
+def decode_stream(body: memoryview) -> tuple[int, StreamName]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    name = reader.str16()
+    reader.done()
+    return request, StreamName(name)
+
+
+# -- answers
+
+
+def encode_appended(request: int, first_offset: int) -> bytes:
+    return frame(APPENDED, _APPENDED.pack(request, first_offset))
+
+
+def decode_appended(body: memoryview) -> tuple[int, int]:
+    reader = Reader(body)
+    request, first = reader.unpack(_APPENDED)
+    reader.done()
+    return request, first
+
+
+def encode_started(sub: int, start: int) -> bytes:
+    return frame(STARTED, _STARTED.pack(sub, start))
+
+
+def decode_started(body: memoryview) -> tuple[int, int]:
+    reader = Reader(body)
+    sub, start = reader.unpack(_STARTED)
+    reader.done()
+    return sub, start
+
+
+def encode_records(
+    sub: int, first_offset: int, timestamp_ms: int, records: Sequence[bytes | memoryview]
+) -> bytes:
+    head = _RECORDS_HEAD.pack(sub, first_offset, timestamp_ms, len(records))
+    return frame(RECORDS, head, *_records(records))
+
+
+def decode_records(body: memoryview) -> tuple[int, int, int, list[bytes]]:
+    reader = Reader(body)
+    sub, first, timestamp_ms, count = reader.unpack(_RECORDS_HEAD)
+    records = _unrecords(reader, count)
+    reader.done()
+    return sub, first, timestamp_ms, records
+
+
+def _error(error: errors.BrokerError, stored: bool) -> list[bytes]:
+    leader = host = ""
+    port = 0
+    if isinstance(error, errors.NotLeader):
+        leader, host, port = (
+            error.leader_node or "",
+            error.leader_host or "",
+            error.leader_port or 0,
+        )
+    return [
+        str8(error.code.value),
+        bytes([int(stored)]),
+        str8(leader),
+        str8(host),
+        _PORT.pack(port),
+        error.message.encode(),
+    ]
+
+
+def _unerror(reader: Reader) -> tuple[errors.BrokerError, bool]:
+    code = reader.str8()
+    stored = bool(reader.u8())
+    leader, host = reader.str8(), reader.str8()
+    (port,) = reader.unpack(_PORT)
+    message = str(reader.rest(), "utf-8", errors="replace")
+    try:
+        cls = _ERRORS[errors.ErrorCode(code)]
+    except ValueError:
+        cls = errors.BrokerError
+    if cls is errors.NotLeader:
+        error: errors.BrokerError = errors.NotLeader(
+            message,
+            leader_host=host or None,
+            leader_port=port or None,
+            leader_node=leader or None,
+        )
+    else:
+        error = cls(message)
+    return error, stored
+
+
+def encode_failed(request: int, error: errors.BrokerError, *, stored: bool = False) -> bytes:
+    return frame(FAILED, _REQUEST.pack(request), *_error(error, stored))
+
+
+def decode_failed(body: memoryview) -> tuple[int, errors.BrokerError, bool]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    error, stored = _unerror(reader)
+    return request, error, stored
+
+
+def encode_ended(sub: int, error: errors.BrokerError) -> bytes:
+    return frame(ENDED, _SUB_HEAD.pack(sub), *_error(error, False))
+
+
+def decode_ended(body: memoryview) -> tuple[int, errors.BrokerError]:
+    reader = Reader(body)
+    (sub,) = reader.unpack(_SUB_HEAD)
+    error, _ = _unerror(reader)
+    return sub, error
+
+
+def encode_reply(request: int, value: dict[str, Any]) -> bytes:
+    return frame(REPLY, _REQUEST.pack(request), json.dumps(value).encode())
+
+
+def decode_reply(body: memoryview) -> tuple[int, dict[str, Any]]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    try:
+        value = json.loads(bytes(reader.rest()))
+    except ValueError as error:
+        raise CodecError(f"a reply that is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise CodecError("a reply that is not a JSON object")
+    return request, value
+
+
+def info_to_json(info: PartitionInfo) -> dict[str, Any]:
+    return dataclasses.asdict(info)
+
+
+def info_from_json(value: dict[str, Any]) -> PartitionInfo:
+    try:
+        value = dict(value)
+        value["stream"] = StreamName(value["stream"])
+        value["partition"] = PartitionId(value["partition"])
+        if value.get("leader") is not None:
+            value["leader"] = NodeId(value["leader"])
+        if value.get("leader_epoch") is not None:
+            value["leader_epoch"] = LeaderEpoch(value["leader_epoch"])
+        for key in ("first_offset", "last_offset"):
+            if value.get(key) is not None:
+                value[key] = Offset(value[key])
+        value["end_offset"] = Offset(value["end_offset"])
+        return PartitionInfo(**value)
+    except (KeyError, TypeError) as error:
+        raise CodecError(f"a partition info reply without its fields: {error}") from error
+
+
+def config_to_json(config: StreamConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def config_from_json(value: dict[str, Any]) -> StreamConfig:
+    try:
+        value = dict(value)
+        value["name"] = StreamName(value["name"])
+        value["retention"] = Retention(**value["retention"])
+        return StreamConfig(**value)
+    except (KeyError, TypeError) as error:
+        raise CodecError(f"a stream reply without its fields: {error}") from error

@@ -1,0 +1,312 @@
+"""A guard on the AMQP frames a client sends, read before proton sees them (pure; no I/O).
+
+proton's engine API (0.40) tells the listener neither a transfer's `message-format` nor that a
+client transferred on a link where it is the receiver, and on an undecodable performative it
+stops reading without a close frame. `InboundGuard` walks the frame headers of the byte stream
+(after SASL, starting with the AMQP protocol header) and decodes only the first fields of the
+performatives that matter:
+
+- attach (core §2.7.3): name, handle, role — which (channel, handle) is which link;
+- detach / end: forget those handles;
+- transfer (core §2.7.5): handle and message-format;
+- anything that is not a frame of a known performative.
+
+`feed(data)` returns the problems found in `data`, each with `cut`: the position in `data`
+before which everything may go to proton; the driver acts on the problem before pushing the
+rest. Spate stores AMQP messages (message-format 0, core §2.7.5 / 002 §3.2); a transfer with
+another format is refused by ending its link with `amqp:not-implemented` (docs/amqp.md).
+
+Cost: one header unpack per frame, a few bytes more per transfer; the head of a frame split
+across reads is kept (at most `HEAD_BYTES`), its body skipped, never copied.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+PROTOCOL_HEADER = b"AMQP\x00\x01\x00\x00"
+HEAD_BYTES = 1024
+"""Bytes of a frame's head decoded at most (an attach's name beyond it is not needed)."""
+ATTACH, DETACH, END, TRANSFER = 0x12, 0x16, 0x17, 0x14
+PERFORMATIVES = range(0x10, 0x19)
+
+
+_HEADER = struct.Struct(">IBBH")
+_U32 = struct.Struct(">I")
+
+
+def _past_id_and_tag(data: bytes, at: int) -> int:
+    """Position after a transfer's delivery-id and delivery-tag in their usual encodings
+    (uint0 / smalluint / uint, vbin8), or -1 for the full decoder."""
+    code = data[at]
+    if code == 0x52:
+        at += 2
+    elif code == 0x43:
+        at += 1
+    elif code == 0x70:
+        at += 5
+    else:
+        return -1
+    if data[at] != 0xA0:
+        return -1
+    return at + 2 + data[at + 1]
+
+
+class _Malformed(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    cut: int
+    kind: str
+    """"frame" (close the connection), "format" or "role" (end the link)."""
+    description: str
+    link_name: str | None = None
+    client_receives: bool = False
+    """The link's role at the client: True when the client is its receiver."""
+
+
+def _uint(data: bytes, at: int) -> tuple[int | None, int]:
+    code = data[at]
+    if code == 0x43:
+        return 0, at + 1
+    if code == 0x52:
+        return data[at + 1], at + 2
+    if code == 0x70:
+        return int.from_bytes(data[at + 1 : at + 5], "big"), at + 5
+    if code == 0x40:
+        return None, at + 1
+    raise _Malformed(f"expected a uint, found type 0x{code:02x}")
+
+
+def _skip(data: bytes, at: int) -> int:
+    """Past one value of the simple types a transfer's first fields hold."""
+    code = data[at]
+    if code in (0x40, 0x41, 0x42, 0x43, 0x44):
+        return at + 1
+    if code in (0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56):
+        return at + 2
+    if code in (0x60, 0x61):
+        return at + 3
+    if code in (0x70, 0x71, 0x72, 0x73):
+        return at + 5
+    if code in (0x80, 0x81, 0x82, 0x83, 0x84):
+        return at + 9
+    if code in (0xA0, 0xA1, 0xA3):
+        return at + 2 + data[at + 1]
+    if code in (0xB0, 0xB1, 0xB3):
+        return at + 5 + int.from_bytes(data[at + 1 : at + 5], "big")
+    raise _Malformed(f"unexpected type 0x{code:02x}")
+
+
+def _list(data: bytes, at: int) -> tuple[int, int]:
+    """(count, position of the first element)."""
+    code = data[at]
+    if code == 0x45:
+        return 0, at + 1
+    if code == 0xC0:
+        return data[at + 2], at + 3
+    if code == 0xD0:
+        return int.from_bytes(data[at + 5 : at + 9], "big"), at + 9
+    raise _Malformed(f"a performative's fields are a list, found type 0x{code:02x}")
+
+
+def _text(data: bytes, at: int) -> tuple[str | None, int]:
+    code = data[at]
+    if code in (0xA1, 0xA3):
+        end = at + 2 + data[at + 1]
+        return data[at + 2 : end].decode("utf-8", "replace"), end
+    if code in (0xB1, 0xB3):
+        end = at + 5 + int.from_bytes(data[at + 1 : at + 5], "big")
+        return data[at + 5 : end].decode("utf-8", "replace"), end
+    if code == 0x40:
+        return None, at + 1
+    raise _Malformed(f"expected a string, found type 0x{code:02x}")
+
+
+class InboundGuard:
+    def __init__(self) -> None:
+        self.header_left = len(PROTOCOL_HEADER)
+        self.head = b""
+        """The start of a frame whose head has not fully arrived."""
+        self.skip = 0
+        """Bytes of the current frame's body still to pass over."""
+        self.links: dict[tuple[int, int], tuple[str | None, bool]] = {}
+        """(channel, handle) -> (link name, whether the client receives on it)."""
+        self.failed = False
+
+    def feed(self, data: bytes) -> list[Problem]:
+        if self.failed:
+            return []
+        problems: list[Problem] = []
+        at, n = 0, len(data)
+        if self.header_left:
+            taken = min(self.header_left, n)
+            self.header_left -= taken
+            at = taken
+        while at < n:
+            if self.skip:
+                step = min(self.skip, n - at)
+                self.skip -= step
+                at += step
+                continue
+            start = at
+            if self.head:
+                size = int.from_bytes(self.head[:4], "big") if len(self.head) >= 4 else 0
+                want = max(min(size, HEAD_BYTES), 8)
+                take = max(want - len(self.head), 0)
+                self.head += data[at : at + take]
+                at += take
+                if len(self.head) < max(min(int.from_bytes(self.head[:4], "big"), HEAD_BYTES), 8):
+                    continue
+                frame, base, start = self.head, 0, 0
+                self.head = b""
+                consumed = len(frame)
+            else:
+                if n - at < 8:
+                    self.head = data[at:]
+                    break
+                size, doff, kind, channel = _HEADER.unpack_from(data, at)
+                if n - at < min(size, HEAD_BYTES):
+                    self.head = data[at:]
+                    break
+                if kind == 0 and self._plain_transfer(
+                    data, at + 4 * doff, size - 4 * doff, channel
+                ):
+                    # the hot path: a format-0 transfer on a producer link
+                    if size <= n - at:
+                        at += size
+                    else:
+                        self.skip, at = size - (n - at), n
+                    continue
+                frame, base = data, at
+                consumed = min(size, HEAD_BYTES)
+                at += consumed
+            size = int.from_bytes(frame[base : base + 4], "big")
+            try:
+                problem = self._frame(frame, base, size, start, base + consumed)
+            except (_Malformed, IndexError) as error:
+                problem = Problem(start, "frame", f"malformed frame: {error}")
+            if size > consumed:
+                self.skip = size - consumed
+            if problem is not None:
+                problems.append(problem)
+                if problem.kind == "frame":
+                    self.failed = True
+                    return problems
+        return problems
+
+    def _plain_transfer(self, data: bytes, body: int, length: int, channel: int) -> bool:
+        """A transfer on a link the client sends on, with message-format 0, in the encodings
+        clients use (list8 or list32; small handle, delivery-id and tag): True means nothing
+        to report. False sends the frame through the full decoder."""
+        if length < 12 or data[body] != 0 or data[body + 1] != 0x53 or data[body + 2] != TRANSFER:
+            return False
+        kind = data[body + 3]
+        if kind == 0xC0:
+            count, at = data[body + 5], body + 6
+        elif kind == 0xD0:
+            count, at = _U32.unpack_from(data, body + 8)[0], body + 12
+        else:
+            return False
+        if count < 4:
+            return False
+        code = data[at]
+        if code == 0x43:
+            handle, at = 0, at + 1
+        elif code == 0x52:
+            handle, at = data[at + 1], at + 2
+        else:
+            return False
+        link = self.links.get((channel, handle))
+        if link is None or link[1]:
+            return False
+        at = _past_id_and_tag(data, at)
+        return at >= 0 and data[at] == 0x43
+
+    def _frame(self, data: bytes, base: int, size: int, start: int, limit: int) -> Problem | None:
+        doff, kind = data[base + 4], data[base + 5]
+        if size < 8 or doff < 2 or doff * 4 > size:
+            raise _Malformed(f"frame size {size}, data offset {doff}")
+        if kind != 0:
+            raise _Malformed(f"frame type {kind} after SASL (only AMQP frames, type 0)")
+        if size == doff * 4:
+            return None  # an empty frame (heartbeat)
+        channel = int.from_bytes(data[base + 6 : base + 8], "big")
+        at = base + doff * 4
+        if data[at] != 0x00:
+            raise _Malformed("the frame body is not a described performative")
+        if data[at + 1] == 0x53:
+            code, at = data[at + 2], at + 3
+        elif data[at + 1] == 0x80 and data[at + 2 : at + 9] == b"\x00" * 7:
+            code, at = data[at + 9], at + 10
+        else:
+            raise _Malformed("the performative's descriptor is not a small ulong")
+        if code not in PERFORMATIVES:
+            raise _Malformed(f"unknown performative 0x{code:02x}")
+        if code == TRANSFER:
+            return self._transfer(data, at, channel, start)
+        if code == ATTACH:
+            self._attach(data, at, channel, limit)
+        elif code == DETACH:
+            count, at = _list(data, at)
+            if count >= 1:
+                handle, _ = _uint(data, at)
+                if handle is not None:
+                    self.links.pop((channel, handle), None)
+        elif code == END:
+            for key in [k for k in self.links if k[0] == channel]:
+                del self.links[key]
+        return None
+
+    def _attach(self, data: bytes, at: int, channel: int, limit: int) -> None:
+        """Track the link; an attach the guard cannot read within its head (a name longer
+        than HEAD_BYTES) is left to proton, and its transfers go unchecked."""
+        try:
+            count, at = _list(data, at)
+            if count < 3:
+                return
+            name, at = _text(data, at)
+            handle, at = _uint(data, at)
+            role = data[at] == 0x41 or (data[at] == 0x56 and data[at + 1] == 1)
+        except (_Malformed, IndexError):
+            return
+        if handle is not None and at < limit:
+            self.links[(channel, handle)] = (name, role)
+
+    def _transfer(self, data: bytes, at: int, channel: int, start: int) -> Problem | None:
+        count, at = _list(data, at)
+        if count < 1:
+            return None  # proton refuses a transfer without a handle
+        handle, at = _uint(data, at)
+        link = self.links.get((channel, handle)) if handle is not None else None
+        if link is None:
+            return None  # an unattached handle: proton ends the connection
+        name, client_receives = link
+        if client_receives:
+            return Problem(
+                start,
+                "role",
+                f"a transfer on link {name!r}, where the client is the receiver "
+                "(core §2.6: only the sender transfers)",
+                name,
+                True,
+            )
+        if count < 4:
+            return None
+        at = _skip(data, at)  # delivery-id
+        at = _skip(data, at)  # delivery-tag
+        message_format, _ = _uint(data, at)
+        if message_format:
+            return Problem(
+                start,
+                "format",
+                f"message-format 0x{message_format:08x} on link {name!r}: Spate stores AMQP "
+                "messages (message-format 0) and would deliver yours with another meaning "
+                "(core §2.7.5); send each message as its own transfer",
+                name,
+                False,
+            )
+        return None

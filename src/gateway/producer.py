@@ -1,0 +1,333 @@
+"""The producer part of an AMQP connection (spate.gateway.driver): links the client sends on.
+
+Hot path in: a producer link's current delivery is readable -> `drain` reads every complete
+delivery of the link with direct `cproton_ffi.lib` calls into one batch (bytes, and the
+delivery or None when it came settled) -> `flush` (once per pump) cuts each link's batch into
+chunks and appends them, one `Partition.append` per chunk and partition -> `_appended`
+accepts or rejects the chunk's deliveries. Credit is admission control (`links.producer_credit`):
+none while too many deliveries of the connection wait for durability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cproton_ffi import ffi, lib
+from proton import Link, symbol
+from spate.core import limits
+from spate.core.backend import Partition
+from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
+from spate.core.ids import PartitionId
+from spate.gateway import links, sections
+from spate.gateway.errors import DECODE_ERROR, AmqpError, amqp_error, plain
+
+log = logging.getLogger(__name__)
+ACCEPTED = lib.PN_ACCEPTED
+
+
+class Host(Protocol):
+    """What a connection's producer and consumer parts need from the connection."""
+
+    closed: bool
+
+    def schedule_pump(self) -> None: ...
+
+    def own(self, future: asyncio.Future[Any]) -> None: ...
+
+
+def detach_all(partitions: Iterable[Partition]) -> None:
+    for partition in partitions:
+        partition.detach()
+
+
+@dataclass
+class ProducerLink:
+    link: Link  # keeps the C link (and its unsettled deliveries) alive while appends are pending
+    pointer: Any
+    plan: links.ProducerPlan
+    presettled: bool
+    records: list[bytes] = field(default_factory=list)
+    """Drained this turn, for the bound partition (or, on an agnostic link, unannotated ones for
+    this batch's round-robin partition)."""
+    deliveries: list[Any] = field(default_factory=list)
+    """`records[i]`'s delivery, None when it came settled (nothing to confirm)."""
+    routed: dict[PartitionId, tuple[list[bytes], list[Any]]] = field(default_factory=dict)
+    """Agnostic links: records routed by their event-streams-target-partition annotation."""
+    oversize: set[Any] = field(default_factory=set)
+    """Deliveries (pointers) being read and dropped: larger than `limits.message_bytes_max`."""
+    closed: bool = False
+
+
+class ProducerPart:
+    def __init__(self, host: Host, recv_buffer: Any) -> None:
+        self.host = host
+        self.recv_buffer = recv_buffer
+        self.links: dict[Any, ProducerLink] = {}
+        """By the C link pointer (cffi pointers hash and compare by address), so the hot path
+        looks a link up by `pn_delivery_link(...)` without converting it to an int."""
+        self.dirty: set[Any] = set()
+        """Producer links (pointers) that drained records this turn."""
+        self.unconfirmed = 0
+        """Deliveries of this connection waiting for durability."""
+
+    def open(self, link: Link, plan: links.ProducerPlan, answer: dict[symbol, Any] | None) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if answer is not None:
+            link.properties = answer
+        link.max_message_size = limits.message_bytes_max
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        state = ProducerLink(link, link._impl, plan, presettled)
+        self.links[link._impl] = state
+        link.open()
+        self.top_up(state)
+
+    def forget(self, producer: ProducerLink) -> None:
+        producer.closed = True
+        detach_all(producer.plan.targets.values())
+
+    def forget_all(self) -> None:
+        for producer in self.links.values():
+            self.forget(producer)
+        self.links.clear()
+
+    # hot path: deliveries -----------------------------------------------------------------------
+
+    def drain(self, producer: ProducerLink) -> None:
+        """Read every complete delivery of a producer link (called for its current delivery)."""
+        lp = producer.pointer
+        buf = self.recv_buffer
+        size_max = limits.message_bytes_max
+        current, partial, recv, advance = (
+            lib.pn_link_current,
+            lib.pn_delivery_partial,
+            lib.pn_link_recv,
+            lib.pn_link_advance,
+        )
+        remote_settled, settle, unpack, is_plain = (
+            lib.pn_delivery_settled,
+            lib.pn_delivery_settle,
+            ffi.unpack,
+            sections.is_plain,
+        )
+        presettled = producer.presettled
+        records, deliveries = producer.records, producer.deliveries
+        oversize = producer.oversize
+        got = 0
+        while True:
+            cur = current(lp)
+            if cur == ffi.NULL:
+                break
+            if partial(cur):
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                if cur in oversize or lib.pn_delivery_pending(cur) > size_max:
+                    oversize.add(cur)  # discard what arrived: the message is too big to store
+                    while recv(lp, buf, size_max + 1) > 0:
+                        pass
+                break
+            size = recv(lp, buf, size_max + 1)
+            if size > size_max or (oversize and cur in oversize):
+                self._reject_oversize(producer, cur)
+                continue
+            if size < 0:
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                size = 0  # an empty transfer: not a message, scan_incoming says why
+            raw = unpack(buf, size)
+            advance(lp)
+            if not is_plain(raw):
+                self._accept_incoming(producer, cur, raw)
+                got += 1
+                continue
+            if presettled or remote_settled(cur):
+                settle(cur)
+                deliveries.append(None)
+            else:
+                deliveries.append(cur)
+                self.unconfirmed += 1
+            records.append(raw)
+            got += 1
+        if got:
+            self.dirty.add(lp)
+
+    def _discard_aborted(self, producer: ProducerLink, delivery: Any) -> None:
+        producer.oversize.discard(delivery)
+        lib.pn_link_advance(producer.pointer)
+        lib.pn_delivery_settle(delivery)
+
+    def _reject_oversize(self, producer: ProducerLink, delivery: Any) -> None:
+        """The rest of a message over `limits.message_bytes_max` is read and dropped; the
+        delivery is rejected and the link stays usable."""
+        lp, buf, size_max = producer.pointer, self.recv_buffer, limits.message_bytes_max
+        while lib.pn_link_recv(lp, buf, size_max + 1) > 0:
+            pass
+        producer.oversize.discard(delivery)
+        lib.pn_link_advance(lp)
+        error = amqp_error(
+            MessageSizeExceeded(f"message larger than {size_max} bytes (limits.message_bytes_max)")
+        )
+        self._reject(delivery, error)
+
+    def _accept_incoming(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
+        """The full path for what `sections.is_plain` did not settle: delivery annotations
+        (routing by event-streams-target-partition), rarer layouts, and malformed messages."""
+        try:
+            incoming = sections.scan_incoming(raw)
+        except sections.MalformedMessage as err:
+            self._reject(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
+            return
+        settled = producer.presettled or lib.pn_delivery_settled(delivery)
+        if settled:
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        else:
+            self.unconfirmed += 1
+        plan = producer.plan
+        if incoming.delivery_annotations is not None:
+            try:
+                annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
+                target = annotations.get(links.TARGET_PARTITION_ANNOTATION)
+                pid = plan.route(target) if target is not None else None
+            except sections.MalformedMessage as err:
+                self._reject_counted(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
+                return
+            except BrokerError as err:
+                self._reject_counted(delivery, amqp_error(err))
+                return
+            if pid is not None and plan.bound is None:
+                records, deliveries = producer.routed.setdefault(pid, ([], []))
+                records.append(incoming.stored)
+                deliveries.append(delivery)
+                return
+        # bound links keep arrival order in one list (a routed message there matched the bound
+        # partition); agnostic links collect the unannotated for this batch's round-robin turn
+        producer.records.append(incoming.stored)
+        producer.deliveries.append(delivery)
+
+    def _reject_counted(self, delivery: Any, error: AmqpError) -> None:
+        if delivery is not None:
+            self.unconfirmed -= 1
+            self._reject(delivery, error)
+
+    def _reject(self, delivery: Any, error: AmqpError) -> None:
+        if not lib.pn_delivery_settled(delivery):
+            condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
+            lib.pn_condition_set_name(condition, error.condition.encode())
+            lib.pn_condition_set_description(condition, error.description.encode())
+            lib.pn_delivery_update(delivery, lib.PN_REJECTED)
+        lib.pn_delivery_settle(delivery)
+
+    def flush(self) -> None:
+        while self.dirty:
+            producer = self.links.get(self.dirty.pop())
+            if producer is None or producer.closed:
+                continue
+            plan = producer.plan
+            batches, producer.routed = producer.routed, {}
+            records, deliveries = producer.records, producer.deliveries
+            if records:
+                producer.records, producer.deliveries = [], []
+                if plan.bound is not None:
+                    pid = plan.bound
+                else:
+                    pid = plan.route(None)
+                    plan.next_batch()
+                routed = batches.get(pid)
+                if routed is None:
+                    batches[pid] = (records, deliveries)
+                else:
+                    routed[0].extend(records)
+                    routed[1].extend(deliveries)
+            for pid, (batch_records, batch_deliveries) in batches.items():
+                for start, end in chunk_bounds(batch_records):
+                    self._append(
+                        producer, pid, batch_records[start:end], batch_deliveries[start:end]
+                    )
+
+    def _append(
+        self,
+        producer: ProducerLink,
+        pid: PartitionId,
+        records: list[bytes],
+        deliveries: list[Any],
+    ) -> None:
+        """One chunk; `deliveries[i]` is record i's delivery, None when it came settled."""
+        partition = producer.plan.targets.get(pid)
+        try:
+            if partition is None:
+                raise NotFound(f"partition {int(pid)} is not served on this link")
+            pending = partition.append(records)
+        except BrokerError as err:
+            self._appended(producer, deliveries, err)
+            return
+        future = asyncio.ensure_future(pending)
+        self.host.own(future)
+        future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
+
+    def _append_done(
+        self, producer: ProducerLink, deliveries: list[Any], future: asyncio.Future[Any]
+    ) -> None:
+        if future.cancelled():
+            self._appended(producer, deliveries, BrokerError("append was cancelled"))
+            return
+        error = future.exception()
+        if error is not None and not isinstance(error, BrokerError):
+            log.error("append failed with an unexpected error", exc_info=error)
+            error = BrokerError(f"append failed: {type(error).__name__}")
+        self._appended(producer, deliveries, error)
+
+    def _appended(
+        self, producer: ProducerLink, deliveries: list[Any], error: BrokerError | None
+    ) -> None:
+        self.unconfirmed -= len(deliveries) - deliveries.count(None)
+        if self.host.closed or producer.closed:
+            return  # the link or connection is gone; nobody is waiting for the outcome
+        if error is None:
+            update, settle, accepted = lib.pn_delivery_update, lib.pn_delivery_settle, ACCEPTED
+            for delivery in deliveries:
+                if delivery is not None:
+                    update(delivery, accepted)
+                    settle(delivery)
+        else:
+            amqp = amqp_error(error)
+            for delivery in deliveries:
+                if delivery is not None:
+                    self._reject(delivery, amqp)
+        self.host.schedule_pump()
+
+    def top_up_all(self) -> None:
+        for producer in self.links.values():
+            self.top_up(producer)
+
+    def top_up(self, producer: ProducerLink) -> None:
+        if producer.closed:
+            return
+        grant = links.producer_credit(lib.pn_link_credit(producer.pointer), self.unconfirmed)
+        if grant:
+            lib.pn_link_flow(producer.pointer, grant)
+
+
+def chunk_bounds(records: list[bytes]) -> list[tuple[int, int]]:
+    """Cut one batch into chunks within limits.chunk_records_max / chunk_bytes_max:
+    [(start, end), ...] index ranges."""
+    records_max, bytes_max = limits.chunk_records_max, limits.chunk_bytes_max
+    if len(records) <= records_max and sum(map(len, records)) <= bytes_max:
+        return [(0, len(records))]
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    size = 0
+    for i, record in enumerate(records):
+        if i > start and (i - start >= records_max or size + len(record) > bytes_max):
+            bounds.append((start, i))
+            start = i
+            size = 0
+        size += len(record)
+    bounds.append((start, len(records)))
+    return bounds

@@ -1,0 +1,682 @@
+"""Proxy mode of the gateway tier: spate.core.backend over the gateway wire (ADR 0008).
+
+`RemoteBroker` implements the Broker contract the listener runs over, so a gateway serves
+every link itself and unmodified AMQP clients work: producers' records go to the partition's
+leader, consumers read from a replica, `$info` asks the nodes.
+
+- One `NodeSession` per node: a TCP connection to the node's replication port, the cluster
+  secret handshake (spate.core.frames, SESSION), then spate.core.wire frames; frames queued in
+  one loop turn go out in one write.
+- `RemoteWriter` (a producer link's partition) pipelines APPENDs to the leader the routing
+  table names, fenced by its leader epoch. An append the node refused with nothing written
+  (`stored=0`: not the leader, an election) is sent again, in order, once the table names a
+  new leader (within `reroute_timeout_s`); later appends wait behind it, so a link's records
+  keep their order. An append whose outcome is unknown (the leader failed after proposing it,
+  or its connection broke) is refused to the client as retryable: it may be stored, and
+  resending it without producer deduplication may store it twice. Acknowledged records are
+  never resent, so never duplicated.
+- `RemoteReader` (a consumer link's partition) subscribes at a replica (the leader when it is
+  alive) from the offset `begin` resolves, buffers the records the node pushes, grants credit
+  back as the listener reads past them, and after a broken connection or an ended
+  subscription subscribes again from its next offset elsewhere: nothing skipped, nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import os
+import ssl
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spate.core import frames, wire
+from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
+from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.gateway.routes import Route, RoutingTable
+
+log = logging.getLogger(__name__)
+
+READ_CREDIT_RECORDS = 4096
+"""Records a node may push ahead of what a consumer link has read (per link and partition)."""
+REROUTE_TIMEOUT_S = 15.0
+"""How long appends refused by a former leader wait for the table to name a new one."""
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 10.0
+RESUBSCRIBE_DELAY_S = 0.2
+RETRY_SAME_ROUTE_S = 1.0
+"""A refusal with nothing stored under an unchanged route is retried after this long."""
+FRAME_BYTES_MAX = 64 * 1024 * 1024
+
+
+class _Pending:
+    """An APPEND in flight; answered by its session."""
+
+    __slots__ = ("future", "records", "seq", "session", "writer")
+
+    def __init__(
+        self,
+        writer: RemoteWriter,
+        seq: int,
+        records: Sequence[bytes],
+        future: asyncio.Future[Offset],
+    ) -> None:
+        self.writer = writer
+        self.seq = seq
+        self.records = records
+        self.future = future
+        self.session: NodeSession | None = None
+
+
+class NodeSession:
+    """The gateway's connection to one node."""
+
+    def __init__(self, sessions: Sessions, node: NodeId, address: tuple[str, int]) -> None:
+        self.sessions = sessions
+        self.node = node
+        self.address = address
+        self.loop = asyncio.get_running_loop()
+        self.ready = False
+        self.closed = False
+        self.opened: asyncio.Future[None] = self.loop.create_future()
+        self.appends: dict[int, _Pending] = {}
+        self.requests: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.readers: dict[int, RemoteReader] = {}
+        self._ids = itertools.count(1)
+        self._out: list[bytes] = []
+        self._writer: asyncio.StreamWriter | None = None
+        self.task = self.loop.create_task(self._run(), name=f"wire-{node}")
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def send(self, data: bytes) -> None:
+        if not self._out:
+            self.loop.call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        writer = self._writer
+        if self._out and writer is not None and not writer.transport.is_closing():
+            writer.write(b"".join(self._out))
+        self._out.clear()
+
+    async def request(self, data: bytes, request: int) -> dict[str, Any]:
+        future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
+        self.requests[request] = future
+        self.send(data)
+        try:
+            return await asyncio.wait_for(future, REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(f"node {self.node} did not answer in time; retry") from None
+        finally:
+            self.requests.pop(request, None)
+
+    async def _run(self) -> None:
+        host, port = self.address
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self.sessions.ssl_client),
+                CONNECT_TIMEOUT_S,
+            )
+            self._writer = writer
+            await asyncio.wait_for(self._handshake(reader, writer), CONNECT_TIMEOUT_S)
+            self.ready = True
+            self.opened.set_result(None)
+            while True:
+                head = await reader.readexactly(frames.FRAME_HEAD_BYTES)
+                length, kind = frames.FRAME_HEAD.unpack(head)
+                if length < 1 or length > FRAME_BYTES_MAX:
+                    raise frames.CodecError(f"frame of {length} bytes")
+                body = (
+                    memoryview(await reader.readexactly(length - 1))
+                    if length > 1
+                    else memoryview(b"")
+                )
+                self._on_frame(kind, body)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
+            log.info(
+                "session with node %s at %s:%s ended: %s",
+                self.node,
+                host,
+                port,
+                error or type(error).__name__,
+            )
+        except frames.CodecError as error:
+            log.warning("session with node %s broken: %s", self.node, error)
+        finally:
+            self._lost()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        secret, me = self.sessions.secret, self.sessions.gateway_id
+
+        async def frame_of(kind: int) -> memoryview:
+            head = await reader.readexactly(frames.FRAME_HEAD_BYTES)
+            length, got = frames.FRAME_HEAD.unpack(head)
+            if got != kind or not 1 <= length <= 4096:
+                raise frames.CodecError(f"handshake: expected frame kind {kind}, got {got}")
+            return memoryview(await reader.readexactly(length - 1))
+
+        server, nonce_s = frames.decode_challenge(await frame_of(frames.KIND_CHALLENGE))
+        nonce_c = os.urandom(frames.NONCE_BYTES)
+        mac = frames.mac(secret, b"c", nonce_s, me, server)
+        writer.write(frames.encode_hello(me, nonce_c, mac, kind=frames.KIND_SESSION))
+        await writer.drain()
+        want = frames.mac(secret, b"s", nonce_c, server, me)
+        if not hmac.compare_digest(
+            frames.decode_welcome(await frame_of(frames.KIND_WELCOME)), want
+        ):
+            raise frames.CodecError(f"node {server} failed authentication (cluster secret)")
+
+    def _on_frame(self, kind: int, body: memoryview) -> None:
+        if kind == wire.APPENDED:
+            request, first = wire.decode_appended(body)
+            pending = self.appends.pop(request, None)
+            if pending is not None:
+                pending.writer.appended(pending, Offset(first))
+        elif kind == wire.RECORDS:
+            sub, first, timestamp_ms, records = wire.decode_records(body)
+            reader = self.readers.get(sub)
+            if reader is not None:
+                reader.pushed(first, timestamp_ms, records)
+        elif kind == wire.FAILED:
+            request, error, stored = wire.decode_failed(body)
+            pending = self.appends.pop(request, None)
+            if pending is not None:
+                pending.writer.failed(pending, error, stored=stored)
+            future = self.requests.get(request)
+            if future is not None and not future.done():
+                future.set_exception(error)
+        elif kind == wire.REPLY:
+            request, value = wire.decode_reply(body)
+            future = self.requests.get(request)
+            if future is not None and not future.done():
+                future.set_result(value)
+        elif kind == wire.STARTED:
+            sub, start = wire.decode_started(body)
+            reader = self.readers.get(sub)
+            if reader is not None:
+                reader.started(sub, start)
+        elif kind == wire.ENDED:
+            sub, error = wire.decode_ended(body)
+            reader = self.readers.pop(sub, None)
+            if reader is not None:
+                reader.ended(sub, error)
+        else:
+            raise frames.CodecError(f"unexpected frame kind {kind}")
+
+    def _lost(self) -> None:
+        self.ready = False
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        if not self.opened.done():
+            self.opened.set_exception(Unavailable(f"node {self.node} cannot be reached; retry"))
+            self.opened.exception()  # retrieved: waiters see it through `connected`
+        self.sessions.forget(self)
+        appends, self.appends = self.appends, {}
+        for pending in appends.values():
+            pending.writer.failed(
+                pending,
+                Unavailable(f"the connection to node {self.node} broke with this append in flight"),
+                stored=True,
+            )
+        for future in self.requests.values():
+            if not future.done():
+                future.set_exception(Unavailable(f"the connection to node {self.node} broke"))
+        readers, self.readers = self.readers, {}
+        for sub, reader in readers.items():
+            reader.ended(sub, Unavailable(f"the connection to node {self.node} broke"))
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class Sessions:
+    """One session per node, opened on first use, reopened after a failure."""
+
+    def __init__(
+        self,
+        gateway_id: str,
+        secret: str,
+        table: RoutingTable,
+        ssl_client: ssl.SSLContext | None = None,
+    ) -> None:
+        self.gateway_id = gateway_id
+        self.secret = secret.encode()
+        self.table = table
+        self.ssl_client = ssl_client
+        self.by_node: dict[NodeId, NodeSession] = {}
+
+    def get(self, node: NodeId) -> NodeSession:
+        session = self.by_node.get(node)
+        if session is None:
+            address = self.table.routes.replication.get(node)
+            if address is None:
+                raise Unavailable(f"node {node} has no known address yet; retry")
+            session = self.by_node[node] = NodeSession(self, node, address)
+        return session
+
+    async def connected(self, node: NodeId) -> NodeSession:
+        session = self.get(node)
+        if not session.ready:
+            await asyncio.shield(session.opened)
+        return session
+
+    def forget(self, session: NodeSession) -> None:
+        if self.by_node.get(session.node) is session:
+            del self.by_node[session.node]
+
+    async def close(self) -> None:
+        for session in list(self.by_node.values()):
+            await session.close()
+        self.by_node.clear()
+
+
+class RemoteBroker:
+    """spate.core.backend.Broker for a gateway in proxy mode (see the module docstring)."""
+
+    def __init__(self, table: RoutingTable, sessions: Sessions) -> None:
+        self.table = table
+        self.sessions = sessions
+        self.configs: dict[StreamName, StreamConfig] = {}
+        """Streams asked of a node since the table last had them."""
+        self.changed = asyncio.Event()
+        table.listeners.append(self._table_changed)
+
+    def _table_changed(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def wait_change(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout_s)
+
+    def route(self, key: tuple[StreamName, PartitionId]) -> Route | None:
+        return self.table.routes.partitions.get(key)
+
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        config = self.table.routes.streams.get(name)
+        if config is not None:
+            return config
+        nodes = sorted(self.table.routes.replication)
+        if not nodes:
+            raise Unavailable("the gateway has not reached the metadata service yet; retry")
+        error: BrokerError = Unavailable("no node answered; retry")
+        for node in nodes:  # created since the last refresh, or not at all: a node knows
+            try:
+                session = await self.sessions.connected(node)
+                request = session.next_id()
+                value = await session.request(wire.encode_stream(request, name), request)
+            except NotFound:
+                raise
+            except BrokerError as failure:
+                error = failure
+                continue
+            config = wire.config_from_json(value)
+            self.configs[name] = config
+            return config
+        raise error
+
+    def _config(self, name: StreamName) -> StreamConfig:
+        config = self.table.routes.streams.get(name) or self.configs.get(name)
+        if config is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        return config
+
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> RemoteWriter | RemoteReader:
+        config = self._config(name)
+        if not 0 <= partition < config.partitions:
+            raise NotFound(
+                f"stream {name!r} has partitions 0..{config.partitions - 1}; "
+                f"there is no partition {partition}"
+            )
+        key = (name, PartitionId(partition))
+        return RemoteWriter(self, key) if write else RemoteReader(self, key)
+
+    async def describe(self, key: tuple[StreamName, PartitionId]) -> PartitionInfo:
+        route = self.route(key)
+        nodes = [] if route is None else list(route.replicas)
+        if route is not None and route.leader is not None and route.leader_alive:
+            nodes = [route.leader] + [n for n in nodes if n != route.leader]
+        error: BrokerError = Unavailable(f"no replica of {key[0]}/{key[1]} answered; retry")
+        for node in nodes:
+            try:
+                session = await self.sessions.connected(node)
+                request = session.next_id()
+                value = await session.request(wire.encode_info(request, key), request)
+                return wire.info_from_json(value)
+            except (NotLeader, Unavailable, NotFound) as failure:
+                error = failure
+        raise error
+
+
+class _PartitionBase:
+    def __init__(self, broker: RemoteBroker, key: tuple[StreamName, PartitionId]) -> None:
+        self.broker = broker
+        self.key = key
+        self.loop = asyncio.get_running_loop()
+
+    @property
+    def stream(self) -> StreamName:
+        return self.key[0]
+
+    @property
+    def partition(self) -> PartitionId:
+        return self.key[1]
+
+    async def describe(self) -> PartitionInfo:
+        return await self.broker.describe(self.key)
+
+
+class RemoteWriter(_PartitionBase):
+    """A producer link's partition, appended to at its leader (see the module docstring)."""
+
+    def __init__(self, broker: RemoteBroker, key: tuple[StreamName, PartitionId]) -> None:
+        super().__init__(broker, key)
+        self.queue: deque[_Pending] = deque()
+        self.inflight: dict[int, _Pending] = {}
+        self.refused: list[_Pending] = []
+        self.stalled = False
+        self.detached = False
+        self._seq = itertools.count()
+        self._reroute: asyncio.Task[None] | None = None
+        self._route: tuple[NodeId | None, LeaderEpoch | None] | None = None
+        """(leader, epoch) the last appends went to."""
+        self._refused_by: tuple[NodeId | None, LeaderEpoch | None] | None = None
+
+    def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
+        future: asyncio.Future[Offset] = self.loop.create_future()
+        self.queue.append(_Pending(self, next(self._seq), records, future))
+        self._send()
+        return future
+
+    def _send(self) -> None:
+        if self.stalled or not self.queue:
+            return
+        route = self.broker.route(self.key)
+        session = None
+        if route is not None and route.leader is not None and route.leader_alive:
+            try:
+                session = self.broker.sessions.get(route.leader)
+            except Unavailable:
+                session = None
+        if route is None or session is None or not session.ready:
+            self._stall()
+            return
+        epoch = int(route.epoch or 0)
+        self._route = (route.leader, route.epoch)
+        while self.queue:
+            pending = self.queue.popleft()
+            request = session.next_id()
+            pending.session = session
+            session.appends[request] = pending
+            self.inflight[pending.seq] = pending
+            session.send(wire.encode_append(request, self.key, epoch, pending.records))
+
+    def appended(self, pending: _Pending, first: Offset) -> None:
+        self.inflight.pop(pending.seq, None)
+        if not pending.future.done():
+            pending.future.set_result(first)
+
+    def failed(self, pending: _Pending, error: BrokerError, *, stored: bool) -> None:
+        self.inflight.pop(pending.seq, None)
+        if not stored and error.retryable and not self.detached:
+            self.refused.append(pending)  # nothing was written: send it to the next leader
+            self._refused_by = self._route
+            self._stall()
+            return
+        if not pending.future.done():
+            if isinstance(error, NotLeader) or stored:
+                error = Unavailable(
+                    f"the leader of {self.key[0]}/{self.key[1]} changed while this message was "
+                    f"in flight, so whether it was stored is unknown ({error.message}); resend "
+                    "it if it must be stored (it may then be stored twice)"
+                )
+            pending.future.set_exception(error)
+
+    def _stall(self) -> None:
+        self.stalled = True
+        if self._reroute is None:
+            self._reroute = self.loop.create_task(self._wait_for_leader())
+
+    async def _wait_for_leader(self) -> None:
+        """Hold appends until those in flight are answered and a leader is reachable, then
+        send the refused ones first, in their original order. A leader that refused them is
+        asked again only once the table names another leader or epoch, or after
+        `RETRY_SAME_ROUTE_S` (a refusal that was not about leadership)."""
+        deadline = self.loop.time() + REROUTE_TIMEOUT_S
+        try:
+            while self.loop.time() < deadline and not self.detached:
+                if self.inflight:
+                    await asyncio.sleep(0.01)
+                    continue
+                route = self.broker.route(self.key)
+                if route is None or route.leader is None or not route.leader_alive:
+                    await self.broker.wait_change(max(0.0, deadline - self.loop.time()))
+                    continue
+                if self.refused and (route.leader, route.epoch) == self._refused_by:
+                    self._refused_by = None  # once more after a change or a pause
+                    await self.broker.wait_change(RETRY_SAME_ROUTE_S)
+                    continue
+                try:
+                    await asyncio.wait_for(
+                        self.broker.sessions.connected(route.leader),
+                        max(0.0, deadline - self.loop.time()),
+                    )
+                except (BrokerError, TimeoutError):
+                    await self.broker.wait_change(0.2)
+                    continue
+                self._resume()
+                return
+            self._give_up()
+        finally:
+            self._reroute = None
+
+    def _resume(self) -> None:
+        self.refused.sort(key=lambda p: p.seq)
+        self.queue.extendleft(reversed(self.refused))
+        self.refused.clear()
+        self.stalled = False
+        self._send()
+
+    def _give_up(self) -> None:
+        self.refused.sort(key=lambda p: p.seq)
+        waiting = self.refused + list(self.queue)
+        self.refused.clear()
+        self.queue.clear()
+        self.stalled = False
+        error = Unavailable(
+            f"partition {self.key[1]} of {self.key[0]!r} has no reachable leader; retry"
+        )
+        for pending in waiting:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    # a producer's partition is not read through the gateway
+    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+        raise AssertionError("a producer link does not read")
+
+    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
+        return []
+
+    def end_offset(self) -> Offset:
+        return Offset(0)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        pass
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        pass
+
+    def detach(self) -> None:
+        self.detached = True
+
+
+@dataclass
+class _Buffered:
+    first: int
+    timestamp_ms: int
+    records: list[bytes]
+
+
+@dataclass
+class _Subscription:
+    session: NodeSession
+    sub: int
+    started: asyncio.Future[int]
+    credit_owed: int = 0
+
+
+class RemoteReader(_PartitionBase):
+    """A consumer link's partition, streamed from a replica (see the module docstring)."""
+
+    def __init__(self, broker: RemoteBroker, key: tuple[StreamName, PartitionId]) -> None:
+        super().__init__(broker, key)
+        self.buffer: deque[_Buffered] = deque()
+        self.end = 0
+        """The offset after the last record received: where a new subscription starts."""
+        self.listeners: list[Callable[[], None]] = []
+        self.subscription: _Subscription | None = None
+        self.detached = False
+        self.resubscribes = 0
+        self._task: asyncio.Task[None] | None = None
+        self._buffered_records = 0
+
+    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+        self.end = -1  # set by the node's STARTED, before any record it pushes
+        return Offset(await self._subscribe(specs))
+
+    def _nodes(self) -> list[NodeId]:
+        route = self.broker.route(self.key)
+        if route is None:
+            return []
+        nodes = list(route.replicas)
+        if route.leader is not None and route.leader_alive:
+            nodes = [route.leader] + [n for n in nodes if n != route.leader]
+        return nodes
+
+    async def _subscribe(self, specs: Sequence[OffsetSpec]) -> int:
+        error: BrokerError = Unavailable(
+            f"no replica of {self.key[0]}/{self.key[1]} can be reached; retry"
+        )
+        for node in self._nodes():
+            try:
+                session = await self.broker.sessions.connected(node)
+            except BrokerError as failure:
+                error = failure
+                continue
+            sub = session.next_id()
+            state = _Subscription(session, sub, self.loop.create_future())
+            self.subscription = state
+            session.readers[sub] = self
+            credit = max(READ_CREDIT_RECORDS - self._buffered_records, 1)
+            session.send(wire.encode_subscribe(sub, self.key, credit, specs))
+            try:
+                return await asyncio.wait_for(asyncio.shield(state.started), REQUEST_TIMEOUT_S)
+            except (BrokerError, TimeoutError) as failure:
+                session.readers.pop(sub, None)
+                self.subscription = None
+                if isinstance(failure, NotFound):
+                    raise
+                error = failure if isinstance(failure, BrokerError) else error
+        raise error
+
+    def started(self, sub: int, start: int) -> None:
+        state = self.subscription
+        if state is not None and state.sub == sub and not state.started.done():
+            # records may follow in the same read, before the subscriber resumes
+            self.end = start if self.end < 0 else max(self.end, start)
+            state.started.set_result(start)
+
+    def ended(self, sub: int, error: BrokerError) -> None:
+        state = self.subscription
+        if state is None or state.sub != sub:
+            return
+        if not state.started.done():
+            state.started.set_exception(error)
+            return
+        self.subscription = None
+        if not self.detached and self._task is None:
+            log.info("reader of %s/%s moves: %s", self.key[0], self.key[1], error.message)
+            self._task = self.loop.create_task(self._resubscribe())
+
+    async def _resubscribe(self) -> None:
+        try:
+            while not self.detached:
+                try:
+                    await self._subscribe([OffsetSpec.offset(self.end)])
+                    self.resubscribes += 1
+                    return
+                except BrokerError:
+                    await self.broker.wait_change(RESUBSCRIBE_DELAY_S)
+        finally:
+            self._task = None
+
+    def pushed(self, first: int, timestamp_ms: int, records: list[bytes]) -> None:
+        if first < self.end:  # already have these (cannot happen on one subscription)
+            records = records[self.end - first :]
+            first = self.end
+        if not records:
+            return
+        self.buffer.append(_Buffered(first, timestamp_ms, records))
+        self._buffered_records += len(records)
+        self.end = first + len(records)
+        for callback in list(self.listeners):
+            callback()
+
+    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
+        """Hands each buffered record out once (the listener's cursor keeps what it reads),
+        from `start` on, and grants the node credit for them."""
+        buffer = self.buffer
+        out: list[ChunkView] = []
+        handed = size = 0
+        while buffer and size < max_bytes:
+            item = buffer.popleft()
+            handed += len(item.records)
+            if item.first + len(item.records) <= start:
+                continue  # below the reader: let go
+            out.append(ChunkView(Offset(item.first), item.timestamp_ms, item.records))
+            size += sum(len(r) for r in item.records)
+        if handed:
+            self._buffered_records -= handed
+            state = self.subscription
+            if state is not None:
+                state.credit_owed += handed
+                if state.credit_owed >= READ_CREDIT_RECORDS // 4:
+                    state.session.send(wire.encode_credit(state.sub, state.credit_owed))
+                    state.credit_owed = 0
+        return out
+
+    def end_offset(self) -> Offset:
+        return Offset(self.end)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        self.listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.listeners.remove(callback)
+
+    def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
+        raise AssertionError("a consumer link does not append")
+
+    def detach(self) -> None:
+        self.detached = True
+        state, self.subscription = self.subscription, None
+        if state is not None and not state.session.closed:
+            state.session.readers.pop(state.sub, None)
+            state.session.send(wire.encode_unsubscribe(state.sub))
+        if self._task is not None:
+            self._task.cancel()

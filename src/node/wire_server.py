@@ -1,0 +1,244 @@
+"""The node's side of the gateway wire (ADR 0008, spate.core.wire): a gateway's session served
+over this node's partitions.
+
+A session starts when a gateway passes the cluster-secret handshake on the replication port
+(spate.core.frames KIND_SESSION); the replication transport then hands the connection here.
+
+- APPEND goes to the local leader replica. It is refused with `stored=0` when nothing was
+  written (this node does not lead the partition, or not in the epoch the gateway asked for, or
+  the replica refused at once): the gateway may send it to the new leader. Once proposed, its
+  outcome is APPENDED after the majority fsync, or FAILED with `stored=1` (may commit anyway).
+- SUBSCRIBE starts a reader at the largest of its offset specifications, answers STARTED and
+  pushes committed records as RECORDS frames, at most `credit` records ahead of the CREDIT the
+  gateway grants back; any replica serves, up to its commit index.
+- INFO and STREAM answer from the local replica and stream configuration.
+
+Frames queued during one loop turn go out in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from spate.core import frames, wire
+from spate.core.backend import OffsetSpec
+from spate.core.errors import BrokerError, InvalidArgument, NotLeader
+from spate.core.ids import Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.node.replication.partition import ReplicatedPartition
+from spate.node.replication.transport import read_frame
+
+log = logging.getLogger(__name__)
+
+RECORDS_FRAME_BYTES_MAX = 1024 * 1024
+"""Bytes of records one RECORDS frame carries at most (one record may exceed it alone)."""
+SUBSCRIPTIONS_MAX = 65_536
+"""Readers one session may hold."""
+FRAME_BYTES_MAX = 64 * 1024 * 1024
+"""An APPEND frame at most (the listener appends at most `limits.append_bytes_max`)."""
+
+
+class Partitions(Protocol):
+    """What the wire server needs of the node: spate.node.manager.LocalBroker."""
+
+    def stream(self, name: StreamName) -> StreamConfig: ...
+
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool
+    ) -> ReplicatedPartition: ...
+
+
+@dataclass
+class _Reader:
+    sub: int
+    partition: ReplicatedPartition
+    next_offset: int
+    credit: int
+    wake: Callable[[], None]
+
+
+class WireSession:
+    def __init__(self, broker: Partitions, gateway: str, writer: asyncio.StreamWriter) -> None:
+        self.broker = broker
+        self.gateway = gateway
+        self.writer = writer
+        self.loop = asyncio.get_running_loop()
+        self.readers: dict[int, _Reader] = {}
+        self.out: list[bytes] = []
+        self.closed = False
+
+    # -- output
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if not self.out:
+            self.loop.call_soon(self.flush)
+        self.out.append(data)
+
+    def flush(self) -> None:
+        if self.out and not self.closed and not self.writer.transport.is_closing():
+            self.writer.write(b"".join(self.out))
+        self.out.clear()
+
+    # -- input
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, body = await read_frame(reader, FRAME_BYTES_MAX)
+                self.handle(kind, body)
+        finally:
+            self.close()
+
+    def handle(self, kind: int, body: memoryview) -> None:
+        if kind == wire.APPEND:
+            self._append(*wire.decode_append(body))
+        elif kind == wire.CREDIT:
+            sub, records = wire.decode_credit(body)
+            state = self.readers.get(sub)
+            if state is not None:
+                state.credit += records
+                self._push(state)
+        elif kind == wire.SUBSCRIBE:
+            self._subscribe(*wire.decode_subscribe(body))
+        elif kind == wire.UNSUBSCRIBE:
+            self._unsubscribe(wire.decode_unsubscribe(body))
+        elif kind == wire.INFO:
+            request, (stream, pid) = wire.decode_info(body)
+            try:
+                info = self.broker.partition(stream, pid, write=False).info()
+            except BrokerError as error:
+                self.send(wire.encode_failed(request, error))
+            else:
+                self.send(wire.encode_reply(request, wire.info_to_json(info)))
+        elif kind == wire.STREAM:
+            request, name = wire.decode_stream(body)
+            try:
+                config = self.broker.stream(name)
+            except BrokerError as error:
+                self.send(wire.encode_failed(request, error))
+            else:
+                self.send(wire.encode_reply(request, wire.config_to_json(config)))
+        else:
+            raise frames.CodecError(f"unexpected frame kind {kind} from gateway {self.gateway}")
+
+    def _append(self, request: int, key: frames.GroupKey, epoch: int, records: list[bytes]) -> None:
+        try:
+            partition = self.broker.partition(key[0], key[1], write=True)
+            if epoch and partition.leader_epoch != epoch:
+                raise NotLeader(
+                    f"{key[0]}/{key[1]} is led in epoch {partition.leader_epoch}, not {epoch}",
+                    leader_node=partition.leader,
+                )
+            future = partition.append(records)
+        except BrokerError as error:
+            self.send(wire.encode_failed(request, error, stored=False))
+            return
+        if future.done():  # refused at once: nothing was written
+            refusal = future.exception()
+            if isinstance(refusal, BrokerError):
+                self.send(wire.encode_failed(request, refusal, stored=False))
+                return
+        future.add_done_callback(lambda f: self._appended(request, f))
+
+    def _appended(self, request: int, future: asyncio.Future[Offset]) -> None:
+        if future.cancelled():
+            error: BaseException | None = BrokerError("the append was cancelled")
+        else:
+            error = future.exception()
+        if error is None:
+            self.send(wire.encode_appended(request, future.result()))
+        elif isinstance(error, BrokerError):
+            self.send(wire.encode_failed(request, error, stored=True))
+        else:
+            log.error("append failed unexpectedly", exc_info=error)
+            self.send(wire.encode_failed(request, BrokerError(repr(error)), stored=True))
+
+    def _subscribe(
+        self, sub: int, key: frames.GroupKey, credit: int, specs: list[OffsetSpec]
+    ) -> None:
+        try:
+            if sub in self.readers:
+                raise InvalidArgument(f"subscription {sub} exists")
+            if len(self.readers) >= SUBSCRIPTIONS_MAX:
+                raise InvalidArgument(f"a session may hold {SUBSCRIPTIONS_MAX} readers")
+            if not specs:
+                raise InvalidArgument("a subscription needs an offset specification")
+            partition = self.broker.partition(key[0], key[1], write=False)
+            start = max(partition.resolve(spec) for spec in specs)
+        except BrokerError as error:
+            self.send(wire.encode_ended(sub, error))
+            return
+        state = _Reader(sub, partition, int(start), credit, lambda: None)
+        state.wake = lambda: self._push(state)
+        self.readers[sub] = state
+        partition.add_listener(state.wake)
+        self.send(wire.encode_started(sub, start))
+        self._push(state)
+
+    def _unsubscribe(self, sub: int) -> None:
+        state = self.readers.pop(sub, None)
+        if state is not None:
+            state.partition.remove_listener(state.wake)
+
+    def _push(self, state: _Reader) -> None:
+        """Committed records from the reader's next offset, within its credit."""
+        partition = state.partition
+        while state.credit > 0 and not self.closed and state.next_offset < partition.end_offset():
+            chunks = partition.read(Offset(state.next_offset), RECORDS_FRAME_BYTES_MAX)
+            if not chunks:
+                return
+            for chunk in chunks:
+                first = int(chunk.first_offset)
+                records = chunk.records
+                if first < state.next_offset:
+                    records = records[state.next_offset - first :]
+                    first = state.next_offset
+                if not records:
+                    continue
+                records = records[: state.credit]
+                self.send(wire.encode_records(state.sub, first, chunk.timestamp_ms, records))
+                state.next_offset = first + len(records)
+                state.credit -= len(records)
+                if state.credit <= 0:
+                    return
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        for sub in list(self.readers):
+            self._unsubscribe(sub)
+
+
+class WireServer:
+    """Serves gateway sessions over this node's partitions (hand `serve` to the Transport)."""
+
+    def __init__(self, broker: Partitions) -> None:
+        self.broker = broker
+        self.sessions: set[WireSession] = set()
+
+    async def serve(
+        self, gateway: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        session = WireSession(self.broker, gateway, writer)
+        self.sessions.add(session)
+        log.info("gateway %s opened a session", gateway)
+        try:
+            await session.serve(reader)
+        except frames.CodecError as error:
+            log.warning("closing the session of gateway %s: %s", gateway, error)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.sessions.discard(session)
+            with contextlib.suppress(Exception):
+                writer.close()
+            log.info("gateway %s closed its session", gateway)

@@ -1,0 +1,49 @@
+"""The Broker a node's own AMQP listener runs over: the node's replicas, and for
+partition-agnostic links the partitions it does not serve, relayed over the gateway wire.
+
+A partition-agnostic sender on a stream of several partitions (000 §4.1-4.2, the default for a
+generic client) cannot be redirected to one leader. Through `NodeFront` a node serves it the way
+a proxy gateway does: partitions it leads are appended locally, the others go to their leaders
+through a `RemoteBroker` (spate.gateway.remote) whose routes come from this node's own metadata
+replica. Bound links keep the node's behaviour (served here, or redirected to the leader).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spate.core.backend import Partition
+from spate.core.errors import NotLeader, Unavailable
+from spate.core.ids import PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.gateway.remote import RemoteBroker
+from spate.node.manager import LocalBroker
+
+
+class NodeFront:
+    def __init__(
+        self, local: LocalBroker, remote: RemoteBroker, refresh: Callable[[], None]
+    ) -> None:
+        self.local = local
+        self.remote = remote
+        self.refresh = refresh
+        """Brings the remote broker's routes up to this node's metadata replica."""
+        self.relayed = 0
+
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        return await self.local.lookup(name)
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        return self.local.stream(name)
+
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> Partition:
+        try:
+            return self.local.partition(name, partition, write=write)
+        except (NotLeader, Unavailable):
+            if not relay:
+                raise
+        self.refresh()
+        self.relayed += 1
+        return self.remote.partition(name, partition, write=write)

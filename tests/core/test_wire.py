@@ -1,0 +1,94 @@
+"""spate.core.wire (ADR 0008): every frame round-trips; truncated or padded bodies are
+CodecErrors, never a wrong value."""
+
+from __future__ import annotations
+
+import pytest
+from spate.core import frames, wire
+from spate.core.backend import OffsetSpec, PartitionInfo
+from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.streams import Retention, StreamConfig
+
+KEY = (StreamName("orders"), PartitionId(3))
+
+
+def body(data: bytes) -> memoryview:
+    length, _ = frames.FRAME_HEAD.unpack_from(data)
+    assert length == len(data) - 4
+    return memoryview(data)[frames.FRAME_HEAD_BYTES :]
+
+
+def kind(data: bytes) -> int:
+    return frames.FRAME_HEAD.unpack_from(data)[1]
+
+
+def test_requests_round_trip() -> None:
+    records = [b"", b"x", bytes(range(256)) * 40]
+    data = wire.encode_append(7, KEY, 12, records)
+    assert kind(data) == wire.APPEND
+    assert wire.decode_append(body(data)) == (7, KEY, 12, records)
+    specs = [OffsetSpec.first(), OffsetSpec.timestamp(1_700_000_000_000), OffsetSpec.relative(5)]
+    data = wire.encode_subscribe(9, KEY, 4096, specs)
+    assert wire.decode_subscribe(body(data)) == (9, KEY, 4096, specs)
+    assert wire.decode_credit(body(wire.encode_credit(9, 100))) == (9, 100)
+    assert wire.decode_unsubscribe(body(wire.encode_unsubscribe(9))) == 9
+    assert wire.decode_info(body(wire.encode_info(5, KEY))) == (5, KEY)
+    assert wire.decode_stream(body(wire.encode_stream(6, "événements"))) == (6, "événements")
+
+
+def test_answers_round_trip() -> None:
+    assert wire.decode_appended(body(wire.encode_appended(7, 2**40))) == (7, 2**40)
+    assert wire.decode_started(body(wire.encode_started(9, 55))) == (9, 55)
+    records = [b"a" * 100, b"b"]
+    data = wire.encode_records(9, 55, 1_700_000_000_123, records)
+    assert wire.decode_records(body(data)) == (9, 55, 1_700_000_000_123, records)
+    error = NotLeader("not me", leader_host="h", leader_port=5672, leader_node="n2")
+    request, decoded, stored = wire.decode_failed(body(wire.encode_failed(3, error, stored=True)))
+    assert (request, stored, type(decoded)) == (3, True, NotLeader)
+    assert isinstance(decoded, NotLeader)
+    assert (decoded.leader_node, decoded.leader_host, decoded.leader_port) == ("n2", "h", 5672)
+    assert decoded.message == "not me"
+    for error in (NotFound("no"), Unavailable("later"), StorageFailure("disk")):
+        _, decoded, stored = wire.decode_failed(body(wire.encode_failed(1, error)))
+        assert type(decoded) is type(error) and decoded.message == error.message and not stored
+    sub, ended = wire.decode_ended(body(wire.encode_ended(4, Unavailable("closing"))))
+    assert sub == 4 and isinstance(ended, Unavailable) and ended.retryable
+
+
+def test_info_and_config_round_trip_through_json() -> None:
+    info = PartitionInfo(
+        StreamName("orders"), PartitionId(1), Offset(0), Offset(9), Offset(10), 1, 2, 10, 999,
+        1, NodeId("n1"), LeaderEpoch(4),
+    )  # fmt: skip
+    request, value = wire.decode_reply(body(wire.encode_reply(2, wire.info_to_json(info))))
+    assert request == 2 and wire.info_from_json(value) == info
+    config = StreamConfig(StreamName("orders"), 6, 3, Retention(max_age_ms=1000))
+    _, value = wire.decode_reply(body(wire.encode_reply(2, wire.config_to_json(config))))
+    assert wire.config_from_json(value) == config
+
+
+@pytest.mark.parametrize(
+    "encoded, decode",
+    [
+        (wire.encode_append(1, KEY, 0, [b"abc", b"de"]), wire.decode_append),
+        (wire.encode_records(1, 2, 3, [b"abc"]), wire.decode_records),
+        (wire.encode_subscribe(1, KEY, 2, [OffsetSpec.next()]), wire.decode_subscribe),
+        (wire.encode_appended(1, 2), wire.decode_appended),
+        (wire.encode_credit(1, 2), wire.decode_credit),
+    ],
+)
+def test_truncated_or_padded_bodies_are_codec_errors(encoded: bytes, decode: object) -> None:
+    full = bytes(body(encoded))
+    for cut in range(len(full)):
+        with pytest.raises(frames.CodecError):
+            decode(memoryview(full[:cut]))  # type: ignore[operator]
+    with pytest.raises(frames.CodecError):
+        decode(memoryview(full + b"\x00"))  # type: ignore[operator]
+
+
+def test_an_unknown_offset_spec_kind_is_refused() -> None:
+    data = bytearray(body(wire.encode_subscribe(1, KEY, 2, [OffsetSpec.next()])))
+    data[-9] = 200
+    with pytest.raises(frames.CodecError, match="offset specification"):
+        wire.decode_subscribe(memoryview(bytes(data)))

@@ -1,0 +1,227 @@
+"""Credit, settlement, filters and annotations through the pump rig, beyond test_pump_links.py.
+Clauses: "core" is the AMQP 1.0 core specification (flow control §2.6.7, settlement §2.6.12),
+000 the Event Streams extension (../shared/seeds/000_e36e0ffc94de3955.txt), 002 AMQP 1.0
+messaging (../shared/seeds/002_97824e4f1076426d.txt)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton import Delivery, Described, symbol, timestamp, ulong
+from spate.client.offsets import offset_filter
+from spate.core import limits
+from spate.core.ids import PartitionId, StreamName, offset_to_symbol
+from support.memory_broker import MemoryBroker
+from support.pump import Client, PumpRig, annotations, decode, encode, properties
+
+DA_FILTER = ulong(0x200)
+SQL_FILTER = ulong(0x201)
+PARTITION = symbol("event-streams-partition")
+
+
+def publish(rig: PumpRig, client: Client, address: str, bodies: list[Any], **kw: Any) -> None:
+    sender = client.sender(address, **kw)
+    rig.pump()
+    deliveries = [client.send(sender, encode(body=body)) for body in bodies]
+    rig.pump()
+    rig.release()
+    assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+
+
+def bodies(got: list[tuple[bytes, Delivery]]) -> list[Any]:
+    return [decode(data).body for data, _ in got]
+
+
+def es_filter(value: Any, descriptor: Any = DA_FILTER) -> dict[symbol, Any]:
+    return {symbol("offset"): Described(descriptor, value)}
+
+
+# -- producer credit (core §2.6.7)
+
+
+def test_a_producer_gets_the_credit_window_and_it_is_topped_up(
+    rig: PumpRig, client: Client
+) -> None:
+    """The listener grants `limits.link_credit_max` on attach and tops it up once it falls below
+    half, as soon as the batch is durable."""
+    sender = client.sender("orders")
+    rig.pump()
+    assert sender.credit == limits.link_credit_max
+    spent = limits.link_credit_max // 2 + 1
+    deliveries = [client.send(sender, encode(body=i)) for i in range(spent)]
+    rig.pump()
+    rig.release()
+    assert all(d.remote_state == Delivery.ACCEPTED for d in deliveries)
+    assert sender.credit == limits.link_credit_max
+
+
+# -- consumer credit and settlement
+
+
+def test_a_consumer_without_credit_gets_nothing_until_it_grants_some(
+    rig: PumpRig, client: Client
+) -> None:
+    """core §2.6.7: no transfer without link credit."""
+    publish(rig, client, "orders", ["a", "b"])
+    receiver = client.receiver("orders", filters=offset_filter("first"))
+    rig.pump()
+    assert client.received(receiver) == [] and client.heard_of("transfer") == []
+    receiver.flow(1)
+    rig.pump()
+    assert bodies(client.received(receiver)) == ["a"]
+
+
+def test_drain_with_nothing_to_send_gives_the_credit_back_at_once(
+    rig: PumpRig, client: Client
+) -> None:
+    """core §2.6.7: a drain the sender cannot fill advances delivery-count by the remaining
+    credit and answers with a flow; the receiver's credit is 0."""
+    receiver = client.receiver("orders", filters=offset_filter("next"))
+    rig.pump()
+    receiver.drain(10)
+    rig.pump()
+    assert receiver.credit == 0
+    assert not receiver.draining()
+    flows = [f for f in client.heard_of("flow") if f.field(4) == 0]  # handle 0: the receiver
+    assert flows and flows[-1].field(5) == 10, "delivery-count advanced by the drained credit"
+
+
+def test_a_consumer_asking_for_settled_deliveries_gets_them_settled(
+    rig: PumpRig, client: Client
+) -> None:
+    """core §2.6.12 / 002 §3.5 (snd-settle-mode settled): deliveries arrive pre-settled."""
+    publish(rig, client, "orders", ["a", "b"])
+    receiver = client.receiver("orders", filters=offset_filter("first"), credit=10, settled=True)
+    rig.pump()
+    got = client.received(receiver, settle=False)
+    assert bodies(got) == ["a", "b"]
+    assert all(delivery.settled for _, delivery in got)
+    assert [f.field(4) for f in client.heard_of("transfer")] == [True, True]
+
+
+def test_unsettled_deliveries_are_settled_by_any_outcome(rig: PumpRig, client: Client) -> None:
+    """Streams are not destructive (002 §3.4: the outcome does not remove the message): the
+    listener settles on any disposition, and a rejected message stays readable."""
+    publish(rig, client, "orders", ["a"])
+    receiver = client.receiver("orders", filters=offset_filter("first"), credit=10)
+    rig.pump()
+    [(_, delivery)] = client.received(receiver, settle=False)
+    assert not delivery.settled
+    delivery.update(Delivery.REJECTED)
+    rig.pump()
+    assert delivery.settled
+    again = client.receiver("orders", filters=offset_filter("first"), credit=10)
+    rig.pump()
+    assert bodies(client.received(again)) == ["a"]
+
+
+# -- annotations on consumer transfers (000 §4.4, §5.1)
+
+
+def test_an_agnostic_consumer_of_a_partitioned_stream_gets_the_source_partition(
+    rig: PumpRig, client: Client
+) -> None:
+    """000 §4.4: event-streams-source-partition MUST be on every transfer of a
+    partition-agnostic link."""
+    for p in range(3):
+        publish(rig, client, "clicks", [f"p{p}"], properties={PARTITION: symbol(str(p))})
+    receiver = client.receiver("clicks", filters=offset_filter("first"), credit=10)
+    rig.pump()
+    got = client.received(receiver)
+    seen = {decode(d).body: annotations(d)["event-streams-source-partition"] for d, _ in got}
+    assert seen == {"p0": symbol("0"), "p1": symbol("1"), "p2": symbol("2")}
+
+
+def test_a_bound_consumer_reads_only_its_partition(rig: PumpRig, client: Client) -> None:
+    """000 §4.3: partition-bound links carry only their partition's transfers (the
+    source-partition annotation is optional there and, if present, equal to the binding)."""
+    for p in range(3):
+        publish(rig, client, "clicks", [f"p{p}"], properties={PARTITION: symbol(str(p))})
+    receiver = client.receiver(
+        "clicks", filters=offset_filter("first"), properties={PARTITION: symbol("1")}, credit=10
+    )
+    rig.pump()
+    got = client.received(receiver)
+    assert bodies(got) == ["p1"]
+    assert annotations(got[0][0]).get("event-streams-source-partition", symbol("1")) == "1"
+    assert properties(receiver)["event-streams-partition"] == symbol("1")
+
+
+# -- start filters and their echo (000 §5.2)
+
+
+def test_the_delivery_annotations_filter_starts_strictly_after_the_offset(
+    rig: PumpRig, client: Client
+) -> None:
+    """000 §5.2.1: event-streams-offset in the filter selects the offsets strictly greater."""
+    publish(rig, client, "orders", [f"m{i}" for i in range(5)])
+    after_1 = {symbol("event-streams-offset"): symbol(offset_to_symbol(1))}  # type: ignore[arg-type]
+    receiver = client.receiver("orders", filters=es_filter(after_1), credit=10)
+    rig.pump()
+    assert bodies(client.received(receiver)) == ["m2", "m3", "m4"]
+
+
+def test_the_timestamp_filter_starts_strictly_after_the_instant(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """000 §5.2.1: event-streams-timestamp selects messages stored strictly later."""
+    partition = memory.partition(StreamName("orders"), PartitionId(0), write=False)
+    partition.clock_ms = lambda: 1_000
+    publish(rig, client, "orders", ["old"])
+    partition.clock_ms = lambda: 2_000
+    publish(rig, client, "orders", ["new"])
+    at_old = {symbol("event-streams-timestamp"): timestamp(1_000)}
+    receiver = client.receiver("orders", filters=es_filter(at_old), credit=10)
+    rig.pump()
+    assert bodies(client.received(receiver)) == ["new"]
+
+
+def test_the_sql_filter_compares_offsets(rig: PumpRig, client: Client) -> None:
+    """000 §5.2.2: `>` is exclusive, `>=` inclusive, TRUE is everything retained."""
+    publish(rig, client, "orders", [f"m{i}" for i in range(5)])
+    o2 = offset_to_symbol(2)  # type: ignore[arg-type]
+    cases = [
+        (f"d.event-streams-offset > '{o2}'", ["m3", "m4"]),
+        (f"delivery_annotations.event-streams-offset >= '{o2}'", ["m2", "m3", "m4"]),
+        ("TRUE", [f"m{i}" for i in range(5)]),
+    ]
+    for expression, expected in cases:
+        receiver = client.receiver("orders", filters=es_filter(expression, SQL_FILTER), credit=10)
+        rig.pump()
+        assert bodies(client.received(receiver)) == expected, expression
+
+
+def test_filters_in_force_are_echoed_and_foreign_ones_are_not(rig: PumpRig, client: Client) -> None:
+    """002 §3.5.3 (source filter): the attach answer lists the filters actually applied;
+    a filter with a descriptor the node does not know is ignored and left out."""
+    publish(rig, client, "orders", ["m0", "m1"])
+    receiver = client.receiver(
+        "orders",
+        filters={
+            symbol("rabbitmq:stream-offset-spec"): Described(
+                symbol("rabbitmq:stream-offset-spec"), 1
+            ),
+            symbol("x-selector"): Described(symbol("com.example:selector"), "colour = 'red'"),
+        },
+        credit=10,
+    )
+    rig.pump()
+    assert bodies(client.received(receiver)) == ["m1"]
+    echoed = receiver.remote_source.filter
+    echoed.rewind()
+    echoed.next()
+    assert set(echoed.get_object()) == {symbol("rabbitmq:stream-offset-spec")}
+
+
+def test_several_filters_are_anded_the_latest_start_wins(rig: PumpRig, client: Client) -> None:
+    publish(rig, client, "orders", [f"m{i}" for i in range(5)])
+    receiver = client.receiver(
+        "orders",
+        filters={
+            symbol("a"): Described(DA_FILTER, symbol("first")),
+            symbol("b"): Described(symbol("rabbitmq:stream-offset-spec"), 3),
+        },
+        credit=10,
+    )
+    rig.pump()
+    assert bodies(client.received(receiver)) == ["m3", "m4"]

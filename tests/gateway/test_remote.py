@@ -1,0 +1,150 @@
+"""spate.gateway.remote over the real gateway wire to a real node (support.proxy_broker):
+re-routing of refused appends in order, unknown outcomes refused as retryable, readers that
+resubscribe from their next offset after the session breaks, and the node's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spate.core.backend import OffsetSpec
+from spate.core.errors import NotFound, Unavailable
+from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.gateway import remote
+from spate.gateway.remote import RemoteReader, RemoteWriter
+from support.proxy_broker import ProxyBroker
+
+STREAM = StreamName("orders")
+KEY = (STREAM, PartitionId(0))
+
+
+def run(tmp_path: Path, scenario: Callable[[ProxyBroker], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        broker = ProxyBroker(tmp_path / "node")
+        await broker.create_stream(StreamConfig(STREAM, partitions=1))
+        try:
+            return await asyncio.wait_for(scenario(broker), 30)
+        finally:
+            await broker.close()
+
+    return asyncio.run(main())
+
+
+def set_epoch(broker: ProxyBroker, epoch: int) -> None:
+    routes = broker.table.routes
+    route = routes.partitions[KEY]
+    partitions = dict(routes.partitions) | {KEY: replace(route, epoch=LeaderEpoch(epoch))}
+    broker.version += 1
+    broker.table.update(replace(routes, version=broker.version, partitions=partitions))
+
+
+def test_appends_refused_by_a_stale_epoch_are_resent_in_order_once_routes_change(
+    tmp_path: Path,
+) -> None:
+    """The node refuses appends fenced with an epoch it is not leading in (stored=0); the
+    writer holds them and everything after, and sends them again, in order, when the table
+    changes: all are stored once, in the order the link appended them."""
+
+    async def scenario(broker: ProxyBroker) -> list[int]:
+        real_epoch = int(broker.table.routes.partitions[KEY].epoch or 0)
+        set_epoch(broker, real_epoch + 7)  # a picture from the future: the node refuses
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        assert isinstance(writer, RemoteWriter)
+        futures = [writer.append([f"r{i}".encode()]) for i in range(20)]
+        await asyncio.sleep(0.3)
+        assert not any(f.done() for f in futures) and writer.stalled
+        broker.refresh()  # the next metadata refresh has the right epoch
+        offsets = [int(o) for o in await asyncio.gather(*futures)]
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        await reader.begin([OffsetSpec.first()])
+        while int(reader.end_offset()) < 20:
+            await asyncio.sleep(0.01)
+        stored = [bytes(r) for chunk in reader.read(Offset(0), 1 << 20) for r in chunk.records]
+        assert stored == [f"r{i}".encode() for i in range(20)]
+        reader.detach()
+        return offsets
+
+    assert run(tmp_path, scenario) == list(range(20))
+
+
+def test_no_leader_within_the_reroute_timeout_refuses_as_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "REROUTE_TIMEOUT_S", 0.5)
+
+    async def scenario(broker: ProxyBroker) -> None:
+        set_epoch(broker, 999)
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        with pytest.raises(Unavailable, match="no reachable leader") as refused:
+            await writer.append([b"x"])
+        assert refused.value.retryable
+
+    run(tmp_path, scenario)
+
+
+def test_appends_in_flight_when_the_session_breaks_are_unknown_not_resent(
+    tmp_path: Path,
+) -> None:
+    async def scenario(broker: ProxyBroker) -> None:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        await writer.append([b"warm-up"])  # the session is open
+        session = next(iter(broker.sessions.by_node.values()))  # type: ignore[union-attr]
+        future = writer.append([b"in flight"])
+        session._lost()  # the connection breaks before the answer arrives
+        with pytest.raises(Unavailable, match="whether it was stored is unknown"):
+            await future
+        assert int(await writer.append([b"after"])) >= 1  # a new session serves the next
+
+    run(tmp_path, scenario)
+
+
+def test_a_reader_resubscribes_from_its_next_offset_after_the_session_breaks(
+    tmp_path: Path,
+) -> None:
+    async def scenario(broker: ProxyBroker) -> list[bytes]:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        for i in range(10):
+            await writer.append([f"a{i}".encode()])
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        start = await reader.begin([OffsetSpec.first()])
+        got: list[bytes] = []
+        offset = int(start)
+
+        async def drain(until: int) -> None:
+            nonlocal offset
+            while offset < until:
+                for chunk in reader.read(Offset(offset), 1 << 20):
+                    records = chunk.records[offset - int(chunk.first_offset) :]
+                    got.extend(bytes(r) for r in records)
+                    offset += len(records)
+                await asyncio.sleep(0.01)
+
+        await drain(10)
+        next(iter(broker.sessions.by_node.values()))._lost()  # type: ignore[union-attr]
+        for i in range(10, 20):
+            await writer.append([f"a{i}".encode()])
+        await drain(20)
+        assert reader.resubscribes == 1
+        reader.detach()
+        return got
+
+    assert run(tmp_path, scenario) == [f"a{i}".encode() for i in range(20)]
+
+
+def test_unknown_streams_and_partitions(tmp_path: Path) -> None:
+    async def scenario(broker: ProxyBroker) -> None:
+        assert broker.remote is not None
+        with pytest.raises(NotFound, match="does not exist"):
+            await broker.remote.lookup(StreamName("nope"))
+        with pytest.raises(NotFound, match="no partition 5"):
+            broker.remote.partition(STREAM, PartitionId(5), write=True)
+        info = await broker.remote.describe(KEY)
+        assert info.stream == STREAM and info.leader == "n1"
+
+    run(tmp_path, scenario)

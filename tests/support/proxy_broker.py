@@ -1,0 +1,79 @@
+"""A gateway's proxy-mode broker (spate.gateway.remote.RemoteBroker) in front of the node's real
+broker (support.node_broker) over the real gateway wire on 127.0.0.1 (the node's replication
+port, cluster-secret handshake, spate.core.wire frames): the listener runs over it exactly as in
+a gateway process, so the gateway suite proves proxy mode against the same tests as the node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.gateway.remote import RemoteBroker, RemoteReader, RemoteWriter, Sessions
+from spate.gateway.routes import Route, Routes, RoutingTable
+from spate.node.wire_server import WireServer
+
+from support.node_broker import NodeBroker
+
+SECRET = "test"
+
+
+class ProxyBroker:
+    def __init__(self, data_dir: Path, node: str = "n1") -> None:
+        self.node = NodeBroker(data_dir, node)
+        self.wire = WireServer(self.node._broker)
+        self.node.host.transport.on_session = self.wire.serve
+        self.table = RoutingTable()
+        self.sessions: Sessions | None = None
+        self.remote: RemoteBroker | None = None
+        self.version = 0
+
+    async def create_stream(self, config: StreamConfig) -> None:
+        await self.node.create_stream(config)
+        if self.remote is None:
+            self.sessions = Sessions("gateway-test", SECRET, self.table)
+            self.remote = RemoteBroker(self.table, self.sessions)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """What a gateway's next metadata refresh would see."""
+        node = self.node.node
+        port = self.node.port
+        partitions = {}
+        for config in self.node._configs.values():
+            for p in range(config.partitions):
+                replica = self.node.host.partition(config.name, PartitionId(p))
+                partitions[(config.name, PartitionId(p))] = Route(
+                    node, LeaderEpoch(replica.leader_epoch), True, (node,)
+                )
+        self.version += 1
+        self.table.update(
+            Routes(
+                self.version,
+                dict(self.node._configs),
+                partitions,
+                {node: ("127.0.0.1", 0)},
+                {NodeId(node): ("127.0.0.1", port)},
+            )
+        )
+
+    async def close(self) -> None:
+        if self.sessions is not None:
+            await self.sessions.close()
+        await self.node.close()
+
+    async def lookup(self, name: StreamName) -> StreamConfig:
+        if self.remote is None:
+            return self.node.stream(name)  # nothing created yet: the node answers NotFound
+        return await self.remote.lookup(name)
+
+    def stream(self, name: StreamName) -> StreamConfig:
+        return self.node.stream(name)
+
+    def partition(
+        self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
+    ) -> RemoteWriter | RemoteReader:
+        if self.remote is None:
+            self.node.stream(name)  # raises NotFound
+        assert self.remote is not None
+        return self.remote.partition(name, partition, write=write)
