@@ -246,23 +246,42 @@ class LinkSpec:
         return self.start is None
 
 
-class SenderLink:
-    """A producer's attached link. `on_outcome(sequence, Outcome)` is called once per
-    settled delivery; `on_lost(error)` when the link or its connection goes away."""
+class _AttachedLink:
+    """What senders and receivers share: the engine's events for this link, and `on_lost(error)`
+    when the link or its connection goes away."""
 
     def __init__(self, engine: Engine, link: Link) -> None:
         self.engine = engine
         self._link = link
         self._lp = link._impl
+        self.on_lost: Callable[[BaseException], None] = lambda error: None
+        engine.on_event = self._on_event
+        engine.lost.add_done_callback(self._on_connection_lost)
+
+    def _on_event(self, event: Event) -> None:
+        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
+            name, description, _ = _condition(self._link.remote_condition)
+            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
+        elif event.type == Event.CONNECTION_REMOTE_CLOSE:
+            name, description, _ = _condition(self.engine.connection.remote_condition)
+            self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))
+
+    def _on_connection_lost(self, _: object) -> None:
+        self.on_lost(ConnectionError("connection lost"))
+
+
+class SenderLink(_AttachedLink):
+    """A producer's attached link. `on_outcome(sequence, Outcome)` is called once per
+    settled delivery; `on_lost(error)` when the link or its connection goes away."""
+
+    def __init__(self, engine: Engine, link: Link) -> None:
+        super().__init__(engine, link)
         self._in_flight: dict[Any, int] = {}  # C delivery -> sequence
         self._tag_buffer = ffi.new("char[]", _TAG.size)
         self._tag_view = ffi.buffer(self._tag_buffer)
         self._tag = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))[0]
         self.on_outcome: Callable[[int, Outcome], None] = lambda sequence, outcome: None
-        self.on_lost: Callable[[BaseException], None] = lambda error: None
         engine.on_delivery = self._on_delivery
-        engine.on_event = self._on_event
-        engine.lost.add_done_callback(self._on_connection_lost)
 
     def transfer(self, sequence: int, data: bytes) -> None:
         """Queue one encoded message on the link (written at the end of the loop turn)."""
@@ -288,34 +307,18 @@ class SenderLink:
         lib.pn_delivery_settle(delivery)
         self.on_outcome(sequence, Outcome(_STATES.get(state, str(state)), name, description, info))
 
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-            name, description, _ = _condition(self._link.remote_condition)
-            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
-        elif event.type == Event.CONNECTION_REMOTE_CLOSE:
-            name, description, _ = _condition(self.engine.connection.remote_condition)
-            self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))
 
-    def _on_connection_lost(self, _: object) -> None:
-        self.on_lost(ConnectionError("connection lost"))
-
-
-class ReceiverLink:
+class ReceiverLink(_AttachedLink):
     """A consumer's attached link. `on_message(raw)` per complete delivery (accepted and
     settled at once), then `on_drained()` after each burst; `on_lost(error)` as for senders."""
 
     def __init__(self, engine: Engine, link: Link) -> None:
-        self.engine = engine
-        self._link = link
-        self._lp = link._impl
+        super().__init__(engine, link)
         self._buffer = ffi.new("char[]", receive_buffer_bytes)
         self._buffer_bytes = receive_buffer_bytes
         self.on_message: Callable[[bytes], None] = lambda raw: None
         self.on_drained: Callable[[], None] = lambda: None
-        self.on_lost: Callable[[BaseException], None] = lambda error: None
         engine.on_delivery = self._on_delivery
-        engine.on_event = self._on_event
-        engine.lost.add_done_callback(self._on_connection_lost)
 
     @property
     def credit(self) -> int:
@@ -349,17 +352,6 @@ class ReceiverLink:
             lib.pn_delivery_settle(current)
             self.on_message(raw)
         self.on_drained()
-
-    def _on_event(self, event: Event) -> None:
-        if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
-            name, description, _ = _condition(self._link.remote_condition)
-            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
-        elif event.type == Event.CONNECTION_REMOTE_CLOSE:
-            name, description, _ = _condition(self.engine.connection.remote_condition)
-            self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))
-
-    def _on_connection_lost(self, _: object) -> None:
-        self.on_lost(ConnectionError("connection lost"))
 
 
 async def attach(
