@@ -86,6 +86,26 @@ class PartitionInfo:
     the partition changed leader (None where the partition has no replication group)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PublishingIds:
+    """A named producer's append (deduplication, ADR 0011): `ids[i]` is the publishing id of
+    record i, strictly increasing; records whose id is not above the name's last stored id
+    are not stored again (their append still succeeds)."""
+
+    name: bytes  # the producer name, UTF-8
+    ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerInfo:
+    """What a partition knows of one producer name."""
+
+    name: str
+    last_publishing_id: int
+    last_offset: Offset  # of the last record stored for it
+    timestamp_ms: int  # when that record was stored
+
+
 class Partition(Protocol):
     """One partition as the listener sees it on the node that serves it."""
 
@@ -95,12 +115,21 @@ class Partition(Protocol):
     @property
     def partition(self) -> PartitionId: ...
 
-    def append(self, records: Sequence[bytes]) -> Awaitable[Offset]:
+    def append(
+        self, records: Sequence[bytes], producer: PublishingIds | None = None
+    ) -> Awaitable[Offset]:
         """Append records as one chunk; resolves to the first record's offset once durable.
 
         Durable means fsynced (on a majority once replication exists). Concurrent appends share
-        one fsync. Raises StorageFailure, NotLeader or Unavailable through the awaitable.
+        one fsync. Raises StorageFailure, NotLeader or Unavailable through the awaitable. With
+        `producer`, duplicates are dropped; a batch of duplicates only resolves once what
+        stored their originals is durable (to the end offset at the time).
         """
+        ...
+
+    def last_publishing_id(self, name: bytes) -> Awaitable[ProducerInfo | None]:
+        """The producer name's last durable publishing id (None: it never stored one); the
+        leader answers (NotLeader elsewhere)."""
         ...
 
     def begin(self, specs: Sequence[OffsetSpec]) -> Awaitable[Offset]:

@@ -19,6 +19,10 @@ segment_bytes_default = 64 * 1024 * 1024
 segment_bytes_min = 64 * 1024
 segment_bytes_max = 4 * 1024 * 1024 * 1024 - 1
 index_interval_bytes = 4096
+producer_names_max = 4096
+"""Producer names whose last publishing id a partition remembers (deduplication, ADR 0011);
+past it the name written least recently is forgotten."""
+producer_name_bytes_max = 256
 """A sparse-index entry is written at most once per this many segment bytes."""
 
 # Streams

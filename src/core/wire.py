@@ -9,6 +9,7 @@ in SPEC_KINDS).
 ```
 kind  name        direction  body
  20   APPEND      g -> n     request u64 | group | epoch u64 (0: any) | count u32 |
+                             producer str16 ("": none) | (id u64)* if producer |
                              (length u32 | record)*
  21   APPENDED    n -> g     request u64 | first_offset u64
  22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec*
@@ -22,6 +23,7 @@ kind  name        direction  body
  29   STREAM      g -> n     request u64 | name str16
  30   REPLY       n -> g     request u64 | JSON (PartitionInfo or StreamConfig fields)
  31   FAILED      n -> g     request u64 | error
+ 32   PRODUCER    g -> n     request u64 | group | name str16   (REPLY: {"producer": ... | null})
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -40,13 +42,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from spate.core import errors
-from spate.core.backend import OffsetSpec, OffsetSpecKind, PartitionInfo
+from spate.core.backend import (
+    OffsetSpec,
+    OffsetSpecKind,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
+PRODUCER = 32
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)
 _APPEND_HEAD = struct.Struct(">QQI")
@@ -58,6 +67,7 @@ _RECORDS_HEAD = struct.Struct(">IQQI")
 _CREDIT = struct.Struct(">II")
 _REQUEST = struct.Struct(">Q")
 _PORT = struct.Struct(">H")
+_U16 = _PORT
 
 _ERRORS: dict[errors.ErrorCode, type[errors.BrokerError]] = {
     cls.code: cls
@@ -108,20 +118,69 @@ def _unrecords(reader: Reader, count: int) -> list[bytes]:
 
 
 def encode_append(
-    request: int, key: GroupKey, epoch: int, records: Sequence[bytes | memoryview]
+    request: int,
+    key: GroupKey,
+    epoch: int,
+    records: Sequence[bytes | memoryview],
+    producer: PublishingIds | None = None,
 ) -> bytes:
-    return frame(
-        APPEND, group(key), _APPEND_HEAD.pack(request, epoch, len(records)), *_records(records)
-    )
+    head = _APPEND_HEAD.pack(request, epoch, len(records))
+    if producer is None:
+        return frame(APPEND, group(key), head, b"\0\0", *_records(records))
+    assert len(producer.ids) == len(records)
+    name = _U16.pack(len(producer.name)) + producer.name
+    ids = struct.pack(f">{len(records)}Q", *producer.ids)
+    return frame(APPEND, group(key), head, name, ids, *_records(records))
 
 
-def decode_append(body: memoryview) -> tuple[int, GroupKey, int, list[bytes]]:
+def decode_append(
+    body: memoryview,
+) -> tuple[int, GroupKey, int, list[bytes], PublishingIds | None]:
     reader = Reader(body)
     key = reader.group()
     request, epoch, count = reader.unpack(_APPEND_HEAD)
+    (length,) = reader.unpack(_U16)
+    producer = None
+    if length:
+        name = bytes(reader.take(length))
+        ids = struct.unpack(f">{count}Q", reader.take(8 * count))
+        producer = PublishingIds(name, ids)
     records = _unrecords(reader, count)
     reader.done()
-    return request, key, epoch, records
+    return request, key, epoch, records, producer
+
+
+def encode_producer(request: int, key: GroupKey, name: bytes) -> bytes:
+    return frame(PRODUCER, _REQUEST.pack(request), group(key), _U16.pack(len(name)), name)
+
+
+def decode_producer(body: memoryview) -> tuple[int, GroupKey, bytes]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    key = reader.group()
+    (length,) = reader.unpack(_U16)
+    name = bytes(reader.take(length))
+    reader.done()
+    return request, key, name
+
+
+def producer_to_json(info: ProducerInfo | None) -> dict[str, Any]:
+    return {"producer": None if info is None else dataclasses.asdict(info)}
+
+
+def producer_from_json(value: dict[str, Any]) -> ProducerInfo | None:
+    try:
+        fields = value["producer"]
+        if fields is None:
+            return None
+        return ProducerInfo(
+            str(fields["name"]),
+            int(fields["last_publishing_id"]),
+            Offset(int(fields["last_offset"])),
+            int(fields["timestamp_ms"]),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise CodecError(f"a producer reply without its fields: {error}") from error
 
 
 def encode_subscribe(sub: int, key: GroupKey, credit: int, specs: Sequence[OffsetSpec]) -> bytes:

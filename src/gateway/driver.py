@@ -488,6 +488,14 @@ class AmqpConnection(asyncio.Protocol):
                 if properties.get(links.PARTITION_PROPERTY) is not None:
                     assert plan.bound is not None
                     answer = await _bound_properties(plan.bound, plan.targets[plan.bound])
+                if plan.producer is not None:
+                    assert plan.bound is not None
+                    answer = answer or {}
+                    last = await plan.targets[plan.bound].last_publishing_id(plan.producer)
+                    if last is not None:
+                        answer[symbol(links.LAST_PUBLISHING_ID_PROPERTY)] = ulong(
+                            last.last_publishing_id
+                        )
             elif parsed.info:
                 plan = await links.plan_info(broker, parsed)
             else:
@@ -554,6 +562,16 @@ class AmqpConnection(asyncio.Protocol):
         log.info(
             "refused link %r to %r: %s %s", link.name, address, error.condition, error.description
         )
+
+    def end_producer(self, producer: ProducerLink, error: AmqpError) -> None:
+        """Detach a producer link with an error (its later deliveries stay unsettled)."""
+        if producer.closed:
+            return
+        self._forget_key(producer.pointer)
+        log.info("ending producer link %r: %s", producer.link.name, error.description)
+        producer.link.condition = Condition(error.condition, error.description)
+        producer.link.close()
+        self.schedule_pump()
 
     def _forget_link(self, link: Link) -> None:
         self._forget_key(link._impl)

@@ -27,6 +27,11 @@ from spate.gateway.filters import StartSelection, parse_filters
 INFO_NODE = "$info"
 PARTITION_PROPERTY = "event-streams-partition"
 TARGET_PARTITION_ANNOTATION = "event-streams-target-partition"
+PRODUCER_NAME_PROPERTY = "spate:producer-name"
+"""Sender link property (string): deduplicate this producer's messages (ADR 0011)."""
+LAST_PUBLISHING_ID_PROPERTY = "spate:last-publishing-id"
+"""Answered on a named producer's attach (ulong) when the name has stored a message."""
+PUBLISHING_ID_ANNOTATION = "x-opt-publishing-id"
 CONSUMER_READ_BYTES = 1024 * 1024
 """Bytes asked of Partition.read per refill of a consumer cursor."""
 assert limits.message_bytes_max <= CONSUMER_READ_BYTES
@@ -96,6 +101,8 @@ class ProducerPlan:
     """Partition the link is bound to (000 §4.1); None = partition-agnostic."""
     targets: dict[PartitionId, Partition] = field(default_factory=dict)
     round_robin: int = 0
+    producer: bytes | None = None
+    """The `spate:producer-name` (UTF-8) of a deduplicating link; it is partition-bound."""
 
     def route(self, target: Any) -> PartitionId:
         """Partition for one message; `target` is its event-streams-target-partition or None.
@@ -130,11 +137,37 @@ async def plan_producer(
         plan.bound = parse_partition(requested, address.stream, config.partitions)
     elif config.partitions == 1:
         plan.bound = PartitionId(0)
+    plan.producer = producer_name(properties)
+    if plan.producer is not None and plan.bound is None:
+        raise InvalidArgument(
+            f"'{PRODUCER_NAME_PROPERTY}' needs a partition-bound link: stream "
+            f"{address.stream!r} has {config.partitions} partitions, so name one with the "
+            f"'{PARTITION_PROPERTY}' link property (deduplication is per partition)"
+        )
     for pid in [plan.bound] if plan.bound is not None else range(config.partitions):
         plan.targets[PartitionId(pid)] = partition_or_agnostic_error(
             broker, address.stream, PartitionId(pid), plan.bound is None, write=True
         )
     return plan
+
+
+def producer_name(properties: dict[Any, Any]) -> bytes | None:
+    """The link's `spate:producer-name` as UTF-8, None without one; InvalidArgument when it is
+    not a non-empty string of at most `limits.producer_name_bytes_max` bytes."""
+    value = properties.get(PRODUCER_NAME_PROPERTY)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(
+            f"'{PRODUCER_NAME_PROPERTY}' must be a non-empty string, not {value!r}"
+        )
+    name = value.encode()
+    if len(name) > limits.producer_name_bytes_max:
+        raise InvalidArgument(
+            f"'{PRODUCER_NAME_PROPERTY}' is {len(name)} bytes long; the limit is "
+            f"{limits.producer_name_bytes_max}"
+        )
+    return name
 
 
 def partition_or_agnostic_error(

@@ -6,6 +6,12 @@ delivery or None when it came settled) -> `flush` (once per pump) cuts each link
 chunks and appends them, one `Partition.append` per chunk and partition -> `_appended`
 accepts or rejects the chunk's deliveries. Credit is admission control (`links.producer_credit`):
 none while too many deliveries of the connection wait for durability.
+
+A named producer link (`spate:producer-name`, ADR 0011) also reads each message's publishing id
+(`sections.publishing_id`) into `ids`: a message without one, or with one not above the link's
+previous, is rejected with amqp:invalid-field. When one of its appends fails, the link is
+detached with the error: what is stored of a producer must stay a prefix of what it sent, so
+the producer re-attaches, reads `spate:last-publishing-id` and resends from there.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ from typing import Any, Protocol
 from cproton_ffi import ffi, lib
 from proton import Link, symbol
 from spate.core import limits
-from spate.core.backend import Partition
+from spate.core.backend import Partition, PublishingIds
 from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
 from spate.gateway import links, sections
-from spate.gateway.errors import DECODE_ERROR, AmqpError, amqp_error, plain
+from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
 
 log = logging.getLogger(__name__)
 ACCEPTED = lib.PN_ACCEPTED
@@ -37,6 +43,8 @@ class Host(Protocol):
     def schedule_pump(self) -> None: ...
 
     def own(self, future: asyncio.Future[Any]) -> None: ...
+
+    def end_producer(self, producer: ProducerLink, error: AmqpError) -> None: ...
 
 
 def detach_all(partitions: Iterable[Partition]) -> None:
@@ -60,6 +68,12 @@ class ProducerLink:
     oversize: set[Any] = field(default_factory=set)
     """Deliveries (pointers) being read and dropped: larger than `limits.message_bytes_max`."""
     closed: bool = False
+    name: bytes | None = None
+    """The producer name of a deduplicating link (bound to one partition)."""
+    ids: list[int] = field(default_factory=list)
+    """Named links: `records[i]`'s publishing id."""
+    last_id: int = -1
+    """Named links: the last publishing id taken on this link."""
 
 
 class ProducerPart:
@@ -81,7 +95,7 @@ class ProducerPart:
             link.properties = answer
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
-        state = ProducerLink(link, link._impl, plan, presettled)
+        state = ProducerLink(link, link._impl, plan, presettled, name=plan.producer)
         self.links[link._impl] = state
         link.open()
         self.top_up(state)
@@ -117,6 +131,7 @@ class ProducerPart:
         presettled = producer.presettled
         records, deliveries = producer.records, producer.deliveries
         oversize = producer.oversize
+        named = producer.name is not None
         got = 0
         while True:
             cur = current(lp)
@@ -146,6 +161,10 @@ class ProducerPart:
                 self._accept_incoming(producer, cur, raw)
                 got += 1
                 continue
+            if named and not self._take_id(producer, cur, raw):
+                if producer.closed:
+                    break
+                continue
             if presettled or remote_settled(cur):
                 settle(cur)
                 deliveries.append(None)
@@ -156,6 +175,37 @@ class ProducerPart:
             got += 1
         if got:
             self.dirty.add(lp)
+
+    def _take_id(self, producer: ProducerLink, delivery: Any | None, stored: bytes) -> bool:
+        """Named links: note the message's publishing id; False (the delivery rejected, or
+        the link ended for a settled one) when it has none or it does not increase."""
+        try:
+            publishing_id = sections.publishing_id(stored)
+            if publishing_id is None:
+                problem = (
+                    f"a message on producer link {producer.link.name!r} (named "
+                    f"{producer.name!r}) has no '{links.PUBLISHING_ID_ANNOTATION}' message "
+                    "annotation (a ulong)"
+                )
+            elif publishing_id <= producer.last_id:
+                problem = (
+                    f"publishing id {publishing_id} is not above {producer.last_id}, the "
+                    "previous one on this link: ids must increase strictly"
+                )
+            else:
+                producer.last_id = publishing_id
+                producer.ids.append(publishing_id)
+                return True
+        except (sections.BadPublishingId, sections.MalformedMessage) as err:
+            problem = str(err)
+        error = plain(INVALID_FIELD, problem)
+        if delivery is None or producer.presettled or lib.pn_delivery_settled(delivery):
+            if delivery is not None:
+                lib.pn_delivery_settle(delivery)
+            self.host.end_producer(producer, error)  # nothing to reject: say it on the link
+        else:
+            self._reject(delivery, error)
+        return False
 
     def _discard_aborted(self, producer: ProducerLink, delivery: Any) -> None:
         producer.oversize.discard(delivery)
@@ -208,6 +258,10 @@ class ProducerPart:
                 return
         # bound links keep arrival order in one list (a routed message there matched the bound
         # partition); agnostic links collect the unannotated for this batch's round-robin turn
+        if producer.name is not None and not self._take_id(producer, delivery, incoming.stored):
+            if delivery is not None:
+                self.unconfirmed -= 1
+            return
         producer.records.append(incoming.stored)
         producer.deliveries.append(delivery)
 
@@ -230,6 +284,9 @@ class ProducerPart:
             if producer is None or producer.closed:
                 continue
             plan = producer.plan
+            if producer.name is not None:
+                self._flush_named(producer)
+                continue
             batches, producer.routed = producer.routed, {}
             records, deliveries = producer.records, producer.deliveries
             if records:
@@ -251,22 +308,47 @@ class ProducerPart:
                         producer, pid, batch_records[start:end], batch_deliveries[start:end]
                     )
 
+    def _flush_named(self, producer: ProducerLink) -> None:
+        """A named link's batch, to its bound partition, with its publishing ids."""
+        records, deliveries, ids = producer.records, producer.deliveries, producer.ids
+        if not records:
+            return
+        producer.records, producer.deliveries, producer.ids = [], [], []
+        pid = producer.plan.bound
+        assert pid is not None and producer.name is not None
+        for start, end in chunk_bounds(records):
+            if producer.closed:  # an append failed at once: the link has ended
+                break
+            self._append(
+                producer,
+                pid,
+                records[start:end],
+                deliveries[start:end],
+                PublishingIds(producer.name, ids[start:end]),
+            )
+
     def _append(
         self,
         producer: ProducerLink,
         pid: PartitionId,
         records: list[bytes],
         deliveries: list[Any],
+        named: PublishingIds | None = None,
     ) -> None:
         """One chunk; `deliveries[i]` is record i's delivery, None when it came settled."""
         partition = producer.plan.targets.get(pid)
         try:
             if partition is None:
                 raise NotFound(f"partition {int(pid)} is not served on this link")
-            pending = partition.append(records)
+            pending = partition.append(records, named)
         except BrokerError as err:
             self._appended(producer, deliveries, err)
             return
+        if named is not None and isinstance(pending, asyncio.Future) and pending.done():
+            refusal = None if pending.cancelled() else pending.exception()
+            if refusal is not None:  # refused at once: end the link before the next append
+                self._append_done(producer, deliveries, pending)
+                return
         future = asyncio.ensure_future(pending)
         self.host.own(future)
         future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
@@ -300,6 +382,16 @@ class ProducerPart:
             for delivery in deliveries:
                 if delivery is not None:
                     self._reject(delivery, amqp)
+            if producer.name is not None:
+                self.host.end_producer(
+                    producer,
+                    plain(
+                        amqp.condition,
+                        f"a message of producer {producer.name.decode(errors='replace')!r} "
+                        f"was not stored ({amqp.description}); attach again, read "
+                        f"'{links.LAST_PUBLISHING_ID_PROPERTY}' and resend after it",
+                    ),
+                )
         self.host.schedule_pump()
 
     def top_up_all(self) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.core import frames, wire
-from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo
+from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo, ProducerInfo, PublishingIds
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -59,7 +59,7 @@ FRAME_BYTES_MAX = 64 * 1024 * 1024
 class _Pending:
     """An APPEND in flight; answered by its session."""
 
-    __slots__ = ("future", "records", "seq", "session", "writer")
+    __slots__ = ("future", "producer", "records", "seq", "session", "writer")
 
     def __init__(
         self,
@@ -67,11 +67,13 @@ class _Pending:
         seq: int,
         records: Sequence[bytes],
         future: asyncio.Future[Offset],
+        producer: PublishingIds | None,
     ) -> None:
         self.writer = writer
         self.seq = seq
         self.records = records
         self.future = future
+        self.producer = producer
         self.session: NodeSession | None = None
 
 
@@ -396,11 +398,24 @@ class RemoteWriter(_PartitionBase):
         """(leader, epoch) the last appends went to."""
         self._refused_by: tuple[NodeId | None, LeaderEpoch | None] | None = None
 
-    def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
+    def append(
+        self, records: Sequence[bytes], producer: PublishingIds | None = None
+    ) -> asyncio.Future[Offset]:
         future: asyncio.Future[Offset] = self.loop.create_future()
-        self.queue.append(_Pending(self, next(self._seq), records, future))
+        self.queue.append(_Pending(self, next(self._seq), records, future, producer))
         self._send()
         return future
+
+    async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
+        """Asked of the leader the routing table names (NotLeader or Unavailable otherwise:
+        the attach that asks is refused, retryable)."""
+        route = self.broker.route(self.key)
+        if route is None or route.leader is None or not route.leader_alive:
+            raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
+        session = await self.broker.sessions.connected(route.leader)
+        request = session.next_id()
+        value = await session.request(wire.encode_producer(request, self.key, name), request)
+        return wire.producer_from_json(value)
 
     def _send(self) -> None:
         if self.stalled or not self.queue:
@@ -412,7 +427,14 @@ class RemoteWriter(_PartitionBase):
                 session = self.broker.sessions.get(route.leader)
             except Unavailable:
                 session = None
-        if route is None or session is None or not session.ready:
+        if (
+            route is None
+            or session is None
+            or not session.ready
+            or any(p.session is not session for p in self.inflight.values())
+        ):
+            # (appends still in flight at another leader: the new one waits for their
+            # outcome, so that a link's messages are stored in the order they were sent)
             self._stall()
             return
         epoch = int(route.epoch or 0)
@@ -423,7 +445,9 @@ class RemoteWriter(_PartitionBase):
             pending.session = session
             session.appends[request] = pending
             self.inflight[pending.seq] = pending
-            session.send(wire.encode_append(request, self.key, epoch, pending.records))
+            session.send(
+                wire.encode_append(request, self.key, epoch, pending.records, pending.producer)
+            )
 
     def appended(self, pending: _Pending, first: Offset) -> None:
         self.inflight.pop(pending.seq, None)
@@ -554,6 +578,9 @@ class RemoteReader(_PartitionBase):
         self._task: asyncio.Task[None] | None = None
         self._buffered_records = 0
 
+    async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
+        raise AssertionError("a consumer link does not publish")
+
     async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
         self.end = -1  # set by the node's STARTED, before any record it pushes
         return Offset(await self._subscribe(specs))
@@ -669,7 +696,9 @@ class RemoteReader(_PartitionBase):
         with contextlib.suppress(ValueError):
             self.listeners.remove(callback)
 
-    def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
+    def append(
+        self, records: Sequence[bytes], producer: PublishingIds | None = None
+    ) -> asyncio.Future[Offset]:
         raise AssertionError("a consumer link does not append")
 
     def detach(self) -> None:

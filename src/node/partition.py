@@ -31,10 +31,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from spate.core import limits
-from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, PartitionInfo
+from spate.core.backend import (
+    ChunkView,
+    LocalPartition,
+    OffsetSpec,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.errors import BrokerError, ResourceLimitExceeded, StorageFailure, Unavailable
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import FileStorage, LogConfig, PartitionLog, Storage
+from spate.node.log.producers import keep_new
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +157,12 @@ class PartitionShell(LocalPartition):
     def partition(self) -> PartitionId:
         return self._partition
 
-    def append(self, records: Sequence[bytes]) -> asyncio.Future[Offset]:
-        """Write now; the future resolves to the first offset once fsynced (see module doc)."""
+    def append(
+        self, records: Sequence[bytes], producer: PublishingIds | None = None
+    ) -> asyncio.Future[Offset]:
+        """Write now; the future resolves to the first offset once fsynced (see module doc).
+        With `producer`, duplicates of what was written are dropped; a batch of duplicates
+        resolves with the fsync that covers everything written so far."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Offset] = loop.create_future()
         core = self.log_core
@@ -168,13 +180,45 @@ class PartitionShell(LocalPartition):
             )
             return future
         try:
-            first = core.append(records, self._clock_ms())
+            named = None
+            if producer is not None:
+                state = core.producers.get(producer.name)
+                ids = list(producer.ids)
+                kept = keep_new(ids, None if state is None else state.last_id)
+                if len(kept.keep) < len(records):
+                    records = [records[i] for i in kept.keep]
+                    ids = [ids[i] for i in kept.keep]
+                named = (producer.name, ids) if records else None
+            if records:
+                first = core.append(records, self._clock_ms(), producer=named)
+            else:
+                first = core.end_offset
         except BrokerError as error:
             future.set_exception(error)
             return future
         self._pending.append((core.end_offset, first, future))
         self._kick()
         return future
+
+    async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
+        core = self.log_core
+        state = core.producers.get(name)
+        if state is None:
+            return None
+        while core.durable_end <= state.last_offset and core.failure is None:
+            future: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
+            self._pending.append((core.end_offset, core.end_offset, future))
+            self._kick()
+            await future
+        return ProducerInfo(
+            name.decode(), state.last_id, Offset(state.last_offset), state.timestamp_ms
+        )
+
+    def producers(self) -> list[ProducerInfo]:
+        return [
+            ProducerInfo(name.decode(), s.last_id, Offset(s.last_offset), s.timestamp_ms)
+            for name, s in self.log_core.producers
+        ]
 
     def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
         return self.log_core.read(start, max_bytes)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from spate.core import frames, wire
-from spate.core.backend import OffsetSpec
-from spate.core.errors import BrokerError, InvalidArgument, NotLeader
+from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
+from spate.core.errors import BrokerError, InvalidArgument, NotLeader, Unavailable
 from spate.core.ids import Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.replication.partition import ReplicatedPartition
@@ -69,6 +69,8 @@ class WireSession:
         self.writer = writer
         self.loop = asyncio.get_running_loop()
         self.readers: dict[int, _Reader] = {}
+        self.refused_producers: dict[tuple[frames.GroupKey, bytes], tuple[int, int]] = {}
+        """(partition, producer name) -> (first publishing id refused, leader epoch then)."""
         self.out: list[bytes] = []
         self.closed = False
 
@@ -99,6 +101,15 @@ class WireSession:
     def handle(self, kind: int, body: memoryview) -> None:
         if kind == wire.APPEND:
             self._append(*wire.decode_append(body))
+        elif kind == wire.PRODUCER:
+            request, (topic, pid), producer_name = wire.decode_producer(body)
+            try:
+                partition = self.broker.partition(topic, pid, write=True)
+                query = partition.last_publishing_id(producer_name)
+            except BrokerError as error:
+                self.send(wire.encode_failed(request, error))
+            else:
+                query.add_done_callback(lambda f: self._producer_answer(request, f))
         elif kind == wire.CREDIT:
             sub, records = wire.decode_credit(body)
             state = self.readers.get(sub)
@@ -128,24 +139,80 @@ class WireSession:
         else:
             raise frames.CodecError(f"unexpected frame kind {kind} from gateway {self.gateway}")
 
-    def _append(self, request: int, key: frames.GroupKey, epoch: int, records: list[bytes]) -> None:
+    def _producer_answer(self, request: int, future: asyncio.Future[ProducerInfo | None]) -> None:
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled() or error is not None:
+            if not isinstance(error, BrokerError):
+                error = Unavailable(f"the producer query failed: {error!r}")
+            self.send(wire.encode_failed(request, error))
+        else:
+            self.send(wire.encode_reply(request, wire.producer_to_json(future.result())))
+
+    def _append(
+        self,
+        request: int,
+        key: frames.GroupKey,
+        epoch: int,
+        records: list[bytes],
+        producer: PublishingIds | None,
+    ) -> None:
+        guard = None if producer is None else (key, producer.name)
         try:
             partition = self.broker.partition(key[0], key[1], write=True)
+            if guard is not None and producer is not None:
+                self._check_order(guard, producer, partition.leader_epoch)
             if epoch and partition.leader_epoch != epoch:
                 raise NotLeader(
                     f"{key[0]}/{key[1]} is led in epoch {partition.leader_epoch}, not {epoch}",
                     leader_node=partition.leader,
                 )
-            future = partition.append(records)
+            future = partition.append(records, producer)
         except BrokerError as error:
-            self.send(wire.encode_failed(request, error, stored=False))
+            self._refused(request, guard, producer, error)
             return
         if future.done():  # refused at once: nothing was written
             refusal = future.exception()
             if isinstance(refusal, BrokerError):
-                self.send(wire.encode_failed(request, refusal, stored=False))
+                self._refused(request, guard, producer, refusal)
                 return
         future.add_done_callback(lambda f: self._appended(request, f))
+
+    def _check_order(
+        self, guard: tuple[frames.GroupKey, bytes], producer: PublishingIds, epoch: int
+    ) -> None:
+        """A named producer's appends after one that was refused are refused too, until the
+        gateway resends that one (or the partition changes leader): what is stored of a
+        producer stays a prefix of what it sent, else the resend would be taken for a
+        duplicate of a later, stored message (ADR 0011)."""
+        found = self.refused_producers.get(guard)
+        if found is None:
+            return
+        mark, marked_epoch = found
+        if (producer.ids and producer.ids[0] <= mark) or marked_epoch != epoch:
+            del self.refused_producers[guard]
+            return
+        raise Unavailable(
+            f"publishing id {mark} of producer {producer.name.decode(errors='replace')!r} was "
+            "refused; its later messages wait for it to be resent"
+        )
+
+    def _refused(
+        self,
+        request: int,
+        guard: tuple[frames.GroupKey, bytes] | None,
+        producer: PublishingIds | None,
+        error: BrokerError,
+    ) -> None:
+        if guard is not None and producer is not None and producer.ids:
+            found = self.refused_producers.get(guard)
+            first = producer.ids[0] if found is None else min(found[0], producer.ids[0])
+            try:
+                partition = self.broker.partition(guard[0][0], guard[0][1], write=False)
+                marked = int(partition.leader_epoch)
+            except BrokerError:
+                marked = -1
+            self.refused_producers[guard] = (first, marked)
+        self.send(wire.encode_failed(request, error, stored=False))
 
     def _appended(self, request: int, future: asyncio.Future[Offset]) -> None:
         if future.cancelled():

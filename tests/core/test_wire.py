@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from spate.core import frames, wire
-from spate.core.backend import OffsetSpec, PartitionInfo
+from spate.core.backend import OffsetSpec, PartitionInfo, ProducerInfo, PublishingIds
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
@@ -27,7 +27,13 @@ def test_requests_round_trip() -> None:
     records = [b"", b"x", bytes(range(256)) * 40]
     data = wire.encode_append(7, KEY, 12, records)
     assert kind(data) == wire.APPEND
-    assert wire.decode_append(body(data)) == (7, KEY, 12, records)
+    assert wire.decode_append(body(data)) == (7, KEY, 12, records, None)
+    named = PublishingIds("orders-app".encode(), (5, 6, 2**64 - 1))
+    data = wire.encode_append(8, KEY, 0, records, named)
+    assert wire.decode_append(body(data)) == (8, KEY, 0, records, named)
+    data = wire.encode_producer(4, KEY, "Ünïcode".encode())
+    assert kind(data) == wire.PRODUCER
+    assert wire.decode_producer(body(data)) == (4, KEY, "Ünïcode".encode())
     specs = [OffsetSpec.first(), OffsetSpec.timestamp(1_700_000_000_000), OffsetSpec.relative(5)]
     data = wire.encode_subscribe(9, KEY, 4096, specs)
     assert wire.decode_subscribe(body(data)) == (9, KEY, 4096, specs)
@@ -35,6 +41,14 @@ def test_requests_round_trip() -> None:
     assert wire.decode_unsubscribe(body(wire.encode_unsubscribe(9))) == 9
     assert wire.decode_info(body(wire.encode_info(5, KEY))) == (5, KEY)
     assert wire.decode_stream(body(wire.encode_stream(6, "événements"))) == (6, "événements")
+
+
+def test_producer_replies_round_trip() -> None:
+    info = ProducerInfo("orders-app", 41, Offset(9000), 1_700_000_000_000)
+    assert wire.producer_from_json(wire.producer_to_json(info)) == info
+    assert wire.producer_from_json(wire.producer_to_json(None)) is None
+    with pytest.raises(frames.CodecError):
+        wire.producer_from_json({"producer": {"name": "x"}})
 
 
 def test_answers_round_trip() -> None:
@@ -72,6 +86,11 @@ def test_info_and_config_round_trip_through_json() -> None:
     "encoded, decode",
     [
         (wire.encode_append(1, KEY, 0, [b"abc", b"de"]), wire.decode_append),
+        (
+            wire.encode_append(1, KEY, 0, [b"abc", b"de"], PublishingIds(b"p", (1, 2))),
+            wire.decode_append,
+        ),
+        (wire.encode_producer(1, KEY, b"p"), wire.decode_producer),
         (wire.encode_records(1, 2, 3, [b"abc"]), wire.decode_records),
         (wire.encode_subscribe(1, KEY, 2, [OffsetSpec.next()]), wire.decode_subscribe),
         (wire.encode_appended(1, 2), wire.decode_appended),

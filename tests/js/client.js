@@ -1,7 +1,9 @@
 // A rhea (Node.js AMQP 1.0) client driven by the Python tests.
 // Usage: node client.js < args.json  -> prints one JSON object with what happened, then exits.
 // Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
-//   {op: "publish", address, bodies: [str] | {prefix, count}, properties?} -> outcomes: ["accepted"|condition]
+//   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
+//       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
+//       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k
 //   {op: "consume", address, count, filter?, properties?}        -> messages: [{body, offset, timestamp, source_partition}]
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
 // filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
@@ -104,8 +106,20 @@ function runStep(i) {
     out.outcomes = [];
     let sent = 0;
     const done = () => { if (out.outcomes.length === step.bodies.length) { sender.close(); next(); } };
+    sender.on("sender_open", (ctx) => {
+      const props = ctx.sender.remote.attach.properties || {};
+      out.attach_properties = {};
+      for (const [k, v] of Object.entries(props)) out.attach_properties[k] = typeof v === "object" && v !== null && v.value !== undefined ? String(v.value) : String(v);
+    });
     sender.on("sendable", () => {
-      while (sender.sendable() && sent < step.bodies.length) sender.send({ body: step.bodies[sent++] });
+      while (sender.sendable() && sent < step.bodies.length) {
+        const message = { body: step.bodies[sent] };
+        if (step.first_publishing_id !== undefined) {
+          message.message_annotations = { "x-opt-publishing-id": types.wrap_ulong(step.first_publishing_id + sent) };
+        }
+        sender.send(message);
+        sent++;
+      }
     });
     sender.on("accepted", () => { out.outcomes.push("accepted"); done(); });
     sender.on("rejected", (ctx) => { out.outcomes.push(errorOf(ctx.delivery.remote_state.error)); done(); });

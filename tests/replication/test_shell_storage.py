@@ -91,10 +91,16 @@ def test_segment_manifest_ends_at_the_requested_entry(tmp_path: Path) -> None:
     entries = [entry(index, 1, index - 1, [b"x" * 3000]) for index in range(1, 60)]
     persist(store, Ready(entries=tuple(entries), must_sync=True))
     assert len(store.log.segments) > 2
-    manifest = store.log.transfer_manifest(40)
+    files = store.log.transfer_manifest(40)
     located = store.log.locate_index(40)
     assert located is not None
     segment_number, position, header = located
+    manifest = [(name, size) for name, size in files if name.endswith(".segment")]
+    # each segment after the first comes with its producer-state snapshot (ADR 0011)
+    snapshots = [name for name, _ in files if name.endswith(".producers")]
+    assert snapshots == [
+        s.name.replace(".segment", ".producers") for s in store.log.segments[1 : segment_number + 1]
+    ]
     assert len(manifest) == segment_number + 1
     assert manifest[-1] == (store.log.segments[segment_number].name, position + header.chunk_bytes)
     assert [size for _, size in manifest[:-1]] == [

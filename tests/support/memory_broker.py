@@ -16,7 +16,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, OffsetSpecKind, PartitionInfo
+from spate.core.backend import (
+    ChunkView,
+    LocalPartition,
+    OffsetSpec,
+    OffsetSpecKind,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.errors import BrokerError, NotFound, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -29,6 +37,7 @@ class _Chunk:
     first_offset: int
     timestamp_ms: int
     records: list[bytes]
+    producer: tuple[bytes, int] | None = None  # (name, last publishing id)
 
 
 @dataclass
@@ -45,8 +54,14 @@ class MemoryPartition(LocalPartition):
     commit_delay_s: float | None = FSYNC_DELAY_S
     """None: appends wait for `release()` (the pump rig decides when the 'fsync' is done)."""
     held: list[tuple[_Chunk, asyncio.Future[Offset]]] = field(default_factory=list)
+    assigned_ids: dict[bytes, int] = field(default_factory=dict)
+    """Producer name -> last publishing id appended (committed or not), for deduplication."""
+    producers: dict[bytes, ProducerInfo] = field(default_factory=dict)
+    """Producer name -> its committed state."""
 
-    def append(self, records: Sequence[bytes]) -> Awaitable[Offset]:
+    def append(
+        self, records: Sequence[bytes], producer: PublishingIds | None = None
+    ) -> Awaitable[Offset]:
         assert records, "an append carries at least one record"
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Offset] = loop.create_future()
@@ -54,9 +69,18 @@ class MemoryPartition(LocalPartition):
             error = self.failures.pop(0)
             loop.call_later(self.commit_delay_s or 0.0, future.set_exception, error)
             return future
+        named = None
+        if producer is not None:
+            last = self.assigned_ids.get(producer.name, -1)
+            kept = [(r, i) for r, i in zip(records, producer.ids, strict=True) if i > last]
+            records = [r for r, _ in kept]
+            if kept:
+                named = (producer.name, kept[-1][1])
+                self.assigned_ids[producer.name] = kept[-1][1]
+        # a batch of duplicates is an empty chunk: it resolves after the appends before it
         first = self.assigned_end
         self.assigned_end += len(records)
-        chunk = _Chunk(first, self.clock_ms(), [bytes(r) for r in records])
+        chunk = _Chunk(first, self.clock_ms(), [bytes(r) for r in records], named)
         if self.commit_delay_s is None:
             self.held.append((chunk, future))
         else:
@@ -72,12 +96,25 @@ class MemoryPartition(LocalPartition):
 
     def _commit(self, chunk: _Chunk, future: asyncio.Future[Offset]) -> None:
         assert chunk.first_offset == self.committed_end, "appends commit in order"
-        self.chunks.append(chunk)
-        self.committed_end += len(chunk.records)
+        if chunk.records:
+            self.chunks.append(chunk)
+            self.committed_end += len(chunk.records)
+        if chunk.producer is not None:
+            name, last_id = chunk.producer
+            self.producers[name] = ProducerInfo(
+                name.decode(), last_id, Offset(self.committed_end - 1), chunk.timestamp_ms
+            )
         if not future.cancelled():
             future.set_result(Offset(chunk.first_offset))
         for callback in list(self.listeners):
             callback()
+
+    async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
+        while self.assigned_ids.get(name, -1) > (
+            -1 if name not in self.producers else self.producers[name].last_publishing_id
+        ):
+            await asyncio.sleep(FSYNC_DELAY_S)  # an append of the name is on its way
+        return self.producers.get(name)
 
     def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
         firsts = [c.first_offset for c in self.chunks]

@@ -14,7 +14,8 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
                              the rest of this header and the whole payload
       8    1 version         2
       9    1 chunk_type      0 = user records (other values reserved: tracking, filters)
-     10    2 flags           0 (reserved: compression of sub-entry batches)
+     10    2 flags           bit 0: FLAG_PRODUCER, the payload starts with a producer section
+                             (spate.node.log.producers); other bits 0 (reserved: compression)
      12    4 record_count    number of records in the payload; 0 only for a barrier chunk
      16    8 first_offset    offset of the first record; record i has offset first_offset + i
                              (a barrier's first_offset is the end offset of the chunk before)
@@ -26,14 +27,22 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
      52    4 reserved        0
 ```
 
-Payload: `record_count` records, each
+Payload: with FLAG_PRODUCER, first the producer section of a named producer's chunk (ADR 0011)
+
+```
+      0    2 name_length     n (1..256)
+      2    n name            the producer name, UTF-8
+    2+n    8 last_id         publishing id of the chunk's last record
+```
+
+then `record_count` records, each
 
 ```
       0    4 record_length   n
       4    n record          the producer's encoded AMQP message, never decoded here
 ```
 
-and nothing else: the record lengths must add up to exactly `payload_length`.
+and nothing else: the section and the record lengths add up to exactly `payload_length`.
 
 A barrier chunk (record_count 0, payload_length 0) is the empty entry a new Raft leader appends
 at the start of its term: it carries the term (epoch) and Raft index into storage and holds no
@@ -54,10 +63,12 @@ from dataclasses import dataclass
 
 import crc32c
 from spate.core.ids import Offset
+from spate.node.log import producers
 
 MAGIC = b"SPCK"
 VERSION = 2
 CHUNK_TYPE_RECORDS = 0
+FLAG_PRODUCER = 1
 HEADER_BYTES = 56
 RECORD_PREFIX_BYTES = 4
 CRC_START = 8
@@ -79,6 +90,7 @@ class ChunkHeader:
     payload_length: int
     crc: int
     raft_index: int = 0
+    flags: int = 0
 
     @property
     def end_offset(self) -> Offset:
@@ -106,9 +118,14 @@ def encode_chunk(
     timestamp_ms: int,
     epoch: int,
     raft_index: int = 0,
+    *,
+    producer: bytes | None = None,
 ) -> bytes:
-    """The chunk's bytes, header then payload, with its CRC."""
-    return encode_chunk_with_header(records, first_offset, timestamp_ms, epoch, raft_index)[0]
+    """The chunk's bytes, header then payload, with its CRC; `producer` is the encoded
+    producer section of a named producer's chunk (spate.node.log.producers.encode_section)."""
+    return encode_chunk_with_header(
+        records, first_offset, timestamp_ms, epoch, raft_index, producer=producer
+    )[0]
 
 
 def encode_barrier(first_offset: Offset, timestamp_ms: int, epoch: int, raft_index: int) -> bytes:
@@ -126,9 +143,13 @@ def encode_chunk_with_header(
     timestamp_ms: int,
     epoch: int,
     raft_index: int = 0,
+    *,
+    producer: bytes | None = None,
 ) -> tuple[bytes, ChunkHeader]:
     """The chunk's bytes and its header (saves the append path a decode)."""
-    buffer, header = encode_chunk_buffer(records, first_offset, timestamp_ms, epoch, raft_index)
+    buffer, header = encode_chunk_buffer(
+        records, first_offset, timestamp_ms, epoch, raft_index, producer=producer
+    )
     return bytes(buffer), header
 
 
@@ -158,6 +179,8 @@ def encode_chunk_buffer(
     timestamp_ms: int,
     epoch: int,
     raft_index: int = 0,
+    *,
+    producer: bytes | None = None,
 ) -> tuple[bytearray, ChunkHeader]:
     """The chunk in one new buffer, built with a single copy of the records: header space,
     length prefixes and records joined at once, then the header packed in place and the CRC
@@ -167,7 +190,7 @@ def encode_chunk_buffer(
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
     # Interleave prefixes and records with slice assignments: no Python-level loop per record.
     parts: list[bytes | memoryview] = [b""] * (2 * len(records) + 1)
-    parts[0] = _HEADER_SPACE
+    parts[0] = _HEADER_SPACE if producer is None else _HEADER_SPACE + producer
     parts[1::2] = map(_PREFIXES.__getitem__, map(len, records))
     parts[2::2] = records
     buffer = bytearray().join(parts)
@@ -177,7 +200,7 @@ def encode_chunk_buffer(
         CRC_START,
         VERSION,
         CHUNK_TYPE_RECORDS,
-        0,
+        0 if producer is None else FLAG_PRODUCER,
         len(records),
         first_offset,
         timestamp_ms,
@@ -190,7 +213,14 @@ def encode_chunk_buffer(
         crc = crc32c.crc32c(view[CRC_START:])
     _HEAD.pack_into(buffer, 0, MAGIC, crc)
     return buffer, ChunkHeader(
-        first_offset, len(records), timestamp_ms, epoch, payload_length, crc, raft_index
+        first_offset,
+        len(records),
+        timestamp_ms,
+        epoch,
+        payload_length,
+        crc,
+        raft_index,
+        0 if producer is None else FLAG_PRODUCER,
     )
 
 
@@ -214,12 +244,21 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     ) = _HEADER.unpack_from(buffer, position)
     if magic != MAGIC:
         raise ChunkError(f"bad magic {bytes(magic)!r}")
-    if version != VERSION or chunk_type != CHUNK_TYPE_RECORDS or flags != 0 or reserved != 0:
+    if (
+        version != VERSION
+        or chunk_type != CHUNK_TYPE_RECORDS
+        or flags & ~FLAG_PRODUCER
+        or reserved != 0
+    ):
         raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
-    if payload_length < count * RECORD_PREFIX_BYTES or (count == 0) != (payload_length == 0):
+    if (
+        payload_length < count * RECORD_PREFIX_BYTES
+        or (count == 0) != (payload_length == 0)
+        or (flags and count == 0)
+    ):
         raise ChunkError(f"impossible chunk: {count} records in {payload_length} bytes")
     return ChunkHeader(
-        Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc, raft_index
+        Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc, raft_index, flags
     )
 
 
@@ -240,6 +279,8 @@ def slice_records(
     view = memoryview(buffer)
     cursor = position + HEADER_BYTES
     end = cursor + header.payload_length
+    if header.flags:
+        cursor += producer_section(view, position, header)[2]
     unpack = _RECORD_LENGTH.unpack_from
     records: list[memoryview] = []
     for _ in range(header.record_count):
@@ -263,3 +304,15 @@ def decode_chunk(
     header = decode_header(buffer, position)
     check_crc(buffer, position, header)
     return header, slice_records(buffer, position, header)
+
+
+def producer_section(
+    buffer: bytes | bytearray | memoryview, position: int, header: ChunkHeader
+) -> tuple[bytes, int, int]:
+    """(name, last publishing id, section bytes) of a FLAG_PRODUCER chunk at `position`."""
+    assert header.flags & FLAG_PRODUCER
+    start = position + HEADER_BYTES
+    try:
+        return producers.decode_section(buffer, start, start + header.payload_length)
+    except producers.ProducerStateError as error:
+        raise ChunkError(f"chunk at offset {header.first_offset}: {error}") from error

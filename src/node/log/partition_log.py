@@ -28,8 +28,15 @@ from spate.core.ids import Offset
 from spate.core.streams import Retention, StreamConfig
 from spate.node.log import chunk
 from spate.node.log.chunk import ChunkError, ChunkHeader
+from spate.node.log.producers import (
+    ProducerState,
+    ProducerStateError,
+    ProducerTable,
+    encode_section,
+)
 from spate.node.log.segment import (
     INDEX_SUFFIX,
+    PRODUCERS_SUFFIX,
     SEGMENT_SUFFIX,
     TIME_INDEX_SUFFIX,
     BlockReader,
@@ -41,6 +48,8 @@ from spate.node.log.segment import (
 )
 from spate.node.log.storage import Storage
 
+SECTION_BYTES_MAX = 2 + limits.producer_name_bytes_max + 8
+"""Longest producer section at the head of a chunk's payload (spate.node.log.producers)."""
 READ_BLOCK_BYTES_MIN = 64 * 1024
 """Reads fetch at least this much per pread, so a read of many small chunks is one syscall."""
 
@@ -53,6 +62,7 @@ class LogConfig:
     chunk_records_max: int = limits.chunk_records_max
     chunk_bytes_max: int = limits.chunk_bytes_max
     message_bytes_max: int = limits.message_bytes_max
+    producer_names_max: int = limits.producer_names_max
 
     def __post_init__(self) -> None:
         # Streams validate user input (StreamConfig.validate); tests may use smaller segments.
@@ -62,6 +72,7 @@ class LogConfig:
         assert 0 < self.chunk_bytes_max <= limits.chunk_bytes_max
         assert 0 < self.message_bytes_max <= self.chunk_bytes_max - chunk.RECORD_PREFIX_BYTES
         assert self.index_interval_bytes > 0
+        assert self.producer_names_max > 0
 
     @classmethod
     def from_stream(cls, config: StreamConfig) -> LogConfig:
@@ -111,7 +122,12 @@ class PartitionLog:
     """See the module docstring; open it with `PartitionLog.open`."""
 
     def __init__(
-        self, storage: Storage, config: LogConfig, segments: list[Segment], recovery: RecoveryReport
+        self,
+        storage: Storage,
+        config: LogConfig,
+        segments: list[Segment],
+        recovery: RecoveryReport,
+        snapshots: set[Offset] | None = None,
     ) -> None:
         assert segments
         self._storage = storage
@@ -126,6 +142,12 @@ class PartitionLog:
         self._chunks_synced = 0  # counters.chunks_appended covered by the last fsync
         self.last_raft_index = self._find_last_raft_index()
         """Raft index of the last chunk written (0 when the log holds none with an index)."""
+        self._snapshots: set[Offset] = set() if snapshots is None else snapshots
+        """Base offsets of the segments that have a producer-state snapshot."""
+        self.producers = ProducerTable(config.producer_names_max)
+        """Last publishing id per producer name over every chunk written (spate.node.log.
+        producers): stored, not necessarily committed; Raft truncation rolls it back."""
+        self._rebuild_producers()
 
     # ------------------------------------------------------------------ opening
 
@@ -133,6 +155,7 @@ class PartitionLog:
     def open(cls, storage: Storage, config: LogConfig) -> PartitionLog:
         """Recover the log in `storage` (creating an empty one) and make it all durable."""
         bases: set[Offset] = set()
+        snapshots: set[Offset] = set()
         orphans: list[str] = []
         parsed = [(name, parse_name(name)) for name in storage.list()]
         for _name, meaning in parsed:
@@ -141,6 +164,8 @@ class PartitionLog:
         for name, meaning in parsed:
             if meaning is not None and meaning[1] != SEGMENT_SUFFIX and meaning[0] not in bases:
                 orphans.append(name)
+            elif meaning is not None and meaning[1] == PRODUCERS_SUFFIX:
+                snapshots.add(meaning[0])
         try:
             for name in orphans:
                 storage.delete(name)
@@ -176,7 +201,11 @@ class PartitionLog:
         except OSError as error:
             raise StorageFailure(f"cannot open the partition log: {error}") from error
         return cls(
-            storage, config, segments, RecoveryReport(len(segments), truncated, rebuilt, orphans)
+            storage,
+            config,
+            segments,
+            RecoveryReport(len(segments), truncated, rebuilt, orphans),
+            snapshots,
         )
 
     # ------------------------------------------------------------------ appending
@@ -226,11 +255,19 @@ class PartitionLog:
             None,
         )
 
-    def append(self, records: Sequence[bytes], timestamp_ms: int, epoch: int = 0) -> Offset:
+    def append(
+        self,
+        records: Sequence[bytes],
+        timestamp_ms: int,
+        epoch: int = 0,
+        producer: tuple[bytes, Sequence[int]] | None = None,
+    ) -> Offset:
         """Write the records as one chunk (several if over the chunk limits), not synced.
 
         Returns the first record's offset. Raises MessageSizeExceeded for an oversized record
         and StorageFailure when the disk refuses (after which every append is refused).
+        `producer` (name, publishing id per record) gives each chunk a producer section; the
+        caller has dropped the duplicates (`producers.keep_new`).
         """
         self._check_usable()
         if not records:
@@ -264,7 +301,8 @@ class PartitionLog:
             count <= config.chunk_records_max
             and sum(lengths) + chunk.RECORD_PREFIX_BYTES * count <= config.chunk_bytes_max
         ):
-            self._append_chunk(records, timestamp_ms, epoch)  # the usual case: one chunk
+            section = None if producer is None else encode_section(producer[0], producer[1][-1])
+            self._append_chunk(records, timestamp_ms, epoch, section)  # the usual case
             return first
         start = 0
         while start < count:
@@ -276,12 +314,23 @@ class PartitionLog:
                     break
                 payload += size
                 end += 1
-            self._append_chunk(records[start:end], timestamp_ms, epoch)
+            section = (
+                None if producer is None else encode_section(producer[0], producer[1][end - 1])
+            )
+            self._append_chunk(records[start:end], timestamp_ms, epoch, section)
             start = end
         return first
 
-    def _append_chunk(self, records: Sequence[bytes], timestamp_ms: int, epoch: int) -> None:
-        data, header = chunk.encode_chunk_buffer(records, self.end_offset, timestamp_ms, epoch)
+    def _append_chunk(
+        self,
+        records: Sequence[bytes],
+        timestamp_ms: int,
+        epoch: int,
+        producer: bytes | None = None,
+    ) -> None:
+        data, header = chunk.encode_chunk_buffer(
+            records, self.end_offset, timestamp_ms, epoch, producer=producer
+        )
         self._write_chunk(data, header)
 
     def _write_chunk(self, data: bytes | bytearray, header: ChunkHeader) -> None:
@@ -310,7 +359,22 @@ class PartitionLog:
         self.end_offset = header.end_offset
         if header.raft_index:
             self.last_raft_index = header.raft_index
+        if header.flags:
+            self._note_producer(data, 0, header)
         self.counters.chunks_appended += 1
+
+    def _note_producer(self, buffer: bytes | bytearray, at: int, header: ChunkHeader) -> None:
+        name, last_id, _ = chunk.producer_section(buffer, at, header)
+        self.producers.note(
+            name,
+            ProducerState(
+                last_id,
+                header.raft_index,
+                header.epoch,
+                header.timestamp_ms,
+                header.end_offset - 1,
+            ),
+        )
 
     def _roll(self) -> Segment:
         """Seal the active segment (fsynced whole, with its indexes) and start the next."""
@@ -324,6 +388,14 @@ class PartitionLog:
         # The old segment is whole on disk; everything below its end is durable.
         self.durable_end = max(self.durable_end, old.end_offset)
         new = Segment(old.end_offset, old.end_offset, 0, None, None)
+        # The producer state before the new segment, synced before the segment exists: a log
+        # that opens with the segment has its snapshot (an orphan snapshot is deleted).
+        snapshot = file_name(new.base_offset, PRODUCERS_SUFFIX)
+        storage.create(snapshot)
+        storage.append(snapshot, self.producers.encode())
+        storage.fsync(snapshot)
+        storage.release(snapshot)
+        self._snapshots.add(new.base_offset)
         for name in (new.name, new.index_name, new.time_index_name):
             storage.create(name)
         storage.fsync_dir()
@@ -557,8 +629,12 @@ class PartitionLog:
 
     def _delete_segment(self, segment: Segment) -> None:
         # The segment first: if a crash interrupts, orphan indexes are cleaned up by `open`.
+        names = [segment.name, segment.index_name, segment.time_index_name]
+        if segment.base_offset in self._snapshots:
+            self._snapshots.discard(segment.base_offset)
+            names.append(file_name(segment.base_offset, PRODUCERS_SUFFIX))
         try:
-            for name in (segment.name, segment.index_name, segment.time_index_name):
+            for name in names:
                 self._storage.delete(name)
         except OSError as error:
             self.fail(f"deleting {segment.name} failed: {error}")
@@ -594,6 +670,7 @@ class PartitionLog:
                 storage.fsync_dir()
                 self._segments = [fresh]
                 self.end_offset = self.durable_end = offset
+                self.producers = ProducerTable(self._config.producer_names_max)
                 return
             i = self._segment_index(offset)
             _, position, header = self._locate(offset)
@@ -615,6 +692,7 @@ class PartitionLog:
                 self._append_chunk(keep, header.timestamp_ms, header.epoch)
             storage.fsync(segment.name)
             self.durable_end = self.end_offset
+            self._rebuild_producers()
         except OSError as error:
             self.fail(f"truncating at offset {offset} failed: {error}")
             raise StorageFailure(f"the disk refused a truncation: {error}") from error
@@ -767,6 +845,7 @@ class PartitionLog:
             self.end_offset = self.durable_end = header.first_offset
             self.last_raft_index = raft_index - 1
             self._chunks_synced = self.counters.chunks_appended
+            self._rebuild_producers()
         except OSError as error:
             self.fail(f"truncating at Raft index {raft_index} failed: {error}")
             raise StorageFailure(f"the disk refused a truncation: {error}") from error
@@ -781,13 +860,71 @@ class PartitionLog:
         i, position, header = found
         end = position + header.chunk_bytes
         assert header.end_offset <= self.durable_end or i < len(self._segments) - 1
-        return [(s.name, s.size) for s in self._segments[:i]] + [(self._segments[i].name, end)]
+        files = [(s.name, s.size) for s in self._segments[:i]] + [(self._segments[i].name, end)]
+        for segment in self._segments[: i + 1]:
+            if segment.base_offset in self._snapshots:
+                snapshot = file_name(segment.base_offset, PRODUCERS_SUFFIX)
+                files.append((snapshot, self._storage.size(snapshot)))
+        return files
 
     def read_file(self, name: str, position: int, length: int) -> bytes:
-        """Bytes of one of the log's segment files (catch-up transfer); b"" past its end."""
-        if name not in {s.name for s in self._segments}:
-            raise StorageFailure(f"segment {name} is no longer retained")
+        """Bytes of one of the log's segment or producer-snapshot files (catch-up transfer);
+        b"" past its end."""
+        meaning = parse_name(name)
+        retained = {s.base_offset for s in self._segments}
+        if (
+            meaning is None
+            or meaning[0] not in retained
+            or meaning[1] not in (SEGMENT_SUFFIX, PRODUCERS_SUFFIX)
+            or (meaning[1] == PRODUCERS_SUFFIX and meaning[0] not in self._snapshots)
+        ):
+            raise StorageFailure(f"file {name} is no longer retained")
         return self._storage.pread(name, position, length)
+
+    # ------------------------------------------------------------------ producers
+
+    def _rebuild_producers(self) -> None:
+        """The producer table over every written chunk: the newest segment's snapshot (the
+        state before it), then that segment's chunks and any after it. Without a snapshot
+        (a log that has never rolled) every segment is replayed, from an empty table."""
+        storage = self._storage
+        table = ProducerTable(self._config.producer_names_max)
+        start = 0
+        for i in range(len(self._segments) - 1, -1, -1):
+            base = self._segments[i].base_offset
+            if base in self._snapshots:
+                name = file_name(base, PRODUCERS_SUFFIX)
+                try:
+                    data = storage.pread(name, 0, storage.size(name))
+                    table = ProducerTable.decode(data, self._config.producer_names_max)
+                except (OSError, ProducerStateError) as error:
+                    raise StorageFailure(f"producer snapshot {name}: {error}") from error
+                start = i
+                break
+        self.producers = table
+        for i in range(start, len(self._segments)):
+            self._replay_producers(i)
+
+    def _replay_producers(self, i: int) -> None:
+        """Note the producer section of every chunk of segment `i` that has one."""
+        segment = self._segments[i]
+        reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
+        position = 0
+        while position < segment.size:
+            got = reader.get(position, chunk.HEADER_BYTES)
+            try:
+                if got is None:
+                    raise ChunkError("file ends inside a chunk header")
+                header = chunk.decode_header(got[0], got[1])
+                if header.flags:
+                    length = chunk.HEADER_BYTES + min(header.payload_length, SECTION_BYTES_MAX)
+                    got = reader.get(position, length)
+                    if got is None:
+                        raise ChunkError("file ends inside a producer section")
+                    self._note_producer(got[0], got[1], header)
+            except ChunkError as error:
+                raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
+            position += header.chunk_bytes
 
     # ------------------------------------------------------------------ facts
 

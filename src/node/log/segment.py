@@ -7,6 +7,8 @@ that `ls` sorts them in log order (Kafka's naming):
 00000000000000000000.segment     chunks end to end (spate.node.log.chunk)
 00000000000000000000.index       sparse offset index (spate.node.log.index), a cache
 00000000000000000000.timeindex   sparse time index, a cache
+00000000000000000000.producers   producer state before the segment (only once a producer
+                                 name has written; spate.node.log.producers), not a cache
 ```
 """
 
@@ -33,6 +35,8 @@ from spate.node.log.storage import Storage
 SEGMENT_SUFFIX = ".segment"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+PRODUCERS_SUFFIX = ".producers"
+"""Producer-state snapshot written at the segment's creation (spate.node.log.producers)."""
 NAME_DIGITS = 20
 SCAN_BLOCK_BYTES = 1024 * 1024
 """Recovery and reads fetch the file in blocks of this size (one pread per block, not per
@@ -51,7 +55,7 @@ def parse_name(name: str) -> tuple[Offset, str] | None:
         not dot
         or len(stem) != NAME_DIGITS
         or not stem.isdigit()
-        or "." + suffix not in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+        or "." + suffix not in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, PRODUCERS_SUFFIX)
     ):
         return None
     return Offset(int(stem)), "." + suffix

@@ -35,7 +35,7 @@ from spate.core import frames
 from spate.core.errors import StorageFailure, Unavailable
 from spate.core.ids import NodeId, Term
 from spate.node.log.partition_log import PartitionLog
-from spate.node.log.segment import SEGMENT_SUFFIX, parse_name
+from spate.node.log.segment import PRODUCERS_SUFFIX, SEGMENT_SUFFIX, parse_name
 from spate.node.replication import codec, limits
 from spate.node.replication.storage import RaftStore
 
@@ -110,7 +110,7 @@ class Fetch:
         names = {name for name, _ in manifest}
         for name, _ in manifest:
             meaning = parse_name(name)
-            if meaning is None or meaning[1] != SEGMENT_SUFFIX or "/" in name:
+            if meaning is None or meaning[1] not in (SEGMENT_SUFFIX, PRODUCERS_SUFFIX):
                 raise Unavailable(f"leader sent a manifest with a strange file name {name!r}")
         staged = self._staging.list()
         for stale in staged:

@@ -13,6 +13,12 @@ the asyncio `append` of spate.core.backend.Partition on top. What it adds to the
 - reads (`read`, `resolve`, `end_offset`, `info`) serve up to the replica's applied commit
   point, on any replica (consumers may read from followers; producers go to the leader).
 - `leader`, `leader_epoch` (the term the leader was elected in), `role`, `is_leader`.
+- deduplication (ADR 0011): `propose(records, done, producer)` on the leader drops the records
+  whose publishing id is not above the name's last *stored* one (the log's producer table, or
+  a proposal not yet written: `_proposed`) and stores the rest with a producer section. A
+  batch of duplicates only resolves once the entry that stored its name's last id is applied
+  with the same term (`_waiting`): a duplicate is never acknowledged before its original is.
+  `query_publishing_id(name, done)` answers the same way: the last id, once committed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spate.core.backend import ChunkView, LocalPartition, OffsetSpec, PartitionInfo
+from spate.core.backend import (
+    ChunkView,
+    LocalPartition,
+    OffsetSpec,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.errors import (
     BrokerError,
     InvalidArgument,
@@ -34,6 +47,8 @@ from spate.core.errors import (
 )
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName, Term
 from spate.node.log import chunk as chunk_codec
+from spate.node.log import producers as producer_codec
+from spate.node.log.producers import ProducerState
 from spate.node.replication import limits
 from spate.node.replication.messages import (
     Entry,
@@ -47,6 +62,18 @@ from spate.node.replication.storage import RaftStore, SyncWork
 
 AppendDone = Callable[[Offset | BrokerError], None]
 """Called once with an append's outcome: the first record's offset, or why it failed."""
+ProducerDone = Callable[[ProducerInfo | BrokerError | None], None]
+"""Called once with a producer name's committed state (None: never stored), or why not."""
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A decision that holds once the entry (index, term) is applied: `done(True)`; or never
+    (another term's entry at that index, a catch-up past it, a timeout): `done(error)`."""
+
+    term: int
+    done: Callable[[BrokerError | None], None]
+    deadline_ms: float
 
 
 @dataclass(slots=True)
@@ -101,6 +128,10 @@ class Replica(LocalPartition):
         self._clock_ms = clock_ms
         self._monotonic_ms = monotonic_ms
         self._pending: dict[int, _Pending] = {}
+        self._waiting: dict[int, list[_Waiting]] = {}
+        self._applied_index = snapshot.index
+        self._proposed: dict[bytes, ProducerState] = {}
+        """Producer states of this leader's proposals not yet written to the log."""
         self._listeners: list[Callable[[], None]] = []
         self.leader_listeners: list[Callable[[NodeId | None, LeaderEpoch], None]] = []
         self.fresh = store.fresh
@@ -137,11 +168,20 @@ class Replica(LocalPartition):
     def is_leader(self) -> bool:
         return self.raft.role is Role.LEADER
 
-    def propose(self, records: Sequence[bytes], done: AppendDone) -> int | None:
+    def propose(
+        self, records: Sequence[bytes], done: AppendDone, producer: PublishingIds | None = None
+    ) -> int | None:
         """Propose an append; `done` gets its outcome (see the module docstring). Returns the
-        Raft index of its last entry, or None when refused at once (`done` already called)."""
+        Raft index of its last entry, or None when refused at once or when every record was a
+        duplicate (`done` called already, or once the originals are committed)."""
         try:
-            last_index, term, first = self._propose(records)
+            if producer is not None:
+                records, section_ids = self._deduplicate(records, producer, done)
+                if not records:
+                    return None
+                last_index, term, first = self._propose(records, producer.name, section_ids)
+            else:
+                last_index, term, first = self._propose(records)
         except BrokerError as error:
             done(error)
             return None
@@ -153,7 +193,80 @@ class Replica(LocalPartition):
         self._wake()
         return last_index
 
-    def _propose(self, records: Sequence[bytes]) -> tuple[int, Term, Offset]:
+    def _producer_state(self, name: bytes) -> ProducerState | None:
+        """The name's last stored state on this leader: proposed, else written to the log."""
+        proposed = self._proposed.get(name)
+        if proposed is not None and proposed.epoch == self.raft.term:
+            return proposed
+        return self.store.log.producers.get(name)
+
+    def _deduplicate(
+        self, records: Sequence[bytes], producer: PublishingIds, done: AppendDone
+    ) -> tuple[Sequence[bytes], list[int]]:
+        """The records to store and their ids; with none left, `done` is called once the
+        entry that stored the name's last id is known committed."""
+        self._check_leader()
+        if len(producer.ids) != len(records):
+            raise InvalidArgument("one publishing id per record")
+        state = self._producer_state(producer.name)
+        ids = list(producer.ids)
+        kept = producer_codec.keep_new(ids, None if state is None else state.last_id)
+        if len(kept.keep) == len(records):
+            return records, ids
+        if kept.keep:
+            return [records[i] for i in kept.keep], [ids[i] for i in kept.keep]
+        assert state is not None
+        end = self._next_offset()
+        self._when_applied(
+            state.raft_index, state.epoch, lambda error: done(end if error is None else error)
+        )
+        return [], []
+
+    def _when_applied(
+        self, index: int, term: int, done: Callable[[BrokerError | None], None]
+    ) -> None:
+        """`done(None)` once the entry (index, term) is applied here (at once if it is), or
+        `done(error)` when it never will be."""
+        if index <= self._applied_index:
+            done(None)  # applied entries are committed; the table only holds written ones
+            return
+        deadline_ms = self._monotonic_ms() + limits.append_commit_timeout_ms
+        self._waiting.setdefault(index, []).append(_Waiting(term, done, deadline_ms))
+        self._wake()
+
+    def query_publishing_id(self, name: bytes, done: ProducerDone) -> None:
+        """The name's last stored publishing id, answered once it is committed (004's
+        `getLastPublishingId`): what a restarted producer may resume after. Leader only."""
+        try:
+            self._check_leader()
+        except BrokerError as error:
+            done(error)
+            return
+        state = self._producer_state(name)
+        if state is None:
+            done(None)
+            return
+        info = ProducerInfo(
+            name.decode(errors="replace"),
+            state.last_id,
+            Offset(state.last_offset),
+            state.timestamp_ms,
+        )
+        self._when_applied(
+            state.raft_index, state.epoch, lambda error: done(info if error is None else error)
+        )
+
+    def producers(self) -> list[ProducerInfo]:
+        """Every producer name this replica has stored, most recently written last (the table
+        over its written log: on a follower, possibly ahead of the commit point)."""
+        return [
+            ProducerInfo(
+                name.decode(errors="replace"), s.last_id, Offset(s.last_offset), s.timestamp_ms
+            )
+            for name, s in self.store.log.producers
+        ]
+
+    def _check_leader(self) -> None:
         if self.closed:
             raise Unavailable("the partition is closing")
         if self.failure is not None:
@@ -163,6 +276,14 @@ class Replica(LocalPartition):
                 f"{self.node} does not lead {self._stream}/{self._partition}",
                 leader_node=self.raft.leader,
             )
+
+    def _propose(
+        self,
+        records: Sequence[bytes],
+        producer: bytes | None = None,
+        ids: Sequence[int] | None = None,
+    ) -> tuple[int, Term, Offset]:
+        self._check_leader()
         if not records:
             raise InvalidArgument("an append needs at least one record")
         if len(self._pending) >= limits.pending_appends_max:
@@ -194,11 +315,22 @@ class Replica(LocalPartition):
                 payload += size
                 end += 1
             index = self.raft.log.last_index + 1
-            data = chunk_codec.encode_chunk(records[start:end], offset, timestamp_ms, term, index)
+            section = None
+            if producer is not None:
+                assert ids is not None
+                section = producer_codec.encode_section(producer, ids[end - 1])
+            data = chunk_codec.encode_chunk(
+                records[start:end], offset, timestamp_ms, term, index, producer=section
+            )
             result = self.raft.propose(data)
             if not isinstance(result, Proposed):
                 raise result.error()
             assert (result.index, result.term) == (index, term), (result, index, term)
+            if producer is not None:
+                assert ids is not None
+                self._proposed[producer] = ProducerState(
+                    ids[end - 1], index, term, timestamp_ms, offset + end - start - 1
+                )
             offset = Offset(offset + end - start)
             start = end
         return index, term, first
@@ -273,6 +405,11 @@ class Replica(LocalPartition):
                 pending.done(
                     Unavailable("no commit within the time limit; retry (maybe duplicated)")
                 )
+        if self._waiting:
+            now_ms = self._monotonic_ms()
+            for index in [i for i, ws in self._waiting.items() if ws[0].deadline_ms <= now_ms]:
+                for waiting in self._waiting.pop(index):
+                    waiting.done(Unavailable("the original's commit is late; retry"))
 
     def step(self, message: Message) -> None:
         if message.target != self.node or message.source not in self.raft.peers:
@@ -290,7 +427,12 @@ class Replica(LocalPartition):
     def persist(self, ready: Ready) -> SyncWork | None:
         if ready.entries and self._pending and not self.is_leader:
             self._fail_overwritten(ready.entries)
-        return self.store.persist(ready)
+        work = self.store.persist(ready)
+        if self._proposed:
+            written = self.store.log.last_raft_index
+            for name in [n for n, s in self._proposed.items() if s.raft_index <= written]:
+                del self._proposed[name]
+        return work
 
     def _fail_overwritten(self, entries: Sequence[Entry]) -> None:
         """Fail appends whose index now holds another term's entry, or is past the log."""
@@ -320,11 +462,24 @@ class Replica(LocalPartition):
     def apply_entries(self, committed: Sequence[Entry]) -> None:
         """Apply committed entries in order (from a Ready or `Raft.take_committed`)."""
         moved = False
+        waiting = self._waiting
         for entry in committed:
             self._apply(entry)
             moved = moved or bool(entry.payload)
+            if waiting:
+                for one in waiting.pop(entry.index, ()):
+                    one.done(
+                        None
+                        if one.term == entry.term
+                        else NotLeader(
+                            "the original was lost in a leader change; retry",
+                            leader_node=self.raft.leader,
+                        )
+                    )
         if committed:
-            applied = committed[-1].index
+            applied = self._applied_index = committed[-1].index
+            if waiting:
+                self._fail_waiting(applied, "the original's outcome is unknown; retry")
             while self._pending:
                 index = next(iter(self._pending))
                 if index > applied:
@@ -365,6 +520,9 @@ class Replica(LocalPartition):
         header = self.store.log.header_at_index(raft_index)
         assert header is not None
         self._committed_end = header.end_offset
+        self._applied_index = raft_index
+        self._proposed.clear()
+        self._fail_waiting(raft_index, "the original's outcome is unknown after a catch-up; retry")
         for callback in list(self._listeners):
             callback()
 
@@ -375,10 +533,18 @@ class Replica(LocalPartition):
         pending, self._pending = list(self._pending.values()), {}
         for one in pending:
             one.done(StorageFailure(f"the disk failed: {reason}"))
+        self._fail_waiting(None, f"the disk failed: {reason}")
 
     def close(self) -> None:
         self.closed = True
         pending, self._pending = list(self._pending.values()), {}
         for one in pending:
             one.done(Unavailable("the partition was closed; retry"))
+        self._fail_waiting(None, "the partition was closed; retry")
         self.store.close()
+
+    def _fail_waiting(self, up_to: int | None, reason: str) -> None:
+        """Fail the waits on entries at or below `up_to` (all with None)."""
+        for index in [i for i in self._waiting if up_to is None or i <= up_to]:
+            for waiting in self._waiting.pop(index):
+                waiting.done(Unavailable(reason))
