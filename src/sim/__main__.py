@@ -132,6 +132,7 @@ _SHELL_BUGS = {
     "skip-fsync": ShellBugs(skip_fsync=True),
     "catchup-uncommitted": ShellBugs(catchup_uncommitted=True),
     "retention-without-floor": ShellBugs(retention_without_floor=True),
+    "dedup-forgets-proposals": ShellBugs(dedup_forgets_proposals=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

@@ -25,6 +25,12 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
 - `logs-identical`: after every restart and at the end, every replica's chunks up to its
   commit index are byte-identical to the committed history (barriers: same term, no records);
 - `retention-floor`: retention never deletes a chunk above the replica's applied index;
+- deduplication (ADR 0011): the client is a named producer per group that sends increasing
+  publishing ids and resends earlier ones a quarter of the time. `dedup-once`: no publishing id
+  is committed twice (the ids of the committed records of a name increase strictly);
+  `dedup-acknowledged`: every acknowledged id, duplicates included, is at or below a committed
+  one (a duplicate is never acknowledged ahead of its original); `dedup-table`: each replica's
+  producer table (snapshots, retention and catch-up included) names the last id its log holds;
 - `liveness`: after healing, every group acknowledges a new append and every replica (wiped
   ones too) applies it.
 """
@@ -38,12 +44,13 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from spate.core import frames
-from spate.core.backend import OffsetSpec
+from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
 from spate.core.streams import Retention
 from spate.node.log import LogConfig, PartitionLog
 from spate.node.log import chunk as chunk_codec
+from spate.node.log.producers import ProducerState
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import Entry, Message, Ready, SnapshotRequest
 from spate.node.replication.raft import RaftConfig
@@ -84,6 +91,8 @@ class ShellBugs:
     in PartitionLog.transfer_manifest, is what usually stops it)."""
     retention_without_floor: bool = False
     """Retention ignores the applied index and may delete entries not yet applied."""
+    dedup_forgets_proposals: bool = False
+    """The leader deduplicates against its written log only, not its proposals in flight."""
 
 
 NO_BUGS = ShellBugs()
@@ -181,6 +190,11 @@ class _SimReplica(Replica):
     def _apply(self, entry: Entry) -> None:
         self.sim.checker.committed(self.node, self.group_number, entry, "applied")
         super()._apply(entry)
+
+    def _producer_state(self, name: bytes) -> ProducerState | None:
+        if self.sim.options.bugs.dedup_forgets_proposals:
+            return self.store.log.producers.get(name)
+        return super()._producer_state(name)
 
     def restored(self, raft_index: int) -> None:
         self.sim.snapshots += 1
@@ -327,6 +341,8 @@ class ShellCluster(SimLoop[_Event]):
         self._rebuilding: set[tuple[NodeId, int]] = set()
         self.snapshots = 0
         self._client_seq = 0
+        self._next_id = [0] * options.groups
+        self.acked_ids: list[list[int]] = [[] for _ in range(options.groups)]
         self._leader_hint: list[NodeId | None] = [None] * options.groups
         self.acked: list[list[_Ack]] = [[] for _ in range(options.groups)]
         self._acked_after: list[int | None] = [None] * options.groups
@@ -376,6 +392,58 @@ class ShellCluster(SimLoop[_Event]):
     def final_checks(self) -> None:
         for node in self.ids:
             self._check_storage(self.nodes[node])
+        for group in range(self.options.groups):
+            self._check_dedup(group)
+
+    def _check_dedup(self, group: int) -> None:
+        """The deduplication invariants (module docstring) over the committed history."""
+        history = self.checker.history[group]
+        name = _producer_name(group)
+        committed: list[int] = []
+        last_by_index: dict[int, int] = {}
+        for index in sorted(history):
+            _, payload = history[index]
+            if not payload:
+                continue
+            header, records = chunk_codec.decode_chunk(payload)
+            ids = [int(bytes(r).split(b"p")[1]) for r in records]
+            if header.flags:
+                assert chunk_codec.producer_section(payload, 0, header)[:2] == (name, ids[-1])
+            for publishing_id in ids:
+                if committed and publishing_id <= committed[-1]:
+                    raise InvariantViolation(
+                        "dedup-once",
+                        f"g{group} committed publishing id {publishing_id} at index {index} "
+                        f"after {committed[-1]}",
+                    )
+                committed.append(publishing_id)
+            last_by_index[index] = ids[-1]
+        top = committed[-1] if committed else -1
+        for publishing_id in self.acked_ids[group]:
+            if publishing_id > top:
+                raise InvariantViolation(
+                    "dedup-acknowledged",
+                    f"g{group} acknowledged publishing id {publishing_id}; the highest "
+                    f"committed is {top}",
+                )
+        for node in self.replicas:
+            state = self.nodes[node]
+            replica = state.driver.groups.get((STREAM, PartitionId(group)))
+            if not state.up or replica is None or replica.failure is not None:
+                continue
+            written = replica.store.log.last_raft_index
+            if written > max(history, default=0):
+                continue  # an uncommitted tail the history cannot speak for
+            expected = max(
+                (i for index, i in last_by_index.items() if index <= written), default=None
+            )
+            got = replica.store.log.producers.get(name)
+            if expected is not None and (got is None or got.last_id != expected):
+                raise InvariantViolation(
+                    "dedup-table",
+                    f"{node} g{group} has last publishing id "
+                    f"{None if got is None else got.last_id}; its log holds {expected}",
+                )
 
     def live(self) -> bool:
         if self.faults:
@@ -576,7 +644,12 @@ class ShellCluster(SimLoop[_Event]):
             self._leader_hint[group] = None
             return
         self._client_seq += 1
-        record = f"g{group}c{self._client_seq}".encode()
+        if self._next_id[group] and self.rng.random() < 0.25:
+            publishing_id = self.rng.randrange(self._next_id[group])  # a resend
+        else:
+            publishing_id = self._next_id[group]
+            self._next_id[group] += 1
+        record = f"g{group}p{publishing_id}".encode()
         term = replica.raft.term
         proposal: dict[str, int | bytes] = {}
 
@@ -589,6 +662,10 @@ class ShellCluster(SimLoop[_Event]):
                     )
                 self._record(f"append g{group} {record!r} failed: {outcome.code.value}")
                 return
+            self.acked_ids[group].append(publishing_id)
+            if "index" not in proposal:
+                self._record(f"ack g{group} {record!r}: a duplicate")
+                return
             index, payload = proposal["index"], proposal["payload"]
             assert isinstance(index, int) and isinstance(payload, bytes)
             self._record(f"ack g{group} {record!r} at offset {outcome} index {index}")
@@ -597,7 +674,9 @@ class ShellCluster(SimLoop[_Event]):
             if not self.faults and self._acked_after[group] is None:
                 self._acked_after[group] = index
 
-        index = replica.propose([record], done)
+        index = replica.propose(
+            [record], done, PublishingIds(_producer_name(group), [publishing_id])
+        )
         if index is not None:
             proposal["index"] = index
             proposal["payload"] = bytes(replica.raft.log.entry(index).payload)
@@ -807,6 +886,10 @@ class ShellCluster(SimLoop[_Event]):
                         f"{node.id} g{group} reads {records.get(ack.offset)!r} at offset "
                         f"{ack.offset}, where {ack.record!r} was acknowledged",
                     )
+
+
+def _producer_name(group: int) -> bytes:
+    return f"sim-g{group}".encode()
 
 
 def run_shell_seed(

@@ -28,7 +28,7 @@ def test_requests_round_trip() -> None:
     data = wire.encode_append(7, KEY, 12, records)
     assert kind(data) == wire.APPEND
     assert wire.decode_append(body(data)) == (7, KEY, 12, records, None)
-    named = PublishingIds("orders-app".encode(), (5, 6, 2**64 - 1))
+    named = PublishingIds(b"orders-app", (5, 6, 2**64 - 1))
     data = wire.encode_append(8, KEY, 0, records, named)
     assert wire.decode_append(body(data)) == (8, KEY, 0, records, named)
     data = wire.encode_producer(4, KEY, "Ünïcode".encode())

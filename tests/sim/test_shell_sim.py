@@ -171,3 +171,10 @@ def test_cli_failure_prints_a_replay_command_that_reproduces_it() -> None:
     again = _sim(*replay.removeprefix("replay: python -m spate.sim ").split())
     assert again.returncode == 1
     assert fail in again.stdout.splitlines()
+
+
+def test_deduplicating_against_the_written_log_only_is_caught() -> None:
+    """The leader ignores its proposals in flight: a resend proposed right after its original
+    is stored twice (ADR 0011)."""
+    failures = _failures(ShellBugs(dedup_forgets_proposals=True))
+    assert any(f.startswith("dedup-once:") for f in failures), failures
