@@ -55,6 +55,11 @@ from spate.gateway import sections
 __all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 
 P_PARTITION = "event-streams-partition"
+P_PRODUCER_NAME = "spate:producer-name"
+P_LAST_PUBLISHING_ID = "spate:last-publishing-id"
+A_PUBLISHING_ID = "x-opt-publishing-id"
+_MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
+"""Message annotations {x-opt-publishing-id: ulong}, up to the 8 bytes of the id."""
 _DA_OFFSET = "event-streams-offset"
 _DA_TIMESTAMP = "event-streams-timestamp"
 _DA_SOURCE = "event-streams-source-partition"
@@ -129,12 +134,19 @@ class AsyncProducer:
         reconnect_timeout_s: float = 0.0,
         user: str | None = None,
         password: str | None = None,
+        name: str | None = None,
     ) -> AsyncProducer:
         """`url`: one node or gateway, or several tried in turn. `window`: unconfirmed
         messages `send` allows. `timeout_s` bounds each attempt to connect and attach (and
         the retries of a refusal marked retryable); `reconnect_timeout_s` > 0 turns on
-        reconnecting, for that long after a failure."""
+        reconnecting, for that long after a failure. `name` turns on deduplication
+        (`spate:producer-name`): each message gets a publishing id (the next after
+        `last_publishing_id()`, or the one `send` is given), and what a reconnect resends is
+        stored once."""
         self = cls(url, stream, partition, window, timeout_s, reconnect_timeout_s, user, password)
+        if name is not None:
+            self._spec.properties[P_PRODUCER_NAME] = name
+            self._name = name
         engine, link = await _connect(
             self._connector, lambda: self._spec, timeout_s, self._user, self._password
         )
@@ -165,12 +177,28 @@ class AsyncProducer:
         self._reconnecting: asyncio.Task[None] | None = None
         self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._last_sequence = 0
+        self._name: str | None = None
+        self._next_id: int | None = None
+        """Named producers: the id the next automatic message gets (known after attach: the
+        one after `spate:last-publishing-id`)."""
+        self._last_given: int | None = None
+        """Named producers: the last id this producer gave a message (explicit ids, which may
+        restart below the broker's last, e.g. to resend everything, must stay above it)."""
+        self._confirmed_id: int | None = None
+        self._ids: dict[int, int] = {}
+        """Named producers: sequence -> publishing id, while unconfirmed."""
         self._engine: eng.Engine
         self._link: eng.SenderLink
         self.reconnects = 0
         """Times the producer reattached after losing its link."""
 
     def _use(self, engine: eng.Engine, link: Any) -> None:
+        if self._name is not None:
+            last = eng.link_property(link, P_LAST_PUBLISHING_ID)
+            if last is not None:
+                self._confirmed_id = max(int(last), self._confirmed_id or 0)
+            if self._next_id is None:
+                self._next_id = 0 if last is None else int(last) + 1
         self._engine = engine
         self._link = eng.SenderLink(engine, link)
         self._link.on_outcome = self._on_outcome
@@ -181,27 +209,59 @@ class AsyncProducer:
 
     # sending
 
-    async def send(self, body: Body) -> asyncio.Future[None]:
+    async def send(self, body: Body, publishing_id: int | None = None) -> asyncio.Future[None]:
         """Queue a message once the window has room; returns its confirm future, which
         resolves when the broker accepted it (a majority fsynced it) or fails with
-        `PublishRefused` (the condition) or `ConnectionLost`."""
+        `PublishRefused` (the condition) or `ConnectionLost`. A named producer may give the
+        publishing id (above every id it gave before); else it gets the next one."""
         while not self._core.has_room():
             self._room.clear()
             await self._room.wait()
-        return self.send_nowait(body)
+        return self.send_nowait(body, publishing_id=publishing_id)
 
-    def send_nowait(self, body: Body, callback: Settle | None = None) -> asyncio.Future[None]:
+    def send_nowait(
+        self, body: Body, callback: Settle | None = None, *, publishing_id: int | None = None
+    ) -> asyncio.Future[None]:
         """Queue a message now, even past the window; `callback(None | error)` runs once on
         its outcome (from the loop, as a future callback)."""
         future: asyncio.Future[None] = self._loop.create_future()
         if callback is not None:
             future.add_done_callback(lambda f: callback(None if f.cancelled() else f.exception()))
-        self._submit(encode(body), future)
+        self._submit_body(body, future, publishing_id)
         return future
 
-    def _submit(self, data: bytes, token: Token) -> None:
+    def _submit_body(self, body: Body, token: Token, publishing_id: int | None) -> None:
+        """Encode (with the publishing id of a named producer) and submit."""
+        if self._name is None:
+            if publishing_id is not None:
+                raise ValueError("publishing ids need a named producer (name=...)")
+            self._submit(encode(body), token)
+            return
+        assert self._next_id is not None, "named producers know their next id once attached"
+        given = self._last_given
+        if publishing_id is None:
+            publishing_id = self._next_id if given is None else max(self._next_id, given + 1)
+        elif given is not None and publishing_id <= given:
+            raise ValueError(
+                f"publishing id {publishing_id} is not above {given}, the last one given "
+                "(ids increase strictly)"
+            )
+        if not 0 <= publishing_id < 2**64:
+            raise ValueError(f"a publishing id is a ulong, not {publishing_id}")
+        self._next_id = self._last_given = publishing_id
+        self._next_id += 1
+        self._submit(_with_publishing_id(body, publishing_id), token, publishing_id)
+
+    def last_publishing_id(self) -> int | None:
+        """The highest publishing id the broker confirmed (or reported on attach, 004's
+        `getLastPublishingId`); None when this name never stored a message."""
+        return self._confirmed_id
+
+    def _submit(self, data: bytes, token: Token, publishing_id: int | None = None) -> None:
         """The hot path: one message into the core, and onto the link unless reconnecting."""
         sequence, transfer = self._core.submit(data, token)
+        if publishing_id is not None:
+            self._ids[sequence] = publishing_id
         self._last_sequence = sequence
         if transfer:
             self._link.transfer(sequence, data)
@@ -238,8 +298,15 @@ class AsyncProducer:
     def _apply(self, effects: list[ProducerEffect[Token]]) -> None:
         for effect in effects:
             if isinstance(effect, Confirmed):
+                if self._ids:
+                    publishing_id = self._ids.pop(effect.sequence, None)
+                    if publishing_id is not None and (
+                        self._confirmed_id is None or publishing_id > self._confirmed_id
+                    ):
+                        self._confirmed_id = publishing_id
                 _settle(effect.token, None)
             elif isinstance(effect, Failed):
+                self._ids.pop(effect.sequence, None)
                 _settle(effect.token, effect.error)
             else:
                 assert isinstance(effect, Reconnect)
@@ -288,6 +355,14 @@ class AsyncProducer:
         self._apply(self._core.close())
         self._link.on_outcome, self._link.on_lost = _ignore, _ignore
         self._engine.close()
+
+
+def _with_publishing_id(body: Body, publishing_id: int) -> bytes:
+    """The message with its publishing id in the message annotations."""
+    if isinstance(body, bytes | bytearray):
+        return _MA_PUBLISHING_ID + publishing_id.to_bytes(8, "big") + encode_data(bytes(body))
+    eng.annotate(body, A_PUBLISHING_ID, publishing_id)
+    return eng.encode_message(body)
 
 
 def _settle(token: Token, error: BaseException | None) -> None:

@@ -91,14 +91,17 @@ class Producer:
         reconnect_timeout_s: float = 0.0,
         user: str | None = None,
         password: str | None = None,
+        name: str | None = None,
     ) -> None:
+        """`name` turns on deduplication (see AsyncProducer.connect)."""
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a producer needs at least one URL"
+        self._named = name is not None
         self._thread = _LoopThread.get()
         self._timeout_s = timeout_s
         self._confirm_timeout_s = timeout_s + reconnect_timeout_s
         self._slots = threading.BoundedSemaphore(window)
-        self._inbox: collections.deque[tuple[bytes, concurrent.futures.Future[None]]] = (
+        self._inbox: collections.deque[tuple[Any, concurrent.futures.Future[None]]] = (
             collections.deque()
         )
         self._inbox_lock = threading.Lock()
@@ -113,17 +116,27 @@ class Producer:
                 reconnect_timeout_s=reconnect_timeout_s,
                 user=user,
                 password=password,
+                name=name,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )
 
+    def last_publishing_id(self) -> int | None:
+        """A named producer's highest confirmed publishing id (004 `getLastPublishingId`)."""
+        return self._aio.last_publishing_id()
+
     def send_async(
-        self, body: Body, callback: Callable[[BaseException | None], None] | None = None
+        self,
+        body: Body,
+        callback: Callable[[BaseException | None], None] | None = None,
+        *,
+        publishing_id: int | None = None,
     ) -> concurrent.futures.Future[None]:
         """Queue a message (waiting for room in the window, at most `timeout_s`); the future
         resolves on `accepted` or fails with `PublishRefused` / `ConnectionLost`.
-        `callback(None | error)` runs on the client's loop thread."""
-        data = encode(body)
+        `callback(None | error)` runs on the client's loop thread. A named producer may give
+        the publishing id; else it gets the next one."""
+        data: Any = (body, publishing_id) if self._named else encode(body)
         self._take_slot(blocking=True)
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         if callback is not None:
@@ -138,7 +151,7 @@ class Producer:
             raise TimeoutError(f"the producer's window stayed full for {self._timeout_s} s")
         return True
 
-    def _enqueue(self, items: list[tuple[bytes, concurrent.futures.Future[None]]]) -> None:
+    def _enqueue(self, items: list[tuple[Any, concurrent.futures.Future[None]]]) -> None:
         """Hand messages to the loop; it is woken once however many are queued meanwhile."""
         if not items:
             return
@@ -158,8 +171,11 @@ class Producer:
         for data, future in items:
             settle = self._settler(future)
             try:
-                self._aio._submit(data, settle)
-            except (ConnectionLost, RuntimeError) as error:  # broken or closed: refused now
+                if self._named:
+                    self._aio._submit_body(data[0], settle, data[1])
+                else:
+                    self._aio._submit(data, settle)
+            except (ConnectionLost, RuntimeError, ValueError) as error:  # refused now
                 settle(error)
 
     def _settler(
@@ -176,9 +192,9 @@ class Producer:
 
         return settle
 
-    def send(self, body: Body) -> None:
+    def send(self, body: Body, publishing_id: int | None = None) -> None:
         """Send one message and wait for its confirm (raises its failure)."""
-        self.send_async(body).result(self._confirm_timeout_s)
+        self.send_async(body, publishing_id=publishing_id).result(self._confirm_timeout_s)
 
     def send_batch(self, bodies: Iterable[Body], window: int | None = None) -> int:
         """Send pipelined and wait for every confirm; returns how many were confirmed, or
@@ -186,9 +202,9 @@ class Producer:
         few turns as the window allows (one, when it fits), so it leaves in few writes and
         the node appends it as few chunks. `window` (optional) caps how many of these are
         unconfirmed at once, below the producer's own window."""
-        datas = [encode(body) for body in bodies]
+        datas: list[Any] = [(b, None) if self._named else encode(b) for b in bodies]
         futures: list[concurrent.futures.Future[None]] = []
-        pending: list[tuple[bytes, concurrent.futures.Future[None]]] = []
+        pending: list[tuple[Any, concurrent.futures.Future[None]]] = []
         for data in datas:
             if window is not None and len(futures) >= window:
                 self._enqueue(pending)

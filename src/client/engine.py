@@ -419,3 +419,15 @@ async def attach(
             opened.cancel()
         raise
     return engine, link
+
+
+def link_property(link: Link, name: str) -> Any:
+    """A property of the broker's attach (None when absent)."""
+    return (link.remote_properties or {}).get(symbol(name))
+
+
+def annotate(message: Message, name: str, value: int) -> None:
+    """Set a ulong message annotation."""
+    annotations = dict(message.annotations or {})
+    annotations[symbol(name)] = ulong(value)
+    message.annotations = annotations

@@ -10,6 +10,7 @@ consumer hands out offsets without a gap or a repeat across its reconnection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -172,3 +173,54 @@ def test_asyncio_consumer_resumes_without_gaps_when_its_node_dies(cluster3: Clus
     offsets, reconnects = asyncio.run(consume())
     assert reconnects >= 1
     assert offsets == list(range(count)), "a gap or a repeat across the reconnection"
+
+
+def test_a_named_producer_stores_each_message_once_across_a_leader_kill_and_a_restart(
+    cluster3: Cluster,
+) -> None:
+    """Issue 8's proof of deduplication: the asyncio producer (name "ledger-app", explicit ids)
+    rides through a kill -9 of the partition leader, resending what was unconfirmed; then a
+    restarted blocking producer with the same name resends everything from id 0. The stream
+    holds each message exactly once, in id order."""
+    cluster3.cli("stream", "create", "ledger", "--replicas", "3")
+    leader = cluster3.leader_of("ledger")
+    urls = cluster3.urls()
+    leader_url = urls[cluster3.index_of(leader)]
+    survivors = [u for u in urls if u != leader_url]
+    bodies = [b"l%d" % i for i in range(4000)]
+
+    async def publish() -> tuple[int | None, int]:
+        producer = await AsyncProducer.connect(
+            [leader_url, *urls], "ledger", window=1000, timeout_s=10, reconnect_timeout_s=60,
+            name="ledger-app",
+        )  # fmt: skip
+        assert producer.last_publishing_id() is None
+        futures = []
+        for i in range(3000):
+            futures.append(await producer.send(bodies[i], publishing_id=i))
+            if i == 1500:
+                await asyncio.to_thread(cluster3.kill9, cluster3.index_of(leader))
+        await asyncio.wait_for(asyncio.gather(*futures), 90)
+        last, reconnects = producer.last_publishing_id(), producer.reconnects
+        await producer.close()
+        return last, reconnects
+
+    last, reconnects = asyncio.run(publish())
+    assert (last, reconnects >= 1) == (2999, True)
+    with Producer(survivors, "ledger", name="ledger-app", reconnect_timeout_s=30) as producer:
+        assert producer.last_publishing_id() == 2999  # 004 getLastPublishingId, on attach
+        for i, body in enumerate(bodies):  # a restart that resends everything from id 0
+            producer.send_async(body, publishing_id=i)
+        producer.flush()
+        assert producer.last_publishing_id() == 3999
+
+    async def consume() -> list[bytes]:
+        consumer = await AsyncConsumer.connect(survivors, "ledger", start="first", timeout_s=30)
+        got = [(await consumer.receive(20)).body for _ in range(len(bodies))]
+        with contextlib.suppress(TimeoutError):
+            extra = await consumer.receive(1.0)
+            raise AssertionError(f"a message stored twice: {extra.body!r}")
+        await consumer.close()
+        return got
+
+    assert asyncio.run(consume()) == bodies

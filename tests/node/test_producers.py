@@ -35,7 +35,7 @@ def test_keep_new_drops_what_is_not_above_the_last_stored() -> None:
 
 def test_a_chunk_carries_its_producer_section_and_readers_see_only_records() -> None:
     records = [b"alpha", b"", b"gamma" * 100]
-    section = encode_section("orders-app".encode(), 2**64 - 1)
+    section = encode_section(b"orders-app", 2**64 - 1)
     data = chunk_codec.encode_chunk(records, Offset(40), 123, 2, 9, producer=section)
     header, views = chunk_codec.decode_chunk(data)
     assert header.flags == chunk_codec.FLAG_PRODUCER and header.record_count == 3
@@ -102,12 +102,10 @@ def test_the_table_survives_rolls_reopen_and_a_crash(disk: DiskUnderTest) -> Non
 
 def test_truncation_rolls_the_table_back(disk: DiskUnderTest) -> None:
     log = PartitionLog.open(disk.storage, SMALL)
-    index = 0
     for k in range(6):
-        index += 1
         section = encode_section(b"p", k)
         data = chunk_codec.encode_chunk(
-            [b"r" * 300], log.end_offset, 1000, 1, index, producer=section
+            [b"r" * 300], log.end_offset, 1000, 1, k + 1, producer=section
         )
         log.append_chunk_bytes(data)
     log.sync()
