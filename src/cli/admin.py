@@ -181,6 +181,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     partition_list.set_defaults(run=_partition_list)
 
+    producer = subparsers.add_parser(
+        "producer",
+        help="deduplicating producers of a stream",
+        description="Inspect the producer names whose messages a stream deduplicates "
+        "(link property spate:producer-name, docs/amqp.md).",
+    )
+    producer_commands = producer.add_subparsers(
+        title="producer commands", metavar="ACTION", dest="action", required=True
+    )
+    producer_list = producer_commands.add_parser(
+        "list",
+        parents=[common],
+        help="last publishing id of every producer name",
+        description="List, per partition of STREAM, every producer name with its last stored "
+        "publishing id (what a restarted producer resumes after), the offset of its last "
+        "stored message and when it was stored, as the answering node's replicas hold them: "
+        "a partition it does not host is listed as not here. A partition remembers at most "
+        f"{limits.producer_names_max} names; past that the name written least recently is "
+        "forgotten.",
+    )
+    producer_list.add_argument("stream", metavar="STREAM", help="the stream")
+    producer_list.set_defaults(run=_producer_list)
+
     cluster = subparsers.add_parser(
         "cluster",
         help="cluster-wide status",
@@ -352,6 +375,47 @@ def _partition_list(args: argparse.Namespace) -> int:
             for p in partitions
         ]
         _print(output.render_table(["STREAM", "PARTITION", "REPLICAS", "LEADER", "EPOCH"], rows))
+    return EXIT_OK
+
+
+def _producer_list(args: argparse.Namespace) -> int:
+    validate_stream_name(args.stream)
+    response = _call(args, "ListProducers", pb.ListProducersRequest(stream=args.stream))
+    producers = [
+        {
+            "partition": p.partition,
+            "name": p.name,
+            "last_publishing_id": p.last_publishing_id,
+            "last_offset": p.last_offset,
+            "timestamp_ms": p.timestamp_ms,
+        }
+        for p in response.producers
+    ]
+    here = list(response.partitions_here)
+    if args.output == "json":
+        _print(
+            output.render_json(
+                {"stream": args.stream, "producers": producers, "partitions_here": here}
+            )
+        )
+    elif not producers:
+        _print(f"No producer names on the partitions of {args.stream!r} hosted here {here}.")
+    else:
+        rows = [
+            [
+                str(p["partition"]),
+                p["name"],
+                str(p["last_publishing_id"]),
+                str(p["last_offset"]),
+                output.timestamp(p["timestamp_ms"]),
+            ]
+            for p in producers
+        ]
+        _print(
+            output.render_table(
+                ["PARTITION", "PRODUCER", "LAST-PUBLISHING-ID", "LAST-OFFSET", "STORED"], rows
+            )
+        )
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ module decides how it looks. Nothing here talks to the network.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Sequence
@@ -85,3 +86,9 @@ def retention_text(retention: dict[str, Any]) -> str:
     if retention.get("max_messages") is not None:
         parts.append(f"max-messages {retention['max_messages']}")
     return ", ".join(parts) if parts else "forever"
+
+
+def timestamp(milliseconds: int) -> str:
+    """An epoch-milliseconds time as UTC ISO 8601 (to the millisecond)."""
+    moment = datetime.datetime.fromtimestamp(milliseconds / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from spate.core.backend import PartitionInfo
+from spate.core.backend import PartitionInfo, ProducerInfo
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -94,6 +94,16 @@ class PartitionManager:
             for key in list(self._open):
                 await self.host.close_partition(*key, delete=False)
             self._open.clear()
+
+    def producers(self, stream: StreamName) -> dict[PartitionId, list[ProducerInfo]]:
+        """Producer names of the partitions of `stream` hosted here (deduplication state)."""
+        if stream not in self._configs:
+            raise NotFound(f"stream {stream!r} does not exist")
+        return {
+            pid: self.host.partition(name, pid).producers()
+            for (name, pid) in sorted(self._open)
+            if name == stream
+        }
 
     def stats(self, stream: StreamName) -> list[PartitionInfo]:
         """Runtime facts of the partitions of `stream` hosted here (for describe / $info)."""

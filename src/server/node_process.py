@@ -120,6 +120,7 @@ class NodeProcess:
             self.metadata,
             stats=self.manager.stats,
             status=self._status,
+            producers=self.manager.producers,
             host=settings.host,
             port=settings.admin_port,
         )

@@ -224,3 +224,14 @@ def test_a_named_producer_stores_each_message_once_across_a_leader_kill_and_a_re
         return got
 
     assert asyncio.run(consume()) == bodies
+    cluster3.refresh()  # the admin address of a live node
+    listed = cluster3.cli_json("producer", "list", "ledger")
+    assert listed["partitions_here"] == [0]
+    assert [(p["name"], p["last_publishing_id"]) for p in listed["producers"]] == [
+        ("ledger-app", 3999)
+    ]
+    assert listed["producers"][0]["last_offset"] == 3999
+    table = cluster3.cli("producer", "list", "ledger").stdout
+    assert "ledger-app" in table and "3999" in table
+    missing = cluster3.cli("producer", "list", "nope", check=False)
+    assert missing.returncode != 0 and "nope" in missing.stderr

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from spate.core.backend import PartitionInfo
-from spate.core.ids import StreamName
+from spate.core.backend import PartitionInfo, ProducerInfo
+from spate.core.ids import PartitionId, StreamName
 
 
 class StatsProvider(Protocol):
@@ -38,3 +38,10 @@ class StatusProvider(Protocol):
     """Facts about the hosting process (and any it knows of), for ClusterStatus."""
 
     def __call__(self) -> Sequence[ProcessFacts]: ...
+
+
+class ProducersProvider(Protocol):
+    """Producer names of the partitions of `stream` this process hosts, per partition
+    (raises NotFound for an unknown stream)."""
+
+    def __call__(self, stream: StreamName, /) -> Mapping[PartitionId, Sequence[ProducerInfo]]: ...

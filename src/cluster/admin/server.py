@@ -19,7 +19,7 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
-from spate.cluster.admin.providers import StatsProvider, StatusProvider
+from spate.cluster.admin.providers import ProducersProvider, StatsProvider, StatusProvider
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import RequestId
 from spate.core.backend import PartitionInfo
@@ -48,11 +48,13 @@ class AdminServer:
         status: StatusProvider,
         host: str = "127.0.0.1",
         port: int = 0,
+        *,
+        producers: ProducersProvider | None = None,
     ) -> None:
         self.metadata = metadata
         self.host = host
         self.port = port
-        self._servicer = _AdminServicer(metadata, stats, status)
+        self._servicer = _AdminServicer(metadata, stats, status, producers)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -95,11 +97,47 @@ class AdminServer:
 
 class _AdminServicer(pb_grpc.AdminServicer):
     def __init__(
-        self, metadata: MetadataService, stats: StatsProvider, status: StatusProvider
+        self,
+        metadata: MetadataService,
+        stats: StatsProvider,
+        status: StatusProvider,
+        producers: ProducersProvider | None,
     ) -> None:
         self.metadata = metadata
         self.stats = stats
         self.status = status
+        self.producers = producers
+
+    async def ListProducers(
+        self,
+        request: pb.ListProducersRequest,
+        context: grpc.aio.ServicerContext[pb.ListProducersRequest, pb.ListProducersResponse],
+    ) -> pb.ListProducersResponse:
+        async def call() -> pb.ListProducersResponse:
+            name = StreamName(request.stream)
+            validate_stream_name(name)
+            await self._catch_up()
+            self.metadata.stream_record(name)  # NotFound for an unknown stream
+            try:
+                held = {} if self.producers is None else self.producers(name)
+            except NotFound:
+                held = {}  # defined in the metadata, not (yet) opened by this process
+            return pb.ListProducersResponse(
+                producers=[
+                    pb.ProducerEntry(
+                        partition=pid,
+                        name=p.name,
+                        last_publishing_id=p.last_publishing_id,
+                        last_offset=p.last_offset,
+                        timestamp_ms=p.timestamp_ms,
+                    )
+                    for pid, infos in sorted(held.items())
+                    for p in infos
+                ],
+                partitions_here=sorted(held),
+            )
+
+        return await _answer(context, call)
 
     async def CreateStream(
         self,
