@@ -29,8 +29,8 @@ LAST = symbol("spate:last-publishing-id")
 PID = symbol("x-opt-publishing-id")
 
 
-def named(name: str, **more: Any) -> LinkProperties:
-    return LinkProperties({NAME: name, **{symbol(k): v for k, v in more.items()}})
+def named(name: str) -> LinkProperties:
+    return LinkProperties({NAME: name})
 
 
 def message(publishing_id: int | None, body: str) -> Message:

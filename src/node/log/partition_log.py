@@ -18,7 +18,7 @@ Invariants (asserted where cheap):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from spate.core import limits
@@ -715,9 +715,15 @@ class PartitionLog:
 
     def _scan_headers(self, i: int, position: int) -> list[tuple[int, ChunkHeader]]:
         """(position, header) of every chunk of segment `i` from `position` on."""
+        return [(at, header) for at, header, _ in self._walk_headers(i, position)]
+
+    def _walk_headers(
+        self, i: int, position: int
+    ) -> Iterator[tuple[int, ChunkHeader, BlockReader]]:
+        """(position, header, the reader holding it) of each chunk of segment `i` from
+        `position` on; StorageFailure where the headers stop making sense."""
         segment = self._segments[i]
         reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
-        out: list[tuple[int, ChunkHeader]] = []
         while position < segment.size:
             got = reader.get(position, chunk.HEADER_BYTES)
             try:
@@ -726,9 +732,8 @@ class PartitionLog:
                 header = chunk.decode_header(got[0], got[1])
             except ChunkError as error:
                 raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
-            out.append((position, header))
+            yield position, header, reader
             position += header.chunk_bytes
-        return out
 
     def first_raft_index(self) -> int | None:
         """Raft index of the first retained chunk; None when the log holds none."""
@@ -907,24 +912,19 @@ class PartitionLog:
 
     def _replay_producers(self, i: int) -> None:
         """Note the producer section of every chunk of segment `i` that has one."""
-        segment = self._segments[i]
-        reader = BlockReader(self._storage, segment.name, segment.size, READ_BLOCK_BYTES_MIN)
-        position = 0
-        while position < segment.size:
-            got = reader.get(position, chunk.HEADER_BYTES)
+        for position, header, reader in self._walk_headers(i, 0):
+            if not header.flags:
+                continue
+            got = reader.get(
+                position, chunk.HEADER_BYTES + min(header.payload_length, SECTION_BYTES_MAX)
+            )
             try:
                 if got is None:
-                    raise ChunkError("file ends inside a chunk header")
-                header = chunk.decode_header(got[0], got[1])
-                if header.flags:
-                    length = chunk.HEADER_BYTES + min(header.payload_length, SECTION_BYTES_MAX)
-                    got = reader.get(position, length)
-                    if got is None:
-                        raise ChunkError("file ends inside a producer section")
-                    self._note_producer(got[0], got[1], header)
+                    raise ChunkError("file ends inside a producer section")
+                self._note_producer(got[0], got[1], header)
             except ChunkError as error:
-                raise StorageFailure(f"segment {segment.name} byte {position}: {error}") from error
-            position += header.chunk_bytes
+                name = self._segments[i].name
+                raise StorageFailure(f"segment {name} byte {position}: {error}") from error
 
     # ------------------------------------------------------------------ facts
 
