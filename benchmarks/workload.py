@@ -86,6 +86,11 @@ class Workload:
     duration_s: float = DURATION_S
     timeout_s: float = TIMEOUT_S
     label: str = ""
+    producer_name: str | None = None
+    """W1 as a deduplicating producer (ADR 0011): link property spate:producer-name and an
+    x-opt-publishing-id per message."""
+    annotate: bool = False
+    """W1's messages carry x-opt-publishing-id without a producer name (a control)."""
 
 
 def create_stream(t: Target, stream: str) -> None:
@@ -130,6 +135,10 @@ def w1(binary: Path, t: Target, w: Workload) -> dict[str, Any]:
     create_stream(t, w.stream)
     args = _common(t, t.address_format.format(stream=w.stream))
     args += ["--count", str(w.count), "--size", str(w.size), "--window", str(w.window)]
+    if w.producer_name:
+        args += ["--producer-name", w.producer_name]
+    if w.annotate:
+        args += ["--annotate"]
     r = _tag(run_client(binary, "publish", args, w.timeout_s, t.prefix), t, w)
     log(
         f"W1 publish: {r.get('msgs_per_s')} msgs/s, confirm p50 {r.get('confirm_p50_ms')} ms "

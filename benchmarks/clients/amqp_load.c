@@ -8,6 +8,9 @@
  *   amqp_load latency --address A [--rate R] [--duration D] [--window W] [--credit C]
  *   common: [--host H] [--port P] [--user U --password P] [--partition ID]
  *           [--filter rabbitmq|oasis|none] [--timeout S] [--label TEXT]
+ *   publish: [--producer-name NAME]  a deduplicating producer (ADR 0011): the link property
+ *           spate:producer-name, and the message annotation x-opt-publishing-id = sequence
+ *   publish: [--annotate]  the same annotation without a name (a control: same bytes, no dedup)
  *
  * Every run prints exactly one JSON line on stdout (field names as in
  * /work/shared/peers/benchlib.py output); diagnostics go to stderr. Exit status 0 when the run
@@ -67,6 +70,8 @@ enum { MODE_PUBLISH, MODE_CONSUME, MODE_LATENCY };
 typedef struct {
     int mode;
     const char *host, *port, *address, *user, *password, *partition, *offset, *filter, *label;
+    const char *producer_name; /* --producer-name: deduplicating producer, publishing id = seq */
+    int annotate;              /* --annotate: the same x-opt-publishing-id, no producer name */
     const char *self_path;
     long count, size, window, credit;
     double rate, duration, timeout_s;
@@ -77,7 +82,7 @@ typedef struct {
 
     /* publish */
     uint8_t *msg;      /* pre-encoded message */
-    size_t msg_len, seq_at, ts_at;
+    size_t msg_len, seq_at, ts_at, id_at; /* id_at: publishing id (0 = unnamed) */
     long total;        /* messages to send */
     long sent, accepted, rejected, released, modified, settled_no_state;
     uint64_t *t_sent;  /* [total + 1] monotonic ns by sequence */
@@ -123,6 +128,10 @@ static void put_u64le(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+static void put_u64be(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[7 - i] = (uint8_t)(v >> (8 * i));
+}
+
 static uint64_t get_u64le(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
@@ -149,11 +158,18 @@ static void close_conn(app_t *a) {
 
 static void encode_message(app_t *a) {
     static const uint8_t header[] = {0x00, 0x53, 0x70, 0xc0, 0x02, 0x01, 0x41};
+    /* message-annotations {x-opt-publishing-id: ulong} (map8: size 31, count 2; sym8; ulong) */
+    static const uint8_t annotations[] = {0x00, 0x53, 0x72, 0xc1, 31, 2, 0xa3, 19,
+        'x', '-', 'o', 'p', 't', '-', 'p', 'u', 'b', 'l', 'i', 's', 'h', 'i', 'n', 'g', '-',
+        'i', 'd', 0x80, 0, 0, 0, 0, 0, 0, 0, 0};
     size_t n = (size_t)a->size, pre = n <= 255 ? 5 : 8;
-    a->msg_len = sizeof header + pre + n;
+    size_t ma = a->producer_name || a->annotate ? sizeof annotations : 0;
+    a->msg_len = sizeof header + ma + pre + n;
     a->msg = malloc(a->msg_len);
     memcpy(a->msg, header, sizeof header);
-    uint8_t *p = a->msg + sizeof header;
+    memcpy(a->msg + sizeof header, annotations, ma);
+    a->id_at = ma ? sizeof header + ma - 8 : 0;
+    uint8_t *p = a->msg + sizeof header + ma;
     p[0] = 0x00; p[1] = 0x53; p[2] = 0x75;
     if (n <= 255) {
         p[3] = 0xa0; p[4] = (uint8_t)n;
@@ -267,14 +283,20 @@ static void set_source_filter(app_t *a, pn_link_t *l) {
     pn_data_exit(f);
 }
 
-static void set_partition(app_t *a, pn_link_t *l) {
-    if (!a->partition) return;
+static void put_property(pn_data_t *p, const char *k, const char *v) {
+    pn_data_put_symbol(p, pn_bytes(strlen(k), k));
+    pn_data_put_string(p, pn_bytes(strlen(v), v));
+}
+
+/* link properties: event-streams-partition (--partition), spate:producer-name (--producer-name) */
+static void set_properties(app_t *a, pn_link_t *l) {
+    int named = a->producer_name && a->mode == MODE_PUBLISH;
+    if (!a->partition && !named) return;
     pn_data_t *p = pn_link_properties(l);
-    const char *k = "event-streams-partition";
     pn_data_put_map(p);
     pn_data_enter(p);
-    pn_data_put_symbol(p, pn_bytes(strlen(k), k));
-    pn_data_put_string(p, pn_bytes(strlen(a->partition), a->partition));
+    if (a->partition) put_property(p, "event-streams-partition", a->partition);
+    if (named) put_property(p, "spate:producer-name", a->producer_name);
     pn_data_exit(p);
 }
 
@@ -295,7 +317,7 @@ static void open_link(app_t *a) {
         pn_terminus_set_address(pn_link_source(a->link), a->address);
         set_source_filter(a, a->link);
     }
-    set_partition(a, a->link);
+    set_properties(a, a->link);
     pn_link_open(a->link);
     if (a->mode != MODE_PUBLISH) {
         a->t_attach = mono_ns();
@@ -322,6 +344,7 @@ static void pump_send(app_t *a) {
     while (a->sent < limit && pn_link_credit(l) > 0 && a->sent - confirmed(a) < a->window) {
         uint64_t seq = (uint64_t)++a->sent;
         put_u64le(a->msg + a->seq_at, seq);
+        if (a->id_at) put_u64be(a->msg + a->id_at, seq);
         put_u64le(a->msg + a->ts_at, real_ns());
         pn_delivery(l, pn_dtag((const char *)&seq, sizeof seq));
         uint64_t t = mono_ns();
@@ -696,6 +719,7 @@ static void print_common(app_t *a, const char *workload) {
            a->redirects, a->attach_retries);
     if (a->label) { printf(", \"label\": "); json_str(stdout, a->label); }
     if (a->partition) { printf(", \"partition\": "); json_str(stdout, a->partition); }
+    if (a->producer_name) { printf(", \"producer_name\": "); json_str(stdout, a->producer_name); }
 }
 
 static void print_error(app_t *a) {
@@ -757,7 +781,8 @@ static void usage(void) {
             "usage: amqp_load publish|consume|latency --address A [--host H] [--port P]\n"
             "  [--count N] [--size S] [--window W] [--credit C] [--rate R] [--duration D]\n"
             "  [--offset first|last|next|INT] [--filter rabbitmq|oasis|none]\n"
-            "  [--user U --password P] [--partition ID] [--timeout S] [--label TEXT]\n");
+            "  [--user U --password P] [--partition ID] [--producer-name NAME] [--annotate]\n"
+            "  [--timeout S] [--label TEXT]\n");
     exit(2);
 }
 
@@ -806,6 +831,7 @@ int main(int argc, char **argv) {
     else usage();
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
+        if (!strcmp(o, "--annotate")) { a.annotate = 1; continue; } /* the one flag */
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
         if (!strcmp(o, "--host")) a.host = v;
@@ -823,6 +849,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "--user")) a.user = v;
         else if (!strcmp(o, "--password")) a.password = v;
         else if (!strcmp(o, "--partition")) a.partition = v;
+        else if (!strcmp(o, "--producer-name")) a.producer_name = v;
         else if (!strcmp(o, "--label")) a.label = v;
         else usage();
     }

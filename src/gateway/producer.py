@@ -74,6 +74,10 @@ class ProducerLink:
     """Named links: `records[i]`'s publishing id."""
     last_id: int = -1
     """Named links: the last publishing id taken on this link."""
+    id_prefix: bytes = b"\x01"
+    """Named links: the bytes before the publishing id's 8 bytes in the last message whose id
+    was read the slow way (header, annotations map up to the ulong constructor; ADR 0011); a
+    message starting with them has its id at `len(id_prefix)`. `01` matches no plain message."""
 
 
 class ProducerPart:
@@ -132,6 +136,7 @@ class ProducerPart:
         records, deliveries = producer.records, producer.deliveries
         oversize = producer.oversize
         named = producer.name is not None
+        id_at = sections.ULONG.unpack_from
         got = 0
         while True:
             cur = current(lp)
@@ -161,10 +166,21 @@ class ProducerPart:
                 self._accept_incoming(producer, cur, raw)
                 got += 1
                 continue
-            if named and not self._take_id(producer, cur, raw):
-                if producer.closed:
-                    break
-                continue
+            if named:
+                # the id at the learned offset (same section layout as a checked message)
+                if raw.startswith(producer.id_prefix):
+                    publishing_id = id_at(raw, len(producer.id_prefix))[0]
+                    if publishing_id > producer.last_id:
+                        producer.last_id = publishing_id
+                        producer.ids.append(publishing_id)
+                    elif not self._take_id(producer, cur, raw):
+                        if producer.closed:
+                            break
+                        continue
+                elif not self._take_id(producer, cur, raw):
+                    if producer.closed:
+                        break
+                    continue
             if presettled or remote_settled(cur):
                 settle(cur)
                 deliveries.append(None)
@@ -195,6 +211,9 @@ class ProducerPart:
             else:
                 producer.last_id = publishing_id
                 producer.ids.append(publishing_id)
+                at = sections.publishing_id_at(stored)
+                if at > 0:
+                    producer.id_prefix = stored[:at]
                 return True
         except (sections.BadPublishingId, sections.MalformedMessage) as err:
             problem = str(err)

@@ -386,6 +386,69 @@ _INTEGERS: dict[int, tuple[int, struct.Struct | None, bool]] = {
 }
 
 
+ULONG = struct.Struct(">Q")
+_KEY_END = len(_PUBLISHING_ID_KEY)
+
+
+def _publishing_id_fast(stored: bytes, at: int) -> int | None:
+    """The layouts clients send, in a few index reads: [a header as list8 or list0] then a
+    message-annotations map8 or map32 holding the key at `at`, followed by a ulong, smallulong
+    or ulong0. None for any other layout (the section walk then decides)."""
+    value = _publishing_id_value(stored, at)
+    if value < 0:
+        return None
+    code = stored[value]
+    if code == 0x80:
+        number: int = ULONG.unpack_from(stored, value + 1)[0]
+        return number
+    if code == 0x53:
+        return stored[value + 1]
+    return 0  # 0x44, ulong0
+
+
+def publishing_id_at(stored: bytes) -> int:
+    """Where the 8 bytes of a ulong x-opt-publishing-id start, for the layouts of
+    `_publishing_id_fast`; -1 otherwise. A message that starts with the same `stored[:at]`
+    bytes has the same sections up to there, so its id is at the same place: the producer's
+    hot path reads it with one `startswith` (ADR 0011)."""
+    at = stored.find(_PUBLISHING_ID_KEY)
+    value = _publishing_id_value(stored, at) if at >= 0 else -1
+    return value + 1 if value >= 0 and stored[value] == 0x80 else -1
+
+
+def _publishing_id_value(stored: bytes, at: int) -> int:
+    """Index of the publishing id's constructor (ulong, smallulong or ulong0, all of it within
+    the annotations section) for the key at `at` in the fast layouts; -1 otherwise."""
+    n = len(stored)
+    if n < 12 or stored[0] or stored[1] != 0x53:
+        return -1
+    start = 0
+    if stored[2] == HEADER:
+        if stored[3] == 0xC0:
+            start = 5 + stored[4]
+        elif stored[3] == 0x45:
+            start = 4
+        else:
+            return -1
+        if n < start + 12 or stored[start] or stored[start + 1] != 0x53:
+            return -1
+    if stored[start + 2] != MESSAGE_ANNOTATIONS:
+        return -1
+    if stored[start + 3] == 0xC1:
+        first, end = start + 6, start + 5 + stored[start + 4]
+    elif stored[start + 3] == 0xD1:
+        first, end = start + 12, start + 8 + _U32.unpack_from(stored, start + 4)[0]
+    else:
+        return -1
+    value = at + _KEY_END
+    if at < first or value >= end or end > n:
+        return -1
+    code = stored[value]
+    if (code == 0x80 and value + 9 <= end) or (code == 0x53 and value + 2 <= end):
+        return value
+    return value if code == 0x44 else -1
+
+
 class BadPublishingId(ValueError):
     """The message's x-opt-publishing-id is there but is not a non-negative integer."""
 
@@ -394,9 +457,22 @@ def publishing_id(stored: bytes | memoryview) -> int | None:
     """The `x-opt-publishing-id` message annotation of stored bytes (None when absent).
 
     One C-speed `find` for the key, then a check that it lies in the message-annotations
-    section (which follows the header in stored bytes: the delivery annotations are cut).
+    section (which follows the header in stored bytes: the delivery annotations are cut):
+    a few index reads for the layout clients send (~0.3 µs), a section walk for any other.
     The contract's type is ulong; other non-negative integer types are taken as well.
     """
+    if isinstance(stored, bytes):
+        at = stored.find(_PUBLISHING_ID_KEY)
+        if at < 0:
+            return None
+        fast = _publishing_id_fast(stored, at)
+        if fast is not None:
+            return fast
+    return _publishing_id_scanned(stored)
+
+
+def _publishing_id_scanned(stored: bytes | memoryview) -> int | None:
+    """publishing_id by walking the header and annotations sections: any layout."""
     at = stored.find(_PUBLISHING_ID_KEY) if isinstance(stored, bytes) else -1
     if at < 0:
         if isinstance(stored, bytes):

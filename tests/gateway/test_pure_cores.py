@@ -233,6 +233,44 @@ def test_is_plain_never_accepts_what_the_full_scanner_rejects() -> None:
         assert not sections.is_plain(raw)
 
 
+def test_the_publishing_id_fast_path_agrees_with_the_section_walk() -> None:
+    """ADR 0011: x-opt-publishing-id read by index arithmetic for the usual layout answers
+    what walking the sections answers, on valid layouts and a seeded sweep of corruptions."""
+    key = symbol("x-opt-publishing-id")
+    layouts = [
+        Message(body=b"x" * 100, durable=True, annotations={key: ulong(7)}),
+        Message(body=b"x", annotations={key: ulong(2**64 - 1)}),  # no header section
+        Message(body=b"x", annotations={key: ulong(0)}),
+        Message(body="x", durable=True, annotations={symbol("a"): 1, key: ulong(1), "b": "z"}),
+        Message(body="x", durable=True, annotations={key: 9}),  # long: the walk decides
+        Message(body="x", durable=True, annotations={symbol("big"): "y" * 300, key: ulong(3)}),
+        Message(body="x", properties={"k": "x-opt-publishing-id"}),  # not an annotation
+    ]
+    raws = [bytes(m.encode()) for m in layouts]
+    expected = [7, 2**64 - 1, 0, 1, 9, 3, None]
+    assert [sections.publishing_id(raw) for raw in raws] == expected
+    rng = random.Random(20261125)
+    fast_answers = 0
+    for raw in raws:
+        for _ in range(500):
+            i = rng.randrange(len(raw))
+            bad = raw[:i] + bytes((rng.randrange(256),)) + raw[i + 1 :]
+            at = bad.find(b"\xa3\x13x-opt-publishing-id")
+            fast = sections._publishing_id_fast(bad, at) if at >= 0 else None
+            if fast is None:
+                continue
+            fast_answers += 1
+            try:
+                walked = sections._publishing_id_scanned(bad)
+            except (sections.BadPublishingId, sections.MalformedMessage, codec.DecodeError):
+                walked = "error"
+            assert fast == walked, (raw, i)
+            at = sections.publishing_id_at(bad)
+            if at > 0:  # the producer's learned offset reads the same number
+                assert walked == sections.ULONG.unpack_from(bad, at)[0], (raw, i)
+    assert fast_answers > 1000
+
+
 def test_splice_run_equals_splicing_one_by_one() -> None:
     """000 §5.1.1 / §4.6.4: every delivery carries offset, timestamp and (partitioned) source
     partition; the run encoder must produce the same bytes as the one-message encoder."""
