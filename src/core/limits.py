@@ -19,11 +19,20 @@ segment_bytes_default = 64 * 1024 * 1024
 segment_bytes_min = 64 * 1024
 segment_bytes_max = 4 * 1024 * 1024 * 1024 - 1
 index_interval_bytes = 4096
+"""A sparse-index entry is written at most once per this many segment bytes."""
 producer_names_max = 4096
 """Producer names whose last publishing id a partition remembers (deduplication, ADR 0011);
 past it the name written least recently is forgotten."""
 producer_name_bytes_max = 256
-"""A sparse-index entry is written at most once per this many segment bytes."""
+consumer_names_max = 4096
+"""Consumer names whose stored offset a partition remembers (offset tracking, ADR 0012); past
+it the name stored least recently is forgotten."""
+consumer_name_bytes_max = 256
+offset_commit_messages = 1000
+"""A named consumer's accepted offset is stored after at most this many settled messages..."""
+offset_commit_interval_ms = 200
+"""...or this long after the first one not stored yet, whichever comes first; and always
+when its link detaches (`spate node run --offset-commit-messages/--offset-commit-ms`)."""
 
 # Streams
 stream_name_bytes_max = 200

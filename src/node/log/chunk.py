@@ -15,10 +15,13 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
       8    1 version         2
       9    1 chunk_type      0 = user records (other values reserved: tracking, filters)
      10    2 flags           bit 0: FLAG_PRODUCER, the payload starts with a producer section
-                             (spate.node.log.producers); other bits 0 (reserved: compression)
-     12    4 record_count    number of records in the payload; 0 only for a barrier chunk
+                             (spate.node.log.producers); bit 1: FLAG_TRACKING, a tracking
+                             chunk (spate.node.log.tracking); other bits 0 (reserved)
+     12    4 record_count    number of records in the payload; 0 only for a barrier chunk or
+                             a tracking chunk
      16    8 first_offset    offset of the first record; record i has offset first_offset + i
-                             (a barrier's first_offset is the end offset of the chunk before)
+                             (a barrier's or tracking chunk's first_offset is the end offset of
+                             the chunk before)
      24    8 timestamp_ms    signed; the chunk's append time, shared by every record in it
      32    8 epoch           Raft term of the leader that wrote the chunk (0 without replication)
      40    8 raft_index      Raft log index of the chunk (one chunk is one Raft entry; 0 without
@@ -48,6 +51,19 @@ A barrier chunk (record_count 0, payload_length 0) is the empty entry a new Raft
 at the start of its term: it carries the term (epoch) and Raft index into storage and holds no
 record; readers skip it.
 
+A tracking chunk (FLAG_TRACKING, record_count 0) holds no record either; its payload is a
+tracking section, the stored offsets of consumer names (ADR 0012):
+
+```
+      0    2 count           entries (1..1024)
+    per entry:
+      0    2 name_length     n (1..256)
+      2    n name            the consumer name, UTF-8
+    2+n    8 offset          signed: the last offset the consumer is done with (-1: none)
+```
+
+Readers skip it like a barrier.
+
 Why these choices (docs/adr/0001-log-format.md has the full comparison with Osiris chunks and
 Kafka record batches): the CRC sits right after the magic so that it covers every other header
 field (a flipped bit in first_offset or payload_length is caught, not obeyed); big-endian like
@@ -63,12 +79,13 @@ from dataclasses import dataclass
 
 import crc32c
 from spate.core.ids import Offset
-from spate.node.log import producers
+from spate.node.log import producers, tracking
 
 MAGIC = b"SPCK"
 VERSION = 2
 CHUNK_TYPE_RECORDS = 0
 FLAG_PRODUCER = 1
+FLAG_TRACKING = 2
 HEADER_BYTES = 56
 RECORD_PREFIX_BYTES = 4
 CRC_START = 8
@@ -135,6 +152,49 @@ def encode_barrier(first_offset: Offset, timestamp_ms: int, epoch: int, raft_ind
         VERSION, CHUNK_TYPE_RECORDS, 0, 0, first_offset, timestamp_ms, epoch, raft_index, 0, 0
     )
     return b"".join((MAGIC, _RECORD_LENGTH.pack(crc32c.crc32c(after_crc)), after_crc))
+
+
+def encode_tracking(
+    entries: Sequence[tuple[bytes, int]],
+    first_offset: Offset,
+    timestamp_ms: int,
+    epoch: int,
+    raft_index: int = 0,
+) -> bytes:
+    """A tracking chunk: the stored offset of each (consumer name, offset), no records."""
+    assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
+    payload = tracking.encode_section(entries)
+    after_crc = _AFTER_CRC.pack(
+        VERSION,
+        CHUNK_TYPE_RECORDS,
+        FLAG_TRACKING,
+        0,
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        len(payload),
+        0,
+    )
+    crc = crc32c.crc32c(after_crc + payload)
+    return b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
+
+
+def tracking_section(
+    buffer: bytes | bytearray | memoryview, position: int, header: ChunkHeader
+) -> list[tuple[bytes, int]]:
+    """(consumer name, offset) entries of the FLAG_TRACKING chunk at `position`."""
+    assert header.flags & FLAG_TRACKING
+    start = position + HEADER_BYTES
+    try:
+        return tracking.decode_section(buffer, start, start + header.payload_length)
+    except tracking.TrackingError as error:
+        raise ChunkError(f"tracking chunk at offset {header.first_offset}: {error}") from error
+
+
+def is_barrier(header: ChunkHeader) -> bool:
+    """A new leader's empty entry (stored as a barrier chunk; the Raft core holds no payload)."""
+    return header.payload_length == 0
 
 
 def encode_chunk_with_header(
@@ -247,11 +307,14 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     if (
         version != VERSION
         or chunk_type != CHUNK_TYPE_RECORDS
-        or flags & ~FLAG_PRODUCER
+        or flags & ~(FLAG_PRODUCER | FLAG_TRACKING)
         or reserved != 0
     ):
         raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
-    if (
+    if flags & FLAG_TRACKING:
+        if flags != FLAG_TRACKING or count or payload_length == 0:
+            raise ChunkError(f"impossible tracking chunk: {count} records, flags {flags}")
+    elif (
         payload_length < count * RECORD_PREFIX_BYTES
         or (count == 0) != (payload_length == 0)
         or (flags and count == 0)
@@ -280,6 +343,8 @@ def slice_records(
     cursor = position + HEADER_BYTES
     end = cursor + header.payload_length
     if header.flags:
+        if header.flags & FLAG_TRACKING:
+            return []  # offsets, no records
         cursor += producer_section(view, position, header)[2]
     unpack = _RECORD_LENGTH.unpack_from
     records: list[memoryview] = []

@@ -47,6 +47,7 @@ from spate.node.log.segment import (
     rewrite_indexes,
 )
 from spate.node.log.storage import Storage
+from spate.node.log.tracking import OffsetTable, TrackedOffset, TrackingError
 
 SECTION_BYTES_MAX = 2 + limits.producer_name_bytes_max + 8
 """Longest producer section at the head of a chunk's payload (spate.node.log.producers)."""
@@ -63,6 +64,7 @@ class LogConfig:
     chunk_bytes_max: int = limits.chunk_bytes_max
     message_bytes_max: int = limits.message_bytes_max
     producer_names_max: int = limits.producer_names_max
+    consumer_names_max: int = limits.consumer_names_max
 
     def __post_init__(self) -> None:
         # Streams validate user input (StreamConfig.validate); tests may use smaller segments.
@@ -73,6 +75,7 @@ class LogConfig:
         assert 0 < self.message_bytes_max <= self.chunk_bytes_max - chunk.RECORD_PREFIX_BYTES
         assert self.index_interval_bytes > 0
         assert self.producer_names_max > 0
+        assert self.consumer_names_max > 0
 
     @classmethod
     def from_stream(cls, config: StreamConfig) -> LogConfig:
@@ -147,7 +150,10 @@ class PartitionLog:
         self.producers = ProducerTable(config.producer_names_max)
         """Last publishing id per producer name over every chunk written (spate.node.log.
         producers): stored, not necessarily committed; Raft truncation rolls it back."""
-        self._rebuild_producers()
+        self.offsets = OffsetTable(config.consumer_names_max)
+        """Stored offset per consumer name over every tracking chunk written (spate.node.log.
+        tracking); like `producers`, written is not committed."""
+        self._rebuild_state()
 
     # ------------------------------------------------------------------ opening
 
@@ -360,10 +366,18 @@ class PartitionLog:
         if header.raft_index:
             self.last_raft_index = header.raft_index
         if header.flags:
-            self._note_producer(data, 0, header)
+            self._note_state(data, 0, header)
         self.counters.chunks_appended += 1
 
-    def _note_producer(self, buffer: bytes | bytearray, at: int, header: ChunkHeader) -> None:
+    def _note_state(self, buffer: bytes | bytearray, at: int, header: ChunkHeader) -> None:
+        """The producer or tracking section of a chunk with flags, into its table."""
+        if header.flags & chunk.FLAG_TRACKING:
+            for name, offset in chunk.tracking_section(buffer, at, header):
+                self.offsets.note(
+                    name,
+                    TrackedOffset(offset, header.raft_index, header.epoch, header.timestamp_ms),
+                )
+            return
         name, last_id, _ = chunk.producer_section(buffer, at, header)
         self.producers.note(
             name,
@@ -392,7 +406,7 @@ class PartitionLog:
         # that opens with the segment has its snapshot (an orphan snapshot is deleted).
         snapshot = file_name(new.base_offset, PRODUCERS_SUFFIX)
         storage.create(snapshot)
-        storage.append(snapshot, self.producers.encode())
+        storage.append(snapshot, self.producers.encode(self.offsets.encode()))
         storage.fsync(snapshot)
         storage.release(snapshot)
         self._snapshots.add(new.base_offset)
@@ -671,6 +685,7 @@ class PartitionLog:
                 self._segments = [fresh]
                 self.end_offset = self.durable_end = offset
                 self.producers = ProducerTable(self._config.producer_names_max)
+                self.offsets = OffsetTable(self._config.consumer_names_max)
                 return
             i = self._segment_index(offset)
             _, position, header = self._locate(offset)
@@ -692,7 +707,7 @@ class PartitionLog:
                 self._append_chunk(keep, header.timestamp_ms, header.epoch)
             storage.fsync(segment.name)
             self.durable_end = self.end_offset
-            self._rebuild_producers()
+            self._rebuild_state()
         except OSError as error:
             self.fail(f"truncating at offset {offset} failed: {error}")
             raise StorageFailure(f"the disk refused a truncation: {error}") from error
@@ -850,7 +865,7 @@ class PartitionLog:
             self.end_offset = self.durable_end = header.first_offset
             self.last_raft_index = raft_index - 1
             self._chunks_synced = self.counters.chunks_appended
-            self._rebuild_producers()
+            self._rebuild_state()
         except OSError as error:
             self.fail(f"truncating at Raft index {raft_index} failed: {error}")
             raise StorageFailure(f"the disk refused a truncation: {error}") from error
@@ -888,12 +903,13 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ producers
 
-    def _rebuild_producers(self) -> None:
-        """The producer table over every written chunk: the newest segment's snapshot (the
-        state before it), then that segment's chunks and any after it. Without a snapshot
-        (a log that has never rolled) every segment is replayed, from an empty table."""
+    def _rebuild_state(self) -> None:
+        """The producer and offset tables over every written chunk: the newest segment's
+        snapshot (the state before it), then that segment's chunks and any after it. Without a
+        snapshot (a log that has never rolled) every segment is replayed, from empty tables."""
         storage = self._storage
         table = ProducerTable(self._config.producer_names_max)
+        offsets = OffsetTable(self._config.consumer_names_max)
         start = 0
         for i in range(len(self._segments) - 1, -1, -1):
             base = self._segments[i].base_offset
@@ -901,27 +917,30 @@ class PartitionLog:
                 name = file_name(base, PRODUCERS_SUFFIX)
                 try:
                     data = storage.pread(name, 0, storage.size(name))
-                    table = ProducerTable.decode(data, self._config.producer_names_max)
-                except (OSError, ProducerStateError) as error:
-                    raise StorageFailure(f"producer snapshot {name}: {error}") from error
+                    table, trailer = ProducerTable.decode(data, self._config.producer_names_max)
+                    offsets = OffsetTable.decode(trailer, self._config.consumer_names_max)
+                except (OSError, ProducerStateError, TrackingError) as error:
+                    raise StorageFailure(f"partition-state snapshot {name}: {error}") from error
                 start = i
                 break
         self.producers = table
+        self.offsets = offsets
         for i in range(start, len(self._segments)):
-            self._replay_producers(i)
+            self._replay_state(i)
 
-    def _replay_producers(self, i: int) -> None:
-        """Note the producer section of every chunk of segment `i` that has one."""
+    def _replay_state(self, i: int) -> None:
+        """Note the producer or tracking section of every chunk of segment `i` that has one."""
         for position, header, reader in self._walk_headers(i, 0):
             if not header.flags:
                 continue
-            got = reader.get(
-                position, chunk.HEADER_BYTES + min(header.payload_length, SECTION_BYTES_MAX)
-            )
+            length = header.payload_length
+            if not header.flags & chunk.FLAG_TRACKING:
+                length = min(length, SECTION_BYTES_MAX)  # the section, not the records
+            got = reader.get(position, chunk.HEADER_BYTES + length)
             try:
                 if got is None:
-                    raise ChunkError("file ends inside a producer section")
-                self._note_producer(got[0], got[1], header)
+                    raise ChunkError("file ends inside a producer or tracking section")
+                self._note_state(got[0], got[1], header)
             except ChunkError as error:
                 name = self._segments[i].name
                 raise StorageFailure(f"segment {name} byte {position}: {error}") from error

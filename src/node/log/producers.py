@@ -13,7 +13,8 @@ again. This module is the state behind that rule, as the log sees it (ADR 0011):
   recently is forgotten (a later message of that name is then stored whatever its id). "Least
   recently" is log order, so every replica evicts the same name at the same chunk.
 - At every segment roll the table is written beside the new segment (`<base>.producers`, the
-  state after every chunk before `base`) and fsynced with it, like Kafka's producer-state
+  state after every chunk before `base`, with the consumer offsets of spate.node.log.tracking
+  as its trailer) and fsynced with it, like Kafka's producer-state
   snapshots: opening a log reads the last segment's snapshot and replays that segment's
   chunks only; retention deletes a snapshot with its segment; a wiped replica fetches the
   snapshots with the segments.
@@ -36,7 +37,9 @@ NAME_BYTES_MAX = limits.producer_name_bytes_max
 PUBLISHING_ID_MAX = 2**64 - 1
 
 SNAPSHOT_MAGIC = b"SPPT"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+"""Version 2 adds a trailer after the producer entries: the consumer offsets (ADR 0012,
+spate.node.log.tracking.OffsetTable.encode). Version 1 files (no trailer) still decode."""
 _SNAPSHOT_HEAD = struct.Struct(">4sIBI")  # magic, crc32c of what follows the crc, version, count
 _SNAPSHOT_ENTRY = struct.Struct(">QQQqQ")  # last_id, raft_index, epoch, timestamp_ms, last_offset
 
@@ -114,8 +117,9 @@ class ProducerTable:
         other._states = OrderedDict(self._states)
         return other
 
-    def encode(self) -> bytes:
-        """The snapshot file's bytes (oldest write first, so decoding keeps the order)."""
+    def encode(self, trailer: bytes = b"") -> bytes:
+        """The snapshot file's bytes (oldest write first, so decoding keeps the order), with
+        `trailer` (the other partition state: consumer offsets) after the entries."""
         parts: list[bytes] = []
         for name, s in self._states.items():
             parts.append(SECTION_HEAD.pack(len(name)))
@@ -125,18 +129,19 @@ class ProducerTable:
                     s.last_id, s.raft_index, s.epoch, s.timestamp_ms, s.last_offset
                 )
             )
-        body = struct.pack(">BI", SNAPSHOT_VERSION, len(self._states)) + b"".join(parts)
+        body = struct.pack(">BI", SNAPSHOT_VERSION, len(self._states)) + b"".join(parts) + trailer
         return SNAPSHOT_MAGIC + struct.pack(">I", crc32c.crc32c(body)) + body
 
     @classmethod
-    def decode(cls, data: bytes, names_max: int) -> ProducerTable:
-        """A table from a snapshot; at most `names_max` names are kept (the newest)."""
+    def decode(cls, data: bytes, names_max: int) -> tuple[ProducerTable, memoryview]:
+        """A table from a snapshot, and the trailer after it; at most `names_max` names are
+        kept (the newest)."""
         if len(data) < _SNAPSHOT_HEAD.size or data[:4] != SNAPSHOT_MAGIC:
             raise ProducerStateError("not a producer snapshot")
         _, crc, version, count = _SNAPSHOT_HEAD.unpack_from(data, 0)
         if crc32c.crc32c(memoryview(data)[8:]) != crc:
             raise ProducerStateError("producer snapshot CRC mismatch")
-        if version != SNAPSHOT_VERSION:
+        if version not in (1, SNAPSHOT_VERSION):
             raise ProducerStateError(f"unknown producer snapshot version {version}")
         table = cls(names_max)
         at = _SNAPSHOT_HEAD.size
@@ -151,9 +156,9 @@ class ProducerTable:
             at += length
             table.note(name, ProducerState(*_SNAPSHOT_ENTRY.unpack_from(data, at)))
             at += _SNAPSHOT_ENTRY.size
-        if at != len(data):
+        if version == 1 and at != len(data):
             raise ProducerStateError(f"{len(data) - at} stray bytes after the producer snapshot")
-        return table
+        return table, memoryview(data)[at:]
 
 
 @dataclass(frozen=True, slots=True)

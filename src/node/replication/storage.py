@@ -160,7 +160,7 @@ class RaftStore:
         entries = []
         for data in self.log.chunks_from_index(commit + 1, limits.restart_window_bytes_max):
             header = chunk_codec.decode_header(data)
-            payload = b"" if header.record_count == 0 else data
+            payload = b"" if chunk_codec.is_barrier(header) else data
             entries.append(Entry(header.raft_index, Term(header.epoch), payload))
         if entries and entries[-1].index != last:
             raise StorageFailure(
