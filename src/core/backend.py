@@ -106,6 +106,20 @@ class ProducerInfo:
     timestamp_ms: int  # when that record was stored
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerOffset:
+    """A consumer name's stored offset on one partition (offset tracking, ADR 0012)."""
+
+    name: str
+    offset: int
+    """The last offset the consumer is done with; it resumes at offset + 1 (-1: from the
+    start)."""
+    timestamp_ms: int
+    """When it was stored."""
+    attached: int = 0
+    """Links of this name attached at the partition's leader now (0 elsewhere)."""
+
+
 class Partition(Protocol):
     """One partition as the listener sees it on the node that serves it."""
 
@@ -130,6 +144,22 @@ class Partition(Protocol):
     def last_publishing_id(self, name: bytes) -> Awaitable[ProducerInfo | None]:
         """The producer name's last durable publishing id (None: it never stored one); the
         leader answers (NotLeader elsewhere)."""
+        ...
+
+    def consumer_attach(self, name: bytes) -> Awaitable[ConsumerOffset | None]:
+        """A named consumer's link attaches: counted at the leader (an operator's reset is
+        refused while any is), and answered with the name's committed stored offset (None:
+        never stored). NotLeader elsewhere (the link is redirected to the leader)."""
+        ...
+
+    def store_offset(self, name: bytes, offset: int) -> Awaitable[None]:
+        """Store the consumer's offset through the partition's Raft group; resolves once
+        committed. The leader answers (NotLeader elsewhere)."""
+        ...
+
+    def consumer_detach(self, name: bytes, offset: int | None) -> Awaitable[None]:
+        """The named consumer's link is going: store `offset` (if not None), then stop counting
+        the link. Resolves once the offset is committed."""
         ...
 
     def begin(self, specs: Sequence[OffsetSpec]) -> Awaitable[Offset]:

@@ -25,6 +25,7 @@ class ErrorCode(Enum):
     NOT_LEADER = "not-leader"
     UNAVAILABLE = "unavailable"
     RESOURCE_LIMIT = "resource-limit-exceeded"
+    FAILED_PRECONDITION = "failed-precondition"
     NOT_IMPLEMENTED = "not-implemented"
     INTERNAL = "internal"
     STORAGE = "storage"
@@ -64,6 +65,13 @@ class Unauthorized(BrokerError):
 
 class NotImplementedFeature(BrokerError):
     code, blame = ErrorCode.NOT_IMPLEMENTED, Blame.CLIENT
+
+
+class FailedPrecondition(BrokerError):
+    """The request is valid but the state does not allow it now (e.g. resetting the offset of
+    a consumer name whose link is attached)."""
+
+    code, blame = ErrorCode.FAILED_PRECONDITION, Blame.CLIENT
 
 
 class ResourceLimitExceeded(BrokerError):

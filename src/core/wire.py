@@ -24,6 +24,8 @@ kind  name        direction  body
  30   REPLY       n -> g     request u64 | JSON (PartitionInfo or StreamConfig fields)
  31   FAILED      n -> g     request u64 | error
  32   PRODUCER    g -> n     request u64 | group | name str16   (REPLY: {"producer": ... | null})
+ 33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64
+                             (REPLY: {"consumer": ... | null}; ops in CONSUMER_OPS)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -43,6 +45,7 @@ from typing import Any
 
 from spate.core import errors
 from spate.core.backend import (
+    ConsumerOffset,
     OffsetSpec,
     OffsetSpecKind,
     PartitionInfo,
@@ -56,6 +59,13 @@ from spate.core.streams import Retention, StreamConfig
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
 PRODUCER = 32
+CONSUMER = 33
+CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
+CONSUMER_OPS = (CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET)
+"""Named-consumer operations at the leader (ADR 0012): attach (count the link, answer the
+stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting), an operator's
+reset (refused while a link is attached)."""
+NO_OFFSET = -2
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)
 _APPEND_HEAD = struct.Struct(">QQI")
@@ -79,6 +89,7 @@ _ERRORS: dict[errors.ErrorCode, type[errors.BrokerError]] = {
         errors.Unauthorized,
         errors.NotImplementedFeature,
         errors.ResourceLimitExceeded,
+        errors.FailedPrecondition,
         errors.Unavailable,
         errors.NotLeader,
         errors.StorageFailure,
@@ -162,6 +173,55 @@ def decode_producer(body: memoryview) -> tuple[int, GroupKey, bytes]:
     name = bytes(reader.take(length))
     reader.done()
     return request, key, name
+
+
+_CONSUMER_TAIL = struct.Struct(">q")
+
+
+def encode_consumer(request: int, key: GroupKey, op: int, name: bytes, offset: int) -> bytes:
+    assert op in CONSUMER_OPS and offset >= NO_OFFSET
+    return frame(
+        CONSUMER,
+        _REQUEST.pack(request),
+        group(key),
+        bytes([op]),
+        _U16.pack(len(name)),
+        name,
+        _CONSUMER_TAIL.pack(offset),
+    )
+
+
+def decode_consumer(body: memoryview) -> tuple[int, GroupKey, int, bytes, int]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    key = reader.group()
+    op = reader.take(1)[0]
+    (length,) = reader.unpack(_U16)
+    name = bytes(reader.take(length))
+    (offset,) = reader.unpack(_CONSUMER_TAIL)
+    reader.done()
+    if op not in CONSUMER_OPS or offset < NO_OFFSET:
+        raise CodecError(f"consumer request with op {op} and offset {offset}")
+    return request, key, op, name, offset
+
+
+def consumer_to_json(value: ConsumerOffset | None) -> dict[str, Any]:
+    return {"consumer": None if value is None else dataclasses.asdict(value)}
+
+
+def consumer_from_json(value: dict[str, Any]) -> ConsumerOffset | None:
+    try:
+        fields = value["consumer"]
+        if fields is None:
+            return None
+        return ConsumerOffset(
+            str(fields["name"]),
+            int(fields["offset"]),
+            int(fields["timestamp_ms"]),
+            int(fields.get("attached", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise CodecError(f"a consumer reply without its fields: {error}") from error
 
 
 def producer_to_json(info: ProducerInfo | None) -> dict[str, Any]:

@@ -5,11 +5,18 @@ Hot path out (`send`, once per pump): per link, up to its room (`links.consumer_
 of consecutive records; each run's delivery annotations are encoded once
 (`sections.delivery_annotation_parts`) and spliced into every record of it
 (`sections.splice_run`); one reused 8-byte tag buffer carries the delivery tags.
+
+Named consumers (`spate:consumer-name`, ADR 0012): each link's `OffsetTracker` learns which
+offsets its tags carry and what the client settled; `store_due` (once per pump) stores what is
+due at the partition's leader, one store in flight per link; `forget` stores the rest and
+returns the future the link's detach waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +26,14 @@ from proton import Condition, Data, Link, symbol
 from spate.core.errors import BrokerError, InvalidArgument
 from spate.core.ids import StreamName
 from spate.gateway import codec, info, links, sections
-from spate.gateway.errors import amqp_error
+from spate.gateway.errors import amqp_error, plain
 from spate.gateway.producer import Host, detach_all
+from spate.gateway.tracking import OffsetTracker
 
 _TAG = struct.Struct("<Q")
+_DONE_STATES = frozenset((0, lib.PN_ACCEPTED, lib.PN_REJECTED))
+"""Dispositions after which a named consumer is done with a delivery (0: settled with no
+outcome); released and modified ones it gets again after a restart."""
 
 
 @dataclass
@@ -33,6 +44,10 @@ class ConsumerLink:
     presettled: bool
     tag: int = 0
     closed: bool = False
+    tracker: OffsetTracker | None = None
+    """Named consumers: what the client is done with, and what was stored."""
+    storing: asyncio.Future[Any] | None = None
+    """Named consumers: the store in flight (one at a time per link)."""
 
 
 @dataclass
@@ -54,6 +69,9 @@ class ConsumerPart:
         """The listener's Context (broker, node id)."""
         self.loop = asyncio.get_running_loop()
         self.links: dict[Any, ConsumerLink] = {}
+        self.tracked: dict[Any, ConsumerLink] = {}
+        """The named consumers among `links` (by link pointer)."""
+        self._store_timer: asyncio.TimerHandle | None = None
         self.infos: dict[Any, InfoLink] = {}
         self._info_timer: asyncio.TimerHandle | None = None
         self._info_tasks: dict[Any, asyncio.Future[Any]] = {}
@@ -79,6 +97,11 @@ class ConsumerPart:
             link.snd_settle_mode = Link.SND_SETTLED
         state = ConsumerLink(link, link._impl, plan, presettled)
         self.links[link._impl] = state
+        if plan.name is not None:
+            state.tracker = OffsetTracker(
+                self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms
+            )
+            self.tracked[link._impl] = state
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
@@ -94,11 +117,78 @@ class ConsumerPart:
         link.open()
         self.host.schedule_pump()
 
-    def forget(self, consumer: ConsumerLink) -> None:
+    def forget(self, consumer: ConsumerLink) -> asyncio.Future[Any] | None:
+        """Let go of the link; a named consumer's remaining offset is stored, and the future
+        of that is returned (the link's detach is answered when it is done)."""
         consumer.closed = True
         for cursor in consumer.plan.cursors:
             cursor.partition.remove_listener(self.host.schedule_pump)
         detach_all(c.partition for c in consumer.plan.cursors)
+        if consumer.tracker is None or consumer.plan.name is None:
+            return None
+        self.tracked.pop(consumer.pointer, None)
+        flushing = asyncio.ensure_future(
+            _flush(consumer.plan, consumer.storing, consumer.tracker.take())
+        )
+        self.host.own(flushing)
+        return flushing
+
+    # named consumers ----------------------------------------------------------------------------
+
+    def settled(self, consumer: ConsumerLink, delivery: Any) -> None:
+        """The client settled (or gave an outcome for) one of a named consumer's deliveries."""
+        assert consumer.tracker is not None
+        tag = lib.pn_delivery_tag(delivery)
+        if tag.size != _TAG.size:
+            return
+        (number,) = _TAG.unpack(ffi.buffer(tag.start, tag.size))
+        done = lib.pn_delivery_remote_state(delivery) in _DONE_STATES
+        consumer.tracker.settled(number, done, self.loop.time() * 1000)
+
+    def store_due(self) -> None:
+        """Start the stores that are due (one in flight per link); wake for the next one."""
+        now_ms = self.loop.time() * 1000
+        wake: float | None = None
+        for consumer in self.tracked.values():
+            tracker = consumer.tracker
+            assert tracker is not None
+            if consumer.closed or consumer.storing is not None:
+                continue
+            if tracker.due(now_ms):
+                offset = tracker.take()
+                assert offset is not None and consumer.plan.name is not None
+                store = consumer.plan.cursors[0].partition.store_offset(consumer.plan.name, offset)
+                future = asyncio.ensure_future(store)
+                consumer.storing = future
+                self.host.own(future)
+                future.add_done_callback(functools.partial(self._stored, consumer))
+            else:
+                at = tracker.wake_at_ms()
+                if at is not None:
+                    wake = at if wake is None else min(wake, at)
+        if wake is not None and self._store_timer is None:
+            self._store_timer = self.loop.call_at(wake / 1000, self._store_wake)
+
+    def _store_wake(self) -> None:
+        self._store_timer = None
+        self.host.schedule_pump()
+
+    def _stored(self, consumer: ConsumerLink, future: asyncio.Future[Any]) -> None:
+        consumer.storing = None
+        error = None if future.cancelled() else future.exception()
+        if error is not None and not consumer.closed and not self.host.closed:
+            amqp = amqp_error(error) if isinstance(error, BrokerError) else None
+            self.host.end_consumer(
+                consumer,
+                plain(
+                    amqp.condition if amqp else "amqp:internal-error",
+                    f"the consumer's offset could not be stored "
+                    f"({amqp.description if amqp else repr(error)}); attach again to resume "
+                    f"after '{links.STORED_OFFSET_PROPERTY}'",
+                ),
+            )
+            return
+        self.host.schedule_pump()
 
     def forget_info(self, info_link: InfoLink) -> None:
         info_link.closed = True
@@ -141,6 +231,7 @@ class ConsumerPart:
             presettled = consumer.presettled
             tag = consumer.tag
             sent = 0
+            runs_sent = []
             for run in plan.take(room):
                 prefix, suffix = parts(
                     run.timestamp_ms, run.cursor.symbol if plan.tag_source_partition else None
@@ -154,6 +245,9 @@ class ConsumerPart:
                     if presettled:
                         settle(delivery)
                 sent += len(run.records)
+                runs_sent.append(run)
+            if consumer.tracker is not None and sent:
+                self._track_sent(consumer, tag, runs_sent)
             consumer.tag = tag
             if sent == room and plan.available():
                 more = True
@@ -163,6 +257,16 @@ class ConsumerPart:
                 lib.pn_link_drained(lp)
         if more:
             self.host.schedule_pump()  # another turn, after other connections had theirs
+
+    def _track_sent(self, consumer: ConsumerLink, last_tag: int, runs: list[Any]) -> None:
+        tracker = consumer.tracker
+        assert tracker is not None
+        tag = last_tag - sum(len(run.records) for run in runs) + 1
+        for run in runs:
+            tracker.sent(tag, int(run.first_offset), len(run.records))
+            tag += len(run.records)
+        if consumer.presettled:  # at most once: done as it is sent
+            tracker.done_through(last_tag, self.loop.time() * 1000)
 
     async def _gather_info(self, state: InfoLink) -> None:
         """The figures of a `$info` message (the broker may ask the nodes over the wire)."""
@@ -213,6 +317,18 @@ class ConsumerPart:
             if self._info_timer is not None:
                 self._info_timer.cancel()
             self._info_timer = self.loop.call_at(wake, self.host.schedule_pump)
+
+
+async def _flush(
+    plan: links.ConsumerPlan, storing: asyncio.Future[Any] | None, offset: int | None
+) -> None:
+    """A named consumer's link is going: after the store in flight, store the rest and stop
+    counting the link at the leader."""
+    if storing is not None:
+        with contextlib.suppress(BrokerError):  # a failed store: this one covers it
+            await asyncio.shield(storing)
+    assert plan.name is not None
+    await plan.cursors[0].partition.consumer_detach(plan.name, offset)
 
 
 def filter_map(filter_data: Data) -> dict[Any, Any] | None:

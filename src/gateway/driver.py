@@ -115,6 +115,10 @@ class Context:
     modes: dict[str, Broker] = field(default_factory=dict)
     """A gateway's brokers by mode ("proxy", "redirect"): a client picks one per connection or
     per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
+    offset_commit_messages: int = limits.offset_commit_messages
+    offset_commit_interval_ms: int = limits.offset_commit_interval_ms
+    """A named consumer's offset is stored after this many done deliveries or this long after
+    the first one not stored, whichever comes first (ADR 0012)."""
 
 
 class AmqpConnection(asyncio.Protocol):
@@ -344,6 +348,8 @@ class AmqpConnection(asyncio.Protocol):
             self.consumer.send()
             self.consumer.send_infos()
         self._dispatch()
+        if self.consumer.tracked:
+            self.consumer.store_due()
         self._write()
 
     def _write(self) -> None:
@@ -379,6 +385,7 @@ class AmqpConnection(asyncio.Protocol):
         remote_state, remote_settled = lib.pn_delivery_remote_state, lib.pn_delivery_settled
         is_receiver, settle = lib.pn_link_is_receiver, lib.pn_delivery_settle
         producers, drain = self.producer.links, self.producer.drain
+        tracked, settled = self.consumer.tracked, self.consumer.settled
         while True:
             ev = peek(collector)
             if ev == ffi.NULL:
@@ -393,6 +400,10 @@ class AmqpConnection(asyncio.Protocol):
                 elif (remote_state(delivery) or remote_settled(delivery)) and not is_receiver(
                     delivery_link(delivery)
                 ):  # a consumer's disposition: streams are not destructive, any outcome settles
+                    if tracked:
+                        consumer = tracked.get(delivery_link(delivery))
+                        if consumer is not None:  # a named consumer: note what it is done with
+                            settled(consumer, delivery)
                     settle(delivery)
             elif kind in _CONTROL_EVENTS:
                 self._control(kind, _wrap_event(ev))
@@ -406,9 +417,13 @@ class AmqpConnection(asyncio.Protocol):
         elif kind == lib.PN_LINK_FLOW:
             self.schedule_pump()
         elif kind in (lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH):
-            self._forget_link(event.link)
+            flushing = self._forget_key(event.link._impl)
             if event.link.state & Endpoint.LOCAL_ACTIVE:
-                event.link.close()
+                if flushing is None:
+                    event.link.close()
+                else:  # a named consumer: answer the detach once its offset is stored
+                    link = event.link
+                    flushing.add_done_callback(lambda f: self._close_flushed(link, f))
         elif kind == lib.PN_SESSION_REMOTE_OPEN:
             if event.session.state & Endpoint.LOCAL_UNINIT:
                 event.session.open()
@@ -503,6 +518,9 @@ class AmqpConnection(asyncio.Protocol):
                 plan = await links.plan_consumer(broker, parsed, properties, filters)
                 if plan.bound is not None:
                     answer = await _bound_properties(plan.bound, plan.cursors[0].partition)
+                if plan.stored is not None:
+                    answer = answer or {}
+                    answer[symbol(links.STORED_OFFSET_PROPERTY)] = plan.stored.offset
         except BrokerError as err:
             error = amqp_error(err)
         except Exception as err:
@@ -511,10 +529,10 @@ class AmqpConnection(asyncio.Protocol):
         finally:
             self.attaching.discard(link._impl)
         if self.closed or link.state & Endpoint.REMOTE_CLOSED:
-            detach_all(_partitions_of(plan))  # the client went away meanwhile
+            self._release(plan)  # the client went away meanwhile
             return
         if error is not None:
-            detach_all(_partitions_of(plan))
+            self._release(plan)
             self._refuse(link, error, address)
         elif isinstance(plan, links.ProducerPlan):
             self.producer.open(link, plan, answer)
@@ -524,6 +542,14 @@ class AmqpConnection(asyncio.Protocol):
             assert plan is not None
             self.consumer.open_info(link, plan)
         self.schedule_pump()
+
+    def _release(self, plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None) -> None:
+        """A planned link that will not open: let go of its partitions (and a named consumer's
+        place at the leader)."""
+        detach_all(_partitions_of(plan))
+        if isinstance(plan, links.ConsumerPlan) and plan.name is not None:
+            release = plan.cursors[0].partition.consumer_detach(plan.name, None)
+            self.own(asyncio.ensure_future(release))
 
     def _broker_for(self, properties: dict[Any, Any]) -> Broker:
         """The link's `spate:gateway-mode` property, else the connection's, else the default."""
@@ -573,19 +599,45 @@ class AmqpConnection(asyncio.Protocol):
         producer.link.close()
         self.schedule_pump()
 
+    def end_consumer(self, consumer: ConsumerLink, error: AmqpError) -> None:
+        """Detach a consumer link with an error (a named one whose offset could not be stored)."""
+        if consumer.closed:
+            return
+        self._forget_key(consumer.pointer)
+        log.info("ending consumer link %r: %s", consumer.link.name, error.description)
+        consumer.link.condition = Condition(error.condition, error.description)
+        consumer.link.close()
+        self.schedule_pump()
+
+    def _close_flushed(self, link: Link, flushed: asyncio.Future[Any]) -> None:
+        """A named consumer's detach, answered after its last offset was stored (or not)."""
+        if self.closed or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        error = None if flushed.cancelled() else flushed.exception()
+        if isinstance(error, BrokerError):
+            amqp = amqp_error(error)
+            link.condition = Condition(
+                amqp.condition, f"the consumer's last offset was not stored: {amqp.description}"
+            )
+        link.close()
+        self.schedule_pump()
+
     def _forget_link(self, link: Link) -> None:
         self._forget_key(link._impl)
 
-    def _forget_key(self, link_key: Any) -> None:
+    def _forget_key(self, link_key: Any) -> asyncio.Future[Any] | None:
+        """Forget a link; for a named consumer, the future of storing its last offset."""
+        flushing = None
         producer = self.producer.links.pop(link_key, None)
         if producer is not None:
             self.producer.forget(producer)
         consumer = self.consumer.links.pop(link_key, None)
         if consumer is not None:
-            self.consumer.forget(consumer)
+            flushing = self.consumer.forget(consumer)
         info_link = self.consumer.infos.pop(link_key, None)
         if info_link is not None:
             self.consumer.forget_info(info_link)
+        return flushing
 
 
 def _partitions_of(

@@ -13,6 +13,7 @@ AMQP conditions (002 / AMQP 1.0 §2.8.15-2.8.18) used by the gateway:
 |   (leader unknown)    | amqp:resource-locked            | retry later                     |
 | UNAVAILABLE           | amqp:resource-locked            | transfer rejected / attach      |
 | RESOURCE_LIMIT        | amqp:resource-limit-exceeded    | attach refused                  |
+| FAILED_PRECONDITION   | amqp:precondition-failed        | state forbids it now            |
 | NOT_IMPLEMENTED       | amqp:not-implemented            | e.g. dynamic nodes              |
 | INTERNAL, STORAGE     | amqp:internal-error             | anything / transfer rejected    |
 
@@ -36,6 +37,7 @@ NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
 RESOURCE_LOCKED = "amqp:resource-locked"
 RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+PRECONDITION_FAILED = "amqp:precondition-failed"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 REDIRECT = "amqp:link:redirect"
@@ -50,6 +52,7 @@ CONDITIONS: dict[ErrorCode, str] = {
     ErrorCode.NOT_LEADER: REDIRECT,
     ErrorCode.UNAVAILABLE: RESOURCE_LOCKED,
     ErrorCode.RESOURCE_LIMIT: RESOURCE_LIMIT_EXCEEDED,
+    ErrorCode.FAILED_PRECONDITION: PRECONDITION_FAILED,
     ErrorCode.NOT_IMPLEMENTED: NOT_IMPLEMENTED,
     ErrorCode.INTERNAL: INTERNAL_ERROR,
     ErrorCode.STORAGE: INTERNAL_ERROR,

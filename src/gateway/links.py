@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.core import limits
-from spate.core.backend import Broker, Partition
+from spate.core.backend import Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
     InvalidArgument,
     NotFound,
@@ -32,6 +32,10 @@ PRODUCER_NAME_PROPERTY = "spate:producer-name"
 LAST_PUBLISHING_ID_PROPERTY = "spate:last-publishing-id"
 """Answered on a named producer's attach (ulong) when the name has stored a message."""
 PUBLISHING_ID_ANNOTATION = "x-opt-publishing-id"
+CONSUMER_NAME_PROPERTY = "spate:consumer-name"
+"""Receiver link property (string): store the offset of what this consumer accepted (ADR 0012)."""
+STORED_OFFSET_PROPERTY = "spate:stored-offset"
+"""Answered on a named consumer's attach (long) when the name has a stored offset."""
 CONSUMER_READ_BYTES = 1024 * 1024
 """Bytes asked of Partition.read per refill of a consumer cursor."""
 assert limits.message_bytes_max <= CONSUMER_READ_BYTES
@@ -154,19 +158,23 @@ async def plan_producer(
 def producer_name(properties: dict[Any, Any]) -> bytes | None:
     """The link's `spate:producer-name` as UTF-8, None without one; InvalidArgument when it is
     not a non-empty string of at most `limits.producer_name_bytes_max` bytes."""
-    value = properties.get(PRODUCER_NAME_PROPERTY)
+    return _link_name(properties, PRODUCER_NAME_PROPERTY, limits.producer_name_bytes_max)
+
+
+def consumer_name(properties: dict[Any, Any]) -> bytes | None:
+    """The link's `spate:consumer-name` as UTF-8, like `producer_name`."""
+    return _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
+
+
+def _link_name(properties: dict[Any, Any], key: str, bytes_max: int) -> bytes | None:
+    value = properties.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidArgument(
-            f"'{PRODUCER_NAME_PROPERTY}' must be a non-empty string, not {value!r}"
-        )
+        raise InvalidArgument(f"'{key}' must be a non-empty string, not {value!r}")
     name = value.encode()
-    if len(name) > limits.producer_name_bytes_max:
-        raise InvalidArgument(
-            f"'{PRODUCER_NAME_PROPERTY}' is {len(name)} bytes long; the limit is "
-            f"{limits.producer_name_bytes_max}"
-        )
+    if len(name) > bytes_max:
+        raise InvalidArgument(f"'{key}' is {len(name)} bytes long; the limit is {bytes_max}")
     return name
 
 
@@ -277,6 +285,11 @@ class ConsumerPlan:
     tag_source_partition: bool
     """Add event-streams-source-partition to each delivery (partitioned streams, 000 §4.6.4)."""
     turn: int = 0
+    name: bytes | None = None
+    """A named consumer's name (offset tracking, ADR 0012): its link is bound to one partition,
+    counted at the leader from `consumer_attach` until `consumer_detach`."""
+    stored: ConsumerOffset | None = None
+    """The name's stored offset when the link attached."""
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -309,17 +322,42 @@ async def plan_consumer(
         bound = parse_partition(requested, address.stream, config.partitions)
     elif config.partitions == 1:
         bound = PartitionId(0)
+    name = consumer_name(properties)
+    if name is not None and bound is None:
+        raise InvalidArgument(
+            f"'{CONSUMER_NAME_PROPERTY}' needs a partition-bound link: stream "
+            f"{address.stream!r} has {config.partitions} partitions, so name one with the "
+            f"'{PARTITION_PROPERTY}' link property (offsets are stored per partition)"
+        )
+    if name is not None:
+        assert bound is not None
+        # offsets are stored at the leader: a broker that does not reach it says where it is
+        broker.partition(address.stream, bound, write=True).detach()
     pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
     cursors: list[Cursor] = []
+    stored: ConsumerOffset | None = None
+    counted = False
     try:
         for pid in pids:
             part = partition_or_agnostic_error(
                 broker, address.stream, pid, bound is None, write=False
             )
             cursors.append(Cursor(part, partition_symbol(pid), Offset(0)))
+            specs = selection.specs
+            if name is not None:
+                stored = await part.consumer_attach(name)  # at the leader (NotLeader: redirect)
+                counted = True
+                if not selection.accepted_keys:  # no start filter: resume after the stored one
+                    specs = (
+                        (OffsetSpec.offset(stored.offset + 1),)
+                        if stored is not None
+                        else (OffsetSpec.next(),)
+                    )
             # all start filters must hold: the partition starts at the largest (000 §5.2.1)
-            cursors[-1].next_offset = await part.begin(selection.specs)
+            cursors[-1].next_offset = await part.begin(specs)
     except BaseException:
+        if counted and name is not None:
+            await cursors[0].partition.consumer_detach(name, None)
         for cursor in cursors:
             cursor.partition.detach()
         raise
@@ -329,6 +367,8 @@ async def plan_consumer(
         cursors,
         selection,
         tag_source_partition=config.partitions > 1,
+        name=name,
+        stored=stored,
     )
 
 

@@ -46,6 +46,10 @@ class Host(Protocol):
 
     def end_producer(self, producer: ProducerLink, error: AmqpError) -> None: ...
 
+    def end_consumer(self, consumer: Any, error: AmqpError) -> None:
+        """Detach a consumer link (spate.gateway.consumer.ConsumerLink) with an error."""
+        ...
+
 
 def detach_all(partitions: Iterable[Partition]) -> None:
     for partition in partitions:

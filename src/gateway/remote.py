@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.core import frames, wire
-from spate.core.backend import ChunkView, OffsetSpec, PartitionInfo, ProducerInfo, PublishingIds
+from spate.core.backend import (
+    ChunkView,
+    ConsumerOffset,
+    OffsetSpec,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -380,6 +387,31 @@ class _PartitionBase:
 
     async def describe(self) -> PartitionInfo:
         return await self.broker.describe(self.key)
+
+    # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from
+
+    async def _consumer(self, op: int, name: bytes, offset: int) -> ConsumerOffset | None:
+        route = self.broker.route(self.key)
+        if route is None or route.leader is None or not route.leader_alive:
+            raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
+        session = await self.broker.sessions.connected(route.leader)
+        request = session.next_id()
+        frame = wire.encode_consumer(request, self.key, op, name, offset)
+        return wire.consumer_from_json(await session.request(frame, request))
+
+    async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
+        return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+
+    async def store_offset(self, name: bytes, offset: int) -> None:
+        await self._consumer(wire.CONSUMER_STORE, name, offset)
+
+    async def consumer_detach(self, name: bytes, offset: int | None) -> None:
+        await self._consumer(
+            wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset
+        )
+
+    async def reset_offset(self, name: bytes, offset: int) -> None:
+        await self._consumer(wire.CONSUMER_RESET, name, offset)
 
 
 class RemoteWriter(_PartitionBase):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from spate.core import frames, wire
 from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
@@ -71,6 +71,8 @@ class WireSession:
         self.readers: dict[int, _Reader] = {}
         self.refused_producers: dict[tuple[frames.GroupKey, bytes], tuple[int, int]] = {}
         """(partition, producer name) -> (first publishing id refused, leader epoch then)."""
+        self.attached: dict[tuple[frames.GroupKey, bytes], int] = {}
+        """Named consumer links this session's gateway attached at this node (ADR 0012)."""
         self.out: list[bytes] = []
         self.closed = False
 
@@ -110,6 +112,8 @@ class WireSession:
                 self.send(wire.encode_failed(request, error))
             else:
                 query.add_done_callback(lambda f: self._producer_answer(request, f))
+        elif kind == wire.CONSUMER:
+            self._consumer(*wire.decode_consumer(body))
         elif kind == wire.CREDIT:
             sub, records = wire.decode_credit(body)
             state = self.readers.get(sub)
@@ -138,6 +142,67 @@ class WireSession:
                 self.send(wire.encode_reply(request, wire.config_to_json(config)))
         else:
             raise frames.CodecError(f"unexpected frame kind {kind} from gateway {self.gateway}")
+
+    def _consumer(
+        self, request: int, key: frames.GroupKey, op: int, name: bytes, offset: int
+    ) -> None:
+        """A named consumer's operation at this leader (ADR 0012); the session counts the
+        links it attached, and lets go of them when it closes."""
+        topic, pid = key
+        try:
+            partition = self.broker.partition(topic, pid, write=True)
+            work: Awaitable[Any]
+            if op == wire.CONSUMER_ATTACH:
+                work = partition.consumer_attach(name)
+            elif op == wire.CONSUMER_STORE:
+                work = partition.store_offset(name, offset)
+            elif op == wire.CONSUMER_DETACH:
+                work = partition.consumer_detach(name, None if offset == wire.NO_OFFSET else offset)
+            else:
+                work = partition.reset_offset(name, offset)
+        except BrokerError as error:
+            self.send(wire.encode_failed(request, error))
+            return
+        attachment = (key, name)
+        if op == wire.CONSUMER_DETACH and self.attached.get(attachment):
+            self.attached[attachment] -= 1
+        future = asyncio.ensure_future(work)
+        future.add_done_callback(lambda f: self._consumer_answer(request, op, attachment, f))
+
+    def _consumer_answer(
+        self,
+        request: int,
+        op: int,
+        attachment: tuple[frames.GroupKey, bytes],
+        future: asyncio.Future[Any],
+    ) -> None:
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled() or error is not None:
+            if not isinstance(error, BrokerError):
+                error = Unavailable(f"the consumer request failed: {error!r}")
+            self.send(wire.encode_failed(request, error))
+            return
+        if op == wire.CONSUMER_ATTACH:
+            if self.closed:  # the gateway went away meanwhile: let go at once
+                self._release(attachment)
+            else:
+                self.attached[attachment] = self.attached.get(attachment, 0) + 1
+        result = future.result()
+        self.send(
+            wire.encode_reply(
+                request, wire.consumer_to_json(result if op == wire.CONSUMER_ATTACH else None)
+            )
+        )
+
+    def _release(self, attachment: tuple[frames.GroupKey, bytes]) -> None:
+        (topic, pid), name = attachment
+        try:
+            partition = self.broker.partition(topic, pid, write=False)
+        except BrokerError:
+            return
+        partition.attached[name] = partition.attached.get(name, 1) - 1
+        if partition.attached[name] <= 0:
+            del partition.attached[name]
 
     def _producer_answer(self, request: int, future: asyncio.Future[ProducerInfo | None]) -> None:
         error = None if future.cancelled() else future.exception()
@@ -283,6 +348,10 @@ class WireSession:
         self.closed = True
         for sub in list(self.readers):
             self._unsubscribe(sub)
+        for attachment, count in self.attached.items():
+            for _ in range(count):
+                self._release(attachment)
+        self.attached.clear()
 
 
 class WireServer:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from spate.core.backend import (
     ChunkView,
+    ConsumerOffset,
     LocalPartition,
     OffsetSpec,
     OffsetSpecKind,
@@ -25,7 +26,13 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.errors import BrokerError, NotFound, NotLeader
+from spate.core.errors import (
+    BrokerError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+)
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 
@@ -58,6 +65,33 @@ class MemoryPartition(LocalPartition):
     """Producer name -> last publishing id appended (committed or not), for deduplication."""
     producers: dict[bytes, ProducerInfo] = field(default_factory=dict)
     """Producer name -> its committed state."""
+    offsets: dict[bytes, ConsumerOffset] = field(default_factory=dict)
+    """Consumer name -> its stored offset (ADR 0012), 'durable' after the fsync delay."""
+    attached: dict[bytes, int] = field(default_factory=dict)
+
+    async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
+        self.attached[name] = self.attached.get(name, 0) + 1
+        return self.offsets.get(name)
+
+    async def store_offset(self, name: bytes, offset: int) -> None:
+        if offset < -1:
+            raise InvalidArgument(f"offset {offset} is below -1")
+        await asyncio.sleep(self.commit_delay_s or 0.0)
+        self.offsets[name] = ConsumerOffset(name.decode(), offset, self.clock_ms())
+
+    async def consumer_detach(self, name: bytes, offset: int | None) -> None:
+        try:
+            if offset is not None:
+                await self.store_offset(name, offset)
+        finally:
+            self.attached[name] = self.attached.get(name, 1) - 1
+            if self.attached[name] <= 0:
+                del self.attached[name]
+
+    async def reset_offset(self, name: bytes, offset: int) -> None:
+        if self.attached.get(name):
+            raise FailedPrecondition(f"consumer {name.decode()!r} has a link attached")
+        await self.store_offset(name, offset)
 
     def append(
         self, records: Sequence[bytes], producer: PublishingIds | None = None

@@ -19,6 +19,10 @@ the asyncio `append` of spate.core.backend.Partition on top. What it adds to the
   batch of duplicates only resolves once the entry that stored its name's last id is applied
   with the same term (`_waiting`): a duplicate is never acknowledged before its original is.
   `query_publishing_id(name, done)` answers the same way: the last id, once committed.
+- offset tracking (ADR 0012): `propose_offsets(entries, done)` on the leader proposes one
+  tracking chunk (consumer names' offsets, no records) and calls `done` once it is applied
+  with the same term; `query_offset(name, done)` answers a name's stored offset once the entry
+  that stored it is committed (a proposal not yet written counts: `_proposed_offsets`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 from spate.core.backend import (
     ChunkView,
+    ConsumerOffset,
     LocalPartition,
     OffsetSpec,
     PartitionInfo,
@@ -49,6 +54,7 @@ from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName,
 from spate.node.log import chunk as chunk_codec
 from spate.node.log import producers as producer_codec
 from spate.node.log.producers import ProducerState
+from spate.node.log.tracking import ENTRIES_PER_CHUNK_MAX, NAME_BYTES_MAX, TrackedOffset
 from spate.node.replication import limits
 from spate.node.replication.messages import (
     Entry,
@@ -64,6 +70,8 @@ AppendDone = Callable[[Offset | BrokerError], None]
 """Called once with an append's outcome: the first record's offset, or why it failed."""
 ProducerDone = Callable[[ProducerInfo | BrokerError | None], None]
 """Called once with a producer name's committed state (None: never stored), or why not."""
+OffsetDone = Callable[[ConsumerOffset | BrokerError | None], None]
+"""Called once with a consumer name's committed stored offset (None: never stored), or why not."""
 
 
 @dataclass(slots=True)
@@ -132,6 +140,8 @@ class Replica(LocalPartition):
         self._applied_index = snapshot.index
         self._proposed: dict[bytes, ProducerState] = {}
         """Producer states of this leader's proposals not yet written to the log."""
+        self._proposed_offsets: dict[bytes, TrackedOffset] = {}
+        """Consumer offsets of this leader's tracking proposals not yet written to the log."""
         self._listeners: list[Callable[[], None]] = []
         self.leader_listeners: list[Callable[[NodeId | None, LeaderEpoch], None]] = []
         self.fresh = store.fresh
@@ -264,6 +274,75 @@ class Replica(LocalPartition):
                 name.decode(errors="replace"), s.last_id, Offset(s.last_offset), s.timestamp_ms
             )
             for name, s in self.store.log.producers
+        ]
+
+    def propose_offsets(self, entries: Sequence[tuple[bytes, int]], done: AppendDone) -> None:
+        """Store consumer offsets (name, offset) as one tracking chunk; `done(end offset)` once
+        its entry is applied with the same term, else `done(NotLeader | Unavailable)`."""
+        try:
+            self._check_leader()
+            if not 0 < len(entries) <= ENTRIES_PER_CHUNK_MAX:
+                raise InvalidArgument(f"1..{ENTRIES_PER_CHUNK_MAX} offsets per store")
+            for name, offset in entries:
+                if not 0 < len(name) <= NAME_BYTES_MAX:
+                    raise InvalidArgument(f"a consumer name is 1..{NAME_BYTES_MAX} bytes")
+                if offset < -1:
+                    raise InvalidArgument(f"offset {offset} is below -1")
+            if len(self._pending) >= limits.pending_appends_max:
+                raise ResourceLimitExceeded(
+                    f"{limits.pending_appends_max} appends already wait for their commit"
+                )
+            timestamp_ms = max(self._clock_ms(), self.store.log.last_timestamp_ms or 0)
+            end = self._next_offset()
+            term = self.raft.term
+            index = self.raft.log.last_index + 1
+            result = self.raft.propose(
+                chunk_codec.encode_tracking(entries, end, timestamp_ms, term, index)
+            )
+            if not isinstance(result, Proposed):
+                raise result.error()
+        except BrokerError as error:
+            done(error)
+            return
+        for name, offset in entries:
+            self._proposed_offsets[name] = TrackedOffset(offset, index, term, timestamp_ms)
+        deadline_ms = self._monotonic_ms() + limits.append_commit_timeout_ms
+        stale = self._pending.pop(index, None)
+        if stale is not None:
+            stale.done(Unavailable("the entry was overwritten; retry"))
+        self._pending[index] = _Pending(term, end, done, deadline_ms)
+        self._wake()
+
+    def _tracked(self, name: bytes) -> TrackedOffset | None:
+        """The name's last stored offset on this leader: proposed, else written to the log."""
+        proposed = self._proposed_offsets.get(name)
+        if proposed is not None and proposed.epoch == self.raft.term:
+            return proposed
+        return self.store.log.offsets.get(name)
+
+    def query_offset(self, name: bytes, done: OffsetDone) -> None:
+        """The name's stored offset, answered once the entry that stored it is committed.
+        Leader only."""
+        try:
+            self._check_leader()
+        except BrokerError as error:
+            done(error)
+            return
+        state = self._tracked(name)
+        if state is None:
+            done(None)
+            return
+        answer = ConsumerOffset(name.decode(errors="replace"), state.offset, state.timestamp_ms)
+        self._when_applied(
+            state.raft_index, state.epoch, lambda error: done(answer if error is None else error)
+        )
+
+    def offsets(self) -> list[ConsumerOffset]:
+        """Every consumer name this replica has stored an offset for, most recent last (the
+        table over its written log: on a follower, possibly ahead of the commit point)."""
+        return [
+            ConsumerOffset(name.decode(errors="replace"), s.offset, s.timestamp_ms)
+            for name, s in self.store.log.offsets
         ]
 
     def _check_leader(self) -> None:
@@ -428,10 +507,13 @@ class Replica(LocalPartition):
         if ready.entries and self._pending and not self.is_leader:
             self._fail_overwritten(ready.entries)
         work = self.store.persist(ready)
-        if self._proposed:
+        if self._proposed or self._proposed_offsets:
             written = self.store.log.last_raft_index
             for name in [n for n, s in self._proposed.items() if s.raft_index <= written]:
                 del self._proposed[name]
+            proposed = self._proposed_offsets
+            for name in [n for n, s in proposed.items() if s.raft_index <= written]:
+                del proposed[name]
         return work
 
     def _fail_overwritten(self, entries: Sequence[Entry]) -> None:
@@ -522,6 +604,7 @@ class Replica(LocalPartition):
         self._committed_end = header.end_offset
         self._applied_index = raft_index
         self._proposed.clear()
+        self._proposed_offsets.clear()
         self._fail_waiting(raft_index, "the original's outcome is unknown after a catch-up; retry")
         for callback in list(self._listeners):
             callback()
