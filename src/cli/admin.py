@@ -204,6 +204,48 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     producer_list.add_argument("stream", metavar="STREAM", help="the stream")
     producer_list.set_defaults(run=_producer_list)
 
+    consumer = subparsers.add_parser(
+        "consumer",
+        help="stored offsets of named consumers",
+        description="Inspect and reset the offsets a stream stores for named consumers "
+        "(link property spate:consumer-name, docs/amqp.md).",
+    )
+    consumer_commands = consumer.add_subparsers(
+        title="consumer commands", metavar="ACTION", dest="action", required=True
+    )
+    consumer_list = consumer_commands.add_parser(
+        "list",
+        parents=[common],
+        help="stored offset of every consumer name",
+        description="List, per partition of STREAM, every consumer name with its stored "
+        "offset (the last message it is done with; it resumes at the next), when it was "
+        "stored and how many of its links are attached at the answering node (counted where "
+        "the partition is led), as the answering node's replicas hold them. A partition "
+        f"remembers at most {limits.consumer_names_max} names; past that the name stored least "
+        "recently is forgotten.",
+    )
+    consumer_list.add_argument("stream", metavar="STREAM", help="the stream")
+    consumer_list.set_defaults(run=_consumer_list)
+    consumer_offset = consumer_commands.add_parser(
+        "offset",
+        parents=[common],
+        help="show or reset one consumer name's offset",
+        description="Show NAME's stored offset on each partition of STREAM hosted by the "
+        "answering node or, with --set, store OFFSET for it on one partition (at its leader, "
+        "reached from any node): the consumer's next link without a start filter begins at "
+        "OFFSET + 1 (-1: from the first retained message). Refused (exit 1) while a link of "
+        "that name is attached.",
+    )
+    consumer_offset.add_argument("stream", metavar="STREAM", help="the stream")
+    consumer_offset.add_argument("name", metavar="NAME", help="the consumer name")
+    consumer_offset.add_argument(
+        "--set", dest="offset", type=int, metavar="OFFSET", help="store this offset (>= -1)"
+    )
+    consumer_offset.add_argument(
+        "--partition", type=int, default=0, help="the partition for --set (default 0)"
+    )
+    consumer_offset.set_defaults(run=_consumer_offset)
+
     cluster = subparsers.add_parser(
         "cluster",
         help="cluster-wide status",
@@ -416,6 +458,82 @@ def _producer_list(args: argparse.Namespace) -> int:
                 ["PARTITION", "PRODUCER", "LAST-PUBLISHING-ID", "LAST-OFFSET", "STORED"], rows
             )
         )
+    return EXIT_OK
+
+
+def _consumers(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[int]]:
+    validate_stream_name(args.stream)
+    response = _call(args, "ListConsumers", pb.ListConsumersRequest(stream=args.stream))
+    consumers = [
+        {
+            "partition": c.partition,
+            "name": c.name,
+            "offset": c.offset,
+            "timestamp_ms": c.timestamp_ms,
+            "attached": c.attached,
+        }
+        for c in response.consumers
+    ]
+    return consumers, list(response.partitions_here)
+
+
+def _print_consumers(
+    args: argparse.Namespace, consumers: list[dict[str, Any]], here: list[int]
+) -> None:
+    if args.output == "json":
+        _print(
+            output.render_json(
+                {"stream": args.stream, "consumers": consumers, "partitions_here": here}
+            )
+        )
+    elif not consumers:
+        _print(f"No stored offsets on the partitions of {args.stream!r} hosted here {here}.")
+    else:
+        rows = [
+            [
+                str(c["partition"]),
+                c["name"],
+                str(c["offset"]),
+                output.timestamp(c["timestamp_ms"]),
+                str(c["attached"]),
+            ]
+            for c in consumers
+        ]
+        _print(output.render_table(["PARTITION", "CONSUMER", "OFFSET", "STORED", "ATTACHED"], rows))
+
+
+def _consumer_list(args: argparse.Namespace) -> int:
+    consumers, here = _consumers(args)
+    _print_consumers(args, consumers, here)
+    return EXIT_OK
+
+
+def _consumer_offset(args: argparse.Namespace) -> int:
+    if args.offset is not None:
+        validate_stream_name(args.stream)
+        request = pb.SetConsumerOffsetRequest(
+            stream=args.stream, name=args.name, partition=args.partition, offset=args.offset
+        )
+        _call(args, "SetConsumerOffset", request)
+        if args.output == "json":
+            _print(
+                output.render_json(
+                    {
+                        "stream": args.stream,
+                        "name": args.name,
+                        "partition": args.partition,
+                        "offset": args.offset,
+                    }
+                )
+            )
+        else:
+            _print(
+                f"Stored offset {args.offset} for consumer {args.name!r} on partition "
+                f"{args.partition} of {args.stream!r}: it resumes at {args.offset + 1}."
+            )
+        return EXIT_OK
+    consumers, here = _consumers(args)
+    _print_consumers(args, [c for c in consumers if c["name"] == args.name], here)
     return EXIT_OK
 
 

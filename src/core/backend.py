@@ -162,6 +162,11 @@ class Partition(Protocol):
         the link. Resolves once the offset is committed."""
         ...
 
+    def reset_offset(self, name: bytes, offset: int) -> Awaitable[None]:
+        """An operator's reset of the name's stored offset, at the leader; FailedPrecondition
+        while a link of that name is attached there."""
+        ...
+
     def begin(self, specs: Sequence[OffsetSpec]) -> Awaitable[Offset]:
         """Where a consumer attaching now with these start filters begins: the largest of
         their resolved offsets (all must hold, 000 §5.2.1). A remote partition starts

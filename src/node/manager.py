@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from spate.core.backend import PartitionInfo, ProducerInfo
+from spate.core.backend import ConsumerOffset, PartitionInfo, ProducerInfo
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -105,6 +105,16 @@ class PartitionManager:
             if name == stream
         }
 
+    def consumer_offsets(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
+        """Consumer names of the partitions of `stream` hosted here (offset tracking)."""
+        if stream not in self._configs:
+            raise NotFound(f"stream {stream!r} does not exist")
+        return {
+            pid: self.host.partition(name, pid).consumer_offsets()
+            for (name, pid) in sorted(self._open)
+            if name == stream
+        }
+
     def stats(self, stream: StreamName) -> list[PartitionInfo]:
         """Runtime facts of the partitions of `stream` hosted here (for describe / $info)."""
         if stream not in self._configs:
@@ -143,6 +153,10 @@ class LocalBroker:
                 f"stream {name!r} does not exist; create it with `spate stream create {name}`"
             )
         return config
+
+    def consumer_offsets(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
+        """Consumer names of the partitions of `stream` hosted here (offset tracking)."""
+        return self._manager.consumer_offsets(stream)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

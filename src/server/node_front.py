@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from spate.core.backend import Partition
+from spate.core.backend import ConsumerOffset, Partition
 from spate.core.errors import NotLeader, Unavailable
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -47,3 +47,18 @@ class NodeFront:
         self.refresh()
         self.relayed += 1
         return self.remote.partition(name, partition, write=write)
+
+    # -- offset tracking for the admin server (spate.cluster.admin.providers.ConsumersProvider)
+
+    def list(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
+        return self.local.consumer_offsets(stream)
+
+    async def reset(
+        self, stream: StreamName, partition: PartitionId, name: bytes, offset: int
+    ) -> None:
+        """At the leader: here, or relayed over the gateway wire."""
+        target = self.partition(stream, partition, write=True, relay=True)
+        try:
+            await target.reset_offset(name, offset)
+        finally:
+            target.detach()

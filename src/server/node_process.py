@@ -121,6 +121,7 @@ class NodeProcess:
             stats=self.manager.stats,
             status=self._status,
             producers=self.manager.producers,
+            consumers=self.front,
             host=settings.host,
             port=settings.admin_port,
         )

@@ -15,8 +15,11 @@ import threading
 import time
 from collections import Counter
 
+from proton import symbol
+from proton.utils import BlockingConnection
 from spate.client import Consumer, Producer
 from spate.client.aio import AsyncConsumer, AsyncProducer
+from support.amqp_clients import LinkProperties, offset_filter
 from support.cluster import Cluster
 
 BATCH = 20
@@ -235,3 +238,65 @@ def test_a_named_producer_stores_each_message_once_across_a_leader_kill_and_a_re
     assert "ledger-app" in table and "3999" in table
     missing = cluster3.cli("producer", "list", "nope", check=False)
     assert missing.returncode != 0 and "nope" in missing.stderr
+
+
+def _named_consumer(
+    url: str, name: str, count: int, *, start: str | None = None, hold: bool = False
+) -> tuple[list[bytes], object, object]:
+    """python-qpid-proton on stream `bills`: a named consumer (start filter `start`, none by
+    default) accepts `count` messages; with `hold` the link stays attached (returned), else
+    it detaches (the detach is answered once the offset is stored)."""
+    conn = BlockingConnection(url, timeout=20)
+    options: list[object] = [LinkProperties({symbol("spate:consumer-name"): name})]
+    if start is not None:
+        options.append(offset_filter(start))
+    receiver = conn.create_receiver("bills", credit=20, options=options)
+    stored = (receiver.link.remote_properties or {}).get(symbol("spate:stored-offset"))
+    got = []
+    for _ in range(count):
+        message = receiver.receive(timeout=20)
+        got.append(bytes(message.body))
+        receiver.accept()
+    if hold:
+        return got, stored, conn
+    receiver.close()
+    conn.close()
+    return got, stored, None
+
+
+def test_a_named_consumer_resumes_after_its_offset_across_a_leader_kill(cluster3: Cluster) -> None:
+    """Issue 8's offset tracking on three processes: offsets stored through the partition's
+    Raft group survive a kill -9 of the leader; `spate consumer offset --set` is refused while
+    a link of the name is attached, and is relayed to the leader from any node."""
+    cluster3.cli("stream", "create", "bills", "--replicas", "3")
+    leader = cluster3.leader_of("bills")
+    urls = cluster3.urls()
+    with Producer(urls, "bills") as producer:
+        for i in range(20):
+            producer.send(b"b%d" % i)
+    leader_url = urls[cluster3.index_of(leader)]
+    got, stored, _ = _named_consumer(leader_url, "billing", 5, start="first")
+    assert (got, stored) == ([b"b%d" % i for i in range(5)], None)
+    got, stored, conn = _named_consumer(leader_url, "billing", 2, hold=True)
+    assert (got, stored) == ([b"b5", b"b6"], 4)
+    refused = cluster3.cli("consumer", "offset", "bills", "billing", "--set", "0", check=False)
+    assert refused.returncode == 1 and "attached" in refused.stderr, refused
+    listed = cluster3.cli_json("consumer", "list", "bills")["consumers"]
+    assert [(c["name"], c["offset"]) for c in listed] == [("billing", 4)]
+    conn.close()  # the connection goes: the offset of b6 is stored as it goes
+
+    cluster3.kill9(cluster3.index_of(leader))
+    cluster3.refresh()
+    deadline = time.monotonic() + 30
+    while (new := cluster3.leader_of("bills")) == leader:
+        assert time.monotonic() < deadline, "no new leader"
+        time.sleep(0.2)
+    new_url = urls[cluster3.index_of(new)]
+    got, stored, _ = _named_consumer(new_url, "billing", 3)
+    assert (got, stored) == ([b"b7", b"b8", b"b9"], 6)
+    done = cluster3.cli("consumer", "offset", "bills", "billing", "--set", "1")
+    assert "resumes at 2" in done.stdout
+    got, stored, _ = _named_consumer(new_url, "billing", 1)
+    assert (got, stored) == ([b"b2"], 1)
+    shown = cluster3.cli_json("consumer", "offset", "bills", "billing")["consumers"]
+    assert [(c["name"], c["offset"]) for c in shown] == [("billing", 2)]

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from spate.core.backend import PartitionInfo, ProducerInfo
+from spate.core.backend import ConsumerOffset, PartitionInfo, ProducerInfo
 from spate.core.ids import PartitionId, StreamName
 
 
@@ -45,3 +45,15 @@ class ProducersProvider(Protocol):
     (raises NotFound for an unknown stream)."""
 
     def __call__(self, stream: StreamName, /) -> Mapping[PartitionId, Sequence[ProducerInfo]]: ...
+
+
+class ConsumersProvider(Protocol):
+    """Offset tracking (ADR 0012) as the hosting process serves it: `list` the consumer names
+    of the partitions of `stream` hosted here, per partition (NotFound for an unknown stream);
+    `reset` stores a name's offset at the partition's leader, wherever it is."""
+
+    def list(self, stream: StreamName, /) -> Mapping[PartitionId, Sequence[ConsumerOffset]]: ...
+
+    def reset(
+        self, stream: StreamName, partition: PartitionId, name: bytes, offset: int, /
+    ) -> Awaitable[None]: ...

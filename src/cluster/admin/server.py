@@ -19,12 +19,18 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
-from spate.cluster.admin.providers import ProducersProvider, StatsProvider, StatusProvider
+from spate.cluster.admin.providers import (
+    ConsumersProvider,
+    ProducersProvider,
+    StatsProvider,
+    StatusProvider,
+)
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import RequestId
+from spate.core import limits
 from spate.core.backend import PartitionInfo
-from spate.core.errors import BrokerError, NotFound, Unavailable
-from spate.core.ids import StreamName
+from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unavailable
+from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import validate_stream_name
 
 log = logging.getLogger(__name__)
@@ -50,11 +56,12 @@ class AdminServer:
         port: int = 0,
         *,
         producers: ProducersProvider | None = None,
+        consumers: ConsumersProvider | None = None,
     ) -> None:
         self.metadata = metadata
         self.host = host
         self.port = port
-        self._servicer = _AdminServicer(metadata, stats, status, producers)
+        self._servicer = _AdminServicer(metadata, stats, status, producers, consumers)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -102,11 +109,80 @@ class _AdminServicer(pb_grpc.AdminServicer):
         stats: StatsProvider,
         status: StatusProvider,
         producers: ProducersProvider | None,
+        consumers: ConsumersProvider | None = None,
     ) -> None:
         self.metadata = metadata
         self.stats = stats
         self.status = status
         self.producers = producers
+        self.consumers = consumers
+
+    async def ListConsumers(
+        self,
+        request: pb.ListConsumersRequest,
+        context: grpc.aio.ServicerContext[pb.ListConsumersRequest, pb.ListConsumersResponse],
+    ) -> pb.ListConsumersResponse:
+        async def call() -> pb.ListConsumersResponse:
+            name = StreamName(request.stream)
+            validate_stream_name(name)
+            await self._catch_up()
+            self.metadata.stream_record(name)  # NotFound for an unknown stream
+            try:
+                held = {} if self.consumers is None else self.consumers.list(name)
+            except NotFound:
+                held = {}  # defined in the metadata, not (yet) opened by this process
+            return pb.ListConsumersResponse(
+                consumers=[
+                    pb.ConsumerEntry(
+                        partition=pid,
+                        name=c.name,
+                        offset=c.offset,
+                        timestamp_ms=c.timestamp_ms,
+                        attached=c.attached,
+                    )
+                    for pid, entries in sorted(held.items())
+                    for c in entries
+                ],
+                partitions_here=sorted(held),
+            )
+
+        return await _answer(context, call)
+
+    async def SetConsumerOffset(
+        self,
+        request: pb.SetConsumerOffsetRequest,
+        context: grpc.aio.ServicerContext[
+            pb.SetConsumerOffsetRequest, pb.SetConsumerOffsetResponse
+        ],
+    ) -> pb.SetConsumerOffsetResponse:
+        async def call() -> pb.SetConsumerOffsetResponse:
+            name = StreamName(request.stream)
+            validate_stream_name(name)
+            consumer = request.name.encode()
+            if not 0 < len(consumer) <= limits.consumer_name_bytes_max:
+                raise InvalidArgument(
+                    f"a consumer name is 1..{limits.consumer_name_bytes_max} bytes of UTF-8"
+                )
+            if request.offset < -1:
+                raise InvalidArgument(
+                    f"offset {request.offset}: use -1 (from the start) or an offset >= 0"
+                )
+            await self._catch_up()
+            record = self.metadata.stream_record(name)  # NotFound for an unknown stream
+            partitions = record.config.partitions
+            if not 0 <= request.partition < partitions:
+                raise NotFound(
+                    f"stream {name!r} has partitions 0..{partitions - 1}; there is no "
+                    f"partition {request.partition}"
+                )
+            if self.consumers is None:
+                raise Unavailable("this process does not serve partitions")
+            await self.consumers.reset(
+                name, PartitionId(request.partition), consumer, request.offset
+            )
+            return pb.SetConsumerOffsetResponse()
+
+        return await _answer(context, call)
 
     async def ListProducers(
         self,

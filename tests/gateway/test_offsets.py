@@ -1,0 +1,140 @@
+"""Server-side offset tracking over AMQP (issue 8, ADR 0012; 004 "Offset Tracking (Consumer)"),
+through python-qpid-proton, against every broker of the gateway suite (memory, node, proxy).
+
+Contract: a receiver link with the link property `spate:consumer-name` is a named consumer; the
+offset of what it settles accepted is stored per (stream, partition, name), batched, and
+flushed before its detach is answered; a named consumer attaching with no start filter resumes
+right after the stored offset (`next` when there is none; an explicit filter wins); the attach
+reply carries `spate:stored-offset` when one exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from proton import Message, Timeout, symbol
+from support.amqp_clients import (
+    LinkProperties,
+    RunningGateway,
+    blocking,
+    offset_filter,
+    partition_option,
+    receive,
+    unique,
+)
+
+NAME = symbol("spate:consumer-name")
+STORED = symbol("spate:stored-offset")
+
+
+def fill(gateway: RunningGateway, stream: str, count: int, start: int = 0) -> None:
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"))
+        for i in range(start, start + count):
+            sender.send(Message(body=f"m{i}"))
+
+
+def named(name: str, **more: Any) -> LinkProperties:
+    return LinkProperties({NAME: name, **{symbol(k): v for k, v in more.items()}})
+
+
+def consume(
+    gateway: RunningGateway, stream: str, name: str, count: int, options: list[Any] | None = None
+) -> tuple[list[Any], Any]:
+    """Attach a named consumer, accept `count` messages, detach; (bodies, stored-offset seen)."""
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=50, options=[named(name), *(options or [])]
+        )
+        stored = (receiver.link.remote_properties or {}).get(STORED)
+        bodies = [m.body for m in receive(receiver, count)]
+        receiver.close()  # the detach is answered once the offset is stored
+    return bodies, stored
+
+
+def test_a_named_consumer_resumes_after_what_it_accepted(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 10)
+    first, stored = consume(gateway, stream, "billing", 4, [offset_filter("first")])
+    assert first == ["m0", "m1", "m2", "m3"] and stored is None
+    again, stored = consume(gateway, stream, "billing", 3)  # no filter: after the stored one
+    assert again == ["m4", "m5", "m6"] and stored == 3
+    other, stored = consume(gateway, stream, "audit", 0)  # never stored: `next`
+    assert stored is None
+    fill(gateway, stream, 2, start=10)
+    rest, stored = consume(gateway, stream, "billing", 5)
+    assert rest == ["m7", "m8", "m9", "m10", "m11"] and stored == 6
+
+
+def test_an_explicit_start_filter_wins_over_the_stored_offset(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 6)
+    consume(gateway, stream, "c", 5, [offset_filter("first")])
+    bodies, stored = consume(gateway, stream, "c", 2, [offset_filter(1)])
+    assert bodies == ["m1", "m2"] and stored == 4
+    bodies, stored = consume(gateway, stream, "c", 1)  # the explicit read stored 2
+    assert bodies == ["m3"] and stored == 2
+
+
+def test_the_offset_never_runs_ahead_of_an_unsettled_or_released_delivery(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 6)
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=10, options=[named("r"), offset_filter("first")]
+        )
+        receiver.receive(timeout=5)
+        receiver.accept()  # m0
+        receiver.receive(timeout=5)
+        receiver.release()  # m1: not done, the consumer gets it again
+        for _ in range(3):
+            receiver.receive(timeout=5)
+            receiver.accept()  # m2..m4 accepted after a released one
+        receiver.close()
+    bodies, stored = consume(gateway, stream, "r", 2)
+    assert stored == 0 and bodies == ["m1", "m2"]
+
+
+def test_settling_out_of_order_stores_the_contiguous_prefix(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 5)
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=10, options=[named("o"), offset_filter("first")]
+        )
+        got = [receiver.receive(timeout=5) for _ in range(5)]
+        assert [m.body for m in got] == [f"m{i}" for i in range(5)]
+        deliveries = list(receiver.fetcher.unsettled)  # type: ignore[attr-defined]
+        for i in (0, 1, 3, 4):  # m2 stays unsettled when the link goes
+            deliveries[i].update(deliveries[i].ACCEPTED)
+            deliveries[i].settle()
+        receiver.close()  # the dispositions go out before the detach
+    bodies, stored = consume(gateway, stream, "o", 1)
+    assert stored == 1 and bodies == ["m2"]
+
+
+def test_a_named_consumer_on_a_partitioned_stream_must_name_its_partition(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream(partitions=3)
+    with blocking(gateway) as conn:
+        with pytest.raises(Exception, match="invalid-field") as refused:
+            conn.create_receiver(stream, name=unique("rx"), options=[named("p")])
+        assert "partition-bound" in str(refused.value)
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), options=[named("p"), partition_option("1")]
+        )
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=0.2)
+        with pytest.raises(Exception, match="invalid-field"):
+            conn.create_receiver(stream, name=unique("rx"), options=[named("")])
