@@ -63,7 +63,7 @@ def test_a_named_consumer_resumes_after_what_it_accepted(
     assert first == ["m0", "m1", "m2", "m3"] and stored is None
     again, stored = consume(gateway, stream, "billing", 3)  # no filter: after the stored one
     assert again == ["m4", "m5", "m6"] and stored == 3
-    other, stored = consume(gateway, stream, "audit", 0)  # never stored: `next`
+    _, stored = consume(gateway, stream, "audit", 0)  # never stored: `next`
     assert stored is None
     fill(gateway, stream, 2, start=10)
     rest, stored = consume(gateway, stream, "billing", 5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import crc32c
 import pytest
 from spate.core.ids import Offset
 from spate.core.streams import Retention
@@ -78,8 +79,6 @@ def test_the_snapshot_carries_producers_and_offsets_and_reads_version_1() -> Non
     version_1 = bytearray(producers.encode())
     version_1[8] = 1  # the version byte; a version-1 file has no trailer
     body = bytes(version_1[8:])
-    import crc32c  # noqa: PLC0415 - only this test forges a file
-
     version_1[4:8] = crc32c.crc32c(body).to_bytes(4, "big")
     old, rest = ProducerTable.decode(bytes(version_1), 4)
     assert list(old) == list(producers) and len(rest) == 0
