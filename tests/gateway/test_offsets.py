@@ -22,6 +22,7 @@ from support.amqp_clients import (
     offset_filter,
     partition_option,
     receive,
+    run_rhea,
     unique,
 )
 
@@ -138,3 +139,24 @@ def test_a_named_consumer_on_a_partitioned_stream_must_name_its_partition(
             receiver.receive(timeout=0.2)
         with pytest.raises(Exception, match="invalid-field"):
             conn.create_receiver(stream, name=unique("rx"), options=[named("")])
+
+
+def test_rhea_consumer_resumes_after_its_stored_offset(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 6)
+    props = {"spate:consumer-name": "rhea-billing"}
+    report = run_rhea(
+        gateway,
+        [
+            {"op": "consume", "address": stream, "count": 3, "properties": props, "exact": True,
+             "filter": {"rabbitmq:stream-offset-spec": {"type": "string", "value": "first"}}},
+            {"op": "consume", "address": stream, "count": 2, "properties": props, "exact": True},
+        ],
+    )  # fmt: skip
+    first, second = report["steps"]
+    assert [m["body"] for m in first["messages"]] == ["m0", "m1", "m2"]
+    assert "spate:stored-offset" not in first["attach_properties"]
+    assert second["attach_properties"]["spate:stored-offset"] == "2"
+    assert [m["body"] for m in second["messages"]] == ["m3", "m4"]

@@ -4,7 +4,9 @@
 //   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
 //       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k
-//   {op: "consume", address, count, filter?, properties?}        -> messages: [{body, offset, timestamp, source_partition}]
+//   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition}],
+//       attach_properties; the step ends when the broker answered the detach; `exact`: credit
+//       for `count` deliveries only (a named consumer then stores exactly what it took)
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
 // filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
 "use strict";
@@ -15,6 +17,14 @@ const args = JSON.parse(require("fs").readFileSync(0, "utf8"));
 const result = { steps: [] };
 let finished = false;
 const deadline = setTimeout(() => finish("timeout"), args.timeout_ms || 20000);
+
+// the broker's attach properties, values as strings (ulong/long wrappers unwrapped)
+function attachProperties(link) {
+  const props = link.remote.attach.properties || {};
+  const out = {};
+  for (const [k, v] of Object.entries(props)) out[k] = typeof v === "object" && v !== null && v.value !== undefined ? String(v.value) : String(v);
+  return out;
+}
 
 function finish(error) {
   clearTimeout(deadline);
@@ -107,9 +117,7 @@ function runStep(i) {
     let sent = 0;
     const done = () => { if (out.outcomes.length === step.bodies.length) { sender.close(); next(); } };
     sender.on("sender_open", (ctx) => {
-      const props = ctx.sender.remote.attach.properties || {};
-      out.attach_properties = {};
-      for (const [k, v] of Object.entries(props)) out.attach_properties[k] = typeof v === "object" && v !== null && v.value !== undefined ? String(v.value) : String(v);
+      out.attach_properties = attachProperties(ctx.sender);
     });
     sender.on("sendable", () => {
       while (sender.sendable() && sent < step.bodies.length) {
@@ -127,14 +135,17 @@ function runStep(i) {
   } else if (step.op === "consume") {
     const receiver = connection.open_receiver({
       name, source: { address: step.address, filter: buildFilter(step.filter) },
-      properties: linkProps(step.properties), credit_window: 100, autoaccept: true,
+      properties: linkProps(step.properties), credit_window: step.exact ? 0 : 100, autoaccept: true,
     });
+    if (step.exact) receiver.add_credit(step.count); // exactly count deliveries, no more
     out.messages = [];
     receiver.on("receiver_open", (ctx) => {
       const f = ctx.receiver.remote.attach.source && ctx.receiver.remote.attach.source.filter;
       out.echoed_filter_keys = f ? Object.keys(f) : [];
+      out.attach_properties = attachProperties(ctx.receiver);
     });
     receiver.on("message", (ctx) => {
+      if (out.messages.length >= step.count) return; // in flight before the close
       const da = ctx.message.delivery_annotations || {};
       const ts = da["event-streams-timestamp"];
       out.messages.push({
@@ -143,7 +154,10 @@ function runStep(i) {
         timestamp: ts instanceof Date ? ts.getTime() : ts,
         source_partition: da["event-streams-source-partition"],
       });
-      if (out.messages.length === step.count) { receiver.close(); next(); }
+      if (out.messages.length === step.count) {
+        receiver.once("receiver_close", () => next()); // the broker answers once it stored
+        receiver.close();
+      }
     });
     receiver.on("receiver_error", (ctx) => { out.error = errorOf(ctx.receiver.error); next(); });
   } else if (step.op === "attach") {

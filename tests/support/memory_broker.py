@@ -76,8 +76,8 @@ class MemoryPartition(LocalPartition):
     async def store_offset(self, name: bytes, offset: int) -> None:
         if offset < -1:
             raise InvalidArgument(f"offset {offset} is below -1")
-        await asyncio.sleep(self.commit_delay_s or 0.0)
         self.offsets[name] = ConsumerOffset(name.decode(), offset, self.clock_ms())
+        await asyncio.sleep(self.commit_delay_s or 0.0)  # the 'fsync'; later attaches see it
 
     async def consumer_detach(self, name: bytes, offset: int | None) -> None:
         try:
