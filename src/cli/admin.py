@@ -433,32 +433,38 @@ def _producer_list(args: argparse.Namespace) -> int:
         }
         for p in response.producers
     ]
-    here = list(response.partitions_here)
-    if args.output == "json":
-        _print(
-            output.render_json(
-                {"stream": args.stream, "producers": producers, "partitions_here": here}
-            )
-        )
-    elif not producers:
-        _print(f"No producer names on the partitions of {args.stream!r} hosted here {here}.")
-    else:
-        rows = [
-            [
-                str(p["partition"]),
-                p["name"],
-                str(p["last_publishing_id"]),
-                str(p["last_offset"]),
-                output.timestamp(p["timestamp_ms"]),
-            ]
-            for p in producers
-        ]
-        _print(
-            output.render_table(
-                ["PARTITION", "PRODUCER", "LAST-PUBLISHING-ID", "LAST-OFFSET", "STORED"], rows
-            )
-        )
+    _print_listing(
+        args,
+        "producers",
+        producers,
+        list(response.partitions_here),
+        ["PARTITION", "PRODUCER", "LAST-PUBLISHING-ID", "LAST-OFFSET", "STORED"],
+        lambda p: [
+            str(p["partition"]),
+            p["name"],
+            str(p["last_publishing_id"]),
+            str(p["last_offset"]),
+            output.timestamp(p["timestamp_ms"]),
+        ],
+    )
     return EXIT_OK
+
+
+def _print_listing(  # noqa: PLR0917 - two call sites, every value named there
+    args: argparse.Namespace,
+    key: str,
+    items: list[dict[str, Any]],
+    here: list[int],
+    headers: list[str],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """A per-partition listing of STREAM as JSON or a table, or say that there is none."""
+    if args.output == "json":
+        _print(output.render_json({"stream": args.stream, key: items, "partitions_here": here}))
+    elif not items:
+        _print(f"No {key} on the partitions of {args.stream!r} hosted here {here}.")
+    else:
+        _print(output.render_table(headers, [row(item) for item in items]))
 
 
 def _consumers(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[int]]:
@@ -480,26 +486,20 @@ def _consumers(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[int
 def _print_consumers(
     args: argparse.Namespace, consumers: list[dict[str, Any]], here: list[int]
 ) -> None:
-    if args.output == "json":
-        _print(
-            output.render_json(
-                {"stream": args.stream, "consumers": consumers, "partitions_here": here}
-            )
-        )
-    elif not consumers:
-        _print(f"No stored offsets on the partitions of {args.stream!r} hosted here {here}.")
-    else:
-        rows = [
-            [
-                str(c["partition"]),
-                c["name"],
-                str(c["offset"]),
-                output.timestamp(c["timestamp_ms"]),
-                str(c["attached"]),
-            ]
-            for c in consumers
-        ]
-        _print(output.render_table(["PARTITION", "CONSUMER", "OFFSET", "STORED", "ATTACHED"], rows))
+    _print_listing(
+        args,
+        "consumers",
+        consumers,
+        here,
+        ["PARTITION", "CONSUMER", "OFFSET", "STORED", "ATTACHED"],
+        lambda c: [
+            str(c["partition"]),
+            c["name"],
+            str(c["offset"]),
+            output.timestamp(c["timestamp_ms"]),
+            str(c["attached"]),
+        ],
+    )
 
 
 def _consumer_list(args: argparse.Namespace) -> int:

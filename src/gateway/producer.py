@@ -171,16 +171,15 @@ class ProducerPart:
                 got += 1
                 continue
             if named:
-                # the id at the learned offset (same section layout as a checked message)
-                if raw.startswith(producer.id_prefix):
-                    publishing_id = id_at(raw, len(producer.id_prefix))[0]
-                    if publishing_id > producer.last_id:
-                        producer.last_id = publishing_id
-                        producer.ids.append(publishing_id)
-                    elif not self._take_id(producer, cur, raw):
-                        if producer.closed:
-                            break
-                        continue
+                # the id at the learned offset (same section layout as a checked message);
+                # anything else, including an id that does not increase, goes the slow way
+                prefix = producer.id_prefix
+                if (
+                    raw.startswith(prefix)
+                    and (publishing_id := id_at(raw, len(prefix))[0]) > producer.last_id
+                ):
+                    producer.last_id = publishing_id
+                    producer.ids.append(publishing_id)
                 elif not self._take_id(producer, cur, raw):
                     if producer.closed:
                         break

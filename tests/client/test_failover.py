@@ -20,7 +20,7 @@ from proton.utils import BlockingConnection
 from spate.client import Consumer, Producer
 from spate.client.aio import AsyncConsumer, AsyncProducer
 from support.amqp_clients import LinkProperties, offset_filter
-from support.cluster import Cluster
+from support.cluster import Cluster, spate
 
 BATCH = 20
 
@@ -279,7 +279,12 @@ def test_a_named_consumer_resumes_after_its_offset_across_a_leader_kill(cluster3
     assert (got, stored) == ([b"b%d" % i for i in range(5)], None)
     got, stored, conn = _named_consumer(leader_url, "billing", 2, hold=True)
     assert (got, stored) == ([b"b5", b"b6"], 4)
-    refused = cluster3.cli("consumer", "offset", "bills", "billing", "--set", "0", check=False)
+    ids = [n["node_id"] for n in cluster3.state["nodes"]]
+    follower = cluster3.state["nodes"][next(i for i, n in enumerate(ids) if n != leader)]
+    refused = spate(  # asked of a follower: relayed to the leader, refused there
+        "consumer", "offset", "bills", "billing", "--set", "0", "--admin", follower["admin"],
+        check=False,
+    )  # fmt: skip
     assert refused.returncode == 1 and "attached" in refused.stderr, refused
     listed = cluster3.cli_json("consumer", "list", "bills")["consumers"]
     assert [(c["name"], c["offset"]) for c in listed] == [("billing", 4)]
@@ -294,7 +299,10 @@ def test_a_named_consumer_resumes_after_its_offset_across_a_leader_kill(cluster3
     new_url = urls[cluster3.index_of(new)]
     got, stored, _ = _named_consumer(new_url, "billing", 3)
     assert (got, stored) == ([b"b7", b"b8", b"b9"], 6)
-    done = cluster3.cli("consumer", "offset", "bills", "billing", "--set", "1")
+    third = cluster3.state["nodes"][next(i for i, n in enumerate(ids) if n not in (leader, new))]
+    done = spate(  # the live node that does not lead: relayed
+        "consumer", "offset", "bills", "billing", "--set", "1", "--admin", third["admin"]
+    )
     assert "resumes at 2" in done.stdout
     got, stored, _ = _named_consumer(new_url, "billing", 1)
     assert (got, stored) == ([b"b2"], 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -42,6 +42,7 @@ stop_grace_s = 1.0
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
+_T = TypeVar("_T")
 
 
 class AdminServer:
@@ -117,20 +118,28 @@ class _AdminServicer(pb_grpc.AdminServicer):
         self.producers = producers
         self.consumers = consumers
 
+    async def _hosted(
+        self, stream: str, per_partition: Callable[[StreamName], Mapping[PartitionId, _T]] | None
+    ) -> Mapping[PartitionId, _T]:
+        """What `per_partition` says of the stream's partitions hosted here (none when this
+        process hosts none yet); NotFound for a stream the metadata does not know."""
+        name = StreamName(stream)
+        validate_stream_name(name)
+        await self._catch_up()
+        self.metadata.stream_record(name)  # NotFound for an unknown stream
+        try:
+            return {} if per_partition is None else per_partition(name)
+        except NotFound:
+            return {}  # defined in the metadata, not (yet) opened by this process
+
     async def ListConsumers(
         self,
         request: pb.ListConsumersRequest,
         context: grpc.aio.ServicerContext[pb.ListConsumersRequest, pb.ListConsumersResponse],
     ) -> pb.ListConsumersResponse:
         async def call() -> pb.ListConsumersResponse:
-            name = StreamName(request.stream)
-            validate_stream_name(name)
-            await self._catch_up()
-            self.metadata.stream_record(name)  # NotFound for an unknown stream
-            try:
-                held = {} if self.consumers is None else self.consumers.list(name)
-            except NotFound:
-                held = {}  # defined in the metadata, not (yet) opened by this process
+            consumers = self.consumers
+            held = await self._hosted(request.stream, None if consumers is None else consumers.list)
             return pb.ListConsumersResponse(
                 consumers=[
                     pb.ConsumerEntry(
@@ -190,14 +199,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
         context: grpc.aio.ServicerContext[pb.ListProducersRequest, pb.ListProducersResponse],
     ) -> pb.ListProducersResponse:
         async def call() -> pb.ListProducersResponse:
-            name = StreamName(request.stream)
-            validate_stream_name(name)
-            await self._catch_up()
-            self.metadata.stream_record(name)  # NotFound for an unknown stream
-            try:
-                held = {} if self.producers is None else self.producers(name)
-            except NotFound:
-                held = {}  # defined in the metadata, not (yet) opened by this process
+            held = await self._hosted(request.stream, self.producers)
             return pb.ListProducersResponse(
                 producers=[
                     pb.ProducerEntry(

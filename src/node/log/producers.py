@@ -26,6 +26,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import crc32c
 from spate.core import limits
@@ -42,6 +43,9 @@ SNAPSHOT_VERSION = 2
 spate.node.log.tracking.OffsetTable.encode). Version 1 files (no trailer) still decode."""
 _SNAPSHOT_HEAD = struct.Struct(">4sIBI")  # magic, crc32c of what follows the crc, version, count
 _SNAPSHOT_ENTRY = struct.Struct(">QQQqQ")  # last_id, raft_index, epoch, timestamp_ms, last_offset
+
+
+S = TypeVar("S")
 
 
 class ProducerStateError(ValueError):
@@ -84,27 +88,30 @@ class ProducerState:
     """Offset of that chunk's last record."""
 
 
-class ProducerTable:
-    """Producer name -> ProducerState, oldest write first; at most `names_max` names."""
+class NameTable(Generic[S]):
+    """Name -> state, oldest write first; at most `names_max` names: past that the name
+    written least recently is forgotten. Log order decides "least recently", so every replica
+    forgets the same name at the same chunk. (Producer states here; consumer offsets in
+    spate.node.log.tracking.)"""
 
     def __init__(self, names_max: int) -> None:
         assert names_max > 0
         self.names_max = names_max
-        self._states: OrderedDict[bytes, ProducerState] = OrderedDict()
+        self._states: OrderedDict[bytes, S] = OrderedDict()
         self.evicted = 0
         """Names forgotten to keep within names_max since this table was built."""
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def __iter__(self) -> Iterator[tuple[bytes, ProducerState]]:
+    def __iter__(self) -> Iterator[tuple[bytes, S]]:
         return iter(self._states.items())
 
-    def get(self, name: bytes) -> ProducerState | None:
+    def get(self, name: bytes) -> S | None:
         return self._states.get(name)
 
-    def note(self, name: bytes, state: ProducerState) -> None:
-        """A chunk of `name` was written: it becomes the most recently written name."""
+    def note(self, name: bytes, state: S) -> None:
+        """A chunk stored `name`'s state: it becomes the most recently written name."""
         states = self._states
         states[name] = state
         states.move_to_end(name)
@@ -112,10 +119,9 @@ class ProducerTable:
             states.popitem(last=False)
             self.evicted += 1
 
-    def copy(self) -> ProducerTable:
-        other = ProducerTable(self.names_max)
-        other._states = OrderedDict(self._states)
-        return other
+
+class ProducerTable(NameTable[ProducerState]):
+    """Producer name -> ProducerState, with its snapshot codec."""
 
     def encode(self, trailer: bytes = b"") -> bytes:
         """The snapshot file's bytes (oldest write first, so decoding keeps the order), with

@@ -21,11 +21,11 @@ right after it. This module is the state behind that rule, as the log sees it (A
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spate.core import limits
+from spate.node.log.producers import NameTable
 
 COUNT = struct.Struct(">H")
 NAME_LENGTH = struct.Struct(">H")
@@ -90,33 +90,8 @@ def decode_section(
     return out
 
 
-class OffsetTable:
-    """Consumer name -> TrackedOffset, oldest store first; at most `names_max` names."""
-
-    def __init__(self, names_max: int) -> None:
-        assert names_max > 0
-        self.names_max = names_max
-        self._states: OrderedDict[bytes, TrackedOffset] = OrderedDict()
-        self.evicted = 0
-        """Names forgotten to keep within names_max since this table was built."""
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def __iter__(self) -> Iterator[tuple[bytes, TrackedOffset]]:
-        return iter(self._states.items())
-
-    def get(self, name: bytes) -> TrackedOffset | None:
-        return self._states.get(name)
-
-    def note(self, name: bytes, state: TrackedOffset) -> None:
-        """A tracking chunk stored `name`'s offset: it becomes the most recently stored."""
-        states = self._states
-        states[name] = state
-        states.move_to_end(name)
-        while len(states) > self.names_max:
-            states.popitem(last=False)
-            self.evicted += 1
+class OffsetTable(NameTable[TrackedOffset]):
+    """Consumer name -> TrackedOffset (NameTable: oldest store first, bounded)."""
 
     def encode(self) -> bytes:
         """The table as the snapshot's trailer (oldest first, so decoding keeps the order)."""
