@@ -57,6 +57,8 @@ __all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 P_PARTITION = "event-streams-partition"
 P_PRODUCER_NAME = "spate:producer-name"
 P_LAST_PUBLISHING_ID = "spate:last-publishing-id"
+P_CONSUMER_NAME = "spate:consumer-name"
+P_STORED_OFFSET = "spate:stored-offset"
 A_PUBLISHING_ID = "x-opt-publishing-id"
 _MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
 """Message annotations {x-opt-publishing-id: ulong}, up to the 8 bytes of the id."""
@@ -387,7 +389,7 @@ class AsyncConsumer:
         url: str | Sequence[str],
         stream: str,
         *,
-        start: Start = "next",
+        start: Start | None = None,
         partition: int | None = None,
         credit: int = credit_default,
         handler: Handler | None = None,
@@ -396,17 +398,36 @@ class AsyncConsumer:
         reconnect_timeout_s: float = 0.0,
         user: str | None = None,
         password: str | None = None,
+        name: str | None = None,
+        commit: str = "auto",
         sink: Callable[[Event | BaseException], None] | None = None,
     ) -> AsyncConsumer:
-        """`start`: first, last, next, an offset, -N or a datetime. `credit`: messages in
-        flight to this consumer plus those buffered for it (a handler's are taken at once).
+        """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
+        for a named consumer, else `next`). `credit`: messages in flight to this consumer plus
+        those buffered for it (a handler's are taken at once).
         `handler(offset, timestamp_ms, raw_bytes)` (a `proton.Message` with `decode=True`)
         is called for each message on the loop; an exception it raises stops the consumer
         and comes out of `wait()`. `partition` binds the link (`event-streams-partition`).
-        `sink` is for the blocking layer: events (and the final error) go there instead."""
+
+        `name` makes it a named consumer (`spate:consumer-name`, ADR 0012): the broker stores
+        the offset of what it has finished with, and a consumer attaching with that name and
+        start `stored` resumes after it. `commit="auto"`: an event is finished when the
+        application asks for the next one (or its handler returns, or at `close`), and the
+        broker stores in batches; `commit="manual"`: only `commit()` stores, and returns once
+        the offset is replicated. `sink` is for the blocking layer: events (and the final
+        error) go there instead."""
+        if commit not in ("auto", "manual"):
+            raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
+        if name is None and (start == "stored" or commit != "auto"):
+            raise ValueError("start='stored' and commit='manual' need a consumer name (name=...)")
+        if start is None:
+            start = "next" if name is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
         self._handler, self._decode, self._sink = handler, decode, sink
+        if name is not None:
+            self._properties[P_CONSUMER_NAME] = name
+            self.name, self._manual = name, commit == "manual"
         engine, link = await _connect(
             self._connector, self._spec, timeout_s, self._user, self._password
         )
@@ -445,10 +466,28 @@ class AsyncConsumer:
         self._link: eng.ReceiverLink
         self.reconnects = 0
         """Times the consumer reattached after losing its link."""
+        self.name: str | None = None
+        """The consumer name (`spate:consumer-name`); None for an anonymous consumer."""
+        self._manual = False
+        self._taken_unfinished = 0
+        """Named consumers: events the application took and has not finished with."""
+        self._to_commit = 0
+        """Manual commits: finished deliveries on the current link not yet accepted."""
+        self._accepted = 0
+        self._confirmed = 0
+        self._commits: collections.deque[tuple[int, int, asyncio.Future[int]]] = collections.deque()
+        """Manual commits waiting for the broker: (deliveries accepted through, offset, future)."""
+        self.stored_offset: int | None = None
+        """Named consumers: the broker's stored offset when the link attached
+        (`spate:stored-offset`), then the last offset a `commit()` confirmed."""
 
     def _spec(self) -> eng.LinkSpec:
         return eng.LinkSpec(
-            self._name, self._stream, self._properties, start=self._core.resume_start()
+            self._name,
+            self._stream,
+            self._properties,
+            start=self._core.resume_start(),
+            confirm_commits=self._manual,
         )
 
     @property
@@ -458,52 +497,125 @@ class AsyncConsumer:
 
     def _use(self, engine: eng.Engine, link: Any) -> None:
         self._engine = engine
-        self._link = eng.ReceiverLink(engine, link)
+        self._link = eng.ReceiverLink(engine, link, hold=self.name is not None)
+        if self.name is not None:
+            stored = eng.link_property(link, P_STORED_OFFSET)
+            if stored is not None:
+                self.stored_offset = max(int(stored), self.stored_offset or -1)
+            self._core.on_relinked()
+            self._to_commit = 0
+            self._accepted = self._confirmed = 0
         self._link.on_message = self._on_message
         self._link.on_drained = self._grant
         self._link.on_lost = self._on_lost
+        self._link.on_committed = self._on_committed
         self._grant()
 
     def _grant(self) -> None:
         self._link.flow(self._core.credit_to_grant(self._link.credit))
 
-    def _on_message(self, raw: bytes) -> None:
+    def _on_message(self, raw: bytes) -> int | None:
         """The hot path: offset and timestamp read at the fixed places the node writes them
-        (`sections.read_spate_annotations`), the message left undecoded."""
+        (`sections.read_spate_annotations`), the message left undecoded. Returns the offset
+        handed to the application (None: dropped)."""
         if self._closed:
-            return
+            return None
         fast = sections.read_spate_annotations(raw)
         if fast is not None:
             offset, stamp, source = fast
         else:
             parsed = _scan(raw)
             if parsed is None:
-                return  # not one of Spate's deliveries: no offset to resume from
+                return None  # not one of Spate's deliveries: no offset to resume from
             offset, stamp, source = parsed
         if not self._core.on_message(offset, source):
-            return  # a repeat after resuming: already handed out
+            return None  # a repeat after resuming: already handed out
         if self._handler is not None:
             try:
                 self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)
             except Exception as error:  # the application's: stop and report it from wait()
                 self._finish(error)
-                return
+                return None
             self._core.on_taken()
+            if self.name is not None:
+                self._taken_unfinished += 1
+                self._loop.call_soon(self._finish_taken, 0)  # after the link holds it
         elif self._sink is not None:
             self._sink(Event(offset, stamp, source, raw))
         else:
             self._events.append(Event(offset, stamp, source, raw))
             self._ready.set()
+        return offset
 
     def _taken(self, count: int) -> None:
-        """The application took `count` buffered events: room for more credit."""
+        """The application took `count` buffered events: room for more credit (and, for a
+        named consumer with automatic commits, the events before the last one are finished)."""
         self._core.on_taken(count)
+        if self.name is not None:
+            self._taken_unfinished += count
+            if not self._manual:
+                self._finish_taken(1)
         if not self._closed and self._reconnecting is None:
             self._grant()
+
+    def _finish_taken(self, keep: int) -> None:
+        """The application finished with every event it took but the last `keep`: automatic
+        commits accept them now; manual ones at the next `commit()`."""
+        count = max(0, self._taken_unfinished - keep)
+        if not count or self._closed:
+            return
+        self._taken_unfinished -= count
+        current = self._core.on_finished(count)
+        if self._manual:
+            self._to_commit += current
+        elif current:
+            self._link.accept(current, settle=True)
+
+    async def commit(self) -> int | None:
+        """Manual commits: store the offset of the last event taken and wait until the broker
+        has replicated it; returns that offset (the last confirmed one when nothing new was
+        taken). Raises `ConnectionLost` when the link went away first (the offset may or may
+        not be stored; what is not is delivered again to the next consumer with this name)."""
+        if not self._manual:
+            raise RuntimeError("commit() is for commit='manual' consumers; 'auto' stores by itself")
+        if self._closed:
+            raise ConsumerClosed("the consumer is closed")
+        self._finish_taken(0)
+        count, self._to_commit = self._to_commit, 0
+        if count:
+            offset = self._link.accept(count, settle=False)
+            assert offset is not None
+            self._accepted += count
+            future: asyncio.Future[int] = self._loop.create_future()
+            self._commits.append((self._accepted, offset, future))
+        elif self._commits:
+            future = self._commits[-1][2]
+        else:
+            return self.stored_offset
+        return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
+
+    def _on_committed(self, count: int) -> None:
+        self._confirmed += count
+        commits = self._commits
+        while commits and commits[0][0] <= self._confirmed:
+            _, offset, future = commits.popleft()
+            self.stored_offset = offset
+            if not future.done():
+                future.set_result(offset)
+
+    def _fail_commits(self, error: BaseException) -> None:
+        while self._commits:
+            future = self._commits.popleft()[2]
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved: a commit nobody awaits is not an error
 
     def _on_lost(self, error: BaseException) -> None:
         if self._closed or self._reconnecting is not None:
             return
+        self._fail_commits(
+            ConnectionLost(f"the link was lost before the broker confirmed the commit: {error}")
+        )
         if not self._reconnecting_allowed:
             self._finish(ConnectionLost(f"the consumer's connection was lost: {error}"))
             return
@@ -538,6 +650,7 @@ class AsyncConsumer:
             self._reconnecting.cancel()
         self._link.on_message, self._link.on_lost, self._link.on_drained = _ignore, _ignore, _ignore
         self._engine.close()
+        self._fail_commits(ConsumerClosed("the consumer closed before the commit was confirmed"))
         final = error if error is not None else ConsumerClosed("the consumer is closed")
         if self._sink is not None:
             self._sink(final)
@@ -576,6 +689,24 @@ class AsyncConsumer:
         await asyncio.shield(self._done)
 
     async def close(self) -> None:
+        """Stop. A named consumer with automatic commits finishes what the application took,
+        detaches and waits (up to `timeout_s`) for the broker's answer, which comes once the
+        offset is stored; a manual one stores nothing more (uncommitted events are delivered
+        again to the next consumer with this name)."""
+        if self.name is not None and not self._closed and self._reconnecting is None:
+            if not self._manual:
+                self._finish_taken(0)
+            self._link.on_lost = _ignore  # the detach below is not a loss to reconnect from
+            self._link.detach()
+            lost = asyncio.ensure_future(asyncio.shield(self._engine.lost))
+            try:
+                await asyncio.wait(
+                    {self._link.detached, lost},
+                    timeout=self._timeout_s,
+                    return_when="FIRST_COMPLETED",
+                )
+            finally:
+                lost.cancel()
         self._finish(None)
 
 

@@ -258,21 +258,27 @@ async def _after_inbox(coroutine: Coroutine[Any, Any, R]) -> R:
 
 
 class Consumer:
-    """Reads a stream from `start` (first, last, next, an offset, -N, or a datetime):
+    """Reads a stream from `start` (first, last, next, stored, an offset, -N, or a datetime):
     `receive()` returns the next `Event`; iterating yields events until the consumer stops.
     With `handler` the messages are pushed to `handler(offset, timestamp_ms, raw)` on the
     client's loop thread instead (see `wait`).
 
     With `reconnect_timeout_s` > 0 a lost connection is reopened (URLs in turn, redirects
     followed) and reading resumes at the offset after the last event handed out: no gap, no
-    repeat (for a partition-bound consumer or a one-partition stream)."""
+    repeat (for a partition-bound consumer or a one-partition stream).
+
+    With `name` the broker tracks the consumer's offset (`spate:consumer-name`, ADR 0012;
+    the default start is then `stored`: right after it). `commit="auto"`: an event is
+    finished when the next `receive()` is called (or the handler returns, or at `close()`,
+    which waits until the offset is stored); `commit="manual"`: `commit()` stores the offset
+    of the last event received and returns once the broker has replicated it."""
 
     def __init__(
         self,
         url: str | Sequence[str],
         stream: str,
         *,
-        start: Any = "next",
+        start: Any = None,
         partition: int | None = None,
         credit: int = credit_default,
         handler: Handler | None = None,
@@ -281,6 +287,8 @@ class Consumer:
         reconnect_timeout_s: float = 0.0,
         user: str | None = None,
         password: str | None = None,
+        name: str | None = None,
+        commit: str = "auto",
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
@@ -302,6 +310,8 @@ class Consumer:
                 reconnect_timeout_s=reconnect_timeout_s,
                 user=user,
                 password=password,
+                name=name,
+                commit=commit,
                 sink=None if handler is not None else self._queue.put,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
@@ -319,9 +329,26 @@ class Consumer:
             raise item
         self._taken += 1
         if self._taken >= self._report_every or self._queue.empty():
+            self._report()
+        return item
+
+    def _report(self) -> None:
+        """Tell the loop how many events the application took since the last report."""
+        if self._taken:
             taken, self._taken = self._taken, 0
             self._thread.loop.call_soon_threadsafe(self._aio._taken, taken)
-        return item
+
+    def commit(self) -> int | None:
+        """Manual commits: store the offset of the last event received and return it once the
+        broker has replicated it (`AsyncConsumer.commit`)."""
+        self._report()
+        return self._thread.run(_after_inbox(self._aio.commit()), self._timeout_s)
+
+    @property
+    def stored_offset(self) -> int | None:
+        """The broker's stored offset when the link attached, then the last one `commit()`
+        confirmed (named consumers)."""
+        return self._aio.stored_offset
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -343,7 +370,8 @@ class Consumer:
         return self._aio.reconnects
 
     def close(self) -> None:
-        self._thread.run(self._aio.close(), self._timeout_s)
+        self._report()
+        self._thread.run(_after_inbox(self._aio.close()), self._timeout_s + 1)
 
     def __enter__(self) -> Self:
         return self

@@ -25,7 +25,9 @@ in tests/client/test_core.py drive them without a socket.
 - `ConsumerCore`: resume point and credit. Offsets delivered to the application strictly
   increase (a repeat after a resume is dropped); a resumed link starts at the last delivered
   offset + 1; credit is granted so that link credit + events buffered for the application
-  never exceed `credit_window`, topped up when it falls to half.
+  never exceed `credit_window`, topped up when it falls to half. For a named consumer it also
+  counts the events the application has not finished with, per link (`on_finished`): only
+  those handed out on the current link have a delivery to accept.
 """
 
 from __future__ import annotations
@@ -66,15 +68,16 @@ assert 0 < window_default <= window_max and 0 < credit_default <= credit_max
 # Where a consumer starts.
 
 Start = str | int | datetime
-"""`first`, `last`, `next`, an offset N >= 0, a relative -N (N back from the end), or a
-datetime (the first message appended at or after it)."""
+"""`first`, `last`, `next`, an offset N >= 0, a relative -N (N back from the end), a datetime
+(the first message appended at or after it), or `stored` (a named consumer: right after its
+stored offset, `next` when it has none — the broker decides, so no filter is sent)."""
 
 
 @dataclass(frozen=True)
 class StartSpec:
     """A start position as the filter will say it: `kind` is `earliest`, `latest`, `last`,
-    `after-offset` (offsets > value), `after-timestamp` (timestamps > value, ms) or `relative`
-    (value < 0)."""
+    `after-offset` (offsets > value), `after-timestamp` (timestamps > value, ms), `relative`
+    (value < 0) or `stored` (no filter: a named consumer resumes after its stored offset)."""
 
     kind: str
     value: int = 0
@@ -99,7 +102,11 @@ def start_spec(start: Start) -> StartSpec:
         return StartSpec("latest")
     if start == "last":
         return StartSpec("last")
-    raise ValueError(f"unknown start {start!r}: use first, last, next, an offset, -N or a datetime")
+    if start == "stored":
+        return StartSpec("stored")
+    raise ValueError(
+        f"unknown start {start!r}: use first, last, next, stored, an offset, -N or a datetime"
+    )
 
 
 # Connecting.
@@ -341,6 +348,11 @@ class ConsumerCore:
         self.buffered = 0
         """Events accepted for the application but not yet taken by it."""
         self.partitions_seen: set[str | None] = set()
+        self.unfinished = 0
+        """Named consumers: events handed out on the current link that the application has not
+        finished with (their deliveries are held unsettled)."""
+        self.stale = 0
+        """Events handed out on links since lost and not yet finished: nothing to settle."""
 
     def resume_start(self) -> Start:
         """Where a (re)attached link starts: the given start, then after the last delivered."""
@@ -360,7 +372,23 @@ class ConsumerCore:
         self.last_offset = offset
         self.partitions_seen.add(partition)
         self.buffered += 1
+        self.unfinished += 1
         return True
+
+    def on_relinked(self) -> None:
+        """A new link replaced a lost one: the old link's unfinished events settle nothing."""
+        self.stale += self.unfinished
+        self.unfinished = 0
+
+    def on_finished(self, count: int) -> int:
+        """The application finished with its next `count` events (in the order handed out):
+        how many of them are deliveries held on the current link, to accept now."""
+        assert 0 <= count <= self.stale + self.unfinished, (count, self.stale, self.unfinished)
+        old = min(self.stale, count)
+        self.stale -= old
+        count -= old
+        self.unfinished -= count
+        return count
 
     def on_taken(self, count: int = 1) -> None:
         assert 0 < count <= self.buffered, (count, self.buffered)

@@ -21,6 +21,7 @@ What it does:
 from __future__ import annotations
 
 import asyncio
+import collections
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,8 +94,12 @@ def _filter_value(spec: StartSpec) -> Any:
 
 
 def offset_filter(start: Start) -> dict[symbol, Any]:
-    """The source filter map selecting where a consumer starts (`core.start_spec`)."""
-    return {FILTER_KEY: Described(ES_FILTER, _filter_value(start_spec(start)))}
+    """The source filter map selecting where a consumer starts (`core.start_spec`); empty
+    for `stored` (the broker resumes a named consumer after its stored offset)."""
+    spec = start_spec(start)
+    if spec.kind == "stored":
+        return {}
+    return {FILTER_KEY: Described(ES_FILTER, _filter_value(spec))}
 
 
 def encode_message(message: Message) -> bytes:
@@ -240,6 +245,9 @@ class LinkSpec:
     address: str
     properties: dict[str, str] = field(default_factory=dict)
     start: Start | None = None
+    confirm_commits: bool = False
+    """A receiver in rcv-settle-mode second (002 §2.7.3 receiver-settle-mode): it accepts
+    without settling and the broker settles once it has stored the offset (ADR 0012)."""
 
     @property
     def is_sender(self) -> bool:
@@ -309,15 +317,28 @@ class SenderLink(_AttachedLink):
 
 
 class ReceiverLink(_AttachedLink):
-    """A consumer's attached link. `on_message(raw)` per complete delivery (accepted and
-    settled at once), then `on_drained()` after each burst; `on_lost(error)` as for senders."""
+    """A consumer's attached link. `on_message(raw)` per complete delivery, then
+    `on_drained()` after each burst; `on_lost(error)` as for senders.
 
-    def __init__(self, engine: Engine, link: Link) -> None:
+    Without `hold` each delivery is accepted and settled as it arrives. With `hold` (named
+    consumers, ADR 0012) `on_message` returns the offset it handed to the application (None:
+    a repeat, accepted at once) and the delivery stays unsettled until `accept`; on a link in
+    rcv-settle-mode second (`settle=False`) the broker settles accepted deliveries once it has
+    stored their offset, reported by `on_committed(count)` in order."""
+
+    def __init__(self, engine: Engine, link: Link, *, hold: bool = False) -> None:
         super().__init__(engine, link)
         self._buffer = ffi.new("char[]", receive_buffer_bytes)
         self._buffer_bytes = receive_buffer_bytes
-        self.on_message: Callable[[bytes], None] = lambda raw: None
+        self.on_message: Callable[[bytes], int | None] = lambda raw: None
         self.on_drained: Callable[[], None] = lambda: None
+        self.on_committed: Callable[[int], None] = lambda count: None
+        self.hold = hold
+        self._held: collections.deque[tuple[Any, int]] = collections.deque()
+        """(delivery, offset) handed to the application and not yet accepted."""
+        self._committing: collections.deque[Any] = collections.deque()
+        """Accepted, not settled: waiting for the broker to settle (store) them."""
+        self.detached: asyncio.Future[None] = engine.loop.create_future()
         engine.on_delivery = self._on_delivery
 
     @property
@@ -330,10 +351,40 @@ class ReceiverLink(_AttachedLink):
             lib.pn_link_flow(self._lp, credit)
             self.engine.schedule_pump()
 
+    def accept(self, count: int, *, settle: bool) -> int | None:
+        """Accept the next `count` held deliveries (settled, or left for the broker to settle
+        when `settle` is False); the offset of the last one (None: count 0)."""
+        held, update, committing = self._held, lib.pn_delivery_update, self._committing
+        offset = None
+        for _ in range(count):
+            delivery, offset = held.popleft()
+            update(delivery, lib.PN_ACCEPTED)
+            if settle:
+                lib.pn_delivery_settle(delivery)
+            else:
+                committing.append(delivery)
+        if count:
+            self.engine.schedule_pump()
+        return offset
+
+    def detach(self) -> None:
+        """Detach the link (`detached` resolves on the broker's answer)."""
+        self._link.close()
+        self.engine.schedule_pump()
+
+    def _on_event(self, event: Event) -> None:
+        closed = event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link
+        if closed and not self.detached.done():
+            self.detached.set_result(None)
+        super()._on_event(event)
+
     def _on_delivery(self, delivery: Any) -> None:
         lp = self._lp
         if lib.pn_delivery_link(delivery) != lp:
             return
+        if self._committing and lib.pn_delivery_settled(delivery):
+            self._broker_settled()
+        hold = self.hold
         while True:  # every complete delivery queued on the link
             current = lib.pn_link_current(lp)
             if (
@@ -348,10 +399,27 @@ class ReceiverLink(_AttachedLink):
             got = lib.pn_link_recv(lp, self._buffer, size)
             raw = ffi.unpack(self._buffer, max(got, 0))
             lib.pn_link_advance(lp)
-            lib.pn_delivery_update(current, lib.PN_ACCEPTED)
-            lib.pn_delivery_settle(current)
-            self.on_message(raw)
+            if not hold:
+                lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+                lib.pn_delivery_settle(current)
+                self.on_message(raw)
+                continue
+            offset = self.on_message(raw)
+            if offset is None:
+                lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+                lib.pn_delivery_settle(current)
+            else:
+                self._held.append((current, offset))
         self.on_drained()
+
+    def _broker_settled(self) -> None:
+        """Settle, in order, the accepted deliveries the broker has settled."""
+        committing, settled = self._committing, 0
+        while committing and lib.pn_delivery_settled(committing[0]):
+            lib.pn_delivery_settle(committing.popleft())
+            settled += 1
+        if settled:
+            self.on_committed(settled)
 
 
 async def attach(
@@ -383,7 +451,11 @@ async def attach(
         assert spec.start is not None
         link = session.receiver(spec.name)
         link.source.address = spec.address
-        Filter(offset_filter(spec.start)).apply(link)
+        start_filter = offset_filter(spec.start)
+        if start_filter:
+            Filter(start_filter).apply(link)
+        if spec.confirm_commits:
+            link.rcv_settle_mode = Link.RCV_SECOND
     if spec.properties:
         link.properties = {symbol(k): v for k, v in spec.properties.items()}
     link.open()

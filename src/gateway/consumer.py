@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import functools
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cproton_ffi import ffi, lib
@@ -48,6 +48,13 @@ class ConsumerLink:
     """Named consumers: what the client is done with, and what was stored."""
     storing: asyncio.Future[Any] | None = None
     """Named consumers: the store in flight (one at a time per link)."""
+    storing_tag: int = 0
+    """The tag through which the store in flight covers every delivery."""
+    confirm: bool = False
+    """Named consumers in rcv-settle-mode second: accepted deliveries are settled once their
+    offset is stored (the client's commit confirmation)."""
+    awaiting: dict[int, Any] = field(default_factory=dict)
+    """tag -> delivery accepted in rcv-settle-mode second, waiting for its store."""
 
 
 @dataclass
@@ -97,6 +104,9 @@ class ConsumerPart:
             link.snd_settle_mode = Link.SND_SETTLED
         state = ConsumerLink(link, link._impl, plan, presettled)
         self.links[link._impl] = state
+        if plan.name is not None and not presettled:
+            state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
+            link.rcv_settle_mode = link.remote_rcv_settle_mode
         if plan.name is not None:
             state.tracker = OffsetTracker(
                 self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms
@@ -135,15 +145,26 @@ class ConsumerPart:
 
     # named consumers ----------------------------------------------------------------------------
 
-    def settled(self, consumer: ConsumerLink, delivery: Any) -> None:
-        """The client settled (or gave an outcome for) one of a named consumer's deliveries."""
+    def settled(self, consumer: ConsumerLink, delivery: Any) -> bool:
+        """The client settled (or gave an outcome for) one of a named consumer's deliveries.
+        False: keep it unsettled until its offset is stored (rcv-settle-mode second)."""
         assert consumer.tracker is not None
         tag = lib.pn_delivery_tag(delivery)
         if tag.size != _TAG.size:
-            return
+            return True
         (number,) = _TAG.unpack(ffi.buffer(tag.start, tag.size))
+        remote_settled = lib.pn_delivery_settled(delivery)
+        if number in consumer.awaiting:  # a second disposition for one waiting on its store
+            if remote_settled:
+                del consumer.awaiting[number]
+            return bool(remote_settled)
         done = lib.pn_delivery_remote_state(delivery) in _DONE_STATES
         consumer.tracker.settled(number, done, self.loop.time() * 1000)
+        if done and consumer.confirm and not remote_settled:
+            consumer.awaiting[number] = delivery
+            self.host.schedule_pump()  # a client waits on this store: start it now
+            return False
+        return True
 
     def store_due(self) -> None:
         """Start the stores that are due (one in flight per link); wake for the next one."""
@@ -154,7 +175,8 @@ class ConsumerPart:
             assert tracker is not None
             if consumer.closed or consumer.storing is not None:
                 continue
-            if tracker.due(now_ms):
+            if tracker.due(now_ms, urgent=bool(consumer.awaiting)):
+                consumer.storing_tag = tracker.done_tag
                 offset = tracker.take()
                 assert offset is not None and consumer.plan.name is not None
                 store = consumer.plan.cursors[0].partition.store_offset(consumer.plan.name, offset)
@@ -188,6 +210,14 @@ class ConsumerPart:
                 ),
             )
             return
+        if consumer.awaiting and not consumer.closed and not self.host.closed:
+            through, kept = consumer.storing_tag, {}
+            for tag, delivery in consumer.awaiting.items():
+                if tag <= through:  # stored: settling it confirms the client's commit
+                    lib.pn_delivery_settle(delivery)
+                else:
+                    kept[tag] = delivery
+            consumer.awaiting = kept
         self.host.schedule_pump()
 
     def forget_info(self, info_link: InfoLink) -> None:

@@ -402,8 +402,11 @@ class AmqpConnection(asyncio.Protocol):
                 ):  # a consumer's disposition: streams are not destructive, any outcome settles
                     if tracked:
                         consumer = tracked.get(delivery_link(delivery))
-                        if consumer is not None:  # a named consumer: note what it is done with
-                            settled(consumer, delivery)
+                        # a named consumer: note what it is done with; in rcv-settle-mode
+                        # second its accepted deliveries are settled once they are stored
+                        if consumer is not None and not settled(consumer, delivery):
+                            pop(collector)
+                            continue
                     settle(delivery)
             elif kind in _CONTROL_EVENTS:
                 self._control(kind, _wrap_event(ev))

@@ -9,7 +9,9 @@ highest tag below which every delivery is done: never ahead of what the consumer
 whatever order it settles in.
 
 A store is due after `every` done deliveries since the last one, or `interval_ms` after the
-first of them, whichever comes first; the link's detach stores what is left.
+first of them, whichever comes first — or at once while a client in rcv-settle-mode second
+waits for its accepted deliveries to be settled (its commit); the link's detach stores what
+is left.
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ class OffsetTracker:
             runs.popleft()
         raise AssertionError(f"tag {tag} was never sent")
 
-    def due(self, now_ms: float) -> bool:
-        """A store should start now."""
+    def due(self, now_ms: float, *, urgent: bool = False) -> bool:
+        """A store should start now (`urgent`: whenever there is something new to store — a
+        client waits for it)."""
         if self.done_offset is None or self.done_offset == self.stored:
             return False
         assert self.since_ms is not None
-        return self.unstored >= self.every or now_ms - self.since_ms >= self.interval_ms
+        return urgent or self.unstored >= self.every or now_ms - self.since_ms >= self.interval_ms
 
     def take(self) -> int | None:
         """The offset to store now (None: nothing new); the tracker counts it stored."""

@@ -290,7 +290,25 @@ def test_credit_counts_buffered_events_and_is_topped_up_at_half() -> None:
     assert core.credit_to_grant(link_credit=5) == 5
 
 
+def test_only_events_handed_out_on_the_current_link_have_deliveries_to_accept() -> None:
+    """A named consumer (ADR 0012) accepts what the application finished with; events from a
+    lost link have no delivery left to settle, whatever order the counts arrive in."""
+    core = ConsumerCore("stored", credit_window=10)
+    for offset in range(5):
+        core.on_message(offset, None)
+    assert core.on_finished(2) == 2  # offsets 0, 1: accept two on this link
+    core.on_relinked()  # 2, 3, 4 were handed out on the lost link
+    for offset in (3, 4, 5, 6):  # the new link starts at 5: 3 and 4 are repeats
+        core.on_message(offset, None)
+    assert core.on_finished(2) == 0  # 2, 3: stale
+    assert core.on_finished(2) == 1  # 4 stale, 5 on this link
+    assert core.on_finished(1) == 1 and core.unfinished == 0 and core.stale == 0
+    with pytest.raises(AssertionError):
+        core.on_finished(1)
+
+
 def test_start_specs() -> None:
+    assert start_spec("stored") == StartSpec("stored")
     assert start_spec("first") == StartSpec("earliest")
     assert start_spec("next") == StartSpec("latest")
     assert start_spec("last") == StartSpec("last")

@@ -10,11 +10,13 @@ reply carries `spate:stored-offset` when one exists.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from proton import Message, Timeout, symbol
+from spate.client import Consumer
 from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
@@ -160,3 +162,86 @@ def test_rhea_consumer_resumes_after_its_stored_offset(
     assert "spate:stored-offset" not in first["attach_properties"]
     assert second["attach_properties"]["spate:stored-offset"] == "2"
     assert [m["body"] for m in second["messages"]] == ["m3", "m4"]
+
+
+# spate.client: Consumer(name=..., start="stored", commit="auto" | "manual") ----------------------
+
+
+def bodies_of(events: list[Any]) -> list[str]:
+    return [str(e.message.body) for e in events]
+
+
+def test_client_automatic_commits_finish_an_event_when_the_next_is_asked_for(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """An event counts as finished once the application asks for the next one (Kafka's
+    auto-commit at the next poll); `close()` finishes the last and returns once it is stored."""
+    stream = make_stream()
+    fill(gateway, stream, 8)
+    with Consumer(gateway.url, stream, name="auto", start="first", timeout_s=10) as consumer:
+        assert consumer.stored_offset is None
+        got = [consumer.receive(timeout=5) for _ in range(3)]
+    assert bodies_of(got) == ["m0", "m1", "m2"]
+    with Consumer(gateway.url, stream, name="auto", timeout_s=10) as consumer:  # start=stored
+        assert consumer.stored_offset == 2
+        assert bodies_of([consumer.receive(timeout=5)]) == ["m3"]
+        # abandoned without close: m3 was taken but not finished (no next receive)
+        consumer._aio._engine.abort()  # type: ignore[attr-defined]
+    with Consumer(gateway.url, stream, name="auto", timeout_s=10) as consumer:
+        assert consumer.stored_offset == 2
+        assert bodies_of([consumer.receive(timeout=5)]) == ["m3"]
+
+
+def test_client_manual_commit_returns_once_the_offset_is_stored(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """commit() accepts in rcv-settle-mode second (002 §2.7.3); the broker settles once the
+    offset is replicated, so what commit() returned is what the next consumer resumes after."""
+    stream = make_stream()
+    fill(gateway, stream, 10)
+    consumer = Consumer(gateway.url, stream, name="manual", start="first", commit="manual")
+    assert consumer.commit() is None  # nothing taken, nothing stored
+    [consumer.receive(timeout=5) for _ in range(4)]
+    assert consumer.commit() == 3
+    # stored by the time commit() returned: another link (no detach flush) reads it at attach
+    assert consume(gateway, stream, "manual", 0)[1] == 3
+    assert consumer.commit() == 3  # nothing new: the last confirmed one
+    [consumer.receive(timeout=5) for _ in range(2)]  # m4, m5: received, not committed
+    consumer.close()  # a manual consumer stores nothing on close
+    assert consume(gateway, stream, "manual", 0)[1] == 3
+    with Consumer(gateway.url, stream, name="manual", commit="manual") as again:
+        assert again.stored_offset == 3
+        assert bodies_of([again.receive(timeout=5)]) == ["m4"]
+        assert again.commit() == 4
+    assert consume(gateway, stream, "manual", 0)[1] == 4
+
+
+def test_client_handler_events_are_finished_when_the_handler_returns(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    fill(gateway, stream, 5)
+    seen: list[int] = []
+    consumer = Consumer(
+        gateway.url, stream, name="h", start="first", handler=lambda o, t, raw: seen.append(o)
+    )
+    deadline = time.monotonic() + 10
+    while len(seen) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    consumer.close()
+    assert seen == [0, 1, 2, 3, 4]
+    assert consume(gateway, stream, "h", 0)[1] == 4
+
+
+def test_client_misuse_of_names_and_commits_is_refused_before_connecting(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    with pytest.raises(ValueError, match="consumer name"):
+        Consumer(gateway.url, stream, start="stored")
+    with pytest.raises(ValueError, match="consumer name"):
+        Consumer(gateway.url, stream, commit="manual")
+    with pytest.raises(ValueError, match="commit must be"):
+        Consumer(gateway.url, stream, name="x", commit="sometimes")
+    with Consumer(gateway.url, stream, name="x") as consumer, pytest.raises(RuntimeError):
+        consumer.commit()  # automatic commits: nothing to call

@@ -22,6 +22,7 @@ from spate.gateway import codec, links, sections
 from spate.gateway.errors import CONDITIONS, amqp_error
 from spate.gateway.filters import parse_filters, parse_sql
 from spate.gateway.sasl import AMQP_HEADER, SASL_HEADER, Authenticate, Close, Done, SaslServer, Send
+from spate.gateway.tracking import OffsetTracker
 from support.memory_broker import MemoryPartition
 
 
@@ -328,3 +329,43 @@ def test_consumer_room_is_credit_bounded_by_unsettled_and_the_pump_batch() -> No
     assert links.consumer_room(10**6, cap - 3, presettled=False) == min(3, batch)
     assert links.consumer_room(10**6, cap, presettled=False) <= 0
     assert links.consumer_room(10**6, cap, presettled=True) == batch  # settled: no bound
+
+
+# OffsetTracker (ADR 0012): what a named consumer finished with, and when to store it
+
+
+def test_the_tracker_stores_the_contiguous_done_prefix_in_batches() -> None:
+    tracker = OffsetTracker(every=3, interval_ms=200)
+    tracker.sent(1, 100, 4)  # tags 1..4 carry offsets 100..103
+    tracker.sent(5, 110, 2)  # a gap in offsets (tracking chunks): tags 5, 6 carry 110, 111
+    tracker.settled(2, True, now_ms=0)  # ahead of tag 1: nothing done yet
+    assert tracker.done_offset is None and not tracker.due(0)
+    tracker.settled(1, True, now_ms=1)
+    assert tracker.done_offset == 101 and not tracker.due(2)  # 1 of 3
+    assert tracker.due(2, urgent=True)  # a client waits on its commit
+    tracker.settled(3, False, now_ms=3)  # released: holds the watermark
+    tracker.settled(4, True, now_ms=4)
+    assert tracker.done_offset == 101 and tracker.wake_at_ms() == 1 + 200
+    assert tracker.due(201) and tracker.take() == 101 and tracker.take() is None
+    tracker.settled(3, True, now_ms=300)  # accepted after all: 3, 4 done
+    tracker.done_through(6, now_ms=301)
+    assert tracker.done_offset == 111 and tracker.due(301)  # 3 since the last store
+
+
+def test_the_tracker_never_stores_ahead_of_any_order_of_settlement() -> None:
+    for seed in range(200):
+        rng = random.Random(seed)
+        tracker = OffsetTracker(every=rng.randint(1, 5), interval_ms=10)
+        count = rng.randint(1, 30)
+        tracker.sent(1, 0, count)
+        done: set[int] = set()
+        for tag in rng.sample(range(1, count + 1), count):
+            ok = rng.random() < 0.8
+            tracker.settled(tag, ok, now_ms=0)
+            done |= {tag} if ok else set()
+            prefix = 0
+            while prefix + 1 in done:
+                prefix += 1
+            assert tracker.done_offset == (prefix - 1 if prefix else None), seed
+            stored = tracker.take()
+            assert stored is None or stored == prefix - 1, seed
