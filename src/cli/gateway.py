@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from spate.core import limits
+
 
 def register(subparsers: Any) -> None:
     gateway = subparsers.add_parser(
@@ -46,6 +48,20 @@ def register(subparsers: Any) -> None:
     run.add_argument("--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS")
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    run.add_argument(
+        "--offset-commit-messages",
+        type=int,
+        default=limits.offset_commit_messages,
+        help="named consumers: store the offset after at most this many finished messages "
+        f"(default {limits.offset_commit_messages})",
+    )
+    run.add_argument(
+        "--offset-commit-ms",
+        type=int,
+        default=limits.offset_commit_interval_ms,
+        help="...or this long after the first one not stored "
+        f"(default {limits.offset_commit_interval_ms})",
+    )
     run.set_defaults(run=_run)
 
 
@@ -64,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         mode=args.mode,
+        offset_commit_messages=args.offset_commit_messages,
+        offset_commit_ms=args.offset_commit_ms,
         secret=os.environ.get("SPATE_METADATA_PASSWORD", ""),
     )
     settings.validate()

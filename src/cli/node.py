@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from spate.core import limits
+
 
 def register(subparsers: Any) -> None:
     node = subparsers.add_parser(
@@ -54,6 +56,18 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    run.add_argument(
+        "--offset-commit-messages",
+        type=int,
+        help="named consumers: store the offset after at most this many finished messages "
+        f"(default {limits.offset_commit_messages})",
+    )
+    run.add_argument(
+        "--offset-commit-ms",
+        type=int,
+        help="...or this long after the first one not stored "
+        f"(default {limits.offset_commit_interval_ms})",
+    )
     run.set_defaults(run=_run)
 
 
@@ -76,6 +90,8 @@ def _run(args: argparse.Namespace) -> int:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "allow_anonymous": False if args.no_anonymous else None,
+        "offset_commit_messages": args.offset_commit_messages,
+        "offset_commit_ms": args.offset_commit_ms,
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
     }
     return main_run(load_settings(args.config, overrides))

@@ -29,6 +29,9 @@ class ListenerConfig:
     tls_key: Path | None = None
     """PEM files; both set: the listener speaks TLS only (terminated by asyncio)."""
     idle_timeout_s: float | None = None
+    offset_commit_messages: int = limits.offset_commit_messages
+    offset_commit_ms: int = limits.offset_commit_interval_ms
+    """Named consumers' batched offset stores (ADR 0012)."""
 
     def validate(self) -> None:
         if not self.allow_anonymous and self.users_file is None:
@@ -37,6 +40,15 @@ class ListenerConfig:
             raise InvalidArgument("TLS needs both tls_cert and tls_key")
         if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
             raise InvalidArgument(f"idle timeout must be positive, got {self.idle_timeout_s}")
+        check_offset_commits(self.offset_commit_messages, self.offset_commit_ms)
+
+
+def check_offset_commits(messages: int, interval_ms: int) -> None:
+    """The batching of named consumers' offset stores, as the flags name it."""
+    if not 1 <= messages <= 1_000_000:
+        raise InvalidArgument(f"--offset-commit-messages must be 1-1000000, got {messages}")
+    if not 1 <= interval_ms <= 60_000:
+        raise InvalidArgument(f"--offset-commit-ms must be 1-60000, got {interval_ms}")
 
 
 class GatewayServer:
@@ -68,6 +80,8 @@ class GatewayServer:
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,
             idle_timeout_s=self.config.idle_timeout_s,
+            offset_commit_messages=self.config.offset_commit_messages,
+            offset_commit_interval_ms=self.config.offset_commit_ms,
         )
         tls = None
         if self.config.tls_cert is not None and self.config.tls_key is not None:

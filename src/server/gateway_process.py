@@ -32,6 +32,7 @@ import grpc
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
+from spate.core import limits
 from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
@@ -63,6 +64,8 @@ class GatewaySettings:
     tls_key: Path | None = None
     mode: str = "proxy"
     """Default for links that do not ask: "proxy" or "redirect"."""
+    offset_commit_messages: int = limits.offset_commit_messages
+    offset_commit_ms: int = limits.offset_commit_interval_ms
     secret: str = field(default="", repr=False)
     """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
 
@@ -131,6 +134,8 @@ class GatewayProcess:
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
+                offset_commit_messages=settings.offset_commit_messages,
+                offset_commit_ms=settings.offset_commit_ms,
             ),
             modes,
         )

@@ -114,6 +114,8 @@ class NodeProcess:
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
+                offset_commit_messages=settings.offset_commit_messages,
+                offset_commit_ms=settings.offset_commit_ms,
             ),
         )
         self.admin = AdminServer(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from spate.core import limits
 from spate.core.errors import InvalidArgument
 
 DEFAULT_HOST = "127.0.0.1"
@@ -40,6 +41,10 @@ class NodeSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     retention_interval_ms: int = 60_000
+    offset_commit_messages: int = limits.offset_commit_messages
+    """Named consumers: store the offset after at most this many finished messages..."""
+    offset_commit_ms: int = limits.offset_commit_interval_ms
+    """...or this long after the first one not stored (ADR 0012)."""
 
     def validate(self) -> None:
         if not self.node_id or not self.node_id.replace("-", "").replace("_", "").isalnum():

@@ -10,6 +10,7 @@ reply carries `spate:stored-offset` when one exists.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 from proton import Message, Timeout, symbol
 from spate.client import Consumer
+from spate.core.errors import InvalidArgument
+from spate.gateway.server import ListenerConfig
 from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
@@ -37,6 +40,12 @@ def fill(gateway: RunningGateway, stream: str, count: int, start: int = 0) -> No
         sender = conn.create_sender(stream, name=unique("tx"))
         for i in range(start, start + count):
             sender.send(Message(body=f"m{i}"))
+
+
+def pump(conn: Any) -> None:
+    """Let a BlockingConnection send what is queued (dispositions) and read for a moment."""
+    with contextlib.suppress(Timeout):
+        conn.wait(lambda: False, timeout=0.2)
 
 
 def named(name: str, **more: Any) -> LinkProperties:
@@ -245,3 +254,44 @@ def test_client_misuse_of_names_and_commits_is_refused_before_connecting(
         Consumer(gateway.url, stream, name="x", commit="sometimes")
     with Consumer(gateway.url, stream, name="x") as consumer, pytest.raises(RuntimeError):
         consumer.commit()  # automatic commits: nothing to call
+
+
+def test_the_batch_size_is_the_listeners_setting(
+    start_gateway: Callable[..., RunningGateway], make_stream: Callable[..., str]
+) -> None:
+    """`--offset-commit-messages 2 --offset-commit-ms 60000`: a store after every second
+    finished message, none on time within the test."""
+    gateway = start_gateway(offset_commit_messages=2, offset_commit_ms=60_000)
+    stream = make_stream()
+    fill(gateway, stream, 5)
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=10, options=[named("b"), offset_filter("first")]
+        )
+        receiver.receive(timeout=5)
+        receiver.accept()
+        pump(conn)
+        assert consume(gateway, stream, "b", 0)[1] is None  # one finished: not due
+        receiver.receive(timeout=5)
+        receiver.accept()
+        pump(conn)
+        deadline = time.monotonic() + 5
+        while consume(gateway, stream, "b", 0)[1] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert consume(gateway, stream, "b", 0)[1] == 1
+        receiver.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "flag"),
+    [
+        ("offset_commit_messages", 0, "--offset-commit-messages"),
+        ("offset_commit_ms", 0, "--offset-commit-ms"),
+        ("offset_commit_ms", 3_600_000, "--offset-commit-ms"),
+    ],
+)
+def test_bad_batch_settings_are_refused_naming_the_flag(
+    setting: str, value: int, flag: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=flag):
+        ListenerConfig(node_id="n1", **{setting: value}).validate()
