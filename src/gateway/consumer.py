@@ -10,6 +10,11 @@ Named consumers (`spate:consumer-name`, ADR 0012): each link's `OffsetTracker` l
 offsets its tags carry and what the client settled; `store_due` (once per pump) stores what is
 due at the partition's leader, one store in flight per link; `forget` stores the rest and
 returns the future the link's detach waits for.
+
+Single active consumer (ADR 0013): a standby link (`ConsumerPlan.active` False) is open but
+sent nothing; `_take_over` waits at the partition's leader for its turn, begins its cursor
+after the group's stored offset, and the first delivery it then sends carries the delivery
+annotation `spate:active` = true (`announce`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class ConsumerLink:
     offset is stored (the client's commit confirmation)."""
     awaiting: dict[int, Any] = field(default_factory=dict)
     """tag -> delivery accepted in rcv-settle-mode second, waiting for its store."""
+    announce: bool = False
+    """Single active consumer: the next delivery carries `spate:active` (it took over)."""
 
 
 @dataclass
@@ -115,7 +122,34 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
+        if not plan.active:
+            self.host.own(asyncio.ensure_future(self._take_over(state)))
         self.host.schedule_pump()
+
+    async def _take_over(self, consumer: ConsumerLink) -> None:
+        """A standby's turn (ADR 0013): when the group's active member has gone (its offset
+        stored), begin after the group's stored offset and announce it."""
+        plan = consumer.plan
+        assert plan.name is not None
+        partition = plan.cursors[0].partition
+        try:
+            now = await partition.until_active(plan.name, plan.member)
+            if now.active and not consumer.closed:
+                await links.start_when_active(plan, now)
+        except BrokerError as err:
+            if not consumer.closed and not self.host.closed:
+                error = amqp_error(err)
+                self.host.end_consumer(
+                    consumer,
+                    plain(
+                        error.condition,
+                        f"the standby could not take over: {error.description}",
+                    ),
+                )
+            return
+        if now.active and not consumer.closed and not self.host.closed:
+            consumer.announce = True
+            self.host.schedule_pump()
 
     def open_info(self, link: Link, stream: StreamName) -> None:
         link.source.copy(link.remote_source)
@@ -252,6 +286,10 @@ class ConsumerPart:
             if consumer.closed:
                 continue
             lp = consumer.pointer
+            if not consumer.plan.active:  # a standby: nothing to send (drained when asked)
+                if lib.pn_link_get_drain(lp):
+                    lib.pn_link_drained(lp)
+                continue
             room = links.consumer_room(
                 lib.pn_link_credit(lp), lib.pn_link_unsettled(lp), consumer.presettled
             )
@@ -263,10 +301,14 @@ class ConsumerPart:
             sent = 0
             runs_sent = []
             for run in plan.take(room):
-                prefix, suffix = parts(
-                    run.timestamp_ms, run.cursor.symbol if plan.tag_source_partition else None
-                )
-                for out in sections.splice_run(run.records, run.first_offset, prefix, suffix):
+                source = run.cursor.symbol if plan.tag_source_partition else None
+                prefix, suffix = parts(run.timestamp_ms, source)
+                outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
+                if consumer.announce:  # the first delivery since it took over says so
+                    consumer.announce = False
+                    first, rest = parts(run.timestamp_ms, source, active=True)
+                    outs[0] = sections.splice_run(run.records[:1], run.first_offset, first, rest)[0]
+                for out in outs:
                     tag += 1
                     pack_tag(tag_view, 0, tag)
                     delivery = new_delivery(lp, tag_value)
@@ -358,7 +400,7 @@ async def _flush(
         with contextlib.suppress(BrokerError):  # a failed store: this one covers it
             await asyncio.shield(storing)
     assert plan.name is not None
-    await plan.cursors[0].partition.consumer_detach(plan.name, offset)
+    await plan.cursors[0].partition.consumer_detach(plan.name, offset, plan.member)
 
 
 def filter_map(filter_data: Data) -> dict[Any, Any] | None:

@@ -243,6 +243,7 @@ def _sym8(text: str) -> bytes:
 _K_OFFSET = _sym8("event-streams-offset")
 _K_TIMESTAMP = _sym8("event-streams-timestamp")
 _K_SOURCE = _sym8("event-streams-source-partition")
+_K_ACTIVE = _sym8("spate:active")
 _I64 = struct.Struct(">q")
 _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
@@ -265,10 +266,12 @@ def encode_delivery_annotations(
 
 
 def delivery_annotation_parts(
-    timestamp_ms: int, source_partition: str | None = None
+    timestamp_ms: int, source_partition: str | None = None, *, active: bool = False
 ) -> tuple[bytes, bytes]:
     """(prefix, suffix) such that `prefix + b"%020d" % offset + suffix` is
-    `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`.
+    `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`;
+    `active` adds `spate:active` = true (the first delivery a single-active-consumer link gets
+    after it became its group's active member, ADR 0013).
 
     The offset symbol has a fixed width (`OFFSET_SYMBOL_DIGITS`), so everything but its digits
     is constant for one run of records sharing a chunk timestamp: the egress hot path encodes
@@ -278,6 +281,9 @@ def delivery_annotation_parts(
     if source_partition is not None:
         body_tail += _K_SOURCE + _sym8(source_partition)
         count = 6
+    if active:
+        body_tail += _K_ACTIVE + b"\x41"
+        count += 2
     body_len = len(_K_OFFSET) + len(_OFFSET_SYMBOL_HEAD) + OFFSET_SYMBOL_DIGITS + len(body_tail)
     prefix = (
         _DA_DESCRIPTOR
