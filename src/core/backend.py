@@ -118,8 +118,9 @@ class ConsumerOffset:
     """When it was stored."""
     attached: int = 0
     """Links of this name attached at the partition's leader now (0 elsewhere)."""
-    active: int = 0
-    """Single active consumer: the active member's number at the leader (0: no group)."""
+    group: int = 0
+    """Single active consumer: the members of the name's group at the leader (0: no group);
+    one of them is active."""
 
 
 @dataclass(frozen=True, slots=True)

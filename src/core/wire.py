@@ -236,7 +236,7 @@ def consumer_from_json(value: dict[str, Any]) -> Attached:
                 int(fields["offset"]),
                 int(fields["timestamp_ms"]),
                 int(fields.get("attached", 0)),
-                int(fields.get("active", 0)),
+                int(fields.get("group", 0)),
             )
         return Attached(stored, int(value.get("member", 0)), bool(value.get("active", True)))
     except (KeyError, TypeError, ValueError) as error:

@@ -120,7 +120,7 @@ def test_consumer_requests_and_answers_round_trip(op: int) -> None:
     data = wire.encode_consumer(5, KEY, op, "bïlling".encode(), wire.NO_OFFSET, 2**64 - 1)
     assert kind(data) == wire.CONSUMER
     assert wire.decode_consumer(body(data)) == (5, KEY, op, "bïlling".encode(), -2, 2**64 - 1)
-    stored = ConsumerOffset("bïlling", 41, 1_700_000_000_000, attached=3, active=7)
+    stored = ConsumerOffset("bïlling", 41, 1_700_000_000_000, attached=3, group=2)
     for answer in (Attached(stored, 7, True), Attached(None, 9, False), Attached(None)):
         assert wire.consumer_from_json(wire.consumer_to_json(answer)) == answer
     assert wire.consumer_from_json(wire.consumer_to_json(None)) == Attached(None)

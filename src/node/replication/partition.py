@@ -154,7 +154,7 @@ class ReplicatedPartition(Replica):
                 c.offset,
                 c.timestamp_ms,
                 attached.get(c.name.encode(), 0),
-                groups.active(c.name.encode()) or 0,
+                groups.size(c.name.encode()),
             )
             for c in self.offsets()
         ]
