@@ -110,7 +110,14 @@ class ProducerPart:
 
     def forget(self, producer: ProducerLink) -> None:
         producer.closed = True
+        self._drop(producer.deliveries + [d for _, ds in producer.routed.values() for d in ds])
+        producer.records, producer.deliveries, producer.ids, producer.routed = [], [], [], {}
         detach_all(producer.plan.targets.values())
+
+    def _drop(self, deliveries: list[Any]) -> None:
+        """Deliveries drained but never appended (their link ended first): nobody waits for
+        their outcome, so they no longer count against the connection's producer credit."""
+        self.unconfirmed -= len(deliveries) - deliveries.count(None)
 
     def forget_all(self) -> None:
         for producer in self.links.values():
@@ -340,6 +347,7 @@ class ProducerPart:
         assert pid is not None and producer.name is not None
         for start, end in chunk_bounds(records):
             if producer.closed:  # an append failed at once: the link has ended
+                self._drop(deliveries[start:])
                 break
             self._append(
                 producer,
