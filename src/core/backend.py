@@ -161,12 +161,25 @@ class Partition(Protocol):
         leader answers (NotLeader elsewhere)."""
         ...
 
-    def consumer_attach(self, name: bytes, *, single_active: bool = False) -> Awaitable[Attached]:
+    def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Awaitable[Attached]:
         """A named consumer's link attaches: counted at the leader (an operator's reset is
         refused while any is), and answered with the name's committed stored offset. With
         `single_active` it joins the name's group (ADR 0013) and learns whether it is the
-        active member; FailedPrecondition when the name is used the other way. NotLeader
-        elsewhere (the link is redirected to the leader)."""
+        active member; `spread`: the partition's index in its super stream (members take
+        partitions by index modulo the group's size). FailedPrecondition when the name is
+        used the other way. NotLeader elsewhere (the link is redirected to the leader)."""
+        ...
+
+    def until_deposed(self, name: bytes, member: int) -> Awaitable[Attached]:
+        """Resolves when the active member must step down (`active` False: another member is
+        designated) or has left the group (`active` True)."""
+        ...
+
+    def step_down(self, name: bytes, member: int, offset: int | None) -> Awaitable[None]:
+        """The active member stopped receiving: store `offset` (if not None), then hand the
+        partition to the designated member."""
         ...
 
     def until_active(self, name: bytes, member: int) -> Awaitable[Attached]:

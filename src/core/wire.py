@@ -63,7 +63,7 @@ CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30
 PRODUCER = 32
 CONSUMER = 33
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
-CONSUMER_JOIN, CONSUMER_WAIT = 4, 5
+CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
 CONSUMER_OPS = (
     CONSUMER_ATTACH,
     CONSUMER_STORE,
@@ -71,12 +71,17 @@ CONSUMER_OPS = (
     CONSUMER_RESET,
     CONSUMER_JOIN,
     CONSUMER_WAIT,
+    CONSUMER_DEPOSED,
+    CONSUMER_STEP_DOWN,
 )
 """Named-consumer operations at the leader (ADR 0012): attach (count the link, answer the
 stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting, leave the
 group of `member`), an operator's reset (refused while a link is attached); single active
-consumer (ADR 0013): join (attach into the name's group, answer the member and whether it is
-active), wait (answered when `member` becomes active, or has left)."""
+consumer (ADR 0013): join (attach into the name's group, `offset` = the partition's index in
+its super stream or NO_OFFSET; answer the member and whether it is active), wait (answered
+when `member` becomes active, or has left), deposed (answered with active = false when the
+active `member` must step down, true when it left), step down (store `offset` unless
+NO_OFFSET, then hand over)."""
 NO_OFFSET = -2
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)

@@ -12,9 +12,10 @@ due at the partition's leader, one store in flight per link; `forget` stores the
 returns the future the link's detach waits for.
 
 Single active consumer (ADR 0013): a standby link (`ConsumerPlan.active` False) is open but
-sent nothing; `_take_over` waits at the partition's leader for its turn, begins its cursor
+sent nothing; `_membership` waits at the partition's leader for its turn, begins its cursor
 after the group's stored offset, and the first delivery it then sends carries the delivery
-annotation `spate:active` = true (`announce`).
+annotation `spate:active` = true (`announce`); in a spread group it also steps down when
+asked (`_stop`).
 """
 
 from __future__ import annotations
@@ -122,20 +123,35 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
-        if not plan.active:
-            self.host.own(asyncio.ensure_future(self._take_over(state)))
+        if plan.member:
+            self.host.own(asyncio.ensure_future(self._membership(state)))
         self.host.schedule_pump()
 
-    async def _take_over(self, consumer: ConsumerLink) -> None:
-        """A standby's turn (ADR 0013): when the group's active member has gone (its offset
-        stored), begin after the group's stored offset and announce it."""
+    async def _membership(self, consumer: ConsumerLink) -> None:
+        """A group member's turns (ADR 0013), as long as its link lasts: a standby waits for
+        the partition, begins after the group's stored offset and announces it; in a spread
+        group (a super stream's partition) the active member also waits to be asked to step
+        down, then stops sending, stores what it finished and hands the partition over."""
         plan = consumer.plan
         assert plan.name is not None
         partition = plan.cursors[0].partition
         try:
-            now = await partition.until_active(plan.name, plan.member)
-            if now.active and not consumer.closed:
-                await links.start_when_active(plan, now)
+            while not consumer.closed:
+                if not plan.active:
+                    now = await partition.until_active(plan.name, plan.member)
+                    if not now.active or consumer.closed:
+                        return
+                    await links.start_when_active(plan, now)
+                    if consumer.closed or self.host.closed:
+                        return
+                    consumer.announce = True
+                    self.host.schedule_pump()
+                if plan.spread is None:
+                    return  # the first member stays active until it goes
+                deposed = await partition.until_deposed(plan.name, plan.member)
+                if deposed.active or consumer.closed:
+                    return  # it left the group
+                await partition.step_down(plan.name, plan.member, self._stop(consumer))
         except BrokerError as err:
             if not consumer.closed and not self.host.closed:
                 error = amqp_error(err)
@@ -143,13 +159,27 @@ class ConsumerPart:
                     consumer,
                     plain(
                         error.condition,
-                        f"the standby could not take over: {error.description}",
+                        f"the single-active-consumer hand-over failed: {error.description}",
                     ),
                 )
-            return
-        if now.active and not consumer.closed and not self.host.closed:
-            consumer.announce = True
-            self.host.schedule_pump()
+
+    def _stop(self, consumer: ConsumerLink) -> int | None:
+        """The active member steps down: send nothing more, and start afresh on what the client
+        finishes (what it settles from now on is the next active member's to store). Returns
+        the offset to store (None: nothing new since the last store)."""
+        plan = consumer.plan
+        plan.active = False
+        consumer.announce = False
+        for cursor in plan.cursors:
+            cursor.pending.clear()
+        tracker = consumer.tracker
+        assert tracker is not None
+        offset = tracker.take()
+        consumer.tracker = OffsetTracker(
+            tracker.every, tracker.interval_ms, done_tag=consumer.tag, stored=tracker.stored
+        )
+        consumer.awaiting.clear()  # the step-down's store confirms them, or nothing will
+        return offset
 
     def open_info(self, link: Link, stream: StreamName) -> None:
         link.source.copy(link.remote_source)

@@ -316,6 +316,9 @@ class ConsumerPlan:
     active: bool = True
     """Single active consumer: False while the link is a standby; its cursor begins when it
     becomes active (`start_when_active`)."""
+    spread: int | None = None
+    """Single active consumer on a super stream's partition: the partition's index there
+    (members take partitions by index modulo the group's size; ADR 0013)."""
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -338,7 +341,11 @@ class ConsumerPlan:
 
 
 async def plan_consumer(
-    broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
+    broker: Broker,
+    address: Address,
+    properties: dict[Any, Any],
+    filters: dict[Any, Any] | None,
+    spread: int | None = None,
 ) -> ConsumerPlan:
     config = await broker.lookup(address.stream)
     selection = parse_filters(filters)
@@ -374,7 +381,7 @@ async def plan_consumer(
             specs = selection.specs
             if name is not None:
                 # at the leader (NotLeader: redirect)
-                attached = await part.consumer_attach(name, single_active=sac)
+                attached = await part.consumer_attach(name, single_active=sac, spread=spread)
                 stored, counted = attached.stored, True
                 if not selection.accepted_keys:  # no start filter: resume after the stored one
                     specs = resume_specs(stored)
@@ -397,6 +404,7 @@ async def plan_consumer(
         stored=stored,
         member=attached.member,
         active=attached.active,
+        spread=spread if sac else None,
     )
 
 

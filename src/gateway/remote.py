@@ -403,12 +403,26 @@ class _PartitionBase:
         session = await self.broker.sessions.connected(route.leader)
         request = session.next_id()
         frame = wire.encode_consumer(request, self.key, op, name, offset, member)
-        timeout_s = None if op == wire.CONSUMER_WAIT else REQUEST_TIMEOUT_S
+        waits = op in (wire.CONSUMER_WAIT, wire.CONSUMER_DEPOSED)
+        timeout_s = None if waits else REQUEST_TIMEOUT_S
         return wire.consumer_from_json(await session.request(frame, request, timeout_s))
 
-    async def consumer_attach(self, name: bytes, *, single_active: bool = False) -> Attached:
-        op = wire.CONSUMER_JOIN if single_active else wire.CONSUMER_ATTACH
-        return await self._consumer(op, name, wire.NO_OFFSET)
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
+        if not single_active:
+            return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+        spread_field = wire.NO_OFFSET if spread is None else spread
+        return await self._consumer(wire.CONSUMER_JOIN, name, spread_field)
+
+    async def until_deposed(self, name: bytes, member: int) -> Attached:
+        """Answered by the leader when the active member must step down (the request waits
+        there)."""
+        return await self._consumer(wire.CONSUMER_DEPOSED, name, wire.NO_OFFSET, member)
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        stored = wire.NO_OFFSET if offset is None else offset
+        await self._consumer(wire.CONSUMER_STEP_DOWN, name, stored, member)
 
     async def until_active(self, name: bytes, member: int) -> Attached:
         """Answered by the leader when the member becomes active (the request waits there)."""

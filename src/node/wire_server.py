@@ -153,15 +153,21 @@ class WireSession:
         try:
             partition = self.broker.partition(topic, pid, write=True)
             work: Awaitable[Any]
-            if op in (wire.CONSUMER_ATTACH, wire.CONSUMER_JOIN):
-                work = partition.consumer_attach(name, single_active=op == wire.CONSUMER_JOIN)
+            stored = None if offset == wire.NO_OFFSET else offset
+            if op == wire.CONSUMER_ATTACH:
+                work = partition.consumer_attach(name)
+            elif op == wire.CONSUMER_JOIN:  # the offset field carries the spread
+                work = partition.consumer_attach(name, single_active=True, spread=stored)
             elif op == wire.CONSUMER_STORE:
                 work = partition.store_offset(name, offset)
             elif op == wire.CONSUMER_DETACH:
-                stored = None if offset == wire.NO_OFFSET else offset
                 work = partition.consumer_detach(name, stored, member)
             elif op == wire.CONSUMER_WAIT:
                 work = partition.until_active(name, member)
+            elif op == wire.CONSUMER_DEPOSED:
+                work = partition.until_deposed(name, member)
+            elif op == wire.CONSUMER_STEP_DOWN:
+                work = partition.step_down(name, member, stored)
             else:
                 work = partition.reset_offset(name, offset)
         except BrokerError as error:
@@ -193,7 +199,12 @@ class WireSession:
                 self._release(attachment, result.member)
             else:
                 self.attached.setdefault(attachment, []).append(result.member)
-        answers = (wire.CONSUMER_ATTACH, wire.CONSUMER_JOIN, wire.CONSUMER_WAIT)
+        answers = (
+            wire.CONSUMER_ATTACH,
+            wire.CONSUMER_JOIN,
+            wire.CONSUMER_WAIT,
+            wire.CONSUMER_DEPOSED,
+        )
         self.send(
             wire.encode_reply(request, wire.consumer_to_json(result if op in answers else None))
         )

@@ -66,11 +66,47 @@ def test_disbanding_forgets_groups_but_never_reuses_a_number() -> None:
     assert groups.active(b"n") == new
 
 
+def test_a_spread_group_hands_each_partition_to_member_index_mod_size() -> None:
+    """004 "Single Active Consumer Support": on partition 1 of a super stream, with members
+    a, b joined in that order, b is designated; a was current and steps down first."""
+    groups = ActiveGroups()
+    deposed: list[bool] = []
+    became: list[bool] = []
+    a, a_current = groups.join(b"app", 0, spread=1)
+    assert a_current  # alone: 1 % 1 == 0
+    groups.watch_deposed(b"app", a, deposed.append)
+    b, b_current = groups.join(b"app", 0, spread=1)
+    assert not b_current and deposed == [True]  # a is asked to step down
+    groups.watch(b"app", b, became.append)
+    assert became == [] and groups.active(b"app") == a  # not before a stored its offset
+    assert groups.stepped_down(b"app", a) == b
+    assert became == [True] and groups.active(b"app") == b
+    c, _ = groups.join(b"app", 0, spread=1)  # 1 % 3 == 1: still b
+    assert groups.active(b"app") == b
+    told: list[bool] = []
+    groups.watch_deposed(b"app", b, told.append)
+    assert told == []
+    assert groups.leave(b"app", a) is None  # now [b, c]: 1 % 2 -> c
+    assert told == [True]
+    assert groups.stepped_down(b"app", b) == c
+
+
+def test_a_group_joined_with_another_spread_is_refused() -> None:
+    groups = ActiveGroups()
+    groups.join(b"n", 0, spread=2)
+    with pytest.raises(Conflict, match="super stream"):
+        groups.join(b"n", 0)
+    with pytest.raises(Conflict):
+        groups.join(b"n", 0, spread=1)
+
+
 _NAMES = st.sampled_from([b"a", b"b"])
 _ACTIONS = st.lists(
     st.one_of(
         st.tuples(st.just("join"), _NAMES, st.integers(0, 0)),
         st.tuples(st.just("watch"), _NAMES, st.integers(0, 12)),
+        st.tuples(st.just("deposed"), _NAMES, st.integers(0, 12)),
+        st.tuples(st.just("stepped"), _NAMES, st.integers(0, 12)),
         st.tuples(st.just("leave"), _NAMES, st.integers(0, 12)),
         st.tuples(st.just("disband"), _NAMES, st.integers(0, 0)),
     ),
@@ -78,55 +114,65 @@ _ACTIONS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(_ACTIONS)
-def test_one_active_member_the_earliest_present_and_every_watcher_told_once(
-    actions: list[tuple[str, bytes, int]],
+@settings(max_examples=400, deadline=None)
+@given(_ACTIONS, st.sampled_from([None, 0, 1, 2]))
+def test_one_current_member_the_designated_one_once_the_last_stepped_down(
+    actions: list[tuple[str, bytes, int]], spread: int | None
 ) -> None:
     groups = ActiveGroups()
-    model: dict[bytes, list[int]] = {}
+    order: dict[bytes, list[int]] = {}
     joined: list[tuple[bytes, int]] = []
-    told: dict[int, list[bool]] = {}
+    told: dict[tuple[str, int], list[bool]] = {}
 
-    def watcher(name: bytes, member: int) -> Callable[[bool], None]:
-        def tell(active: bool) -> None:
-            # True: it is the active one now; False: it is no longer in the group
-            if active:
-                assert groups.active(name) == member
-            else:
-                assert member not in groups.groups.get(name, [])
-            told[member].append(active)
+    def watcher(kind: str, name: bytes, member: int) -> Callable[[bool], None]:
+        def tell(answer: bool) -> None:
+            group = groups.groups.get(name)
+            if kind == "watch" and answer:
+                assert group is not None and group.current == member
+            elif kind == "watch":
+                assert group is None or member not in group.members
+            elif answer:  # must step down: it is current and another one is designated
+                assert group is not None and group.current == member and group.stepping_down
+            told[kind, member].append(answer)
 
         return tell
 
     for action, name, pick in actions:
         if action == "join":
-            member, active = groups.join(name, 0)
+            member, current = groups.join(name, 0, spread)
             assert all(member != m for _, m in joined), "a member number was reused"
             joined.append((name, member))
-            model.setdefault(name, []).append(member)
-            assert active == (model[name][0] == member)
+            order.setdefault(name, []).append(member)
+            assert current == (len(order[name]) == 1)
         elif action == "disband":
             groups.disband()
-            model.clear()
+            order.clear()
         elif joined:
             gname, member = joined[pick % len(joined)]
-            if action == "watch" and member not in told:
-                told[member] = []
-                groups.watch(gname, member, watcher(gname, member))
+            if action in ("watch", "deposed") and (action, member) not in told:
+                told[action, member] = []
+                watch = groups.watch if action == "watch" else groups.watch_deposed
+                watch(gname, member, watcher(action, gname, member))
+            elif action == "stepped":
+                group = groups.groups.get(gname)
+                if group is not None and group.current == member and group.stepping_down:
+                    assert groups.stepped_down(gname, member) == group.designated()
+                else:
+                    before = None if group is None else group.current
+                    assert groups.stepped_down(gname, member) is None or before == member
             elif action == "leave":
-                present = model.get(gname, [])
-                was_first = bool(present) and present[0] == member
-                if member in present:
-                    present.remove(member)
-                expect = present[0] if was_first and present else None
-                assert groups.leave(gname, member) == expect
-        for gname, members in list(model.items()):
-            if not members:
-                del model[gname]
-                continue
-            assert groups.active(gname) == members[0]
-            assert groups.size(gname) == len(members)
-        assert set(groups.groups) == set(model)
-        for member, answers in told.items():
-            assert len(answers) <= 1, f"member {member} was told {answers}"
+                if member in order.get(gname, []):
+                    order[gname].remove(member)
+                groups.leave(gname, member)
+        order = {n: m for n, m in order.items() if m}
+        assert set(groups.groups) == set(order)
+        for gname, members in order.items():
+            group = groups.groups[gname]
+            assert group.members == members, "members keep their joining order"
+            assert group.current in members, "a group always has a current member"
+            if group.current != group.designated():
+                assert group.stepping_down, "the current member was asked to step down"
+            if spread is None:
+                assert group.current == members[0]
+        for key, answers in told.items():
+            assert len(answers) <= 1, f"{key} was told {answers}"

@@ -72,15 +72,15 @@ class MemoryPartition(LocalPartition):
     attached: dict[bytes, int] = field(default_factory=dict)
 
     groups: ActiveGroups = field(default_factory=ActiveGroups)
+    """Single active consumer groups (ADR 0013)."""
 
-    async def consumer_attach(self, name: bytes, *, single_active: bool = False) -> Attached:
-        groups = self.groups
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
         try:
-            if single_active:
-                member, active = groups.join(name, self.attached.get(name, 0) - groups.size(name))
-            else:
-                groups.check_plain(name)
-                member, active = 0, True
+            member, active = self.groups.attach(
+                name, self.attached.get(name, 0), single_active=single_active, spread=spread
+            )
         except Conflict as conflict:
             raise FailedPrecondition(str(conflict)) from None
         self.attached[name] = self.attached.get(name, 0) + 1
@@ -97,6 +97,21 @@ class MemoryPartition(LocalPartition):
 
         self.groups.watch(name, member, told)
         return future
+
+    def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+
+        def told(deposed: bool) -> None:
+            if not future.done():
+                future.set_result(Attached(None, member, active=not deposed))
+
+        self.groups.watch_deposed(name, member, told)
+        return future
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        if offset is not None:
+            await self.store_offset(name, offset)
+        self.groups.stepped_down(name, member)
 
     async def store_offset(self, name: bytes, offset: int) -> None:
         if offset < -1:

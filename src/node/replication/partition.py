@@ -39,7 +39,7 @@ class ReplicatedPartition(Replica):
         self.groups = ActiveGroups()
         """Single active consumer groups (ADR 0013), node-local like `attached`."""
         self.standbys: set[asyncio.Future[Attached]] = set()
-        """`until_active` futures not resolved yet."""
+        """`until_active` and `until_deposed` futures not resolved yet."""
 
     def append(
         self, records: Sequence[bytes], producer: PublishingIds | None = None
@@ -68,24 +68,21 @@ class ReplicatedPartition(Replica):
         self.query_offset(name, _settle(future))
         return future
 
-    async def consumer_attach(self, name: bytes, *, single_active: bool = False) -> Attached:
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
         stored = await self.stored_offset(name)  # NotLeader here: the link goes to the leader
-        groups = self.groups
         try:
-            if single_active:
-                member, active = groups.join(name, self.attached.get(name, 0) - groups.size(name))
-            else:
-                groups.check_plain(name)
-                member, active = 0, True
+            member, active = self.groups.attach(
+                name, self.attached.get(name, 0), single_active=single_active, spread=spread
+            )
         except Conflict as conflict:
             raise FailedPrecondition(f"{conflict} on {self.stream}/{self.partition}") from None
         self.attached[name] = self.attached.get(name, 0) + 1
         return Attached(stored, member, active)
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
-        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
-        self.standbys.add(future)
-        future.add_done_callback(self.standbys.discard)
+        future = self._standby()
 
         def told(active: bool) -> None:
             if not active:
@@ -106,6 +103,29 @@ class ReplicatedPartition(Replica):
             stored.add_done_callback(answer)
 
         self.groups.watch(name, member, told)
+        return future
+
+    def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future = self._standby()
+
+        def told(deposed: bool) -> None:
+            if not future.done():
+                future.set_result(Attached(None, member, active=not deposed))
+
+        self.groups.watch_deposed(name, member, told)
+        return future
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        if offset is not None:
+            await self.store_offset(name, offset)
+        self.groups.stepped_down(name, member)
+
+    def _standby(self) -> asyncio.Future[Attached]:
+        """A future answered when a group member's turn comes (or goes); failed with NotLeader
+        when this replica stops leading."""
+        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+        self.standbys.add(future)
+        future.add_done_callback(self.standbys.discard)
         return future
 
     def report_leader(self, ready: Ready) -> None:
