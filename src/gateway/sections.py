@@ -422,6 +422,33 @@ def publishing_id_at(stored: bytes) -> int:
     return value + 1 if value >= 0 and stored[value] == 0x80 else -1
 
 
+def sole_annotation_start(stored: bytes, at: int) -> int:
+    """Where the message-annotations section starts when it holds nothing but the ulong
+    x-opt-publishing-id whose 8 bytes start at `at` (`publishing_id_at`); -1 otherwise. The
+    section is then `stored[start:at + 8]`, and a message that starts with the same
+    `stored[:at]` bytes has the same section there: a named producer's messages are stored
+    without it (the id is in the chunk's producer section, ADR 0011)."""
+    start = at - _KEY_END - 1
+    for head in (3 + 3, 3 + 9):  # descriptor 00 53 72, then map8 (c1 size count) or map32
+        begin = start - head
+        if begin < 0 or stored[begin : begin + 3] != b"\x00\x53\x72":
+            continue
+        constructor = stored[begin + 3]
+        if constructor == 0xC1 and head == 6:
+            size, count = stored[begin + 4], stored[begin + 5]
+        elif constructor == 0xD1 and head == 12:
+            size, count = (
+                _U32.unpack_from(stored, begin + 4)[0],
+                _U32.unpack_from(stored, begin + 8)[0],
+            )
+        else:
+            continue
+        # size counts the count field and the pairs: 1 (map8) or 4 (map32) + key + value
+        if count == 2 and begin + 4 + (1 if head == 6 else 4) + size == at + 8:
+            return begin
+    return -1
+
+
 def _publishing_id_value(stored: bytes, at: int) -> int:
     """Index of the publishing id's constructor (ulong, smallulong or ulong0, all of it within
     the annotations section) for the key at `at` in the fast layouts; -1 otherwise."""
