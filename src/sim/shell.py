@@ -784,12 +784,17 @@ class ShellCluster(SimLoop[_Event]):
             if end - 1 > model.accepted:
                 model.accept(self.rng.randint(model.accepted + 1, end - 1))
         hint = self._leader_hint[group]
-        target = hint if hint is not None else self.replicas[self.rng.randrange(len(self.replicas))]
+        choice = self.rng.random()
+        if hint is None or choice < 0.05:
+            # No leader known, or a consumer sent to a node by stale metadata: any replica
+            # (one that still believes it leads answers as a leader).
+            target = self.replicas[self.rng.randrange(len(self.replicas))]
+        else:
+            target = hint
         replica = self._replica_of(target, group)
         if replica is None:
             self._leader_hint[group] = None
             return
-        choice = self.rng.random()
         if choice < 0.2:
             floor = model.floor
 

@@ -125,9 +125,11 @@ def test_retention_without_its_floor_is_caught() -> None:
     [
         (15, 3, 3, "a replica forgot its vote: two unsynced commit-only hard-state writes"),
         (0, 3, 3, "a lagging replica never caught up once retention passed the restart point"),
+        (134, None, None, "a transfer slower than the leader's retention never finished"),
+        (265, None, None, "the same, with 5% loss"),
     ],
 )
-def test_found_bugs_stay_fixed(seed: int, nodes: int, groups: int, what: str) -> None:
+def test_found_bugs_stay_fixed(seed: int, nodes: int | None, groups: int | None, what: str) -> None:
     """Seeds that found shell bugs (docs/reproducing.md): each must pass for good."""
     result = run_shell_seed(seed, nodes=nodes, groups=groups)
     assert result.ok, f"{what}: {result.failure}"
