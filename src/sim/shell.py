@@ -563,7 +563,6 @@ class ShellCluster(SimLoop[_Event]):
             base = min(core.committed, written, core.persist_from - 1)
             got = log.offsets.get(model.name)
             key = (state.incarnation, id(log), log.counters.chunks_appended, written, base, got)
-
             model.check_replica(node, key, got, base, functools.partial(_tail, replica, base))
 
     # -- a node: the asyncio shell's part
