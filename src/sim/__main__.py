@@ -79,6 +79,8 @@ def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool
         "wiped replicas": result.wipes,
         "segment transfers": result.snapshots,
         "segments deleted by retention": result.retention_deletes,
+        "offset stores acknowledged": result.offsets_acknowledged,
+        "offset queries answered": result.offset_queries,
         "simulated ms": result.time_ms,
     }
     return _Outcome(
@@ -133,6 +135,9 @@ _SHELL_BUGS = {
     "catchup-uncommitted": ShellBugs(catchup_uncommitted=True),
     "retention-without-floor": ShellBugs(retention_without_floor=True),
     "dedup-forgets-proposals": ShellBugs(dedup_forgets_proposals=True),
+    "catchup-forgets-offsets": ShellBugs(catchup_forgets_offsets=True),
+    "offset-query-uncommitted": ShellBugs(offset_query_uncommitted=True),
+    "store-committed-end": ShellBugs(store_committed_end=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

@@ -31,6 +31,16 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
   `dedup-acknowledged`: every acknowledged id, duplicates included, is at or below a committed
   one (a duplicate is never acknowledged ahead of its original); `dedup-table`: each replica's
   producer table (snapshots, retention and catch-up included) names the last id its log holds;
+- stored offsets (ADR 0012; spate.sim.offsets): the client is also a named consumer per group
+  that accepts a prefix of what a replica has committed and stores accepted offsets through
+  `Replica.propose_offsets` (mostly the highest, sometimes an older one or a repeat: the last
+  store in log order wins), or asks the leader with `Replica.query_offset`. After every event:
+  `offset-not-ahead`: every offset in a replica's table or the committed history is one the
+  consumer asked to store, at or below what it accepted; `offset-durable`: a replica whose log
+  is committed past an acknowledged store holds that store or a later one, and a leader's
+  answer is a store committed at or after the last one acknowledged before the query;
+  `offset-table`: each replica's table entry is the last store its log holds (the committed
+  history, then its own uncommitted chunks);
 - `liveness`: after healing, every group acknowledges a new append and every replica (wiped
   ones too) applies it.
 """
@@ -44,21 +54,23 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from spate.core import frames
-from spate.core.backend import OffsetSpec, PublishingIds
+from spate.core.backend import ConsumerOffset, OffsetSpec, PublishingIds
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
 from spate.core.streams import Retention
 from spate.node.log import LogConfig, PartitionLog
 from spate.node.log import chunk as chunk_codec
 from spate.node.log.producers import ProducerState
+from spate.node.log.tracking import OffsetTable
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import Entry, Message, Ready, SnapshotRequest
 from spate.node.replication.raft import RaftConfig
-from spate.node.replication.replica import Replica
+from spate.node.replication.replica import AppendDone, OffsetDone, Replica
 from spate.node.replication.storage import RaftStore
-from spate.sim.checker import Checker, InvariantViolation
+from spate.sim.checker import InvariantViolation
 from spate.sim.files import SimReplicaFiles
 from spate.sim.loop import SimLoop
+from spate.sim.offsets import Store, TrackingChecker
 
 tick_ms = 10
 """Simulated milliseconds per Raft tick."""
@@ -93,6 +105,15 @@ class ShellBugs:
     """Retention ignores the applied index and may delete entries not yet applied."""
     dedup_forgets_proposals: bool = False
     """The leader deduplicates against its written log only, not its proposals in flight."""
+    catchup_forgets_offsets: bool = False
+    """A catch-up installs the leader's segments and producer table but leaves the replica's
+    offset table empty (as if the partition-state snapshot had no offset trailer)."""
+    offset_query_uncommitted: bool = False
+    """The leader answers a stored-offset query from its written log and proposals at once,
+    without waiting for the entry that stored it to commit."""
+    store_committed_end: bool = False
+    """A store records the last committed offset, not the one the consumer asked for (what a
+    listener that tracked deliveries instead of settlements would store)."""
 
 
 NO_BUGS = ShellBugs()
@@ -112,6 +133,7 @@ class ShellOptions:
     wipe_weight: int
     disk_fail_weight: int
     propose_ms: int
+    consume_ms: int
     log_cache_bytes: int
     segment_bytes: int
     retention_messages: int | None
@@ -139,6 +161,7 @@ class ShellOptions:
             log_cache_bytes=rng.choice((0, 200, 100_000)),
             segment_bytes=rng.choice((1024, 4096, 65536)),
             retention_messages=rng.choice((None, 20, 100)),
+            consume_ms=rng.choice((20, 60, 200)),
             steps=steps,
         )
 
@@ -155,6 +178,7 @@ class _Kind(Enum):
     DELIVER = "deliver"
     DISK = "disk"
     PROPOSE = "propose"
+    CONSUME = "consume"
     NEMESIS = "nemesis"
     RESTART = "restart"
     HEAL = "heal"
@@ -199,6 +223,20 @@ class _SimReplica(Replica):
     def restored(self, raft_index: int) -> None:
         self.sim.snapshots += 1
         super().restored(raft_index)
+        if self.sim.options.bugs.catchup_forgets_offsets:
+            self.store.log.offsets = OffsetTable(self.store.config.consumer_names_max)
+
+    def propose_offsets(self, entries: Sequence[tuple[bytes, int]], done: AppendDone) -> None:
+        if self.sim.options.bugs.store_committed_end:
+            entries = [(name, self.end_offset() - 1) for name, _ in entries]
+        super().propose_offsets(entries, done)
+
+    def query_offset(self, name: bytes, done: OffsetDone) -> None:
+        if self.sim.options.bugs.offset_query_uncommitted and self.is_leader:
+            state = self._tracked(name)
+            done(None if state is None else ConsumerOffset("", state.offset, state.timestamp_ms))
+            return
+        super().query_offset(name, done)
 
 
 class _SimDriver(ReplicationDriver[_SimReplica]):
@@ -310,6 +348,8 @@ class ShellResult:
     snapshots: int
     wipes: int
     retention_deletes: int
+    offsets_acknowledged: int
+    offset_queries: int
 
     @property
     def ok(self) -> bool:
@@ -334,7 +374,7 @@ class ShellCluster(SimLoop[_Event]):
             log_cache_bytes=options.log_cache_bytes,
         )
         self.log_config = options.log_config()
-        self.checker = Checker(options.groups)
+        self.checker = TrackingChecker(options.groups)
         self.crashes = 0
         self.wipes = 0
         self.retention_deletes = 0
@@ -346,6 +386,9 @@ class ShellCluster(SimLoop[_Event]):
         self._leader_hint: list[NodeId | None] = [None] * options.groups
         self.acked: list[list[_Ack]] = [[] for _ in range(options.groups)]
         self._acked_after: list[int | None] = [None] * options.groups
+        self.store_acked: list[list[_Ack]] = [[] for _ in range(options.groups)]
+        """Acknowledged offset stores (tracking chunks), for `acknowledged-durable`."""
+        self.offset_queries = 0
         self.nodes: dict[NodeId, _Node] = {}
         for node in self.ids:
             files = [
@@ -359,6 +402,12 @@ class ShellCluster(SimLoop[_Event]):
             self._schedule(
                 self.rng.randrange(1, 2 * options.propose_ms),
                 _Kind.PROPOSE,
+                self.ids[0],
+                group=group,
+            )
+            self._schedule(
+                self.rng.randrange(1, 2 * options.consume_ms),
+                _Kind.CONSUME,
                 self.ids[0],
                 group=group,
             )
@@ -381,6 +430,8 @@ class ShellCluster(SimLoop[_Event]):
             snapshots=self.snapshots,
             wipes=self.wipes,
             retention_deletes=self.retention_deletes,
+            offsets_acknowledged=sum(len(a) for a in self.store_acked),
+            offset_queries=self.offset_queries,
         )
 
     def liveness_failure(self) -> str:
@@ -392,6 +443,7 @@ class ShellCluster(SimLoop[_Event]):
     def final_checks(self) -> None:
         for node in self.ids:
             self._check_storage(self.nodes[node])
+            self._check_offsets(node)
         for group in range(self.options.groups):
             self._check_dedup(group)
 
@@ -406,6 +458,8 @@ class ShellCluster(SimLoop[_Event]):
             if not payload:
                 continue
             header, records = chunk_codec.decode_chunk(payload)
+            if header.flags & chunk_codec.FLAG_TRACKING:
+                continue  # a consumer's stored offset (checked by _check_offsets)
             ids = [int(bytes(r).split(b"p")[1]) for r in records]
             if header.flags:
                 assert chunk_codec.producer_section(payload, 0, header)[:2] == (name, ids[-1])
@@ -462,7 +516,7 @@ class ShellCluster(SimLoop[_Event]):
         event = self.pop()
         self._dispatch(event)
         # Only the event's node changed, except for client and nemesis events.
-        if event.kind is _Kind.PROPOSE or event.kind is _Kind.NEMESIS:
+        if event.kind in (_Kind.PROPOSE, _Kind.CONSUME, _Kind.NEMESIS):
             self._check(self.replicas)
         elif event.node in self._replica_set:
             self._check((event.node,))
@@ -487,6 +541,29 @@ class ShellCluster(SimLoop[_Event]):
             if state.up:
                 for replica in state.driver.groups.values():
                     checker.observe(node, replica.group_number, replica.raft)
+        for node in nodes:
+            self._check_offsets(node)
+
+    def _check_offsets(self, node: NodeId) -> None:
+        """`offset-not-ahead`, `offset-durable` and `offset-table` on each replica of `node`
+        whose log or table changed since its last check (spate.sim.offsets)."""
+        state = self.nodes[node]
+        if not state.up:
+            return
+        for replica in state.driver.groups.values():
+            if replica.failure is not None:
+                continue
+            model = self.checker.consumers[replica.group_number]
+            log = replica.store.log
+            written = log.last_raft_index
+            core = replica.raft.log
+            # The log equals the committed history up to here: committed, written, and not
+            # truncated in the core since it was handed to the disk (a follower may learn a
+            # commit over a divergent tail its disk still holds, until its next batch).
+            base = min(core.committed, written, core.persist_from - 1)
+            got = log.offsets.get(model.name)
+            key = (state.incarnation, id(log), log.counters.chunks_appended, written, base, got)
+            model.check_replica(node, key, got, base, functools.partial(_tail, replica, base))
 
     # -- a node: the asyncio shell's part
 
@@ -582,6 +659,14 @@ class ShellCluster(SimLoop[_Event]):
                     group=event.group,
                 )
                 self._propose(event.group)
+            case _Kind.CONSUME:
+                self._schedule(
+                    self.rng.randrange(1, 2 * self.options.consume_ms),
+                    _Kind.CONSUME,
+                    event.node,
+                    group=event.group,
+                )
+                self._consume(event.group)
             case _Kind.NEMESIS:
                 if self.faults:
                     self._nemesis()
@@ -682,6 +767,87 @@ class ShellCluster(SimLoop[_Event]):
             proposal["payload"] = bytes(replica.raft.log.entry(index).payload)
             self._record(f"propose g{group} {record!r} at {target} -> {term}/{index}")
         self._drive(node)
+
+    def _consume(self, group: int) -> None:
+        """The group's named consumer (ADR 0012): reads from any replica up to its committed
+        end and accepts a prefix of what it read; then stores an offset it accepted through
+        the leader it believes in (`Replica.propose_offsets`, what the node's listener calls
+        for a named consumer's settled deliveries) -- the latest mostly, sometimes an older
+        one (a re-attach with an explicit start filter, or an operator's reset) or the same
+        one again -- or asks that leader for its stored offset (`Replica.query_offset`, what
+        an attach without a start filter does)."""
+        model = self.checker.consumers[group]
+        reader = self._replica_of(self.replicas[self.rng.randrange(len(self.replicas))], group)
+        if reader is not None:
+            end = reader.end_offset()
+            if end - 1 > model.accepted:
+                model.accept(self.rng.randint(model.accepted + 1, end - 1))
+        hint = self._leader_hint[group]
+        choice = self.rng.random()
+        if hint is None or choice < 0.05:
+            # No leader known, or a consumer sent to a node by stale metadata: any replica
+            # (one that still believes it leads answers as a leader).
+            target = self.replicas[self.rng.randrange(len(self.replicas))]
+        else:
+            target = hint
+        replica = self._replica_of(target, group)
+        if replica is None:
+            self._leader_hint[group] = None
+            return
+        if choice < 0.2:
+            floor = model.floor
+
+            def answered(outcome: ConsumerOffset | BrokerError | None) -> None:
+                if isinstance(outcome, BrokerError):
+                    self._refused(group, target, outcome)
+                    return
+                self.offset_queries += 1
+                self._record(
+                    f"g{group} stored offset at {target}: "
+                    f"{None if outcome is None else outcome.offset}"
+                )
+                model.check_answer(target, outcome, floor)
+
+            replica.query_offset(model.name, answered)
+        elif model.accepted >= 0:
+            if choice < 0.7:
+                offset = model.accepted
+            elif choice < 0.85:
+                offset = self.rng.randint(-1, model.accepted)
+            else:
+                offset = self.rng.choice(sorted(model.requested)) if model.requested else -1
+            model.request(offset)
+            before = replica.raft.log.last_index
+            store: list[_Ack] = []
+
+            def stored(outcome: Offset | BrokerError) -> None:
+                if isinstance(outcome, BrokerError):
+                    self._refused(group, target, outcome)
+                    return
+                (ack,) = store
+                self._record(f"ack g{group} offset {offset} stored at index {ack.index}")
+                self.checker.acknowledged(group, ack.index, ack.term, ack.payload)
+                model.acknowledged(Store(ack.index, ack.term, offset))
+                self.store_acked[group].append(ack)
+
+            replica.propose_offsets([(model.name, offset)], stored)
+            if replica.raft.log.last_index == before + 1:
+                index = before + 1
+                payload = bytes(replica.raft.log.entry(index).payload)
+                term = replica.raft.log.entry(index).term
+                store.append(_Ack(index, term, payload, Offset(offset), b"store %d" % offset))
+                self._record(f"store g{group} offset {offset} at {target} -> {term}/{index}")
+        self._drive(self.nodes[target])
+
+    def _replica_of(self, node: NodeId, group: int) -> _SimReplica | None:
+        state = self.nodes[node]
+        return state.driver.groups.get((STREAM, PartitionId(group))) if state.up else None
+
+    def _refused(self, group: int, target: NodeId, error: BrokerError) -> None:
+        if isinstance(error, NotLeader):
+            leader = error.leader_node
+            self._leader_hint[group] = NodeId(leader) if leader and leader != target else None
+        self._record(f"offset request g{group} at {target} failed: {error.code.value}")
 
     # -- faults
 
@@ -807,7 +973,7 @@ class ShellCluster(SimLoop[_Event]):
             return
         logs = self._synced_logs(group, self.replicas)
         quorum = len(self.replicas) // 2 + 1
-        for ack in self.acked[group]:
+        for ack in [*self.acked[group], *self.store_acked[group]]:
             holders = sum(1 for log in logs if log.holds(ack.index, ack.term, ack.payload))
             if holders < quorum:
                 raise InvariantViolation(
@@ -886,6 +1052,19 @@ class ShellCluster(SimLoop[_Event]):
                         f"{node.id} g{group} reads {records.get(ack.offset)!r} at offset "
                         f"{ack.offset}, where {ack.record!r} was acknowledged",
                     )
+
+
+def _tail(replica: Replica, base: int) -> list[bytes]:
+    """The chunks the replica's log holds after Raft index `base`: from the core's memory when
+    it has handed every entry up to the log's end to the disk (no truncation since, so memory
+    and disk agree), else read back from the log."""
+    log, written = replica.store.log, replica.store.log.last_raft_index
+    if written <= base:
+        return []
+    core = replica.raft.log
+    if core.persist_from - 1 == written and base + 1 >= core.first_index:
+        return [bytes(core.entry(i).payload) for i in range(base + 1, written + 1)]
+    return log.chunks_from_index(base + 1, 1 << 40)
 
 
 def _producer_name(group: int) -> bytes:

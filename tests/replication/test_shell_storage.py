@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from spate.core import frames
 from spate.core.backend import OffsetSpec
-from spate.core.ids import NodeId, Offset, Term
+from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
+from spate.core.streams import Retention
 from spate.node.log import LogConfig
 from spate.node.log import chunk as chunk_codec
+from spate.node.replication import catchup, codec
 from spate.node.replication.files import DirectoryFiles
 from spate.node.replication.messages import Entry, HardState, Ready, SnapshotMeta
 from spate.node.replication.storage import SLOT_BYTES, HardStateFile, RaftStore
@@ -130,3 +133,56 @@ def test_unsynced_commit_writes_never_damage_the_synced_vote() -> None:
         state = HardStateFile(*files.open_state()).state
         assert state is not None and (state.term, state.vote) == (Term(2), NodeId("n2")), seed
         assert state.commit in (3, 4, 5), seed
+
+
+def test_a_transfer_goes_on_when_the_leaders_retention_deletes_its_oldest_files(
+    tmp_path: Path,
+) -> None:
+    """Retention at the leader deletes the manifest's oldest files mid-transfer: the follower
+    drops them and installs the rest, tables included (the shell simulator found transfers
+    that never finished: each new manifest's oldest file was gone before it was fetched)."""
+    config = LogConfig(segment_bytes=4096, retention=Retention(max_messages=20))
+    leader = RaftStore(DirectoryFiles(tmp_path / "leader"), config)
+    entries, offset = [], 0
+    for index in range(1, 41):
+        if index == 3:  # a consumer's stored offset, in what retention deletes
+            data = chunk_codec.encode_tracking([(b"c", 1)], Offset(offset), 1000, 1, index)
+        else:
+            data = chunk_codec.encode_chunk([b"x" * 500], Offset(offset), 1000, 1, index)
+            offset += 1
+        entries.append(Entry(index, Term(1), data))
+    persist(leader, Ready(entries=tuple(entries), must_sync=True))
+    follower = RaftStore(DirectoryFiles(tmp_path / "follower"), config)
+    fetch = catchup.Fetch(follower, (StreamName("s"), PartitionId(0)), NodeId("n1"), 40, Term(1))
+
+    def ask(request_id: int) -> None:
+        request = memoryview(fetch.request(request_id))
+        _, kind = frames.FRAME_HEAD.unpack_from(request)
+        body = request[frames.FRAME_HEAD.size :]
+        if kind == codec.KIND_FETCH_MANIFEST:
+            reply = catchup.manifest_reply(leader, request_id, 40, 40)
+        else:
+            _, _, name, position, length = codec.decode_fetch_piece(body)
+            reply = catchup.piece_reply(leader, request_id, name, position, length)
+        _, reply_kind = frames.FRAME_HEAD.unpack_from(reply)
+        fetch.on_reply(reply_kind, memoryview(reply)[frames.FRAME_HEAD.size :])
+
+    ask(1)  # the manifest
+    ask(2)  # the first segment
+    assert fetch.manifest is not None
+    named = len(fetch.manifest)
+    assert leader.log.apply_retention(2000, index_floor=40) >= 2
+    request_id = 3
+    while not fetch.done:
+        ask(request_id)
+        request_id += 1
+    assert len(fetch.manifest) < named
+    assert catchup.install(follower, fetch.manifest, 40) == (40, Term(1))
+    assert follower.log.first_raft_index() == leader.log.first_raft_index()
+    assert follower.log.offsets.get(b"c") == leader.log.offsets.get(b"c") is not None
+    first = leader.log.resolve(OffsetSpec.first(), end=Offset(offset))
+    assert follower.log.read(first, 1 << 20, end=Offset(offset)) == leader.log.read(
+        first, 1 << 20, end=Offset(offset)
+    )
+    leader.close()
+    follower.close()

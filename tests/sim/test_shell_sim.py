@@ -41,6 +41,8 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert sum(r.snapshots for r in results) > 100, "segment transfers"
     assert sum(r.retention_deletes for r in results) > 100
     assert sum(r.acknowledged for r in results) > 20 * SEEDS
+    assert sum(r.offsets_acknowledged for r in results) > 10 * SEEDS
+    assert sum(r.offset_queries for r in results) > 2 * SEEDS
     assert {r.options.nodes for r in results} == {3, 5}
     assert {r.options.groups for r in results} == {1, 2, 3}
 
@@ -69,6 +71,7 @@ _MIX = {
     "segment_bytes": 1024,
     "retention_messages": 20,
     "propose_ms": 5,
+    "consume_ms": 20,
 }
 
 
@@ -122,9 +125,11 @@ def test_retention_without_its_floor_is_caught() -> None:
     [
         (15, 3, 3, "a replica forgot its vote: two unsynced commit-only hard-state writes"),
         (0, 3, 3, "a lagging replica never caught up once retention passed the restart point"),
+        (134, None, None, "a transfer slower than the leader's retention never finished"),
+        (265, None, None, "the same, with 5% loss"),
     ],
 )
-def test_found_bugs_stay_fixed(seed: int, nodes: int, groups: int, what: str) -> None:
+def test_found_bugs_stay_fixed(seed: int, nodes: int | None, groups: int | None, what: str) -> None:
     """Seeds that found shell bugs (docs/reproducing.md): each must pass for good."""
     result = run_shell_seed(seed, nodes=nodes, groups=groups)
     assert result.ok, f"{what}: {result.failure}"
@@ -178,3 +183,24 @@ def test_deduplicating_against_the_written_log_only_is_caught() -> None:
     is stored twice (ADR 0011)."""
     failures = _failures(ShellBugs(dedup_forgets_proposals=True))
     assert any(f.startswith("dedup-once:") for f in failures), failures
+
+
+def test_a_catch_up_that_forgets_the_offset_table_is_caught() -> None:
+    """A transfer installs the segments but leaves the offset table empty: a replica past an
+    acknowledged store answers no offset (ADR 0012)."""
+    failures = _failures(ShellBugs(catchup_forgets_offsets=True))
+    caught = ("offset-durable:", "offset-table:")
+    assert sum(1 for f in failures if f.startswith(caught)) >= 5, failures
+
+
+def test_a_leader_answering_an_uncommitted_offset_is_caught() -> None:
+    """The leader answers a stored-offset query from its proposals and written log at once:
+    the answer is a store the cluster has not committed (and may never)."""
+    failures = _failures(ShellBugs(offset_query_uncommitted=True))
+    assert any(f.startswith("offset-durable:") for f in failures), failures
+
+
+def test_storing_the_committed_end_instead_of_the_accepted_offset_is_caught() -> None:
+    """A store of what the partition committed, not what the consumer accepted."""
+    failures = _failures(ShellBugs(store_committed_end=True))
+    assert any(f.startswith("offset-not-ahead:") for f in failures), failures

@@ -887,17 +887,21 @@ class PartitionLog:
                 files.append((snapshot, self._storage.size(snapshot)))
         return files
 
+    def retains_file(self, name: str) -> bool:
+        """Whether `name` is one of the log's segment or producer-snapshot files (retention
+        deletes the oldest; a catch-up transfer asks for files a manifest named earlier)."""
+        meaning = parse_name(name)
+        return (
+            meaning is not None
+            and meaning[1] in (SEGMENT_SUFFIX, PRODUCERS_SUFFIX)
+            and any(s.base_offset == meaning[0] for s in self._segments)
+            and (meaning[1] != PRODUCERS_SUFFIX or meaning[0] in self._snapshots)
+        )
+
     def read_file(self, name: str, position: int, length: int) -> bytes:
         """Bytes of one of the log's segment or producer-snapshot files (catch-up transfer);
         b"" past its end."""
-        meaning = parse_name(name)
-        retained = {s.base_offset for s in self._segments}
-        if (
-            meaning is None
-            or meaning[0] not in retained
-            or meaning[1] not in (SEGMENT_SUFFIX, PRODUCERS_SUFFIX)
-            or (meaning[1] == PRODUCERS_SUFFIX and meaning[0] not in self._snapshots)
-        ):
+        if not self.retains_file(name):
             raise StorageFailure(f"file {name} is no longer retained")
         return self._storage.pread(name, position, length)
 

@@ -16,10 +16,21 @@ state              request sent                      on the reply
 MANIFEST           FETCH_MANIFEST(index)             MANIFEST: drop stale staged files -> PIECES
                                                      FETCH_ERROR: Unavailable (abandoned)
 PIECES             FETCH_PIECE(first unfinished      PIECE: append to the staged file; all
-                   file, its staged size, <= 1 MiB)  staged -> DONE; FETCH_ERROR or empty:
-                                                     Unavailable (abandoned)
+                   file, its staged size, <= 1 MiB)  staged -> DONE; PIECE_GONE: drop that
+                                                     file and the older ones, go on (below);
+                                                     FETCH_ERROR or empty: Unavailable
+                                                     (abandoned)
 DONE               -                                 the driver installs between batches
 ```
+
+PIECE_GONE: the leader's retention deleted the file since it sent the manifest. Retention
+deletes oldest first, so every older file is gone too; the transfer goes on without them, as
+a log that ran that retention itself (Kafka's follower likewise moves to the new log start).
+Without this a transfer slower than the leader's retention never finished: each attempt
+started from a new manifest whose oldest file was deleted before it was fetched (found by the
+shell simulator under sustained appends with 1 KiB segments). It needs the first file kept to
+be a segment whose partition-state snapshot is kept too (the tables before it); otherwise, or
+when nothing up to the transfer's point is left, the transfer is abandoned as before.
 
 `install` (on the owner's thread, between Ready batches): fsync the staged files, close the
 log, replace its segment files by the staged ones (ReplicaFiles.install_staged), reopen
@@ -38,6 +49,12 @@ from spate.node.log.partition_log import PartitionLog
 from spate.node.log.segment import PRODUCERS_SUFFIX, SEGMENT_SUFFIX, parse_name
 from spate.node.replication import codec, limits
 from spate.node.replication.storage import RaftStore
+
+
+def _base(name: str) -> int:
+    meaning = parse_name(name)
+    assert meaning is not None  # checked when the manifest arrived (_stage)
+    return meaning[0]
 
 
 class ShortInstall(Unavailable):
@@ -99,12 +116,31 @@ class Fetch:
         assert self._asked is not None
         name, position, length = self._asked
         self._asked = None
+        if kind == codec.KIND_PIECE_GONE:
+            self._drop_through(name)
+            return
         _, data = codec.decode_reply(body)
         if kind != codec.KIND_PIECE or len(data) == 0:
             reason = bytes(data).decode(errors="replace")
             raise Unavailable(f"leader refused segment {name} at {position}: {reason}")
         assert self._staging.size(name) == position, "one request in flight"
         self._staging.append(name, data[:length])
+
+    def _drop_through(self, gone: str) -> None:
+        """Retention deleted `gone` at the leader: go on with the files after it."""
+        assert self.manifest is not None
+        meaning = parse_name(gone)
+        assert meaning is not None
+        kept = [(n, s) for n, s in self.manifest if _base(n) > meaning[0]]
+        names = {n for n, _ in kept}
+        first = next((n for n, _ in kept if n.endswith(SEGMENT_SUFFIX)), None)
+        if first is None or first.replace(SEGMENT_SUFFIX, PRODUCERS_SUFFIX) not in names:
+            raise Unavailable(f"leader's retention deleted {gone} and left no whole suffix")
+        staged = set(self._staging.list())
+        for name, _ in self.manifest:
+            if name not in names and name in staged:
+                self._staging.delete(name)
+        self.manifest = kept
 
     def _stage(self, manifest: Manifest) -> None:
         names = {name for name, _ in manifest}
@@ -166,6 +202,8 @@ def manifest_reply(store: RaftStore, request_id: int, raft_index: int, applied: 
 
 def piece_reply(store: RaftStore, request_id: int, name: str, position: int, length: int) -> bytes:
     length = min(length, limits.catchup_piece_bytes)
+    if not store.log.retains_file(name):
+        return codec.encode_piece_gone(request_id)
     try:
         return codec.encode_piece(request_id, store.log.read_file(name, position, length))
     except (StorageFailure, OSError) as error:

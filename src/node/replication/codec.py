@@ -17,6 +17,7 @@ kind  name            body
  4    FETCH_PIECE     group | request_id u64 | name str8 | position u64 | length u32
  5    PIECE           request_id u64 | data (rest of the frame)
  6    FETCH_ERROR     request_id u64 | reason (UTF-8, rest of the frame)
+ 7    PIECE_GONE      request_id u64   (retention deleted the file since the manifest)
 10-13             the handshake, spate.core.frames (shared with the gateway wire)
 ```
 
@@ -78,6 +79,7 @@ KIND_MANIFEST = 3
 KIND_FETCH_PIECE = 4
 KIND_PIECE = 5
 KIND_FETCH_ERROR = 6
+KIND_PIECE_GONE = 7
 
 _U8, _U16, _U32, _U64 = U8, U16, U32, U64
 _str8, _group = str8, group
@@ -250,6 +252,10 @@ def decode_fetch_piece(body: bytes | memoryview) -> tuple[GroupKey, int, str, in
 
 def encode_piece(request_id: int, data: bytes) -> bytes:
     return frame(KIND_PIECE, _U64.pack(request_id), data)
+
+
+def encode_piece_gone(request_id: int) -> bytes:
+    return frame(KIND_PIECE_GONE, _U64.pack(request_id))
 
 
 def encode_fetch_error(request_id: int, reason: str) -> bytes:

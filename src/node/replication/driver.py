@@ -354,7 +354,12 @@ class ReplicationDriver(Generic[R]):
             else:
                 reply = catchup.piece_reply(group.store, request_id, name, position, length)
             self._send_frame(peer, reply)
-        elif kind in (codec.KIND_MANIFEST, codec.KIND_PIECE, codec.KIND_FETCH_ERROR):
+        elif kind in (
+            codec.KIND_MANIFEST,
+            codec.KIND_PIECE,
+            codec.KIND_FETCH_ERROR,
+            codec.KIND_PIECE_GONE,
+        ):
             request_id = frames.Reader(body).u64()
             transfer = self._transfers.get(request_id)
             if transfer is not None and transfer.fetch.leader == peer:
