@@ -19,6 +19,9 @@ leader, consumers read from a replica, `$info` asks the nodes.
   alive) from the offset `begin` resolves, buffers the records the node pushes, grants credit
   back as the listener reads past them, and after a broken connection or an ended
   subscription subscribes again from its next offset elsewhere: nothing skipped, nothing twice.
+- Named consumers (ADR 0012): offset operations go to the leader the table names, and a link
+  stays counted there (an operator's reset is refused meanwhile) across a leader change or a
+  broken session (`_PartitionBase._keep_counted`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
 RETRY_SAME_ROUTE_S = 1.0
+COUNT_CHECK_S = 1.0
+"""A named consumer link checks at least this often that its leader counts it (ADR 0012)."""
 """A refusal with nothing stored under an unchanged route is retried after this long."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 
@@ -376,6 +381,12 @@ class _PartitionBase:
         self.broker = broker
         self.key = key
         self.loop = asyncio.get_running_loop()
+        self._consumer_name: bytes | None = None
+        """A named consumer link's name while it is attached (ADR 0012)."""
+        self._counted_at: NodeSession | None = None
+        """The session over which the leader counts that link."""
+        self._counting_lock = asyncio.Lock()
+        self._counting: asyncio.Task[None] | None = None
 
     @property
     def stream(self) -> StreamName:
@@ -388,30 +399,81 @@ class _PartitionBase:
     async def describe(self) -> PartitionInfo:
         return await self.broker.describe(self.key)
 
-    # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from
+    # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from.
+    # The leader counts an attached link per gateway session (an operator's reset is refused
+    # while the count is not zero) and lets go of a session's counts when it closes. The link
+    # outlives a leader change or a broken session here, so it is counted again over the
+    # session to the new leader: at once when the table or the session changes
+    # (`_keep_counted`), and before any other operation of the link is sent there.
 
-    async def _consumer(self, op: int, name: bytes, offset: int) -> ConsumerOffset | None:
+    async def _leader_session(self) -> NodeSession:
         route = self.broker.route(self.key)
         if route is None or route.leader is None or not route.leader_alive:
             raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
-        session = await self.broker.sessions.connected(route.leader)
+        return await self.broker.sessions.connected(route.leader)
+
+    async def _request(
+        self, session: NodeSession, op: int, name: bytes, offset: int
+    ) -> ConsumerOffset | None:
         request = session.next_id()
         frame = wire.encode_consumer(request, self.key, op, name, offset)
         return wire.consumer_from_json(await session.request(frame, request))
 
+    async def _count_at(self, session: NodeSession) -> None:
+        """The attached link is counted over `session` (the leader's), and no longer over the
+        one before it if that is still open (a node that stopped leading: its count would
+        refuse resets if it led again)."""
+        name = self._consumer_name
+        async with self._counting_lock:
+            before = self._counted_at
+            if name is None or before is session:
+                return
+            await self._request(session, wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+            self._counted_at = session
+        if before is not None and not before.closed:
+            with contextlib.suppress(BrokerError):  # it lets go when the session closes
+                await self._request(before, wire.CONSUMER_DETACH, name, wire.NO_OFFSET)
+
+    async def _keep_counted(self) -> None:
+        while self._consumer_name is not None:
+            await self.broker.wait_change(COUNT_CHECK_S)
+            counted, route = self._counted_at, self.broker.route(self.key)
+            if route is None or route.leader is None or not route.leader_alive:
+                continue  # no leader to be counted at yet
+            if counted is not None and not counted.closed and counted.node == route.leader:
+                continue  # counted at the leader
+            with contextlib.suppress(BrokerError):  # unreachable yet: try at the next change
+                await self._count_at(await self._leader_session())
+
     async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
-        return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+        assert self._consumer_name is None, "one named consumer per link"
+        session = await self._leader_session()
+        stored = await self._request(session, wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+        self._consumer_name, self._counted_at = name, session
+        self._counting = self.loop.create_task(self._keep_counted())
+        return stored
 
     async def store_offset(self, name: bytes, offset: int) -> None:
-        await self._consumer(wire.CONSUMER_STORE, name, offset)
+        session = await self._leader_session()
+        await self._count_at(session)
+        await self._request(session, wire.CONSUMER_STORE, name, offset)
 
     async def consumer_detach(self, name: bytes, offset: int | None) -> None:
-        await self._consumer(
-            wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset
+        session = await self._leader_session()
+        await self._count_at(session)
+        self._stop_counting()
+        self._consumer_name = self._counted_at = None
+        await self._request(
+            session, wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset
         )
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
-        await self._consumer(wire.CONSUMER_RESET, name, offset)
+        await self._request(await self._leader_session(), wire.CONSUMER_RESET, name, offset)
+
+    def _stop_counting(self) -> None:
+        if self._counting is not None:
+            self._counting.cancel()
+            self._counting = None
 
 
 class RemoteWriter(_PartitionBase):
@@ -741,3 +803,4 @@ class RemoteReader(_PartitionBase):
             state.session.send(wire.encode_unsubscribe(state.sub))
         if self._task is not None:
             self._task.cancel()
+        self._stop_counting()  # the link's detach (consumer_detach) lets go at the leader

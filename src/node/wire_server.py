@@ -147,25 +147,35 @@ class WireSession:
         self, request: int, key: frames.GroupKey, op: int, name: bytes, offset: int
     ) -> None:
         """A named consumer's operation at this leader (ADR 0012); the session counts the
-        links it attached, and lets go of them when it closes."""
+        links it attached, and lets go of them when it closes. A detach counts down only a
+        link this session counted here; one that stores nothing needs no leadership (a
+        gateway lets go at a node that stopped leading, its link now counted at the new
+        leader: a count left here would refuse resets if this node led again)."""
         topic, pid = key
+        attachment = (key, name)
+        counted = self.attached.get(attachment, 0)
+        if op == wire.CONSUMER_DETACH and offset == wire.NO_OFFSET:
+            if counted:
+                self.attached[attachment] = counted - 1
+                self._release(attachment)
+            self.send(wire.encode_reply(request, wire.consumer_to_json(None)))
+            return
         try:
             partition = self.broker.partition(topic, pid, write=True)
             work: Awaitable[Any]
             if op == wire.CONSUMER_ATTACH:
                 work = partition.consumer_attach(name)
-            elif op == wire.CONSUMER_STORE:
+            elif op == wire.CONSUMER_STORE or (op == wire.CONSUMER_DETACH and not counted):
                 work = partition.store_offset(name, offset)
             elif op == wire.CONSUMER_DETACH:
-                work = partition.consumer_detach(name, None if offset == wire.NO_OFFSET else offset)
+                work = partition.consumer_detach(name, offset)
             else:
                 work = partition.reset_offset(name, offset)
         except BrokerError as error:
             self.send(wire.encode_failed(request, error))
             return
-        attachment = (key, name)
-        if op == wire.CONSUMER_DETACH and self.attached.get(attachment):
-            self.attached[attachment] -= 1
+        if op == wire.CONSUMER_DETACH and counted:
+            self.attached[attachment] = counted - 1
         future = asyncio.ensure_future(work)
         future.add_done_callback(lambda f: self._consumer_answer(request, op, attachment, f))
 

@@ -20,6 +20,7 @@ The AMQP contract is docs/amqp.md "Deduplication" and "Offset tracking" (ADR 001
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -363,6 +364,11 @@ def detach(receiver: Any) -> None:
     receiver.connection.close()
 
 
+def stored_offset(cluster: Cluster, stream: str, name: str) -> int | None:
+    listed = cluster.cli_json("consumer", "offset", stream, name)["consumers"]
+    return next((c["offset"] for c in listed), None)
+
+
 def attached_links(cluster: Cluster, admin: str, stream: str, name: str) -> int:
     """Links of `name` counted by the node at `admin` (the leader counts them)."""
     listed = cluster.cli_json("consumer", "list", stream, "--admin", admin)["consumers"]
@@ -495,3 +501,49 @@ def test_an_offset_reset_is_refused_while_the_name_is_attached_then_resumes_ther
     stored, offsets, receiver = named_consumer(gateway, "resets", "ops", 3)
     detach(receiver)
     assert (stored, offsets) == (10, [11, 12, 13])
+
+
+def test_a_named_consumer_through_the_gateway_rides_a_leader_kill_and_stays_counted(
+    cluster3: Cluster,
+) -> None:
+    """Through the proxy gateway a named consumer's link outlives a leader kill -9: it goes on
+    reading without a gap or a repeat, the new leader counts it (so a reset is still refused
+    while it is attached, ADR 0012) and stores its offsets. After its detach the reset
+    succeeds and the next attach resumes there. (Its offset is stored before the kill: a store
+    that meets the dead leader ends the link instead, docs/amqp.md, which the consumer
+    process test above covers.)"""
+    cluster3.cli("stream", "create", "tally", "--replicas", "3")
+    fill(cluster3, "tally", 400)
+    leader = cluster3.leader_of("tally")
+    stored, offsets, receiver = named_consumer(
+        gateway_url(cluster3), "tally", "tally-app", 100, first=True
+    )
+    try:
+        assert (stored, offsets) == (None, list(range(100)))
+        deadline = time.monotonic() + WAIT_S
+        while stored_offset(cluster3, "tally", "tally-app") != 99:
+            assert time.monotonic() < deadline, "the accepted offsets were never stored"
+            with contextlib.suppress(Timeout):  # the dispositions go out as the link pumps
+                receiver.connection.wait(lambda: False, timeout=0.2)
+        cluster3.kill9(cluster3.index_of(leader))
+        leader_now = new_leader(cluster3, "tally", leader)
+        admin = cluster3.state["nodes"][cluster3.index_of(leader_now)]["admin"]
+        deadline = time.monotonic() + WAIT_S
+        while attached_links(cluster3, admin, "tally", "tally-app") != 1:
+            assert time.monotonic() < deadline, "the new leader does not count the live link"
+            time.sleep(0.2)
+        refused = cluster3.cli(
+            "consumer", "offset", "tally", "tally-app", "--set", "49", check=False
+        )
+        assert refused.returncode == 1 and "attached" in refused.stderr, refused
+        for expected in range(100, 200):  # the same link, served on
+            assert int(receiver.receive(timeout=20).instructions[OFFSET]) == expected
+            receiver.accept()
+    finally:
+        detach(receiver)
+    shown = cluster3.cli_json("consumer", "offset", "tally", "tally-app", "--admin", admin)
+    assert [(c["offset"], c["attached"]) for c in shown["consumers"]] == [(199, 0)]
+    cluster3.cli("consumer", "offset", "tally", "tally-app", "--set", "49")
+    stored, offsets, receiver = named_consumer(gateway_url(cluster3), "tally", "tally-app", 2)
+    detach(receiver)
+    assert (stored, offsets) == (49, [50, 51])
