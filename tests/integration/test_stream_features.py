@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 from proton import Delivery, Message, Timeout, symbol, ulong
-from proton.utils import BlockingConnection
+from proton.utils import BlockingConnection, LinkDetached
 from spate.client import Consumer, Producer
 from support.amqp_clients import (
     JS_DIR,
@@ -147,6 +147,29 @@ def gateway_url(cluster: Cluster) -> str:
     return f"amqp://{cluster.state['gateways'][0]['amqp']}"
 
 
+def gateway_knows_the_leader(cluster: Cluster, stream: str, partition: int = 0) -> str:
+    """The gateway's URL, once its routing table names the partition's leader (it refreshes
+    from metadata on its own clock): until then it refuses named links as retryable, as a
+    client that retries would see. Probed with a named producer's attach, which asks the
+    leader for the name's last id and stores nothing."""
+    url = gateway_url(cluster)
+    probe = LinkProperties(
+        {PRODUCER_NAME: "gateway-probe", symbol("event-streams-partition"): symbol(str(partition))}
+    )
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        connection = BlockingConnection(url, timeout=20)
+        try:
+            connection.create_sender(stream, name=unique("probe"), options=probe)
+            return url
+        except LinkDetached as refused:
+            assert refused.condition == "amqp:resource-locked", refused
+            assert time.monotonic() < deadline, f"the gateway never routed {stream}/{partition}"
+        finally:
+            connection.close()
+        time.sleep(0.1)
+
+
 def new_leader(cluster: Cluster, stream: str, old: str, partition: int = 0) -> str:
     """Once metadata reports a leader other than `old` (killed)."""
     cluster.refresh()  # the admin address of a live node
@@ -246,6 +269,7 @@ def test_a_named_rhea_producer_killed_with_the_leader_is_restarted_from_id_zero(
     count = 1000
     cluster3.cli("stream", "create", "clicks", "--partitions", "3", "--replicas", "3")
     leader = cluster3.leader_of("clicks", partition=1)
+    gateway_knows_the_leader(cluster3, "clicks", 1)
     gateway = RunningGateway(port=int(cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)[1]))
     properties = {"spate:producer-name": "rhea-app", "event-streams-partition": "1"}
     publish = {
@@ -268,8 +292,9 @@ def test_a_named_rhea_producer_killed_with_the_leader_is_restarted_from_id_zero(
         producer.kill9()
     assert progress["sent"] < count  # it died mid-way
     new_leader(cluster3, "clicks", leader, partition=1)
+    gateway_knows_the_leader(cluster3, "clicks", 1)
     restarts = []
-    for _ in range(3):  # a restart resends everything from 0; one refused while the gateway
+    for _ in range(5):  # a restart resends everything from 0; one refused while the gateway
         # switches to the new leader is resent by the next restart (as idempotent)
         step = run_rhea(gateway, [publish], timeout_s=WAIT_S)["steps"][0]
         restarts.append(step)
@@ -309,7 +334,10 @@ def test_an_id_going_backwards_on_one_link_is_rejected_and_harms_nothing(
     cluster3.cli("stream", "create", "misuse", "--replicas", "3")
     leader_url = cluster3.urls()[cluster3.index_of(cluster3.leader_of("misuse"))]
     expected = []
-    for url, name in ((leader_url, "direct"), (gateway_url(cluster3), "proxied")):
+    for url, name in (
+        (leader_url, "direct"),
+        (gateway_knows_the_leader(cluster3, "misuse"), "proxied"),
+    ):
         named = LinkProperties({PRODUCER_NAME: name})
         connection = BlockingConnection(url, timeout=20)
         try:
@@ -386,7 +414,7 @@ def test_a_named_consumer_resumes_after_a_detach_and_after_its_process_is_killed
     count, credit = 3000, 20
     cluster3.cli("stream", "create", "bills", "--replicas", "3")
     fill(cluster3, "bills", count)
-    gateway = gateway_url(cluster3)
+    gateway = gateway_knows_the_leader(cluster3, "bills")
     stored, offsets, receiver = named_consumer(gateway, "bills", "billing", 100, first=True)
     detach(receiver)
     assert (stored, offsets) == (None, list(range(100)))
@@ -484,7 +512,7 @@ def test_an_offset_reset_is_refused_while_the_name_is_attached_then_resumes_ther
     nothing; after the detach it succeeds and the next attach resumes at OFFSET + 1."""
     cluster3.cli("stream", "create", "resets", "--replicas", "3")
     fill(cluster3, "resets", 20)
-    gateway = gateway_url(cluster3)
+    gateway = gateway_knows_the_leader(cluster3, "resets")
     stored, offsets, receiver = named_consumer(gateway, "resets", "ops", 5, first=True)
     assert (stored, offsets) == (None, [0, 1, 2, 3, 4])
     try:
@@ -515,9 +543,8 @@ def test_a_named_consumer_through_the_gateway_rides_a_leader_kill_and_stays_coun
     cluster3.cli("stream", "create", "tally", "--replicas", "3")
     fill(cluster3, "tally", 400)
     leader = cluster3.leader_of("tally")
-    stored, offsets, receiver = named_consumer(
-        gateway_url(cluster3), "tally", "tally-app", 100, first=True
-    )
+    gateway = gateway_knows_the_leader(cluster3, "tally")
+    stored, offsets, receiver = named_consumer(gateway, "tally", "tally-app", 100, first=True)
     try:
         assert (stored, offsets) == (None, list(range(100)))
         deadline = time.monotonic() + WAIT_S
@@ -544,6 +571,6 @@ def test_a_named_consumer_through_the_gateway_rides_a_leader_kill_and_stays_coun
     shown = cluster3.cli_json("consumer", "offset", "tally", "tally-app", "--admin", admin)
     assert [(c["offset"], c["attached"]) for c in shown["consumers"]] == [(199, 0)]
     cluster3.cli("consumer", "offset", "tally", "tally-app", "--set", "49")
-    stored, offsets, receiver = named_consumer(gateway_url(cluster3), "tally", "tally-app", 2)
+    stored, offsets, receiver = named_consumer(gateway, "tally", "tally-app", 2)
     detach(receiver)
     assert (stored, offsets) == (49, [50, 51])
