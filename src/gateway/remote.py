@@ -557,10 +557,15 @@ class RemoteWriter(_PartitionBase):
             return
         if not pending.future.done():
             if isinstance(error, NotLeader) or stored:
+                twice = (
+                    "it may then be stored twice"
+                    if pending.producer is None
+                    else "a named producer's resend is not stored twice"
+                )
                 error = Unavailable(
                     f"the leader of {self.key[0]}/{self.key[1]} changed while this message was "
                     f"in flight, so whether it was stored is unknown ({error.message}); resend "
-                    "it if it must be stored (it may then be stored twice)"
+                    f"it if it must be stored ({twice})"
                 )
             pending.future.set_exception(error)
 

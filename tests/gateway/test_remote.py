@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spate.core.backend import OffsetSpec
+from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import FailedPrecondition, NotFound, Unavailable
 from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -95,9 +95,14 @@ def test_appends_in_flight_when_the_session_breaks_are_unknown_not_resent(
         await writer.append([b"warm-up"])  # the session is open
         session = next(iter(broker.sessions.by_node.values()))  # type: ignore[union-attr]
         future = writer.append([b"in flight"])
+        named = writer.append([b"named"], PublishingIds(b"app", [7]))
         session._lost()  # the connection breaks before the answer arrives
-        with pytest.raises(Unavailable, match="whether it was stored is unknown"):
+        with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
             await future
+        assert "it may then be stored twice" in unknown.value.message
+        with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
+            await named  # deduplicated (ADR 0011): say so, a resend is what it should do
+        assert "a named producer's resend is not stored twice" in unknown.value.message
         assert int(await writer.append([b"after"])) >= 1  # a new session serves the next
 
     run(tmp_path, scenario)
