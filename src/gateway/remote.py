@@ -62,8 +62,9 @@ CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
 RETRY_SAME_ROUTE_S = 1.0
-COUNT_CHECK_S = 1.0
-"""A named consumer link checks at least this often that its leader counts it (ADR 0012)."""
+COUNT_CHECK_S = 30.0
+"""A named consumer link checks this often that its leader counts it (ADR 0012), besides at
+every table change and broken session: a safety net, one wake-up per link."""
 """A refusal with nothing stored under an unchanged route is retried after this long."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 
@@ -235,6 +236,8 @@ class NodeSession:
             self.opened.set_exception(Unavailable(f"node {self.node} cannot be reached; retry"))
             self.opened.exception()  # retrieved: waiters see it through `connected`
         self.sessions.forget(self)
+        for callback in list(self.sessions.on_lost):
+            callback()
         appends, self.appends = self.appends, {}
         for pending in appends.values():
             pending.writer.failed(
@@ -270,6 +273,8 @@ class Sessions:
         self.table = table
         self.ssl_client = ssl_client
         self.by_node: dict[NodeId, NodeSession] = {}
+        self.on_lost: list[Callable[[], None]] = []
+        """Called when a session breaks (the node lets go of what it counted for it)."""
 
     def get(self, node: NodeId) -> NodeSession:
         session = self.by_node.get(node)
@@ -305,11 +310,24 @@ class RemoteBroker:
         self.configs: dict[StreamName, StreamConfig] = {}
         """Streams asked of a node since the table last had them."""
         self.changed = asyncio.Event()
+        self.recount = asyncio.Event()
+        """Set (then replaced) when the table changes or a session breaks: named consumer
+        links check that the leader counts them (`_PartitionBase._keep_counted`)."""
         table.listeners.append(self._table_changed)
+        sessions.on_lost.append(self._wake_recount)
 
     def _table_changed(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+        self._wake_recount()
+
+    def _wake_recount(self) -> None:
+        self.recount.set()
+        self.recount = asyncio.Event()
+
+    async def wait_recount(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.recount.wait(), timeout_s)
 
     async def wait_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -436,7 +454,7 @@ class _PartitionBase:
 
     async def _keep_counted(self) -> None:
         while self._consumer_name is not None:
-            await self.broker.wait_change(COUNT_CHECK_S)
+            await self.broker.wait_recount(COUNT_CHECK_S)
             counted, route = self._counted_at, self.broker.route(self.key)
             if route is None or route.leader is None or not route.leader_alive:
                 continue  # no leader to be counted at yet
