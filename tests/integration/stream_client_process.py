@@ -5,7 +5,7 @@ Usage:
   stream_client_process.py produce --url URL [--url URL ...] --stream S --name NAME --count N
       [--prefix P] [--partition P] [--window W] [--checkpoint ID ...] [--deadline-s S]
   stream_client_process.py consume --url URL --stream S --name NAME [--credit C] [--first]
-      [--pace-ms MS] [--deadline-s S]
+      [--pace-ms MS] [--stall-at OFFSET] [--deadline-s S]
 
 Both print one JSON object per line on stdout (flushed), the test's only view of them.
 
@@ -22,9 +22,9 @@ stdin is closed): the test kills a node, or the process, at a known point.
 
 consume: a named consumer (`spate:consumer-name`) with credit C, no start filter (it resumes
 after the stored offset) unless --first. Each message takes MS of work, is reported, then is
-accepted and settled:
-{"offset": o} comes before its acceptance, so what the test saw is a superset of what the
-broker may count as done. First line {"attached": url, "stored": offset|null}.
+accepted and settled: {"offset": o} comes before its acceptance, so what the test saw is a
+superset of what the broker may count as done. At offset --stall-at it stops (no work, no
+I/O: {"stalled": o}) until killed. First line {"attached": url, "stored": offset|null}.
 """
 
 from __future__ import annotations
@@ -177,7 +177,12 @@ class NamedConsumer(MessagingHandler):  # type: ignore[misc]
 
     def on_message(self, event: Any) -> None:
         time.sleep(self.args.pace_ms / 1000)  # the application's work
-        say(offset=int(event.message.instructions[OFFSET]))  # reported, then accepted
+        offset = int(event.message.instructions[OFFSET])
+        if offset == self.args.stall_at:  # no more work, no more I/O: the test kills it
+            say(stalled=offset)
+            time.sleep(self.args.deadline_s)
+            raise SystemExit(2)
+        say(offset=offset)  # reported, then accepted
         event.delivery.update(Delivery.ACCEPTED)
         event.delivery.settle()
 
@@ -204,6 +209,7 @@ def main() -> int:
     parser.add_argument("--credit", type=int, default=20)
     parser.add_argument("--first", action="store_true")
     parser.add_argument("--pace-ms", type=float, default=0.0)
+    parser.add_argument("--stall-at", type=int, default=-1)
     parser.add_argument("--deadline-s", type=float, default=60.0)
     args = parser.parse_args()
     if args.mode == "produce":
