@@ -263,7 +263,8 @@ def test_a_named_proton_producer_stores_each_id_once_across_a_leader_kill_and_it
 def test_a_named_rhea_producer_killed_with_the_leader_is_restarted_from_id_zero(
     cluster3: Cluster, tmp_path: Path
 ) -> None:
-    """The same with rhea, through the proxy gateway, on a link bound to partition 1 of three
+    """004 "Message Deduplication" ("No more duplicates!") and "Restarting a Producer Where It
+    Left Off", with rhea, through the proxy gateway, on a link bound to partition 1 of three
     (`event-streams-partition`): the leader of partition 1 and the rhea process are killed
     with -9 while messages are in flight; a new rhea process resends every id from 0."""
     count = 1000
@@ -506,9 +507,11 @@ def test_confirmed_commits_survive_a_leader_kill_and_the_consumer_resumes_via_an
 def test_an_offset_reset_is_refused_while_the_name_is_attached_then_resumes_there(
     cluster3: Cluster,
 ) -> None:
-    """`spate consumer offset STREAM NAME --set OFFSET` while a link of the name is attached
-    (here through the gateway) is refused with exit 1 and a message saying why, and stores
-    nothing; after the detach it succeeds and the next attach resumes at OFFSET + 1."""
+    """004 "Offset Tracking" (a new incarnation starts where the stored offset says) under
+    docs/amqp.md's reset rule: `spate consumer offset STREAM NAME --set OFFSET` while a link of
+    the name is attached (here through the gateway) is refused with exit 1 and a message
+    saying why, and stores nothing; after the detach it succeeds and the next attach resumes
+    at OFFSET + 1."""
     cluster3.cli("stream", "create", "resets", "--replicas", "3")
     fill(cluster3, "resets", 20)
     gateway = gateway_knows_the_leader(cluster3, "resets")
@@ -533,12 +536,12 @@ def test_an_offset_reset_is_refused_while_the_name_is_attached_then_resumes_ther
 def test_a_named_consumer_through_the_gateway_rides_a_leader_kill_and_stays_counted(
     cluster3: Cluster,
 ) -> None:
-    """Through the proxy gateway a named consumer's link outlives a leader kill -9: it goes on
-    reading without a gap or a repeat, the new leader counts it (so a reset is still refused
-    while it is attached, ADR 0012) and stores its offsets. After its detach the reset
-    succeeds and the next attach resumes there. (Its offset is stored before the kill: a store
-    that meets the dead leader ends the link instead, docs/amqp.md, which the consumer
-    process test above covers.)"""
+    """004 "Offset Tracking" through the proxy gateway: a named consumer's link outlives a
+    leader kill -9. It goes on reading without a gap or a repeat, the new leader counts it (so
+    a reset is still refused while it is attached, ADR 0012) and stores its offsets; after
+    its detach the reset succeeds and the next attach resumes there. (Its offset is stored
+    before the kill: a store that meets the dead leader ends the link instead, docs/amqp.md,
+    and the consumer attaches again, as in the leader-kill test above.)"""
     cluster3.cli("stream", "create", "tally", "--replicas", "3")
     fill(cluster3, "tally", 400)
     leader = cluster3.leader_of("tally")
