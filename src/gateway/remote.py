@@ -62,10 +62,10 @@ CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
 RETRY_SAME_ROUTE_S = 1.0
+"""A refusal with nothing stored under an unchanged route is retried after this long."""
 COUNT_CHECK_S = 30.0
 """A named consumer link checks this often that its leader counts it (ADR 0012), besides at
 every table change and broken session: a safety net, one wake-up per link."""
-"""A refusal with nothing stored under an unchanged route is retried after this long."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 
 
