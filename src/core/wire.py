@@ -63,8 +63,9 @@ CONSUMER = 33
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
 CONSUMER_OPS = (CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET)
 """Named-consumer operations at the leader (ADR 0012): attach (count the link, answer the
-stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting), an operator's
-reset (refused while a link is attached)."""
+stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting a link this
+session counted; with NO_OFFSET also at a node that no longer leads), an operator's reset
+(refused while a link is attached)."""
 NO_OFFSET = -2
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)
