@@ -75,13 +75,14 @@ CONSUMER_OPS = (
     CONSUMER_STEP_DOWN,
 )
 """Named-consumer operations at the leader (ADR 0012): attach (count the link, answer the
-stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting, leave the
-group of `member`), an operator's reset (refused while a link is attached); single active
-consumer (ADR 0013): join (attach into the name's group, `offset` = the partition's index in
-its super stream or NO_OFFSET; answer the member and whether it is active), wait (answered
-when `member` becomes active, or has left), deposed (answered with active = false when the
-active `member` must step down, true when it left), step down (store `offset` unless
-NO_OFFSET, then hand over)."""
+stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting a link this
+session counted — with NO_OFFSET also at a node that no longer leads — and leave the group of
+`member`), an operator's reset (refused while a link is attached); single active consumer
+(ADR 0013): join (attach into the name's group, `offset` = the partition's index in its super
+stream or NO_OFFSET; answer the member and whether it is active), wait (answered when
+`member` becomes active, or has left), deposed (answered with active = false when the active
+`member` must step down, true when it left), step down (store `offset` unless NO_OFFSET, then
+hand over)."""
 NO_OFFSET = -2
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)

@@ -437,7 +437,7 @@ class ProducerPart:
                     plain(
                         amqp.condition,
                         f"a message of producer {producer.name.decode(errors='replace')!r} "
-                        f"was not stored ({amqp.description}); attach again, read "
+                        f"was refused ({amqp.description}); attach again, read "
                         f"'{links.LAST_PUBLISHING_ID_PROPERTY}' and resend after it",
                     ),
                 )

@@ -19,6 +19,9 @@ leader, consumers read from a replica, `$info` asks the nodes.
   alive) from the offset `begin` resolves, buffers the records the node pushes, grants credit
   back as the listener reads past them, and after a broken connection or an ended
   subscription subscribes again from its next offset elsewhere: nothing skipped, nothing twice.
+- Named consumers (ADR 0012): offset operations go to the leader the table names, and a link
+  stays counted there (an operator's reset is refused meanwhile) across a leader change or a
+  broken session (`_PartitionBase._keep_counted`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
 RETRY_SAME_ROUTE_S = 1.0
 """A refusal with nothing stored under an unchanged route is retried after this long."""
+COUNT_CHECK_S = 30.0
+"""A named consumer link checks this often that its leader counts it (ADR 0012), besides at
+every table change and broken session: a safety net, one wake-up per link."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 
 
@@ -234,6 +240,8 @@ class NodeSession:
             self.opened.set_exception(Unavailable(f"node {self.node} cannot be reached; retry"))
             self.opened.exception()  # retrieved: waiters see it through `connected`
         self.sessions.forget(self)
+        for callback in list(self.sessions.on_lost):
+            callback()
         appends, self.appends = self.appends, {}
         for pending in appends.values():
             pending.writer.failed(
@@ -269,6 +277,8 @@ class Sessions:
         self.table = table
         self.ssl_client = ssl_client
         self.by_node: dict[NodeId, NodeSession] = {}
+        self.on_lost: list[Callable[[], None]] = []
+        """Called when a session breaks (the node lets go of what it counted for it)."""
 
     def get(self, node: NodeId) -> NodeSession:
         session = self.by_node.get(node)
@@ -304,11 +314,24 @@ class RemoteBroker:
         self.configs: dict[StreamName, StreamConfig] = {}
         """Streams asked of a node since the table last had them."""
         self.changed = asyncio.Event()
+        self.recount = asyncio.Event()
+        """Set (then replaced) when the table changes or a session breaks: named consumer
+        links check that the leader counts them (`_PartitionBase._keep_counted`)."""
         table.listeners.append(self._table_changed)
+        sessions.on_lost.append(self._wake_recount)
 
     def _table_changed(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+        self._wake_recount()
+
+    def _wake_recount(self) -> None:
+        self.recount.set()
+        self.recount = asyncio.Event()
+
+    async def wait_recount(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.recount.wait(), timeout_s)
 
     async def wait_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -380,6 +403,14 @@ class _PartitionBase:
         self.broker = broker
         self.key = key
         self.loop = asyncio.get_running_loop()
+        self._consumer_name: bytes | None = None
+        """A named consumer link's name while it is attached (ADR 0012)."""
+        self._counted_at: NodeSession | None = None
+        """The session over which the leader counts that link."""
+        self._counting_lock = asyncio.Lock()
+        self._counting: asyncio.Task[None] | None = None
+        self._member = 0
+        """Single active consumer: the link's member number in its group (0: a plain link)."""
 
     @property
     def stream(self) -> StreamName:
@@ -392,52 +423,133 @@ class _PartitionBase:
     async def describe(self) -> PartitionInfo:
         return await self.broker.describe(self.key)
 
-    # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from
+    # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from.
+    # The leader counts an attached link per gateway session (an operator's reset is refused
+    # while the count is not zero) and lets go of a session's counts when it closes. The link
+    # outlives a leader change or a broken session here, so it is counted again over the
+    # session to the new leader: at once when the table or the session changes
+    # (`_keep_counted`), and before any other operation of the link is sent there.
 
-    async def _consumer(self, op: int, name: bytes, offset: int, member: int = 0) -> Attached:
-        """At the leader the routing table names; a WAIT has no time limit (it is answered when
-        the member becomes active, or fails when the session to that node closes)."""
+    async def _leader_session(self) -> NodeSession:
         route = self.broker.route(self.key)
         if route is None or route.leader is None or not route.leader_alive:
             raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
-        session = await self.broker.sessions.connected(route.leader)
+        return await self.broker.sessions.connected(route.leader)
+
+    async def _request(
+        self, session: NodeSession, op: int, name: bytes, offset: int, member: int = 0
+    ) -> Attached:
+        """One CONSUMER request; a WAIT or DEPOSED has no time limit (it is answered when the
+        member's turn comes or goes, or fails when the session to that node closes)."""
         request = session.next_id()
         frame = wire.encode_consumer(request, self.key, op, name, offset, member)
         waits = op in (wire.CONSUMER_WAIT, wire.CONSUMER_DEPOSED)
         timeout_s = None if waits else REQUEST_TIMEOUT_S
         return wire.consumer_from_json(await session.request(frame, request, timeout_s))
 
+    async def _count_at(self, session: NodeSession) -> None:
+        """The attached link is counted over `session` (the leader's), and no longer over the
+        one before it if that is still open (a node that stopped leading: its count would
+        refuse resets if it led again). A single-active-consumer member is not moved: its
+        group stayed with the old leader (ADR 0013), so its link ends and attaches again."""
+        name = self._consumer_name
+        async with self._counting_lock:
+            before = self._counted_at
+            if name is None or before is session:
+                return
+            if self._member:
+                raise Unavailable(
+                    f"partition {self.key[1]} of {self.key[0]!r} has a new leader: attach "
+                    "again to rejoin the single-active-consumer group"
+                )
+            await self._request(session, wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+            self._counted_at = session
+        if before is not None and not before.closed:
+            with contextlib.suppress(BrokerError):  # it lets go when the session closes
+                await self._request(before, wire.CONSUMER_DETACH, name, wire.NO_OFFSET)
+
+    async def _keep_counted(self) -> None:
+        while self._consumer_name is not None:
+            await self.broker.wait_recount(COUNT_CHECK_S)
+            counted, route = self._counted_at, self.broker.route(self.key)
+            if route is None or route.leader is None or not route.leader_alive:
+                continue  # no leader to be counted at yet
+            if counted is not None and not counted.closed and counted.node == route.leader:
+                continue  # counted at the leader
+            with contextlib.suppress(BrokerError):  # unreachable yet: try at the next change
+                await self._count_at(await self._leader_session())
+
     async def consumer_attach(
         self, name: bytes, *, single_active: bool = False, spread: int | None = None
     ) -> Attached:
-        if not single_active:
-            return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
-        spread_field = wire.NO_OFFSET if spread is None else spread
-        return await self._consumer(wire.CONSUMER_JOIN, name, spread_field)
+        assert self._consumer_name is None, "one named consumer per link"
+        session = await self._leader_session()
+        if single_active:
+            spread_field = wire.NO_OFFSET if spread is None else spread
+            attached = await self._request(session, wire.CONSUMER_JOIN, name, spread_field)
+        else:
+            attached = await self._request(session, wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+        self._consumer_name, self._counted_at = name, session
+        self._member = attached.member
+        if not single_active:  # a member's link ends at a leader change instead (_count_at)
+            self._counting = self.loop.create_task(self._keep_counted())
+        return attached
+
+    async def until_active(self, name: bytes, member: int) -> Attached:
+        """Answered by the leader when the member becomes active (the request waits there)."""
+        session = await self._member_session()
+        return await self._request(session, wire.CONSUMER_WAIT, name, wire.NO_OFFSET, member)
 
     async def until_deposed(self, name: bytes, member: int) -> Attached:
         """Answered by the leader when the active member must step down (the request waits
         there)."""
-        return await self._consumer(wire.CONSUMER_DEPOSED, name, wire.NO_OFFSET, member)
+        session = await self._member_session()
+        return await self._request(session, wire.CONSUMER_DEPOSED, name, wire.NO_OFFSET, member)
 
     async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        session = await self._member_session()
         stored = wire.NO_OFFSET if offset is None else offset
-        await self._consumer(wire.CONSUMER_STEP_DOWN, name, stored, member)
+        await self._request(session, wire.CONSUMER_STEP_DOWN, name, stored, member)
 
-    async def until_active(self, name: bytes, member: int) -> Attached:
-        """Answered by the leader when the member becomes active (the request waits there)."""
-        return await self._consumer(wire.CONSUMER_WAIT, name, wire.NO_OFFSET, member)
+    async def _member_session(self) -> NodeSession:
+        """The session the member joined its group over, while it is open and leads."""
+        session = await self._leader_session()
+        await self._count_at(session)  # Unavailable when the leader changed
+        return session
 
     async def store_offset(self, name: bytes, offset: int) -> None:
-        await self._consumer(wire.CONSUMER_STORE, name, offset)
+        session = await self._leader_session()
+        await self._count_at(session)
+        await self._request(session, wire.CONSUMER_STORE, name, offset)
 
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
-        await self._consumer(
-            wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset, member
-        )
+        """Where the link is counted (and its member in a group): store `offset`, count down
+        and leave, in one request. After a leader change the link did not follow (a group
+        member's, ADR 0013): store at the new leader, and let go at the old one."""
+        self._stop_counting()
+        counted_at = self._counted_at
+        self._consumer_name = self._counted_at = None
+        stored = wire.NO_OFFSET if offset is None else offset
+        done_at: NodeSession | None = None
+        try:
+            session = await self._leader_session()
+            if session is counted_at or offset is not None:
+                done_at = session  # not counted there: the node only stores
+                await self._request(session, wire.CONSUMER_DETACH, name, stored, member)
+        finally:
+            if counted_at is not None and counted_at is not done_at and not counted_at.closed:
+                with contextlib.suppress(BrokerError):  # it lets go when the session closes
+                    await self._request(
+                        counted_at, wire.CONSUMER_DETACH, name, wire.NO_OFFSET, member
+                    )
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
-        await self._consumer(wire.CONSUMER_RESET, name, offset)
+        await self._request(await self._leader_session(), wire.CONSUMER_RESET, name, offset)
+
+    def _stop_counting(self) -> None:
+        if self._counting is not None:
+            self._counting.cancel()
+            self._counting = None
 
 
 class RemoteWriter(_PartitionBase):
@@ -521,10 +633,15 @@ class RemoteWriter(_PartitionBase):
             return
         if not pending.future.done():
             if isinstance(error, NotLeader) or stored:
+                twice = (
+                    "it may then be stored twice"
+                    if pending.producer is None
+                    else "a named producer's resend is not stored twice"
+                )
                 error = Unavailable(
                     f"the leader of {self.key[0]}/{self.key[1]} changed while this message was "
                     f"in flight, so whether it was stored is unknown ({error.message}); resend "
-                    "it if it must be stored (it may then be stored twice)"
+                    f"it if it must be stored ({twice})"
                 )
             pending.future.set_exception(error)
 
@@ -767,3 +884,4 @@ class RemoteReader(_PartitionBase):
             state.session.send(wire.encode_unsubscribe(state.sub))
         if self._task is not None:
             self._task.cancel()
+        self._stop_counting()  # the link's detach (consumer_detach) lets go at the leader

@@ -148,8 +148,21 @@ class WireSession:
         self, request: int, key: frames.GroupKey, op: int, name: bytes, offset: int, member: int
     ) -> None:
         """A named consumer's operation at this leader (ADR 0012, 0013); the session keeps the
-        links it attached, and lets go of them when it closes."""
+        links it attached (by group member number, 0 for a plain link), and lets go of them
+        when it closes. A detach counts down only a link this session counted here; one that
+        stores nothing needs no leadership (a gateway lets go at a node that stopped leading,
+        its link now counted at the new leader: a count left here would refuse resets if this
+        node led again)."""
         topic, pid = key
+        attachment = (key, name)
+        members = self.attached.get(attachment, [])
+        counted = member in members
+        if op == wire.CONSUMER_DETACH and offset == wire.NO_OFFSET:
+            if counted:
+                members.remove(member)
+                self._release(attachment, member)
+            self.send(wire.encode_reply(request, wire.consumer_to_json(None)))
+            return
         try:
             partition = self.broker.partition(topic, pid, write=True)
             work: Awaitable[Any]
@@ -158,7 +171,7 @@ class WireSession:
                 work = partition.consumer_attach(name)
             elif op == wire.CONSUMER_JOIN:  # the offset field carries the spread
                 work = partition.consumer_attach(name, single_active=True, spread=stored)
-            elif op == wire.CONSUMER_STORE:
+            elif op == wire.CONSUMER_STORE or (op == wire.CONSUMER_DETACH and not counted):
                 work = partition.store_offset(name, offset)
             elif op == wire.CONSUMER_DETACH:
                 work = partition.consumer_detach(name, stored, member)
@@ -173,9 +186,7 @@ class WireSession:
         except BrokerError as error:
             self.send(wire.encode_failed(request, error))
             return
-        attachment = (key, name)
-        members = self.attached.get(attachment)
-        if op == wire.CONSUMER_DETACH and members and member in members:
+        if op == wire.CONSUMER_DETACH and counted:
             members.remove(member)
         future = asyncio.ensure_future(work)
         future.add_done_callback(lambda f: self._consumer_answer(request, op, attachment, f))
@@ -210,7 +221,7 @@ class WireSession:
         )
 
     def _release(self, attachment: tuple[frames.GroupKey, bytes], member: int) -> None:
-        """The gateway is gone: its link no longer counts (nor holds a place in a group)."""
+        """A link this session counted no longer counts here (nor holds a place in a group)."""
         (topic, pid), name = attachment
         try:
             partition = self.broker.partition(topic, pid, write=False)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from proton import Delivery, Message, Timeout, symbol, ulong
+from proton.utils import LinkDetached
+from spate.core.errors import Unavailable
 from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
@@ -23,6 +25,7 @@ from support.amqp_clients import (
     run_rhea,
     unique,
 )
+from support.memory_broker import MemoryBroker
 
 NAME = symbol("spate:producer-name")
 LAST = symbol("spate:last-publishing-id")
@@ -201,3 +204,27 @@ def test_a_named_producers_messages_are_stored_without_an_annotation_that_holds_
     assert got[3].annotations == {PID: big + 3, symbol("k"): "v"}
     assert got[4].annotations is None
     assert got[5].annotations == {PID: 7}
+
+
+@pytest.mark.memory_broker_only
+def test_a_failed_append_ends_a_named_link_saying_how_to_resume(
+    gateway: RunningGateway, broker: MemoryBroker, loop_thread: Any, make_stream: Callable[..., str]
+) -> None:
+    """ADR 0011: a named producer's stored messages stay a prefix of what it sent, so a failed
+    append ends its link; the detach says the message was refused (its outcome may be unknown:
+    not "not stored") and how to resume. The resend on a new link is stored once."""
+    stream = make_stream()
+    loop_thread.run(lambda: broker.fail_appends(stream, 0, Unavailable("no quorum")))
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"), options=named("p"))
+        delivery = sender.link.send(message(0, "m0"))
+        with pytest.raises(LinkDetached) as ended:
+            conn.wait(lambda: False, timeout=5)
+        assert delivery.remote_state == Delivery.REJECTED
+        text = str(ended.value)
+        assert "amqp:resource-locked" in text and "producer 'p' was refused (no quorum)" in text
+        assert "read 'spate:last-publishing-id' and resend after it" in text
+        again = conn.create_sender(stream, name=unique("tx"), options=named("p"))
+        assert LAST not in (again.link.remote_properties or {})
+        assert again.send(message(0, "m0")).remote_state == Delivery.ACCEPTED
+    assert stream_bodies(gateway, stream, 1) == ["m0"]

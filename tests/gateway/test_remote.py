@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spate.core.backend import OffsetSpec
-from spate.core.errors import NotFound, Unavailable
+from spate.core.backend import OffsetSpec, PublishingIds
+from spate.core.errors import FailedPrecondition, NotFound, Unavailable
 from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway import remote
@@ -95,9 +95,14 @@ def test_appends_in_flight_when_the_session_breaks_are_unknown_not_resent(
         await writer.append([b"warm-up"])  # the session is open
         session = next(iter(broker.sessions.by_node.values()))  # type: ignore[union-attr]
         future = writer.append([b"in flight"])
+        named = writer.append([b"named"], PublishingIds(b"app", [7]))
         session._lost()  # the connection breaks before the answer arrives
-        with pytest.raises(Unavailable, match="whether it was stored is unknown"):
+        with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
             await future
+        assert "it may then be stored twice" in unknown.value.message
+        with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
+            await named  # deduplicated (ADR 0011): say so, a resend is what it should do
+        assert "a named producer's resend is not stored twice" in unknown.value.message
         assert int(await writer.append([b"after"])) >= 1  # a new session serves the next
 
     run(tmp_path, scenario)
@@ -146,5 +151,40 @@ def test_unknown_streams_and_partitions(tmp_path: Path) -> None:
             broker.remote.partition(STREAM, PartitionId(5), write=True)
         info = await broker.remote.describe(KEY)
         assert info.stream == STREAM and info.leader == "n1"
+
+    run(tmp_path, scenario)
+
+
+def test_a_named_consumer_link_stays_counted_at_the_leader_after_its_session_breaks(
+    tmp_path: Path,
+) -> None:
+    """ADR 0012: an operator's offset reset is refused while a link of the name is attached,
+    counted at the partition's leader. A proxy gateway's link outlives the gateway's session
+    to that leader (a leader change, a broken connection: the node lets go of what the
+    session counted), so the gateway counts it again over its new session — else a reset
+    succeeds under a live link, whose next store undoes it (found on three processes,
+    tests/integration/test_stream_features.py)."""
+
+    async def scenario(broker: ProxyBroker) -> None:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        await writer.append([b"m0"])
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        await reader.consumer_attach(b"billing")
+        replica = broker.node.host.partition(STREAM, PartitionId(0))
+        assert replica.attached == {b"billing": 1}
+        (old,) = broker.wire.sessions
+        next(iter(broker.sessions.by_node.values()))._lost()  # type: ignore[union-attr]
+        deadline = asyncio.get_running_loop().time() + 5
+        while old in broker.wire.sessions or replica.attached != {b"billing": 1}:
+            assert asyncio.get_running_loop().time() < deadline, replica.attached
+            await asyncio.sleep(0.02)
+        other = broker.partition(STREAM, PartitionId(0), write=False)
+        with pytest.raises(FailedPrecondition, match="attached"):
+            await other.reset_offset(b"billing", 0)
+        await reader.consumer_detach(b"billing", 0)
+        reader.detach()
+        assert replica.attached == {}
+        await other.reset_offset(b"billing", -1)  # no link left: allowed
 
     run(tmp_path, scenario)

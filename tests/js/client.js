@@ -3,7 +3,10 @@
 // Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
 //   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
 //       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
-//       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k
+//       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k;
+//       window: at most this many unconfirmed; hold_after: send only the first n and never end
+//       (the test kills the process); progress_every: a line {progress: {sent, outcomes,
+//       accepted}} every n outcomes and when holding (the report stays the last line)
 //   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition, active}],
 //       attach_properties; the step ends when the broker answered the detach; `exact`: credit
 //       for `count` deliveries only (a named consumer then stores exactly what it took)
@@ -122,18 +125,28 @@ function runStep(i) {
     sender.on("sender_open", (ctx) => {
       out.attach_properties = attachProperties(ctx.sender);
     });
-    sender.on("sendable", () => {
-      while (sender.sendable() && sent < step.bodies.length) {
+    const limit = step.hold_after === undefined ? step.bodies.length : step.hold_after;
+    let accepted = 0;
+    const progress = (force) => {
+      if (force || (step.progress_every && out.outcomes.length % step.progress_every === 0)) {
+        process.stdout.write(JSON.stringify({ progress: { sent, outcomes: out.outcomes.length, accepted } }) + "\n");
+      }
+    };
+    const pump = () => {
+      while (sender.sendable() && sent < limit && !(sent - out.outcomes.length >= step.window)) {
         const message = { body: step.bodies[sent] };
         if (step.first_publishing_id !== undefined) {
           message.message_annotations = { "x-opt-publishing-id": types.wrap_ulong(step.first_publishing_id + sent) };
         }
         sender.send(message);
         sent++;
+        if (sent === step.hold_after) progress(true); // holding: the step never ends
       }
-    });
-    sender.on("accepted", () => { out.outcomes.push("accepted"); done(); });
-    sender.on("rejected", (ctx) => { out.outcomes.push(errorOf(ctx.delivery.remote_state.error)); done(); });
+    };
+    const outcome = (value) => { out.outcomes.push(value); progress(false); pump(); done(); };
+    sender.on("sendable", pump);
+    sender.on("accepted", () => { accepted++; outcome("accepted"); });
+    sender.on("rejected", (ctx) => { outcome(errorOf(ctx.delivery.remote_state.error)); });
     sender.on("sender_error", (ctx) => { out.error = errorOf(ctx.sender.error); next(); });
   } else if (step.op === "consume") {
     const receiver = connection.open_receiver({

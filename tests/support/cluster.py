@@ -49,7 +49,9 @@ class Cluster:
         return pid
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return spate(*args, "--admin", self.admin, check=check)
+        """`spate ARGS` at the cluster's admin address, unless ARGS name one (`--admin`)."""
+        admin = () if "--admin" in args else ("--admin", self.admin)
+        return spate(*args, *admin, check=check)
 
     def cli_json(self, *args: str) -> Any:
         return json.loads(self.cli(*args, "--output", "json").stdout)
