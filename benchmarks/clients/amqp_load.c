@@ -11,6 +11,8 @@
  *   publish: [--producer-name NAME]  a deduplicating producer (ADR 0011): the link property
  *           spate:producer-name, and the message annotation x-opt-publishing-id = sequence
  *   publish: [--annotate]  the same annotation without a name (a control: same bytes, no dedup)
+ *   publish: [--group-keys]  a message annotation event-streams-group-key = the sequence as 10
+ *           decimal digits (a super stream's routing key, ADR 0014; on a plain stream a control)
  *
  * Every run prints exactly one JSON line on stdout (field names as in
  * /work/shared/peers/benchlib.py output); diagnostics go to stderr. Exit status 0 when the run
@@ -72,6 +74,7 @@ typedef struct {
     const char *host, *port, *address, *user, *password, *partition, *offset, *filter, *label;
     const char *producer_name; /* --producer-name: deduplicating producer, publishing id = seq */
     int annotate;              /* --annotate: the same x-opt-publishing-id, no producer name */
+    int group_keys;            /* --group-keys: event-streams-group-key = sequence, 10 digits */
     const char *self_path;
     long count, size, window, credit;
     double rate, duration, timeout_s;
@@ -83,6 +86,7 @@ typedef struct {
     /* publish */
     uint8_t *msg;      /* pre-encoded message */
     size_t msg_len, seq_at, ts_at, id_at; /* id_at: publishing id (0 = unnamed) */
+    size_t key_at;     /* the group key's 10 digits (0 = none) */
     long total;        /* messages to send */
     long sent, accepted, rejected, released, modified, settled_no_state;
     uint64_t *t_sent;  /* [total + 1] monotonic ns by sequence */
@@ -162,13 +166,21 @@ static void encode_message(app_t *a) {
     static const uint8_t annotations[] = {0x00, 0x53, 0x72, 0xc1, 31, 2, 0xa3, 19,
         'x', '-', 'o', 'p', 't', '-', 'p', 'u', 'b', 'l', 'i', 's', 'h', 'i', 'n', 'g', '-',
         'i', 'd', 0x80, 0, 0, 0, 0, 0, 0, 0, 0};
+    /* message-annotations {event-streams-group-key: str8 of 10 digits} (map8: size 38) */
+    static const uint8_t keyed[] = {0x00, 0x53, 0x72, 0xc1, 38, 2, 0xa3, 23,
+        'e', 'v', 'e', 'n', 't', '-', 's', 't', 'r', 'e', 'a', 'm', 's', '-', 'g', 'r', 'o',
+        'u', 'p', '-', 'k', 'e', 'y', 0xa1, 10, '0', '0', '0', '0', '0', '0', '0', '0', '0',
+        '0'};
     size_t n = (size_t)a->size, pre = n <= 255 ? 5 : 8;
-    size_t ma = a->producer_name || a->annotate ? sizeof annotations : 0;
+    const uint8_t *section = a->group_keys ? keyed : annotations;
+    size_t ma = a->producer_name || a->annotate ? sizeof annotations
+              : a->group_keys ? sizeof keyed : 0;
     a->msg_len = sizeof header + ma + pre + n;
     a->msg = malloc(a->msg_len);
     memcpy(a->msg, header, sizeof header);
-    memcpy(a->msg + sizeof header, annotations, ma);
-    a->id_at = ma ? sizeof header + ma - 8 : 0;
+    memcpy(a->msg + sizeof header, section, ma);
+    a->id_at = ma && !a->group_keys ? sizeof header + ma - 8 : 0;
+    a->key_at = a->group_keys ? sizeof header + ma - 10 : 0;
     uint8_t *p = a->msg + sizeof header + ma;
     p[0] = 0x00; p[1] = 0x53; p[2] = 0x75;
     if (n <= 255) {
@@ -345,6 +357,11 @@ static void pump_send(app_t *a) {
         uint64_t seq = (uint64_t)++a->sent;
         put_u64le(a->msg + a->seq_at, seq);
         if (a->id_at) put_u64be(a->msg + a->id_at, seq);
+        if (a->key_at) {
+            char digits[11];
+            snprintf(digits, sizeof digits, "%010llu", (unsigned long long)(seq % 10000000000ull));
+            memcpy(a->msg + a->key_at, digits, 10);
+        }
         put_u64le(a->msg + a->ts_at, real_ns());
         pn_delivery(l, pn_dtag((const char *)&seq, sizeof seq));
         uint64_t t = mono_ns();
@@ -781,7 +798,7 @@ static void usage(void) {
             "usage: amqp_load publish|consume|latency --address A [--host H] [--port P]\n"
             "  [--count N] [--size S] [--window W] [--credit C] [--rate R] [--duration D]\n"
             "  [--offset first|last|next|INT] [--filter rabbitmq|oasis|none]\n"
-            "  [--user U --password P] [--partition ID] [--producer-name NAME] [--annotate]\n"
+            "  [--user U --password P] [--partition ID] [--producer-name NAME] [--annotate] [--group-keys]\n"
             "  [--timeout S] [--label TEXT]\n");
     exit(2);
 }
@@ -831,7 +848,8 @@ int main(int argc, char **argv) {
     else usage();
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
-        if (!strcmp(o, "--annotate")) { a.annotate = 1; continue; } /* the one flag */
+        if (!strcmp(o, "--annotate")) { a.annotate = 1; continue; } /* the flags */
+        if (!strcmp(o, "--group-keys")) { a.group_keys = 1; continue; }
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
         if (!strcmp(o, "--host")) a.host = v;
@@ -854,6 +872,10 @@ int main(int argc, char **argv) {
         else usage();
     }
     if (!a.address) usage();
+    if (a.group_keys && (a.producer_name || a.annotate)) {
+        fprintf(stderr, "--group-keys goes without --producer-name and --annotate\n");
+        exit(2);
+    }
     if (a.size < 16) { fprintf(stderr, "--size must be >= 16 (sequence + timestamp)\n"); exit(2); }
     if (a.window < 1 || a.credit < 1 || a.credit > 1000000000) { fprintf(stderr, "bad window/credit\n"); exit(2); }
     if (strcmp(a.filter, "rabbitmq") && strcmp(a.filter, "oasis") && strcmp(a.filter, "none")) usage();
