@@ -12,7 +12,7 @@ the same checks.
 
 Pluggable: a `SimPlugin` gives the replicas' state machine (`SimStateMachine`), the workload
 (the next command's bytes) and the cross-replica invariants. Later features (consumer-group
-epochs, stored offsets, super-stream topology) add a plugin to `PLUGINS`; the loop, the faults
+epochs, stored offsets) add a plugin to `PLUGINS`; the loop, the faults
 and the Raft-level checker are shared. `python -m spate.sim --model metadata`.
 
 Invariants (after every applied entry), on top of the Raft ones of checker.py:
@@ -25,6 +25,10 @@ Invariants (after every applied entry), on top of the Raft ones of checker.py:
 - `version-monotonic` and `heartbeat-monotonic`: the state version and each node's heartbeat
   never go backwards on a replica (within an incarnation);
 - `placement-valid`: every placed partition has `replicas` distinct registered nodes.
+
+The workload creates and deletes streams and super streams over shared names (so the
+super-stream clash refusals happen too); determinism and the dump round trip cover the
+super-stream topology (ADR 0014).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from spate.cluster.metadata.state import (
     Barrier,
     Command,
     CreateStream,
+    CreateSuperStream,
     DeleteStream,
+    DeleteSuperStream,
     Heartbeat,
     MetadataState,
     RegisterNode,
@@ -50,6 +56,7 @@ from spate.cluster.metadata.state import (
 )
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import define
 from spate.node.replication.messages import Entry
 from spate.sim.checker import InvariantViolation
 from spate.sim.cluster import SimCluster, SimOptions, SimResult
@@ -247,8 +254,8 @@ class MetadataPlugin:
         skew = self._skews[node] = self._skews[node] + rng.randint(-5, 50)
         now = max(0, now_ms + skew)
         kind = rng.choices(
-            ("register", "heartbeat", "create", "delete", "leader", "barrier"),
-            (2, 4, 2, 1, 5, 1),
+            ("register", "heartbeat", "create", "delete", "leader", "barrier", "super", "unsuper"),
+            (2, 4, 2, 1, 5, 1, 1, 1),
         )[0]
         command: Command
         if kind == "register":
@@ -289,6 +296,20 @@ class MetadataPlugin:
                 rng.choice(replicas),
                 LeaderEpoch(max(0, epoch - rng.choice((0, 0, 0, 1, 2)))),
             )
+        elif kind == "super":
+            # names shared with plain streams, so clashes (failed-precondition) happen too
+            name = rng.choice(_STREAMS)
+            topology = (
+                define(name, partitions=rng.randint(1, 3))
+                if rng.random() < 0.5
+                else define(name, binding_keys=("a", "b"))
+            )
+            config = StreamConfig(name, replicas=rng.randint(1, 3))
+            command = CreateSuperStream(
+                request, topology, config, now, default_replicas=rng.random() < 0.2
+            )
+        elif kind == "unsuper":
+            command = DeleteSuperStream(request, rng.choice(_STREAMS))
         else:
             command = Barrier(request)
         payload = codec.encode_command(command)
