@@ -14,6 +14,7 @@ from typing import Protocol
 
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 
 
 class OffsetSpecKind(Enum):
@@ -227,6 +228,11 @@ class Broker(Protocol):
 
     def lookup(self, name: StreamName) -> Awaitable[StreamConfig]:
         """The stream's configuration; raises NotFound for an unknown stream."""
+        ...
+
+    def super_stream(self, name: StreamName) -> Awaitable[SuperStream]:
+        """A super stream's topology (ADR 0014); raises NotFound for an unknown one, and
+        NotImplementedFeature where this broker cannot route its messages."""
         ...
 
     def partition(

@@ -136,6 +136,14 @@ def define(
     return SuperStream(StreamName(name), tuple(streams), keys, routing or default, 0)
 
 
+def unknown(name: str) -> NotFound:
+    """The refusal for an address that is neither a stream nor a super stream."""
+    return NotFound(
+        f"stream or super stream {name!r} does not exist; create it with `spate stream create "
+        f"{name}` or `spate superstream create {name} --partitions N`"
+    )
+
+
 def routing_key(group_key: object | None, message_id: object | None) -> str:
     """The routing key of a message from its `event-streams-group-key` annotation and its
     `message-id` property (None when absent), as the module docstring's table says."""

@@ -15,6 +15,7 @@ from typing import Any
 from spate.core import limits
 from spate.core.backend import Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
+    BrokerError,
     InvalidArgument,
     NotFound,
     NotImplementedFeature,
@@ -22,6 +23,8 @@ from spate.core.errors import (
     Unavailable,
 )
 from spate.core.ids import Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 from spate.gateway.filters import StartSelection, parse_filters
 
 INFO_NODE = "$info"
@@ -107,6 +110,9 @@ class ProducerPlan:
     round_robin: int = 0
     producer: bytes | None = None
     """The `spate:producer-name` (UTF-8) of a deduplicating link; it is partition-bound."""
+    super_stream: SuperStream | None = None
+    """A link to a super stream (ADR 0014): each message is routed by its routing key;
+    `targets[i]` is partition 0 of the partition stream `super_stream.partitions[i]`."""
 
     def route(self, target: Any) -> PartitionId:
         """Partition for one message; `target` is its event-streams-target-partition or None.
@@ -134,7 +140,12 @@ async def plan_producer(
 ) -> ProducerPlan:
     if address.info:
         raise InvalidArgument(f"'{address.stream}/$info' is a source: it cannot be sent to")
-    config = await broker.lookup(address.stream)
+    try:
+        config = await broker.lookup(address.stream)
+    except NotFound:
+        return await plan_super_producer(
+            broker, await broker.super_stream(address.stream), properties
+        )
     requested = properties.get(PARTITION_PROPERTY)
     plan = ProducerPlan(address.stream, config.partitions, None)
     if requested is not None:
@@ -153,6 +164,50 @@ async def plan_producer(
             broker, address.stream, PartitionId(pid), plan.bound is None, write=True
         )
     return plan
+
+
+async def plan_super_producer(
+    broker: Broker, topology: SuperStream, properties: dict[Any, Any]
+) -> ProducerPlan:
+    """A sender on a super stream: partition-agnostic over its partition streams, each
+    served here when led here and relayed otherwise (like an agnostic link's partitions)."""
+    name = topology.name
+    for key in (PARTITION_PROPERTY, PRODUCER_NAME_PROPERTY):
+        if properties.get(key) is not None:
+            raise InvalidArgument(
+                f"'{key}' is not taken on super stream {name!r}: the broker routes each message "
+                "by its routing key; to publish to one partition, attach to its stream "
+                f"({topology.partitions[0]!r}, ...)"
+            )
+    plan = ProducerPlan(name, len(topology.partitions), None, super_stream=topology)
+    try:
+        for index, stream in enumerate(topology.partitions):
+            await broker.lookup(stream)
+            plan.targets[PartitionId(index)] = partition_or_agnostic_error(
+                broker, stream, PartitionId(0), True, write=True
+            )
+    except BaseException:
+        for target in plan.targets.values():
+            target.detach()
+        raise
+    return plan
+
+
+async def lookup_source(broker: Broker, name: StreamName) -> StreamConfig:
+    """broker.lookup for a consumer; a super stream's name says where to consume instead."""
+    try:
+        return await broker.lookup(name)
+    except NotFound as unknown:
+        try:
+            topology = await broker.super_stream(name)
+        except BrokerError:
+            raise unknown from None
+        shown = ", ".join(repr(p) for p in topology.partitions[:3])
+        more = ", ..." if len(topology.partitions) > 3 else ""
+        raise NotFound(
+            f"{name!r} is a super stream: consume from its partition streams ({shown}{more}), "
+            "one link each"
+        ) from None
 
 
 def producer_name(properties: dict[Any, Any]) -> bytes | None:
@@ -314,7 +369,7 @@ class ConsumerPlan:
 async def plan_consumer(
     broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
 ) -> ConsumerPlan:
-    config = await broker.lookup(address.stream)
+    config = await lookup_source(broker, address.stream)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
     bound: PartitionId | None = None

@@ -31,7 +31,7 @@ import logging
 import os
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,7 @@ from spate.core.backend import (
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 from spate.gateway.routes import Route, RoutingTable
 
 log = logging.getLogger(__name__)
@@ -294,9 +295,16 @@ class Sessions:
 class RemoteBroker:
     """spate.core.backend.Broker for a gateway in proxy mode (see the module docstring)."""
 
-    def __init__(self, table: RoutingTable, sessions: Sessions) -> None:
+    def __init__(
+        self,
+        table: RoutingTable,
+        sessions: Sessions,
+        refresh: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.table = table
         self.sessions = sessions
+        self.refresh = refresh
+        """Reads the routes now (a gateway's metadata refresh), for names they do not hold."""
         self.configs: dict[StreamName, StreamConfig] = {}
         """Streams asked of a node since the table last had them."""
         self.changed = asyncio.Event()
@@ -335,6 +343,16 @@ class RemoteBroker:
             self.configs[name] = config
             return config
         raise error
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        """From the routes; a name they do not hold (a super stream created since the last
+        refresh, or none) is looked for again after reading the routes now."""
+        if name not in self.table.routes.super_streams and self.refresh is not None:
+            await self.refresh()
+        routes = self.table.routes
+        if routes.version < 0:
+            raise Unavailable("the gateway has not reached the metadata service yet; retry")
+        return routes.super_stream(name)
 
     def _config(self, name: StreamName) -> StreamConfig:
         config = self.table.routes.streams.get(name) or self.configs.get(name)

@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spate.core.backend import Broker, Partition
-from spate.core.errors import NotFound, NotLeader, Unavailable
+from spate.core.errors import NotFound, NotImplementedFeature, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,15 @@ class Routes:
     """Each node's advertised AMQP host and port."""
     replication: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
     """Each node's replication port, where gateways open wire sessions (proxy mode)."""
+    super_streams: Mapping[StreamName, SuperStream] = field(default_factory=dict)
+    """Super-stream topologies (ADR 0014), each with the metadata version that created it."""
+
+    def super_stream(self, name: StreamName) -> SuperStream:
+        """The topology; NotFound naming it when this picture does not hold it."""
+        topology = self.super_streams.get(name)
+        if topology is None:
+            raise unknown(name)
+        return topology
 
 
 class RoutingTable:
@@ -101,6 +111,18 @@ class RedirectBroker:
                 leader_node=node,
             )
         return config
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        """Served through the proxy broker when this gateway has one: a super stream's
+        messages go to several leaders, which one redirect cannot express."""
+        if self.relay is not None:
+            return await self.relay.super_stream(name)
+        self.table.routes.super_stream(name)  # NotFound for an unknown one
+        raise NotImplementedFeature(
+            f"{name!r} is a super stream: each message goes to its partition's leader, which a "
+            "redirect-mode gateway cannot do; use proxy mode (the 'spate:gateway-mode' "
+            "property 'proxy', a gateway run with the cluster secret) or connect to a node"
+        )
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -1,0 +1,230 @@
+"""Publishing to a super stream (issue 8, ADR 0014; 004 "Super Streams") through
+python-qpid-proton and rhea, against every broker of the gateway suite (memory, node, proxy).
+
+Contract: a sender attached to the super stream's name routes each message to one partition
+stream — hash routing: unsigned 32-bit MurmurHash3 (seed 104729) of the routing key modulo the
+partition count, as RabbitMQ's stream clients; key routing: the partition whose binding key is
+the routing key. The routing key is the `event-streams-group-key` message annotation, else the
+message-id property. A message is `accepted` once its partition stored it; one with no routing
+key, or no matching binding, is `rejected` and the link goes on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from proton import Delivery, Message, Timeout, symbol
+from spate.core.superstreams import SuperStream, define, hash_partition
+from support.amqp_clients import (
+    LinkProperties,
+    LoopThread,
+    RunningGateway,
+    blocking,
+    offset_filter,
+    receive,
+    run_rhea,
+    unique,
+)
+from support.memory_broker import MemoryBroker
+from support.node_broker import NodeBroker
+from support.proxy_broker import ProxyBroker
+
+GROUP_KEY = symbol("event-streams-group-key")
+
+
+@pytest.fixture
+def make_super(
+    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker | ProxyBroker
+) -> Callable[..., SuperStream]:
+    def make(**kwargs: Any) -> SuperStream:
+        topology = define(unique("ss"), **kwargs)
+        if isinstance(broker, NodeBroker | ProxyBroker):
+            loop_thread.call(broker.create_super_stream(topology))
+        else:
+            loop_thread.run(lambda: broker.create_super_stream(topology))
+        return topology
+
+    return make
+
+
+def keyed(body: str, key: str) -> Message:
+    return Message(body=body, annotations={GROUP_KEY: key})
+
+
+def bodies_of(gateway: RunningGateway, stream: str, count: int) -> list[Any]:
+    """The stream's first `count` bodies, and a check that there is nothing after them."""
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=500, options=[offset_filter("first")]
+        )
+        got = [m.body for m in receive(receiver, count)]
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=0.3)
+        return got
+
+
+def rejected(sender: Any, msg: Message) -> tuple[str, str]:
+    delivery = sender.link.send(msg)
+    sender.connection.wait(lambda: bool(delivery.remote_state), 5)
+    assert delivery.remote_state == Delivery.REJECTED, delivery.remote_state
+    condition = delivery.remote.condition
+    return condition.name, condition.description
+
+
+def test_hash_routing_sends_each_key_where_rabbitmq_clients_do(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    topology = make_super(partitions=3)
+    keys = [f"hello{i}" for i in range(1, 11)] + ["hello88"]
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        for key in keys:
+            assert sender.send(keyed(f"m-{key}", key)).remote_state == Delivery.ACCEPTED
+        # no annotation: the message-id is the routing key (a string, or a uuid's text)
+        assert sender.send(Message(id="hello4", body="by-id")).remote_state == Delivery.ACCEPTED
+        ident = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+        assert sender.send(Message(id=ident, body="by-uuid")).remote_state == Delivery.ACCEPTED
+    expected: list[list[str]] = [[], [], []]
+    for key in keys:
+        expected[hash_partition(key, 3)].append(f"m-{key}")
+    expected[2].append("by-id")  # hello4 -> partition 2 (the go client's table)
+    expected[hash_partition(str(ident), 3)].append("by-uuid")
+    assert expected[0][0] == "m-hello2" and "m-hello1" in expected[1]
+    for index, stream in enumerate(topology.partitions):
+        assert bodies_of(gateway, stream, len(expected[index])) == expected[index]
+
+
+def test_key_routing_and_unroutable_messages(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    topology = make_super(binding_keys=("amer", "emea", "apac"))
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        for body, key in (("a1", "emea"), ("a2", "apac"), ("a3", "emea")):
+            assert sender.send(keyed(body, key)).remote_state == Delivery.ACCEPTED
+        name, text = rejected(sender, keyed("lost", "asia"))
+        assert name == "amqp:not-found"
+        assert f"super stream {topology.name!r} has no binding key 'asia'" in text
+        name, text = rejected(sender, Message(body="no key"))
+        assert name == "amqp:invalid-field" and "no routing key" in text
+        name, text = rejected(sender, Message(body="bad", annotations={GROUP_KEY: 1.5}))
+        assert name == "amqp:invalid-field" and "event-streams-group-key" in text
+        # the link goes on
+        assert sender.send(keyed("a4", "amer")).remote_state == Delivery.ACCEPTED
+    assert bodies_of(gateway, topology.partitions[0], 1) == ["a4"]
+    assert bodies_of(gateway, topology.partitions[1], 2) == ["a1", "a3"]
+    assert bodies_of(gateway, topology.partitions[2], 1) == ["a2"]
+
+
+def test_attach_refusals_name_the_problem(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    topology = make_super(partitions=2)
+    with blocking(gateway) as conn:
+        with pytest.raises(Exception) as refused:
+            conn.create_sender(unique("ghost"), name=unique("tx"))
+        assert "amqp:not-found" in str(refused.value)
+        assert "stream or super stream 'ghost" in str(refused.value)
+        for key, value in (
+            ("event-streams-partition", symbol("1")),
+            ("spate:producer-name", "p"),
+        ):
+            with pytest.raises(Exception) as refused:
+                conn.create_sender(
+                    topology.name,
+                    name=unique("tx"),
+                    options=LinkProperties({symbol(key): value}),
+                )
+            assert "amqp:invalid-field" in str(refused.value)
+            assert f"'{key}' is not taken on super stream" in str(refused.value)
+        with pytest.raises(Exception) as refused:
+            conn.create_receiver(topology.name, name=unique("rx"))
+        assert "amqp:not-found" in str(refused.value)
+        assert "is a super stream: consume from its partition streams" in str(refused.value)
+        # consuming: a partition stream is an ordinary stream
+        conn.create_receiver(topology.partitions[1], name=unique("rx"))
+
+
+def test_rhea_publishes_to_a_super_stream(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    topology = make_super(partitions=3)
+    keys = ["hello1", "hello2", "hello4", None]
+    report = run_rhea(
+        gateway,
+        [
+            {
+                "op": "publish",
+                "address": topology.name,
+                "bodies": ["r1", "r2", "r4", "no-key"],
+                "group_keys": keys,
+                "message_ids": [None, None, None, "hello2"],
+            },
+            {
+                "op": "consume",
+                "address": topology.partitions[0],
+                "count": 2,
+                "filter": {"f": {"descriptor": 0x200, "type": "string", "value": "first"}},
+            },
+        ],
+    )
+    assert "error" not in report, report
+    publish, consume = report["steps"]
+    assert publish["outcomes"] == ["accepted"] * 4
+    assert [m["body"] for m in consume["messages"]] == ["r2", "no-key"]  # hello2 -> 0
+    assert bodies_of(gateway, topology.partitions[1], 1) == ["r1"]
+    assert bodies_of(gateway, topology.partitions[2], 1) == ["r4"]
+
+
+def test_a_redirect_gateway_without_proxy_refuses_super_streams_pointing_at_proxy_mode() -> None:
+    import asyncio
+
+    from spate.core.errors import NotFound, NotImplementedFeature
+    from spate.core.ids import StreamName
+    from spate.gateway.routes import RedirectBroker, Routes, RoutingTable
+
+    topology = define("invoices", partitions=2)
+    table = RoutingTable()
+    table.update(Routes(3, super_streams={topology.name: topology}))
+    broker = RedirectBroker(table)
+    with pytest.raises(NotImplementedFeature, match="use proxy mode"):
+        asyncio.run(broker.super_stream(topology.name))
+    with pytest.raises(NotFound, match="stream or super stream 'ghost' does not exist"):
+        asyncio.run(broker.super_stream(StreamName("ghost")))
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (Message(body="x"), (None, None)),
+        (Message(body="x", id="m-1"), (None, "m-1")),
+        (Message(body="x", id=7), (None, 7)),
+        (Message(body="x", id=b"raw"), (None, b"raw")),
+        (
+            Message(body="x", id=uuid.UUID(int=5)),
+            (None, uuid.UUID("00000000-0000-0000-0000-000000000005")),
+        ),
+        (Message(body="x", id="m-1", annotations={GROUP_KEY: "eu"}), ("eu", "m-1")),
+        (Message(body="x", subject="no id", annotations={GROUP_KEY: "eu"}), ("eu", None)),
+        (Message(body="x", durable=True, id="with-header"), (None, "with-header")),
+    ],
+)
+def test_routing_fields_read_the_group_key_and_the_message_id(
+    message: Message, expected: tuple[Any, Any]
+) -> None:
+    from spate.gateway import sections
+
+    assert sections.routing_fields(message.encode()) == expected
+
+
+def test_routing_fields_read_large_and_symbolic_layouts() -> None:
+    from spate.gateway import codec, sections
+
+    properties = codec.encode(codec.Described(codec.Symbol("amqp:properties:list"), ["big" * 100]))
+    body = codec.encode(codec.Described(codec.ULong(0x77), "b"))
+    assert sections.routing_fields(properties + body) == (None, "big" * 100)
+    with pytest.raises(sections.MalformedMessage):
+        sections.routing_fields(codec.encode(codec.Described(codec.ULong(0x73), "not a list")))
