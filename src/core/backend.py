@@ -235,6 +235,11 @@ class Broker(Protocol):
         NotImplementedFeature where this broker cannot route its messages."""
         ...
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        """The version of the super stream's topology as this broker knows it now (None: not
+        known, e.g. deleted). A link routing by another version is stale (ADR 0014)."""
+        ...
+
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> Partition:

@@ -8,7 +8,7 @@ Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-inform
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from spate.core import limits
 from spate.core.backend import Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
     BrokerError,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     NotImplementedFeature,
@@ -113,6 +114,24 @@ class ProducerPlan:
     super_stream: SuperStream | None = None
     """A link to a super stream (ADR 0014): each message is routed by its routing key;
     `targets[i]` is partition 0 of the partition stream `super_stream.partitions[i]`."""
+    current_version: Callable[[], int | None] | None = None
+    """Super-stream links: the topology's version as the broker knows it now; the link is
+    stale (ended before its next batch) when it differs from `super_stream.version`."""
+
+    def stale(self) -> BrokerError | None:
+        """Why a super-stream link may not route by its topology any more (None: it may)."""
+        topology = self.super_stream
+        if topology is None or self.current_version is None:
+            return None
+        version = self.current_version()
+        if version == topology.version:
+            return None
+        if version is None:
+            return NotFound(f"super stream {topology.name!r} was deleted")
+        return FailedPrecondition(
+            f"super stream {topology.name!r} was recreated (version {version}; this link routes "
+            f"by version {topology.version}): attach again"
+        )
 
     def route(self, target: Any) -> PartitionId:
         """Partition for one message; `target` is its event-streams-target-partition or None.
@@ -180,6 +199,7 @@ async def plan_super_producer(
                 f"({topology.partitions[0]!r}, ...)"
             )
     plan = ProducerPlan(name, len(topology.partitions), None, super_stream=topology)
+    plan.current_version = lambda: broker.super_stream_version(name)
     try:
         for index, stream in enumerate(topology.partitions):
             await broker.lookup(stream)

@@ -363,6 +363,9 @@ class ProducerPart:
                 self._flush_named(producer)
                 continue
             batches, producer.routed = producer.routed, {}
+            if plan.super_stream is not None and (stale := plan.stale()) is not None:
+                self._end_stale(producer, batches, stale)
+                continue
             records, deliveries = producer.records, producer.deliveries
             if records:
                 producer.records, producer.deliveries = [], []
@@ -382,6 +385,20 @@ class ProducerPart:
                     self._append(
                         producer, pid, batch_records[start:end], batch_deliveries[start:end]
                     )
+
+    def _end_stale(
+        self,
+        producer: ProducerLink,
+        batches: dict[PartitionId, tuple[list[bytes], list[Any]]],
+        reason: BrokerError,
+    ) -> None:
+        """A super-stream link whose topology changed: nothing more is routed by it."""
+        error = amqp_error(reason)
+        for _, deliveries in batches.values():
+            for delivery in deliveries:
+                if delivery is not None:
+                    self._reject_counted(delivery, error)
+        self.host.end_producer(producer, error)
 
     def _flush_named(self, producer: ProducerLink) -> None:
         """A named link's batch, to its bound partition, with its publishing ids."""

@@ -354,6 +354,9 @@ class RemoteBroker:
             raise Unavailable("the gateway has not reached the metadata service yet; retry")
         return routes.super_stream(name)
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        return self.table.routes.super_stream_version(name)
+
     def _config(self, name: StreamName) -> StreamConfig:
         config = self.table.routes.streams.get(name) or self.configs.get(name)
         if config is None:

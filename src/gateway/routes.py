@@ -59,6 +59,10 @@ class Routes:
             raise unknown(name)
         return topology
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
 
 class RoutingTable:
     """The newest Routes seen; older pictures are refused (revision fencing)."""
@@ -123,6 +127,11 @@ class RedirectBroker:
             "redirect-mode gateway cannot do; use proxy mode (the 'spate:gateway-mode' "
             "property 'proxy', a gateway run with the cluster secret) or connect to a node"
         )
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        if self.relay is not None:
+            return self.relay.super_stream_version(name)
+        return self.table.routes.super_stream_version(name)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from proton import Delivery, Message, Timeout, symbol
+from proton.utils import LinkDetached
 from spate.core.superstreams import SuperStream, define, hash_partition
 from support.amqp_clients import (
     LinkProperties,
@@ -71,6 +72,17 @@ def rejected(sender: Any, msg: Message) -> tuple[str, str]:
     sender.connection.wait(lambda: bool(delivery.remote_state), 5)
     assert delivery.remote_state == Delivery.REJECTED, delivery.remote_state
     condition = delivery.remote.condition
+    return condition.name, condition.description
+
+
+def ended(sender: Any, msg: Message) -> tuple[str, str]:
+    """Send and expect the message rejected and the link detached with the same error."""
+    delivery = sender.link.send(msg)
+    with pytest.raises(LinkDetached) as detached:
+        sender.connection.wait(lambda: False, 5)
+    assert delivery.remote_state == Delivery.REJECTED, delivery.remote_state
+    assert delivery.remote.condition.name == detached.value.link.remote_condition.name
+    condition = detached.value.link.remote_condition
     return condition.name, condition.description
 
 
@@ -228,3 +240,40 @@ def test_routing_fields_read_large_and_symbolic_layouts() -> None:
     assert sections.routing_fields(properties + body) == (None, "big" * 100)
     with pytest.raises(sections.MalformedMessage):
         sections.routing_fields(codec.encode(codec.Described(codec.ULong(0x73), "not a list")))
+
+
+def test_a_link_routing_by_a_stale_topology_is_ended(
+    loop_thread: LoopThread,
+    broker: MemoryBroker | NodeBroker | ProxyBroker,
+    gateway: RunningGateway,
+    make_super: Callable[..., SuperStream],
+) -> None:
+    """Versions (ADR 0014): a link keeps the topology it attached with; once the broker knows
+    another version (the super stream was recreated) or none (deleted), its next batch is
+    rejected and the link ended; a new link routes by the current topology."""
+    from dataclasses import replace
+
+    topology = make_super(partitions=3)
+    held = broker.node.super_streams if isinstance(broker, ProxyBroker) else broker.super_streams
+
+    def change(version: int | None) -> None:
+        if version is None:
+            del held[topology.name]
+        else:
+            held[topology.name] = replace(topology, version=version)
+        if isinstance(broker, ProxyBroker):
+            broker.refresh()
+
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        assert sender.send(keyed("v0", "hello1")).remote_state == Delivery.ACCEPTED
+        loop_thread.run(lambda: change(topology.version + 1))
+        name, text = ended(sender, keyed("stale", "hello1"))
+        assert name == "amqp:precondition-failed"
+        assert f"super stream {topology.name!r} was recreated" in text and "attach again" in text
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        assert sender.send(keyed("v1", "hello1")).remote_state == Delivery.ACCEPTED
+        loop_thread.run(lambda: change(None))
+        name, text = ended(sender, keyed("gone", "hello1"))
+        assert (name, text) == ("amqp:not-found", f"super stream {topology.name!r} was deleted")
+    assert bodies_of(gateway, topology.partitions[1], 2) == ["v0", "v1"]

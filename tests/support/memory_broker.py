@@ -248,6 +248,10 @@ class MemoryBroker:
             raise unknown(name)
         return topology
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
     def release(self) -> int:
         """Commit every held append of every partition (commit_delay_s=None)."""
         return sum(p.release() for p in self.partitions.values())

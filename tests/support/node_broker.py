@@ -65,6 +65,10 @@ class NodeBroker:
             raise unknown(name)
         return topology
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)
 

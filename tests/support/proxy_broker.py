@@ -71,6 +71,9 @@ class ProxyBroker:
             raise unknown(name)
         return await self.remote.super_stream(name)
 
+    def super_stream_version(self, name: StreamName) -> int | None:
+        return None if self.remote is None else self.remote.super_stream_version(name)
+
     async def close(self) -> None:
         if self.sessions is not None:
             await self.sessions.close()
