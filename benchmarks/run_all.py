@@ -9,7 +9,9 @@ Parts, in order:
             per message (gateway_cpu.py) with the native load client; `spate dev down`
   spate -n3 (--nodes 3) `spate dev up --nodes 3`, streams with 3 replicas, W1 (producer
             redirected to the leader), W2/W3 (consumer on a follower; W3 again on the leader);
-            then failover.py (--kills leader kills) and partitions.py (1, 3, 12 partitions)
+            then failover.py (--kills leader kills) and partitions.py (1, 3, 12 partitions),
+            stream_features.py (W1 named vs unnamed producers) and offset_commits.py
+            (commits per second and commit latency), one run each
   peers     (--peers) ../shared/peers: RabbitMQ 3.10 single node (streams, rstream client, and
             AMQP 1.0 with the same native load client as Spate) and NATS JetStream single
             (nats-py raw publisher), the same workload, then stopped
@@ -62,6 +64,7 @@ PEER_BENCH_TIMEOUT_S = 900.0
 PEER_STOP_TIMEOUT_S = 120.0
 FAILOVER_TIMEOUT_S = 1200.0
 PARTITIONS_TIMEOUT_S = 900.0
+STREAM_FEATURES_TIMEOUT_S = 900.0
 RABBITMQ_AMQP10_W2_COUNT = 60_000
 """RabbitMQ 3.10's AMQP 1.0 stream consumers stall after ~65,535 + credit messages
 (../shared/peers/RESULTS.md): W2 over AMQP 1.0 reads fewer."""
@@ -524,6 +527,8 @@ def main() -> int:
     storage, spate = Part("storage"), Part("spate")
     failover = Part("failover") if a.nodes > 1 else None
     partitions = Part("partitions") if a.nodes > 1 else None
+    features = Part("stream features") if a.nodes > 1 else None
+    commits = Part("offset commits") if a.nodes > 1 else None
     peers = Part("peers") if a.peers else None
     for part, fn, skip in (
         (storage, run_storage, a.no_storage),
@@ -558,9 +563,31 @@ def main() -> int:
             ),
             a.nodes == 1 or a.no_spate,
         ),
+        (
+            features,
+            lambda p: run_script(
+                p,
+                "stream_features.py",
+                ["--runs", "1", "--count", str(w.count)],
+                a.out_dir / "spate-cluster3-stream-features.jsonl",
+                STREAM_FEATURES_TIMEOUT_S,
+            ),
+            a.nodes == 1 or a.no_spate,
+        ),
+        (
+            commits,
+            lambda p: run_script(
+                p,
+                "offset_commits.py",
+                ["--runs", "1", "--commits", "500" if a.quick else "2000"],
+                a.out_dir / "spate-cluster3-offset-commits.jsonl",
+                STREAM_FEATURES_TIMEOUT_S,
+            ),
+            a.nodes == 1 or a.no_spate,
+        ),
         (peers, lambda p: run_peers(p, w, a.out_dir, peer_mode), peers is None),
     ):
-        if part is None or (skip and part in (failover, partitions)):
+        if part is None or (skip and part in (failover, partitions, features, commits)):
             continue
         parts.append(part)
         if skip:

@@ -203,7 +203,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="List, per partition of STREAM, every consumer name with its stored "
         "offset (the last message it is done with; it resumes at the next), when it was "
         "stored and how many of its links are attached at the answering node (counted where "
-        "the partition is led), as the answering node's replicas hold them. A partition "
+        "the partition is led) — of those, how many form its single-active-consumer group, "
+        "one of which receives — as the answering node's replicas hold them. A partition "
         f"remembers at most {limits.consumer_names_max} names; past that the name stored least "
         "recently is forgotten.",
     )
@@ -491,6 +492,7 @@ def _consumers(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[int
             "offset": c.offset,
             "timestamp_ms": c.timestamp_ms,
             "attached": c.attached,
+            "single_active_group": c.group,
         }
         for c in response.consumers
     ]
@@ -505,13 +507,14 @@ def _print_consumers(
         "consumers",
         consumers,
         here,
-        ["PARTITION", "CONSUMER", "OFFSET", "STORED", "ATTACHED"],
+        ["PARTITION", "CONSUMER", "OFFSET", "STORED", "ATTACHED", "SAC GROUP"],
         lambda c: [
             str(c["partition"]),
             c["name"],
             str(c["offset"]),
             output.timestamp(c["timestamp_ms"]),
             str(c["attached"]),
+            str(c["single_active_group"] or "-"),
         ],
     )
 

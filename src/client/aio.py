@@ -59,12 +59,15 @@ P_PRODUCER_NAME = "spate:producer-name"
 P_LAST_PUBLISHING_ID = "spate:last-publishing-id"
 P_CONSUMER_NAME = "spate:consumer-name"
 P_STORED_OFFSET = "spate:stored-offset"
+P_SINGLE_ACTIVE = "spate:single-active-consumer"
+P_ACTIVE = "spate:active"
 A_PUBLISHING_ID = "x-opt-publishing-id"
 _MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
 """Message annotations {x-opt-publishing-id: ulong}, up to the 8 bytes of the id."""
 _DA_OFFSET = "event-streams-offset"
 _DA_TIMESTAMP = "event-streams-timestamp"
 _DA_SOURCE = "event-streams-source-partition"
+_DA_ACTIVE = "spate:active"
 
 Body = bytes | bytearray | eng.Message
 """A body (framed as one data section) or a `proton.Message` (encoded by proton)."""
@@ -169,7 +172,9 @@ class AsyncProducer:
         urls = [url] if isinstance(url, str) else list(url)
         self._core: ProducerCore[Token] = ProducerCore(window, reconnect_timeout_s > 0)
         self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
-        properties = {} if partition is None else {P_PARTITION: str(partition)}
+        properties: dict[str, str | bool] = {}
+        if partition is not None:
+            properties[P_PARTITION] = str(partition)
         self._spec = eng.LinkSpec(f"spate-producer-{uuid.uuid4().hex[:12]}", stream, properties)
         self._timeout_s = timeout_s
         self._user, self._password = user, password
@@ -400,6 +405,7 @@ class AsyncConsumer:
         password: str | None = None,
         name: str | None = None,
         commit: str = "auto",
+        single_active: bool = False,
         sink: Callable[[Event | BaseException], None] | None = None,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
@@ -414,12 +420,17 @@ class AsyncConsumer:
         start `stored` resumes after it. `commit="auto"`: an event is finished when the
         application asks for the next one (or its handler returns, or at `close`), and the
         broker stores in batches; `commit="manual"`: only `commit()` stores, and returns once
-        the offset is replicated. `sink` is for the blocking layer: events (and the final
-        error) go there instead."""
+        the offset is replicated. `single_active` (with a name) joins the name's single active
+        consumer group (`spate:single-active-consumer`, ADR 0013): one member receives, the
+        others wait attached, and the next takes over after the stored offset when it goes;
+        `active` says which this one is. `sink` is for the blocking layer: events (and the
+        final error) go there instead."""
         if commit not in ("auto", "manual"):
             raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
-        if name is None and (start == "stored" or commit != "auto"):
-            raise ValueError("start='stored' and commit='manual' need a consumer name (name=...)")
+        if name is None and (start == "stored" or commit != "auto" or single_active):
+            raise ValueError(
+                "start='stored', commit='manual' and single_active need a consumer name (name=...)"
+            )
         if start is None:
             start = "next" if name is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
@@ -428,6 +439,8 @@ class AsyncConsumer:
         if name is not None:
             self._properties[P_CONSUMER_NAME] = name
             self.name, self._manual = name, commit == "manual"
+        if single_active:
+            self._properties[P_SINGLE_ACTIVE] = True
         engine, link = await _connect(
             self._connector, self._spec, timeout_s, self._user, self._password
         )
@@ -448,7 +461,9 @@ class AsyncConsumer:
         self._core = ConsumerCore(start, credit)
         self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
         self._stream = stream
-        self._properties = {} if partition is None else {P_PARTITION: str(partition)}
+        self._properties: dict[str, str | bool] = {}
+        if partition is not None:
+            self._properties[P_PARTITION] = str(partition)
         self._name = f"spate-consumer-{uuid.uuid4().hex[:12]}"
         self._timeout_s, self._reconnecting_allowed = timeout_s, reconnect_timeout_s > 0
         self._user: str | None = None
@@ -480,6 +495,9 @@ class AsyncConsumer:
         self.stored_offset: int | None = None
         """Named consumers: the broker's stored offset when the link attached
         (`spate:stored-offset`), then the last offset a `commit()` confirmed."""
+        self.active = True
+        """Single active consumer: whether this member receives (`spate:active` on the attach
+        reply; a standby turns True with the first delivery after it took over)."""
 
     def _spec(self) -> eng.LinkSpec:
         return eng.LinkSpec(
@@ -503,6 +521,8 @@ class AsyncConsumer:
             if stored is not None:
                 self.stored_offset = max(int(stored), self.stored_offset or -1)
             self._core.on_relinked()
+            active = eng.link_property(link, P_ACTIVE)
+            self.active = True if active is None else bool(active)
             self._to_commit = 0
             self._accepted = self._confirmed = 0
         self._link.on_message = self._on_message
@@ -527,7 +547,9 @@ class AsyncConsumer:
             parsed = _scan(raw)
             if parsed is None:
                 return None  # not one of Spate's deliveries: no offset to resume from
-            offset, stamp, source = parsed
+            offset, stamp, source, active = parsed
+            if active:
+                self.active = True
         if not self._core.on_message(offset, source):
             return None  # a repeat after resuming: already handed out
         if self._handler is not None:
@@ -710,8 +732,9 @@ class AsyncConsumer:
         self._finish(None)
 
 
-def _scan(raw: bytes) -> tuple[int, int, str | None] | None:
-    """Offset, timestamp and source partition by the section scanner (another layout)."""
+def _scan(raw: bytes) -> tuple[int, int, str | None, bool] | None:
+    """Offset, timestamp, source partition and whether it says `spate:active` (the first
+    delivery after a single-active-consumer standby took over), by the section scanner."""
     try:
         incoming = sections.scan_incoming(raw)
     except sections.MalformedMessage:
@@ -723,4 +746,5 @@ def _scan(raw: bytes) -> tuple[int, int, str | None] | None:
     if offset is None:
         return None
     source = annotations.get(_DA_SOURCE)
-    return offset, int(annotations.get(_DA_TIMESTAMP) or 0), None if source is None else str(source)
+    stamp = int(annotations.get(_DA_TIMESTAMP) or 0)
+    return offset, stamp, None if source is None else str(source), bool(annotations.get(_DA_ACTIVE))

@@ -271,7 +271,11 @@ class Consumer:
     the default start is then `stored`: right after it). `commit="auto"`: an event is
     finished when the next `receive()` is called (or the handler returns, or at `close()`,
     which waits until the offset is stored); `commit="manual"`: `commit()` stores the offset
-    of the last event received and returns once the broker has replicated it."""
+    of the last event received and returns once the broker has replicated it.
+
+    With `single_active=True` (and a name) the consumer joins the name's single active consumer
+    group (ADR 0013): one member receives, the others wait attached; when the active one goes
+    the next takes over after the stored offset. `active` says whether this one receives."""
 
     def __init__(
         self,
@@ -289,6 +293,7 @@ class Consumer:
         password: str | None = None,
         name: str | None = None,
         commit: str = "auto",
+        single_active: bool = False,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
@@ -312,6 +317,7 @@ class Consumer:
                 password=password,
                 name=name,
                 commit=commit,
+                single_active=single_active,
                 sink=None if handler is not None else self._queue.put,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
@@ -349,6 +355,12 @@ class Consumer:
         """The broker's stored offset when the link attached, then the last one `commit()`
         confirmed (named consumers)."""
         return self._aio.stored_offset
+
+    @property
+    def active(self) -> bool:
+        """Single active consumer: whether this member receives now (a standby turns True
+        with the first event after it took over)."""
+        return self._aio.active
 
     def __iter__(self) -> Iterator[Event]:
         while True:

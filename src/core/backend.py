@@ -119,6 +119,21 @@ class ConsumerOffset:
     """When it was stored."""
     attached: int = 0
     """Links of this name attached at the partition's leader now (0 elsewhere)."""
+    group: int = 0
+    """Single active consumer: the members of the name's group at the leader (0: no group);
+    one of them is active."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A named consumer link's place at the leader (ADR 0012, 0013)."""
+
+    stored: ConsumerOffset | None
+    """The name's stored offset now (None: never stored)."""
+    member: int = 0
+    """Single active consumer: the link's member number in its group (0: a plain link)."""
+    active: bool = True
+    """Single active consumer: whether it is the group's active member now."""
 
 
 class Partition(Protocol):
@@ -147,10 +162,30 @@ class Partition(Protocol):
         leader answers (NotLeader elsewhere)."""
         ...
 
-    def consumer_attach(self, name: bytes) -> Awaitable[ConsumerOffset | None]:
+    def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Awaitable[Attached]:
         """A named consumer's link attaches: counted at the leader (an operator's reset is
-        refused while any is), and answered with the name's committed stored offset (None:
-        never stored). NotLeader elsewhere (the link is redirected to the leader)."""
+        refused while any is), and answered with the name's committed stored offset. With
+        `single_active` it joins the name's group (ADR 0013) and learns whether it is the
+        active member; `spread`: the partition's index in its super stream (members take
+        partitions by index modulo the group's size). FailedPrecondition when the name is
+        used the other way. NotLeader elsewhere (the link is redirected to the leader)."""
+        ...
+
+    def until_deposed(self, name: bytes, member: int) -> Awaitable[Attached]:
+        """Resolves when the active member must step down (`active` False: another member is
+        designated) or has left the group (`active` True)."""
+        ...
+
+    def step_down(self, name: bytes, member: int, offset: int | None) -> Awaitable[None]:
+        """The active member stopped receiving: store `offset` (if not None), then hand the
+        partition to the designated member."""
+        ...
+
+    def until_active(self, name: bytes, member: int) -> Awaitable[Attached]:
+        """Resolves when the group member becomes active, with the stored offset then (after
+        what the member before it stored on leaving); `active` False when it left first."""
         ...
 
     def store_offset(self, name: bytes, offset: int) -> Awaitable[None]:
@@ -158,9 +193,10 @@ class Partition(Protocol):
         committed. The leader answers (NotLeader elsewhere)."""
         ...
 
-    def consumer_detach(self, name: bytes, offset: int | None) -> Awaitable[None]:
+    def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> Awaitable[None]:
         """The named consumer's link is going: store `offset` (if not None), then stop counting
-        the link. Resolves once the offset is committed."""
+        the link and, for a group `member`, leave the group (the next member becomes active
+        after the offset is committed). Resolves once it is."""
         ...
 
     def reset_offset(self, name: bytes, offset: int) -> Awaitable[None]:

@@ -24,8 +24,9 @@ kind  name        direction  body
  30   REPLY       n -> g     request u64 | JSON (PartitionInfo or StreamConfig fields)
  31   FAILED      n -> g     request u64 | error
  32   PRODUCER    g -> n     request u64 | group | name str16   (REPLY: {"producer": ... | null})
- 33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64
-                             (REPLY: {"consumer": ... | null}; ops in CONSUMER_OPS)
+ 33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64 | member u64
+                             (REPLY: {"consumer": ... | null, "member": m, "active": b};
+                             ops in CONSUMER_OPS)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -45,6 +46,7 @@ from typing import Any
 
 from spate.core import errors
 from spate.core.backend import (
+    Attached,
     ConsumerOffset,
     OffsetSpec,
     OffsetSpecKind,
@@ -61,10 +63,25 @@ CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30
 PRODUCER = 32
 CONSUMER = 33
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
-CONSUMER_OPS = (CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET)
+CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
+CONSUMER_OPS = (
+    CONSUMER_ATTACH,
+    CONSUMER_STORE,
+    CONSUMER_DETACH,
+    CONSUMER_RESET,
+    CONSUMER_JOIN,
+    CONSUMER_WAIT,
+    CONSUMER_DEPOSED,
+    CONSUMER_STEP_DOWN,
+)
 """Named-consumer operations at the leader (ADR 0012): attach (count the link, answer the
-stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting), an operator's
-reset (refused while a link is attached)."""
+stored offset), store, detach (store `offset` unless NO_OFFSET, stop counting, leave the
+group of `member`), an operator's reset (refused while a link is attached); single active
+consumer (ADR 0013): join (attach into the name's group, `offset` = the partition's index in
+its super stream or NO_OFFSET; answer the member and whether it is active), wait (answered
+when `member` becomes active, or has left), deposed (answered with active = false when the
+active `member` must step down, true when it left), step down (store `offset` unless
+NO_OFFSET, then hand over)."""
 NO_OFFSET = -2
 
 SPEC_KINDS: tuple[OffsetSpecKind, ...] = tuple(OffsetSpecKind)
@@ -175,11 +192,13 @@ def decode_producer(body: memoryview) -> tuple[int, GroupKey, bytes]:
     return request, key, name
 
 
-_CONSUMER_TAIL = struct.Struct(">q")
+_CONSUMER_TAIL = struct.Struct(">qQ")
 
 
-def encode_consumer(request: int, key: GroupKey, op: int, name: bytes, offset: int) -> bytes:
-    assert op in CONSUMER_OPS and offset >= NO_OFFSET
+def encode_consumer(  # noqa: PLR0917 (the frame's fields, in order)
+    request: int, key: GroupKey, op: int, name: bytes, offset: int, member: int = 0
+) -> bytes:
+    assert op in CONSUMER_OPS and offset >= NO_OFFSET and member >= 0
     return frame(
         CONSUMER,
         _REQUEST.pack(request),
@@ -187,39 +206,44 @@ def encode_consumer(request: int, key: GroupKey, op: int, name: bytes, offset: i
         bytes([op]),
         _U16.pack(len(name)),
         name,
-        _CONSUMER_TAIL.pack(offset),
+        _CONSUMER_TAIL.pack(offset, member),
     )
 
 
-def decode_consumer(body: memoryview) -> tuple[int, GroupKey, int, bytes, int]:
+def decode_consumer(body: memoryview) -> tuple[int, GroupKey, int, bytes, int, int]:
     reader = Reader(body)
     (request,) = reader.unpack(_REQUEST)
     key = reader.group()
     op = reader.take(1)[0]
     (length,) = reader.unpack(_U16)
     name = bytes(reader.take(length))
-    (offset,) = reader.unpack(_CONSUMER_TAIL)
+    offset, member = reader.unpack(_CONSUMER_TAIL)
     reader.done()
     if op not in CONSUMER_OPS or offset < NO_OFFSET:
         raise CodecError(f"consumer request with op {op} and offset {offset}")
-    return request, key, op, name, offset
+    return request, key, op, name, offset, member
 
 
-def consumer_to_json(value: ConsumerOffset | None) -> dict[str, Any]:
-    return {"consumer": None if value is None else dataclasses.asdict(value)}
+def consumer_to_json(value: Attached | None) -> dict[str, Any]:
+    if value is None:
+        return {"consumer": None}
+    stored = None if value.stored is None else dataclasses.asdict(value.stored)
+    return {"consumer": stored, "member": value.member, "active": value.active}
 
 
-def consumer_from_json(value: dict[str, Any]) -> ConsumerOffset | None:
+def consumer_from_json(value: dict[str, Any]) -> Attached:
     try:
         fields = value["consumer"]
-        if fields is None:
-            return None
-        return ConsumerOffset(
-            str(fields["name"]),
-            int(fields["offset"]),
-            int(fields["timestamp_ms"]),
-            int(fields.get("attached", 0)),
-        )
+        stored = None
+        if fields is not None:
+            stored = ConsumerOffset(
+                str(fields["name"]),
+                int(fields["offset"]),
+                int(fields["timestamp_ms"]),
+                int(fields.get("attached", 0)),
+                int(fields.get("group", 0)),
+            )
+        return Attached(stored, int(value.get("member", 0)), bool(value.get("active", True)))
     except (KeyError, TypeError, ValueError) as error:
         raise CodecError(f"a consumer reply without its fields: {error}") from error
 

@@ -10,6 +10,12 @@ Named consumers (`spate:consumer-name`, ADR 0012): each link's `OffsetTracker` l
 offsets its tags carry and what the client settled; `store_due` (once per pump) stores what is
 due at the partition's leader, one store in flight per link; `forget` stores the rest and
 returns the future the link's detach waits for.
+
+Single active consumer (ADR 0013): a standby link (`ConsumerPlan.active` False) is open but
+sent nothing; `_membership` waits at the partition's leader for its turn, begins its cursor
+after the group's stored offset, and the first delivery it then sends carries the delivery
+annotation `spate:active` = true (`announce`); in a spread group it also steps down when
+asked (`_stop`).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class ConsumerLink:
     offset is stored (the client's commit confirmation)."""
     awaiting: dict[int, Any] = field(default_factory=dict)
     """tag -> delivery accepted in rcv-settle-mode second, waiting for its store."""
+    announce: bool = False
+    """Single active consumer: the next delivery carries `spate:active` (it took over)."""
 
 
 @dataclass
@@ -115,7 +123,63 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
+        if plan.member:
+            self.host.own(asyncio.ensure_future(self._membership(state)))
         self.host.schedule_pump()
+
+    async def _membership(self, consumer: ConsumerLink) -> None:
+        """A group member's turns (ADR 0013), as long as its link lasts: a standby waits for
+        the partition, begins after the group's stored offset and announces it; in a spread
+        group (a super stream's partition) the active member also waits to be asked to step
+        down, then stops sending, stores what it finished and hands the partition over."""
+        plan = consumer.plan
+        assert plan.name is not None
+        partition = plan.cursors[0].partition
+        try:
+            while not consumer.closed:
+                if not plan.active:
+                    now = await partition.until_active(plan.name, plan.member)
+                    if not now.active or consumer.closed:
+                        return
+                    await links.start_when_active(plan, now)
+                    if consumer.closed or self.host.closed:
+                        return
+                    consumer.announce = True
+                    self.host.schedule_pump()
+                if plan.spread is None:
+                    return  # the first member stays active until it goes
+                deposed = await partition.until_deposed(plan.name, plan.member)
+                if deposed.active or consumer.closed:
+                    return  # it left the group
+                await partition.step_down(plan.name, plan.member, self._stop(consumer))
+        except BrokerError as err:
+            if not consumer.closed and not self.host.closed:
+                error = amqp_error(err)
+                self.host.end_consumer(
+                    consumer,
+                    plain(
+                        error.condition,
+                        f"the single-active-consumer hand-over failed: {error.description}",
+                    ),
+                )
+
+    def _stop(self, consumer: ConsumerLink) -> int | None:
+        """The active member steps down: send nothing more, and start afresh on what the client
+        finishes (what it settles from now on is the next active member's to store). Returns
+        the offset to store (None: nothing new since the last store)."""
+        plan = consumer.plan
+        plan.active = False
+        consumer.announce = False
+        for cursor in plan.cursors:
+            cursor.pending.clear()
+        tracker = consumer.tracker
+        assert tracker is not None
+        offset = tracker.take()
+        consumer.tracker = OffsetTracker(
+            tracker.every, tracker.interval_ms, done_tag=consumer.tag, stored=tracker.stored
+        )
+        consumer.awaiting.clear()  # the step-down's store confirms them, or nothing will
+        return offset
 
     def open_info(self, link: Link, stream: StreamName) -> None:
         link.source.copy(link.remote_source)
@@ -252,6 +316,10 @@ class ConsumerPart:
             if consumer.closed:
                 continue
             lp = consumer.pointer
+            if not consumer.plan.active:  # a standby: nothing to send (drained when asked)
+                if lib.pn_link_get_drain(lp):
+                    lib.pn_link_drained(lp)
+                continue
             room = links.consumer_room(
                 lib.pn_link_credit(lp), lib.pn_link_unsettled(lp), consumer.presettled
             )
@@ -263,10 +331,14 @@ class ConsumerPart:
             sent = 0
             runs_sent = []
             for run in plan.take(room):
-                prefix, suffix = parts(
-                    run.timestamp_ms, run.cursor.symbol if plan.tag_source_partition else None
-                )
-                for out in sections.splice_run(run.records, run.first_offset, prefix, suffix):
+                source = run.cursor.symbol if plan.tag_source_partition else None
+                prefix, suffix = parts(run.timestamp_ms, source)
+                outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
+                if consumer.announce:  # the first delivery since it took over says so
+                    consumer.announce = False
+                    first, rest = parts(run.timestamp_ms, source, active=True)
+                    outs[0] = sections.splice_run(run.records[:1], run.first_offset, first, rest)[0]
+                for out in outs:
                     tag += 1
                     pack_tag(tag_view, 0, tag)
                     delivery = new_delivery(lp, tag_value)
@@ -358,7 +430,7 @@ async def _flush(
         with contextlib.suppress(BrokerError):  # a failed store: this one covers it
             await asyncio.shield(storing)
     assert plan.name is not None
-    await plan.cursors[0].partition.consumer_detach(plan.name, offset)
+    await plan.cursors[0].partition.consumer_detach(plan.name, offset, plan.member)
 
 
 def filter_map(filter_data: Data) -> dict[Any, Any] | None:

@@ -524,6 +524,9 @@ class AmqpConnection(asyncio.Protocol):
                 if plan.stored is not None:
                     answer = answer or {}
                     answer[symbol(links.STORED_OFFSET_PROPERTY)] = plan.stored.offset
+                if plan.member:
+                    answer = answer or {}
+                    answer[symbol(links.ACTIVE_PROPERTY)] = plan.active
         except BrokerError as err:
             error = amqp_error(err)
         except Exception as err:
@@ -551,7 +554,7 @@ class AmqpConnection(asyncio.Protocol):
         place at the leader)."""
         detach_all(_partitions_of(plan))
         if isinstance(plan, links.ConsumerPlan) and plan.name is not None:
-            release = plan.cursors[0].partition.consumer_detach(plan.name, None)
+            release = plan.cursors[0].partition.consumer_detach(plan.name, None, plan.member)
             self.own(asyncio.ensure_future(release))
 
     def _broker_for(self, properties: dict[Any, Any]) -> Broker:

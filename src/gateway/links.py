@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.core import limits
-from spate.core.backend import Broker, ConsumerOffset, OffsetSpec, Partition
+from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
     BrokerError,
     FailedPrecondition,
@@ -40,6 +40,12 @@ CONSUMER_NAME_PROPERTY = "spate:consumer-name"
 """Receiver link property (string): store the offset of what this consumer accepted (ADR 0012)."""
 STORED_OFFSET_PROPERTY = "spate:stored-offset"
 """Answered on a named consumer's attach (long) when the name has a stored offset."""
+SINGLE_ACTIVE_PROPERTY = "spate:single-active-consumer"
+"""Receiver link property (boolean, with a consumer name): one active link per (stream,
+partition, name), the others idle until it goes (ADR 0013)."""
+ACTIVE_PROPERTY = "spate:active"
+"""Answered on a single-active-consumer attach (boolean); also the delivery annotation (true) on
+the first delivery a link gets as the group's active member."""
 CONSUMER_READ_BYTES = 1024 * 1024
 """Bytes asked of Partition.read per refill of a consumer cursor."""
 assert limits.message_bytes_max <= CONSUMER_READ_BYTES
@@ -241,6 +247,21 @@ def consumer_name(properties: dict[Any, Any]) -> bytes | None:
     return _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
 
 
+def single_active(properties: dict[Any, Any], name: bytes | None) -> bool:
+    """The link's `spate:single-active-consumer` (a boolean; needs a consumer name)."""
+    value = properties.get(SINGLE_ACTIVE_PROPERTY)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"'{SINGLE_ACTIVE_PROPERTY}' must be a boolean, not {value!r}")
+    if value and name is None:
+        raise InvalidArgument(
+            f"'{SINGLE_ACTIVE_PROPERTY}' needs '{CONSUMER_NAME_PROPERTY}': the group is the "
+            "consumers of one name (and its stored offset is where the next active one resumes)"
+        )
+    return value
+
+
 def _link_name(properties: dict[Any, Any], key: str, bytes_max: int) -> bytes | None:
     value = properties.get(key)
     if value is None:
@@ -365,6 +386,14 @@ class ConsumerPlan:
     counted at the leader from `consumer_attach` until `consumer_detach`."""
     stored: ConsumerOffset | None = None
     """The name's stored offset when the link attached."""
+    member: int = 0
+    """Single active consumer (ADR 0013): the link's member number in its group (0: none)."""
+    active: bool = True
+    """Single active consumer: False while the link is a standby; its cursor begins when it
+    becomes active (`start_when_active`)."""
+    spread: int | None = None
+    """Single active consumer on a super stream's partition: the partition's index there
+    (members take partitions by index modulo the group's size; ADR 0013)."""
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -387,7 +416,11 @@ class ConsumerPlan:
 
 
 async def plan_consumer(
-    broker: Broker, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
+    broker: Broker,
+    address: Address,
+    properties: dict[Any, Any],
+    filters: dict[Any, Any] | None,
+    spread: int | None = None,
 ) -> ConsumerPlan:
     config = await lookup_source(broker, address.stream)
     selection = parse_filters(filters)
@@ -398,6 +431,7 @@ async def plan_consumer(
     elif config.partitions == 1:
         bound = PartitionId(0)
     name = consumer_name(properties)
+    sac = single_active(properties, name)
     if name is not None and bound is None:
         raise InvalidArgument(
             f"'{CONSUMER_NAME_PROPERTY}' needs a partition-bound link: stream "
@@ -411,6 +445,7 @@ async def plan_consumer(
     pids = [bound] if bound is not None else [PartitionId(p) for p in range(config.partitions)]
     cursors: list[Cursor] = []
     stored: ConsumerOffset | None = None
+    attached = Attached(None)
     counted = False
     try:
         for pid in pids:
@@ -420,19 +455,17 @@ async def plan_consumer(
             cursors.append(Cursor(part, partition_symbol(pid), Offset(0)))
             specs = selection.specs
             if name is not None:
-                stored = await part.consumer_attach(name)  # at the leader (NotLeader: redirect)
-                counted = True
+                # at the leader (NotLeader: redirect)
+                attached = await part.consumer_attach(name, single_active=sac, spread=spread)
+                stored, counted = attached.stored, True
                 if not selection.accepted_keys:  # no start filter: resume after the stored one
-                    specs = (
-                        (OffsetSpec.offset(stored.offset + 1),)
-                        if stored is not None
-                        else (OffsetSpec.next(),)
-                    )
-            # all start filters must hold: the partition starts at the largest (000 §5.2.1)
-            cursors[-1].next_offset = await part.begin(specs)
+                    specs = resume_specs(stored)
+            if attached.active:
+                # all start filters must hold: the partition starts at the largest (000 §5.2.1)
+                cursors[-1].next_offset = await part.begin(specs)
     except BaseException:
         if counted and name is not None:
-            await cursors[0].partition.consumer_detach(name, None)
+            await cursors[0].partition.consumer_detach(name, None, attached.member)
         for cursor in cursors:
             cursor.partition.detach()
         raise
@@ -444,7 +477,30 @@ async def plan_consumer(
         tag_source_partition=config.partitions > 1,
         name=name,
         stored=stored,
+        member=attached.member,
+        active=attached.active,
+        spread=spread if sac else None,
     )
+
+
+def resume_specs(stored: ConsumerOffset | None) -> tuple[OffsetSpec, ...]:
+    """Where a named consumer without a start filter begins: after its stored offset, else
+    `next`."""
+    return (OffsetSpec.offset(stored.offset + 1),) if stored is not None else (OffsetSpec.next(),)
+
+
+async def start_when_active(plan: ConsumerPlan, now: Attached) -> None:
+    """A standby became its group's active member (ADR 0013): its cursor begins after the
+    group's stored offset (what the member before it stored on leaving); only a group with
+    none uses the link's own start filter."""
+    cursor = plan.cursors[0]
+    if now.stored is None and plan.selection.accepted_keys:
+        specs = plan.selection.specs
+    else:
+        specs = resume_specs(now.stored)
+    cursor.next_offset = await cursor.partition.begin(specs)
+    cursor.pending.clear()
+    plan.active = True
 
 
 async def plan_info(broker: Broker, address: Address) -> StreamName:

@@ -88,6 +88,10 @@ class ProducerLink:
     """Named links: the bytes before the publishing id's 8 bytes in the last message whose id
     was read the slow way (header, annotations map up to the ulong constructor; ADR 0011); a
     message starting with them has its id at `len(id_prefix)`. `01` matches no plain message."""
+    id_section: int = -1
+    """Named links: where the message-annotations section starts in a message starting with
+    `id_prefix` when the publishing id is all it holds (-1: it holds more): such messages are
+    stored without it (the chunk's producer section has the id)."""
 
 
 class ProducerPart:
@@ -116,7 +120,14 @@ class ProducerPart:
 
     def forget(self, producer: ProducerLink) -> None:
         producer.closed = True
+        self._drop(producer.deliveries + [d for _, ds in producer.routed.values() for d in ds])
+        producer.records, producer.deliveries, producer.ids, producer.routed = [], [], [], {}
         detach_all(producer.plan.targets.values())
+
+    def _drop(self, deliveries: list[Any]) -> None:
+        """Deliveries drained but never appended (their link ended first): nobody waits for
+        their outcome, so they no longer count against the connection's producer credit."""
+        self.unconfirmed -= len(deliveries) - deliveries.count(None)
 
     def forget_all(self) -> None:
         for producer in self.links.values():
@@ -193,10 +204,15 @@ class ProducerPart:
                 ):
                     producer.last_id = publishing_id
                     producer.ids.append(publishing_id)
-                elif not self._take_id(producer, cur, raw):
-                    if producer.closed:
-                        break
-                    continue
+                    if producer.id_section >= 0:
+                        raw = raw[: producer.id_section] + raw[len(prefix) + 8 :]
+                else:
+                    kept = self._take_id(producer, cur, raw)
+                    if kept is None:
+                        if producer.closed:
+                            break
+                        continue
+                    raw = kept
             if presettled or remote_settled(cur):
                 settle(cur)
                 deliveries.append(None)
@@ -208,9 +224,11 @@ class ProducerPart:
         if got:
             self.dirty.add(lp)
 
-    def _take_id(self, producer: ProducerLink, delivery: Any | None, stored: bytes) -> bool:
-        """Named links: note the message's publishing id; False (the delivery rejected, or
-        the link ended for a settled one) when it has none or it does not increase."""
+    def _take_id(self, producer: ProducerLink, delivery: Any | None, stored: bytes) -> bytes | None:
+        """Named links: note the message's publishing id and return the bytes to store
+        (without the annotations section when the id is all it holds); None (the delivery
+        rejected, or the link ended for a settled one) when it has none or it does not
+        increase."""
         try:
             publishing_id = sections.publishing_id(stored)
             if publishing_id is None:
@@ -228,9 +246,13 @@ class ProducerPart:
                 producer.last_id = publishing_id
                 producer.ids.append(publishing_id)
                 at = sections.publishing_id_at(stored)
-                if at > 0:
-                    producer.id_prefix = stored[:at]
-                return True
+                if at <= 0:
+                    return stored
+                producer.id_prefix = stored[:at]
+                producer.id_section = sections.sole_annotation_start(stored, at)
+                if producer.id_section < 0:
+                    return stored
+                return stored[: producer.id_section] + stored[at + 8 :]
         except (sections.BadPublishingId, sections.MalformedMessage) as err:
             problem = str(err)
         error = plain(INVALID_FIELD, problem)
@@ -240,7 +262,7 @@ class ProducerPart:
             self.host.end_producer(producer, error)  # nothing to reject: say it on the link
         else:
             self._reject(delivery, error)
-        return False
+        return None
 
     def _discard_aborted(self, producer: ProducerLink, delivery: Any) -> None:
         producer.oversize.discard(delivery)
@@ -293,11 +315,15 @@ class ProducerPart:
                 return
         # bound links keep arrival order in one list (a routed message there matched the bound
         # partition); agnostic links collect the unannotated for this batch's round-robin turn
-        if producer.name is not None and not self._take_id(producer, delivery, incoming.stored):
-            if delivery is not None:
-                self.unconfirmed -= 1
-            return
-        producer.records.append(incoming.stored)
+        stored = incoming.stored
+        if producer.name is not None:
+            kept = self._take_id(producer, delivery, stored)
+            if kept is None:
+                if delivery is not None:
+                    self.unconfirmed -= 1
+                return
+            stored = kept
+        producer.records.append(stored)
         producer.deliveries.append(delivery)
 
     def _accept_routed(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
@@ -410,6 +436,7 @@ class ProducerPart:
         assert pid is not None and producer.name is not None
         for start, end in chunk_bounds(records):
             if producer.closed:  # an append failed at once: the link has ended
+                self._drop(deliveries[start:])
                 break
             self._append(
                 producer,

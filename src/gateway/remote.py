@@ -37,8 +37,8 @@ from typing import Any
 
 from spate.core import frames, wire
 from spate.core.backend import (
+    Attached,
     ChunkView,
-    ConsumerOffset,
     OffsetSpec,
     PartitionInfo,
     ProducerInfo,
@@ -118,12 +118,16 @@ class NodeSession:
             writer.write(b"".join(self._out))
         self._out.clear()
 
-    async def request(self, data: bytes, request: int) -> dict[str, Any]:
+    async def request(
+        self, data: bytes, request: int, timeout_s: float | None = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Send a request and wait for its answer (`timeout_s` None: as long as the session
+        lives — a request the node answers when something happens)."""
         future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         self.requests[request] = future
         self.send(data)
         try:
-            return await asyncio.wait_for(future, REQUEST_TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise Unavailable(f"node {self.node} did not answer in time; retry") from None
         finally:
@@ -411,24 +415,46 @@ class _PartitionBase:
 
     # named consumers (ADR 0012): at the leader the routing table names, wherever reads come from
 
-    async def _consumer(self, op: int, name: bytes, offset: int) -> ConsumerOffset | None:
+    async def _consumer(self, op: int, name: bytes, offset: int, member: int = 0) -> Attached:
+        """At the leader the routing table names; a WAIT has no time limit (it is answered when
+        the member becomes active, or fails when the session to that node closes)."""
         route = self.broker.route(self.key)
         if route is None or route.leader is None or not route.leader_alive:
             raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
         session = await self.broker.sessions.connected(route.leader)
         request = session.next_id()
-        frame = wire.encode_consumer(request, self.key, op, name, offset)
-        return wire.consumer_from_json(await session.request(frame, request))
+        frame = wire.encode_consumer(request, self.key, op, name, offset, member)
+        waits = op in (wire.CONSUMER_WAIT, wire.CONSUMER_DEPOSED)
+        timeout_s = None if waits else REQUEST_TIMEOUT_S
+        return wire.consumer_from_json(await session.request(frame, request, timeout_s))
 
-    async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
-        return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
+        if not single_active:
+            return await self._consumer(wire.CONSUMER_ATTACH, name, wire.NO_OFFSET)
+        spread_field = wire.NO_OFFSET if spread is None else spread
+        return await self._consumer(wire.CONSUMER_JOIN, name, spread_field)
+
+    async def until_deposed(self, name: bytes, member: int) -> Attached:
+        """Answered by the leader when the active member must step down (the request waits
+        there)."""
+        return await self._consumer(wire.CONSUMER_DEPOSED, name, wire.NO_OFFSET, member)
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        stored = wire.NO_OFFSET if offset is None else offset
+        await self._consumer(wire.CONSUMER_STEP_DOWN, name, stored, member)
+
+    async def until_active(self, name: bytes, member: int) -> Attached:
+        """Answered by the leader when the member becomes active (the request waits there)."""
+        return await self._consumer(wire.CONSUMER_WAIT, name, wire.NO_OFFSET, member)
 
     async def store_offset(self, name: bytes, offset: int) -> None:
         await self._consumer(wire.CONSUMER_STORE, name, offset)
 
-    async def consumer_detach(self, name: bytes, offset: int | None) -> None:
+    async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         await self._consumer(
-            wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset
+            wire.CONSUMER_DETACH, name, wire.NO_OFFSET if offset is None else offset, member
         )
 
     async def reset_offset(self, name: bytes, offset: int) -> None:

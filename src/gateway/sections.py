@@ -245,6 +245,7 @@ def _sym8(text: str) -> bytes:
 _K_OFFSET = _sym8("event-streams-offset")
 _K_TIMESTAMP = _sym8("event-streams-timestamp")
 _K_SOURCE = _sym8("event-streams-source-partition")
+_K_ACTIVE = _sym8("spate:active")
 _I64 = struct.Struct(">q")
 _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
@@ -267,10 +268,12 @@ def encode_delivery_annotations(
 
 
 def delivery_annotation_parts(
-    timestamp_ms: int, source_partition: str | None = None
+    timestamp_ms: int, source_partition: str | None = None, *, active: bool = False
 ) -> tuple[bytes, bytes]:
     """(prefix, suffix) such that `prefix + b"%020d" % offset + suffix` is
-    `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`.
+    `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`;
+    `active` adds `spate:active` = true (the first delivery a single-active-consumer link gets
+    after it became its group's active member, ADR 0013).
 
     The offset symbol has a fixed width (`OFFSET_SYMBOL_DIGITS`), so everything but its digits
     is constant for one run of records sharing a chunk timestamp: the egress hot path encodes
@@ -280,6 +283,9 @@ def delivery_annotation_parts(
     if source_partition is not None:
         body_tail += _K_SOURCE + _sym8(source_partition)
         count = 6
+    if active:
+        body_tail += _K_ACTIVE + b"\x41"
+        count += 2
     body_len = len(_K_OFFSET) + len(_OFFSET_SYMBOL_HEAD) + OFFSET_SYMBOL_DIGITS + len(body_tail)
     prefix = (
         _DA_DESCRIPTOR
@@ -416,6 +422,33 @@ def publishing_id_at(stored: bytes) -> int:
     at = stored.find(_PUBLISHING_ID_KEY)
     value = _publishing_id_value(stored, at) if at >= 0 else -1
     return value + 1 if value >= 0 and stored[value] == 0x80 else -1
+
+
+def sole_annotation_start(stored: bytes, at: int) -> int:
+    """Where the message-annotations section starts when it holds nothing but the ulong
+    x-opt-publishing-id whose 8 bytes start at `at` (`publishing_id_at`); -1 otherwise. The
+    section is then `stored[start:at + 8]`, and a message that starts with the same
+    `stored[:at]` bytes has the same section there: a named producer's messages are stored
+    without it (the id is in the chunk's producer section, ADR 0011)."""
+    start = at - _KEY_END - 1
+    for head in (3 + 3, 3 + 9):  # descriptor 00 53 72, then map8 (c1 size count) or map32
+        begin = start - head
+        if begin < 0 or stored[begin : begin + 3] != b"\x00\x53\x72":
+            continue
+        constructor = stored[begin + 3]
+        if constructor == 0xC1 and head == 6:
+            size, count = stored[begin + 4], stored[begin + 5]
+        elif constructor == 0xD1 and head == 12:
+            size, count = (
+                _U32.unpack_from(stored, begin + 4)[0],
+                _U32.unpack_from(stored, begin + 8)[0],
+            )
+        else:
+            continue
+        # size counts the count field and the pairs: 1 (map8) or 4 (map32) + key + value
+        if count == 2 and begin + 4 + (1 if head == 6 else 4) + size == at + 8:
+            return begin
+    return -1
 
 
 def _publishing_id_value(stored: bytes, at: int) -> int:

@@ -71,8 +71,9 @@ class WireSession:
         self.readers: dict[int, _Reader] = {}
         self.refused_producers: dict[tuple[frames.GroupKey, bytes], tuple[int, int]] = {}
         """(partition, producer name) -> (first publishing id refused, leader epoch then)."""
-        self.attached: dict[tuple[frames.GroupKey, bytes], int] = {}
-        """Named consumer links this session's gateway attached at this node (ADR 0012)."""
+        self.attached: dict[tuple[frames.GroupKey, bytes], list[int]] = {}
+        """Named consumer links this session's gateway attached at this node (ADR 0012), by
+        their group member numbers (0: a plain link; ADR 0013)."""
         self.out: list[bytes] = []
         self.closed = False
 
@@ -143,29 +144,39 @@ class WireSession:
         else:
             raise frames.CodecError(f"unexpected frame kind {kind} from gateway {self.gateway}")
 
-    def _consumer(
-        self, request: int, key: frames.GroupKey, op: int, name: bytes, offset: int
+    def _consumer(  # noqa: PLR0917 (the frame's fields, in order)
+        self, request: int, key: frames.GroupKey, op: int, name: bytes, offset: int, member: int
     ) -> None:
-        """A named consumer's operation at this leader (ADR 0012); the session counts the
+        """A named consumer's operation at this leader (ADR 0012, 0013); the session keeps the
         links it attached, and lets go of them when it closes."""
         topic, pid = key
         try:
             partition = self.broker.partition(topic, pid, write=True)
             work: Awaitable[Any]
+            stored = None if offset == wire.NO_OFFSET else offset
             if op == wire.CONSUMER_ATTACH:
                 work = partition.consumer_attach(name)
+            elif op == wire.CONSUMER_JOIN:  # the offset field carries the spread
+                work = partition.consumer_attach(name, single_active=True, spread=stored)
             elif op == wire.CONSUMER_STORE:
                 work = partition.store_offset(name, offset)
             elif op == wire.CONSUMER_DETACH:
-                work = partition.consumer_detach(name, None if offset == wire.NO_OFFSET else offset)
+                work = partition.consumer_detach(name, stored, member)
+            elif op == wire.CONSUMER_WAIT:
+                work = partition.until_active(name, member)
+            elif op == wire.CONSUMER_DEPOSED:
+                work = partition.until_deposed(name, member)
+            elif op == wire.CONSUMER_STEP_DOWN:
+                work = partition.step_down(name, member, stored)
             else:
                 work = partition.reset_offset(name, offset)
         except BrokerError as error:
             self.send(wire.encode_failed(request, error))
             return
         attachment = (key, name)
-        if op == wire.CONSUMER_DETACH and self.attached.get(attachment):
-            self.attached[attachment] -= 1
+        members = self.attached.get(attachment)
+        if op == wire.CONSUMER_DETACH and members and member in members:
+            members.remove(member)
         future = asyncio.ensure_future(work)
         future.add_done_callback(lambda f: self._consumer_answer(request, op, attachment, f))
 
@@ -182,19 +193,24 @@ class WireSession:
                 error = Unavailable(f"the consumer request failed: {error!r}")
             self.send(wire.encode_failed(request, error))
             return
-        if op == wire.CONSUMER_ATTACH:
-            if self.closed:  # the gateway went away meanwhile: let go at once
-                self._release(attachment)
-            else:
-                self.attached[attachment] = self.attached.get(attachment, 0) + 1
         result = future.result()
+        if op in (wire.CONSUMER_ATTACH, wire.CONSUMER_JOIN):
+            if self.closed:  # the gateway went away meanwhile: let go at once
+                self._release(attachment, result.member)
+            else:
+                self.attached.setdefault(attachment, []).append(result.member)
+        answers = (
+            wire.CONSUMER_ATTACH,
+            wire.CONSUMER_JOIN,
+            wire.CONSUMER_WAIT,
+            wire.CONSUMER_DEPOSED,
+        )
         self.send(
-            wire.encode_reply(
-                request, wire.consumer_to_json(result if op == wire.CONSUMER_ATTACH else None)
-            )
+            wire.encode_reply(request, wire.consumer_to_json(result if op in answers else None))
         )
 
-    def _release(self, attachment: tuple[frames.GroupKey, bytes]) -> None:
+    def _release(self, attachment: tuple[frames.GroupKey, bytes], member: int) -> None:
+        """The gateway is gone: its link no longer counts (nor holds a place in a group)."""
         (topic, pid), name = attachment
         try:
             partition = self.broker.partition(topic, pid, write=False)
@@ -203,6 +219,8 @@ class WireSession:
         partition.attached[name] = partition.attached.get(name, 1) - 1
         if partition.attached[name] <= 0:
             del partition.attached[name]
+        if member:
+            partition.groups.leave(name, member)
 
     def _producer_answer(self, request: int, future: asyncio.Future[ProducerInfo | None]) -> None:
         error = None if future.cancelled() else future.exception()
@@ -348,9 +366,9 @@ class WireSession:
         self.closed = True
         for sub in list(self.readers):
             self._unsubscribe(sub)
-        for attachment, count in self.attached.items():
-            for _ in range(count):
-                self._release(attachment)
+        for attachment, members in self.attached.items():
+            for member in members:
+                self._release(attachment, member)
         self.attached.clear()
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 from spate.core import frames, wire
-from spate.core.backend import OffsetSpec, PartitionInfo, ProducerInfo, PublishingIds
+from spate.core.backend import (
+    Attached,
+    ConsumerOffset,
+    OffsetSpec,
+    PartitionInfo,
+    ProducerInfo,
+    PublishingIds,
+)
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
@@ -91,6 +98,7 @@ def test_info_and_config_round_trip_through_json() -> None:
             wire.decode_append,
         ),
         (wire.encode_producer(1, KEY, b"p"), wire.decode_producer),
+        (wire.encode_consumer(1, KEY, wire.CONSUMER_WAIT, b"c", 2, 3), wire.decode_consumer),
         (wire.encode_records(1, 2, 3, [b"abc"]), wire.decode_records),
         (wire.encode_subscribe(1, KEY, 2, [OffsetSpec.next()]), wire.decode_subscribe),
         (wire.encode_appended(1, 2), wire.decode_appended),
@@ -104,6 +112,25 @@ def test_truncated_or_padded_bodies_are_codec_errors(encoded: bytes, decode: obj
             decode(memoryview(full[:cut]))  # type: ignore[operator]
     with pytest.raises(frames.CodecError):
         decode(memoryview(full + b"\x00"))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("op", wire.CONSUMER_OPS)
+def test_consumer_requests_and_answers_round_trip(op: int) -> None:
+    """Named consumers (ADR 0012) and single-active-consumer groups (ADR 0013) at the leader."""
+    data = wire.encode_consumer(5, KEY, op, "bïlling".encode(), wire.NO_OFFSET, 2**64 - 1)
+    assert kind(data) == wire.CONSUMER
+    assert wire.decode_consumer(body(data)) == (5, KEY, op, "bïlling".encode(), -2, 2**64 - 1)
+    stored = ConsumerOffset("bïlling", 41, 1_700_000_000_000, attached=3, group=2)
+    for answer in (Attached(stored, 7, True), Attached(None, 9, False), Attached(None)):
+        assert wire.consumer_from_json(wire.consumer_to_json(answer)) == answer
+    assert wire.consumer_from_json(wire.consumer_to_json(None)) == Attached(None)
+
+
+def test_a_consumer_request_with_an_unknown_op_is_refused() -> None:
+    data = bytearray(body(wire.encode_consumer(1, KEY, wire.CONSUMER_STORE, b"c", 4)))
+    data[8 + 2 + len(KEY[0]) + 4] = 99  # request u64 | group (str16 + u32) | op
+    with pytest.raises(frames.CodecError, match="op 99"):
+        wire.decode_consumer(memoryview(bytes(data)))
 
 
 def test_an_unknown_offset_spec_kind_is_refused() -> None:

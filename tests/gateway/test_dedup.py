@@ -174,3 +174,30 @@ def test_rhea_producer_resumes_after_the_last_publishing_id(
     assert second["attach_properties"]["spate:last-publishing-id"] == "4"
     assert second["outcomes"] == ["accepted"] * 3
     assert stream_bodies(gateway, stream, 6) == [f"r{i}" for i in range(6)]
+
+
+def test_a_named_producers_messages_are_stored_without_an_annotation_that_holds_only_the_id(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """ADR 0011: the id lives in the chunk's producer section, so a message-annotations section
+    holding nothing but `x-opt-publishing-id` is not stored (36 bytes less per message); other
+    annotations are kept with it, and an unnamed link's messages are stored as sent."""
+    stream = make_stream()
+    big = 2**40  # a ulong, not a smallulong: the layout the hot path learns
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"), options=named("strip"))
+        for i in range(3):
+            sender.send(message(big + i, f"only-{i}"))
+        sender.send(Message(body="more", annotations={PID: ulong(big + 3), symbol("k"): "v"}))
+        sender.send(message(big + 4, "after"))
+        plain = conn.create_sender(stream, name=unique("tx"))
+        plain.send(message(7, "unnamed"))
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=10, options=[offset_filter("first")]
+        )
+        got = receive(receiver, 6)
+    assert [m.body for m in got] == ["only-0", "only-1", "only-2", "more", "after", "unnamed"]
+    assert [m.annotations for m in got[:3]] == [None, None, None]
+    assert got[3].annotations == {PID: big + 3, symbol("k"): "v"}
+    assert got[4].annotations is None
+    assert got[5].annotations == {PID: 7}

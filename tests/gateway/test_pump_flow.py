@@ -225,3 +225,22 @@ def test_several_filters_are_anded_the_latest_start_wins(rig: PumpRig, client: C
     )
     rig.pump()
     assert bodies(client.received(receiver)) == ["m3", "m4"]
+
+
+def test_deliveries_of_a_link_that_ends_before_its_batch_is_appended_stop_counting(
+    rig: PumpRig, client: Client
+) -> None:
+    """Transfers and their link's detach in one read: the batch is never appended (nobody
+    waits for its outcome), and the connection's count of deliveries waiting for durability —
+    which bounds every producer link's credit — does not keep them."""
+    first = client.sender("orders")
+    rig.pump()
+    for i in range(5):
+        client.send(first, encode(body=i))
+    client.detach(first)  # in the same bytes as the transfers
+    rig.pump()
+    rig.release()
+    assert client.server.producer.unconfirmed == 0
+    second = client.sender("orders")
+    rig.pump()
+    assert second.credit == limits.link_credit_max

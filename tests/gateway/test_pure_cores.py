@@ -272,6 +272,41 @@ def test_the_publishing_id_fast_path_agrees_with_the_section_walk() -> None:
     assert fast_answers > 1000
 
 
+def test_a_section_holding_only_the_publishing_id_is_cut_out_and_nothing_else() -> None:
+    """ADR 0011: named producers' messages are stored without a message-annotations section
+    that holds nothing but x-opt-publishing-id; the rest of the message decodes unchanged."""
+    key = symbol("x-opt-publishing-id")
+    pid = ulong(2**40)
+    sole = [
+        Message(body=b"x" * 100, durable=True, annotations={key: pid}, properties={"a": 1}),
+        Message(body="x", annotations={key: pid}),
+        Message(body="x", annotations={key: pid}, subject="s"),
+    ]
+    for message in sole:
+        raw = bytes(message.encode())
+        at = sections.publishing_id_at(raw)
+        start = sections.sole_annotation_start(raw, at)
+        assert start >= 0
+        kept = Message()
+        kept.decode(raw[:start] + raw[at + 8 :])
+        assert kept.annotations is None
+        assert (kept.body, kept.durable, kept.properties, kept.subject) == (
+            message.body, message.durable, message.properties, message.subject
+        )  # fmt: skip
+    # map8 form, written by hand (proton writes map32)
+    pair = b"\xa3\x13x-opt-publishing-id\x80" + (2**40).to_bytes(8, "big")
+    raw = b"\x00\x53\x72\xc1" + bytes((len(pair) + 1, 2)) + pair + b"\x00\x53\x77\x40"
+    at = sections.publishing_id_at(raw)
+    assert sections.sole_annotation_start(raw, at) == 0
+    for more in (
+        {key: pid, symbol("k"): 1},
+        {symbol("k"): 1, key: pid},
+        {symbol("big"): "y" * 300, key: pid},
+    ):
+        raw = bytes(Message(body="x", durable=True, annotations=more).encode())
+        assert sections.sole_annotation_start(raw, sections.publishing_id_at(raw)) == -1
+
+
 def test_splice_run_equals_splicing_one_by_one() -> None:
     """000 §5.1.1 / §4.6.4: every delivery carries offset, timestamp and (partitioned) source
     partition; the run encoder must produce the same bytes as the one-message encoder."""

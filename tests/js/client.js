@@ -5,10 +5,11 @@
 //       group_keys?: [str|null] (message k's event-streams-group-key annotation), message_ids?: [str|null]
 //       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k
-//   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition}],
+//   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition, active}],
 //       attach_properties; the step ends when the broker answered the detach; `exact`: credit
 //       for `count` deliveries only (a named consumer then stores exactly what it took)
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
+// properties: {key: value}, booleans as AMQP booleans, everything else as symbols
 // filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
 "use strict";
 const rhea = require("rhea");
@@ -63,7 +64,9 @@ function buildFilter(filter) {
 function linkProps(props) {
   if (!props) return undefined;
   const out = {};
-  for (const [k, v] of Object.entries(props)) out[k] = types.wrap_symbol(String(v));
+  for (const [k, v] of Object.entries(props)) {
+    out[k] = typeof v === "boolean" ? types.wrap_boolean(v) : types.wrap_symbol(String(v));
+  }
   return out;
 }
 
@@ -161,6 +164,7 @@ function runStep(i) {
         offset: da["event-streams-offset"],
         timestamp: ts instanceof Date ? ts.getTime() : ts,
         source_partition: da["event-streams-source-partition"],
+        active: da["spate:active"],
       });
       if (out.messages.length === step.count) {
         receiver.once("receiver_close", () => next()); // the broker answers once it stored

@@ -16,7 +16,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
+    Attached,
     ChunkView,
     ConsumerOffset,
     LocalPartition,
@@ -70,9 +72,47 @@ class MemoryPartition(LocalPartition):
     """Consumer name -> its stored offset (ADR 0012), 'durable' after the fsync delay."""
     attached: dict[bytes, int] = field(default_factory=dict)
 
-    async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
+    groups: ActiveGroups = field(default_factory=ActiveGroups)
+    """Single active consumer groups (ADR 0013)."""
+
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
+        try:
+            member, active = self.groups.attach(
+                name, self.attached.get(name, 0), single_active=single_active, spread=spread
+            )
+        except Conflict as conflict:
+            raise FailedPrecondition(str(conflict)) from None
         self.attached[name] = self.attached.get(name, 0) + 1
-        return self.offsets.get(name)
+        return Attached(self.offsets.get(name), member, active)
+
+    def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+
+        def told(active: bool) -> None:
+            if not future.done():
+                future.set_result(
+                    Attached(self.offsets.get(name) if active else None, member, active)
+                )
+
+        self.groups.watch(name, member, told)
+        return future
+
+    def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+
+        def told(deposed: bool) -> None:
+            if not future.done():
+                future.set_result(Attached(None, member, active=not deposed))
+
+        self.groups.watch_deposed(name, member, told)
+        return future
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        if offset is not None:
+            await self.store_offset(name, offset)
+        self.groups.stepped_down(name, member)
 
     async def store_offset(self, name: bytes, offset: int) -> None:
         if offset < -1:
@@ -80,7 +120,7 @@ class MemoryPartition(LocalPartition):
         self.offsets[name] = ConsumerOffset(name.decode(), offset, self.clock_ms())
         await asyncio.sleep(self.commit_delay_s or 0.0)  # the 'fsync'; later attaches see it
 
-    async def consumer_detach(self, name: bytes, offset: int | None) -> None:
+    async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         try:
             if offset is not None:
                 await self.store_offset(name, offset)
@@ -88,6 +128,8 @@ class MemoryPartition(LocalPartition):
             self.attached[name] = self.attached.get(name, 1) - 1
             if self.attached[name] <= 0:
                 del self.attached[name]
+            if member:
+                self.groups.leave(name, member)
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
         if self.attached.get(name):

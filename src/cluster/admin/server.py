@@ -150,6 +150,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
                         offset=c.offset,
                         timestamp_ms=c.timestamp_ms,
                         attached=c.attached,
+                        group=c.group,
                     )
                     for pid, entries in sorted(held.items())
                     for c in entries

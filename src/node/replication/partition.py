@@ -1,6 +1,9 @@
 """ReplicatedPartition: a Replica (replica.py) as spate.core.backend.Partition, whose `append`
 returns an asyncio future. Everything else is the Replica's, which the simulator runs as is,
-but for the named consumers attached here (`attached`, ADR 0012): node-local, not replicated."""
+but for the named consumers attached here (`attached`, ADR 0012) and their single active
+consumer groups (`groups`, ADR 0013): node-local, not replicated. When this replica stops
+leading, the groups are disbanded and every standby waiting for its turn is told NotLeader (its
+link is detached, and the client attaches again at the new leader)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from spate.core.backend import ConsumerOffset, ProducerInfo, PublishingIds
-from spate.core.errors import BrokerError, FailedPrecondition
+from spate.core.active import ActiveGroups, Conflict
+from spate.core.backend import Attached, ConsumerOffset, ProducerInfo, PublishingIds
+from spate.core.errors import BrokerError, FailedPrecondition, NotLeader
 from spate.core.ids import Offset
+from spate.node.replication.messages import Ready
 from spate.node.replication.replica import Replica
 
 
@@ -31,6 +36,10 @@ class ReplicatedPartition(Replica):
         super().__init__(*args, **kwargs)
         self.attached: dict[bytes, int] = {}
         """Named consumer links attached through this replica, by name (ADR 0012)."""
+        self.groups = ActiveGroups()
+        """Single active consumer groups (ADR 0013), node-local like `attached`."""
+        self.standbys: set[asyncio.Future[Attached]] = set()
+        """`until_active` and `until_deposed` futures not resolved yet."""
 
     def append(
         self, records: Sequence[bytes], producer: PublishingIds | None = None
@@ -59,12 +68,81 @@ class ReplicatedPartition(Replica):
         self.query_offset(name, _settle(future))
         return future
 
-    async def consumer_attach(self, name: bytes) -> ConsumerOffset | None:
+    async def consumer_attach(
+        self, name: bytes, *, single_active: bool = False, spread: int | None = None
+    ) -> Attached:
         stored = await self.stored_offset(name)  # NotLeader here: the link goes to the leader
+        try:
+            member, active = self.groups.attach(
+                name, self.attached.get(name, 0), single_active=single_active, spread=spread
+            )
+        except Conflict as conflict:
+            raise FailedPrecondition(f"{conflict} on {self.stream}/{self.partition}") from None
         self.attached[name] = self.attached.get(name, 0) + 1
-        return stored
+        return Attached(stored, member, active)
 
-    async def consumer_detach(self, name: bytes, offset: int | None) -> None:
+    def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future = self._standby()
+
+        def told(active: bool) -> None:
+            if not active:
+                if not future.done():
+                    future.set_result(Attached(None, member, active=False))
+                return
+            stored = self.stored_offset(name)  # committed: what the last member stored
+
+            def answer(query: asyncio.Future[ConsumerOffset | None]) -> None:
+                if future.done():
+                    return
+                error = None if query.cancelled() else query.exception()
+                if error is not None or query.cancelled():
+                    future.set_exception(error or asyncio.CancelledError())
+                else:
+                    future.set_result(Attached(query.result(), member, active=True))
+
+            stored.add_done_callback(answer)
+
+        self.groups.watch(name, member, told)
+        return future
+
+    def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future = self._standby()
+
+        def told(deposed: bool) -> None:
+            if not future.done():
+                future.set_result(Attached(None, member, active=not deposed))
+
+        self.groups.watch_deposed(name, member, told)
+        return future
+
+    async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
+        if offset is not None:
+            await self.store_offset(name, offset)
+        self.groups.stepped_down(name, member)
+
+    def _standby(self) -> asyncio.Future[Attached]:
+        """A future answered when a group member's turn comes (or goes); failed with NotLeader
+        when this replica stops leading."""
+        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+        self.standbys.add(future)
+        future.add_done_callback(self.standbys.discard)
+        return future
+
+    def report_leader(self, ready: Ready) -> None:
+        super().report_leader(ready)
+        if ready.leader_change is not None and not self.is_leader:
+            self.groups.disband()
+            for future in list(self.standbys):
+                if not future.done():
+                    future.set_exception(
+                        NotLeader(
+                            f"{self.stream}/{self.partition} has a new leader: attach again "
+                            "there to rejoin the single-active-consumer group",
+                            leader_node=self.raft.leader,
+                        )
+                    )
+
+    async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         try:
             if offset is not None:
                 await self.store_offset(name, offset)
@@ -74,6 +152,8 @@ class ReplicatedPartition(Replica):
                 self.attached[name] = count
             else:
                 self.attached.pop(name, None)
+            if member:
+                self.groups.leave(name, member)
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
         """An operator's reset: refused while a link of that name is attached here."""
@@ -87,8 +167,14 @@ class ReplicatedPartition(Replica):
 
     def consumer_offsets(self) -> list[ConsumerOffset]:
         """Stored offsets on this replica, with the links attached here."""
-        attached = self.attached
+        attached, groups = self.attached, self.groups
         return [
-            ConsumerOffset(c.name, c.offset, c.timestamp_ms, attached.get(c.name.encode(), 0))
+            ConsumerOffset(
+                c.name,
+                c.offset,
+                c.timestamp_ms,
+                attached.get(c.name.encode(), 0),
+                groups.size(c.name.encode()),
+            )
             for c in self.offsets()
         ]

@@ -1,0 +1,193 @@
+"""Single active consumer groups of one partition, kept by its leader (pure; ADR 0013).
+
+Receivers that attach with `spate:consumer-name` and `spate:single-active-consumer` = true
+form a group per (stream, partition, name). Members are numbered as they join (1, 2, 3, ...
+per partition, never reused). One member at a time is *current*: the one the partition's
+messages go to. Which member should be current — the *designated* one — is the first still
+here, or, for a partition of a super stream (`spread` = the partition's index in it), member
+number `spread % size` in joining order, so that consumers of a super stream spread their
+active links over its partitions (004 "Single Active Consumer Support", RabbitMQ's rule).
+
+When the designated member changes while another is current (a member joined or left a
+spread group), the current one is asked to step down (`watch_deposed`); it stops receiving,
+stores what it finished and reports `stepped_down`; only then does the designated member
+become current (`watch`), so that it starts after what the one before it stored. When the
+current member leaves, the designated one takes over at once. Each watcher is told once.
+
+A name is used either by one group or by plain named links, never both (`Conflict`), so that
+"the one active consumer" means what it says.
+
+Node-local, like the attached-link counts of offset tracking: a new leader starts with no
+groups, and the members' links, redirected or re-routed there, join again in the order they
+arrive.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Watcher = Callable[[bool], None]
+
+
+class Conflict(Exception):
+    """A name is already used the other way (single active or plain), or with another spread."""
+
+
+@dataclass
+class Group:
+    members: list[int]
+    """In joining order."""
+    spread: int | None
+    """The partition's index in its super stream (None: the first member is designated)."""
+    current: int | None
+    """The member receiving now (None: between a step-down and the next member's turn)."""
+    stepping_down: bool = False
+    """`current` was asked to step down and has not reported it yet."""
+
+    def designated(self) -> int:
+        if self.spread is None:
+            return self.members[0]
+        return self.members[self.spread % len(self.members)]
+
+
+@dataclass
+class ActiveGroups:
+    groups: dict[bytes, Group] = field(default_factory=dict)
+    activation: dict[int, Watcher] = field(default_factory=dict)
+    """member -> told True when it becomes current, False when it leaves first."""
+    deposal: dict[int, Watcher] = field(default_factory=dict)
+    """current member -> told True when it must step down, False when it leaves first."""
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def join(self, name: bytes, plain_links: int, spread: int | None = None) -> tuple[int, bool]:
+        """A member joins `name`'s group: (its number, whether it is current). `plain_links`:
+        the links of that name attached without single-active-consumer."""
+        if plain_links:
+            raise Conflict(
+                f"{plain_links} link(s) of consumer {_text(name)} are attached without "
+                "single-active-consumer"
+            )
+        group = self.groups.get(name)
+        if group is not None and group.spread != spread:
+            raise Conflict(
+                f"consumer {_text(name)} is a single-active-consumer group "
+                + ("of a super stream's partition" if group.spread is not None else "of a stream")
+                + "; its members attach the same way"
+            )
+        member = next(self.numbers)
+        if group is None:
+            self.groups[name] = Group([member], spread, member)
+            return member, True
+        group.members.append(member)
+        self._rebalance(group)
+        return member, False
+
+    def attach(
+        self, name: bytes, attached: int, *, single_active: bool, spread: int | None = None
+    ) -> tuple[int, bool]:
+        """A named link attaches (`attached`: the name's links attached already, members
+        included): (member number, current) — (0, True) for a plain link."""
+        if not single_active:
+            self.check_plain(name)
+            return 0, True
+        return self.join(name, attached - self.size(name), spread)
+
+    def check_plain(self, name: bytes) -> None:
+        """A plain named link may attach only while `name` has no group."""
+        group = self.groups.get(name)
+        if group is not None:
+            raise Conflict(
+                f"consumer {_text(name)} is a single-active-consumer group of "
+                f"{len(group.members)} link(s); attach with spate:single-active-consumer = true "
+                "to join it"
+            )
+
+    def active(self, name: bytes) -> int | None:
+        """The current member (None: no group, or between a step-down and the next turn)."""
+        group = self.groups.get(name)
+        return None if group is None else group.current
+
+    def size(self, name: bytes) -> int:
+        group = self.groups.get(name)
+        return 0 if group is None else len(group.members)
+
+    def watch(self, name: bytes, member: int, watcher: Watcher) -> None:
+        """Tell `watcher` once: True when `member` is or becomes current, False when it has
+        left (or never was here)."""
+        group = self.groups.get(name)
+        if group is None or member not in group.members:
+            watcher(False)
+        elif group.current == member:
+            watcher(True)
+        else:
+            self.activation[member] = watcher
+
+    def watch_deposed(self, name: bytes, member: int, watcher: Watcher) -> None:
+        """Tell `watcher` once: True when the current `member` must step down, False when it
+        has left (or is not current)."""
+        group = self.groups.get(name)
+        if group is None or group.current != member:
+            watcher(False)
+        elif group.stepping_down:
+            watcher(True)
+        else:
+            self.deposal[member] = watcher
+
+    def stepped_down(self, name: bytes, member: int) -> int | None:
+        """The current member stopped receiving and stored what it finished: the designated
+        member becomes current (returned; None when nothing changed)."""
+        group = self.groups.get(name)
+        if group is None or group.current != member:
+            return None
+        group.current, group.stepping_down = None, False
+        self.deposal.pop(member, None)
+        return self._promote(group)
+
+    def disband(self) -> None:
+        """Forget every group (the partition's leadership moved elsewhere); member numbers go
+        on from where they were, so a late `leave` of an old member touches nothing new."""
+        self.groups.clear()
+        self.activation.clear()
+        self.deposal.clear()
+
+    def leave(self, name: bytes, member: int) -> int | None:
+        """`member` leaves; returns the member that became current because of it (None: the
+        current one did not change, or nobody is left)."""
+        group = self.groups.get(name)
+        if group is None or member not in group.members:
+            return None
+        group.members.remove(member)
+        for watchers in (self.activation, self.deposal):
+            told = watchers.pop(member, None)
+            if told is not None:
+                told(False)
+        if not group.members:
+            del self.groups[name]
+            return None
+        if group.current == member:
+            group.current, group.stepping_down = None, False
+            return self._promote(group)
+        self._rebalance(group)
+        return None
+
+    def _rebalance(self, group: Group) -> None:
+        """Ask the current member to step down when another one is designated."""
+        if group.current is None or group.stepping_down or group.current == group.designated():
+            return
+        group.stepping_down = True
+        told = self.deposal.pop(group.current, None)
+        if told is not None:
+            told(True)
+
+    def _promote(self, group: Group) -> int:
+        group.current = promoted = group.designated()
+        told = self.activation.pop(promoted, None)
+        if told is not None:
+            told(True)
+        return promoted
+
+
+def _text(name: bytes) -> str:
+    return repr(name.decode(errors="replace"))
