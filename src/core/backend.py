@@ -271,6 +271,11 @@ class Broker(Protocol):
         NotImplementedFeature where this broker cannot route its messages."""
         ...
 
+    def super_stream_of(self, stream: StreamName) -> Awaitable[SuperStream | None]:
+        """The super stream `stream` is a partition of, if any (single active consumer
+        groups spread over its partitions by their index, ADR 0013)."""
+        ...
+
     def super_stream_version(self, name: StreamName) -> int | None:
         """The version of the super stream's topology as this broker knows it now (None: not
         known, e.g. deleted). A link routing by another version is stale (ADR 0014)."""

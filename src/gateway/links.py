@@ -432,6 +432,10 @@ async def plan_consumer(
         bound = PartitionId(0)
     name = consumer_name(properties)
     sac = single_active(properties, name)
+    if sac and spread is None:
+        owner = await broker.super_stream_of(address.stream)
+        if owner is not None:  # a super stream's partition: groups spread by its index
+            spread = owner.partitions.index(address.stream)
     if name is not None and bound is None:
         raise InvalidArgument(
             f"'{CONSUMER_NAME_PROPERTY}' needs a partition-bound link: stream "

@@ -361,6 +361,12 @@ class RemoteBroker:
     def super_stream_version(self, name: StreamName) -> int | None:
         return self.table.routes.super_stream_version(name)
 
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        """From the routes, read again first when they do not hold the stream yet."""
+        if stream not in self.table.routes.streams and self.refresh is not None:
+            await self.refresh()
+        return self.table.routes.super_stream_of(stream)
+
     def _config(self, name: StreamName) -> StreamConfig:
         config = self.table.routes.streams.get(name) or self.configs.get(name)
         if config is None:

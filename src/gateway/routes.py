@@ -63,6 +63,12 @@ class Routes:
         topology = self.super_streams.get(name)
         return None if topology is None else topology.version
 
+    def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
+
 
 class RoutingTable:
     """The newest Routes seen; older pictures are refused (revision fencing)."""
@@ -127,6 +133,11 @@ class RedirectBroker:
             "redirect-mode gateway cannot do; use proxy mode (the 'spate:gateway-mode' "
             "property 'proxy', a gateway run with the cluster secret) or connect to a node"
         )
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        if self.relay is not None:
+            return await self.relay.super_stream_of(stream)
+        return self.table.routes.super_stream_of(stream)
 
     def super_stream_version(self, name: StreamName) -> int | None:
         if self.relay is not None:

@@ -43,6 +43,10 @@ class NodeFront:
         self.refresh()
         return self.remote.table.routes.super_stream(name)
 
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        self.refresh()
+        return self.remote.table.routes.super_stream_of(stream)
+
     def super_stream_version(self, name: StreamName) -> int | None:
         """As of the last metadata change this node applied to its routes."""
         return self.remote.table.routes.super_stream_version(name)

@@ -277,3 +277,37 @@ def test_a_link_routing_by_a_stale_topology_is_ended(
         name, text = ended(sender, keyed("gone", "hello1"))
         assert (name, text) == ("amqp:not-found", f"super stream {topology.name!r} was deleted")
     assert bodies_of(gateway, topology.partitions[1], 2) == ["v0", "v1"]
+
+
+def test_single_active_consumers_spread_over_the_partitions(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    """004 "Single Active Consumer Support" with super streams: two application instances each
+    attach one member per partition stream under one name; partition i's group makes member
+    number i % size active (RabbitMQ's rule, ADR 0013), so each instance receives one partition
+    — the second instance takes partition 1 over from the first, which joined it first."""
+    topology = make_super(partitions=2)
+    assert [hash_partition(k, 2) for k in ("hello2", "hello3")] == [0, 1]
+    properties = LinkProperties(
+        {symbol("spate:consumer-name"): "billing", symbol("spate:single-active-consumer"): True}
+    )
+    with blocking(gateway) as one, blocking(gateway) as two:
+        links = {
+            (instance, p): conn.create_receiver(
+                stream, name=unique("rx"), credit=10, options=[properties]
+            )
+            for instance, conn in (("one", one), ("two", two))
+            for p, stream in enumerate(topology.partitions)
+        }
+        assert links[("one", 0)].link.remote_properties[symbol("spate:active")] is True
+        assert links[("two", 0)].link.remote_properties[symbol("spate:active")] is False
+        with blocking(gateway) as conn:
+            sender = conn.create_sender(topology.name, name=unique("tx"))
+            for body, key in (("to-0", "hello2"), ("to-1", "hello3")):
+                assert sender.send(keyed(body, key)).remote_state == Delivery.ACCEPTED
+        assert links[("one", 0)].receive(timeout=10).body == "to-0"
+        links[("one", 0)].accept()
+        took_over = links[("two", 1)].receive(timeout=10)
+        assert took_over.body == "to-1"
+        assert (took_over.instructions or {}).get(symbol("spate:active")) is True
+        links[("two", 1)].accept()

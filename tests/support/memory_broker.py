@@ -294,6 +294,12 @@ class MemoryBroker:
         topology = self.super_streams.get(name)
         return None if topology is None else topology.version
 
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
+
     def release(self) -> int:
         """Commit every held append of every partition (commit_delay_s=None)."""
         return sum(p.release() for p in self.partitions.values())

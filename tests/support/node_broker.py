@@ -69,6 +69,12 @@ class NodeBroker:
         topology = self.super_streams.get(name)
         return None if topology is None else topology.version
 
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
+
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)
 

@@ -74,6 +74,9 @@ class ProxyBroker:
     def super_stream_version(self, name: StreamName) -> int | None:
         return None if self.remote is None else self.remote.super_stream_version(name)
 
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        return None if self.remote is None else await self.remote.super_stream_of(stream)
+
     async def close(self) -> None:
         if self.sessions is not None:
             await self.sessions.close()
