@@ -147,6 +147,8 @@ class GatewayProcess:
             modes,
         )
         self._task: asyncio.Task[None] | None = None
+        self._reading: asyncio.Future[bool] | None = None
+        """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
         self.endpoints: dict[str, Any] = {}
 
     async def start(self) -> dict[str, Any]:
@@ -183,8 +185,11 @@ class GatewayProcess:
             admins = admins[1:] + admins[:1]  # next time, ask another node first
 
     async def _refresh_now(self) -> bool:
-        """Read the routes at once (an attach names something they do not hold)."""
-        return await self._refresh_once(self.settings.admin)
+        """Read the routes at once (an attach names something they do not hold); attaches
+        arriving while a read is under way wait for that one."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._refresh_once(self.settings.admin))
+        return await asyncio.shield(self._reading)
 
     async def _refresh_once(self, admins: Sequence[str]) -> bool:
         for admin in admins:
@@ -200,10 +205,11 @@ class GatewayProcess:
         return False
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._reading):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.server.close()
         if self.sessions is not None:
             await self.sessions.close()
