@@ -311,3 +311,42 @@ def test_single_active_consumers_spread_over_the_partitions(
         assert took_over.body == "to-1"
         assert (took_over.instructions or {}).get(symbol("spate:active")) is True
         links[("two", 1)].accept()
+
+
+def test_a_target_partition_annotation_names_the_partition(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    topology = make_super(partitions=3)
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        message = keyed("pinned", "hello1")  # hello1 would go to partition 1
+        message.instructions = {symbol("event-streams-target-partition"): symbol("2")}
+        assert sender.send(message).remote_state == Delivery.ACCEPTED
+        message = keyed("nowhere", "hello1")
+        message.instructions = {symbol("event-streams-target-partition"): symbol("3")}
+        name, text = rejected(sender, message)
+        assert name == "amqp:not-found" and "'0'..'2'" in text
+    assert bodies_of(gateway, topology.partitions[2], 1) == ["pinned"]
+
+
+@pytest.mark.memory_broker_only
+def test_each_message_gets_its_partitions_outcome(
+    gateway: RunningGateway,
+    broker: MemoryBroker,
+    loop_thread: LoopThread,
+    make_super: Callable[..., SuperStream],
+) -> None:
+    """A failed append on one partition rejects only that partition's messages."""
+    from spate.core.errors import Unavailable
+
+    topology = make_super(partitions=3)
+    failing = topology.partitions[1]
+    loop_thread.run(lambda: broker.fail_appends(failing, 0, Unavailable("no quorum")))
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(topology.name, name=unique("tx"))
+        name, text = rejected(sender, keyed("lost", "hello1"))  # -> partition 1
+        assert name == "amqp:resource-locked" and "no quorum" in text
+        assert sender.send(keyed("kept", "hello2")).remote_state == Delivery.ACCEPTED  # -> 0
+        assert sender.send(keyed("again", "hello1")).remote_state == Delivery.ACCEPTED
+    assert bodies_of(gateway, topology.partitions[0], 1) == ["kept"]
+    assert bodies_of(gateway, topology.partitions[1], 1) == ["again"]
