@@ -208,7 +208,13 @@ async def plan_super_producer(
     plan.current_version = lambda: broker.super_stream_version(name)
     try:
         for index, stream in enumerate(topology.partitions):
-            await broker.lookup(stream)
+            try:
+                await broker.lookup(stream)
+            except NotFound as missing:  # the topology is newer than this broker's streams
+                raise Unavailable(
+                    f"super stream {name!r} was just created or deleted: its partition stream "
+                    f"{stream!r} is not known here yet; retry"
+                ) from missing
             plan.targets[PartitionId(index)] = partition_or_agnostic_error(
                 broker, stream, PartitionId(0), True, write=True
             )

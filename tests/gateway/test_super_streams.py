@@ -350,3 +350,20 @@ def test_each_message_gets_its_partitions_outcome(
         assert sender.send(keyed("again", "hello1")).remote_state == Delivery.ACCEPTED
     assert bodies_of(gateway, topology.partitions[0], 1) == ["kept"]
     assert bodies_of(gateway, topology.partitions[1], 1) == ["again"]
+
+
+@pytest.mark.memory_broker_only
+def test_a_topology_ahead_of_its_streams_is_refused_as_retryable(
+    gateway: RunningGateway, broker: MemoryBroker, loop_thread: LoopThread
+) -> None:
+    """A broker that knows the topology before the partition streams (a node that has not
+    applied the creation yet) refuses the attach as retryable rather than unknown."""
+    topology = define(unique("ss"), partitions=2)
+    loop_thread.run(lambda: broker.super_streams.__setitem__(topology.name, topology))
+    with blocking(gateway) as conn:
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_sender(topology.name, name=unique("tx"))
+        condition = refused.value.link.remote_condition
+        assert condition.name == "amqp:resource-locked"
+        assert condition.info[symbol("spate:retryable")] is True
+        assert f"{topology.partitions[0]!r} is not known here yet; retry" in condition.description
