@@ -15,7 +15,9 @@ node, which knows for sure.
 
 What redirect mode cannot do (proxy mode will): a partition-agnostic sender on a stream of
 several partitions (refused: bind the link with `event-streams-partition`), clients that do not
-follow redirects, and `$info` with offsets (it lists each partition's leader instead).
+follow redirects, and `$info` with offsets (it lists each partition's leader instead). A
+sender on a super stream (ADR 0014) reaches several leaders: it is proxied when the gateway
+has the cluster secret (`relay`), else redirected to a node, which routes its messages.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spate.core.backend import Broker, Partition
-from spate.core.errors import NotFound, NotImplementedFeature, NotLeader, Unavailable
+from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream, unknown
@@ -91,6 +93,13 @@ class RoutingTable:
         return True
 
 
+def super_stream_redirect(name: str) -> str:
+    return (
+        f"{name!r} is a super stream: its messages go to several partitions' leaders, so a "
+        "node routes them (or use proxy mode: the 'spate:gateway-mode' property 'proxy')"
+    )
+
+
 class RedirectBroker:
     """spate.core.backend.Broker for a gateway in redirect mode (see the module docstring)."""
 
@@ -109,30 +118,27 @@ class RedirectBroker:
         routes = self.table.routes
         config = routes.streams.get(name)
         if config is None:
-            if routes.version < 0 or not routes.amqp:
-                raise Unavailable("the gateway has not reached the metadata service yet; retry")
+            if name in routes.super_streams:
+                raise self._to_a_node(super_stream_redirect(name))
             # Created since the last refresh, or not at all: a node knows for sure.
-            node = min(routes.amqp)
-            host, port = routes.amqp[node]
-            raise NotLeader(
-                f"stream {name!r} is not known to this gateway yet; ask a node",
-                leader_host=host,
-                leader_port=port,
-                leader_node=node,
-            )
+            raise self._to_a_node(f"stream {name!r} is not known to this gateway yet; ask a node")
         return config
 
+    def _to_a_node(self, why: str) -> NotLeader | Unavailable:
+        routes = self.table.routes
+        if routes.version < 0 or not routes.amqp:
+            return Unavailable("the gateway has not reached the metadata service yet; retry")
+        node = min(routes.amqp)
+        host, port = routes.amqp[node]
+        return NotLeader(why, leader_host=host, leader_port=port, leader_node=node)
+
     async def super_stream(self, name: StreamName) -> SuperStream:
-        """Served through the proxy broker when this gateway has one: a super stream's
-        messages go to several leaders, which one redirect cannot express."""
+        """Served through the proxy broker when this gateway has one; otherwise the link goes
+        to a node, which routes each message to its partition's leader (one redirect cannot
+        name several leaders)."""
         if self.relay is not None:
             return await self.relay.super_stream(name)
-        self.table.routes.super_stream(name)  # NotFound for an unknown one
-        raise NotImplementedFeature(
-            f"{name!r} is a super stream: each message goes to its partition's leader, which a "
-            "redirect-mode gateway cannot do; use proxy mode (the 'spate:gateway-mode' "
-            "property 'proxy', a gateway run with the cluster secret) or connect to a node"
-        )
+        raise self._to_a_node(super_stream_redirect(name))
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         if self.relay is not None:

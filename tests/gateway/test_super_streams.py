@@ -191,21 +191,24 @@ def test_rhea_publishes_to_a_super_stream(
     assert bodies_of(gateway, topology.partitions[2], 1) == ["r4"]
 
 
-def test_a_redirect_gateway_without_proxy_refuses_super_streams_pointing_at_proxy_mode() -> None:
+def test_a_redirect_gateway_without_proxy_sends_super_stream_links_to_a_node() -> None:
     import asyncio
 
-    from spate.core.errors import NotFound, NotImplementedFeature
-    from spate.core.ids import StreamName
+    from spate.core.errors import NotLeader, Unavailable
+    from spate.core.ids import NodeId
     from spate.gateway.routes import RedirectBroker, Routes, RoutingTable
 
     topology = define("invoices", partitions=2)
     table = RoutingTable()
-    table.update(Routes(3, super_streams={topology.name: topology}))
     broker = RedirectBroker(table)
-    with pytest.raises(NotImplementedFeature, match="use proxy mode"):
-        asyncio.run(broker.super_stream(topology.name))
-    with pytest.raises(NotFound, match="stream or super stream 'ghost' does not exist"):
-        asyncio.run(broker.super_stream(StreamName("ghost")))
+    with pytest.raises(Unavailable, match="not reached the metadata service"):
+        asyncio.run(broker.lookup(topology.name))
+    amqp = {NodeId("n2"): ("10.0.0.2", 5672), NodeId("n1"): ("10.0.0.1", 5672)}
+    table.update(Routes(3, amqp=amqp, super_streams={topology.name: topology}))
+    for call in (broker.lookup, broker.super_stream):
+        with pytest.raises(NotLeader, match="'invoices' is a super stream") as redirected:
+            asyncio.run(call(topology.name))
+        assert (redirected.value.leader_node, redirected.value.leader_host) == ("n1", "10.0.0.1")
 
 
 @pytest.mark.parametrize(
