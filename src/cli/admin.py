@@ -1,5 +1,5 @@
-"""Admin subcommands over gRPC: `spate stream create|list|describe|delete`, `spate partition list`,
-`spate cluster status`.
+"""Admin subcommands over gRPC: `spate stream create|list|describe|delete`,
+`spate superstream create|list|describe|delete`, `spate partition list`, `spate cluster status`.
 
 Where the admin API is (first that applies): `--admin HOST:PORT`; the SPATE_ADMIN environment
 variable; the "admin" field of <data dir>/endpoints.json, written by `spate dev up`, where the data
@@ -28,6 +28,7 @@ from spate.core import limits
 from spate.core.errors import ErrorCode, InvalidArgument, Unavailable
 from spate.core.ids import StreamName
 from spate.core.streams import Retention, StreamConfig, validate_stream_name
+from spate.core.superstreams import Routing, define
 from spate.core.units import parse_bytes, parse_duration_ms
 
 DEFAULT_ADMIN = "127.0.0.1:7600"
@@ -106,27 +107,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"copies of each partition, 1-{limits.replicas_max}, each on a different live node "
         "(default: min(3, registered nodes))",
     )
-    create.add_argument(
-        "--max-age",
-        metavar="DURATION",
-        help="delete whole segments once all their messages are older (e.g. 6h)",
-    )
-    create.add_argument(
-        "--max-bytes",
-        metavar="SIZE",
-        help="delete the oldest segments while a partition holds more (e.g. 10GB)",
-    )
-    create.add_argument(
-        "--max-messages",
-        type=int,
-        metavar="N",
-        help="delete the oldest segments while a partition holds more messages",
-    )
-    create.add_argument(
-        "--segment-bytes",
-        metavar="SIZE",
-        help="roll to a new segment file at this size (default 64MiB)",
-    )
+    _add_storage_options(create)
     create.set_defaults(run=_create)
 
     listing = stream_commands.add_parser(
@@ -158,6 +139,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     delete.add_argument("name", metavar="NAME", help="stream name")
     delete.set_defaults(run=_delete)
+
+    _register_super_streams(subparsers, common)
 
     partition = subparsers.add_parser(
         "partition",
@@ -270,11 +253,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 # Commands ---------------------------------------------------------------------------------------
 
 
-def _create(args: argparse.Namespace) -> int:
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-age",
+        metavar="DURATION",
+        help="delete whole segments once all their messages are older (e.g. 6h)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        metavar="SIZE",
+        help="delete the oldest segments while a partition holds more (e.g. 10GB)",
+    )
+    parser.add_argument(
+        "--max-messages",
+        type=int,
+        metavar="N",
+        help="delete the oldest segments while a partition holds more messages",
+    )
+    parser.add_argument(
+        "--segment-bytes",
+        metavar="SIZE",
+        help="roll to a new segment file at this size (default 64MiB)",
+    )
+
+
+def _stream_config_message(args: argparse.Namespace, name: str, partitions: int) -> Any:
+    """The StreamConfig message of `--replicas` and the storage options, validated here first
+    (the server validates again; this answers before any network call)."""
     segment_bytes = _option(parse_bytes, "--segment-bytes", args.segment_bytes)
     config = StreamConfig(
-        name=StreamName(args.name),
-        partitions=args.partitions,
+        name=StreamName(name),
+        partitions=partitions,
         replicas=args.replicas if args.replicas is not None else 1,
         segment_bytes=limits.segment_bytes_default if segment_bytes is None else segment_bytes,
         retention=Retention(
@@ -283,12 +292,17 @@ def _create(args: argparse.Namespace) -> int:
             max_messages=args.max_messages,
         ),
     )
-    config.validate()  # the server validates again; this answers before any network call
+    config.validate()
     message = _config_message(config)
     if args.replicas is None:
         message.ClearField("replicas")
     if args.segment_bytes is None:
         message.ClearField("segment_bytes")
+    return message
+
+
+def _create(args: argparse.Namespace) -> int:
+    message = _stream_config_message(args, args.name, args.partitions)
     response = _call(args, "CreateStream", pb.CreateStreamRequest(stream=message))
     stream = _stream_json(response.stream)
     if args.output == "json":
@@ -554,6 +568,218 @@ def _delete(args: argparse.Namespace) -> int:
     else:
         _print(f"Deleted stream {args.name!r}.")
     return EXIT_OK
+
+
+# Super streams ----------------------------------------------------------------------------------
+
+
+def _register_super_streams(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    superstream = subparsers.add_parser(
+        "superstream",
+        help="create, list, describe and delete super streams",
+        description="Manage super streams (004 'Super Streams', ADR 0014): a name over "
+        "partition streams; a message sent to the super stream's address goes to one "
+        "partition, chosen by the broker from its routing key.",
+    )
+    commands = superstream.add_subparsers(
+        title="superstream commands", metavar="ACTION", dest="action", required=True
+    )
+    create = commands.add_parser(
+        "create",
+        parents=[common],
+        help="define a super stream and create its partition streams",
+        description="Create a super stream and its partition streams in one metadata command: "
+        "--partitions N makes NAME-0 .. NAME-(N-1) (hash routing: 32-bit MurmurHash3 of the "
+        "routing key modulo N, as RabbitMQ's stream clients); --binding-keys K1,K2 makes "
+        "NAME-K1, NAME-K2 (key routing: the stream whose key is the routing key). Each "
+        "partition stream has one partition and the --replicas and storage options given.",
+    )
+    create.add_argument("name", metavar="NAME", help="super stream name, its AMQP address")
+    kind = create.add_mutually_exclusive_group(required=True)
+    kind.add_argument(
+        "--partitions",
+        type=int,
+        metavar="N",
+        help=f"number of partition streams, 1-{limits.super_stream_partitions_max}",
+    )
+    kind.add_argument(
+        "--binding-keys",
+        metavar="K1,K2,...",
+        help="comma-separated binding keys, one partition stream each",
+    )
+    create.add_argument(
+        "--routing",
+        choices=[r.value for r in Routing],
+        default=None,
+        help="how a message's routing key picks its partition (default: hash with "
+        "--partitions, key with --binding-keys)",
+    )
+    create.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="R",
+        help="copies of each partition stream (default: min(3, registered nodes))",
+    )
+    _add_storage_options(create)
+    create.set_defaults(run=_super_create)
+
+    listing = commands.add_parser(
+        "list",
+        parents=[common],
+        help="list every super stream",
+        description="List every super stream with its partition streams, sorted by name.",
+    )
+    listing.set_defaults(run=_super_list)
+    describe = commands.add_parser(
+        "describe",
+        parents=[common],
+        help="show one super stream and its partition streams",
+        description="Show a super stream's topology and, per partition stream, its binding "
+        "key, replicas, leader and the figures the answering node has.",
+    )
+    describe.add_argument("name", metavar="NAME", help="super stream name")
+    describe.set_defaults(run=_super_describe)
+    delete = commands.add_parser(
+        "delete",
+        parents=[common],
+        help="delete a super stream and its partition streams",
+        description="Delete a super stream and its partition streams with their messages, "
+        "in one metadata command. This cannot be undone.",
+    )
+    delete.add_argument("name", metavar="NAME", help="super stream name")
+    delete.set_defaults(run=_super_delete)
+
+
+def _super_create(args: argparse.Namespace) -> int:
+    keys = None
+    if args.binding_keys is not None:
+        keys = tuple(k.strip() for k in args.binding_keys.split(","))
+    routing = None if args.routing is None else Routing(args.routing)
+    try:
+        define(args.name, partitions=args.partitions, binding_keys=keys, routing=routing)
+    except InvalidArgument as error:
+        message = error.message
+        if message.startswith(("partitions", "binding-keys")):
+            message = "--" + message  # name the flag
+        raise InvalidArgument(message) from None
+    template = _stream_config_message(args, args.name, 1)
+    template.ClearField("partitions")
+    request = pb.CreateSuperStreamRequest(
+        name=args.name,
+        partitions=args.partitions,
+        binding_keys=keys or (),
+        routing=args.routing or "",
+        stream=template,
+    )
+    response = _call(args, "CreateSuperStream", request)
+    topology = _super_json(response.super_stream)
+    if args.output == "json":
+        _print(output.render_json({"super_stream": topology}))
+    else:
+        _print(
+            f"Created super stream {topology['name']!r} with "
+            f"{len(topology['partitions'])} partition streams.\n" + _super_fields(topology)
+        )
+    return EXIT_OK
+
+
+def _super_list(args: argparse.Namespace) -> int:
+    response = _call(args, "ListSuperStreams", pb.ListSuperStreamsRequest())
+    topologies = [_super_json(t) for t in response.super_streams]
+    if args.output == "json":
+        _print(output.render_json({"super_streams": topologies}))
+    elif not topologies:
+        _print("No super streams. Create one with `spate superstream create NAME --partitions N`.")
+    else:
+        rows = [
+            [t["name"], t["routing"], str(len(t["partitions"])), ",".join(t["partitions"])]
+            for t in topologies
+        ]
+        _print(output.render_table(["NAME", "ROUTING", "PARTITIONS", "STREAMS"], rows))
+    return EXIT_OK
+
+
+def _super_describe(args: argparse.Namespace) -> int:
+    validate_stream_name(args.name)
+    response = _call(args, "DescribeSuperStream", pb.DescribeSuperStreamRequest(name=args.name))
+    topology = _super_json(response.super_stream)
+    stream = _stream_json(response.stream)
+    partitions = [
+        {"stream": p.stream, "binding_key": p.binding_key, **_partition_json(p.stats)}
+        for p in response.partitions
+    ]
+    if args.output == "json":
+        _print(
+            output.render_json(
+                {"super_stream": topology, "stream": stream, "partitions": partitions}
+            )
+        )
+        return EXIT_OK
+    rows = []
+    for index, p in enumerate(partitions):
+        rows.append(
+            [
+                str(index),
+                p["stream"],
+                p["binding_key"],
+                ",".join(p["replicas"]) or output.EMPTY,
+                p["leader"] or output.EMPTY,
+                output.number(p["last_offset"]) if p["available"] else output.EMPTY,
+                str(p["messages"]) if p["available"] else output.EMPTY,
+            ]
+        )
+    _print(
+        _super_fields(topology)
+        + "\n"
+        + output.render_fields(
+            [
+                ("replicas", str(stream["replicas"])),
+                ("retention", output.retention_text(stream["retention"])),
+                ("segment size", output.size(stream["segment_bytes"])),
+            ]
+        )
+        + "\n\n"
+        + output.render_table(
+            ["PARTITION", "STREAM", "KEY", "REPLICAS", "LEADER", "LAST", "MESSAGES"], rows
+        )
+    )
+    return EXIT_OK
+
+
+def _super_delete(args: argparse.Namespace) -> int:
+    validate_stream_name(args.name)
+    _call(args, "DeleteSuperStream", pb.DeleteSuperStreamRequest(name=args.name))
+    if args.output == "json":
+        _print(output.render_json({"deleted": args.name}))
+    else:
+        _print(f"Deleted super stream {args.name!r} and its partition streams.")
+    return EXIT_OK
+
+
+def _super_json(message: Any) -> dict[str, Any]:
+    return {
+        "name": message.name,
+        "partitions": list(message.partitions),
+        "binding_keys": list(message.binding_keys),
+        "routing": message.routing,
+        "version": message.version,
+    }
+
+
+def _super_fields(topology: dict[str, Any]) -> str:
+    return output.render_fields(
+        [
+            ("super stream", topology["name"]),
+            ("routing", topology["routing"]),
+            ("partitions", ", ".join(topology["partitions"])),
+            ("binding keys", ", ".join(topology["binding_keys"])),
+            ("version", str(topology["version"])),
+        ]
+    )
 
 
 def _cluster_status(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 
 
 class OffsetSpecKind(Enum):
@@ -263,6 +264,21 @@ class Broker(Protocol):
 
     def lookup(self, name: StreamName) -> Awaitable[StreamConfig]:
         """The stream's configuration; raises NotFound for an unknown stream."""
+        ...
+
+    def super_stream(self, name: StreamName) -> Awaitable[SuperStream]:
+        """A super stream's topology (ADR 0014); raises NotFound for an unknown one, and
+        NotImplementedFeature where this broker cannot route its messages."""
+        ...
+
+    def super_stream_of(self, stream: StreamName) -> Awaitable[SuperStream | None]:
+        """The super stream `stream` is a partition of, if any (single active consumer
+        groups spread over its partitions by their index, ADR 0013)."""
+        ...
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        """The version of the super stream's topology as this broker knows it now (None: not
+        known, e.g. deleted). A link routing by another version is stale (ADR 0014)."""
         ...
 
     def partition(

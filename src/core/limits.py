@@ -38,6 +38,9 @@ when its link detaches (`spate node run --offset-commit-messages/--offset-commit
 stream_name_bytes_max = 200
 partitions_max = 1024
 replicas_max = 5
+super_stream_partitions_max = 256
+"""Partition streams of one super stream (each is a stream: they count against the metadata
+service's stream limit too)."""
 
 # AMQP
 link_credit_max = 5000

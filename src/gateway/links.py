@@ -8,13 +8,15 @@ Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-inform
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from spate.core import limits
 from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
+    BrokerError,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     NotImplementedFeature,
@@ -22,6 +24,8 @@ from spate.core.errors import (
     Unavailable,
 )
 from spate.core.ids import Offset, PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 from spate.gateway.filters import StartSelection, parse_filters
 
 INFO_NODE = "$info"
@@ -113,6 +117,27 @@ class ProducerPlan:
     round_robin: int = 0
     producer: bytes | None = None
     """The `spate:producer-name` (UTF-8) of a deduplicating link; it is partition-bound."""
+    super_stream: SuperStream | None = None
+    """A link to a super stream (ADR 0014): each message is routed by its routing key;
+    `targets[i]` is partition 0 of the partition stream `super_stream.partitions[i]`."""
+    current_version: Callable[[], int | None] | None = None
+    """Super-stream links: the topology's version as the broker knows it now; the link is
+    stale (ended before its next batch) when it differs from `super_stream.version`."""
+
+    def stale(self) -> BrokerError | None:
+        """Why a super-stream link may not route by its topology any more (None: it may)."""
+        topology = self.super_stream
+        if topology is None or self.current_version is None:
+            return None
+        version = self.current_version()
+        if version == topology.version:
+            return None
+        if version is None:
+            return NotFound(f"super stream {topology.name!r} was deleted")
+        return FailedPrecondition(
+            f"super stream {topology.name!r} was recreated (version {version}; this link routes "
+            f"by version {topology.version}): attach again"
+        )
 
     def route(self, target: Any) -> PartitionId:
         """Partition for one message; `target` is its event-streams-target-partition or None.
@@ -140,7 +165,12 @@ async def plan_producer(
 ) -> ProducerPlan:
     if address.info:
         raise InvalidArgument(f"'{address.stream}/$info' is a source: it cannot be sent to")
-    config = await broker.lookup(address.stream)
+    try:
+        config = await broker.lookup(address.stream)
+    except NotFound:
+        return await plan_super_producer(
+            broker, await broker.super_stream(address.stream), properties
+        )
     requested = properties.get(PARTITION_PROPERTY)
     plan = ProducerPlan(address.stream, config.partitions, None)
     if requested is not None:
@@ -159,6 +189,57 @@ async def plan_producer(
             broker, address.stream, PartitionId(pid), plan.bound is None, write=True
         )
     return plan
+
+
+async def plan_super_producer(
+    broker: Broker, topology: SuperStream, properties: dict[Any, Any]
+) -> ProducerPlan:
+    """A sender on a super stream: partition-agnostic over its partition streams, each
+    served here when led here and relayed otherwise (like an agnostic link's partitions)."""
+    name = topology.name
+    for key in (PARTITION_PROPERTY, PRODUCER_NAME_PROPERTY):
+        if properties.get(key) is not None:
+            raise InvalidArgument(
+                f"'{key}' is not taken on super stream {name!r}: the broker routes each message "
+                "by its routing key; to publish to one partition, attach to its stream "
+                f"({topology.partitions[0]!r}, ...)"
+            )
+    plan = ProducerPlan(name, len(topology.partitions), None, super_stream=topology)
+    plan.current_version = lambda: broker.super_stream_version(name)
+    try:
+        for index, stream in enumerate(topology.partitions):
+            try:
+                await broker.lookup(stream)
+            except NotFound as missing:  # the topology is newer than this broker's streams
+                raise Unavailable(
+                    f"super stream {name!r} was just created or deleted: its partition stream "
+                    f"{stream!r} is not known here yet; retry"
+                ) from missing
+            plan.targets[PartitionId(index)] = partition_or_agnostic_error(
+                broker, stream, PartitionId(0), True, write=True
+            )
+    except BaseException:
+        for target in plan.targets.values():
+            target.detach()
+        raise
+    return plan
+
+
+async def lookup_source(broker: Broker, name: StreamName) -> StreamConfig:
+    """broker.lookup for a consumer; a super stream's name says where to consume instead."""
+    try:
+        return await broker.lookup(name)
+    except NotFound as unknown:
+        try:
+            topology = await broker.super_stream(name)
+        except BrokerError:
+            raise unknown from None
+        shown = ", ".join(repr(p) for p in topology.partitions[:3])
+        more = ", ..." if len(topology.partitions) > 3 else ""
+        raise NotFound(
+            f"{name!r} is a super stream: consume from its partition streams ({shown}{more}), "
+            "one link each"
+        ) from None
 
 
 def producer_name(properties: dict[Any, Any]) -> bytes | None:
@@ -347,7 +428,7 @@ async def plan_consumer(
     filters: dict[Any, Any] | None,
     spread: int | None = None,
 ) -> ConsumerPlan:
-    config = await broker.lookup(address.stream)
+    config = await lookup_source(broker, address.stream)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
     bound: PartitionId | None = None
@@ -357,6 +438,10 @@ async def plan_consumer(
         bound = PartitionId(0)
     name = consumer_name(properties)
     sac = single_active(properties, name)
+    if sac and spread is None:
+        owner = await broker.super_stream_of(address.stream)
+        if owner is not None:  # a super stream's partition: groups spread by its index
+            spread = owner.partitions.index(address.stream)
     if name is not None and bound is None:
         raise InvalidArgument(
             f"'{CONSUMER_NAME_PROPERTY}' needs a partition-bound link: stream "

@@ -7,6 +7,11 @@ chunks and appends them, one `Partition.append` per chunk and partition -> `_app
 accepts or rejects the chunk's deliveries. Credit is admission control (`links.producer_credit`):
 none while too many deliveries of the connection wait for durability.
 
+A link to a super stream (ADR 0014) routes every message by its routing key
+(`_accept_routed`): the message annotations and properties are decoded, the message goes to
+its partition's batch (`routed`), or is rejected when it has no routing key or no partition
+matches it.
+
 A named producer link (`spate:producer-name`, ADR 0011) also reads each message's publishing id
 (`sections.publishing_id`) into `ids`: a message without one, or with one not above the link's
 previous, is rejected with amqp:invalid-field. When one of its appends fails, the link is
@@ -28,6 +33,7 @@ from spate.core import limits
 from spate.core.backend import Partition, PublishingIds
 from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
+from spate.core.superstreams import routing_key
 from spate.gateway import links, sections
 from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
 
@@ -151,6 +157,7 @@ class ProducerPart:
         records, deliveries = producer.records, producer.deliveries
         oversize = producer.oversize
         named = producer.name is not None
+        by_key = producer.plan.super_stream is not None
         id_at = sections.ULONG.unpack_from
         got = 0
         while True:
@@ -177,6 +184,12 @@ class ProducerPart:
                 size = 0  # an empty transfer: not a message, scan_incoming says why
             raw = unpack(buf, size)
             advance(lp)
+            if by_key:
+                self._accept_routed(producer, cur, raw)
+                got += 1
+                if producer.closed:
+                    break
+                continue
             if not is_plain(raw):
                 self._accept_incoming(producer, cur, raw)
                 got += 1
@@ -313,6 +326,46 @@ class ProducerPart:
         producer.records.append(stored)
         producer.deliveries.append(delivery)
 
+    def _accept_routed(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
+        """A super-stream link's message: to the batch of the partition its routing key (or
+        its event-streams-target-partition delivery annotation) names, or rejected."""
+        topology = producer.plan.super_stream
+        assert topology is not None
+        try:
+            incoming = sections.scan_incoming(raw)
+        except sections.MalformedMessage as err:
+            self._reject(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
+            return
+        if producer.presettled or lib.pn_delivery_settled(delivery):
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        else:
+            self.unconfirmed += 1
+        try:
+            target = None
+            if incoming.delivery_annotations is not None:
+                annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
+                target = annotations.get(links.TARGET_PARTITION_ANNOTATION)
+            if target is not None:
+                pid = producer.plan.route(target)
+            else:
+                group_key, message_id = sections.routing_fields(incoming.stored)
+                pid = PartitionId(topology.route(routing_key(group_key, message_id)))
+        except (sections.MalformedMessage, BrokerError) as err:
+            error = (
+                amqp_error(err)
+                if isinstance(err, BrokerError)
+                else plain(DECODE_ERROR, f"malformed message: {err}")
+            )
+            if delivery is None:  # came settled: nothing to reject, so say it on the link
+                self.host.end_producer(producer, error)
+            else:
+                self._reject_counted(delivery, error)
+            return
+        records, deliveries = producer.routed.setdefault(pid, ([], []))
+        records.append(incoming.stored)
+        deliveries.append(delivery)
+
     def _reject_counted(self, delivery: Any, error: AmqpError) -> None:
         if delivery is not None:
             self.unconfirmed -= 1
@@ -336,6 +389,9 @@ class ProducerPart:
                 self._flush_named(producer)
                 continue
             batches, producer.routed = producer.routed, {}
+            if plan.super_stream is not None and (stale := plan.stale()) is not None:
+                self._end_stale(producer, batches, stale)
+                continue
             records, deliveries = producer.records, producer.deliveries
             if records:
                 producer.records, producer.deliveries = [], []
@@ -355,6 +411,20 @@ class ProducerPart:
                     self._append(
                         producer, pid, batch_records[start:end], batch_deliveries[start:end]
                     )
+
+    def _end_stale(
+        self,
+        producer: ProducerLink,
+        batches: dict[PartitionId, tuple[list[bytes], list[Any]]],
+        reason: BrokerError,
+    ) -> None:
+        """A super-stream link whose topology changed: nothing more is routed by it."""
+        error = amqp_error(reason)
+        for _, deliveries in batches.values():
+            for delivery in deliveries:
+                if delivery is not None:
+                    self._reject_counted(delivery, error)
+        self.host.end_producer(producer, error)
 
     def _flush_named(self, producer: ProducerLink) -> None:
         """A named link's batch, to its bound partition, with its publishing ids."""

@@ -34,7 +34,7 @@ import logging
 import os
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ from spate.core.backend import (
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 from spate.gateway.routes import Route, RoutingTable
 
 log = logging.getLogger(__name__)
@@ -308,9 +309,16 @@ class Sessions:
 class RemoteBroker:
     """spate.core.backend.Broker for a gateway in proxy mode (see the module docstring)."""
 
-    def __init__(self, table: RoutingTable, sessions: Sessions) -> None:
+    def __init__(
+        self,
+        table: RoutingTable,
+        sessions: Sessions,
+        refresh: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.table = table
         self.sessions = sessions
+        self.refresh = refresh
+        """Reads the routes now (a gateway's metadata refresh), for names they do not hold."""
         self.configs: dict[StreamName, StreamConfig] = {}
         """Streams asked of a node since the table last had them."""
         self.changed = asyncio.Event()
@@ -362,6 +370,25 @@ class RemoteBroker:
             self.configs[name] = config
             return config
         raise error
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        """From the routes; a name they do not hold (a super stream created since the last
+        refresh, or none) is looked for again after reading the routes now."""
+        if name not in self.table.routes.super_streams and self.refresh is not None:
+            await self.refresh()
+        routes = self.table.routes
+        if routes.version < 0:
+            raise Unavailable("the gateway has not reached the metadata service yet; retry")
+        return routes.super_stream(name)
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        return self.table.routes.super_stream_version(name)
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        """From the routes, read again first when they do not hold the stream yet."""
+        if stream not in self.table.routes.streams and self.refresh is not None:
+            await self.refresh()
+        return self.table.routes.super_stream_of(stream)
 
     def _config(self, name: StreamName) -> StreamConfig:
         config = self.table.routes.streams.get(name) or self.configs.get(name)

@@ -15,7 +15,9 @@ node, which knows for sure.
 
 What redirect mode cannot do (proxy mode will): a partition-agnostic sender on a stream of
 several partitions (refused: bind the link with `event-streams-partition`), clients that do not
-follow redirects, and `$info` with offsets (it lists each partition's leader instead).
+follow redirects, and `$info` with offsets (it lists each partition's leader instead). A
+sender on a super stream (ADR 0014) reaches several leaders: it is proxied when the gateway
+has the cluster secret (`relay`), else redirected to a node, which routes its messages.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from spate.core.backend import Broker, Partition
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,25 @@ class Routes:
     """Each node's advertised AMQP host and port."""
     replication: Mapping[NodeId, tuple[str, int]] = field(default_factory=dict)
     """Each node's replication port, where gateways open wire sessions (proxy mode)."""
+    super_streams: Mapping[StreamName, SuperStream] = field(default_factory=dict)
+    """Super-stream topologies (ADR 0014), each with the metadata version that created it."""
+
+    def super_stream(self, name: StreamName) -> SuperStream:
+        """The topology; NotFound naming it when this picture does not hold it."""
+        topology = self.super_streams.get(name)
+        if topology is None:
+            raise unknown(name)
+        return topology
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
+    def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
 
 
 class RoutingTable:
@@ -71,6 +93,13 @@ class RoutingTable:
         return True
 
 
+def super_stream_redirect(name: str) -> str:
+    return (
+        f"{name!r} is a super stream: its messages go to several partitions' leaders, so a "
+        "node routes them (or use proxy mode: the 'spate:gateway-mode' property 'proxy')"
+    )
+
+
 class RedirectBroker:
     """spate.core.backend.Broker for a gateway in redirect mode (see the module docstring)."""
 
@@ -89,18 +118,37 @@ class RedirectBroker:
         routes = self.table.routes
         config = routes.streams.get(name)
         if config is None:
-            if routes.version < 0 or not routes.amqp:
-                raise Unavailable("the gateway has not reached the metadata service yet; retry")
+            if name in routes.super_streams:
+                raise self._to_a_node(super_stream_redirect(name))
             # Created since the last refresh, or not at all: a node knows for sure.
-            node = min(routes.amqp)
-            host, port = routes.amqp[node]
-            raise NotLeader(
-                f"stream {name!r} is not known to this gateway yet; ask a node",
-                leader_host=host,
-                leader_port=port,
-                leader_node=node,
-            )
+            raise self._to_a_node(f"stream {name!r} is not known to this gateway yet; ask a node")
         return config
+
+    def _to_a_node(self, why: str) -> NotLeader | Unavailable:
+        routes = self.table.routes
+        if routes.version < 0 or not routes.amqp:
+            return Unavailable("the gateway has not reached the metadata service yet; retry")
+        node = min(routes.amqp)
+        host, port = routes.amqp[node]
+        return NotLeader(why, leader_host=host, leader_port=port, leader_node=node)
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        """Served through the proxy broker when this gateway has one; otherwise the link goes
+        to a node, which routes each message to its partition's leader (one redirect cannot
+        name several leaders)."""
+        if self.relay is not None:
+            return await self.relay.super_stream(name)
+        raise self._to_a_node(super_stream_redirect(name))
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        if self.relay is not None:
+            return await self.relay.super_stream_of(stream)
+        return self.table.routes.super_stream_of(stream)
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        if self.relay is not None:
+            return self.relay.super_stream_version(name)
+        return self.table.routes.super_stream_version(name)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -18,11 +18,13 @@ section inserted right after the header (or at the front when there is no header
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spate.core.ids import OFFSET_SYMBOL_DIGITS
+from spate.core.superstreams import GROUP_KEY_ANNOTATION
 from spate.gateway import codec
 
 HEADER = 0x70
@@ -480,6 +482,59 @@ def _publishing_id_value(stored: bytes, at: int) -> int:
     if (code == 0x80 and value + 9 <= end) or (code == 0x53 and value + 2 <= end):
         return value
     return value if code == 0x44 else -1
+
+
+def routing_fields(stored: bytes | memoryview) -> tuple[Any, Any]:
+    """(the `event-streams-group-key` message annotation, the `message-id` property) of stored
+    bytes, None where absent: what a super stream routes by (spate.core.superstreams). A
+    uuid message-id comes back as `uuid.UUID`, binary as bytes. Decodes those two sections
+    only; raises MalformedMessage."""
+    group_key: Any = None
+    message_id: Any = None
+    try:
+        i = header_end(stored)
+        n = len(stored)
+        while i < n:
+            code = section_code(stored, i)
+            if code is None or code > PROPERTIES:
+                break
+            end = codec.skip(stored, i)
+            if code == MESSAGE_ANNOTATIONS:
+                value = codec.decode(stored[i:end])
+                if isinstance(value, codec.Described) and isinstance(value.value, dict):
+                    group_key = value.value.get(GROUP_KEY_ANNOTATION)
+            elif code == PROPERTIES:
+                message_id = _message_id(stored, i, end)
+            i = end
+    except codec.DecodeError as err:
+        raise MalformedMessage(str(err)) from err
+    return group_key, message_id
+
+
+_UUID = 0x98
+
+
+def _message_id(stored: bytes | memoryview, start: int, end: int) -> Any:
+    """The first field of the properties list at stored[start:end] (None when absent)."""
+    _, at = codec.decode_at(stored, start + 1)  # the section's descriptor
+    section = stored[:end]
+    kind = section[at]
+    if kind == 0x45:  # list0
+        return None
+    if kind == 0xC0:
+        first = at + 3  # size and count bytes
+        count = section[at + 2]
+    elif kind == 0xD0:
+        first = at + 9
+        count = _U32.unpack_from(section, at + 5)[0]
+    else:
+        raise MalformedMessage(f"properties section is not a list (constructor 0x{kind:02x})")
+    if count == 0:
+        return None
+    value, _ = codec.decode_at(section, first)
+    if section[first] == _UUID:
+        return uuid.UUID(bytes=bytes(value))
+    return value
 
 
 class BadPublishingId(ValueError):

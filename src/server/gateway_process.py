@@ -89,6 +89,12 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
     before = await stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=admin_timeout_s)
     streams = await stub.ListStreams(pb.ListStreamsRequest(), timeout=admin_timeout_s)
     placements = await stub.ListPartitions(pb.ListPartitionsRequest(), timeout=admin_timeout_s)
+    try:
+        supers = await stub.ListSuperStreams(pb.ListSuperStreamsRequest(), timeout=admin_timeout_s)
+    except grpc.aio.AioRpcError as error:
+        if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        supers = pb.ListSuperStreamsResponse()  # a node of a build before super streams
     after = await stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=admin_timeout_s)
     if before.metadata.version != after.metadata.version:
         return None
@@ -109,7 +115,8 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
         for p in placements.partitions
     }
     configs = {StreamName(m.name): convert.stream_config(m) for m in streams.streams}
-    return Routes(after.metadata.version, configs, partitions, amqp, replication)
+    topologies = {StreamName(m.name): convert.super_stream(m) for m in supers.super_streams}
+    return Routes(after.metadata.version, configs, partitions, amqp, replication, topologies)
 
 
 class GatewayProcess:
@@ -121,7 +128,7 @@ class GatewayProcess:
         self.sessions: Sessions | None = None
         if settings.secret:
             self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
-            modes["proxy"] = RemoteBroker(self.table, self.sessions)
+            modes["proxy"] = RemoteBroker(self.table, self.sessions, self._refresh_now)
         # partition-agnostic links cannot be redirected to one leader: proxied when possible
         modes["redirect"] = RedirectBroker(self.table, relay=modes.get("proxy"))
         self.server = GatewayServer(
@@ -140,6 +147,8 @@ class GatewayProcess:
             modes,
         )
         self._task: asyncio.Task[None] | None = None
+        self._reading: asyncio.Future[bool] | None = None
+        """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
         self.endpoints: dict[str, Any] = {}
 
     async def start(self) -> dict[str, Any]:
@@ -175,6 +184,13 @@ class GatewayProcess:
                 continue
             admins = admins[1:] + admins[:1]  # next time, ask another node first
 
+    async def _refresh_now(self) -> bool:
+        """Read the routes at once (an attach names something they do not hold); attaches
+        arriving while a read is under way wait for that one."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._refresh_once(self.settings.admin))
+        return await asyncio.shield(self._reading)
+
     async def _refresh_once(self, admins: Sequence[str]) -> bool:
         for admin in admins:
             try:
@@ -189,10 +205,11 @@ class GatewayProcess:
         return False
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._reading):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.server.close()
         if self.sessions is not None:
             await self.sessions.close()

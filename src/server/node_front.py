@@ -16,6 +16,7 @@ from spate.core.backend import ConsumerOffset, Partition
 from spate.core.errors import NotLeader, Unavailable
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 from spate.gateway.remote import RemoteBroker
 from spate.node.manager import LocalBroker
 
@@ -35,6 +36,20 @@ class NodeFront:
 
     def stream(self, name: StreamName) -> StreamConfig:
         return self.local.stream(name)
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        """From this node's metadata replica (its partitions are served like an agnostic
+        link's: here when led here, relayed otherwise)."""
+        self.refresh()
+        return self.remote.table.routes.super_stream(name)
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        self.refresh()
+        return self.remote.table.routes.super_stream_of(stream)
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        """As of the last metadata change this node applied to its routes."""
+        return self.remote.table.routes.super_stream_version(name)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

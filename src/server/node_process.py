@@ -262,7 +262,8 @@ class NodeProcess:
                 if address is not None:
                     table[record.node] = address
         streams = {config.name: config for config in self.metadata.streams()}
-        self.routes.update(Routes(view.version, streams, partitions, amqp, replication))
+        supers = dict(view.super_streams)
+        self.routes.update(Routes(view.version, streams, partitions, amqp, replication, supers))
 
     async def _heartbeat(self) -> None:
         period_s = metadata_limits.heartbeat_interval_ms / 1000

@@ -123,6 +123,7 @@ _METADATA_BUGS = {
     "forget-requests": MetadataBugs(forget_requests=True),
     "stale-epochs": MetadataBugs(stale_epochs=True),
     "local-clock": MetadataBugs(local_clock=True),
+    "orphan-partitions": MetadataBugs(orphan_partitions=True),
 }
 _CORE_BUGS = {
     "ack-before-persist": Bugs(ack_before_persist=True),

@@ -12,7 +12,7 @@ the same checks.
 
 Pluggable: a `SimPlugin` gives the replicas' state machine (`SimStateMachine`), the workload
 (the next command's bytes) and the cross-replica invariants. Later features (consumer-group
-epochs, stored offsets, super-stream topology) add a plugin to `PLUGINS`; the loop, the faults
+epochs, stored offsets) add a plugin to `PLUGINS`; the loop, the faults
 and the Raft-level checker are shared. `python -m spate.sim --model metadata`.
 
 Invariants (after every applied entry), on top of the Raft ones of checker.py:
@@ -24,7 +24,13 @@ Invariants (after every applied entry), on top of the Raft ones of checker.py:
 - `epoch-monotonic`: a partition's recorded leader epoch never decreases on any replica;
 - `version-monotonic` and `heartbeat-monotonic`: the state version and each node's heartbeat
   never go backwards on a replica (within an incarnation);
-- `placement-valid`: every placed partition has `replicas` distinct registered nodes.
+- `placement-valid`: every placed partition has `replicas` distinct registered nodes;
+- `super-stream-partitions`: every super stream's partition streams exist, with one partition,
+  created with it (same version), and no stream has a super stream's name.
+
+The workload creates and deletes streams and super streams over shared names (so the
+super-stream clash refusals happen too); determinism and the dump round trip cover the
+super-stream topology (ADR 0014).
 """
 
 from __future__ import annotations
@@ -37,10 +43,13 @@ from typing import Protocol
 
 from spate.cluster.metadata import codec
 from spate.cluster.metadata.state import (
+    Applied,
     Barrier,
     Command,
     CreateStream,
+    CreateSuperStream,
     DeleteStream,
+    DeleteSuperStream,
     Heartbeat,
     MetadataState,
     RegisterNode,
@@ -50,6 +59,7 @@ from spate.cluster.metadata.state import (
 )
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import define
 from spate.node.replication.messages import Entry
 from spate.sim.checker import InvariantViolation
 from spate.sim.cluster import SimCluster, SimOptions, SimResult
@@ -102,6 +112,8 @@ class MetadataBugs:
     """ReportLeader accepts an epoch below the recorded one."""
     local_clock: bool = False
     """Heartbeats record the applying replica's clock instead of the command's `now_ms`."""
+    orphan_partitions: bool = False
+    """DeleteStream deletes a super stream's partition stream, leaving the topology dangling."""
 
 
 class _BuggyState(MetadataState):
@@ -125,6 +137,15 @@ class _BuggyState(MetadataState):
                     streams = dict(self.view.streams)
                     streams[command.stream] = replace(stream, partitions=tuple(records))
                     self.view = replace(self.view, streams=streams)
+        if (
+            self._bugs.orphan_partitions
+            and isinstance(command, DeleteStream)
+            and self.view.super_stream_of(command.name) is not None
+        ):
+            streams = dict(self.view.streams)
+            del streams[command.name]
+            self.view = replace(self.view, streams=streams)
+            return Applied(self.view.version)
         return super().apply(command)
 
 
@@ -149,6 +170,7 @@ class MetadataReplica:
             return  # a new leader's barrier entry
         command = codec.decode_command(payload)
         result = self.state.apply(command)
+        self.check_super_streams()  # before a dump round trip, which refuses a dangling one
         self.applied += 1
         if not isinstance(command, Heartbeat | ReportLeader):
             self.plugin.result(self.node, command, result)
@@ -162,6 +184,26 @@ class MetadataReplica:
     def digest(self) -> bytes:
         dump = codec.encode_dump(_DUMMY_RAFT, self.state.snapshot())
         return hashlib.blake2b(dump, digest_size=16).digest()
+
+    def check_super_streams(self) -> None:
+        view = self.state.view
+        for name, topology in view.super_streams.items():
+            if name in view.streams:
+                raise InvariantViolation(
+                    "super-stream-partitions", f"{self.node}: {name} is a stream and a super stream"
+                )
+            for stream in topology.partitions:
+                record = view.streams.get(stream)
+                if (
+                    record is None
+                    or record.config.partitions != 1
+                    or record.created_version != topology.version
+                ):
+                    raise InvariantViolation(
+                        "super-stream-partitions",
+                        f"{self.node}: super stream {name} (version {topology.version}) lists "
+                        f"{stream}, which is {record}",
+                    )
 
     def check(self) -> None:
         view = self.state.view
@@ -247,8 +289,8 @@ class MetadataPlugin:
         skew = self._skews[node] = self._skews[node] + rng.randint(-5, 50)
         now = max(0, now_ms + skew)
         kind = rng.choices(
-            ("register", "heartbeat", "create", "delete", "leader", "barrier"),
-            (2, 4, 2, 1, 5, 1),
+            ("register", "heartbeat", "create", "delete", "leader", "barrier", "super", "unsuper"),
+            (2, 4, 2, 1, 5, 1, 1, 1),
         )[0]
         command: Command
         if kind == "register":
@@ -264,7 +306,11 @@ class MetadataPlugin:
             )
             command = CreateStream(request, config, now, default_replicas=rng.random() < 0.2)
         elif kind == "delete":
-            command = DeleteStream(request, rng.choice(_STREAMS))
+            # sometimes a super stream's partition stream (refused: delete the super stream)
+            partitions = [
+                name for t in self.reference.view.super_streams.values() for name in t.partitions
+            ]
+            command = DeleteStream(request, rng.choice(_STREAMS + tuple(partitions)))
         elif kind == "leader":
             # A partition's leader reports itself; the client knows the placement it reads.
             placed = [
@@ -289,6 +335,20 @@ class MetadataPlugin:
                 rng.choice(replicas),
                 LeaderEpoch(max(0, epoch - rng.choice((0, 0, 0, 1, 2)))),
             )
+        elif kind == "super":
+            # names shared with plain streams, so clashes (failed-precondition) happen too
+            name = rng.choice(_STREAMS)
+            topology = (
+                define(name, partitions=rng.randint(1, 3))
+                if rng.random() < 0.5
+                else define(name, binding_keys=("a", "b"))
+            )
+            config = StreamConfig(name, replicas=rng.randint(1, 3))
+            command = CreateSuperStream(
+                request, topology, config, now, default_replicas=rng.random() < 0.2
+            )
+        elif kind == "unsuper":
+            command = DeleteSuperStream(request, rng.choice(_STREAMS))
         else:
             command = Barrier(request)
         payload = codec.encode_command(command)

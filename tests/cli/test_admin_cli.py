@@ -363,3 +363,117 @@ def test_help_texts() -> None:
     ):
         assert "--output" in ok(*command, "--help")
     assert fails(2, "stream").startswith("spate: the following arguments are required")
+
+
+def test_superstream_create_list_describe_delete(admin: str) -> None:
+    text = ok(
+        "superstream", "create", "invoices", "--partitions", "3", "--max-age", "6h",
+        "--admin", admin,
+    )  # fmt: skip
+    assert "Created super stream 'invoices' with 3 partition streams." in text
+    assert "invoices-0, invoices-1, invoices-2" in text
+    created = ok_json(
+        "superstream", "create", "regions", "--binding-keys", "amer,emea,apac",
+        "--replicas", "2", "--admin", admin,
+    )  # fmt: skip
+    version = created["super_stream"]["version"]
+    assert version > 0
+    assert created == {
+        "super_stream": {
+            "name": "regions",
+            "partitions": ["regions-amer", "regions-emea", "regions-apac"],
+            "binding_keys": ["amer", "emea", "apac"],
+            "routing": "key",
+            "version": version,
+        }
+    }
+    listed = ok_json("superstream", "list", "--admin", admin)["super_streams"]
+    assert [t["name"] for t in listed] == ["invoices", "regions"]
+    assert listed[0]["routing"] == "hash" and listed[0]["binding_keys"] == ["0", "1", "2"]
+    table = ok("superstream", "list", "--admin", admin)
+    assert "invoices  hash" in table and "regions-amer,regions-emea,regions-apac" in table
+    streams = {s["name"]: s for s in ok_json("stream", "list", "--admin", admin)["streams"]}
+    assert streams["invoices-1"]["partitions"] == 1
+    assert streams["invoices-1"]["retention"]["max_age_ms"] == 6 * 3_600_000
+    assert streams["regions-emea"]["replicas"] == 2
+
+    described = ok_json("superstream", "describe", "regions", "--admin", admin)
+    assert described["super_stream"] == created["super_stream"]
+    assert described["stream"]["replicas"] == 2
+    assert [(p["stream"], p["binding_key"]) for p in described["partitions"]] == [
+        ("regions-amer", "amer"),
+        ("regions-emea", "emea"),
+        ("regions-apac", "apac"),
+    ]
+    assert all(len(p["replicas"]) == 2 for p in described["partitions"])
+    text = ok("superstream", "describe", "invoices", "--admin", admin)
+    assert "routing" in text and "PARTITION  STREAM" in text and "invoices-2" in text
+
+    assert ok_json("superstream", "delete", "regions", "--admin", admin) == {"deleted": "regions"}
+    names = [s["name"] for s in ok_json("stream", "list", "--admin", admin)["streams"]]
+    assert not [n for n in names if n.startswith("regions")]
+    assert "invoices-0" in names
+    ok("superstream", "delete", "invoices", "--admin", admin)
+
+
+def test_superstream_misuse_has_clear_errors(admin: str) -> None:
+    ok("stream", "create", "ledger", "--admin", admin)
+    ok("stream", "create", "bills-1", "--admin", admin)
+    message = fails(1, "superstream", "create", "ledger", "--partitions", "2", "--admin", admin)
+    assert message.startswith("spate: a stream named 'ledger' exists")
+    message = fails(1, "superstream", "create", "bills", "--partitions", "2", "--admin", admin)
+    assert "'bills-1', already taken by a stream" in message
+    ok("superstream", "create", "bills2", "--partitions", "2", "--admin", admin)
+    message = fails(1, "stream", "delete", "bills2-0", "--admin", admin)
+    assert "partition of super stream 'bills2'" in message
+    message = fails(1, "stream", "create", "bills2", "--admin", admin)
+    assert "'bills2' is a super stream" in message
+    message = fails(4, "superstream", "create", "bills2", "--partitions", "2", "--admin", admin)
+    assert message == "spate: super stream 'bills2' already exists\n"
+    message = fails(3, "superstream", "describe", "ghost", "--admin", admin)
+    assert message == "spate: super stream 'ghost' does not exist\n"
+    fails(3, "superstream", "delete", "ghost", "--admin", admin, "--output", "json")
+    message = fails(2, "superstream", "create", "x", "--partitions", "0", "--admin", admin)
+    assert message.startswith("spate: --partitions must be between 1 and 256, got 0")
+    message = fails(2, "superstream", "create", "x", "--binding-keys", "a,,b", "--admin", admin)
+    assert "--binding-keys: a binding key must not be empty" in message
+    message = fails(2, "superstream", "create", "x", "--binding-keys", "a,b,a", "--admin", admin)
+    assert "--binding-keys: 'a' is given twice" in message
+    fails(2, "superstream", "create", "x", "--admin", admin)  # neither: argparse
+    fails(2, "superstream", "create", "x", "--partitions", "2", "--binding-keys", "a")
+    fails(2, "superstream", "create", "x", "--partitions", "2", "--routing", "random")
+    names = [t["name"] for t in ok_json("superstream", "list", "--admin", admin)["super_streams"]]
+    assert names == ["bills2"]
+    ok("superstream", "delete", "bills2", "--admin", admin)
+
+
+def test_superstream_grpc_refusals_name_the_field(admin: str) -> None:
+    """What the CLI checks first, the server checks again (other gRPC clients)."""
+    import grpc
+    from spate.api.v1 import admin_pb2 as pb
+    from spate.api.v1 import admin_pb2_grpc
+
+    with grpc.insecure_channel(admin) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        cases = [
+            (pb.CreateSuperStreamRequest(name="y"), "exactly one of partitions"),
+            (
+                pb.CreateSuperStreamRequest(name="y", partitions=2, routing="round-robin"),
+                "routing must be 'hash' or 'key'",
+            ),
+            (
+                pb.CreateSuperStreamRequest(
+                    name="y", partitions=2, stream=pb.StreamConfig(partitions=4)
+                ),
+                "stream.partitions: each partition stream",
+            ),
+            (pb.CreateSuperStreamRequest(name="y", binding_keys=["a b"]), "binding-keys: key"),
+        ]
+        for request, text in cases:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.CreateSuperStream(request, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert text in caught.value.details()  # type: ignore[attr-defined]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.DeleteSuperStream(pb.DeleteSuperStreamRequest(name="nope"), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]

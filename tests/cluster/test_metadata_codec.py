@@ -24,7 +24,9 @@ from spate.cluster.metadata.state import (
     Applied,
     Barrier,
     CreateStream,
+    CreateSuperStream,
     DeleteStream,
+    DeleteSuperStream,
     Heartbeat,
     LegacyCreateStream,
     MetadataSnapshot,
@@ -41,6 +43,7 @@ from spate.cluster.metadata.state import (
 from spate.core.errors import ErrorCode
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
+from spate.core.superstreams import Routing, SuperStream, define
 
 ints = st.integers(min_value=-(2**70), max_value=2**70)
 texts = st.text(max_size=40)  # any code points, lone surrogates included
@@ -59,7 +62,26 @@ configs = st.builds(
         max_messages=st.none() | ints,
     ),
 )
+super_streams = st.integers(min_value=0, max_value=4).flatmap(
+    lambda n: st.builds(
+        SuperStream,
+        name=texts.map(StreamName),
+        partitions=st.lists(texts.map(StreamName), min_size=n, max_size=n).map(tuple),
+        binding_keys=st.lists(texts, min_size=n, max_size=n).map(tuple),
+        routing=st.sampled_from(Routing),
+        version=ints,
+    )
+)
 commands = st.one_of(
+    st.builds(
+        CreateSuperStream,
+        request_id=request_ids,
+        topology=super_streams,
+        config=configs,
+        now_ms=ints,
+        default_replicas=st.booleans(),
+    ),
+    st.builds(DeleteSuperStream, request_id=request_ids, name=texts.map(StreamName)),
     st.builds(
         CreateStream,
         request_id=request_ids,
@@ -291,3 +313,42 @@ def test_dump_refuses_corruption() -> None:
     header = DUMP_MAGIC + b"\x02" + len(body).to_bytes(4, "big")
     with pytest.raises(CodecError, match="2 log entries"):
         decode_dump(header + body + zlib.crc32(body).to_bytes(4, "big"))
+
+
+def test_super_stream_layout_is_stable() -> None:
+    topology = define("invoices", binding_keys=("amer", "emea"))
+    command = CreateSuperStream(
+        RequestId("r1"), topology, StreamConfig(StreamName("invoices"), replicas=3), 5
+    )
+    assert encode_command(command) == (
+        b'\x02\x07{"config":{"name":"invoices","partitions":1,"replicas":3,"retention":'
+        b'{"max_age_ms":null,"max_bytes":null,"max_messages":null},"segment_bytes":67108864},'
+        b'"default_replicas":false,"now_ms":5,"request_id":"r1","super_stream":'
+        b'{"binding_keys":["amer","emea"],"name":"invoices","partitions":["invoices-amer",'
+        b'"invoices-emea"],"routing":"key","version":0}}'
+    )
+    assert encode_command(DeleteSuperStream(RequestId("r2"), StreamName("invoices"))) == (
+        b'\x02\x08{"name":"invoices","request_id":"r2"}'
+    )
+    with pytest.raises(CodecError):  # super streams do not exist in format 1
+        decode_command(b"\x01" + encode_command(command)[1:])
+
+
+def test_dump_with_super_streams_round_trips_and_refuses_dangling_partitions() -> None:
+    state = MetadataState()
+    state.apply(RegisterNode(RequestId("n"), NodeId("n1"), "h:1", "h:2", "h:3", "h:4", 5))
+    topology = define("invoices", partitions=2)
+    config = StreamConfig(StreamName("invoices"))
+    assert state.apply(CreateSuperStream(RequestId("c"), topology, config, 5)) == Applied(2)
+    snapshot = state.snapshot()
+    assert [t.name for t in snapshot.super_streams] == ["invoices"]
+    entry = LogEntry(b"", 1, 1)
+    checkpoint = RaftCheckpoint((entry, entry), ("127.0.0.1:1",))
+    decoded = decode_dump(encode_dump(checkpoint, snapshot))[1]
+    assert decoded == snapshot
+    assert MetadataState(decoded).view == state.view
+    dangling = MetadataSnapshot(
+        snapshot.version, snapshot.streams[:1], snapshot.nodes, (), snapshot.super_streams
+    )
+    with pytest.raises(CodecError, match="invoices-1"):
+        decode_dump(encode_dump(checkpoint, dangling))

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proton import symbol
+from proton import Delivery, Message, symbol
 from proton.utils import BlockingConnection, LinkDetached
 from spate.client import Consumer, Producer
 from support.amqp_clients import partition_option
@@ -111,3 +111,31 @@ def test_a_producer_on_the_gateway_rides_through_a_leader_kill(
             seen.setdefault(event.body, event.offset)
     positions = [seen[body] for body in acked]
     assert positions == sorted(positions)
+
+
+def test_a_super_stream_sender_is_redirected_to_a_node(cluster3: Cluster, gateway_url: str) -> None:
+    """One link to a super stream reaches several leaders: a redirect gateway without the
+    cluster secret sends it to a node, which routes its messages (ADR 0014)."""
+    cluster3.cli("superstream", "create", "invoices", "--partitions", "2", "--replicas", "1")
+    for partition in range(2):
+        cluster3.leader_of(f"invoices-{partition}")
+    connection = BlockingConnection(gateway_url, timeout=20)
+    try:
+        with pytest.raises(LinkDetached) as detached:
+            connection.create_sender("invoices")
+        condition = detached.value.link.remote_condition
+        assert condition.name == "amqp:link:redirect"
+        host, port = (
+            str(condition.info[symbol("network-host")]),
+            int(condition.info[symbol("port")]),
+        )
+    finally:
+        connection.close()
+    node = BlockingConnection(f"amqp://{host}:{port}", timeout=20)
+    try:
+        sender = node.create_sender("invoices")
+        for key in ("hello1", "hello2", "hello3"):
+            message = Message(body=key, annotations={symbol("event-streams-group-key"): key})
+            assert sender.send(message).remote_state == Delivery.ACCEPTED
+    finally:
+        node.close()

@@ -2,6 +2,7 @@
 // Usage: node client.js < args.json  -> prints one JSON object with what happened, then exits.
 // Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
 //   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
+//       group_keys?: [str|null] (message k's event-streams-group-key annotation), message_ids?: [str|null]
 //       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k;
 //       window: at most this many unconfirmed; hold_after: send only the first n and never end
@@ -137,6 +138,13 @@ function runStep(i) {
         const message = { body: step.bodies[sent] };
         if (step.first_publishing_id !== undefined) {
           message.message_annotations = { "x-opt-publishing-id": types.wrap_ulong(step.first_publishing_id + sent) };
+        }
+        if (step.group_keys && step.group_keys[sent] !== null && step.group_keys[sent] !== undefined) {
+          message.message_annotations = Object.assign(message.message_annotations || {},
+            { "event-streams-group-key": step.group_keys[sent] });
+        }
+        if (step.message_ids && step.message_ids[sent] !== null && step.message_ids[sent] !== undefined) {
+          message.message_id = step.message_ids[sent];
         }
         sender.send(message);
         sent++;

@@ -50,5 +50,10 @@ def test_an_apply_that_reads_the_replica_clock_is_caught() -> None:
     _caught(MetadataBugs(local_clock=True), "metadata-determinism:")
 
 
+def test_deleting_a_super_streams_partition_stream_is_caught() -> None:
+    """A super stream whose partition stream was deleted under it (ADR 0014)."""
+    _caught(MetadataBugs(orphan_partitions=True), "super-stream-partitions:")
+
+
 def test_the_metadata_plugin_is_registered() -> None:
     assert "metadata" in PLUGINS

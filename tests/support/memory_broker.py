@@ -37,6 +37,7 @@ from spate.core.errors import (
 )
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, unknown
 
 FSYNC_DELAY_S = 0.002
 
@@ -267,6 +268,7 @@ class MemoryBroker:
         self.configs: dict[StreamName, StreamConfig] = {}
         self.partitions: dict[tuple[StreamName, PartitionId], MemoryPartition] = {}
         self.remote: dict[tuple[StreamName, PartitionId], RemoteLeader] = {}
+        self.super_streams: dict[StreamName, SuperStream] = {}
 
     def create_stream(self, config: StreamConfig) -> None:
         config.validate()
@@ -276,6 +278,27 @@ class MemoryBroker:
             self.partitions[(config.name, pid)] = MemoryPartition(
                 config.name, pid, self.node, commit_delay_s=self.commit_delay_s
             )
+
+    def create_super_stream(self, topology: SuperStream) -> None:
+        for stream in topology.partitions:
+            self.create_stream(StreamConfig(stream))
+        self.super_streams[topology.name] = topology
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        topology = self.super_streams.get(name)
+        if topology is None:
+            raise unknown(name)
+        return topology
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
 
     def release(self) -> int:
         """Commit every held append of every partition (commit_delay_s=None)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from spate.core.backend import Partition
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, unknown
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 
@@ -23,6 +24,7 @@ class NodeBroker:
         self.manager = PartitionManager(self.host)
         self._broker = LocalBroker(self.manager, lambda _s, _p: [], lambda _n: None)
         self._configs: dict[StreamName, StreamConfig] = {}
+        self.super_streams: dict[StreamName, SuperStream] = {}
         self._started = False
         self.port = 0
         """The replication port (where gateways open wire sessions) once started."""
@@ -51,6 +53,27 @@ class NodeBroker:
         await self.manager.close()
         if self._started:
             await self.host.stop()
+
+    async def create_super_stream(self, topology: SuperStream) -> None:
+        for stream in topology.partitions:
+            await self.create_stream(StreamConfig(stream))
+        self.super_streams[topology.name] = topology
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        topology = self.super_streams.get(name)
+        if topology is None:
+            raise unknown(name)
+        return topology
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        topology = self.super_streams.get(name)
+        return None if topology is None else topology.version
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)

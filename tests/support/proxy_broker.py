@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, unknown
 from spate.gateway.remote import RemoteBroker, RemoteReader, RemoteWriter, Sessions
 from spate.gateway.routes import Route, Routes, RoutingTable
 from spate.node.wire_server import WireServer
@@ -54,8 +55,27 @@ class ProxyBroker:
                 partitions,
                 {node: ("127.0.0.1", 0)},
                 {NodeId(node): ("127.0.0.1", port)},
+                dict(self.node.super_streams),
             )
         )
+
+    async def create_super_stream(self, topology: SuperStream) -> None:
+        await self.node.create_super_stream(topology)
+        if self.remote is None:
+            self.sessions = Sessions("gateway-test", SECRET, self.table)
+            self.remote = RemoteBroker(self.table, self.sessions)
+        self.refresh()
+
+    async def super_stream(self, name: StreamName) -> SuperStream:
+        if self.remote is None:
+            raise unknown(name)
+        return await self.remote.super_stream(name)
+
+    def super_stream_version(self, name: StreamName) -> int | None:
+        return None if self.remote is None else self.remote.super_stream_version(name)
+
+    async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        return None if self.remote is None else await self.remote.super_stream_of(stream)
 
     async def close(self) -> None:
         if self.sessions is not None:

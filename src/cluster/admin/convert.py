@@ -12,6 +12,7 @@ from spate.core import limits
 from spate.core.backend import PartitionInfo
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
+from spate.core.superstreams import Routing, SuperStream
 
 
 def stream_config(message: pb.StreamConfig) -> StreamConfig:
@@ -148,4 +149,25 @@ def node_message(status: NodeStatus) -> pb.RegisteredNode:
         heartbeat_age_ms=status.heartbeat_age_ms,
         partitions_hosted=status.partitions_hosted,
         partitions_led=status.partitions_led,
+    )
+
+
+def super_stream_message(topology: SuperStream) -> pb.SuperStream:
+    return pb.SuperStream(
+        name=topology.name,
+        partitions=topology.partitions,
+        binding_keys=topology.binding_keys,
+        routing=topology.routing.value,
+        version=topology.version,
+    )
+
+
+def super_stream(message: pb.SuperStream) -> SuperStream:
+    """A topology as the admin API describes it (a gateway's routes)."""
+    return SuperStream(
+        name=StreamName(message.name),
+        partitions=tuple(StreamName(p) for p in message.partitions),
+        binding_keys=tuple(message.binding_keys),
+        routing=Routing(message.routing),
+        version=message.version,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import grpc
@@ -32,6 +33,7 @@ from spate.core.backend import PartitionInfo
 from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unavailable
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import validate_stream_name
+from spate.core.superstreams import Routing, define
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +277,105 @@ class _AdminServicer(pb_grpc.AdminServicer):
             validate_stream_name(name)
             await self.metadata.delete_stream(name, request_id=_request_id(request.request_id))
             return pb.DeleteStreamResponse()
+
+        return await _answer(context, call)
+
+    async def CreateSuperStream(
+        self,
+        request: pb.CreateSuperStreamRequest,
+        context: grpc.aio.ServicerContext[
+            pb.CreateSuperStreamRequest, pb.CreateSuperStreamResponse
+        ],
+    ) -> pb.CreateSuperStreamResponse:
+        async def call() -> pb.CreateSuperStreamResponse:
+            routing = None
+            if request.routing:
+                try:
+                    routing = Routing(request.routing)
+                except ValueError:
+                    raise InvalidArgument(
+                        f"routing must be 'hash' or 'key', got {request.routing!r}"
+                    ) from None
+            topology = define(
+                request.name,
+                partitions=request.partitions if request.HasField("partitions") else None,
+                binding_keys=tuple(request.binding_keys) or None,
+                routing=routing,
+            )
+            template = convert.stream_config(request.stream)
+            if template.partitions != 1:
+                raise InvalidArgument(
+                    "stream.partitions: each partition stream of a super stream has one "
+                    f"partition, not {template.partitions} (use partitions for the count)"
+                )
+            stored = await self.metadata.create_super_stream(
+                topology,
+                replace(template, name=topology.name),
+                request_id=_request_id(request.request_id),
+                default_replicas=not convert.replicas_given(request.stream),
+            )
+            return pb.CreateSuperStreamResponse(super_stream=convert.super_stream_message(stored))
+
+        return await _answer(context, call)
+
+    async def ListSuperStreams(
+        self,
+        request: pb.ListSuperStreamsRequest,
+        context: grpc.aio.ServicerContext[pb.ListSuperStreamsRequest, pb.ListSuperStreamsResponse],
+    ) -> pb.ListSuperStreamsResponse:
+        async def call() -> pb.ListSuperStreamsResponse:
+            await self._catch_up()
+            return pb.ListSuperStreamsResponse(
+                super_streams=[
+                    convert.super_stream_message(t) for t in self.metadata.super_streams()
+                ]
+            )
+
+        return await _answer(context, call)
+
+    async def DescribeSuperStream(
+        self,
+        request: pb.DescribeSuperStreamRequest,
+        context: grpc.aio.ServicerContext[
+            pb.DescribeSuperStreamRequest, pb.DescribeSuperStreamResponse
+        ],
+    ) -> pb.DescribeSuperStreamResponse:
+        async def call() -> pb.DescribeSuperStreamResponse:
+            name = StreamName(request.name)
+            validate_stream_name(name)
+            await self._catch_up()
+            topology = self.metadata.super_stream(name)
+            answer = pb.DescribeSuperStreamResponse(
+                super_stream=convert.super_stream_message(topology)
+            )
+            for index, stream in enumerate(topology.partitions):
+                record = self.metadata.stream_record(stream)
+                if index == 0:
+                    answer.stream.CopyFrom(convert.stream_config_message(record.config))
+                (stats,) = convert.partition_stats(record, await self._stats(stream))
+                answer.partitions.append(
+                    pb.SuperStreamPartition(
+                        stream=stream, binding_key=topology.binding_keys[index], stats=stats
+                    )
+                )
+            return answer
+
+        return await _answer(context, call)
+
+    async def DeleteSuperStream(
+        self,
+        request: pb.DeleteSuperStreamRequest,
+        context: grpc.aio.ServicerContext[
+            pb.DeleteSuperStreamRequest, pb.DeleteSuperStreamResponse
+        ],
+    ) -> pb.DeleteSuperStreamResponse:
+        async def call() -> pb.DeleteSuperStreamResponse:
+            name = StreamName(request.name)
+            validate_stream_name(name)
+            await self.metadata.delete_super_stream(
+                name, request_id=_request_id(request.request_id)
+            )
+            return pb.DeleteSuperStreamResponse()
 
         return await _answer(context, call)
 

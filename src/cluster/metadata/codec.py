@@ -20,6 +20,9 @@ Record (a command in the Raft log, or a result):
     0x05  Heartbeat      {"node": str, "now_ms": int, "request_id": str}
     0x06  ReportLeader   {"epoch": int, "leader": str, "partition": int, "request_id": str,
                           "stream": str}
+    0x07  CreateSuperStream {"config": CONFIG, "default_replicas": bool, "now_ms": int,
+                          "request_id": str, "super_stream": SUPER}   (SUPER's version 0)
+    0x08  DeleteSuperStream {"name": str, "request_id": str}
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -28,11 +31,13 @@ Record (a command in the Raft log, or a result):
     0x02  DeleteStream, 0x04 Barrier, 0x41 Applied, 0x42 Rejected: as in format 2
     0x03  RegisterNode   {"admin": str, "amqp": str, "node": str, "now_ms": int,
                           "request_id": str}                     -> replication, metadata None
-    (0x05 and 0x06 do not exist in format 1 and are refused there.)
+    (0x05-0x08 do not exist in format 1 and are refused there.)
 
     CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
                  "segment_bytes": int}
     RETENTION = {"max_age_ms": int|null, "max_bytes": int|null, "max_messages": int|null}
+    SUPER     = {"binding_keys": [str...], "name": str, "partitions": [str...],
+                 "routing": "hash"|"key", "version": int}
 
 Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
@@ -46,7 +51,7 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
     RAFT  = {"entries": [ENTRY, ENTRY], "voters": [str, ...]}   (what pysyncobj needs back)
     ENTRY = {"command": base64 str, "index": int, "term": int}  (pysyncobj's own log entry)
     STATE = {"nodes": [NODE...], "requests": [[str, RESULT]...], "streams": [STREAM...],
-             "version": int}
+             "super_streams": [SUPER...], "version": int}
     NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "metadata": str|null, "node": str,
              "replication": str|null}
     STREAM = {"config": CONFIG, "created_version": int, "partitions": [PARTITION...]}
@@ -55,6 +60,7 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
     Format 1 dumps: NODE without "metadata" and "replication" (read as null), STREAM without
     "partitions" (read as unplaced: `config.partitions` records with replicas [] and no leader).
+    Format 2 dumps written before super streams existed have no "super_streams" (read as []).
 
 Objects must have exactly the listed keys; anything else is refused with CodecError. A reader that
 meets a format version it does not know refuses the bytes rather than guessing. Voters of one
@@ -78,7 +84,9 @@ from spate.cluster.metadata.state import (
     Barrier,
     Command,
     CreateStream,
+    CreateSuperStream,
     DeleteStream,
+    DeleteSuperStream,
     Heartbeat,
     LegacyCreateStream,
     MetadataSnapshot,
@@ -95,6 +103,7 @@ from spate.cluster.metadata.state import (
 from spate.core.errors import Blame, BrokerError, ErrorCode
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
+from spate.core.superstreams import Routing, SuperStream
 
 FORMAT_VERSION = 0x02
 """Written by this build."""
@@ -109,6 +118,8 @@ TAG_REGISTER_NODE = 0x03
 TAG_BARRIER = 0x04
 TAG_HEARTBEAT = 0x05
 TAG_REPORT_LEADER = 0x06
+TAG_CREATE_SUPER_STREAM = 0x07
+TAG_DELETE_SUPER_STREAM = 0x08
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -160,6 +171,21 @@ def encode_command(command: Command) -> bytes:
         )
     if isinstance(command, DeleteStream):
         return _record(TAG_DELETE_STREAM, {"request_id": command.request_id, "name": command.name})
+    if isinstance(command, CreateSuperStream):
+        return _record(
+            TAG_CREATE_SUPER_STREAM,
+            {
+                "request_id": command.request_id,
+                "super_stream": _super_json(command.topology),
+                "config": _config_json(command.config),
+                "now_ms": command.now_ms,
+                "default_replicas": command.default_replicas,
+            },
+        )
+    if isinstance(command, DeleteSuperStream):
+        return _record(
+            TAG_DELETE_SUPER_STREAM, {"request_id": command.request_id, "name": command.name}
+        )
     if isinstance(command, RegisterNode):
         return _record(
             TAG_REGISTER_NODE,
@@ -243,6 +269,24 @@ def decode_command(data: bytes) -> Command:
             PartitionId(_int(fields["partition"])),
             NodeId(_str(fields["leader"])),
             LeaderEpoch(_int(fields["epoch"])),
+        )
+    if tag == TAG_CREATE_SUPER_STREAM and version >= 0x02:
+        fields = _fields(
+            body,
+            "command",
+            {"request_id", "super_stream", "config", "now_ms", "default_replicas"},
+        )
+        return CreateSuperStream(
+            RequestId(_str(fields["request_id"])),
+            _super(fields["super_stream"]),
+            _config(fields["config"]),
+            now_ms=_int(fields["now_ms"]),
+            default_replicas=_bool(fields["default_replicas"]),
+        )
+    if tag == TAG_DELETE_SUPER_STREAM and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "name"})
+        return DeleteSuperStream(
+            RequestId(_str(fields["request_id"])), StreamName(_str(fields["name"]))
         )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
 
@@ -334,6 +378,35 @@ def _config(value: object) -> StreamConfig:
     )
 
 
+def _super_json(topology: SuperStream) -> dict[str, Any]:
+    return {
+        "name": topology.name,
+        "partitions": list(topology.partitions),
+        "binding_keys": list(topology.binding_keys),
+        "routing": topology.routing.value,
+        "version": topology.version,
+    }
+
+
+def _super(value: object) -> SuperStream:
+    fields = _fields(
+        value, "super stream", {"name", "partitions", "binding_keys", "routing", "version"}
+    )
+    partitions = tuple(StreamName(_str(p)) for p in _list(fields["partitions"]))
+    keys = tuple(_str(k) for k in _list(fields["binding_keys"]))
+    if len(partitions) != len(keys):
+        raise CodecError(
+            f"super stream has {len(partitions)} partitions but {len(keys)} binding keys"
+        )
+    try:
+        routing = Routing(_str(fields["routing"]))
+    except ValueError as error:
+        raise CodecError(f"unknown super-stream routing {fields['routing']!r}") from error
+    return SuperStream(
+        StreamName(_str(fields["name"])), partitions, keys, routing, _int(fields["version"])
+    )
+
+
 def _result_json(result: Result) -> dict[str, Any]:
     if isinstance(result, Applied):
         return {"applied": {"version": result.version}}
@@ -391,12 +464,16 @@ def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
         "requests": [
             [request_id, _result_json(result)] for request_id, result in snapshot.requests
         ],
+        "super_streams": [_super_json(t) for t in snapshot.super_streams],
     }
 
 
 def _snapshot(value: object, version: int) -> MetadataSnapshot:
     legacy = version == 0x01
-    fields = _fields(value, "state", {"version", "streams", "nodes", "requests"})
+    keys = {"version", "streams", "nodes", "requests"}
+    if isinstance(value, dict) and "super_streams" in value:
+        keys.add("super_streams")  # absent in dumps written before super streams existed
+    fields = _fields(value, "state", keys)
     streams = []
     for item in _list(fields["streams"]):
         keys = {"config", "created_version"} | (set() if legacy else {"partitions"})
@@ -432,7 +509,18 @@ def _snapshot(value: object, version: int) -> MetadataSnapshot:
         if len(pair) != 2:
             raise CodecError("a remembered request must be [request id, result]")
         requests.append((RequestId(_str(pair[0])), _result(pair[1])))
-    return MetadataSnapshot(_int(fields["version"]), tuple(streams), tuple(nodes), tuple(requests))
+    supers = tuple(_super(t) for t in _list(fields.get("super_streams", [])))
+    known = {s.config.name for s in streams}
+    for topology in supers:
+        missing = [p for p in topology.partitions if p not in known]
+        if missing:
+            raise CodecError(
+                f"super stream {topology.name!r} lists partition streams the dump does not "
+                f"hold: {', '.join(missing[:5])}"
+            )
+    return MetadataSnapshot(
+        _int(fields["version"]), tuple(streams), tuple(nodes), tuple(requests), supers
+    )
 
 
 def _raft_json(raft: RaftCheckpoint) -> dict[str, Any]:

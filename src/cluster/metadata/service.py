@@ -26,7 +26,9 @@ from spate.cluster.metadata.state import (
     Barrier,
     Command,
     CreateStream,
+    CreateSuperStream,
     DeleteStream,
+    DeleteSuperStream,
     Heartbeat,
     MetadataView,
     NodeRecord,
@@ -46,6 +48,7 @@ from spate.cluster.metadata.state import (
 from spate.core.errors import InvalidArgument, NotFound, ResourceLimitExceeded, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +181,32 @@ class MetadataService:
         """Remove a stream definition; raises NotFound, Unavailable."""
         await self._submit(DeleteStream(request_id or _new_request_id(), name))
 
+    async def create_super_stream(
+        self,
+        topology: SuperStream,
+        config: StreamConfig,
+        *,
+        request_id: RequestId | None = None,
+        default_replicas: bool = False,
+        now_ms: int | None = None,
+    ) -> SuperStream:
+        """Store a super stream (`spate.core.superstreams.define`) and create its partition
+        streams, each defined by `config` but its name (one partition; ADR 0014), in one
+        command. Returns the stored topology (with its version). Raises InvalidArgument,
+        AlreadyExists, FailedPrecondition (a name clash with a stream), Unavailable."""
+        stamp = _wall_clock_ms() if now_ms is None else now_ms
+        command = CreateSuperStream(
+            request_id or _new_request_id(), topology, config, stamp, default_replicas
+        )
+        await self._submit(command)
+        return self.super_stream(topology.name)
+
+    async def delete_super_stream(
+        self, name: StreamName, *, request_id: RequestId | None = None
+    ) -> None:
+        """Remove a super stream and its partition streams; raises NotFound, Unavailable."""
+        await self._submit(DeleteSuperStream(request_id or _new_request_id(), name))
+
     async def register_node(
         self,
         node: NodeId,
@@ -264,6 +293,18 @@ class MetadataService:
         if record is None:
             raise NotFound(f"stream {name!r} does not exist")
         return record
+
+    def super_streams(self) -> list[SuperStream]:
+        """Every super stream's topology, sorted by name."""
+        view = self.view()
+        return [view.super_streams[name] for name in sorted(view.super_streams)]
+
+    def super_stream(self, name: StreamName) -> SuperStream:
+        """One super stream's topology; raises NotFound."""
+        topology = self.view().super_streams.get(name)
+        if topology is None:
+            raise NotFound(f"super stream {name!r} does not exist")
+        return topology
 
     def nodes(self) -> list[NodeRecord]:
         """The node registry, sorted by id (endpoints: amqp, admin, replication, metadata)."""

@@ -26,9 +26,17 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | CreateStream | invalid config | none | R(invalid-argument) |
 | CreateStream | < R registered or < R alive | none | R(invalid-argument) |
 | CreateStream | no node ever registered | add unplaced (transitional), v+1 | A |
+| CreateStream | name is a super stream | none | R(failed-precondition) |
 | LegacyCreateStream (format 1) | as CreateStream | add unplaced (replicas ()), v+1 | A |
 | DeleteStream | exists | remove with placement+leaders, v+1 | A |
 | DeleteStream | unknown | none | R(not-found) |
+| DeleteStream | a super stream's partition | none | R(failed-precondition) |
+| CreateSuperStream | valid, names free, R live nodes | add streams + topology, v+1 | A |
+| CreateSuperStream | name is a super stream | none | R(already-exists) |
+| CreateSuperStream | name or a partition name is a stream | none | R(failed-precondition) |
+| CreateSuperStream | bad topology or config, too few nodes | none | R(invalid-argument) |
+| DeleteSuperStream | exists | remove topology and its streams, v+1 | A |
+| DeleteSuperStream | unknown | none | R(not-found) |
 | RegisterNode | new or other endpoints | record, heartbeat=max(old, now_ms), v+1 | A |
 | RegisterNode | same endpoints | heartbeat=max(old, now_ms) | A |
 | Heartbeat | registered | heartbeat=max(old, now_ms), version kept | A |
@@ -45,7 +53,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple, NewType
 
@@ -55,12 +63,14 @@ from spate.core.errors import (
     AlreadyExists,
     BrokerError,
     ErrorCode,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceLimitExceeded,
 )
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, define
 
 RequestId = NewType("RequestId", str)
 """Names one command submission; a retry of the same command reuses it (a uuid4 hex by default)."""
@@ -127,6 +137,17 @@ class MetadataView:
     version: int
     streams: Mapping[StreamName, StreamRecord]
     nodes: Mapping[NodeId, NodeRecord]
+    super_streams: Mapping[StreamName, SuperStream] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Super-stream topologies (ADR 0014); their partition streams are in `streams`."""
+
+    def super_stream_of(self, stream: StreamName) -> SuperStream | None:
+        """The super stream `stream` is a partition of, if any."""
+        for topology in self.super_streams.values():
+            if stream in topology.partitions:
+                return topology
+        return None
 
 
 # Read models (pure functions of a view) ---------------------------------------------------------
@@ -236,6 +257,27 @@ class DeleteStream:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateSuperStream:
+    """A super stream and its partition streams, in one transition (ADR 0014)."""
+
+    request_id: RequestId
+    topology: SuperStream  # version 0; the state stamps the version that creates it
+    config: StreamConfig
+    """Each partition stream's definition but its name (`config.name` is the super stream's;
+    `partitions` must be 1)."""
+    now_ms: int
+    default_replicas: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSuperStream:
+    """Removes the topology and its partition streams."""
+
+    request_id: RequestId
+    name: StreamName
+
+
+@dataclass(frozen=True, slots=True)
 class RegisterNode:
     request_id: RequestId
     node: NodeId
@@ -275,6 +317,8 @@ Command = (
     CreateStream
     | LegacyCreateStream
     | DeleteStream
+    | CreateSuperStream
+    | DeleteSuperStream
     | RegisterNode
     | Heartbeat
     | ReportLeader
@@ -314,6 +358,7 @@ ERROR_TYPES: Mapping[ErrorCode, type[BrokerError]] = MappingProxyType(
         ErrorCode.ALREADY_EXISTS: AlreadyExists,
         ErrorCode.INVALID_ARGUMENT: InvalidArgument,
         ErrorCode.RESOURCE_LIMIT: ResourceLimitExceeded,
+        ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
     }
 )
 """The error codes the state machine produces and the BrokerError each one becomes."""
@@ -327,6 +372,7 @@ class MetadataSnapshot:
     streams: tuple[StreamRecord, ...]  # sorted by name
     nodes: tuple[NodeRecord, ...]  # sorted by node id
     requests: tuple[tuple[RequestId, Result], ...]  # oldest first
+    super_streams: tuple[SuperStream, ...] = ()  # sorted by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +419,11 @@ class MetadataState:
             version=snapshot.version,
             streams=MappingProxyType({r.config.name: r for r in snapshot.streams}),
             nodes=MappingProxyType({n.node: n for n in snapshot.nodes}),
+            super_streams=MappingProxyType({t.name: t for t in snapshot.super_streams}),
         )
+        for topology in snapshot.super_streams:
+            for name in topology.partitions:
+                assert name in self.view.streams, (topology.name, name)
 
     def snapshot(self) -> MetadataSnapshot:
         view = self.view
@@ -382,6 +432,7 @@ class MetadataState:
             streams=tuple(view.streams[name] for name in sorted(view.streams)),
             nodes=tuple(view.nodes[node] for node in sorted(view.nodes)),
             requests=tuple(self._requests.items()),
+            super_streams=tuple(view.super_streams[name] for name in sorted(view.super_streams)),
         )
 
     def apply(self, command: Command) -> Result:
@@ -422,14 +473,43 @@ class MetadataState:
                 partitions = (PartitionRecord(()),) * config.partitions
             streams = dict(view.streams)
             streams[config.name] = StreamRecord(config, version, partitions)
-            self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
+            self.view = replace(view, version=version, streams=MappingProxyType(streams))
             return Applied(version)
         if isinstance(command, DeleteStream):
             if command.name not in view.streams:
+                if command.name in view.super_streams:
+                    raise FailedPrecondition(
+                        f"{command.name!r} is a super stream, not a stream: delete it with "
+                        f"`spate superstream delete {command.name}`"
+                    )
                 raise NotFound(f"stream {command.name!r} does not exist")
+            owner = view.super_stream_of(command.name)
+            if owner is not None:
+                raise FailedPrecondition(
+                    f"stream {command.name!r} is a partition of super stream {owner.name!r}: "
+                    f"delete the super stream (`spate superstream delete {owner.name}`)"
+                )
             streams = dict(view.streams)
             del streams[command.name]
-            self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
+            self.view = replace(view, version=version, streams=MappingProxyType(streams))
+            return Applied(version)
+        if isinstance(command, CreateSuperStream):
+            return self._create_super_stream(command)
+        if isinstance(command, DeleteSuperStream):
+            topology = view.super_streams.get(command.name)
+            if topology is None:
+                raise NotFound(f"super stream {command.name!r} does not exist")
+            streams = dict(view.streams)
+            for name in topology.partitions:
+                streams.pop(name, None)
+            supers = dict(view.super_streams)
+            del supers[command.name]
+            self.view = replace(
+                view,
+                version=version,
+                streams=MappingProxyType(streams),
+                super_streams=MappingProxyType(supers),
+            )
             return Applied(version)
         if isinstance(command, RegisterNode):
             return self._register(command)
@@ -442,7 +522,7 @@ class MetadataState:
             if command.now_ms > known.heartbeat_ms:
                 nodes = dict(view.nodes)
                 nodes[command.node] = replace(known, heartbeat_ms=command.now_ms)
-                self.view = MetadataView(view.version, view.streams, MappingProxyType(nodes))
+                self.view = replace(view, nodes=MappingProxyType(nodes))
             return Applied(view.version)
         if isinstance(command, ReportLeader):
             return self._report_leader(command)
@@ -452,6 +532,11 @@ class MetadataState:
     def _check_new_stream(self, config: StreamConfig) -> None:
         if config.name in self.view.streams:
             raise AlreadyExists(f"stream {config.name!r} already exists")
+        if config.name in self.view.super_streams:
+            raise FailedPrecondition(
+                f"{config.name!r} is a super stream: streams and super streams share one "
+                "namespace (the AMQP address); pick another name"
+            )
         if len(self.view.streams) >= limits.streams_max:
             raise ResourceLimitExceeded(
                 f"the cluster holds the most streams it may ({limits.streams_max}); "
@@ -461,11 +546,73 @@ class MetadataState:
     def _live_nodes(self, now_ms: int) -> list[NodeId]:
         return sorted(n for n, record in self.view.nodes.items() if record.alive(now_ms))
 
+    def _create_super_stream(self, command: CreateSuperStream) -> Result:
+        view = self.view
+        asked = command.topology
+        # the same rules as `define` (the command may come from any submitter)
+        topology = define(asked.name, binding_keys=asked.binding_keys, routing=asked.routing)
+        if topology.partitions != asked.partitions:
+            raise InvalidArgument(
+                f"super stream {asked.name!r}: partition streams must be named NAME-KEY "
+                f"({', '.join(topology.partitions[:3])}, ...)"
+            )
+        if command.config.partitions != 1:
+            raise InvalidArgument(
+                "partitions: each partition stream of a super stream has one partition, "
+                f"not {command.config.partitions}"
+            )
+        if topology.name in view.super_streams:
+            raise AlreadyExists(f"super stream {topology.name!r} already exists")
+        if topology.name in view.streams:
+            raise FailedPrecondition(
+                f"a stream named {topology.name!r} exists: streams and super streams share one "
+                "namespace (the AMQP address); delete it or pick another name"
+            )
+        taken = [name for name in topology.partitions if name in view.streams]
+        if taken:
+            raise FailedPrecondition(
+                f"super stream {topology.name!r} needs the partition stream name"
+                f"{'s' if len(taken) > 1 else ''} {', '.join(map(repr, taken[:5]))}, "
+                f"already taken by {'streams' if len(taken) > 1 else 'a stream'}"
+            )
+        clash = [name for name in topology.partitions if name in view.super_streams]
+        if clash:
+            raise FailedPrecondition(
+                f"super stream {topology.name!r} needs the partition stream name "
+                f"{clash[0]!r}, which is a super stream"
+            )
+        if len(view.streams) + len(topology.partitions) > limits.streams_max:
+            raise ResourceLimitExceeded(
+                f"the cluster holds {len(view.streams)} streams; {len(topology.partitions)} "
+                f"more would pass the limit ({limits.streams_max})"
+            )
+        version = view.version + 1
+        template = replace(command.config, name=topology.partitions[0])
+        template = self._placeable(template, command.default_replicas, command.now_ms)
+        live = self._live_nodes(command.now_ms)
+        start = sum(r.config.partitions for r in view.streams.values())
+        streams = dict(view.streams)
+        for index, name in enumerate(topology.partitions):
+            config = replace(template, name=name)
+            (replicas,) = place(1, config.replicas, live, start=start + index)
+            streams[name] = StreamRecord(config, version, (PartitionRecord(replicas),))
+        supers = dict(view.super_streams)
+        supers[topology.name] = replace(topology, version=version)
+        self.view = replace(
+            view,
+            version=version,
+            streams=MappingProxyType(streams),
+            super_streams=MappingProxyType(supers),
+        )
+        return Applied(version)
+
     def _placeable_config(self, command: CreateStream) -> StreamConfig:
         """The config to store (replicas defaulted), or InvalidArgument if it cannot be placed."""
-        config = command.config
+        return self._placeable(command.config, command.default_replicas, command.now_ms)
+
+    def _placeable(self, config: StreamConfig, default_replicas: bool, now_ms: int) -> StreamConfig:
         registered = len(self.view.nodes)
-        if command.default_replicas:
+        if default_replicas:
             if registered == 0:
                 raise InvalidArgument(
                     "the cluster has no registered nodes to place the stream on: start a node"
@@ -481,12 +628,11 @@ class MetadataState:
                 f"{registered} registered node{'s' if registered != 1 else ''}: start more nodes "
                 f"or {hint}"
             )
-        live = self._live_nodes(command.now_ms)
+        live = self._live_nodes(now_ms)
         if len(live) < wanted:
             dead = sorted(set(self.view.nodes) - set(live))
             silent = ", ".join(
-                f"{node} silent for "
-                f"{self.view.nodes[node].heartbeat_age_ms(command.now_ms) // 1000} s"
+                f"{node} silent for {self.view.nodes[node].heartbeat_age_ms(now_ms) // 1000} s"
                 for node in dead
             )
             hint = f" or use --replicas {len(live)}" if live else ""
@@ -523,11 +669,11 @@ class MetadataState:
             nodes[command.node] = replace(
                 known, heartbeat_ms=max(known.heartbeat_ms, command.now_ms)
             )
-            self.view = MetadataView(view.version, view.streams, MappingProxyType(nodes))
+            self.view = replace(view, nodes=MappingProxyType(nodes))
             return Applied(view.version)
         version = view.version + 1
         nodes[command.node] = record
-        self.view = MetadataView(version, view.streams, MappingProxyType(nodes))
+        self.view = replace(view, version=version, nodes=MappingProxyType(nodes))
         return Applied(version)
 
     def _report_leader(self, command: ReportLeader) -> Result:
@@ -566,7 +712,7 @@ class MetadataState:
         )
         streams = dict(view.streams)
         streams[command.stream] = replace(stream, partitions=tuple(records))
-        self.view = MetadataView(version, MappingProxyType(streams), view.nodes)
+        self.view = replace(view, version=version, streams=MappingProxyType(streams))
         return Applied(version)
 
 
