@@ -162,6 +162,27 @@ class Cluster:
             CLI_TIMEOUT_S,
         )
 
+    def create_super_stream(self, name: str, partitions: int, replicas: int) -> list[str]:
+        """`spate superstream create NAME --partitions N`; its partition streams."""
+        out = run(
+            [
+                str(SPATE),
+                "superstream",
+                "create",
+                name,
+                "--partitions",
+                str(partitions),
+                "--replicas",
+                str(replicas),
+                "--admin",
+                self.admin,
+                "--output",
+                "json",
+            ],
+            CLI_TIMEOUT_S,
+        )
+        return [f"{name}-{i}" for i in range(partitions)] if out is not None else []
+
     def partitions(self, stream: str) -> list[dict[str, Any]]:
         out = run(
             [str(SPATE), "partition", "list", stream, "--admin", self.admin, "--output", "json"],

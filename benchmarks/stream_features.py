@@ -9,7 +9,14 @@ majority fsync before `accepted`), each against the plain path measured in the s
           the cost into the 36 bytes per message and the deduplication itself.
           Target: named within 10% of unnamed.
 
-  python benchmarks/stream_features.py [--runs 3] [--count 200000] [--only dedup] [--out F]
+  super   W1 to a super stream of 3 partitions (3-replica partition streams, hash routing by
+          the event-streams-group-key annotation, one key per message; ADR 0014) from a producer
+          on one node, which appends to the partition it leads and relays the others to their
+          leaders, against W1 to a plain one-partition stream on its leader, and a control: the
+          plain stream with the same annotation (same bytes, no routing).
+
+  python benchmarks/stream_features.py [--runs 3] [--count 200000] [--only dedup|super]
+                                      [--out F]
 
 Each run takes the cases in turn on fresh streams, alternating which goes first, so that a drift
 in the machine's load does not favour one. Prints one JSON line per case and run, then medians
@@ -31,6 +38,7 @@ from loadclient import BenchError, build_client, emit, loadavg, log
 from cluster import Cluster
 
 CASES = ("unnamed", "annotated", "named")
+SUPER_CASES = ("plain", "keyed", "super")
 
 
 def dedup_run(c: Cluster, binary: Path, a: argparse.Namespace, run: int) -> list[dict[str, Any]]:
@@ -51,6 +59,48 @@ def dedup_run(c: Cluster, binary: Path, a: argparse.Namespace, run: int) -> list
         emit(r, a.out)
         rows.append(r)
     return rows
+
+
+def super_run(c: Cluster, binary: Path, a: argparse.Namespace, run: int) -> list[dict[str, Any]]:
+    turn = run % len(SUPER_CASES)
+    order = SUPER_CASES[turn:] + SUPER_CASES[:turn]
+    rows = []
+    for case in order:
+        name = f"ss-{case}-{run}"
+        if case == "super":
+            partitions = c.create_super_stream(name, partitions=3, replicas=3)
+            for stream in partitions:
+                c.leaders(stream)  # every partition has a live leader before the clock starts
+            host, port = c.amqp(c.node_ids()[0])
+        else:
+            c.create_stream(name, replicas=3)
+            host, port = c.amqp(c.leaders(name)[0])
+        w = workload.Workload(
+            stream=name, count=a.count, label=f"spate/cluster3/super-{case}/run{run}",
+            group_keys=case != "plain",
+        )  # fmt: skip
+        r = workload.w1(binary, workload.Target(host=host, port=port, peer="spate"), w)
+        r.update(case=case, run=run)
+        emit(r, a.out)
+        rows.append(r)
+    return rows
+
+
+def super_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    s: dict[str, Any] = {"workload": "super_summary", "loadavg": loadavg()}
+    for case in SUPER_CASES:
+        s[case] = {
+            "w1_msgs_per_s": median(rows, case, "msgs_per_s"),
+            "w1_confirm_p50_ms": median(rows, case, "confirm_p50_ms"),
+            "w1_confirm_p99_ms": median(rows, case, "confirm_p99_ms"),
+            "runs": sum(1 for r in rows if r.get("case") == case and not r.get("error")),
+            "errors": [r["error"] for r in rows if r.get("case") == case and r.get("error")],
+        }
+    sup, plain = s["super"]["w1_msgs_per_s"], s["plain"]["w1_msgs_per_s"]
+    keyed = s["keyed"]["w1_msgs_per_s"]
+    s["super_vs_plain"] = round(sup / plain, 3) if sup and plain else None
+    s["super_vs_keyed"] = round(sup / keyed, 3) if sup and keyed else None
+    return s
 
 
 def median(rows: list[dict[str, Any]], case: str, key: str) -> float | None:
@@ -83,24 +133,39 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--count", type=int, default=workload.COUNT)
-    p.add_argument("--only", choices=("dedup",), help="one benchmark (default: all)")
+    p.add_argument("--only", choices=("dedup", "super"), help="one benchmark (default: all)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     binary = build_client()
     with Cluster(3) as c:
-        rows: list[dict[str, Any]] = []
-        for run in range(1, a.runs + 1):
-            rows += dedup_run(c, binary, a, run)
-        s = dedup_summary(rows)
-        emit(s, a.out)
-        log(
-            f"dedup W1 medians of {a.runs}: unnamed {s['unnamed']['w1_msgs_per_s']} msgs/s "
-            f"(p99 {s['unnamed']['w1_confirm_p99_ms']} ms), named "
-            f"{s['named']['w1_msgs_per_s']} msgs/s (p99 {s['named']['w1_confirm_p99_ms']} ms), "
-            f"annotated {s['annotated']['w1_msgs_per_s']} msgs/s; named/unnamed "
-            f"{s['named_vs_unnamed']}, named/annotated {s['named_vs_annotated']}; "
-            f"load {s['loadavg']}"
-        )
+        if a.only in (None, "dedup"):
+            rows: list[dict[str, Any]] = []
+            for run in range(1, a.runs + 1):
+                rows += dedup_run(c, binary, a, run)
+            s = dedup_summary(rows)
+            emit(s, a.out)
+            log(
+                f"dedup W1 medians of {a.runs}: unnamed {s['unnamed']['w1_msgs_per_s']} msgs/s "
+                f"(p99 {s['unnamed']['w1_confirm_p99_ms']} ms), named "
+                f"{s['named']['w1_msgs_per_s']} msgs/s (p99 {s['named']['w1_confirm_p99_ms']} "
+                f"ms), annotated {s['annotated']['w1_msgs_per_s']} msgs/s; named/unnamed "
+                f"{s['named_vs_unnamed']}, named/annotated {s['named_vs_annotated']}; "
+                f"load {s['loadavg']}"
+            )
+        if a.only in (None, "super"):
+            rows = []
+            for run in range(1, a.runs + 1):
+                rows += super_run(c, binary, a, run)
+            s = super_summary(rows)
+            emit(s, a.out)
+            log(
+                f"super-stream W1 medians of {a.runs}: plain {s['plain']['w1_msgs_per_s']} "
+                f"msgs/s (p99 {s['plain']['w1_confirm_p99_ms']} ms), keyed control "
+                f"{s['keyed']['w1_msgs_per_s']} msgs/s, super stream of 3 "
+                f"{s['super']['w1_msgs_per_s']} msgs/s (p99 {s['super']['w1_confirm_p99_ms']} "
+                f"ms); super/plain {s['super_vs_plain']}, super/keyed {s['super_vs_keyed']}; "
+                f"load {s['loadavg']}"
+            )
     return 0
 
 

@@ -91,6 +91,8 @@ class Workload:
     x-opt-publishing-id per message."""
     annotate: bool = False
     """W1's messages carry x-opt-publishing-id without a producer name (a control)."""
+    group_keys: bool = False
+    """W1's messages carry an event-streams-group-key (a super stream's routing key)."""
 
 
 def create_stream(t: Target, stream: str) -> None:
@@ -139,6 +141,8 @@ def w1(binary: Path, t: Target, w: Workload) -> dict[str, Any]:
         args += ["--producer-name", w.producer_name]
     if w.annotate:
         args += ["--annotate"]
+    if w.group_keys:
+        args += ["--group-keys"]
     r = _tag(run_client(binary, "publish", args, w.timeout_s, t.prefix), t, w)
     log(
         f"W1 publish: {r.get('msgs_per_s')} msgs/s, confirm p50 {r.get('confirm_p50_ms')} ms "

@@ -73,6 +73,15 @@ class SuperStream:
                 f"super stream {self.name!r} has no binding key {key!r} (its keys: {shown})"
             ) from None
 
+    def route_utf8(self, key: bytes) -> int:
+        """`route` for a key given as its UTF-8 bytes (the listener's fast path; the bytes
+        are hashed as they are, which is what `route` hashes)."""
+        text = key.decode("utf-8")  # UnicodeDecodeError: not a valid AMQP string
+        if self.routing is Routing.HASH:
+            value: int = mmh3.hash(key, HASH_SEED, signed=False)
+            return value % len(self.partitions)
+        return self.route(text)
+
 
 def hash_partition(key: str, partitions: int) -> int:
     """32-bit MurmurHash3 (unsigned) of the key's UTF-8 bytes, modulo `partitions`."""

@@ -88,6 +88,10 @@ class ProducerLink:
     """Named links: the bytes before the publishing id's 8 bytes in the last message whose id
     was read the slow way (header, annotations map up to the ulong constructor; ADR 0011); a
     message starting with them has its id at `len(id_prefix)`. `01` matches no plain message."""
+    key_prefix: bytes = b"\x01"
+    """Super-stream links: the bytes before the group key's value in the last message whose
+    key was read the slow way (`sections.group_key_at`, ADR 0014); a plain message starting
+    with them has its key's str8/sym8 at `len(key_prefix)`. `01` matches no plain message."""
     id_section: int = -1
     """Named links: where the message-annotations section starts in a message starting with
     `id_prefix` when the publishing id is all it holds (-1: it holds more): such messages are
@@ -157,7 +161,9 @@ class ProducerPart:
         records, deliveries = producer.records, producer.deliveries
         oversize = producer.oversize
         named = producer.name is not None
-        by_key = producer.plan.super_stream is not None
+        topology = producer.plan.super_stream
+        by_key = topology is not None
+        routed = producer.routed
         id_at = sections.ULONG.unpack_from
         got = 0
         while True:
@@ -185,8 +191,29 @@ class ProducerPart:
             raw = unpack(buf, size)
             advance(lp)
             if by_key:
-                self._accept_routed(producer, cur, raw)
                 got += 1
+                prefix = producer.key_prefix
+                if raw.startswith(prefix) and is_plain(raw):  # the key where it was last time
+                    at = len(prefix)
+                    key = raw[at + 2 : at + 2 + raw[at + 1]]
+                    if presettled or remote_settled(cur):
+                        settle(cur)
+                        cur = None
+                    else:
+                        self.unconfirmed += 1
+                    try:
+                        assert topology is not None
+                        pid = PartitionId(topology.route_utf8(key))
+                    except (BrokerError, UnicodeDecodeError) as err:
+                        self._refuse_routed(producer, cur, err)
+                    else:
+                        batch = routed.get(pid)
+                        if batch is None:
+                            batch = routed[pid] = ([], [])
+                        batch[0].append(raw)
+                        batch[1].append(cur)
+                else:
+                    self._accept_routed(producer, cur, raw)
                 if producer.closed:
                     break
                 continue
@@ -351,20 +378,29 @@ class ProducerPart:
             else:
                 group_key, message_id = sections.routing_fields(incoming.stored)
                 pid = PartitionId(topology.route(routing_key(group_key, message_id)))
+                if group_key is not None and incoming.delivery_annotations is None:
+                    at = sections.group_key_at(raw)
+                    if at > 0:  # the next messages laid out alike go the fast way
+                        producer.key_prefix = raw[:at]
         except (sections.MalformedMessage, BrokerError) as err:
-            error = (
-                amqp_error(err)
-                if isinstance(err, BrokerError)
-                else plain(DECODE_ERROR, f"malformed message: {err}")
-            )
-            if delivery is None:  # came settled: nothing to reject, so say it on the link
-                self.host.end_producer(producer, error)
-            else:
-                self._reject_counted(delivery, error)
+            self._refuse_routed(producer, delivery, err)
             return
         records, deliveries = producer.routed.setdefault(pid, ([], []))
         records.append(incoming.stored)
         deliveries.append(delivery)
+
+    def _refuse_routed(self, producer: ProducerLink, delivery: Any, err: Exception) -> None:
+        """A super-stream message that cannot be routed: rejected (counted in `unconfirmed`),
+        or, when it came settled, the link ends with the reason."""
+        error = (
+            amqp_error(err)
+            if isinstance(err, BrokerError)
+            else plain(DECODE_ERROR, f"malformed message: {err}")
+        )
+        if delivery is None:  # came settled: nothing to reject, so say it on the link
+            self.host.end_producer(producer, error)
+        else:
+            self._reject_counted(delivery, error)
 
     def _reject_counted(self, delivery: Any, error: AmqpError) -> None:
         if delivery is not None:

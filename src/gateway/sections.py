@@ -484,6 +484,45 @@ def _publishing_id_value(stored: bytes, at: int) -> int:
     return value if code == 0x44 else -1
 
 
+_GROUP_KEY = _sym8(GROUP_KEY_ANNOTATION)
+
+
+def group_key_at(stored: bytes) -> int:
+    """Where the value of the `event-streams-group-key` message annotation starts (its str8 or
+    sym8 constructor) when it is the first entry of a message-annotations map8/map32 that
+    follows an optional list8/list0 header; -1 otherwise. A message that starts with the same
+    `stored[:at]` bytes has its group key at the same place (same sections, same map head,
+    same first key): a super-stream link's hot path reads it after one `startswith`
+    (ADR 0014), as the publishing id is read (`publishing_id_at`)."""
+    n = len(stored)
+    if n < 12 or stored[0] or stored[1] != 0x53:
+        return -1
+    start = 0
+    if stored[2] == HEADER:
+        if stored[3] == 0xC0:
+            start = 5 + stored[4]
+        elif stored[3] == 0x45:
+            start = 4
+        else:
+            return -1
+        if n < start + 12 or stored[start] or stored[start + 1] != 0x53:
+            return -1
+    if stored[start + 2] != MESSAGE_ANNOTATIONS:
+        return -1
+    if stored[start + 3] == 0xC1:
+        first, end = start + 6, start + 5 + stored[start + 4]
+    elif stored[start + 3] == 0xD1:
+        first, end = start + 12, start + 8 + _U32.unpack_from(stored, start + 4)[0]
+    else:
+        return -1
+    value = first + len(_GROUP_KEY)
+    if end > n or value + 2 > end or stored[first:value] != _GROUP_KEY:
+        return -1
+    if stored[value] not in (0xA1, 0xA3) or value + 2 + stored[value + 1] > end:
+        return -1
+    return value
+
+
 def routing_fields(stored: bytes | memoryview) -> tuple[Any, Any]:
     """(the `event-streams-group-key` message annotation, the `message-id` property) of stored
     bytes, None where absent: what a super stream routes by (spate.core.superstreams). A

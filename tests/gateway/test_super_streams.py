@@ -11,6 +11,7 @@ key, or no matching binding, is `rejected` and the link goes on.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from proton import Delivery, Message, Timeout, symbol
 from proton.utils import LinkDetached
 from spate.core.superstreams import SuperStream, define, hash_partition
+from spate.gateway import sections
 from support.amqp_clients import (
     LinkProperties,
     LoopThread,
@@ -370,3 +372,38 @@ def test_a_topology_ahead_of_its_streams_is_refused_as_retryable(
         assert condition.name == "amqp:resource-locked"
         assert condition.info[symbol("spate:retryable")] is True
         assert f"{topology.partitions[0]!r} is not known here yet; retry" in condition.description
+
+
+def test_the_group_key_fast_read_agrees_with_routing_fields() -> None:
+    """ADR 0014: a super-stream link reads the group key after one `startswith` on the bytes
+    before it; where `group_key_at` says the key is, `routing_fields` (the section walk) finds
+    the same key, on valid layouts and on a seeded sweep of corruptions of them."""
+    layouts = [
+        keyed("x", "hello1"),
+        Message(body=b"x" * 300, durable=True, annotations={GROUP_KEY: "k" * 200}),
+        Message(body="x", durable=True, annotations={GROUP_KEY: symbol("sym-key")}),
+        Message(body="x", annotations={GROUP_KEY: "first", symbol("other"): 1}),
+        Message(body="x", annotations={symbol("other"): 1, GROUP_KEY: "second"}),  # not first
+        Message(body="x", id="by-id"),
+    ]
+    raws = [bytes(m.encode()) for m in layouts]
+    assert [sections.group_key_at(raw) > 0 for raw in raws] == [True] * 4 + [False] * 2
+    rng = random.Random(20261125)
+    fast_reads = 0
+    for raw in raws:
+        for _ in range(400):
+            i = rng.randrange(len(raw))
+            bad = raw[:i] + bytes((rng.randrange(256),)) + raw[i + 1 :]
+            at = sections.group_key_at(bad)
+            if at < 0 or not sections.is_plain(bad):
+                continue
+            fast_reads += 1
+            key = bad[at + 2 : at + 2 + bad[at + 1]]
+            try:
+                walked, _ = sections.routing_fields(bad)
+            except sections.MalformedMessage:
+                continue  # a later map entry is broken: like any plain message's path, the
+                # fast path checks the section structure only (is_plain), not every value
+            if isinstance(walked, str):
+                assert key.decode("utf-8") == walked, (raw, i)
+    assert fast_reads > 500
