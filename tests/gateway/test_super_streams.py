@@ -407,3 +407,51 @@ def test_the_group_key_fast_read_agrees_with_routing_fields() -> None:
             if isinstance(walked, str):
                 assert key.decode("utf-8") == walked, (raw, i)
     assert fast_reads > 500
+
+
+def test_a_partition_changes_hands_through_the_stored_offset_as_instances_come_and_go(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    """ADR 0013's spread groups: when a second instance joins, the first steps down from
+    partition 1 after storing what it accepted, and the second starts right after it; when the
+    second leaves, the first takes partition 1 back after what the second accepted. What either
+    accepted is never delivered to the other; only what was in flight unsettled may be."""
+    topology = make_super(partitions=2)
+    properties = LinkProperties(
+        {symbol("spate:consumer-name"): "ledger", symbol("spate:single-active-consumer"): True}
+    )
+    active = symbol("spate:active")
+
+    def publish(*bodies: str) -> None:
+        with blocking(gateway) as conn:
+            sender = conn.create_sender(topology.name, name=unique("tx"))
+            for body in bodies:  # hello3 -> partition 1 of 2
+                assert sender.send(keyed(body, "hello3")).remote_state == Delivery.ACCEPTED
+
+    with blocking(gateway) as one, blocking(gateway) as two:
+        first = {
+            p: one.create_receiver(stream, name=unique("rx"), credit=10, options=[properties])
+            for p, stream in enumerate(topology.partitions)
+        }
+        publish("a")
+        assert first[1].receive(timeout=10).body == "a"
+        first[1].accept()  # done: stored when it steps down
+        second = {
+            p: two.create_receiver(stream, name=unique("rx"), credit=10, options=[properties])
+            for p, stream in enumerate(topology.partitions)
+        }
+        assert second[1].link.remote_properties[active] is False  # the first still holds it
+        publish("b")
+        got = second[1].receive(timeout=10)  # after the first's stored offset: b, never a
+        assert (got.body, (got.instructions or {}).get(active)) == ("b", True)
+        second[1].accept()
+        second[1].close()  # stores b, leaves: the first is designated again
+        publish("c")
+        seen = []
+        while True:  # anything the first had in flight before stepping down comes first
+            message = first[1].receive(timeout=10)
+            seen.append(message.body)
+            first[1].accept()
+            if (message.instructions or {}).get(active):
+                break
+        assert seen[-1] == "c" and set(seen[:-1]) <= {"b"}, seen
