@@ -103,8 +103,9 @@ def offset_filter(start: Start) -> dict[symbol, Any]:
 
 
 def encode_message(message: Message) -> bytes:
-    data: bytes = message.encode()
-    return data
+    """The message's AMQP bytes (proton's `encode` returns a bytearray, which
+    `pn_link_send` does not take)."""
+    return bytes(message.encode())
 
 
 def decode_message(raw: bytes) -> Message:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proton import Message, symbol
 from spate.client import ConnectionLost, Consumer, Producer, PublishRefused
 from spate.client.aio import AsyncConsumer, AsyncProducer
 from spate.core.errors import NotLeader
@@ -102,6 +103,21 @@ def test_blocking_send_send_async_batch_and_flush(node: tuple[MemoryBroker, str]
         events = [consumer.receive(timeout=10) for _ in range(501)]
     assert [e.offset for e in events] == list(range(501))
     assert events[0].body == b"one" and events[-1].body == b"b299"
+
+
+def test_a_proton_message_is_sent_as_it_is(node: tuple[MemoryBroker, str]) -> None:
+    """A `proton.Message` body (properties, annotations) goes out whole, with and without a
+    producer name (proton encodes into a bytearray; the link takes bytes)."""
+    _, url = node
+    key = symbol("event-streams-group-key")
+    with Producer(url, "orders") as producer:
+        producer.send(Message(id="m-1", body="plain", annotations={key: "k"}))
+    with Producer(url, "orders", name="p") as producer:
+        producer.send(Message(subject="s", body="named"))
+    with Consumer(url, "orders", start="first") as consumer:
+        first, second = consumer.receive(timeout=10), consumer.receive(timeout=10)
+    assert (first.message.id, first.body, first.message.annotations) == ("m-1", "plain", {key: "k"})
+    assert (second.message.subject, second.body) == ("s", "named")
 
 
 def test_blocking_refusal_raises_with_its_condition(node: tuple[MemoryBroker, str]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from proton import Delivery, Message, Timeout, symbol
 from proton.utils import LinkDetached
+from spate.client import Producer, PublishRefused
 from spate.core.superstreams import SuperStream, define, hash_partition
 from spate.gateway import sections
 from support.amqp_clients import (
@@ -455,3 +456,18 @@ def test_a_partition_changes_hands_through_the_stored_offset_as_instances_come_a
             if (message.instructions or {}).get(active):
                 break
         assert seen[-1] == "c" and set(seen[:-1]) <= {"b"}, seen
+
+
+def test_spate_client_publishes_to_a_super_stream_by_message_id_or_group_key(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    """spate.client's Producer attaches to the super stream's address like any stream; a
+    `proton.Message` carries the routing key (its id, or the group-key annotation)."""
+    topology = make_super(partitions=3)
+    with Producer(gateway.url, topology.name, timeout_s=10) as producer:
+        producer.send(Message(id="hello4", body="by-id"))  # hello4 -> 2 of 3 (RabbitMQ's table)
+        producer.send(keyed("by-key", "hello2"))  # hello2 -> 0
+        with pytest.raises(PublishRefused, match="no routing key"):
+            producer.send(b"no key")
+    assert bodies_of(gateway, topology.partitions[2], 1) == ["by-id"]
+    assert bodies_of(gateway, topology.partitions[0], 1) == ["by-key"]
