@@ -86,23 +86,6 @@ def super_run(c: Cluster, binary: Path, a: argparse.Namespace, run: int) -> list
     return rows
 
 
-def super_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    s: dict[str, Any] = {"workload": "super_summary", "loadavg": loadavg()}
-    for case in SUPER_CASES:
-        s[case] = {
-            "w1_msgs_per_s": median(rows, case, "msgs_per_s"),
-            "w1_confirm_p50_ms": median(rows, case, "confirm_p50_ms"),
-            "w1_confirm_p99_ms": median(rows, case, "confirm_p99_ms"),
-            "runs": sum(1 for r in rows if r.get("case") == case and not r.get("error")),
-            "errors": [r["error"] for r in rows if r.get("case") == case and r.get("error")],
-        }
-    sup, plain = s["super"]["w1_msgs_per_s"], s["plain"]["w1_msgs_per_s"]
-    keyed = s["keyed"]["w1_msgs_per_s"]
-    s["super_vs_plain"] = round(sup / plain, 3) if sup and plain else None
-    s["super_vs_keyed"] = round(sup / keyed, 3) if sup and keyed else None
-    return s
-
-
 def median(rows: list[dict[str, Any]], case: str, key: str) -> float | None:
     values = [
         float(r[key])
@@ -112,9 +95,12 @@ def median(rows: list[dict[str, Any]], case: str, key: str) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def dedup_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    s: dict[str, Any] = {"workload": "dedup_summary", "loadavg": loadavg()}
-    for case in CASES:
+def summary(
+    rows: list[dict[str, Any]], name: str, cases: tuple[str, ...], ratios: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """Medians per case, and the ratios `a_vs_b` of their W1 rates."""
+    s: dict[str, Any] = {"workload": name, "loadavg": loadavg()}
+    for case in cases:
         s[case] = {
             "w1_msgs_per_s": median(rows, case, "msgs_per_s"),
             "w1_confirm_p50_ms": median(rows, case, "confirm_p50_ms"),
@@ -122,10 +108,9 @@ def dedup_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": sum(1 for r in rows if r.get("case") == case and not r.get("error")),
             "errors": [r["error"] for r in rows if r.get("case") == case and r.get("error")],
         }
-    named, unnamed = s["named"]["w1_msgs_per_s"], s["unnamed"]["w1_msgs_per_s"]
-    annotated = s["annotated"]["w1_msgs_per_s"]
-    s["named_vs_unnamed"] = round(named / unnamed, 3) if named and unnamed else None
-    s["named_vs_annotated"] = round(named / annotated, 3) if named and annotated else None
+    for top, bottom in ratios:
+        x, y = s[top]["w1_msgs_per_s"], s[bottom]["w1_msgs_per_s"]
+        s[f"{top}_vs_{bottom}"] = round(x / y, 3) if x and y else None
     return s
 
 
@@ -142,7 +127,9 @@ def main() -> int:
             rows: list[dict[str, Any]] = []
             for run in range(1, a.runs + 1):
                 rows += dedup_run(c, binary, a, run)
-            s = dedup_summary(rows)
+            s = summary(
+                rows, "dedup_summary", CASES, [("named", "unnamed"), ("named", "annotated")]
+            )
             emit(s, a.out)
             log(
                 f"dedup W1 medians of {a.runs}: unnamed {s['unnamed']['w1_msgs_per_s']} msgs/s "
@@ -156,7 +143,9 @@ def main() -> int:
             rows = []
             for run in range(1, a.runs + 1):
                 rows += super_run(c, binary, a, run)
-            s = super_summary(rows)
+            s = summary(
+                rows, "super_summary", SUPER_CASES, [("super", "plain"), ("super", "keyed")]
+            )
             emit(s, a.out)
             log(
                 f"super-stream W1 medians of {a.runs}: plain {s['plain']['w1_msgs_per_s']} "

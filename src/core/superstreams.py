@@ -25,6 +25,7 @@ it, so (name, version) identifies it (a router holding another version is stale)
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -151,6 +152,30 @@ def unknown(name: str) -> NotFound:
         f"stream or super stream {name!r} does not exist; create it with `spate stream create "
         f"{name}` or `spate superstream create {name} --partitions N`"
     )
+
+
+def find(topologies: Mapping[StreamName, SuperStream], name: StreamName) -> SuperStream:
+    """The topology named `name`; NotFound (`unknown`) when there is none."""
+    topology = topologies.get(name)
+    if topology is None:
+        raise unknown(name)
+    return topology
+
+
+def version_of(topologies: Mapping[StreamName, SuperStream], name: StreamName) -> int | None:
+    """The version of `name`'s topology (None: not known)."""
+    topology = topologies.get(name)
+    return None if topology is None else topology.version
+
+
+def owner_of(
+    topologies: Mapping[StreamName, SuperStream], stream: StreamName
+) -> SuperStream | None:
+    """The super stream whose partition `stream` is (None: an ordinary stream)."""
+    for topology in topologies.values():
+        if stream in topology.partitions:
+            return topology
+    return None
 
 
 def routing_key(group_key: object | None, message_id: object | None) -> str:

@@ -25,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from spate.core import superstreams
 from spate.core.backend import Broker, Partition
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
-from spate.core.superstreams import SuperStream, unknown
+from spate.core.superstreams import SuperStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +57,13 @@ class Routes:
 
     def super_stream(self, name: StreamName) -> SuperStream:
         """The topology; NotFound naming it when this picture does not hold it."""
-        topology = self.super_streams.get(name)
-        if topology is None:
-            raise unknown(name)
-        return topology
+        return superstreams.find(self.super_streams, name)
 
     def super_stream_version(self, name: StreamName) -> int | None:
-        topology = self.super_streams.get(name)
-        return None if topology is None else topology.version
+        return superstreams.version_of(self.super_streams, name)
 
     def super_stream_of(self, stream: StreamName) -> SuperStream | None:
-        for topology in self.super_streams.values():
-            if stream in topology.partitions:
-                return topology
-        return None
+        return superstreams.owner_of(self.super_streams, stream)
 
 
 class RoutingTable:

@@ -454,9 +454,23 @@ def sole_annotation_start(stored: bytes, at: int) -> int:
 def _publishing_id_value(stored: bytes, at: int) -> int:
     """Index of the publishing id's constructor (ulong, smallulong or ulong0, all of it within
     the annotations section) for the key at `at` in the fast layouts; -1 otherwise."""
+    first, end = _annotations_span(stored)
+    value = at + _KEY_END
+    if first < 0 or at < first or value >= end:
+        return -1
+    code = stored[value]
+    if (code == 0x80 and value + 9 <= end) or (code == 0x53 and value + 2 <= end):
+        return value
+    return value if code == 0x44 else -1
+
+
+def _annotations_span(stored: bytes) -> tuple[int, int]:
+    """(first entry, end) of the message-annotations map when the message starts with it,
+    after an optional list8/list0 header, as a map8 or map32 that fits; (-1, -1) otherwise:
+    the layouts clients send, for the hot paths' learned offsets."""
     n = len(stored)
     if n < 12 or stored[0] or stored[1] != 0x53:
-        return -1
+        return -1, -1
     start = 0
     if stored[2] == HEADER:
         if stored[3] == 0xC0:
@@ -464,24 +478,18 @@ def _publishing_id_value(stored: bytes, at: int) -> int:
         elif stored[3] == 0x45:
             start = 4
         else:
-            return -1
+            return -1, -1
         if n < start + 12 or stored[start] or stored[start + 1] != 0x53:
-            return -1
+            return -1, -1
     if stored[start + 2] != MESSAGE_ANNOTATIONS:
-        return -1
+        return -1, -1
     if stored[start + 3] == 0xC1:
         first, end = start + 6, start + 5 + stored[start + 4]
     elif stored[start + 3] == 0xD1:
         first, end = start + 12, start + 8 + _U32.unpack_from(stored, start + 4)[0]
     else:
-        return -1
-    value = at + _KEY_END
-    if at < first or value >= end or end > n:
-        return -1
-    code = stored[value]
-    if (code == 0x80 and value + 9 <= end) or (code == 0x53 and value + 2 <= end):
-        return value
-    return value if code == 0x44 else -1
+        return -1, -1
+    return (first, end) if end <= n else (-1, -1)
 
 
 _GROUP_KEY = _sym8(GROUP_KEY_ANNOTATION)
@@ -494,29 +502,9 @@ def group_key_at(stored: bytes) -> int:
     `stored[:at]` bytes has its group key at the same place (same sections, same map head,
     same first key): a super-stream link's hot path reads it after one `startswith`
     (ADR 0014), as the publishing id is read (`publishing_id_at`)."""
-    n = len(stored)
-    if n < 12 or stored[0] or stored[1] != 0x53:
-        return -1
-    start = 0
-    if stored[2] == HEADER:
-        if stored[3] == 0xC0:
-            start = 5 + stored[4]
-        elif stored[3] == 0x45:
-            start = 4
-        else:
-            return -1
-        if n < start + 12 or stored[start] or stored[start + 1] != 0x53:
-            return -1
-    if stored[start + 2] != MESSAGE_ANNOTATIONS:
-        return -1
-    if stored[start + 3] == 0xC1:
-        first, end = start + 6, start + 5 + stored[start + 4]
-    elif stored[start + 3] == 0xD1:
-        first, end = start + 12, start + 8 + _U32.unpack_from(stored, start + 4)[0]
-    else:
-        return -1
+    first, end = _annotations_span(stored)
     value = first + len(_GROUP_KEY)
-    if end > n or value + 2 > end or stored[first:value] != _GROUP_KEY:
+    if first < 0 or value + 2 > end or stored[first:value] != _GROUP_KEY:
         return -1
     if stored[value] not in (0xA1, 0xA3) or value + 2 + stored[value + 1] > end:
         return -1

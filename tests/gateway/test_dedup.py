@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, Timeout, symbol, ulong
+from proton import Delivery, Message, symbol, ulong
 from proton.utils import LinkDetached
 from spate.core.errors import Unavailable
 from support.amqp_clients import (
@@ -23,6 +23,7 @@ from support.amqp_clients import (
     offset_filter,
     receive,
     run_rhea,
+    stream_bodies,
     unique,
 )
 from support.memory_broker import MemoryBroker
@@ -39,18 +40,6 @@ def named(name: str) -> LinkProperties:
 def message(publishing_id: int | None, body: str) -> Message:
     annotations = None if publishing_id is None else {PID: ulong(publishing_id)}
     return Message(body=body, annotations=annotations)
-
-
-def stream_bodies(gateway: RunningGateway, stream: str, count: int) -> list[Any]:
-    """The stream's first `count` bodies, and a check that there is nothing after them."""
-    with blocking(gateway) as conn:
-        receiver = conn.create_receiver(
-            stream, name=unique("rx"), credit=500, options=[offset_filter("first")]
-        )
-        got = [m.body for m in receive(receiver, count)]
-        with pytest.raises(Timeout):
-            receiver.receive(timeout=0.3)
-        return got
 
 
 def test_each_publishing_id_is_stored_once_and_the_attach_answers_the_last(

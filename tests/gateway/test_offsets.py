@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Message, Timeout, symbol
+from proton import Timeout, symbol
 from spate.client import Consumer
 from spate.core.errors import InvalidArgument
 from spate.gateway.server import ListenerConfig
@@ -24,6 +24,7 @@ from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
     blocking,
+    fill,
     offset_filter,
     partition_option,
     receive,
@@ -33,13 +34,6 @@ from support.amqp_clients import (
 
 NAME = symbol("spate:consumer-name")
 STORED = symbol("spate:stored-offset")
-
-
-def fill(gateway: RunningGateway, stream: str, count: int, start: int = 0) -> None:
-    with blocking(gateway) as conn:
-        sender = conn.create_sender(stream, name=unique("tx"))
-        for i in range(start, start + count):
-            sender.send(Message(body=f"m{i}"))
 
 
 def pump(conn: Any) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, Timeout, symbol
+from proton import Delivery, Message, symbol
 from proton.utils import LinkDetached
 from spate.client import Producer, PublishRefused
 from spate.core.superstreams import SuperStream, define, hash_partition
@@ -27,9 +27,8 @@ from support.amqp_clients import (
     LoopThread,
     RunningGateway,
     blocking,
-    offset_filter,
-    receive,
     run_rhea,
+    stream_bodies,
     unique,
 )
 from support.memory_broker import MemoryBroker
@@ -56,18 +55,6 @@ def make_super(
 
 def keyed(body: str, key: str) -> Message:
     return Message(body=body, annotations={GROUP_KEY: key})
-
-
-def bodies_of(gateway: RunningGateway, stream: str, count: int) -> list[Any]:
-    """The stream's first `count` bodies, and a check that there is nothing after them."""
-    with blocking(gateway) as conn:
-        receiver = conn.create_receiver(
-            stream, name=unique("rx"), credit=500, options=[offset_filter("first")]
-        )
-        got = [m.body for m in receive(receiver, count)]
-        with pytest.raises(Timeout):
-            receiver.receive(timeout=0.3)
-        return got
 
 
 def rejected(sender: Any, msg: Message) -> tuple[str, str]:
@@ -109,7 +96,7 @@ def test_hash_routing_sends_each_key_where_rabbitmq_clients_do(
     expected[hash_partition(str(ident), 3)].append("by-uuid")
     assert expected[0][0] == "m-hello2" and "m-hello1" in expected[1]
     for index, stream in enumerate(topology.partitions):
-        assert bodies_of(gateway, stream, len(expected[index])) == expected[index]
+        assert stream_bodies(gateway, stream, len(expected[index])) == expected[index]
 
 
 def test_key_routing_and_unroutable_messages(
@@ -129,9 +116,9 @@ def test_key_routing_and_unroutable_messages(
         assert name == "amqp:invalid-field" and "event-streams-group-key" in text
         # the link goes on
         assert sender.send(keyed("a4", "amer")).remote_state == Delivery.ACCEPTED
-    assert bodies_of(gateway, topology.partitions[0], 1) == ["a4"]
-    assert bodies_of(gateway, topology.partitions[1], 2) == ["a1", "a3"]
-    assert bodies_of(gateway, topology.partitions[2], 1) == ["a2"]
+    assert stream_bodies(gateway, topology.partitions[0], 1) == ["a4"]
+    assert stream_bodies(gateway, topology.partitions[1], 2) == ["a1", "a3"]
+    assert stream_bodies(gateway, topology.partitions[2], 1) == ["a2"]
 
 
 def test_attach_refusals_name_the_problem(
@@ -190,8 +177,8 @@ def test_rhea_publishes_to_a_super_stream(
     publish, consume = report["steps"]
     assert publish["outcomes"] == ["accepted"] * 4
     assert [m["body"] for m in consume["messages"]] == ["r2", "no-key"]  # hello2 -> 0
-    assert bodies_of(gateway, topology.partitions[1], 1) == ["r1"]
-    assert bodies_of(gateway, topology.partitions[2], 1) == ["r4"]
+    assert stream_bodies(gateway, topology.partitions[1], 1) == ["r1"]
+    assert stream_bodies(gateway, topology.partitions[2], 1) == ["r4"]
 
 
 def test_a_redirect_gateway_without_proxy_sends_super_stream_links_to_a_node() -> None:
@@ -282,7 +269,7 @@ def test_a_link_routing_by_a_stale_topology_is_ended(
         loop_thread.run(lambda: change(None))
         name, text = ended(sender, keyed("gone", "hello1"))
         assert (name, text) == ("amqp:not-found", f"super stream {topology.name!r} was deleted")
-    assert bodies_of(gateway, topology.partitions[1], 2) == ["v0", "v1"]
+    assert stream_bodies(gateway, topology.partitions[1], 2) == ["v0", "v1"]
 
 
 def test_single_active_consumers_spread_over_the_partitions(
@@ -332,7 +319,7 @@ def test_a_target_partition_annotation_names_the_partition(
         message.instructions = {symbol("event-streams-target-partition"): symbol("3")}
         name, text = rejected(sender, message)
         assert name == "amqp:not-found" and "'0'..'2'" in text
-    assert bodies_of(gateway, topology.partitions[2], 1) == ["pinned"]
+    assert stream_bodies(gateway, topology.partitions[2], 1) == ["pinned"]
 
 
 @pytest.mark.memory_broker_only
@@ -354,8 +341,8 @@ def test_each_message_gets_its_partitions_outcome(
         assert name == "amqp:resource-locked" and "no quorum" in text
         assert sender.send(keyed("kept", "hello2")).remote_state == Delivery.ACCEPTED  # -> 0
         assert sender.send(keyed("again", "hello1")).remote_state == Delivery.ACCEPTED
-    assert bodies_of(gateway, topology.partitions[0], 1) == ["kept"]
-    assert bodies_of(gateway, topology.partitions[1], 1) == ["again"]
+    assert stream_bodies(gateway, topology.partitions[0], 1) == ["kept"]
+    assert stream_bodies(gateway, topology.partitions[1], 1) == ["again"]
 
 
 @pytest.mark.memory_broker_only
@@ -469,5 +456,5 @@ def test_spate_client_publishes_to_a_super_stream_by_message_id_or_group_key(
         producer.send(keyed("by-key", "hello2"))  # hello2 -> 0
         with pytest.raises(PublishRefused, match="no routing key"):
             producer.send(b"no key")
-    assert bodies_of(gateway, topology.partitions[2], 1) == ["by-id"]
-    assert bodies_of(gateway, topology.partitions[0], 1) == ["by-key"]
+    assert stream_bodies(gateway, topology.partitions[2], 1) == ["by-id"]
+    assert stream_bodies(gateway, topology.partitions[0], 1) == ["by-key"]

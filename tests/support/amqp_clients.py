@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
-from proton import Described, Message, SSLDomain, symbol, ulong
+from proton import Described, Message, SSLDomain, Timeout, symbol, ulong
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Filter, LinkOption
 from proton.utils import BlockingConnection
@@ -126,6 +126,28 @@ def receive(receiver: Any, count: int, timeout_s: float = 10.0) -> list[Message]
         out.append(receiver.receive(timeout=timeout_s))
         receiver.accept()
     return out
+
+
+def fill(gateway: RunningGateway, stream: str, count: int, start: int = 0) -> None:
+    """Publish the bodies m<start> .. m<start + count - 1>, each confirmed."""
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"))
+        for i in range(start, start + count):
+            sender.send(Message(body=f"m{i}"))
+
+
+def stream_bodies(gateway: RunningGateway, stream: str, count: int) -> list[Any]:
+    """The stream's first `count` bodies, and a check that there is nothing after them."""
+    with blocking(gateway) as conn:
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=500, options=[offset_filter("first")]
+        )
+        got = [m.body for m in receive(receiver, count)]
+        try:
+            extra = receiver.receive(timeout=0.3)
+        except Timeout:
+            return got
+        raise AssertionError(f"{stream} holds more than {count} messages: {extra.body!r}")
 
 
 def da(message: Message, key: str) -> Any:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from spate.core import superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -37,7 +38,7 @@ from spate.core.errors import (
 )
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
-from spate.core.superstreams import SuperStream, unknown
+from spate.core.superstreams import SuperStream
 
 FSYNC_DELAY_S = 0.002
 
@@ -285,20 +286,13 @@ class MemoryBroker:
         self.super_streams[topology.name] = topology
 
     async def super_stream(self, name: StreamName) -> SuperStream:
-        topology = self.super_streams.get(name)
-        if topology is None:
-            raise unknown(name)
-        return topology
+        return superstreams.find(self.super_streams, name)
 
     def super_stream_version(self, name: StreamName) -> int | None:
-        topology = self.super_streams.get(name)
-        return None if topology is None else topology.version
+        return superstreams.version_of(self.super_streams, name)
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
-        for topology in self.super_streams.values():
-            if stream in topology.partitions:
-                return topology
-        return None
+        return superstreams.owner_of(self.super_streams, stream)
 
     def release(self) -> int:
         """Commit every held append of every partition (commit_delay_s=None)."""

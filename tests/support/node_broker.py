@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from spate.core import superstreams
 from spate.core.backend import Partition
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
-from spate.core.superstreams import SuperStream, unknown
+from spate.core.superstreams import SuperStream
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 
@@ -60,20 +61,13 @@ class NodeBroker:
         self.super_streams[topology.name] = topology
 
     async def super_stream(self, name: StreamName) -> SuperStream:
-        topology = self.super_streams.get(name)
-        if topology is None:
-            raise unknown(name)
-        return topology
+        return superstreams.find(self.super_streams, name)
 
     def super_stream_version(self, name: StreamName) -> int | None:
-        topology = self.super_streams.get(name)
-        return None if topology is None else topology.version
+        return superstreams.version_of(self.super_streams, name)
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
-        for topology in self.super_streams.values():
-            if stream in topology.partitions:
-                return topology
-        return None
+        return superstreams.owner_of(self.super_streams, stream)
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)
