@@ -151,7 +151,12 @@ class ConsumerPart:
                 deposed = await partition.until_deposed(plan.name, plan.member)
                 if deposed.active or consumer.closed:
                     return  # it left the group
-                await partition.step_down(plan.name, plan.member, self._stop(consumer))
+                offset, covered = self._stop(consumer)
+                await partition.step_down(plan.name, plan.member, offset)
+                if covered and not consumer.closed and not self.host.closed:
+                    for delivery in covered:  # stored: settling confirms the client's commit
+                        lib.pn_delivery_settle(delivery)
+                    self.host.schedule_pump()
         except BrokerError as err:
             if not consumer.closed and not self.host.closed:
                 error = amqp_error(err)
@@ -163,10 +168,11 @@ class ConsumerPart:
                     ),
                 )
 
-    def _stop(self, consumer: ConsumerLink) -> int | None:
+    def _stop(self, consumer: ConsumerLink) -> tuple[int | None, list[Any]]:
         """The active member steps down: send nothing more, and start afresh on what the client
         finishes (what it settles from now on is the next active member's to store). Returns
-        the offset to store (None: nothing new since the last store)."""
+        the offset to store (None: nothing new since the last store) and the deliveries
+        waiting for a store (rcv-settle-mode second) that it covers, to settle once stored."""
         plan = consumer.plan
         plan.active = False
         consumer.announce = False
@@ -174,12 +180,14 @@ class ConsumerPart:
             cursor.pending.clear()
         tracker = consumer.tracker
         assert tracker is not None
+        through = tracker.done_tag
         offset = tracker.take()
         consumer.tracker = OffsetTracker(
             tracker.every, tracker.interval_ms, done_tag=consumer.tag, stored=tracker.stored
         )
-        consumer.awaiting.clear()  # the step-down's store confirms them, or nothing will
-        return offset
+        covered = [d for tag, d in consumer.awaiting.items() if tag <= through]
+        consumer.awaiting.clear()  # those above a gap are never stored by this member
+        return offset, covered
 
     def open_info(self, link: Link, stream: StreamName) -> None:
         link.source.copy(link.remote_source)
