@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from spate.core.errors import InvalidArgument
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -134,6 +135,18 @@ class Attached:
     """Single active consumer: the link's member number in its group (0: a plain link)."""
     active: bool = True
     """Single active consumer: whether it is the group's active member now."""
+
+
+def check_reset(stream: str, partition: int, offset: int, end: int) -> None:
+    """An operator's offset reset names a message the partition has (or -1: before the
+    first); InvalidArgument past the last one, where the consumer would skip messages not
+    written yet."""
+    if offset > end - 1:
+        last = f"its last message is {end - 1}" if end else "it holds no message yet"
+        raise InvalidArgument(
+            f"offset {offset} is past the end of {stream}/{partition}: {last}; store "
+            f"{max(end - 1, -1)} to resume at the next message"
+        )
 
 
 class Partition(Protocol):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from spate.core.backend import OffsetSpec, PublishingIds
-from spate.core.errors import FailedPrecondition, NotFound, Unavailable
+from spate.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway import remote
@@ -186,5 +186,8 @@ def test_a_named_consumer_link_stays_counted_at_the_leader_after_its_session_bre
         reader.detach()
         assert replica.attached == {}
         await other.reset_offset(b"billing", -1)  # no link left: allowed
+        await other.reset_offset(b"billing", 0)  # the last message: resume at the next
+        with pytest.raises(InvalidArgument, match=r"past the end of .*its last message is 0"):
+            await other.reset_offset(b"billing", 1)  # would skip a message not written yet
 
     run(tmp_path, scenario)

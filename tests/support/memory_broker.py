@@ -28,6 +28,7 @@ from spate.core.backend import (
     PartitionInfo,
     ProducerInfo,
     PublishingIds,
+    check_reset,
 )
 from spate.core.errors import (
     BrokerError,
@@ -133,6 +134,7 @@ class MemoryPartition(LocalPartition):
                 self.groups.leave(name, member)
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
+        check_reset(self.stream, self.partition, offset, self.committed_end)
         if self.attached.get(name):
             raise FailedPrecondition(f"consumer {name.decode()!r} has a link attached")
         await self.store_offset(name, offset)

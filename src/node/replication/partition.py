@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from spate.core.active import ActiveGroups, Conflict
-from spate.core.backend import Attached, ConsumerOffset, ProducerInfo, PublishingIds
+from spate.core.backend import (
+    Attached,
+    ConsumerOffset,
+    ProducerInfo,
+    PublishingIds,
+    check_reset,
+)
 from spate.core.errors import BrokerError, FailedPrecondition, NotLeader
 from spate.core.ids import Offset
 from spate.node.replication.messages import Ready
@@ -156,8 +162,10 @@ class ReplicatedPartition(Replica):
                 self.groups.leave(name, member)
 
     async def reset_offset(self, name: bytes, offset: int) -> None:
-        """An operator's reset: refused while a link of that name is attached here."""
+        """An operator's reset: refused while a link of that name is attached here, and past
+        the partition's last committed message."""
         self._check_leader()
+        check_reset(self.stream, self.partition, offset, int(self.end_offset()))
         if self.attached.get(name):
             raise FailedPrecondition(
                 f"consumer {name.decode(errors='replace')!r} has {self.attached[name]} link(s) "
