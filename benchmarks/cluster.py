@@ -164,7 +164,7 @@ class Cluster:
 
     def create_super_stream(self, name: str, partitions: int, replicas: int) -> list[str]:
         """`spate superstream create NAME --partitions N`; its partition streams."""
-        out = run(
+        run(
             [
                 str(SPATE),
                 "superstream",
@@ -181,7 +181,7 @@ class Cluster:
             ],
             CLI_TIMEOUT_S,
         )
-        return [f"{name}-{i}" for i in range(partitions)] if out is not None else []
+        return [f"{name}-{i}" for i in range(partitions)]
 
     def partitions(self, stream: str) -> list[dict[str, Any]]:
         out = run(

@@ -217,9 +217,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Show NAME's stored offset on each partition of STREAM hosted by the "
         "answering node or, with --set, store OFFSET for it on one partition (at its leader, "
         "reached from any node): the consumer's next link without a start filter begins at "
-        "OFFSET + 1 (-1: from the first retained message). Refused (exit 1) past the "
-        "partition's last message, and while a link of "
-        "that name is attached.",
+        "OFFSET + 1 (-1: from the first retained message). Refused with exit 2 past the "
+        "partition's last message, and with exit 1 while a link of that name is attached.",
     )
     consumer_offset.add_argument("stream", metavar="STREAM", help="the stream")
     consumer_offset.add_argument("name", metavar="NAME", help="the consumer name")

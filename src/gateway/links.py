@@ -426,7 +426,6 @@ async def plan_consumer(
     address: Address,
     properties: dict[Any, Any],
     filters: dict[Any, Any] | None,
-    spread: int | None = None,
 ) -> ConsumerPlan:
     config = await lookup_source(broker, address.stream)
     selection = parse_filters(filters)
@@ -438,7 +437,8 @@ async def plan_consumer(
         bound = PartitionId(0)
     name = consumer_name(properties)
     sac = single_active(properties, name)
-    if sac and spread is None:
+    spread: int | None = None
+    if sac:
         owner = await broker.super_stream_of(address.stream)
         if owner is not None:  # a super stream's partition: groups spread by its index
             spread = owner.partitions.index(address.stream)

@@ -7,10 +7,11 @@ chunks and appends them, one `Partition.append` per chunk and partition -> `_app
 accepts or rejects the chunk's deliveries. Credit is admission control (`links.producer_credit`):
 none while too many deliveries of the connection wait for durability.
 
-A link to a super stream (ADR 0014) routes every message by its routing key
-(`_accept_routed`): the message annotations and properties are decoded, the message goes to
-its partition's batch (`routed`), or is rejected when it has no routing key or no partition
-matches it.
+A link to a super stream (ADR 0014) routes every message by its routing key: a message laid
+out like the last one read the slow way has its group key read after one `startswith`
+(`key_prefix`); any other is read by `_accept_routed`, which decodes the message annotations
+and properties. The message goes to its partition's batch (`routed`), or is rejected when it
+has no routing key or no partition matches it.
 
 A named producer link (`spate:producer-name`, ADR 0011) also reads each message's publishing id
 (`sections.publishing_id`) into `ids`: a message without one, or with one not above the link's
@@ -162,7 +163,7 @@ class ProducerPart:
         oversize = producer.oversize
         named = producer.name is not None
         topology = producer.plan.super_stream
-        by_key = topology is not None
+        route_key = None if topology is None else topology.route_utf8
         routed = producer.routed
         id_at = sections.ULONG.unpack_from
         got = 0
@@ -190,7 +191,7 @@ class ProducerPart:
                 size = 0  # an empty transfer: not a message, scan_incoming says why
             raw = unpack(buf, size)
             advance(lp)
-            if by_key:
+            if route_key is not None:
                 got += 1
                 prefix = producer.key_prefix
                 if raw.startswith(prefix) and is_plain(raw):  # the key where it was last time
@@ -202,8 +203,7 @@ class ProducerPart:
                     else:
                         self.unconfirmed += 1
                     try:
-                        assert topology is not None
-                        pid = PartitionId(topology.route_utf8(key))
+                        pid = PartitionId(route_key(key))
                     except (BrokerError, UnicodeDecodeError) as err:
                         self._refuse_routed(producer, cur, err)
                     else:
