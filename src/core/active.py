@@ -17,6 +17,11 @@ current member leaves, the designated one takes over at once. Each watcher is to
 A name is used either by one group or by plain named links, never both (`Conflict`), so that
 "the one active consumer" means what it says.
 
+*Exclusive* groups (`claim`; consumer groups, ADR 0015, 000 §4.5.2) are the same machinery
+with epochs: the designated member is the newest claimer, a claim is granted only when nobody
+owns the partition or it carries an epoch above the group's, and the member it displaces steps
+down (stores what it finished) before the claimer becomes current — then leaves.
+
 Node-local, like the attached-link counts of offset tracking: a new leader starts with no
 groups, and the members' links, redirected or re-routed there, join again in the order they
 arrive.
@@ -35,6 +40,22 @@ class Conflict(Exception):
     """A name is already used the other way (single active or plain), or with another spread."""
 
 
+class Owned(Exception):
+    """An exclusive group's partition is owned and the claim's epoch is not above its epoch."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
+class Stale(Exception):
+    """A claim's epoch is below the group's stored epoch: epochs never go back."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
 @dataclass
 class Group:
     members: list[int]
@@ -45,8 +66,13 @@ class Group:
     """The member receiving now (None: between a step-down and the next member's turn)."""
     stepping_down: bool = False
     """`current` was asked to step down and has not reported it yet."""
+    epoch: int | None = None
+    """Exclusive groups (`ActiveGroups.claim`): the newest claim's epoch; None for single
+    active consumer groups."""
 
     def designated(self) -> int:
+        if self.epoch is not None:
+            return self.members[-1]  # the newest claim takes over
         if self.spread is None:
             return self.members[0]
         return self.members[self.spread % len(self.members)]
@@ -70,6 +96,8 @@ class ActiveGroups:
                 "single-active-consumer"
             )
         group = self.groups.get(name)
+        if group is not None and group.epoch is not None:
+            raise Conflict(f"{_text(name)} is a consumer group's partition; claim it instead")
         if group is not None and group.spread != spread:
             raise Conflict(
                 f"consumer {_text(name)} is a single-active-consumer group "
@@ -94,10 +122,65 @@ class ActiveGroups:
             return 0, True
         return self.join(name, attached - self.size(name), spread)
 
+    def claim(
+        self, name: bytes, epoch: int | None, stored_epoch: int, plain_links: int = 0
+    ) -> tuple[int, int, bool]:
+        """A link claims `name`'s partition for its exclusive group: (member number, the
+        granted epoch, whether it is current now). Granted when nobody holds it — with
+        `epoch` if given (`Stale` below `stored_epoch`, the durable one), else the current
+        epoch — or when `epoch` is above the group's: then the member holding it (or a claim
+        still waiting for it, told False) is displaced, and the claimer becomes current once
+        the holder `stepped_down`. Otherwise `Owned`."""
+        if plain_links:
+            raise Conflict(
+                f"{plain_links} link(s) of {_text(name)} are attached without a consumer group"
+            )
+        group = self.groups.get(name)
+        if group is not None and group.epoch is None:
+            raise Conflict(f"{_text(name)} is a single-active-consumer group")
+        current = stored_epoch if group is None else max(stored_epoch, group.epoch or 0)
+        if epoch is not None and epoch < stored_epoch:
+            raise Stale(
+                f"epoch {epoch} is below {_text(name)}'s epoch {stored_epoch}; epochs never go "
+                "back: attach with a greater one to take over",
+                stored_epoch,
+            )
+        member = next(self.numbers)
+        if group is None:
+            granted = current if epoch is None else epoch
+            self.groups[name] = Group([member], None, member, epoch=granted)
+            return member, granted, True
+        if epoch is None or epoch <= current:
+            raise Owned(
+                f"{_text(name)} is owned at epoch {current}; attach with an epoch above it to "
+                "take over",
+                current,
+            )
+        for waiting in group.members[1:]:  # an earlier claim not granted yet is displaced
+            if waiting != group.current:
+                group.members.remove(waiting)
+                told = self.activation.pop(waiting, None)
+                if told is not None:
+                    told(False)
+        group.members.append(member)
+        group.epoch = epoch
+        if group.current is None:
+            self._promote(group)
+        else:
+            self._rebalance(group)
+        return member, epoch, group.current == member
+
+    def epoch(self, name: bytes) -> int | None:
+        """An exclusive group's epoch (None: no such group here)."""
+        group = self.groups.get(name)
+        return None if group is None else group.epoch
+
     def check_plain(self, name: bytes) -> None:
         """A plain named link may attach only while `name` has no group."""
         group = self.groups.get(name)
         if group is not None:
+            if group.epoch is not None:
+                raise Conflict(f"{_text(name)} is a consumer group's partition")
             raise Conflict(
                 f"consumer {_text(name)} is a single-active-consumer group of "
                 f"{len(group.members)} link(s); attach with spate:single-active-consumer = true "

@@ -135,6 +135,8 @@ class Attached:
     """Single active consumer: the link's member number in its group (0: a plain link)."""
     active: bool = True
     """Single active consumer: whether it is the group's active member now."""
+    epoch: int | None = None
+    """Consumer groups (ADR 0015): the epoch the partition was claimed with."""
 
 
 def check_reset(stream: str, partition: int, offset: int, end: int) -> None:
@@ -201,9 +203,20 @@ class Partition(Protocol):
         what the member before it stored on leaving); `active` False when it left first."""
         ...
 
-    def store_offset(self, name: bytes, offset: int) -> Awaitable[None]:
+    def store_offset(self, name: bytes, offset: int, member: int = 0) -> Awaitable[None]:
         """Store the consumer's offset through the partition's Raft group; resolves once
-        committed. The leader answers (NotLeader elsewhere)."""
+        committed. The leader answers (NotLeader elsewhere). A consumer group's offset
+        (`$group/<g>`, ADR 0015) is stored only for its current owner `member`
+        (FailedPrecondition otherwise: fenced)."""
+        ...
+
+    def claim(self, name: bytes, epoch: int | None) -> Awaitable[Attached]:
+        """A consumer group's link claims the partition (ADR 0015; `name` is `$group/<g>`):
+        counted like a named consumer and answered with the granted epoch (stored durably
+        first) and the group's committed offset. `active` False: the owner it displaces
+        (`epoch` above the group's) is stepping down — wait with `until_active`. Raises
+        AlreadyExists (owned, epoch not above the group's) or FailedPrecondition (stale
+        epoch)."""
         ...
 
     def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> Awaitable[None]:

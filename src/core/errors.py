@@ -78,6 +78,11 @@ class ResourceLimitExceeded(BrokerError):
     code, blame, retryable = ErrorCode.RESOURCE_LIMIT, Blame.SERVER, True
 
 
+class NoPartitionFree(ResourceLimitExceeded):
+    """000 §4.5.1: a consumer group link the node was to bind finds every partition owned
+    (answered `amqp:link:detach-forced`)."""
+
+
 class Unavailable(BrokerError):
     code, blame, retryable = ErrorCode.UNAVAILABLE, Blame.SERVER, True
 

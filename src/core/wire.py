@@ -25,8 +25,8 @@ kind  name        direction  body
  31   FAILED      n -> g     request u64 | error
  32   PRODUCER    g -> n     request u64 | group | name str16   (REPLY: {"producer": ... | null})
  33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64 | member u64
-                             (REPLY: {"consumer": ... | null, "member": m, "active": b};
-                             ops in CONSUMER_OPS)
+                             (REPLY: {"consumer": ... | null, "member": m, "active": b,
+                             "epoch": e | null}; ops in CONSUMER_OPS)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -64,7 +64,11 @@ PRODUCER = 32
 CONSUMER = 33
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
 CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
+CONSUMER_CLAIM = 8
+"""A consumer group's link claims the partition (ADR 0015); the offset field carries the
+requested epoch (NO_OFFSET: none)."""
 CONSUMER_OPS = (
+    CONSUMER_CLAIM,
     CONSUMER_ATTACH,
     CONSUMER_STORE,
     CONSUMER_DETACH,
@@ -229,7 +233,12 @@ def consumer_to_json(value: Attached | None) -> dict[str, Any]:
     if value is None:
         return {"consumer": None}
     stored = None if value.stored is None else dataclasses.asdict(value.stored)
-    return {"consumer": stored, "member": value.member, "active": value.active}
+    return {
+        "consumer": stored,
+        "member": value.member,
+        "active": value.active,
+        "epoch": value.epoch,
+    }
 
 
 def consumer_from_json(value: dict[str, Any]) -> Attached:
@@ -244,7 +253,13 @@ def consumer_from_json(value: dict[str, Any]) -> Attached:
                 int(fields.get("attached", 0)),
                 int(fields.get("group", 0)),
             )
-        return Attached(stored, int(value.get("member", 0)), bool(value.get("active", True)))
+        epoch = value.get("epoch")
+        return Attached(
+            stored,
+            int(value.get("member", 0)),
+            bool(value.get("active", True)),
+            None if epoch is None else int(epoch),
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise CodecError(f"a consumer reply without its fields: {error}") from error
 

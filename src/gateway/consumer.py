@@ -32,7 +32,7 @@ from proton import Condition, Data, Link, symbol
 from spate.core.errors import BrokerError, InvalidArgument
 from spate.core.ids import StreamName
 from spate.gateway import codec, info, links, sections
-from spate.gateway.errors import amqp_error, plain
+from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
 from spate.gateway.tracking import OffsetTracker
 
@@ -123,7 +123,9 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
-        if plan.member:
+        if plan.group is not None:
+            self.host.own(asyncio.ensure_future(self._ownership(state)))
+        elif plan.member:
             self.host.own(asyncio.ensure_future(self._membership(state)))
         self.host.schedule_pump()
 
@@ -165,6 +167,44 @@ class ConsumerPart:
                     plain(
                         error.condition,
                         f"the single-active-consumer hand-over failed: {error.description}",
+                    ),
+                )
+
+    async def _ownership(self, consumer: ConsumerLink) -> None:
+        """A consumer group's link owns its partition (ADR 0015) until another claims it with
+        a greater epoch: then it stops sending, stores what it finished (still the owner), is
+        detached with `amqp:link:stolen`, and the claimer starts after that offset."""
+        plan = consumer.plan
+        assert plan.name is not None
+        partition = plan.cursors[0].partition
+        where = f"consumer group {plan.group!r} on {plan.stream}/{int(plan.bound or 0)}"
+        try:
+            deposed = await partition.until_deposed(plan.name, plan.member)
+            if deposed.active or consumer.closed or self.host.closed:
+                return  # it left
+            offset, covered = self._stop(consumer)
+            await partition.step_down(plan.name, plan.member, offset)
+            if consumer.closed or self.host.closed:
+                return
+            for delivery in covered:  # stored: settling confirms the client's commit
+                lib.pn_delivery_settle(delivery)
+            self.host.end_consumer(
+                consumer,
+                plain(
+                    STOLEN,
+                    f"{where} was taken over by a link with a greater epoch (this one had "
+                    f"{plan.epoch}); what it finished is committed",
+                ),
+            )
+        except BrokerError as err:
+            if not consumer.closed and not self.host.closed:
+                error = amqp_error(err)
+                self.host.end_consumer(
+                    consumer,
+                    plain(
+                        error.condition,
+                        f"{where} is no longer owned by this link: {error.description}; attach "
+                        "again (with the same epoch) to own it",
                     ),
                 )
 
@@ -251,7 +291,9 @@ class ConsumerPart:
                 consumer.storing_tag = tracker.done_tag
                 offset = tracker.take()
                 assert offset is not None and consumer.plan.name is not None
-                store = consumer.plan.cursors[0].partition.store_offset(consumer.plan.name, offset)
+                store = consumer.plan.cursors[0].partition.store_offset(
+                    consumer.plan.name, offset, consumer.plan.member
+                )
                 future = asyncio.ensure_future(store)
                 consumer.storing = future
                 self.host.own(future)

@@ -524,7 +524,11 @@ class AmqpConnection(asyncio.Protocol):
                 if plan.stored is not None:
                     answer = answer or {}
                     answer[symbol(links.STORED_OFFSET_PROPERTY)] = plan.stored.offset
-                if plan.member:
+                if plan.group is not None:  # 000 §4.5.2: the granted epoch, a ulong
+                    answer = answer or {}
+                    answer[symbol(links.CONSUMER_GROUP_PROPERTY)] = plan.group
+                    answer[symbol(links.EPOCH_PROPERTY)] = ulong(plan.epoch or 0)
+                elif plan.member:
                     answer = answer or {}
                     answer[symbol(links.ACTIVE_PROPERTY)] = plan.active
         except BrokerError as err:

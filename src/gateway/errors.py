@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spate.core.errors import BrokerError, ErrorCode, NotLeader
+from spate.core.errors import BrokerError, ErrorCode, NoPartitionFree, NotLeader
 
 NOT_FOUND = "amqp:not-found"
 INVALID_FIELD = "amqp:invalid-field"
@@ -41,6 +41,8 @@ PRECONDITION_FAILED = "amqp:precondition-failed"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 REDIRECT = "amqp:link:redirect"
+DETACH_FORCED = "amqp:link:detach-forced"
+STOLEN = "amqp:link:stolen"
 FRAMING_ERROR = "amqp:connection:framing-error"
 
 CONDITIONS: dict[ErrorCode, str] = {
@@ -90,6 +92,8 @@ def amqp_error(err: BrokerError) -> AmqpError:
                 "port": err.leader_port,
             },
         )
+    if isinstance(err, NoPartitionFree):
+        return AmqpError(DETACH_FORCED, err.message, info)
     return AmqpError(CONDITIONS[err.code], err.message, info)
 
 

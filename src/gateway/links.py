@@ -12,12 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.core import limits
+from spate.core import limits, ownership
 from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
+    AlreadyExists,
     BrokerError,
     FailedPrecondition,
     InvalidArgument,
+    NoPartitionFree,
     NotFound,
     NotImplementedFeature,
     NotLeader,
@@ -46,6 +48,14 @@ partition, name), the others idle until it goes (ADR 0013)."""
 ACTIVE_PROPERTY = "spate:active"
 """Answered on a single-active-consumer attach (boolean); also the delivery annotation (true) on
 the first delivery a link gets as the group's active member."""
+CONSUMER_GROUP_PROPERTY = "event-streams-consumer-group"
+"""Receiver link property (string, 000 §4.6.2): the link is its group's receiver of the
+partition (ADR 0015)."""
+EPOCH_PROPERTY = "event-streams-epoch"
+"""Receiver link property (000 §4.5.2, §4.6.3): the ownership epoch asked for (any integer
+type) and granted (ulong)."""
+EPOCH_MAX = 2**63 - 1
+"""Epochs are stored like offsets (signed 64-bit)."""
 CONSUMER_READ_BYTES = 1024 * 1024
 """Bytes asked of Partition.read per refill of a consumer cursor."""
 assert limits.message_bytes_max <= CONSUMER_READ_BYTES
@@ -249,8 +259,47 @@ def producer_name(properties: dict[Any, Any]) -> bytes | None:
 
 
 def consumer_name(properties: dict[Any, Any]) -> bytes | None:
-    """The link's `spate:consumer-name` as UTF-8, like `producer_name`."""
-    return _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
+    """The link's `spate:consumer-name` as UTF-8, like `producer_name`; names starting with
+    `$` are reserved (a consumer group's offsets are stored as `$group/<group>`)."""
+    name = _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
+    if name is not None and name.startswith(ownership.RESERVED_PREFIX.encode()):
+        raise InvalidArgument(
+            f"'{CONSUMER_NAME_PROPERTY}' {name.decode(errors='replace')!r}: names starting with "
+            f"'{ownership.RESERVED_PREFIX}' are reserved (consumer groups use "
+            f"'{CONSUMER_GROUP_PROPERTY}')"
+        )
+    return name
+
+
+def consumer_group(properties: dict[Any, Any]) -> str | None:
+    """The link's `event-streams-consumer-group` (a non-empty string of at most
+    `ownership.GROUP_BYTES_MAX` UTF-8 bytes, not starting with `$`)."""
+    name = _link_name(properties, CONSUMER_GROUP_PROPERTY, ownership.GROUP_BYTES_MAX)
+    if name is None:
+        return None
+    if name.startswith(ownership.RESERVED_PREFIX.encode()):
+        raise InvalidArgument(
+            f"'{CONSUMER_GROUP_PROPERTY}' must not start with '{ownership.RESERVED_PREFIX}'"
+        )
+    return name.decode()
+
+
+def group_epoch(properties: dict[Any, Any], group: str | None) -> int | None:
+    """The link's `event-streams-epoch`: any integer type (the seed says ulong in §4.5.2 and
+    long in §4.6.3), 0 .. 2**63-1, only with a consumer group."""
+    value = properties.get(EPOCH_PROPERTY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"'{EPOCH_PROPERTY}' must be an integer (ulong), not {value!r}")
+    if not 0 <= value <= EPOCH_MAX:
+        raise InvalidArgument(f"'{EPOCH_PROPERTY}' {value} is outside 0..{EPOCH_MAX}")
+    if group is None:
+        raise InvalidArgument(
+            f"'{EPOCH_PROPERTY}' needs '{CONSUMER_GROUP_PROPERTY}': the epoch is the group's "
+            "ownership counter of the partition (000 §4.5.2)"
+        )
+    return int(value)
 
 
 def single_active(properties: dict[Any, Any], name: bytes | None) -> bool:
@@ -400,6 +449,11 @@ class ConsumerPlan:
     spread: int | None = None
     """Single active consumer on a super stream's partition: the partition's index there
     (members take partitions by index modulo the group's size; ADR 0013)."""
+    group: str | None = None
+    """Consumer groups (ADR 0015): the link owns its partition for this group (`name` is
+    `$group/<group>`, `member` its place at the leader)."""
+    epoch: int | None = None
+    """Consumer groups: the epoch the partition was granted with."""
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -437,6 +491,15 @@ async def plan_consumer(
         bound = PartitionId(0)
     name = consumer_name(properties)
     sac = single_active(properties, name)
+    group = consumer_group(properties)
+    epoch = group_epoch(properties, group)
+    if group is not None:
+        if name is not None or sac:
+            raise InvalidArgument(
+                f"a '{CONSUMER_GROUP_PROPERTY}' link stores the group's offsets: it carries "
+                f"neither '{CONSUMER_NAME_PROPERTY}' nor '{SINGLE_ACTIVE_PROPERTY}'"
+            )
+        return await _plan_group(broker, address, config, selection, group, epoch, bound)
     spread: int | None = None
     if sac:
         owner = await broker.super_stream_of(address.stream)
@@ -490,6 +553,83 @@ async def plan_consumer(
         member=attached.member,
         active=attached.active,
         spread=spread if sac else None,
+    )
+
+
+async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
+    broker: Broker,
+    address: Address,
+    config: StreamConfig,
+    selection: StartSelection,
+    group: str,
+    epoch: int | None,
+    bound: PartitionId | None,
+) -> ConsumerPlan:
+    """A consumer group's link (ADR 0015): claim its partition at the leader — the bound one,
+    or (unbound, 000 §4.5.1) the first one no link of the group owns — wait while the owner it
+    displaces steps down, and start after the group's committed offset (an explicit start
+    filter wins, as for named consumers)."""
+    name = ownership.group_name(group)
+    if bound is None and epoch is not None:
+        raise InvalidArgument(
+            f"'{EPOCH_PROPERTY}' is per partition: bind the link with '{PARTITION_PROPERTY}' "
+            f"(stream {address.stream!r} has {config.partitions} partitions)"
+        )
+    if bound is not None:
+        # claimed at the leader: a broker that does not reach it says where it is (redirect)
+        broker.partition(address.stream, bound, write=True).detach()
+        pids = [bound]
+    else:
+        pids = [PartitionId(p) for p in range(config.partitions)]
+    elsewhere: NotLeader | None = None
+    for pid in pids:
+        part = partition_or_agnostic_error(
+            broker, address.stream, pid, bound is None and config.partitions > 1, write=False
+        )
+        try:
+            attached = await part.claim(name, epoch)
+        except (AlreadyExists, NotLeader) as err:
+            part.detach()
+            if bound is not None:
+                raise
+            if isinstance(err, NotLeader):
+                elsewhere = elsewhere or err
+            continue
+        except BaseException:
+            part.detach()
+            raise
+        try:
+            granted = attached.epoch
+            if not attached.active:  # the owner it displaces steps down first
+                attached = await part.until_active(name, attached.member)
+                if not attached.active:
+                    raise AlreadyExists(
+                        f"consumer group {group!r} on {address.stream}/{int(pid)}: a claim "
+                        "with a greater epoch arrived while this one waited"
+                    )
+            specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
+            start = await part.begin(specs)
+        except BaseException:
+            await part.consumer_detach(name, None, attached.member)
+            part.detach()
+            raise
+        return ConsumerPlan(
+            address.stream,
+            pid,
+            [Cursor(part, partition_symbol(pid), start)],
+            selection,
+            tag_source_partition=config.partitions > 1,
+            name=name,
+            stored=attached.stored,
+            member=attached.member,
+            group=group,
+            epoch=granted,
+        )
+    if elsewhere is not None:
+        raise elsewhere
+    raise NoPartitionFree(
+        f"consumer group {group!r} already has an active receiver on each of the "
+        f"{config.partitions} partition(s) of {address.stream!r} (000 §4.5.1)"
     )
 
 

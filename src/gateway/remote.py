@@ -522,6 +522,17 @@ class _PartitionBase:
             self._counting = self.loop.create_task(self._keep_counted())
         return attached
 
+    async def claim(self, name: bytes, epoch: int | None) -> Attached:
+        """A consumer group's link claims the partition at its leader (ADR 0015); like a
+        single-active-consumer member, its link ends when the leader changes."""
+        assert self._consumer_name is None, "one named consumer per link"
+        session = await self._leader_session()
+        requested = wire.NO_OFFSET if epoch is None else epoch
+        attached = await self._request(session, wire.CONSUMER_CLAIM, name, requested)
+        self._consumer_name, self._counted_at = name, session
+        self._member = attached.member
+        return attached
+
     async def until_active(self, name: bytes, member: int) -> Attached:
         """Answered by the leader when the member becomes active (the request waits there)."""
         session = await self._member_session()
@@ -544,10 +555,10 @@ class _PartitionBase:
         await self._count_at(session)  # Unavailable when the leader changed
         return session
 
-    async def store_offset(self, name: bytes, offset: int) -> None:
+    async def store_offset(self, name: bytes, offset: int, member: int = 0) -> None:
         session = await self._leader_session()
         await self._count_at(session)
-        await self._request(session, wire.CONSUMER_STORE, name, offset)
+        await self._request(session, wire.CONSUMER_STORE, name, offset, member)
 
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         """Where the link is counted (and its member in a group): store `offset`, count down

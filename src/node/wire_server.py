@@ -171,8 +171,10 @@ class WireSession:
                 work = partition.consumer_attach(name)
             elif op == wire.CONSUMER_JOIN:  # the offset field carries the spread
                 work = partition.consumer_attach(name, single_active=True, spread=stored)
+            elif op == wire.CONSUMER_CLAIM:  # the offset field carries the epoch
+                work = partition.claim(name, stored)
             elif op == wire.CONSUMER_STORE or (op == wire.CONSUMER_DETACH and not counted):
-                work = partition.store_offset(name, offset)
+                work = partition.store_offset(name, offset, member)
             elif op == wire.CONSUMER_DETACH:
                 work = partition.consumer_detach(name, stored, member)
             elif op == wire.CONSUMER_WAIT:
@@ -205,12 +207,13 @@ class WireSession:
             self.send(wire.encode_failed(request, error))
             return
         result = future.result()
-        if op in (wire.CONSUMER_ATTACH, wire.CONSUMER_JOIN):
+        if op in (wire.CONSUMER_ATTACH, wire.CONSUMER_JOIN, wire.CONSUMER_CLAIM):
             if self.closed:  # the gateway went away meanwhile: let go at once
                 self._release(attachment, result.member)
             else:
                 self.attached.setdefault(attachment, []).append(result.member)
         answers = (
+            wire.CONSUMER_CLAIM,
             wire.CONSUMER_ATTACH,
             wire.CONSUMER_JOIN,
             wire.CONSUMER_WAIT,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import superstreams
+from spate.core import ownership, superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -113,19 +113,30 @@ class MemoryPartition(LocalPartition):
 
     async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
         if offset is not None:
-            await self.store_offset(name, offset)
+            await self.store_offset(name, offset, member)
         self.groups.stepped_down(name, member)
 
-    async def store_offset(self, name: bytes, offset: int) -> None:
+    async def claim(self, name: bytes, epoch: int | None) -> Attached:
+        return await ownership.claim(self, name, epoch)
+
+    def stored_offset(self, name: bytes) -> asyncio.Future[ConsumerOffset | None]:
+        future: asyncio.Future[ConsumerOffset | None] = asyncio.get_running_loop().create_future()
+        future.set_result(self.offsets.get(name))
+        return future
+
+    async def store_offset(self, name: bytes, offset: int, member: int = 0) -> None:
         if offset < -1:
             raise InvalidArgument(f"offset {offset} is below -1")
+        ownership.check_store(self.groups, f"{self.stream}/{self.partition}", name, member)
         self.offsets[name] = ConsumerOffset(name.decode(), offset, self.clock_ms())
         await asyncio.sleep(self.commit_delay_s or 0.0)  # the 'fsync'; later attaches see it
 
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         try:
-            if offset is not None:
-                await self.store_offset(name, offset)
+            if offset is not None and not (
+                ownership.is_group(name) and self.groups.active(name) != member
+            ):
+                await self.store_offset(name, offset, member)
         finally:
             self.attached[name] = self.attached.get(name, 1) - 1
             if self.attached[name] <= 0:

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from spate.core import ownership
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -61,9 +62,14 @@ class ReplicatedPartition(Replica):
 
     # -- offset tracking (ADR 0012)
 
-    def store_offset(self, name: bytes, offset: int) -> asyncio.Future[None]:
+    def store_offset(self, name: bytes, offset: int, member: int = 0) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done = _settle(future)
+        try:
+            ownership.check_store(self.groups, f"{self.stream}/{self.partition}", name, member)
+        except BrokerError as fenced:
+            done(fenced)
+            return future
         self.propose_offsets(
             [(name, offset)], lambda o: done(o if isinstance(o, BrokerError) else None)
         )
@@ -86,6 +92,11 @@ class ReplicatedPartition(Replica):
             raise FailedPrecondition(f"{conflict} on {self.stream}/{self.partition}") from None
         self.attached[name] = self.attached.get(name, 0) + 1
         return Attached(stored, member, active)
+
+    async def claim(self, name: bytes, epoch: int | None) -> Attached:
+        """A consumer group's link claims this partition (ADR 0015, spate.core.ownership)."""
+        self._check_leader()
+        return await ownership.claim(self, name, epoch)
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
@@ -123,7 +134,7 @@ class ReplicatedPartition(Replica):
 
     async def step_down(self, name: bytes, member: int, offset: int | None) -> None:
         if offset is not None:
-            await self.store_offset(name, offset)
+            await self.store_offset(name, offset, member)
         self.groups.stepped_down(name, member)
 
     def _standby(self) -> asyncio.Future[Attached]:
@@ -143,15 +154,17 @@ class ReplicatedPartition(Replica):
                     future.set_exception(
                         NotLeader(
                             f"{self.stream}/{self.partition} has a new leader: attach again "
-                            "there to rejoin the single-active-consumer group",
+                            "there to rejoin the group",
                             leader_node=self.raft.leader,
                         )
                     )
 
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         try:
-            if offset is not None:
-                await self.store_offset(name, offset)
+            if offset is not None and not (
+                ownership.is_group(name) and self.groups.active(name) != member
+            ):  # a group's former owner is fenced: what it finished is not stored
+                await self.store_offset(name, offset, member)
         finally:
             count = self.attached.get(name, 0) - 1
             if count > 0:

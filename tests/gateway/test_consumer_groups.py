@@ -1,0 +1,224 @@
+"""Consumer groups over AMQP (issue 9, ADR 0015; 000 §4.5, §4.5.1, §4.5.2, §4.6.2, §4.6.3)
+through python-qpid-proton, against every broker of the gateway suite (memory, node, proxy).
+
+Contract: a receiver attaching with `event-streams-consumer-group` is its group's receiver of
+one partition (the one it binds with `event-streams-partition`, or the first one free, which
+the reply names); at most one per (partition, group); the reply carries the epoch
+(`event-streams-epoch`, ulong); a competing attach is refused unless its epoch is greater, and
+then the owner is detached with `amqp:link:stolen` after storing what it finished, and the new
+link starts after the group's committed offset. Epochs never go back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from proton import Timeout, symbol, ulong
+from proton.utils import LinkDetached
+from spate.core import ownership
+from spate.core.errors import AlreadyExists, FailedPrecondition
+from spate.core.ids import PartitionId, StreamName
+from spate.core.streams import StreamConfig
+from support.amqp_clients import (
+    LinkProperties,
+    RunningGateway,
+    blocking,
+    fill,
+    offset_filter,
+    publish,
+    receive,
+    unique,
+)
+from support.memory_broker import MemoryBroker
+
+GROUP = symbol("event-streams-consumer-group")
+EPOCH = symbol("event-streams-epoch")
+PARTITION = symbol("event-streams-partition")
+STORED = symbol("spate:stored-offset")
+NAME = symbol("spate:consumer-name")
+
+
+def grouped(group: str, partition: str | None = "0", epoch: Any = None) -> LinkProperties:
+    props: dict[Any, Any] = {GROUP: group}
+    if partition is not None:
+        props[PARTITION] = symbol(partition)
+    if epoch is not None:
+        props[EPOCH] = epoch
+    return LinkProperties(props)
+
+
+def pump(conn: Any, seconds: float = 0.2) -> None:
+    """Let a blocking connection send what it queued (dispositions) and read what came."""
+    with contextlib.suppress(Timeout):
+        conn.wait(lambda: False, timeout=seconds)
+
+
+def test_one_receiver_per_partition_and_group_with_its_epoch_echoed(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """§4.5: "the event log node MUST allow at most one active 'receive' link for each
+    combination of partition and consumer group"; §4.5.2: the epoch "is seeded with the value
+    zero and is returned in the event-streams-epoch link property"; §4.3: the bound partition
+    is set on the reply."""
+    stream = make_stream(partitions=2)
+    with blocking(gateway) as conn:
+        owner = conn.create_receiver(stream, name=unique("a"), options=[grouped("g")])
+        props = owner.link.remote_properties
+        assert props[GROUP] == "g"
+        assert props[EPOCH] == 0 and isinstance(props[EPOCH], ulong)
+        assert props[PARTITION] == "0" and isinstance(props[PARTITION], symbol)
+        with pytest.raises(Exception, match="resource-locked") as refused:
+            conn.create_receiver(stream, name=unique("b"), options=[grouped("g")])
+        assert "epoch" in str(refused.value)
+        with pytest.raises(Exception, match="resource-locked"):  # not above: refused too
+            conn.create_receiver(stream, name=unique("b"), options=[grouped("g", epoch=0)])
+        # another group, or another partition of the same group, is free
+        conn.create_receiver(stream, name=unique("c"), options=[grouped("h")]).close()
+        other = conn.create_receiver(stream, name=unique("d"), options=[grouped("g", "1")])
+        assert other.link.remote_properties[PARTITION] == "1"
+        other.close()
+        owner.close()
+        # the partition is free again: an attach without an epoch gets the current one
+        again = conn.create_receiver(stream, name=unique("e"), options=[grouped("g")])
+        assert again.link.remote_properties[EPOCH] == 0
+
+
+@pytest.mark.parametrize("epoch_type", [ulong, int], ids=["ulong", "long"])
+def test_a_greater_epoch_takes_over_after_the_owner_committed_what_it_finished(
+    gateway: RunningGateway, make_stream: Callable[..., str], epoch_type: Callable[[int], Any]
+) -> None:
+    """§4.5.2: "If the epoch counter is provided and greater than the current epoch value, any
+    existing link for the given partition and consumer group is closed by the node, the new
+    link is attached, and the new epoch counter value is recorded." (§4.5.2 names ulong,
+    §4.6.3 long: both are accepted; the reply is a ulong.)"""
+    stream = make_stream()
+    fill(gateway, stream, 6)
+    with blocking(gateway) as one, blocking(gateway) as two:
+        old = one.create_receiver(
+            stream, name=unique("old"), credit=3, options=[grouped("g"), offset_filter("first")]
+        )
+        assert [m.body for m in receive(old, 3)] == ["m0", "m1", "m2"]
+        pump(one)  # the accepts reach the node
+        new = two.create_receiver(
+            stream, name=unique("new"), credit=10, options=[grouped("g", epoch=epoch_type(7))]
+        )
+        assert new.link.remote_properties[EPOCH] == 7
+        assert isinstance(new.link.remote_properties[EPOCH], ulong)
+        assert new.link.remote_properties[STORED] == 2  # the old owner's commit
+        assert [m.body for m in receive(new, 3)] == ["m3", "m4", "m5"]
+        late = []  # sent to the old owner before it stepped down, never accepted by it
+        with pytest.raises(LinkDetached) as stolen:
+            for _ in range(10):
+                late.append(old.receive(timeout=5).body)
+        assert set(late) <= {"m3", "m4", "m5"}  # only its unsettled window is delivered twice
+        assert "amqp:link:stolen" in str(stolen.value)
+        assert "greater epoch" in str(stolen.value)
+        # and the stale epoch is refused from now on, even with no owner
+        new.close()
+        pump(two)
+        with pytest.raises(Exception, match="precondition-failed") as stale:
+            one.create_receiver(stream, name=unique("z"), options=[grouped("g", epoch=3)])
+        assert "stale" in str(stale.value)
+        back = one.create_receiver(stream, name=unique("y"), options=[grouped("g")])
+        assert back.link.remote_properties[EPOCH] == 7  # never reset
+
+
+def test_the_node_binds_an_unbound_group_link_to_a_free_partition_and_refuses_surplus(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """§4.5.1: "If the consumer attaches a link scoped to a consumer group without specifying a
+    partition, the event log node MAY bind a partition to the link"; surplus consumers "MAY see
+    their attach requests immediately rejected with a detach-forced error"."""
+    stream = make_stream(partitions=3)
+    with blocking(gateway) as conn:
+        links = [
+            conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
+            for _ in range(3)
+        ]
+        assert sorted(x.link.remote_properties[PARTITION] for x in links) == ["0", "1", "2"]
+        with pytest.raises(Exception, match="detach-forced") as surplus:
+            conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
+        assert "each of the 3 partition" in str(surplus.value)
+        freed = links[1].link.remote_properties[PARTITION]
+        links[1].close()
+        pump(conn)
+        again = conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
+        assert again.link.remote_properties[PARTITION] == freed
+
+
+def test_group_links_resume_after_the_committed_offset_and_deliveries_say_their_partition(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream(partitions=2)
+    publish(gateway, stream, [f"m{i}" for i in range(4)], {PARTITION: symbol("1")})
+    with blocking(gateway) as conn:
+        first = conn.create_receiver(
+            stream, name=unique("a"), credit=2, options=[grouped("g", "1"), offset_filter("first")]
+        )
+        got = receive(first, 2)
+        assert [m.body for m in got] == ["m0", "m1"]
+        assert got[0].instructions["event-streams-source-partition"] == "1"
+        first.close()
+        later = conn.create_receiver(
+            stream, name=unique("b"), credit=5, options=[grouped("g", "1")]
+        )
+        assert later.link.remote_properties[STORED] == 1
+        assert [m.body for m in receive(later, 2)] == ["m2", "m3"]
+
+
+def test_misuse_is_refused_with_a_clear_condition(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream(partitions=2)
+    cases: list[tuple[dict[Any, Any], str]] = [
+        ({EPOCH: 1, PARTITION: symbol("0")}, "needs 'event-streams-consumer-group'"),
+        ({GROUP: "g", PARTITION: symbol("0"), EPOCH: -1}, "outside"),
+        ({GROUP: "g", PARTITION: symbol("0"), EPOCH: True}, "integer"),
+        ({GROUP: "g", EPOCH: 1}, "is per partition"),
+        ({GROUP: "$g", PARTITION: symbol("0")}, "must not start with"),
+        ({GROUP: "g", NAME: "n", PARTITION: symbol("0")}, "stores the group's offsets"),
+        ({GROUP: "", PARTITION: symbol("0")}, "non-empty string"),
+        ({NAME: "$group/g", PARTITION: symbol("0")}, "reserved"),
+    ]
+    with blocking(gateway) as conn:
+        owner = conn.create_receiver(stream, name=unique("o"), options=[grouped("g")])
+        for props, says in cases:
+            with pytest.raises(Exception, match="invalid-field") as refused:
+                conn.create_receiver(stream, name=unique("x"), options=[LinkProperties(props)])
+            assert says in str(refused.value), (props, str(refused.value))
+        fill(gateway, stream, 1)
+        assert owner.link.remote_properties[EPOCH] == 0  # the owner is unaffected
+
+
+def test_commits_from_a_displaced_owner_are_refused() -> None:
+    """Zombie fencing at the partition (ADR 0015): once another link took the partition over,
+    the displaced owner's stores are refused, and a stale epoch cannot claim it back."""
+
+    async def scenario() -> None:
+        broker = MemoryBroker(commit_delay_s=0.0)
+        broker.create_stream(StreamConfig(StreamName("s"), partitions=1))
+        part: Any = broker.partition(StreamName("s"), PartitionId(0), write=True)
+        name = ownership.group_name("g")
+        first = await part.claim(name, None)
+        assert (first.active, first.epoch) == (True, 0)
+        await part.store_offset(name, 4, first.member)
+        with pytest.raises(AlreadyExists):
+            await part.claim(name, 0)
+        second = await part.claim(name, 2)
+        assert not second.active  # the owner steps down first
+        await part.step_down(name, first.member, 5)  # still the owner: stored
+        now = await part.until_active(name, second.member)
+        assert now.active and now.stored is not None and now.stored.offset == 5
+        with pytest.raises(FailedPrecondition, match="no longer owns"):
+            await part.store_offset(name, 9, first.member)
+        await part.consumer_detach(name, 9, first.member)  # fenced: not stored, no error
+        assert part.offsets[name].offset == 5
+        assert part.offsets[ownership.epoch_name(name)].offset == 2
+        with pytest.raises(FailedPrecondition, match="stale"):
+            await part.claim(name, 1)
+
+    asyncio.run(scenario())
