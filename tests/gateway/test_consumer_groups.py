@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,7 @@ from support.amqp_clients import (
     offset_filter,
     publish,
     receive,
+    run_rhea,
     unique,
 )
 from support.memory_broker import MemoryBroker
@@ -222,3 +225,83 @@ def test_commits_from_a_displaced_owner_are_refused() -> None:
             await part.claim(name, 1)
 
     asyncio.run(scenario())
+
+
+def rhea_group(group: str, epoch: int | None = None) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "event-streams-consumer-group": {"type": "string", "value": group},
+        "event-streams-partition": "0",
+    }
+    if epoch is not None:
+        props["event-streams-epoch"] = {"type": "ulong", "value": epoch}
+    return props
+
+
+def test_rhea_takes_over_a_proton_owner_with_a_greater_epoch(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """§4.5.2 with rhea on the attaching side: the epoch travels as a ulong both ways."""
+    stream = make_stream()
+    fill(gateway, stream, 4)
+    with blocking(gateway) as conn:
+        owner = conn.create_receiver(
+            stream, name=unique("o"), credit=2, options=[grouped("rg"), offset_filter("first")]
+        )
+        assert [m.body for m in receive(owner, 2)] == ["m0", "m1"]
+        pump(conn)
+        step = {"op": "consume", "address": stream, "count": 2, "exact": True}
+        report = run_rhea(gateway, [step | {"properties": rhea_group("rg", 5)}])
+        (done,) = report["steps"]
+        assert done["attach_properties"]["event-streams-epoch"] == "5", done
+        assert done["attach_properties"]["event-streams-partition"] == "0"
+        assert [m["body"] for m in done["messages"]] == ["m2", "m3"]  # after the commit
+        with pytest.raises(LinkDetached, match="amqp:link:stolen"):
+            for _ in range(10):
+                owner.receive(timeout=5)
+
+
+def test_a_proton_attach_with_a_greater_epoch_steals_a_rhea_owners_link(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    for attempt in range(3):
+        group = f"rp{attempt}"
+        report = _steal_from_rhea(gateway, stream, group)
+        (done,) = report["steps"]
+        if done.get("error", {}).get("condition") == "amqp:resource-locked":
+            continue  # a probe of ours held the partition as rhea attached: again
+        assert done["error"]["condition"] == "amqp:link:stolen", done
+        assert "greater epoch" in done["error"]["description"]
+        return
+    raise AssertionError("rhea never got to own the partition")
+
+
+def _steal_from_rhea(gateway: RunningGateway, stream: str, group: str) -> dict[str, Any]:
+    """rhea owns partition 0 for `group` (probed by attaching without an epoch, which is
+    refused once it does), then a proton link with epoch 1 takes it over."""
+    report: dict[str, Any] = {}
+    step = {"op": "consume", "address": stream, "count": 100, "properties": rhea_group(group)}
+
+    def rhea() -> None:
+        report.update(run_rhea(gateway, [step]))
+
+    thread = threading.Thread(target=rhea)
+    thread.start()
+    try:
+        with blocking(gateway) as conn:
+            deadline = time.monotonic() + 20
+            while thread.is_alive():
+                try:
+                    conn.create_receiver(stream, name=unique("p"), options=[grouped(group)]).close()
+                except Exception as refused:
+                    assert "resource-locked" in str(refused)
+                    thief = conn.create_receiver(
+                        stream, name=unique("t"), options=[grouped(group, epoch=1)]
+                    )
+                    assert thief.link.remote_properties[EPOCH] == 1
+                    break
+                assert time.monotonic() < deadline, "the rhea link never owned the partition"
+                time.sleep(0.05)
+    finally:
+        thread.join(30)
+    return report

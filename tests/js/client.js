@@ -12,7 +12,8 @@
 //       attach_properties; the step ends when the broker answered the detach; `exact`: credit
 //       for `count` deliveries only (a named consumer then stores exactly what it took)
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
-// properties: {key: value}, booleans as AMQP booleans, everything else as symbols
+// properties: {key: value}, booleans as AMQP booleans, {type, value} typed as in filters,
+//   everything else as symbols
 // filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
 "use strict";
 const rhea = require("rhea");
@@ -42,6 +43,7 @@ function finish(error) {
 function wrapValue(spec) {
   switch (spec.type) {
     case "long": return types.wrap_long(spec.value);
+    case "ulong": return types.wrap_ulong(spec.value);
     case "string": return types.wrap_string(spec.value);
     case "symbol": return types.wrap_symbol(spec.value);
     case "timestamp": return types.wrap_timestamp(spec.value);
@@ -68,7 +70,8 @@ function linkProps(props) {
   if (!props) return undefined;
   const out = {};
   for (const [k, v] of Object.entries(props)) {
-    out[k] = typeof v === "boolean" ? types.wrap_boolean(v) : types.wrap_symbol(String(v));
+    out[k] = typeof v === "boolean" ? types.wrap_boolean(v)
+      : typeof v === "object" && v !== null && v.type ? wrapValue(v) : types.wrap_symbol(String(v));
   }
   return out;
 }

@@ -1,0 +1,192 @@
+"""Consumer groups with epochs on a real three-node cluster (issue 9, ADR 0015; 000 §4.5.2):
+an epoch takeover between two processes through the proxy gateway and a node, the epoch
+surviving kill -9 of every node at once, a holder riding a leader kill, and docs/amqp.md's
+examples as written."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message, symbol, ulong
+from proton.utils import BlockingConnection
+from support.amqp_clients import JS_DIR, LinkProperties
+from support.cluster import Cluster
+
+MEMBER = Path(__file__).resolve().parents[1] / "support" / "group_member.py"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "amqp.md"
+EXAMPLE = re.compile(r"```(python|js) consumer-group example\n(.*?)```", re.DOTALL)
+GROUP = symbol("event-streams-consumer-group")
+EPOCH = symbol("event-streams-epoch")
+PARTITION = symbol("event-streams-partition")
+STORED = symbol("spate:stored-offset")
+
+
+class Member:
+    """tests/support/group_member.py in its own process; its JSON lines in a queue."""
+
+    def __init__(self, url: str, stream: str, group: str, epoch: int | None, credit: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER), url, stream, group, "0", str(epoch or "-"), str(credit)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def next(self, timeout_s: float = 30) -> dict[str, Any]:
+        return self.events.get(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def publish(url: str, stream: str, bodies: list[str]) -> None:
+    conn = BlockingConnection(url, timeout=30)
+    try:
+        sender = conn.create_sender(stream, options=LinkProperties({PARTITION: symbol("0")}))
+        for body in bodies:
+            sender.send(Message(body=body))
+    finally:
+        conn.close()
+
+
+def attach(url: str, stream: str, group: str, epoch: int | None = None) -> tuple[Any, Any]:
+    """(connection, receiver) holding partition 0 for the group."""
+    props: dict[Any, Any] = {GROUP: group, PARTITION: symbol("0")}
+    if epoch is not None:
+        props[EPOCH] = ulong(epoch)
+    conn = BlockingConnection(url, timeout=30)
+    try:
+        return conn, conn.create_receiver(stream, credit=100, options=LinkProperties(props))
+    except Exception:
+        conn.close()
+        raise
+
+
+def attach_when_led(url: str, stream: str, group: str, epoch: int | None) -> tuple[Any, Any]:
+    """`attach`, retried while the partition has no leader yet (retryable conditions)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return attach(url, stream, group, epoch)
+        except Exception as refused:
+            text = str(refused)
+            retryable = "resource-locked" in text and "already has an active receiver" not in text
+            if not retryable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_an_epoch_takeover_between_processes_commits_then_survives_kill9_of_every_node(
+    cluster3: Cluster,
+) -> None:
+    cluster3.cli("stream", "create", "ledger", "--partitions", "2", "--replicas", "3")
+    cluster3.leader_of("ledger", 0)
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    publish(gateway, "ledger", [f"m{i}" for i in range(10)])
+    holder = Member(gateway, "ledger", "billing", None, credit=5)
+    try:
+        assert holder.next() == {"attached": 0, "stored": None}
+        # the holder attached without a filter: `next`, so it sees what comes after it
+        publish(gateway, "ledger", [f"n{i}" for i in range(10)])
+        assert [holder.next()["body"] for _ in range(5)] == [f"n{i}" for i in range(5)]
+        time.sleep(0.5)  # its accepts reach the gateway (batched commits: flushed on takeover)
+        leader_url = cluster3.amqp_url(cluster3.index_of(cluster3.leader_of("ledger")))
+        conn, thief = attach_when_led(leader_url, "ledger", "billing", 3)
+        try:
+            props = thief.link.remote_properties
+            assert props[EPOCH] == 3
+            stored = props[STORED]
+            assert stored >= 14  # after the holder's accepted n4 (offset 14)
+            got = []
+            for _ in range(19 - stored):
+                got.append(thief.receive(timeout=30).body)
+                thief.accept()
+            assert got == [f"n{i}" for i in range(stored - 9, 10)]  # no gap
+        finally:
+            conn.close()
+        events = [holder.next()]
+        while "detached" not in events[-1]:
+            events.append(holder.next())
+        detached = events[-1]
+        assert detached["detached"] == "amqp:link:stolen", events
+        late = [e["body"] for e in events[:-1]]
+        assert set(late) <= {f"n{i}" for i in range(5, 10)}  # its unsettled window only
+    finally:
+        holder.stop()
+    for index in range(3):  # every node at once: the epoch was majority-fsynced
+        cluster3.kill9(index)
+    cluster3.up(3)
+    cluster3.leader_of("ledger")
+    with pytest.raises(Exception, match="precondition-failed") as stale:
+        attach_when_led(gateway, "ledger", "billing", 2)
+    assert "stale" in str(stale.value)
+    conn, again = attach_when_led(gateway, "ledger", "billing", None)
+    try:
+        assert again.link.remote_properties[EPOCH] == 3  # never reset
+        assert again.link.remote_properties[STORED] == 19
+    finally:
+        conn.close()
+
+
+def test_a_holder_rides_a_leader_kill_by_attaching_again_with_its_epoch(
+    cluster3: Cluster,
+) -> None:
+    cluster3.cli("stream", "create", "tally", "--replicas", "3")
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    publish(gateway, "tally", ["a0", "a1"])
+    leader = cluster3.leader_of("tally")
+    holder = Member(gateway, "tally", "audit", 4, credit=10)
+    try:
+        assert holder.next()["attached"] == 4
+        cluster3.kill9(cluster3.index_of(leader))
+        detached = holder.next(60)
+        assert "detached" in detached, detached  # ownership is the leader's: it ends
+    finally:
+        holder.stop()
+    conn, again = attach_when_led(gateway, "tally", "audit", 4)
+    try:
+        assert again.link.remote_properties[EPOCH] == 4  # the same epoch holds it again
+        publish(gateway, "tally", ["a2"])
+        assert again.receive(timeout=30).body == "a2"
+    finally:
+        conn.close()
+
+
+def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
+    cluster3.cli("stream", "create", "orders", "--replicas", "3")
+    cluster3.leader_of("orders")
+    host, port = cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)
+    found = EXAMPLE.findall(DOC.read_text())
+    assert [language for language, _ in found] == ["python", "js"], found
+    for language, text in found:
+        code = text.replace("127.0.0.1:5672", f"{host}:{port}").replace(
+            "port: 5672", f"port: {port}"
+        )
+        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
+        done = subprocess.run(
+            command,
+            cwd=JS_DIR if language == "js" else None,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
+        assert "epoch" in done.stdout
