@@ -176,3 +176,83 @@ def test_one_current_member_the_designated_one_once_the_last_stepped_down(
                 assert group.current == members[0]
         for key, answers in told.items():
             assert len(answers) <= 1, f"{key} was told {answers}"
+
+
+# exclusive groups (consumer groups with epochs, ADR 0015) ---------------------------------------
+
+
+def test_a_claim_takes_over_only_with_a_greater_epoch_after_the_owner_stepped_down() -> None:
+    from spate.core.active import Owned, Stale
+
+    groups = ActiveGroups()
+    owner, epoch, current = groups.claim(b"$group/g", None, stored_epoch=2)
+    assert (epoch, current) == (2, True)  # the stored epoch, as is
+    with pytest.raises(Owned):
+        groups.claim(b"$group/g", None, 2)
+    with pytest.raises(Owned):
+        groups.claim(b"$group/g", 2, 2)
+    deposed: list[bool] = []
+    groups.watch_deposed(b"$group/g", owner, deposed.append)
+    thief, epoch, current = groups.claim(b"$group/g", 5, 2)
+    assert (epoch, current, deposed) == (5, False, [True])
+    activated: list[bool] = []
+    groups.watch(b"$group/g", thief, activated.append)
+    assert groups.stepped_down(b"$group/g", owner) == thief
+    assert activated == [True] and groups.active(b"$group/g") == thief
+    groups.leave(b"$group/g", owner)  # its link goes afterwards: nothing changes
+    assert groups.active(b"$group/g") == thief
+    groups.leave(b"$group/g", thief)  # nobody owns it now, but epochs never go back
+    with pytest.raises(Stale):
+        groups.claim(b"$group/g", 4, stored_epoch=5)
+    groups.join(b"$group/h", 0)  # a single-active-consumer group of that name
+    with pytest.raises(Conflict):
+        groups.claim(b"$group/h", None, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "step", "leave"]),
+            st.one_of(st.none(), st.integers(0, 6)),
+            st.integers(0, 5),
+        ),
+        max_size=40,
+    )
+)
+def test_exclusive_groups_keep_one_owner_and_epochs_never_go_back(
+    ops: list[tuple[str, int | None, int]],
+) -> None:
+    """At most one current member; the group's epoch never decreases; a claim is granted only
+    when nobody owns the partition or its epoch is above the group's."""
+    from spate.core.active import Owned, Stale
+
+    groups = ActiveGroups()
+    name = b"$group/p"
+    stored = 0  # the durable epoch, as the shell stores it
+    members: list[int] = []
+    highest = 0
+    for op, epoch, pick in ops:
+        if op == "claim":
+            before = groups.active(name)
+            try:
+                member, granted, current = groups.claim(name, epoch, stored)
+            except (Owned, Stale):
+                continue
+            assert granted >= highest
+            assert before is None or (epoch is not None and epoch > highest)
+            highest = stored = max(stored, granted)
+            members.append(member)
+            if before is not None:
+                assert not current
+        elif members:
+            member = members[pick % len(members)]
+            if op == "step":
+                groups.stepped_down(name, member)
+            else:
+                groups.leave(name, member)
+                members.remove(member)
+        group = groups.groups.get(name)
+        if group is not None:
+            assert group.current is None or group.current in group.members
+            assert (group.epoch or 0) >= 0
