@@ -55,6 +55,8 @@ from spate.gateway import sections
 __all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 
 P_PARTITION = "event-streams-partition"
+P_GROUP = "event-streams-consumer-group"
+P_EPOCH = "event-streams-epoch"
 P_PRODUCER_NAME = "spate:producer-name"
 P_LAST_PUBLISHING_ID = "spate:last-publishing-id"
 P_CONSUMER_NAME = "spate:consumer-name"
@@ -172,7 +174,7 @@ class AsyncProducer:
         urls = [url] if isinstance(url, str) else list(url)
         self._core: ProducerCore[Token] = ProducerCore(window, reconnect_timeout_s > 0)
         self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
-        properties: dict[str, str | bool] = {}
+        properties: dict[str, str | bool | int] = {}
         if partition is not None:
             properties[P_PARTITION] = str(partition)
         self._spec = eng.LinkSpec(f"spate-producer-{uuid.uuid4().hex[:12]}", stream, properties)
@@ -406,6 +408,8 @@ class AsyncConsumer:
         name: str | None = None,
         commit: str = "auto",
         single_active: bool = False,
+        group: str | None = None,
+        epoch: int | None = None,
         sink: Callable[[Event | BaseException], None] | None = None,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
@@ -423,16 +427,31 @@ class AsyncConsumer:
         the offset is replicated. `single_active` (with a name) joins the name's single active
         consumer group (`spate:single-active-consumer`, ADR 0013): one member receives, the
         others wait attached, and the next takes over after the stored offset when it goes;
-        `active` says which this one is. `sink` is for the blocking layer: events (and the
-        final error) go there instead."""
+        `active` says which this one is. `group` makes it its consumer group's receiver of one
+        partition (`event-streams-consumer-group`, ADR 0015: the one `partition` names, else
+        one the broker binds, then in `partition`); it commits the group's offset like a
+        named consumer (default start `stored`), and `epoch` (`event-streams-epoch`) takes
+        the partition over from the group's current receiver when it is above the partition's
+        epoch (granted: `epoch`).
+        `sink` is for the blocking layer: events (and the final error) go there instead."""
         if commit not in ("auto", "manual"):
             raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
-        if name is None and (start == "stored" or commit != "auto" or single_active):
+        if group is not None and (name is not None or single_active):
+            raise ValueError(
+                "a group consumer commits the group's offsets: no name or single_active"
+            )
+        if epoch is not None and group is None:
+            raise ValueError("epoch is a consumer group's (group=...)")
+        if (
+            group is None
+            and name is None
+            and (start == "stored" or commit != "auto" or single_active)
+        ):
             raise ValueError(
                 "start='stored', commit='manual' and single_active need a consumer name (name=...)"
             )
         if start is None:
-            start = "next" if name is None else "stored"
+            start = "next" if name is None and group is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
         self._handler, self._decode, self._sink = handler, decode, sink
@@ -441,6 +460,11 @@ class AsyncConsumer:
             self.name, self._manual = name, commit == "manual"
         if single_active:
             self._properties[P_SINGLE_ACTIVE] = True
+        if group is not None:  # tracked like a named consumer: the group's offsets
+            self._properties[P_GROUP] = group
+            self.name, self.group, self._manual = group, group, commit == "manual"
+            if epoch is not None:
+                self._properties[P_EPOCH] = epoch
         engine, link = await _connect(
             self._connector, self._spec, timeout_s, self._user, self._password
         )
@@ -461,7 +485,7 @@ class AsyncConsumer:
         self._core = ConsumerCore(start, credit)
         self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
         self._stream = stream
-        self._properties: dict[str, str | bool] = {}
+        self._properties: dict[str, str | bool | int] = {}
         if partition is not None:
             self._properties[P_PARTITION] = str(partition)
         self._name = f"spate-consumer-{uuid.uuid4().hex[:12]}"
@@ -482,7 +506,14 @@ class AsyncConsumer:
         self.reconnects = 0
         """Times the consumer reattached after losing its link."""
         self.name: str | None = None
-        """The consumer name (`spate:consumer-name`); None for an anonymous consumer."""
+        """The consumer name (`spate:consumer-name`), or the group (with `group`); None for an
+        anonymous consumer."""
+        self.group: str | None = None
+        """The consumer group (`event-streams-consumer-group`), if any."""
+        self.epoch: int | None = None
+        """A group consumer's epoch as granted (`event-streams-epoch` on the attach reply)."""
+        self.partition: int | None = partition
+        """The bound partition (`event-streams-partition` on the attach reply, when bound)."""
         self._manual = False
         self._taken_unfinished = 0
         """Named consumers: events the application took and has not finished with."""
@@ -523,6 +554,11 @@ class AsyncConsumer:
             self._core.on_relinked()
             active = eng.link_property(link, P_ACTIVE)
             self.active = True if active is None else bool(active)
+            granted = eng.link_property(link, P_EPOCH)
+            self.epoch = None if granted is None else int(granted)
+        bound = eng.link_property(link, P_PARTITION)
+        if bound is not None:
+            self.partition = int(bound)
             self._to_commit = 0
             self._accepted = self._confirmed = 0
         self._link.on_message = self._on_message

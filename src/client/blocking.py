@@ -275,7 +275,12 @@ class Consumer:
 
     With `single_active=True` (and a name) the consumer joins the name's single active consumer
     group (ADR 0013): one member receives, the others wait attached; when the active one goes
-    the next takes over after the stored offset. `active` says whether this one receives."""
+    the next takes over after the stored offset. `active` says whether this one receives.
+
+    With `group="billing"` it is its consumer group's receiver of one partition (ADR 0015;
+    `partition=` names it, else the broker binds a free one): it starts after the group's
+    committed offset and commits like a named consumer; `epoch=` takes the partition over from
+    the group's current receiver (`epoch` and `partition` say what was granted)."""
 
     def __init__(
         self,
@@ -294,6 +299,8 @@ class Consumer:
         name: str | None = None,
         commit: str = "auto",
         single_active: bool = False,
+        group: str | None = None,
+        epoch: int | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
@@ -318,6 +325,8 @@ class Consumer:
                 name=name,
                 commit=commit,
                 single_active=single_active,
+                group=group,
+                epoch=epoch,
                 sink=None if handler is not None else self._queue.put,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
@@ -361,6 +370,16 @@ class Consumer:
         """Single active consumer: whether this member receives now (a standby turns True
         with the first event after it took over)."""
         return self._aio.active
+
+    @property
+    def epoch(self) -> int | None:
+        """A group consumer's epoch, as the broker granted it."""
+        return self._aio.epoch
+
+    @property
+    def partition(self) -> int | None:
+        """The partition the link is bound to (asked for, or bound by the broker)."""
+        return self._aio.partition
 
     def __iter__(self) -> Iterator[Event]:
         while True:

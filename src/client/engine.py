@@ -244,7 +244,7 @@ class LinkSpec:
 
     name: str
     address: str
-    properties: dict[str, str | bool] = field(default_factory=dict)
+    properties: dict[str, str | bool | int] = field(default_factory=dict)
     start: Start | None = None
     confirm_commits: bool = False
     """A receiver in rcv-settle-mode second (002 §2.7.3 receiver-settle-mode): it accepts

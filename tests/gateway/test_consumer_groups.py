@@ -305,3 +305,31 @@ def _steal_from_rhea(gateway: RunningGateway, stream: str, group: str) -> dict[s
     finally:
         thread.join(30)
     return report
+
+
+def test_client_group_consumers_commit_and_one_takes_over_with_an_epoch(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    from spate.client import Consumer
+
+    stream = make_stream(partitions=2)
+    publish(gateway, stream, [f"m{i}" for i in range(6)], {PARTITION: symbol("1")})
+    first = Consumer(gateway.url, stream, group="cg", partition=1, start="first")
+    try:
+        assert (first.epoch, first.partition) == (0, 1)
+        assert [first.receive().offset for _ in range(3)] == [0, 1, 2]
+    finally:
+        first.close()  # commits what it finished: offsets 0, 1 (2 was taken, not finished)
+    bound = Consumer(gateway.url, stream, group="cg")  # the broker binds the free partition
+    try:
+        assert bound.partition == 0
+    finally:
+        bound.close()
+    second = Consumer(gateway.url, stream, group="cg", partition=1, epoch=4)
+    try:
+        assert (second.epoch, second.stored_offset) == (4, 2)
+        assert [second.receive().offset for _ in range(3)] == [3, 4, 5]
+    finally:
+        second.close()
+    with pytest.raises(ValueError, match="epoch"):
+        Consumer(gateway.url, stream, epoch=1)
