@@ -38,3 +38,11 @@ def offset_from_symbol(text: str) -> Offset | None:
     if len(text) != OFFSET_SYMBOL_DIGITS or not text.isdigit():
         return None
     return Offset(int(text))
+
+MemberId = NewType("MemberId", int)
+"""A consumer-group member, numbered by its coordinator as it joins (1, 2, ...; never reused
+within one coordinator's life). Member order is this order."""
+
+Generation = NewType("Generation", int)
+"""A consumer group's assignment round: one more on every rebalance, stored before any member
+learns the assignment, so it never goes back (ADR 0015)."""

@@ -42,6 +42,16 @@ super_stream_partitions_max = 256
 """Partition streams of one super stream (each is a stream: they count against the metadata
 service's stream limit too)."""
 
+# Consumer groups (ADR 0015)
+group_members_max = 1024
+"""Members one consumer group may have; the coordinator refuses the next join (GroupFull)."""
+group_session_timeout_ms_max = 30 * 60 * 1000
+"""Longest session a member may ask for (Kafka's group.max.session.timeout.ms): a crashed
+member holds its partitions at most this long."""
+group_rebalance_delay_ms_default = 3000
+"""Joins and leaves within this long of the first one are coalesced into one rebalance
+(Kafka's group.initial.rebalance.delay.ms), so a fleet starting up rebalances once."""
+
 # AMQP
 link_credit_max = 5000
 """Credit granted to a producer link; 000/research: windows >= 5000 matter for throughput."""
