@@ -249,8 +249,16 @@ def producer_name(properties: dict[Any, Any]) -> bytes | None:
 
 
 def consumer_name(properties: dict[Any, Any]) -> bytes | None:
-    """The link's `spate:consumer-name` as UTF-8, like `producer_name`."""
-    return _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
+    """The link's `spate:consumer-name` as UTF-8, like `producer_name`; names starting with
+    `$` are reserved for consumer groups (`$group/<g>` holds a group's committed offset,
+    ADR 0015) and refused."""
+    name = _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
+    if name is not None and name.startswith(b"$"):
+        raise InvalidArgument(
+            f"'{CONSUMER_NAME_PROPERTY}' {name.decode()!r} starts with '$', which is reserved "
+            "for consumer groups: attach with 'event-streams-consumer-group' to consume as one"
+        )
+    return name
 
 
 def single_active(properties: dict[Any, Any], name: bytes | None) -> bool:
