@@ -1,5 +1,7 @@
 """Admin subcommands over gRPC: `spate stream create|list|describe|delete`,
-`spate superstream create|list|describe|delete`, `spate partition list`, `spate cluster status`.
+`spate superstream create|list|describe|delete`, `spate group create|list|describe|delete`,
+`spate partition list`, `spate consumer list|offset`, `spate producer list`,
+`spate cluster status`.
 
 Where the admin API is (first that applies): `--admin HOST:PORT`; the SPATE_ADMIN environment
 variable; the "admin" field of <data dir>/endpoints.json, written by `spate dev up`, where the data
@@ -24,7 +26,7 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc
 from spate.cli import output
 from spate.cli.main import EXIT_CODES, EXIT_FAILURE, EXIT_OK, CommandFailed
-from spate.core import limits
+from spate.core import groups, limits
 from spate.core.errors import ErrorCode, InvalidArgument, Unavailable
 from spate.core.ids import StreamName
 from spate.core.streams import Retention, StreamConfig, validate_stream_name
@@ -141,6 +143,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete.set_defaults(run=_delete)
 
     _register_super_streams(subparsers, common)
+    _register_groups(subparsers, common)
 
     partition = subparsers.add_parser(
         "partition",
@@ -204,9 +207,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "offset (the last message it is done with; it resumes at the next), when it was "
         "stored and how many of its links are attached at the answering node (counted where "
         "the partition is led) — of those, how many form its single-active-consumer group, "
-        "one of which receives — as the answering node's replicas hold them. A partition "
-        f"remembers at most {limits.consumer_names_max} names; past that the name stored least "
-        "recently is forgotten.",
+        "one of which receives — as the answering node's replicas hold them. Names starting "
+        "with '$' belong to consumer groups and are not listed (`spate group describe`). A "
+        f"partition remembers at most {limits.consumer_names_max} names; past that the name "
+        "stored least recently is forgotten.",
     )
     consumer_list.add_argument("stream", metavar="STREAM", help="the stream")
     consumer_list.set_defaults(run=_consumer_list)
@@ -778,6 +782,271 @@ def _super_fields(topology: dict[str, Any]) -> str:
             ("partitions", ", ".join(topology["partitions"])),
             ("binding keys", ", ".join(topology["binding_keys"])),
             ("version", str(topology["version"])),
+        ]
+    )
+
+
+# Consumer groups (ADR 0015) ---------------------------------------------------------------------
+
+
+def _register_groups(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    group = subparsers.add_parser(
+        "group",
+        help="define, list, describe and delete consumer groups",
+        description="Manage consumer groups (000 §4.5, 003, ADR 0015). A group exists once "
+        "links attach with event-streams-consumer-group, or once defined here ahead of them "
+        "(with `spate node run --require-defined-groups`, only defined groups may attach). "
+        "A group's committed offsets live in the stream's partitions, under the consumer "
+        "name '$group/GROUP'.",
+    )
+    commands = group.add_subparsers(
+        title="group commands", metavar="ACTION", dest="action", required=True
+    )
+    create = commands.add_parser(
+        "create",
+        parents=[common],
+        help="define a consumer group on a stream",
+        description="Define consumer group GROUP on STREAM in the metadata service, with how "
+        "its coordinator assigns partitions to members. Refused with exit 3 when STREAM does "
+        "not exist and exit 4 when GROUP is defined on it already.",
+    )
+    create.add_argument("stream", metavar="STREAM", help="the stream")
+    create.add_argument(
+        "name",
+        metavar="GROUP",
+        help=f"group name: UTF-8, at most {limits.group_name_bytes_max} bytes, not starting "
+        "with '$'",
+    )
+    create.add_argument(
+        "--strategy",
+        choices=[s.value for s in groups.Strategy],
+        default=None,
+        help=f"how partitions are assigned to members (default {groups.STRATEGY_DEFAULT.value})",
+    )
+    create.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        metavar="N",
+        help="a member silent this long leaves the group, "
+        f"{limits.group_session_timeout_ms_min}-{limits.group_session_timeout_ms_max} "
+        f"(default {limits.group_session_timeout_ms_default})",
+    )
+    create.add_argument(
+        "--rebalance-delay-ms",
+        type=int,
+        metavar="N",
+        help="wait this long for more members before the first assignment, "
+        f"0-{limits.group_rebalance_delay_ms_max} "
+        f"(default {limits.group_rebalance_delay_ms_default})",
+    )
+    create.set_defaults(run=_group_create)
+
+    listing = commands.add_parser(
+        "list",
+        parents=[common],
+        help="list the consumer groups of a stream",
+        description="List every consumer group of STREAM — defined, or seen because a "
+        "partition stores a committed offset for it — with its strategy, how many of its "
+        "partition owners are attached and its total lag, as the answering node's replicas "
+        "hold them (like `spate consumer list`: partitions it does not host count for nothing).",
+    )
+    listing.add_argument("stream", metavar="STREAM", help="the stream")
+    listing.set_defaults(run=_group_list)
+
+    describe = commands.add_parser(
+        "describe",
+        parents=[common],
+        help="show one consumer group and its partitions",
+        description="Show GROUP's definition (or that it is not defined) and, per partition "
+        "of STREAM: whether its owner is attached, the owner epoch, the committed offset (the "
+        "last message the group is done with), the end offset and the lag (messages after "
+        "the committed offset; all retained ones when nothing is committed), as the answering "
+        "node's replicas hold them ('-' for partitions it does not host). Exit 3 when GROUP "
+        "is neither defined nor seen.",
+    )
+    describe.add_argument("stream", metavar="STREAM", help="the stream")
+    describe.add_argument("name", metavar="GROUP", help="the group")
+    describe.set_defaults(run=_group_describe)
+
+    delete = commands.add_parser(
+        "delete",
+        parents=[common],
+        help="forget a consumer group's definition",
+        description="Delete GROUP's definition on STREAM. Its committed offsets and epochs "
+        "stay in the partitions (attaching again resumes after them). Exit 3 when GROUP is "
+        "not defined on STREAM.",
+    )
+    delete.add_argument("stream", metavar="STREAM", help="the stream")
+    delete.add_argument("name", metavar="GROUP", help="the group")
+    delete.set_defaults(run=_group_delete)
+
+
+def _group_create(args: argparse.Namespace) -> int:
+    try:
+        groups.define(
+            args.stream,
+            args.name,
+            strategy=args.strategy,
+            session_timeout_ms=args.session_timeout_ms,
+            rebalance_delay_ms=args.rebalance_delay_ms,
+        )
+    except InvalidArgument as error:
+        message = error.message
+        if message.startswith(("session-timeout-ms", "rebalance-delay-ms")):
+            message = "--" + message  # name the flag
+        raise InvalidArgument(message) from None
+    request = pb.CreateConsumerGroupRequest(
+        stream=args.stream,
+        name=args.name,
+        strategy=args.strategy or "",
+        session_timeout_ms=args.session_timeout_ms,
+        rebalance_delay_ms=args.rebalance_delay_ms,
+    )
+    definition = _group_json(_call(args, "CreateConsumerGroup", request).group)
+    if args.output == "json":
+        _print(output.render_json({"group": definition}))
+    else:
+        _print(
+            f"Defined consumer group {definition['name']!r} on stream "
+            f"{definition['stream']!r}.\n" + _group_fields(definition)
+        )
+    return EXIT_OK
+
+
+def _group_list(args: argparse.Namespace) -> int:
+    validate_stream_name(args.stream)
+    response = _call(args, "ListConsumerGroups", pb.ListConsumerGroupsRequest(stream=args.stream))
+    found = [
+        {
+            "name": g.name,
+            "defined": g.HasField("definition"),
+            "definition": _group_json(g.definition) if g.HasField("definition") else None,
+            "links_attached": g.links_attached,
+            "lag": g.lag,
+        }
+        for g in response.groups
+    ]
+    here = list(response.partitions_here)
+    if args.output == "json":
+        _print(
+            output.render_json({"stream": args.stream, "groups": found, "partitions_here": here})
+        )
+    elif not found:
+        _print(
+            f"No consumer groups on {args.stream!r} (none defined, none with a committed "
+            f"offset on the partitions hosted here {here}). Define one with "
+            f"`spate group create {args.stream} GROUP`."
+        )
+    else:
+        rows = [
+            [
+                g["name"],
+                g["definition"]["strategy"] if g["defined"] else "not defined",
+                str(g["links_attached"]),
+                str(g["lag"]),
+            ]
+            for g in found
+        ]
+        _print(output.render_table(["GROUP", "STRATEGY", "ATTACHED", "LAG"], rows))
+    return EXIT_OK
+
+
+def _group_describe(args: argparse.Namespace) -> int:
+    validate_stream_name(args.stream)
+    request = pb.DescribeConsumerGroupRequest(stream=args.stream, name=args.name)
+    response = _call(args, "DescribeConsumerGroup", request)
+    definition = _group_json(response.definition) if response.HasField("definition") else None
+    partitions = [
+        {
+            "partition": p.partition,
+            "available": p.available,
+            "owner_attached": p.owner_attached,
+            "epoch": p.epoch if p.HasField("epoch") else None,
+            "committed_offset": p.committed_offset if p.HasField("committed_offset") else None,
+            "end_offset": p.end_offset if p.available else None,
+            "lag": p.lag if p.available else None,
+        }
+        for p in response.partitions
+    ]
+    if args.output == "json":
+        _print(
+            output.render_json(
+                {
+                    "stream": response.stream,
+                    "name": response.name,
+                    "defined": definition is not None,
+                    "definition": definition,
+                    "partitions": partitions,
+                    "links_attached": response.links_attached,
+                    "lag": response.lag,
+                    "partitions_here": list(response.partitions_here),
+                }
+            )
+        )
+        return EXIT_OK
+    fields = (
+        _group_fields(definition)
+        if definition is not None
+        else output.render_fields(
+            [("group", response.name), ("stream", response.stream), ("definition", "not defined")]
+        )
+    )
+    rows = [
+        [
+            str(p["partition"]),
+            ("yes" if p["owner_attached"] else "no") if p["available"] else output.EMPTY,
+            output.number(p["epoch"]),
+            output.number(p["committed_offset"]),
+            output.number(p["end_offset"]),
+            output.number(p["lag"]),
+        ]
+        for p in partitions
+    ]
+    totals = output.render_fields(
+        [
+            ("owners attached", f"{response.links_attached} of {len(partitions)}"),
+            ("total lag", str(response.lag)),
+        ]
+    )
+    table = output.render_table(["PARTITION", "OWNER", "EPOCH", "COMMITTED", "END", "LAG"], rows)
+    _print(f"{fields}\n\n{table}\n\n{totals}")
+    return EXIT_OK
+
+
+def _group_delete(args: argparse.Namespace) -> int:
+    validate_stream_name(args.stream)
+    request = pb.DeleteConsumerGroupRequest(stream=args.stream, name=args.name)
+    _call(args, "DeleteConsumerGroup", request)
+    if args.output == "json":
+        _print(output.render_json({"deleted": {"stream": args.stream, "name": args.name}}))
+    else:
+        _print(f"Deleted the definition of consumer group {args.name!r} on {args.stream!r}.")
+    return EXIT_OK
+
+
+def _group_json(message: Any) -> dict[str, Any]:
+    return {
+        "stream": message.stream,
+        "name": message.name,
+        "strategy": message.strategy,
+        "session_timeout_ms": message.session_timeout_ms,
+        "rebalance_delay_ms": message.rebalance_delay_ms,
+        "version": message.version,
+    }
+
+
+def _group_fields(group: dict[str, Any]) -> str:
+    return output.render_fields(
+        [
+            ("group", group["name"]),
+            ("stream", group["stream"]),
+            ("strategy", group["strategy"]),
+            ("session timeout", output.duration(group["session_timeout_ms"])),
+            ("rebalance delay", output.duration(group["rebalance_delay_ms"])),
+            ("version", str(group["version"])),
         ]
     )
 

@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
         default=1,
         help="AMQP gateways in proxy mode in front of the nodes, 0 to 4 (default: 1)",
     )
+    up.add_argument(
+        "--require-defined-groups",
+        action="store_true",
+        help="nodes and gateways started now refuse attaches naming a consumer group not "
+        "defined with `spate group create` (default: groups are created on first attach)",
+    )
     up.set_defaults(run=_up)
     down = commands.add_parser(
         "down",
@@ -96,7 +102,8 @@ def _print(result: dict[str, Any], output: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     from spate.server.devcluster import DevCluster
 
-    _print(DevCluster(Path(args.data_dir)).up(args.nodes, args.gateways), args.output)
+    cluster = DevCluster(Path(args.data_dir), require_defined_groups=args.require_defined_groups)
+    _print(cluster.up(args.nodes, args.gateways), args.output)
     return 0
 
 

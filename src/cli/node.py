@@ -68,6 +68,12 @@ def register(subparsers: Any) -> None:
         help="...or this long after the first one not stored "
         f"(default {limits.offset_commit_interval_ms})",
     )
+    run.add_argument(
+        "--require-defined-groups",
+        action="store_true",
+        help="refuse an attach naming a consumer group not defined with `spate group create` "
+        "(amqp:not-found; default: a group is created on its first attach)",
+    )
     run.set_defaults(run=_run)
 
 
@@ -92,6 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         "allow_anonymous": False if args.no_anonymous else None,
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,
+        "require_defined_groups": True if args.require_defined_groups else None,
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
     }
     return main_run(load_settings(args.config, overrides))

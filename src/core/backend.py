@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Protocol
 
 from spate.core.errors import InvalidArgument
+from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -305,6 +306,17 @@ class Broker(Protocol):
     def super_stream_version(self, name: StreamName) -> int | None:
         """The version of the super stream's topology as this broker knows it now (None: not
         known, e.g. deleted). A link routing by another version is stale (ADR 0014)."""
+        ...
+
+    @property
+    def groups_required(self) -> bool:
+        """The listener's setting `require_defined_groups` (ADR 0015): an attach naming a
+        consumer group that `consumer_group` does not know is refused (amqp:not-found)."""
+        ...
+
+    def consumer_group(self, stream: StreamName, group: str) -> Awaitable[GroupDefinition | None]:
+        """The group's definition in the metadata service (None: not defined, which is fine
+        unless `groups_required`)."""
         ...
 
     def partition(

@@ -18,11 +18,12 @@ generations).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from spate.core import limits
+from spate.core import groups, limits
 from spate.core.backend import ConsumerOffset
 from spate.core.coordinator import (
     STRATEGIES,
@@ -40,7 +41,7 @@ from spate.core.errors import (
 )
 from spate.core.ids import Generation, MemberId, PartitionId
 
-GENERATION_PREFIX = b"$generation/"
+GENERATION_PREFIX = groups.GENERATION_PREFIX.encode()
 SESSION_TIMEOUT_MS_DEFAULT = 30_000
 """003 "Configuration": session_timeout_secs 30."""
 PENDING_MAX_DEFAULT = 16
@@ -71,9 +72,7 @@ class GroupSettings:
 
     def check(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise InvalidArgument(
-                f"strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}"
-            )
+            raise InvalidArgument(f"strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
 
 
 class GroupCoordinator(Protocol):
@@ -201,10 +200,8 @@ class Coordinators:
             if now != known or self._loop.time() >= deadline:
                 return now
             changed = state.changed
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), deadline - self._loop.time())
-            except TimeoutError:
-                pass
             self._check_live()
 
     async def released(

@@ -28,6 +28,13 @@ consumer_names_max = 4096
 """Consumer names whose stored offset a partition remembers (offset tracking, ADR 0012); past
 it the name stored least recently is forgotten."""
 consumer_name_bytes_max = 256
+"""A `spate:consumer-name` (and an operator's offset reset names one of those)."""
+group_name_bytes_max = 256
+"""A consumer group's name (`event-streams-consumer-group`, `spate group create`)."""
+tracked_name_bytes_max = consumer_name_bytes_max + 16
+"""A name in a partition's offset table: a consumer name, or a group's reserved name
+(`$group/<g>`, `$epoch/<g>`, `$generation/<g>`: ADR 0015), whose prefix takes up to 12 bytes
+on top of the group's name."""
 offset_commit_messages = 1000
 """A named consumer's accepted offset is stored after at most this many settled messages..."""
 offset_commit_interval_ms = 200
@@ -45,12 +52,16 @@ service's stream limit too)."""
 # Consumer groups (ADR 0015)
 group_members_max = 1024
 """Members one consumer group may have; the coordinator refuses the next join (GroupFull)."""
-group_session_timeout_ms_max = 30 * 60 * 1000
-"""Longest session a member may ask for (Kafka's group.max.session.timeout.ms): a crashed
-member holds its partitions at most this long."""
-group_rebalance_delay_ms_default = 3000
+group_session_timeout_ms_default = 30_000
+group_session_timeout_ms_min = 1_000
+group_session_timeout_ms_max = 30 * 60_000
+"""A member silent this long leaves its group (Kafka's bounds: 6 s..30 min; 1 s here so tests
+can exercise an expiry): a crashed member holds its partitions at most this long."""
+group_rebalance_delay_ms_default = 3_000
+group_rebalance_delay_ms_max = 5 * 60_000
 """Joins and leaves within this long of the first one are coalesced into one rebalance
-(Kafka's group.initial.rebalance.delay.ms), so a fleet starting up rebalances once."""
+(Kafka's group.initial.rebalance.delay.ms, 3 s by default), so a fleet starting up rebalances
+once."""
 
 # AMQP
 link_credit_max = 5000
@@ -70,3 +81,8 @@ assert chunk_bytes_max >= message_bytes_max, "one maximal message must fit in a 
 assert segment_bytes_min >= 4096
 assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
 assert frame_bytes_max > message_bytes_max
+assert len("$generation/") + group_name_bytes_max <= tracked_name_bytes_max
+assert consumer_name_bytes_max <= tracked_name_bytes_max
+assert group_session_timeout_ms_min <= group_session_timeout_ms_default
+assert group_session_timeout_ms_default <= group_session_timeout_ms_max
+assert group_rebalance_delay_ms_default <= group_rebalance_delay_ms_max

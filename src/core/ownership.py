@@ -18,23 +18,19 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Protocol
 
+from spate.core import groups, limits
 from spate.core.active import ActiveGroups, Conflict, Owned, Stale
 from spate.core.backend import Attached, ConsumerOffset
 from spate.core.errors import AlreadyExists, FailedPrecondition
 
-GROUP_PREFIX = b"$group/"
-EPOCH_PREFIX = b"$epoch/"
-RESERVED_PREFIX = "$"
+GROUP_PREFIX = groups.COMMITTED_PREFIX.encode()
+EPOCH_PREFIX = groups.EPOCH_PREFIX.encode()
+RESERVED_PREFIX = groups.RESERVED_PREFIX
 """Consumer names starting with it belong to groups (and other internal records)."""
-GROUP_BYTES_MAX = 256
+GROUP_BYTES_MAX = limits.group_name_bytes_max
 TAKEOVER_S = 10.0
 """How long a claim with a greater epoch waits for the owner to step down before dropping it
 (its later stores are refused)."""
-
-
-def group_name(group: str) -> bytes:
-    """The reserved consumer name whose stored offset is the group's committed offset."""
-    return GROUP_PREFIX + group.encode()
 
 
 def epoch_name(name: bytes) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.core import limits, ownership
+from spate.core import groups, limits
 from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
 from spate.core.errors import (
     AlreadyExists,
@@ -262,10 +262,10 @@ def consumer_name(properties: dict[Any, Any]) -> bytes | None:
     """The link's `spate:consumer-name` as UTF-8, like `producer_name`; names starting with
     `$` are reserved (a consumer group's offsets are stored as `$group/<group>`)."""
     name = _link_name(properties, CONSUMER_NAME_PROPERTY, limits.consumer_name_bytes_max)
-    if name is not None and name.startswith(ownership.RESERVED_PREFIX.encode()):
+    if name is not None and name.startswith(groups.RESERVED_PREFIX.encode()):
         raise InvalidArgument(
             f"'{CONSUMER_NAME_PROPERTY}' {name.decode(errors='replace')!r}: names starting with "
-            f"'{ownership.RESERVED_PREFIX}' are reserved (consumer groups use "
+            f"'{groups.RESERVED_PREFIX}' are reserved (consumer groups use "
             f"'{CONSUMER_GROUP_PROPERTY}')"
         )
     return name
@@ -273,13 +273,13 @@ def consumer_name(properties: dict[Any, Any]) -> bytes | None:
 
 def consumer_group(properties: dict[Any, Any]) -> str | None:
     """The link's `event-streams-consumer-group` (a non-empty string of at most
-    `ownership.GROUP_BYTES_MAX` UTF-8 bytes, not starting with `$`)."""
-    name = _link_name(properties, CONSUMER_GROUP_PROPERTY, ownership.GROUP_BYTES_MAX)
+    `limits.group_name_bytes_max` UTF-8 bytes, not starting with `$`)."""
+    name = _link_name(properties, CONSUMER_GROUP_PROPERTY, limits.group_name_bytes_max)
     if name is None:
         return None
-    if name.startswith(ownership.RESERVED_PREFIX.encode()):
+    if name.startswith(groups.RESERVED_PREFIX.encode()):
         raise InvalidArgument(
-            f"'{CONSUMER_GROUP_PROPERTY}' must not start with '{ownership.RESERVED_PREFIX}'"
+            f"'{CONSUMER_GROUP_PROPERTY}' must not start with '{groups.RESERVED_PREFIX}'"
         )
     return name.decode()
 
@@ -569,7 +569,7 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
     or (unbound, 000 §4.5.1) the first one no link of the group owns — wait while the owner it
     displaces steps down, and start after the group's committed offset (an explicit start
     filter wins, as for named consumers)."""
-    name = ownership.group_name(group)
+    name = groups.committed_name(group).encode()
     if bound is None and epoch is not None:
         raise InvalidArgument(
             f"'{EPOCH_PROPERTY}' is per partition: bind the link with '{PARTITION_PROPERTY}' "

@@ -48,6 +48,7 @@ from spate.core.backend import (
     PublishingIds,
 )
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
+from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -383,6 +384,19 @@ class RemoteBroker:
 
     def super_stream_version(self, name: StreamName) -> int | None:
         return self.table.routes.super_stream_version(name)
+
+    groups_required = False
+    """`--require-defined-groups` (ADR 0015); the gateway process sets it."""
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        """From the routes; when definitions are required and the routes do not hold it (a
+        group defined since the last refresh, or none), after reading the routes now. Without
+        the requirement an undefined group is the common case: no read for it."""
+        found = self.table.routes.consumer_group(stream, group)
+        if found is None and self.groups_required and self.refresh is not None:
+            await self.refresh()
+            found = self.table.routes.consumer_group(stream, group)
+        return found
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         """From the routes, read again first when they do not hold the stream yet."""

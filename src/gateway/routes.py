@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spate.core import superstreams
+from spate.core import groups, superstreams
 from spate.core.backend import Broker, Partition
 from spate.core.errors import NotFound, NotLeader, Unavailable
+from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -54,6 +55,11 @@ class Routes:
     """Each node's replication port, where gateways open wire sessions (proxy mode)."""
     super_streams: Mapping[StreamName, SuperStream] = field(default_factory=dict)
     """Super-stream topologies (ADR 0014), each with the metadata version that created it."""
+    groups: Mapping[GroupKey, GroupDefinition] = field(default_factory=dict)
+    """Consumer groups defined ahead (ADR 0015), by (stream, group name)."""
+
+    def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        return groups.find(self.groups, stream, group)
 
     def super_stream(self, name: StreamName) -> SuperStream:
         """The topology; NotFound naming it when this picture does not hold it."""
@@ -102,6 +108,8 @@ class RedirectBroker:
         self.relay = relay
         """Serves partition-agnostic links (which cannot be redirected to one leader): the
         gateway's proxy broker, when it has the cluster secret."""
+        self.require_groups = False
+        """`--require-defined-groups` without a proxy broker (else the proxy broker's)."""
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         if self.relay is not None and name not in self.table.routes.streams:
@@ -143,6 +151,15 @@ class RedirectBroker:
         if self.relay is not None:
             return self.relay.super_stream_version(name)
         return self.table.routes.super_stream_version(name)
+
+    @property
+    def groups_required(self) -> bool:
+        return self.relay.groups_required if self.relay is not None else self.require_groups
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        if self.relay is not None:
+            return await self.relay.consumer_group(stream, group)
+        return self.table.routes.consumer_group(stream, group)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from spate.core.backend import ConsumerOffset, PartitionInfo, ProducerInfo
 from spate.core.errors import NotFound, NotLeader, Unavailable
+from spate.core.groups import GroupDefinition
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.log import LogConfig
@@ -131,17 +132,33 @@ Locate = Callable[[StreamName, PartitionId], Sequence[NodeId]]
 then the other replicas)."""
 AmqpAddress = Callable[[NodeId], tuple[str, int] | None]
 """The AMQP listener of a node, from the node registry."""
+FindGroup = Callable[[StreamName, str], GroupDefinition | None]
+"""A consumer group's definition, from this node's metadata replica (ADR 0015)."""
 
 
 class LocalBroker:
     """spate.core.backend.Broker over the replicas this node hosts."""
 
     def __init__(
-        self, manager: PartitionManager, locate: Locate, amqp_address: AmqpAddress
+        self,
+        manager: PartitionManager,
+        locate: Locate,
+        amqp_address: AmqpAddress,
+        *,
+        find_group: FindGroup = lambda _stream, _group: None,
+        groups_required: bool = False,
     ) -> None:
         self._manager = manager
         self._locate = locate
         self._amqp_address = amqp_address
+        self._find_group = find_group
+        self.groups_required = groups_required
+        """`--require-defined-groups`: only groups defined ahead may attach (ADR 0015)."""
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        """From this node's metadata replica: a group defined a moment ago on another node is
+        known here once this replica applied it (a retried attach finds it)."""
+        return self._find_group(stream, group)
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)

@@ -101,8 +101,10 @@ def _free_port(taken: Collection[int] = ()) -> int:
 
 
 class DevCluster:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, require_defined_groups: bool = False) -> None:
         self.dir = data_dir.resolve()
+        self.require_defined_groups = require_defined_groups
+        """Processes started by `up` get `--require-defined-groups` (running ones keep theirs)."""
 
     # -- plan -------------------------------------------------------------------------------
     def _load_plan(self) -> list[NodePlan]:
@@ -205,6 +207,7 @@ class DevCluster:
             str(node.replication_port),
             "--metadata-peers",
             ",".join(peers),
+            *(["--require-defined-groups"] if self.require_defined_groups else []),
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(node_dir / "node.log", "ab") as log_file:
@@ -243,6 +246,7 @@ class DevCluster:
             str(gateway_refresh_ms),
             "--mode",
             gateway.mode,
+            *(["--require-defined-groups"] if self.require_defined_groups else []),
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(gateway_dir / "node.log", "ab") as log_file:

@@ -66,6 +66,8 @@ class GatewaySettings:
     """Default for links that do not ask: "proxy" or "redirect"."""
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_ms: int = limits.offset_commit_interval_ms
+    require_defined_groups: bool = False
+    """Refuse attaches naming a consumer group not defined in the metadata service (ADR 0015)."""
     secret: str = field(default="", repr=False)
     """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
 
@@ -95,6 +97,14 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
         if error.code() != grpc.StatusCode.UNIMPLEMENTED:
             raise
         supers = pb.ListSuperStreamsResponse()  # a node of a build before super streams
+    try:
+        defined = await stub.ListConsumerGroups(
+            pb.ListConsumerGroupsRequest(), timeout=admin_timeout_s
+        )
+    except grpc.aio.AioRpcError as error:
+        if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        defined = pb.ListConsumerGroupsResponse()  # a node of a build before consumer groups
     after = await stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=admin_timeout_s)
     if before.metadata.version != after.metadata.version:
         return None
@@ -116,7 +126,12 @@ async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
     }
     configs = {StreamName(m.name): convert.stream_config(m) for m in streams.streams}
     topologies = {StreamName(m.name): convert.super_stream(m) for m in supers.super_streams}
-    return Routes(after.metadata.version, configs, partitions, amqp, replication, topologies)
+    groups = {
+        (StreamName(g.stream), g.name): convert.consumer_group(g.definition) for g in defined.groups
+    }
+    return Routes(
+        after.metadata.version, configs, partitions, amqp, replication, topologies, groups
+    )
 
 
 class GatewayProcess:
@@ -128,9 +143,13 @@ class GatewayProcess:
         self.sessions: Sessions | None = None
         if settings.secret:
             self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
-            modes["proxy"] = RemoteBroker(self.table, self.sessions, self._refresh_now)
+            proxy = RemoteBroker(self.table, self.sessions, self._refresh_now)
+            proxy.groups_required = settings.require_defined_groups
+            modes["proxy"] = proxy
         # partition-agnostic links cannot be redirected to one leader: proxied when possible
-        modes["redirect"] = RedirectBroker(self.table, relay=modes.get("proxy"))
+        redirect = RedirectBroker(self.table, relay=modes.get("proxy"))
+        redirect.require_groups = settings.require_defined_groups
+        modes["redirect"] = redirect
         self.server = GatewayServer(
             modes[settings.mode],
             ListenerConfig(

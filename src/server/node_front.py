@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from spate.core.backend import ConsumerOffset, Partition
 from spate.core.errors import NotLeader, Unavailable
+from spate.core.groups import GroupDefinition
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -50,6 +51,13 @@ class NodeFront:
     def super_stream_version(self, name: StreamName) -> int | None:
         """As of the last metadata change this node applied to its routes."""
         return self.remote.table.routes.super_stream_version(name)
+
+    @property
+    def groups_required(self) -> bool:
+        return self.local.groups_required
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        return await self.local.consumer_group(stream, group)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -92,7 +92,13 @@ class NodeProcess:
             peers=self._replication_address,
         )
         self.manager = PartitionManager(self.replication)
-        self.broker = LocalBroker(self.manager, self._locate, self._amqp_address)
+        self.broker = LocalBroker(
+            self.manager,
+            self._locate,
+            self._amqp_address,
+            find_group=self.metadata.consumer_group,
+            groups_required=settings.require_defined_groups,
+        )
         self.wire = WireServer(self.broker)
         """Gateways' sessions (ADR 0008), on the replication port."""
         self.replication.transport.on_session = self.wire.serve
@@ -263,7 +269,9 @@ class NodeProcess:
                     table[record.node] = address
         streams = {config.name: config for config in self.metadata.streams()}
         supers = dict(view.super_streams)
-        self.routes.update(Routes(view.version, streams, partitions, amqp, replication, supers))
+        self.routes.update(
+            Routes(view.version, streams, partitions, amqp, replication, supers, dict(view.groups))
+        )
 
     async def _heartbeat(self) -> None:
         period_s = metadata_limits.heartbeat_interval_ms / 1000

@@ -45,6 +45,9 @@ class NodeSettings:
     """Named consumers: store the offset after at most this many finished messages..."""
     offset_commit_ms: int = limits.offset_commit_interval_ms
     """...or this long after the first one not stored (ADR 0012)."""
+    require_defined_groups: bool = False
+    """Consumer groups (ADR 0015): refuse an attach naming a group that is not defined in the
+    metadata service (`spate group create`) instead of creating it on first attach."""
 
     def validate(self) -> None:
         if not self.node_id or not self.node_id.replace("-", "").replace("_", "").isalnum():

@@ -11,7 +11,10 @@ leader at epoch 1 of every partition it is the preferred leader of. `--also-regi
 registry-only nodes that it heartbeats too, so placement has several nodes to spread over.
 
 The stats provider reports partition 0 of every stream as holding ten messages and no other
-partition, so both describe paths (with and without stats) are exercised.
+partition, so both describe paths (with and without stats) are exercised. The consumers
+provider reports, on that partition, a plain consumer `app` (offset 4) and the stored names of
+two consumer groups: `seen` (committed 3 with its owner attached, epoch 2; not defined unless a
+test defines it) and `billing` (committed 6).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import MetadataView
-from spate.core.backend import PartitionInfo
+from spate.core.backend import ConsumerOffset, PartitionInfo
 from spate.core.errors import NotFound, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 
@@ -75,6 +78,24 @@ async def main(args: argparse.Namespace) -> None:
                 leader=node,
             )
         ]
+
+    class Consumers:
+        def list(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
+            metadata.stream(stream)  # NotFound for an unknown stream
+            stamp = 1_700_000_002_000
+            return {
+                PartitionId(0): [
+                    ConsumerOffset("app", 4, stamp),
+                    ConsumerOffset("$group/seen", 3, stamp, attached=1),
+                    ConsumerOffset("$epoch/seen", 2, stamp),
+                    ConsumerOffset("$group/billing", 6, stamp),
+                ]
+            }
+
+        async def reset(
+            self, stream: StreamName, partition: PartitionId, name: bytes, offset: int
+        ) -> None:
+            raise Unavailable("this process does not serve partitions")
 
     def status() -> list[ProcessFacts]:
         hosted = metadata.assignments(node)
@@ -127,7 +148,9 @@ async def main(args: argparse.Namespace) -> None:
 
     await metadata.start()
     await metadata.wait_ready()
-    server = AdminServer(metadata, stats=stats, status=status, host="127.0.0.1", port=0)
+    server = AdminServer(
+        metadata, stats=stats, status=status, host="127.0.0.1", port=0, consumers=Consumers()
+    )
     port = await server.start()
     admin_address = f"127.0.0.1:{port}"
     for who in (node, *extra):

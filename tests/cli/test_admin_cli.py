@@ -360,8 +360,16 @@ def test_help_texts() -> None:
         ("stream", "delete"),
         ("cluster", "status"),
         ("partition", "list"),
+        ("group", "create"),
+        ("group", "list"),
+        ("group", "describe"),
+        ("group", "delete"),
     ):
         assert "--output" in ok(*command, "--help")
+    group_create = ok("group", "create", "--help")
+    for option in ("--strategy", "--session-timeout-ms", "--rebalance-delay-ms", "round-robin"):
+        assert option in group_create
+    assert "'$'" in ok("consumer", "list", "--help")
     assert fails(2, "stream").startswith("spate: the following arguments are required")
 
 
@@ -477,3 +485,141 @@ def test_superstream_grpc_refusals_name_the_field(admin: str) -> None:
         with pytest.raises(grpc.RpcError) as caught:
             stub.DeleteSuperStream(pb.DeleteSuperStreamRequest(name="nope"), timeout=10)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+
+
+def test_group_create_list_describe_delete(admin: str) -> None:
+    ok("stream", "create", "ledger-g", "--partitions", "2", "--replicas", "1", "--admin", admin)
+    text = ok(
+        "group", "create", "ledger-g", "billing", "--strategy", "sticky",
+        "--session-timeout-ms", "10000", "--admin", admin,
+    )  # fmt: skip
+    assert "Defined consumer group 'billing' on stream 'ledger-g'" in text
+    assert "sticky" in text and "10s" in text
+    created = ok_json("group", "create", "ledger-g", "audit", "--admin", admin)["group"]
+    assert created == {
+        "stream": "ledger-g",
+        "name": "audit",
+        "strategy": "round-robin",
+        "session_timeout_ms": 30000,
+        "rebalance_delay_ms": 3000,
+        "version": created["version"],
+    }
+    # list: defined groups and the one seen only by its committed offset (admin_host.py)
+    listed = ok_json("group", "list", "ledger-g", "--admin", admin)
+    assert listed["partitions_here"] == [0]
+    by_name = {g["name"]: g for g in listed["groups"]}
+    assert sorted(by_name) == ["audit", "billing", "seen"]
+    assert by_name["seen"]["defined"] is False and by_name["seen"]["definition"] is None
+    assert (by_name["seen"]["links_attached"], by_name["seen"]["lag"]) == (1, 6)  # 10 - 3 - 1
+    assert (by_name["billing"]["links_attached"], by_name["billing"]["lag"]) == (0, 3)
+    assert by_name["audit"]["lag"] == 10  # nothing committed: every retained message
+    assert by_name["billing"]["definition"]["strategy"] == "sticky"
+    table = ok("group", "list", "ledger-g", "--admin", admin)
+    assert table.splitlines()[0].split() == ["GROUP", "STRATEGY", "ATTACHED", "LAG"]
+    assert "not defined" in table
+    # describe: per partition, partition 1 is not hosted by the answering process
+    described = ok_json("group", "describe", "ledger-g", "seen", "--admin", admin)
+    assert described["defined"] is False and described["definition"] is None
+    assert described["partitions"] == [
+        {
+            "partition": 0,
+            "available": True,
+            "owner_attached": True,
+            "epoch": 2,
+            "committed_offset": 3,
+            "end_offset": 10,
+            "lag": 6,
+        },
+        {
+            "partition": 1,
+            "available": False,
+            "owner_attached": False,
+            "epoch": None,
+            "committed_offset": None,
+            "end_offset": None,
+            "lag": None,
+        },
+    ]
+    assert (described["links_attached"], described["lag"]) == (1, 6)
+    text = ok("group", "describe", "ledger-g", "billing", "--admin", admin)
+    assert "strategy" in text and "sticky" in text
+    assert "PARTITION  OWNER  EPOCH  COMMITTED  END  LAG" in text
+    assert "total lag        3" in text
+    assert "not defined" in ok("group", "describe", "ledger-g", "seen", "--admin", admin)
+    # `spate consumer list` no longer shows the groups' reserved names
+    consumers = ok_json("consumer", "list", "ledger-g", "--admin", admin)["consumers"]
+    assert [c["name"] for c in consumers] == ["app"]
+    # delete
+    deleted = ok_json("group", "delete", "ledger-g", "billing", "--admin", admin)
+    assert deleted == {"deleted": {"stream": "ledger-g", "name": "billing"}}
+    assert "Deleted the definition" in ok("group", "delete", "ledger-g", "audit", "--admin", admin)
+    names = [g["name"] for g in ok_json("group", "list", "ledger-g", "--admin", admin)["groups"]]
+    assert names == ["billing", "seen"]  # billing's committed offset is still stored
+    # deleting the stream deletes its definitions
+    ok("group", "create", "ledger-g", "audit", "--admin", admin)
+    ok("stream", "delete", "ledger-g", "--admin", admin)
+    ok("stream", "create", "ledger-g", "--replicas", "1", "--admin", admin)
+    message = fails(3, "group", "describe", "ledger-g", "audit", "--admin", admin)
+    assert "'audit' is not defined on stream 'ledger-g'" in message
+    ok("stream", "delete", "ledger-g", "--admin", admin)
+
+
+def test_group_misuse_has_clear_errors(admin: str) -> None:
+    message = fails(3, "group", "create", "nowhere", "g", "--admin", admin)
+    assert "stream 'nowhere' does not exist" in message
+    ok("stream", "create", "misuse-g", "--replicas", "1", "--admin", admin)
+    ok("group", "create", "misuse-g", "g", "--admin", admin)
+    message = fails(4, "group", "create", "misuse-g", "g", "--admin", admin)
+    assert "already defined" in message
+    message = fails(3, "group", "delete", "misuse-g", "other", "--admin", admin)
+    assert "'other' is not defined on stream 'misuse-g'" in message
+    message = fails(2, "group", "create", "misuse-g", "$g", "--admin", admin)
+    assert "reserved" in message
+    message = fails(2, "group", "create", "misuse-g", "x" * 257, "--admin", admin)
+    assert "the limit is 256" in message
+    message = fails(2, "group", "create", "misuse-g", "h", "--session-timeout-ms", "5")
+    assert message.startswith("spate: --session-timeout-ms must be between 1000")
+    message = fails(2, "group", "create", "misuse-g", "h", "--rebalance-delay-ms", "-1")
+    assert message.startswith("spate: --rebalance-delay-ms")
+    fails(2, "group", "create", "misuse-g", "h", "--strategy", "fair")  # argparse
+    fails(2, "group", "describe", "misuse-g")  # argparse: GROUP missing
+    message = fails(3, "group", "describe", "misuse-g", "ghost", "--admin", admin)
+    assert "no committed offset on its partitions hosted here (0)" in message
+    message = fails(3, "group", "list", "ghost-stream", "--admin", admin)
+    assert "'ghost-stream' does not exist" in message
+    ok("stream", "delete", "misuse-g", "--admin", admin)
+
+
+def test_group_grpc_refusals_name_the_field(admin: str) -> None:
+    """What the CLI checks first, the server checks again (other gRPC clients)."""
+    import grpc
+    from spate.api.v1 import admin_pb2 as pb
+    from spate.api.v1 import admin_pb2_grpc
+
+    with grpc.insecure_channel(admin) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        cases = [
+            (pb.CreateConsumerGroupRequest(stream="s", name=""), "non-empty"),
+            (pb.CreateConsumerGroupRequest(stream="s", name="g", strategy="fair"), "strategy"),
+            (
+                pb.CreateConsumerGroupRequest(stream="s", name="g", session_timeout_ms=0),
+                "session-timeout-ms",
+            ),
+            (pb.CreateConsumerGroupRequest(stream="bad name", name="g"), "stream name"),
+        ]
+        for request, text in cases:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.CreateConsumerGroup(request, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert text in caught.value.details()  # type: ignore[attr-defined]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.DescribeConsumerGroup(
+                pb.DescribeConsumerGroupRequest(stream="s", name="$group/x"), timeout=10
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        ok("stream", "create", "grpc-g", "--replicas", "1", "--admin", admin)
+        ok("group", "create", "grpc-g", "g", "--admin", admin)
+        everything = stub.ListConsumerGroups(pb.ListConsumerGroupsRequest(), timeout=10)
+        assert [(g.stream, g.name) for g in everything.groups] == [("grpc-g", "g")]
+        assert everything.groups[0].definition.strategy == "round-robin"
+        ok("stream", "delete", "grpc-g", "--admin", admin)

@@ -23,8 +23,10 @@ from spate.cluster.metadata.codec import (
 from spate.cluster.metadata.state import (
     Applied,
     Barrier,
+    CreateConsumerGroup,
     CreateStream,
     CreateSuperStream,
+    DeleteConsumerGroup,
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
@@ -41,6 +43,8 @@ from spate.cluster.metadata.state import (
     StreamRecord,
 )
 from spate.core.errors import ErrorCode
+from spate.core.groups import GroupDefinition, Strategy
+from spate.core.groups import define as define_group
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 from spate.core.superstreams import Routing, SuperStream, define
@@ -72,7 +76,20 @@ super_streams = st.integers(min_value=0, max_value=4).flatmap(
         version=ints,
     )
 )
+group_definitions = st.builds(
+    GroupDefinition,
+    stream=texts.map(StreamName),
+    name=texts,
+    strategy=st.sampled_from(Strategy),
+    session_timeout_ms=ints,
+    rebalance_delay_ms=ints,
+    version=ints,
+)
 commands = st.one_of(
+    st.builds(CreateConsumerGroup, request_id=request_ids, group=group_definitions),
+    st.builds(
+        DeleteConsumerGroup, request_id=request_ids, stream=texts.map(StreamName), name=texts
+    ),
     st.builds(
         CreateSuperStream,
         request_id=request_ids,
@@ -352,3 +369,94 @@ def test_dump_with_super_streams_round_trips_and_refuses_dangling_partitions() -
     )
     with pytest.raises(CodecError, match="invoices-1"):
         decode_dump(encode_dump(checkpoint, dangling))
+
+
+def test_consumer_group_layout_is_stable() -> None:
+    group = define_group("orders", "billing", strategy="sticky", session_timeout_ms=10_000)
+    command = CreateConsumerGroup(RequestId("r1"), group)
+    assert encode_command(command) == (
+        b'\x02\x09{"group":{"name":"billing","rebalance_delay_ms":3000,'
+        b'"session_timeout_ms":10000,"strategy":"sticky","stream":"orders","version":0},'
+        b'"request_id":"r1"}'
+    )
+    delete = DeleteConsumerGroup(RequestId("r2"), StreamName("orders"), "billing")
+    assert encode_command(delete) == (
+        b'\x02\x0a{"name":"billing","request_id":"r2","stream":"orders"}'
+    )
+    assert decode_command(encode_command(command)) == command
+    assert decode_command(encode_command(delete)) == delete
+    with pytest.raises(CodecError):  # consumer groups do not exist in format 1
+        decode_command(b"\x01" + encode_command(command)[1:])
+    with pytest.raises(CodecError, match="strategy"):
+        decode_command(encode_command(command).replace(b"sticky", b"random"))
+
+
+def _groups_state() -> MetadataState:
+    state = MetadataState()
+    state.apply(RegisterNode(RequestId("n"), NodeId("n1"), "h:1", "h:2", "h:3", "h:4", 5))
+    for name in ("orders", "clicks"):
+        state.apply(CreateStream(RequestId(f"c-{name}"), StreamConfig(StreamName(name)), 5))
+    for stream, group in (("orders", "billing"), ("orders", "audit"), ("clicks", "billing")):
+        command = CreateConsumerGroup(RequestId(f"g-{stream}-{group}"), define_group(stream, group))
+        assert isinstance(state.apply(command), Applied)
+    return state
+
+
+def _rewrite_dump(data: bytes, edit: object) -> bytes:
+    """The dump with its JSON body changed by `edit` (header and CRC recomputed)."""
+    import json
+    import struct
+
+    length = struct.unpack_from(">I", data, 5)[0]
+    body = json.loads(data[9 : 9 + length])
+    assert callable(edit)
+    edit(body)
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return data[:5] + struct.pack(">I", len(raw)) + raw + struct.pack(">I", zlib.crc32(raw))
+
+
+def test_dump_with_consumer_groups_round_trips_and_old_dumps_still_load() -> None:
+    state = _groups_state()
+    snapshot = state.snapshot()
+    assert [(g.stream, g.name) for g in snapshot.groups] == [
+        ("clicks", "billing"),
+        ("orders", "audit"),
+        ("orders", "billing"),
+    ]
+    entry = LogEntry(b"", 1, 1)
+    checkpoint = RaftCheckpoint((entry, entry), ("127.0.0.1:1",))
+    data = encode_dump(checkpoint, snapshot)
+    decoded = decode_dump(data)[1]
+    assert decoded == snapshot
+    assert MetadataState(decoded).view == state.view
+
+    # A dump written before consumer groups (and one before super streams too) still loads.
+    def drop(*keys: str) -> object:
+        return lambda body: [body["state"].pop(key) for key in keys]
+
+    for keys in (("consumer_groups",), ("consumer_groups", "super_streams")):
+        old = decode_dump(_rewrite_dump(data, drop(*keys)))[1]
+        assert old.groups == ()
+        assert old.streams == snapshot.streams
+        assert MetadataState(old).view.groups == {}
+
+
+def test_dump_refuses_a_group_without_its_stream_or_defined_twice() -> None:
+    snapshot = _groups_state().snapshot()
+    entry = LogEntry(b"", 1, 1)
+    checkpoint = RaftCheckpoint((entry, entry), ("127.0.0.1:1",))
+    orphan = MetadataSnapshot(
+        snapshot.version,
+        tuple(s for s in snapshot.streams if s.config.name == "orders"),
+        snapshot.nodes,
+        (),
+        (),
+        snapshot.groups,
+    )
+    with pytest.raises(CodecError, match="'clicks'"):
+        decode_dump(encode_dump(checkpoint, orphan))
+    twice = MetadataSnapshot(
+        snapshot.version, snapshot.streams, snapshot.nodes, (), (), snapshot.groups * 2
+    )
+    with pytest.raises(CodecError, match="twice"):
+        decode_dump(encode_dump(checkpoint, twice))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from proton import Timeout, symbol, ulong
 from proton.utils import LinkDetached
-from spate.core import ownership
+from spate.core import groups, ownership
 from spate.core.errors import AlreadyExists, FailedPrecondition
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -205,7 +205,7 @@ def test_commits_from_a_displaced_owner_are_refused() -> None:
         broker = MemoryBroker(commit_delay_s=0.0)
         broker.create_stream(StreamConfig(StreamName("s"), partitions=1))
         part: Any = broker.partition(StreamName("s"), PartitionId(0), write=True)
-        name = ownership.group_name("g")
+        name = groups.committed_name("g").encode()
         first = await part.claim(name, None)
         assert (first.active, first.epoch) == (True, 0)
         await part.store_offset(name, 4, first.member)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import ownership, superstreams
+from spate.core import groups, ownership, superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -37,6 +37,7 @@ from spate.core.errors import (
     NotFound,
     NotLeader,
 )
+from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -283,6 +284,24 @@ class MemoryBroker:
         self.partitions: dict[tuple[StreamName, PartitionId], MemoryPartition] = {}
         self.remote: dict[tuple[StreamName, PartitionId], RemoteLeader] = {}
         self.super_streams: dict[StreamName, SuperStream] = {}
+        self.groups: dict[GroupKey, GroupDefinition] = {}
+        self.groups_required = False
+
+    def define_group(self, group: GroupDefinition) -> None:
+        """What `spate group create` does in a cluster (version: one more than the last)."""
+        self.stream(group.stream)  # NotFound
+        version = max((g.version for g in self.groups.values()), default=0) + 1
+        self.groups[group.key] = GroupDefinition(
+            group.stream,
+            group.name,
+            group.strategy,
+            group.session_timeout_ms,
+            group.rebalance_delay_ms,
+            version,
+        )
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        return groups.find(self.groups, stream, group)
 
     def create_stream(self, config: StreamConfig) -> None:
         config.validate()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from spate.core import superstreams
+from spate.core import groups, superstreams
 from spate.core.backend import Partition
+from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -23,7 +24,14 @@ class NodeBroker:
             self.node, data_dir, host="127.0.0.1", port=0, secret="test", peers=lambda _: None
         )
         self.manager = PartitionManager(self.host)
-        self._broker = LocalBroker(self.manager, lambda _s, _p: [], lambda _n: None)
+        self.groups: dict[GroupKey, GroupDefinition] = {}
+        """What the node's metadata replica would hold (`define_group`)."""
+        self._broker = LocalBroker(
+            self.manager,
+            lambda _s, _p: [],
+            lambda _n: None,
+            find_group=lambda stream, group: groups.find(self.groups, stream, group),
+        )
         self._configs: dict[StreamName, StreamConfig] = {}
         self.super_streams: dict[StreamName, SuperStream] = {}
         self._started = False
@@ -68,6 +76,29 @@ class NodeBroker:
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         return superstreams.owner_of(self.super_streams, stream)
+
+    def define_group(self, group: GroupDefinition) -> None:
+        self.stream(group.stream)  # NotFound
+        version = max((g.version for g in self.groups.values()), default=0) + 1
+        self.groups[group.key] = GroupDefinition(
+            group.stream,
+            group.name,
+            group.strategy,
+            group.session_timeout_ms,
+            group.rebalance_delay_ms,
+            version,
+        )
+
+    @property
+    def groups_required(self) -> bool:
+        return self._broker.groups_required
+
+    @groups_required.setter
+    def groups_required(self, required: bool) -> None:
+        self._broker.groups_required = required
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        return await self._broker.consumer_group(stream, group)
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream, unknown
@@ -28,6 +29,8 @@ class ProxyBroker:
         self.sessions: Sessions | None = None
         self.remote: RemoteBroker | None = None
         self.version = 0
+        self.routes_hold_groups = True
+        """False: the next refreshes leave the groups out (a gateway behind the metadata)."""
 
     async def create_stream(self, config: StreamConfig) -> None:
         await self.node.create_stream(config)
@@ -56,6 +59,7 @@ class ProxyBroker:
                 {node: ("127.0.0.1", 0)},
                 {NodeId(node): ("127.0.0.1", port)},
                 dict(self.node.super_streams),
+                dict(self.node.groups) if self.routes_hold_groups else {},
             )
         )
 
@@ -76,6 +80,22 @@ class ProxyBroker:
 
     async def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         return None if self.remote is None else await self.remote.super_stream_of(stream)
+
+    def define_group(self, group: GroupDefinition) -> None:
+        """Defined at the node; the gateway's routes hold it after their next refresh."""
+        self.node.define_group(group)
+
+    @property
+    def groups_required(self) -> bool:
+        return self.remote is not None and self.remote.groups_required
+
+    @groups_required.setter
+    def groups_required(self, required: bool) -> None:
+        assert self.remote is not None, "create a stream first"
+        self.remote.groups_required = required
+
+    async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
+        return None if self.remote is None else await self.remote.consumer_group(stream, group)
 
     async def close(self) -> None:
         if self.sessions is not None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spate.api.v1 import admin_pb2 as pb
+from spate.cluster.admin.group_stats import GroupPartition, GroupStats
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.metadata.service import MetadataStatus
 from spate.cluster.metadata.state import NodeStatus, PartitionPlacement, StreamRecord
 from spate.core import limits
 from spate.core.backend import PartitionInfo
+from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 from spate.core.superstreams import Routing, SuperStream
@@ -171,3 +173,50 @@ def super_stream(message: pb.SuperStream) -> SuperStream:
         routing=Routing(message.routing),
         version=message.version,
     )
+
+
+def consumer_group_message(group: GroupDefinition) -> pb.ConsumerGroup:
+    return pb.ConsumerGroup(
+        stream=group.stream,
+        name=group.name,
+        strategy=group.strategy.value,
+        session_timeout_ms=group.session_timeout_ms,
+        rebalance_delay_ms=group.rebalance_delay_ms,
+        version=group.version,
+    )
+
+
+def consumer_group(message: pb.ConsumerGroup) -> GroupDefinition:
+    """A definition as the admin API describes it (a gateway's routes)."""
+    return GroupDefinition(
+        stream=StreamName(message.stream),
+        name=message.name,
+        strategy=Strategy(message.strategy),
+        session_timeout_ms=message.session_timeout_ms,
+        rebalance_delay_ms=message.rebalance_delay_ms,
+        version=message.version,
+    )
+
+
+def group_summary_message(stats: GroupStats) -> pb.ConsumerGroupSummary:
+    message = pb.ConsumerGroupSummary(
+        stream=stats.stream, name=stats.name, links_attached=stats.links_attached, lag=stats.lag
+    )
+    if stats.definition is not None:
+        message.definition.CopyFrom(consumer_group_message(stats.definition))
+    return message
+
+
+def group_partition_message(row: GroupPartition) -> pb.ConsumerGroupPartition:
+    message = pb.ConsumerGroupPartition(
+        partition=row.partition,
+        available=row.available,
+        owner_attached=row.owner_attached,
+        end_offset=row.end_offset or 0,
+        lag=row.lag or 0,
+    )
+    if row.epoch is not None:
+        message.epoch = row.epoch
+    if row.committed is not None:
+        message.committed_offset = row.committed
+    return message

@@ -18,7 +18,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
-from spate.cluster.admin import convert
+from spate.cluster.admin import convert, group_stats
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
 from spate.cluster.admin.providers import (
     ConsumersProvider,
@@ -28,8 +28,8 @@ from spate.cluster.admin.providers import (
 )
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import RequestId
-from spate.core import limits
-from spate.core.backend import PartitionInfo
+from spate.core import groups, limits
+from spate.core.backend import ConsumerOffset, PartitionInfo
 from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unavailable
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import validate_stream_name
@@ -154,6 +154,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
                     )
                     for pid, entries in sorted(held.items())
                     for c in entries
+                    if not groups.is_reserved(c.name)  # a group's: `spate group describe`
                 ],
                 partitions_here=sorted(held),
             )
@@ -378,6 +379,132 @@ class _AdminServicer(pb_grpc.AdminServicer):
             return pb.DeleteSuperStreamResponse()
 
         return await _answer(context, call)
+
+    async def CreateConsumerGroup(
+        self,
+        request: pb.CreateConsumerGroupRequest,
+        context: grpc.aio.ServicerContext[
+            pb.CreateConsumerGroupRequest, pb.CreateConsumerGroupResponse
+        ],
+    ) -> pb.CreateConsumerGroupResponse:
+        async def call() -> pb.CreateConsumerGroupResponse:
+            group = groups.define(
+                request.stream,
+                request.name,
+                strategy=request.strategy or None,
+                session_timeout_ms=request.session_timeout_ms
+                if request.HasField("session_timeout_ms")
+                else None,
+                rebalance_delay_ms=request.rebalance_delay_ms
+                if request.HasField("rebalance_delay_ms")
+                else None,
+            )
+            stored = await self.metadata.create_consumer_group(
+                group, request_id=_request_id(request.request_id)
+            )
+            return pb.CreateConsumerGroupResponse(group=convert.consumer_group_message(stored))
+
+        return await _answer(context, call)
+
+    async def DeleteConsumerGroup(
+        self,
+        request: pb.DeleteConsumerGroupRequest,
+        context: grpc.aio.ServicerContext[
+            pb.DeleteConsumerGroupRequest, pb.DeleteConsumerGroupResponse
+        ],
+    ) -> pb.DeleteConsumerGroupResponse:
+        async def call() -> pb.DeleteConsumerGroupResponse:
+            name = StreamName(request.stream)
+            validate_stream_name(name)
+            await self.metadata.delete_consumer_group(
+                name, request.name, request_id=_request_id(request.request_id)
+            )
+            return pb.DeleteConsumerGroupResponse()
+
+        return await _answer(context, call)
+
+    async def ListConsumerGroups(
+        self,
+        request: pb.ListConsumerGroupsRequest,
+        context: grpc.aio.ServicerContext[
+            pb.ListConsumerGroupsRequest, pb.ListConsumerGroupsResponse
+        ],
+    ) -> pb.ListConsumerGroupsResponse:
+        async def call() -> pb.ListConsumerGroupsResponse:
+            if not request.stream:  # every definition (a gateway's routes), no statistics
+                await self._catch_up()
+                return pb.ListConsumerGroupsResponse(
+                    groups=[
+                        pb.ConsumerGroupSummary(
+                            stream=g.stream,
+                            name=g.name,
+                            definition=convert.consumer_group_message(g),
+                        )
+                        for g in self.metadata.consumer_groups()
+                    ]
+                )
+            name, partitions, held, infos = await self._group_sources(request.stream)
+            found = group_stats.summaries(
+                name, self.metadata.consumer_groups(name), partitions, held, infos
+            )
+            return pb.ListConsumerGroupsResponse(
+                groups=[convert.group_summary_message(g) for g in found],
+                partitions_here=sorted(held),
+            )
+
+        return await _answer(context, call)
+
+    async def DescribeConsumerGroup(
+        self,
+        request: pb.DescribeConsumerGroupRequest,
+        context: grpc.aio.ServicerContext[
+            pb.DescribeConsumerGroupRequest, pb.DescribeConsumerGroupResponse
+        ],
+    ) -> pb.DescribeConsumerGroupResponse:
+        async def call() -> pb.DescribeConsumerGroupResponse:
+            groups.validate_group_name(request.name)
+            name, partitions, held, infos = await self._group_sources(request.stream)
+            definition = self.metadata.consumer_group(name, request.name)
+            if definition is None and request.name not in group_stats.seen(held):
+                if held:
+                    where = f"on its partitions hosted here ({', '.join(map(str, sorted(held)))})"
+                else:
+                    where = "here: this node hosts none of its partitions (ask one with --admin)"
+                raise NotFound(
+                    f"consumer group {request.name!r} is not defined on stream {name!r} and has "
+                    f"no committed offset {where}"
+                )
+            stats = group_stats.describe(name, request.name, definition, partitions, held, infos)
+            answer = pb.DescribeConsumerGroupResponse(
+                stream=name,
+                name=request.name,
+                partitions=[convert.group_partition_message(p) for p in stats.partitions],
+                links_attached=stats.links_attached,
+                lag=stats.lag,
+                partitions_here=sorted(held),
+            )
+            if definition is not None:
+                answer.definition.CopyFrom(convert.consumer_group_message(definition))
+            return answer
+
+        return await _answer(context, call)
+
+    async def _group_sources(
+        self, stream: str
+    ) -> tuple[
+        StreamName,
+        int,
+        Mapping[PartitionId, Sequence[ConsumerOffset]],
+        Mapping[PartitionId, PartitionInfo],
+    ]:
+        """(stream, its partition count, the stored offsets and figures of its partitions
+        hosted here) — what `spate consumer list` reads, for group statistics."""
+        consumers = self.consumers
+        held = await self._hosted(stream, None if consumers is None else consumers.list)
+        name = StreamName(stream)
+        partitions = self.metadata.stream_record(name).config.partitions
+        infos = {info.partition: info for info in await self._stats(name)}
+        return name, partitions, held, infos
 
     async def ClusterStatus(
         self,

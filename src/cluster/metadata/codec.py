@@ -23,6 +23,8 @@ Record (a command in the Raft log, or a result):
     0x07  CreateSuperStream {"config": CONFIG, "default_replicas": bool, "now_ms": int,
                           "request_id": str, "super_stream": SUPER}   (SUPER's version 0)
     0x08  DeleteSuperStream {"name": str, "request_id": str}
+    0x09  CreateConsumerGroup {"group": GROUP, "request_id": str}   (GROUP's version 0)
+    0x0a  DeleteConsumerGroup {"name": str, "request_id": str, "stream": str}
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -31,13 +33,15 @@ Record (a command in the Raft log, or a result):
     0x02  DeleteStream, 0x04 Barrier, 0x41 Applied, 0x42 Rejected: as in format 2
     0x03  RegisterNode   {"admin": str, "amqp": str, "node": str, "now_ms": int,
                           "request_id": str}                     -> replication, metadata None
-    (0x05-0x08 do not exist in format 1 and are refused there.)
+    (0x05-0x0a do not exist in format 1 and are refused there.)
 
     CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
                  "segment_bytes": int}
     RETENTION = {"max_age_ms": int|null, "max_bytes": int|null, "max_messages": int|null}
     SUPER     = {"binding_keys": [str...], "name": str, "partitions": [str...],
                  "routing": "hash"|"key", "version": int}
+    GROUP     = {"name": str, "rebalance_delay_ms": int, "session_timeout_ms": int,
+                 "stream": str, "strategy": "round-robin"|"range"|"sticky", "version": int}
 
 Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
@@ -50,8 +54,8 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
     RAFT  = {"entries": [ENTRY, ENTRY], "voters": [str, ...]}   (what pysyncobj needs back)
     ENTRY = {"command": base64 str, "index": int, "term": int}  (pysyncobj's own log entry)
-    STATE = {"nodes": [NODE...], "requests": [[str, RESULT]...], "streams": [STREAM...],
-             "super_streams": [SUPER...], "version": int}
+    STATE = {"consumer_groups": [GROUP...], "nodes": [NODE...], "requests": [[str, RESULT]...],
+             "streams": [STREAM...], "super_streams": [SUPER...], "version": int}
     NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "metadata": str|null, "node": str,
              "replication": str|null}
     STREAM = {"config": CONFIG, "created_version": int, "partitions": [PARTITION...]}
@@ -60,7 +64,9 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
     Format 1 dumps: NODE without "metadata" and "replication" (read as null), STREAM without
     "partitions" (read as unplaced: `config.partitions` records with replicas [] and no leader).
-    Format 2 dumps written before super streams existed have no "super_streams" (read as []).
+    Format 2 dumps written before super streams existed have no "super_streams" (read as []),
+    and those written before consumer groups none of "consumer_groups" (read as []). A group
+    whose stream the dump does not hold is refused.
 
 Objects must have exactly the listed keys; anything else is refused with CodecError. A reader that
 meets a format version it does not know refuses the bytes rather than guessing. Voters of one
@@ -83,8 +89,10 @@ from spate.cluster.metadata.state import (
     Applied,
     Barrier,
     Command,
+    CreateConsumerGroup,
     CreateStream,
     CreateSuperStream,
+    DeleteConsumerGroup,
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
@@ -101,6 +109,7 @@ from spate.cluster.metadata.state import (
     StreamRecord,
 )
 from spate.core.errors import Blame, BrokerError, ErrorCode
+from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 from spate.core.superstreams import Routing, SuperStream
@@ -120,6 +129,8 @@ TAG_HEARTBEAT = 0x05
 TAG_REPORT_LEADER = 0x06
 TAG_CREATE_SUPER_STREAM = 0x07
 TAG_DELETE_SUPER_STREAM = 0x08
+TAG_CREATE_CONSUMER_GROUP = 0x09
+TAG_DELETE_CONSUMER_GROUP = 0x0A
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -185,6 +196,16 @@ def encode_command(command: Command) -> bytes:
     if isinstance(command, DeleteSuperStream):
         return _record(
             TAG_DELETE_SUPER_STREAM, {"request_id": command.request_id, "name": command.name}
+        )
+    if isinstance(command, CreateConsumerGroup):
+        return _record(
+            TAG_CREATE_CONSUMER_GROUP,
+            {"request_id": command.request_id, "group": _group_json(command.group)},
+        )
+    if isinstance(command, DeleteConsumerGroup):
+        return _record(
+            TAG_DELETE_CONSUMER_GROUP,
+            {"request_id": command.request_id, "stream": command.stream, "name": command.name},
         )
     if isinstance(command, RegisterNode):
         return _record(
@@ -287,6 +308,16 @@ def decode_command(data: bytes) -> Command:
         fields = _fields(body, "command", {"request_id", "name"})
         return DeleteSuperStream(
             RequestId(_str(fields["request_id"])), StreamName(_str(fields["name"]))
+        )
+    if tag == TAG_CREATE_CONSUMER_GROUP and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "group"})
+        return CreateConsumerGroup(RequestId(_str(fields["request_id"])), _group(fields["group"]))
+    if tag == TAG_DELETE_CONSUMER_GROUP and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "stream", "name"})
+        return DeleteConsumerGroup(
+            RequestId(_str(fields["request_id"])),
+            StreamName(_str(fields["stream"])),
+            _str(fields["name"]),
         )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
 
@@ -407,6 +438,37 @@ def _super(value: object) -> SuperStream:
     )
 
 
+def _group_json(group: GroupDefinition) -> dict[str, Any]:
+    return {
+        "stream": group.stream,
+        "name": group.name,
+        "strategy": group.strategy.value,
+        "session_timeout_ms": group.session_timeout_ms,
+        "rebalance_delay_ms": group.rebalance_delay_ms,
+        "version": group.version,
+    }
+
+
+def _group(value: object) -> GroupDefinition:
+    fields = _fields(
+        value,
+        "consumer group",
+        {"stream", "name", "strategy", "session_timeout_ms", "rebalance_delay_ms", "version"},
+    )
+    try:
+        strategy = Strategy(_str(fields["strategy"]))
+    except ValueError as error:
+        raise CodecError(f"unknown consumer group strategy {fields['strategy']!r}") from error
+    return GroupDefinition(
+        StreamName(_str(fields["stream"])),
+        _str(fields["name"]),
+        strategy,
+        _int(fields["session_timeout_ms"]),
+        _int(fields["rebalance_delay_ms"]),
+        _int(fields["version"]),
+    )
+
+
 def _result_json(result: Result) -> dict[str, Any]:
     if isinstance(result, Applied):
         return {"applied": {"version": result.version}}
@@ -465,14 +527,16 @@ def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
             [request_id, _result_json(result)] for request_id, result in snapshot.requests
         ],
         "super_streams": [_super_json(t) for t in snapshot.super_streams],
+        "consumer_groups": [_group_json(g) for g in snapshot.groups],
     }
 
 
 def _snapshot(value: object, version: int) -> MetadataSnapshot:
     legacy = version == 0x01
     keys = {"version", "streams", "nodes", "requests"}
-    if isinstance(value, dict) and "super_streams" in value:
-        keys.add("super_streams")  # absent in dumps written before super streams existed
+    for late_key in ("super_streams", "consumer_groups"):  # absent in dumps written before
+        if isinstance(value, dict) and late_key in value:
+            keys.add(late_key)
     fields = _fields(value, "state", keys)
     streams = []
     for item in _list(fields["streams"]):
@@ -518,8 +582,22 @@ def _snapshot(value: object, version: int) -> MetadataSnapshot:
                 f"super stream {topology.name!r} lists partition streams the dump does not "
                 f"hold: {', '.join(missing[:5])}"
             )
+    groups = tuple(_group(g) for g in _list(fields.get("consumer_groups", [])))
+    for group in groups:
+        if group.stream not in known:
+            raise CodecError(
+                f"consumer group {group.name!r} is defined on stream {group.stream!r}, which "
+                "the dump does not hold"
+            )
+    if len({g.key for g in groups}) != len(groups):
+        raise CodecError("the dump defines a consumer group twice")
     return MetadataSnapshot(
-        _int(fields["version"]), tuple(streams), tuple(nodes), tuple(requests), supers
+        _int(fields["version"]),
+        tuple(streams),
+        tuple(nodes),
+        tuple(requests),
+        supers,
+        tuple(sorted(groups, key=lambda g: g.key)),
     )
 
 

@@ -15,6 +15,9 @@ nodes_max = 1024
 streams_max = 100_000
 """Stream definitions the metadata state holds; creating one more is refused."""
 
+consumer_groups_max = 100_000
+"""Consumer group definitions (ADR 0015) the metadata state holds, over every stream."""
+
 command_bytes_max = 64 * 1024
 """Largest encoded command. pysyncobj splits entries at appendEntriesBatchSizeBytes (default
 64 KiB) with a chunking bug (research/pysyncobj.md §6.1), so commands stay well below it."""

@@ -15,18 +15,21 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.codec import encode_command
 from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, RaftStatus, SubmitFailure
 from spate.cluster.metadata.state import (
+    Applied,
     Assignment,
     Barrier,
     Command,
+    CreateConsumerGroup,
     CreateStream,
     CreateSuperStream,
+    DeleteConsumerGroup,
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
@@ -45,7 +48,9 @@ from spate.cluster.metadata.state import (
     node_statuses,
     partition_placements,
 )
+from spate.core import groups
 from spate.core.errors import InvalidArgument, NotFound, ResourceLimitExceeded, Unavailable
+from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
@@ -207,6 +212,24 @@ class MetadataService:
         """Remove a super stream and its partition streams; raises NotFound, Unavailable."""
         await self._submit(DeleteSuperStream(request_id or _new_request_id(), name))
 
+    async def create_consumer_group(
+        self, group: GroupDefinition, *, request_id: RequestId | None = None
+    ) -> GroupDefinition:
+        """Define a consumer group (`spate.core.groups.define`) on an existing stream. Returns
+        the stored definition (with its version). Raises InvalidArgument, NotFound (no such
+        stream), AlreadyExists, FailedPrecondition (a super stream), Unavailable."""
+        checked = groups.validate(group)
+        result = await self._submit(CreateConsumerGroup(request_id or _new_request_id(), checked))
+        assert isinstance(result, Applied), result
+        stored = self.consumer_group(group.stream, group.name)
+        return stored if stored is not None else replace(checked, version=result.version)
+
+    async def delete_consumer_group(
+        self, stream: StreamName, name: str, *, request_id: RequestId | None = None
+    ) -> None:
+        """Forget a group's definition; raises NotFound, Unavailable."""
+        await self._submit(DeleteConsumerGroup(request_id or _new_request_id(), stream, name))
+
     async def register_node(
         self,
         node: NodeId,
@@ -305,6 +328,15 @@ class MetadataService:
         if topology is None:
             raise NotFound(f"super stream {name!r} does not exist")
         return topology
+
+    def consumer_groups(self, stream: StreamName | None = None) -> list[GroupDefinition]:
+        """The consumer groups defined (on one stream, or all), by stream then name."""
+        defined = self.view().groups
+        return [defined[key] for key in sorted(defined) if stream is None or key[0] == stream]
+
+    def consumer_group(self, stream: StreamName, name: str) -> GroupDefinition | None:
+        """One group's definition (None: not defined)."""
+        return groups.find(self.view().groups, stream, name)
 
     def nodes(self) -> list[NodeRecord]:
         """The node registry, sorted by id (endpoints: amqp, admin, replication, metadata)."""

@@ -1,4 +1,5 @@
-"""The metadata state machine: streams with their placement and leaders, and the node registry.
+"""The metadata state machine: streams with their placement and leaders, super streams,
+consumer group definitions, and the node registry.
 
 `MetadataState.apply(command) -> Applied | Rejected` is deterministic: the same commands in the
 same order give the same state and the same results on every replica. Time enters only as the
@@ -28,15 +29,23 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | CreateStream | no node ever registered | add unplaced (transitional), v+1 | A |
 | CreateStream | name is a super stream | none | R(failed-precondition) |
 | LegacyCreateStream (format 1) | as CreateStream | add unplaced (replicas ()), v+1 | A |
-| DeleteStream | exists | remove with placement+leaders, v+1 | A |
+| DeleteStream | exists | remove with placement+leaders and its groups, v+1 | A |
 | DeleteStream | unknown | none | R(not-found) |
 | DeleteStream | a super stream's partition | none | R(failed-precondition) |
 | CreateSuperStream | valid, names free, R live nodes | add streams + topology, v+1 | A |
 | CreateSuperStream | name is a super stream | none | R(already-exists) |
 | CreateSuperStream | name or a partition name is a stream | none | R(failed-precondition) |
 | CreateSuperStream | bad topology or config, too few nodes | none | R(invalid-argument) |
-| DeleteSuperStream | exists | remove topology and its streams, v+1 | A |
+| DeleteSuperStream | exists | remove topology, its streams and their groups, v+1 | A |
 | DeleteSuperStream | unknown | none | R(not-found) |
+| CreateConsumerGroup | valid, stream exists, name free | add (version = v+1), v+1 | A |
+| CreateConsumerGroup | invalid name or settings | none | R(invalid-argument) |
+| CreateConsumerGroup | stream unknown | none | R(not-found) |
+| CreateConsumerGroup | stream is a super stream | none | R(failed-precondition) |
+| CreateConsumerGroup | (stream, name) defined | none | R(already-exists) |
+| CreateConsumerGroup | consumer_groups_max defined | none | R(resource-limit) |
+| DeleteConsumerGroup | defined | remove, v+1 | A |
+| DeleteConsumerGroup | not defined | none | R(not-found) |
 | RegisterNode | new or other endpoints | record, heartbeat=max(old, now_ms), v+1 | A |
 | RegisterNode | same endpoints | heartbeat=max(old, now_ms) | A |
 | Heartbeat | registered | heartbeat=max(old, now_ms), version kept | A |
@@ -68,6 +77,8 @@ from spate.core.errors import (
     NotFound,
     ResourceLimitExceeded,
 )
+from spate.core.groups import GroupDefinition, GroupKey
+from spate.core.groups import validate as validate_group
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream, define
@@ -141,6 +152,9 @@ class MetadataView:
         default_factory=lambda: MappingProxyType({})
     )
     """Super-stream topologies (ADR 0014); their partition streams are in `streams`."""
+    groups: Mapping[GroupKey, GroupDefinition] = field(default_factory=lambda: MappingProxyType({}))
+    """Consumer groups defined ahead (ADR 0015), by (stream, group name); each stream is in
+    `streams`."""
 
     def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         """The super stream `stream` is a partition of, if any."""
@@ -278,6 +292,23 @@ class DeleteSuperStream:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateConsumerGroup:
+    """Define a consumer group ahead of its first attach (ADR 0015)."""
+
+    request_id: RequestId
+    group: GroupDefinition  # version 0; the state stamps the version that creates it
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConsumerGroup:
+    """Forget a group's definition (its offsets and epochs stay in the partitions' logs)."""
+
+    request_id: RequestId
+    stream: StreamName
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class RegisterNode:
     request_id: RequestId
     node: NodeId
@@ -319,6 +350,8 @@ Command = (
     | DeleteStream
     | CreateSuperStream
     | DeleteSuperStream
+    | CreateConsumerGroup
+    | DeleteConsumerGroup
     | RegisterNode
     | Heartbeat
     | ReportLeader
@@ -373,6 +406,7 @@ class MetadataSnapshot:
     nodes: tuple[NodeRecord, ...]  # sorted by node id
     requests: tuple[tuple[RequestId, Result], ...]  # oldest first
     super_streams: tuple[SuperStream, ...] = ()  # sorted by name
+    groups: tuple[GroupDefinition, ...] = ()  # sorted by (stream, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +454,13 @@ class MetadataState:
             streams=MappingProxyType({r.config.name: r for r in snapshot.streams}),
             nodes=MappingProxyType({n.node: n for n in snapshot.nodes}),
             super_streams=MappingProxyType({t.name: t for t in snapshot.super_streams}),
+            groups=MappingProxyType({g.key: g for g in snapshot.groups}),
         )
         for topology in snapshot.super_streams:
             for name in topology.partitions:
                 assert name in self.view.streams, (topology.name, name)
+        for group in snapshot.groups:
+            assert group.stream in self.view.streams, group
 
     def snapshot(self) -> MetadataSnapshot:
         view = self.view
@@ -433,6 +470,7 @@ class MetadataState:
             nodes=tuple(view.nodes[node] for node in sorted(view.nodes)),
             requests=tuple(self._requests.items()),
             super_streams=tuple(view.super_streams[name] for name in sorted(view.super_streams)),
+            groups=tuple(view.groups[key] for key in sorted(view.groups)),
         )
 
     def apply(self, command: Command) -> Result:
@@ -491,7 +529,12 @@ class MetadataState:
                 )
             streams = dict(view.streams)
             del streams[command.name]
-            self.view = replace(view, version=version, streams=MappingProxyType(streams))
+            self.view = replace(
+                view,
+                version=version,
+                streams=MappingProxyType(streams),
+                groups=_groups_without(view.groups, {command.name}),
+            )
             return Applied(version)
         if isinstance(command, CreateSuperStream):
             return self._create_super_stream(command)
@@ -509,7 +552,20 @@ class MetadataState:
                 version=version,
                 streams=MappingProxyType(streams),
                 super_streams=MappingProxyType(supers),
+                groups=_groups_without(view.groups, set(topology.partitions)),
             )
+            return Applied(version)
+        if isinstance(command, CreateConsumerGroup):
+            return self._create_group(command)
+        if isinstance(command, DeleteConsumerGroup):
+            key = (command.stream, command.name)
+            if key not in view.groups:
+                raise NotFound(
+                    f"consumer group {command.name!r} is not defined on stream {command.stream!r}"
+                )
+            groups = dict(view.groups)
+            del groups[key]
+            self.view = replace(view, version=version, groups=MappingProxyType(groups))
             return Applied(version)
         if isinstance(command, RegisterNode):
             return self._register(command)
@@ -604,6 +660,31 @@ class MetadataState:
             streams=MappingProxyType(streams),
             super_streams=MappingProxyType(supers),
         )
+        return Applied(version)
+
+    def _create_group(self, command: CreateConsumerGroup) -> Result:
+        view = self.view
+        group = validate_group(command.group)  # the command may come from any submitter
+        if group.stream not in view.streams:
+            if group.stream in view.super_streams:
+                raise FailedPrecondition(
+                    f"{group.stream!r} is a super stream: define the group on its partition "
+                    "streams (consumers attach to those)"
+                )
+            raise NotFound(f"stream {group.stream!r} does not exist")
+        if group.key in view.groups:
+            raise AlreadyExists(
+                f"consumer group {group.name!r} is already defined on stream {group.stream!r}"
+            )
+        if len(view.groups) >= limits.consumer_groups_max:
+            raise ResourceLimitExceeded(
+                f"the cluster holds the most consumer group definitions it may "
+                f"({limits.consumer_groups_max}); delete one first"
+            )
+        version = view.version + 1
+        groups = dict(view.groups)
+        groups[group.key] = replace(group, version=version)
+        self.view = replace(view, version=version, groups=MappingProxyType(groups))
         return Applied(version)
 
     def _placeable_config(self, command: CreateStream) -> StreamConfig:
@@ -714,6 +795,15 @@ class MetadataState:
         streams[command.stream] = replace(stream, partitions=tuple(records))
         self.view = replace(view, version=version, streams=MappingProxyType(streams))
         return Applied(version)
+
+
+def _groups_without(
+    groups: Mapping[GroupKey, GroupDefinition], streams: set[StreamName]
+) -> Mapping[GroupKey, GroupDefinition]:
+    """The definitions but those on `streams` (deleted with their stream)."""
+    if not any(stream in streams for stream, _ in groups):
+        return groups
+    return MappingProxyType({k: g for k, g in groups.items() if k[0] not in streams})
 
 
 def _validate_node(command: RegisterNode) -> None:

@@ -31,7 +31,8 @@ COUNT = struct.Struct(">H")
 NAME_LENGTH = struct.Struct(">H")
 OFFSET = struct.Struct(">q")
 _ENTRY = struct.Struct(">qQQq")  # offset, raft_index, epoch, timestamp_ms
-NAME_BYTES_MAX = limits.consumer_name_bytes_max
+NAME_BYTES_MAX = limits.tracked_name_bytes_max
+"""Consumer names and the reserved names of consumer groups (`$group/<g>`, ADR 0015)."""
 ENTRIES_PER_CHUNK_MAX = 1024
 """Names in one tracking chunk (a flush of more is split)."""
 OFFSET_MIN = -1
