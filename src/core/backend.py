@@ -10,13 +10,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from spate.core.errors import InvalidArgument
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
+
+if TYPE_CHECKING:
+    from spate.core.coordination import GroupCoordinator
 
 
 class OffsetSpecKind(Enum):
@@ -317,6 +320,12 @@ class Broker(Protocol):
     def consumer_group(self, stream: StreamName, group: str) -> Awaitable[GroupDefinition | None]:
         """The group's definition in the metadata service (None: not defined, which is fine
         unless `groups_required`)."""
+        ...
+
+    def group_coordinator(self, stream: StreamName) -> GroupCoordinator:
+        """The coordinator of `stream`'s consumer groups (ADR 0015), at the leader of its
+        partition 0: here, or reached over the gateway wire. Its calls raise NotLeader when
+        that leadership moves (members end their links and attach again)."""
         ...
 
     def partition(
