@@ -69,6 +69,8 @@ class Group:
     epoch: int | None = None
     """Exclusive groups (`ActiveGroups.claim`): the newest claim's epoch; None for single
     active consumer groups."""
+    generation: int | None = None
+    """Exclusive groups whose holders a coordinator assigns: the newest claim's generation."""
 
     def designated(self) -> int:
         if self.epoch is not None:
@@ -122,8 +124,14 @@ class ActiveGroups:
             return 0, True
         return self.join(name, attached - self.size(name), spread)
 
-    def claim(
-        self, name: bytes, epoch: int | None, stored_epoch: int, plain_links: int = 0
+    def claim(  # noqa: PLR0917 (the claim and what the partition stored)
+        self,
+        name: bytes,
+        epoch: int | None,
+        stored_epoch: int,
+        plain_links: int = 0,
+        generation: int | None = None,
+        stored_generation: int = 0,
     ) -> tuple[int, int, bool]:
         """A link claims `name`'s partition for its exclusive group: (member number, the
         granted epoch, whether it is current now). Granted when nobody holds it — with
@@ -138,7 +146,16 @@ class ActiveGroups:
         group = self.groups.get(name)
         if group is not None and group.epoch is None:
             raise Conflict(f"{_text(name)} is a single-active-consumer group")
+        if group is not None and (group.generation is None) != (generation is None):
+            raise Conflict(
+                f"{_text(name)} is held by a link the group's coordinator assigned; links with "
+                "their own partition and epoch cannot share it"
+                if generation is None
+                else f"{_text(name)} is held by a link with its own partition and epoch"
+            )
         current = stored_epoch if group is None else max(stored_epoch, group.epoch or 0)
+        if generation is not None:
+            return self._claim_assigned(name, group, current, generation, stored_generation)
         if epoch is not None and epoch < stored_epoch:
             raise Stale(
                 f"epoch {epoch} is below {_text(name)}'s epoch {stored_epoch}; epochs never go "
@@ -169,6 +186,46 @@ class ActiveGroups:
         else:
             self._rebalance(group)
         return member, epoch, group.current == member
+
+    def _claim_assigned(
+        self,
+        name: bytes,
+        group: Group | None,
+        current: int,
+        generation: int,
+        stored_generation: int,
+    ) -> tuple[int, int, bool]:
+        """A claim by a coordinator's member (ADR 0015): fenced by generation (a claim from a
+        generation below the highest the partition has seen is `Stale`), every grant a new
+        epoch; a claim from a newer generation takes over from the holder (the coordinator
+        gave it the partition: the holder released it or was removed, or is a zombie)."""
+        top = max(stored_generation, 0 if group is None else group.generation or 0)
+        if generation < top:
+            raise Stale(
+                f"generation {generation} of {_text(name)} is below generation {top}: this "
+                "member was fenced by a newer rebalance",
+                top,
+            )
+        member = next(self.numbers)
+        if group is None:
+            self.groups[name] = Group([member], None, member, epoch=current + 1)
+            self.groups[name].generation = generation
+            return member, current + 1, True
+        if generation <= (group.generation or 0) and group.current is not None:
+            raise Owned(f"{_text(name)} is held in generation {group.generation} already", current)
+        for waiting in group.members[1:]:
+            if waiting != group.current:
+                group.members.remove(waiting)
+                told = self.activation.pop(waiting, None)
+                if told is not None:
+                    told(False)
+        group.members.append(member)
+        group.epoch, group.generation = current + 1, generation
+        if group.current is None:
+            self._promote(group)
+        else:
+            self._rebalance(group)
+        return member, current + 1, group.current == member
 
     def epoch(self, name: bytes) -> int | None:
         """An exclusive group's epoch (None: no such group here)."""

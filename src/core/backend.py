@@ -19,7 +19,7 @@ from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
 
 if TYPE_CHECKING:
-    from spate.core.coordination import GroupCoordinator
+    from spate.core.coordinator import GroupCoordinator
 
 
 class OffsetSpecKind(Enum):
@@ -214,13 +214,16 @@ class Partition(Protocol):
         (FailedPrecondition otherwise: fenced)."""
         ...
 
-    def claim(self, name: bytes, epoch: int | None) -> Awaitable[Attached]:
+    def claim(
+        self, name: bytes, epoch: int | None, generation: int | None = None
+    ) -> Awaitable[Attached]:
         """A consumer group's link claims the partition (ADR 0015; `name` is `$group/<g>`):
         counted like a named consumer and answered with the granted epoch (stored durably
         first) and the group's committed offset. `active` False: the owner it displaces
         (`epoch` above the group's) is stepping down — wait with `until_active`. Raises
         AlreadyExists (owned, epoch not above the group's) or FailedPrecondition (stale
-        epoch)."""
+        epoch). `generation`: the claim of a coordinator's member, fenced by generation (a
+        newer generation takes over; an older one is refused) with a new epoch per grant."""
         ...
 
     def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> Awaitable[None]:

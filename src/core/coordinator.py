@@ -55,12 +55,12 @@ are per coordinator: a member of a previous coordinator is unknown here and join
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, Protocol
 
-from spate.core import limits
+from spate.core import groups, limits
 from spate.core.errors import InvalidArgument, ResourceLimitExceeded
 from spate.core.ids import Generation, MemberId, PartitionId
 
@@ -123,6 +123,58 @@ class GroupView:
     """Held by nobody (their target member left, or there are no members)."""
     storing: Generation | None
     rebalance_due_ms: int | None
+
+
+PENDING_MAX_DEFAULT = 16
+"""Members beyond the partition count a group keeps waiting for a partition (000 §4.5.1,
+scenario 2); the next one is refused with `amqp:link:detach-forced`."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """How a group rebalances: its definition's (`spate group create`) or the defaults."""
+
+    strategy: Strategy = "round-robin"
+    session_timeout_ms: int = limits.group_session_timeout_ms_default
+    rebalance_delay_ms: int = limits.group_rebalance_delay_ms_default
+    pending_max: int = PENDING_MAX_DEFAULT
+
+    def check(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InvalidArgument(f"strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
+
+    @staticmethod
+    def of(definition: groups.GroupDefinition | None) -> GroupSettings:
+        """A defined group's settings (`spate group create`), else the defaults."""
+        if definition is None:
+            return GroupSettings()
+        strategy = definition.strategy.value
+        assert strategy in STRATEGIES, strategy
+        return GroupSettings(
+            strategy,  # the same three names
+            definition.session_timeout_ms,
+            definition.rebalance_delay_ms,
+        )
+
+
+class GroupCoordinator(Protocol):
+    """What a member link uses: the home leader's `Coordinators`, here or over the wire."""
+
+    def join(self, group: str, settings: GroupSettings) -> Awaitable[MemberId]: ...
+
+    def sync(
+        self,
+        group: str,
+        member: MemberId,
+        known: Assignment | None,
+        timeout_s: float,
+    ) -> Awaitable[Assignment]: ...
+
+    def released(
+        self, group: str, member: MemberId, partitions: Iterable[PartitionId], generation: int
+    ) -> Awaitable[None]: ...
+
+    def leave(self, group: str, member: MemberId) -> Awaitable[None]: ...
 
 
 # -- strategies (pure functions of the members in joining order)

@@ -39,6 +39,12 @@ def epoch_name(name: bytes) -> bytes:
     return EPOCH_PREFIX + name[len(GROUP_PREFIX) :]
 
 
+def generation_name(name: bytes) -> bytes:
+    """`$group/<g>` -> `$generation/<g>`: the highest generation the partition has seen."""
+    assert is_group(name)
+    return groups.GENERATION_PREFIX.encode() + name[len(GROUP_PREFIX) :]
+
+
 def is_group(name: bytes) -> bool:
     return name.startswith(GROUP_PREFIX)
 
@@ -64,18 +70,31 @@ class ClaimHost(Protocol):
     def store_offset(self, name: bytes, offset: int, member: int = 0) -> Awaitable[None]: ...
 
 
-async def claim(host: ClaimHost, name: bytes, epoch: int | None) -> Attached:
+async def claim(
+    host: ClaimHost, name: bytes, epoch: int | None, generation: int | None = None
+) -> Attached:
     """Claim the partition for the group `name` (`$group/<g>`); answered with the granted
     epoch once it is stored. `active` False: the owner is stepping down (wait with
     `until_active`). Raises AlreadyExists (owned, epoch not above), FailedPrecondition (stale
-    epoch, or the name is used otherwise)."""
+    epoch or generation, or the name is used otherwise). `generation`: a coordinator's member
+    claims (ADR 0015); the generation is stored with the epoch, so a fenced member's claim is
+    refused after a restart too."""
     where = f"{host.stream}/{host.partition}"
     stored_epoch = await host.stored_offset(epoch_name(name))
     durable = 0 if stored_epoch is None else stored_epoch.offset
+    durable_generation = 0
+    if generation is not None:
+        stored_generation = await host.stored_offset(generation_name(name))
+        durable_generation = 0 if stored_generation is None else stored_generation.offset
     holder = host.groups.active(name)
     try:
         member, granted, current = host.groups.claim(
-            name, epoch, durable, host.attached.get(name, 0) - host.groups.size(name)
+            name,
+            epoch,
+            durable,
+            host.attached.get(name, 0) - host.groups.size(name),
+            generation,
+            durable_generation,
         )
     except Owned as owned:
         raise AlreadyExists(
@@ -92,6 +111,8 @@ async def claim(host: ClaimHost, name: bytes, epoch: int | None) -> Attached:
         raise FailedPrecondition(f"{conflict} on {where}") from None
     host.attached[name] = host.attached.get(name, 0) + 1
     try:
+        if generation is not None and generation > durable_generation:
+            await host.store_offset(generation_name(name), generation)
         if granted > durable:
             await host.store_offset(epoch_name(name), granted)
         stored = await host.stored_offset(name)

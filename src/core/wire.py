@@ -66,7 +66,7 @@ CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
 CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
 CONSUMER_CLAIM = 8
 """A consumer group's link claims the partition (ADR 0015); the offset field carries the
-requested epoch (NO_OFFSET: none)."""
+requested epoch (NO_OFFSET: none), the member field the coordinator's generation (0: none)."""
 CONSUMER_OPS = (
     CONSUMER_CLAIM,
     CONSUMER_ATTACH,

@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import functools
 import struct
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
 from spate.core.errors import BrokerError, InvalidArgument
-from spate.core.ids import StreamName
+from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.gateway import codec, info, links, sections
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
@@ -63,6 +64,32 @@ class ConsumerLink:
     """tag -> delivery accepted in rcv-settle-mode second, waiting for its store."""
     announce: bool = False
     """Single active consumer: the next delivery carries `spate:active` (it took over)."""
+    tracks: dict[int, Track] | None = None
+    """A partition-agnostic group link (ADR 0015): its partitions, by number."""
+    sequences: dict[int, int] = field(default_factory=dict)
+    """A group link: the last per-partition sequence used, kept across re-claims."""
+    associated: list[str] | None = None
+    """A group link: the next delivery carries `event-streams-associated-partitions-changed`
+    with these partitions (000 §4.6.5)."""
+
+
+@dataclass
+class Track:
+    """A coordinator member's partition (ADR 0015): its cursor, what the client finished of
+    it and the store in flight. Delivery tags of a member link carry the partition in their
+    top bits (`PARTITION_SHIFT`) and a per-partition sequence below."""
+
+    cursor: links.Cursor
+    pid: int
+    tracker: OffsetTracker
+    next_tag: int
+    """The next per-partition sequence number (never reused on the link)."""
+    storing: asyncio.Future[Any] | None = None
+    dropped: bool = False
+
+
+PARTITION_SHIFT = 40
+_SEQUENCE_MASK = (1 << PARTITION_SHIFT) - 1
 
 
 @dataclass
@@ -115,7 +142,14 @@ class ConsumerPart:
         if plan.name is not None and not presettled:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
             link.rcv_settle_mode = link.remote_rcv_settle_mode
-        if plan.name is not None:
+        if plan.coordinator is not None:
+            state.confirm = False  # commits are batched per partition; see docs/amqp.md
+            state.tracks = {}
+            for cursor in plan.cursors:
+                self._track(state, cursor)
+            state.associated = sorted(links.partition_symbol(PartitionId(p)) for p in state.tracks)
+            self.tracked[link._impl] = state
+        elif plan.name is not None:
             state.tracker = OffsetTracker(
                 self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms
             )
@@ -123,7 +157,11 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
-        if plan.group is not None:
+        if plan.coordinator is not None:
+            self.host.own(asyncio.ensure_future(self._group_member(state)))
+            for track in (state.tracks or {}).values():
+                self.host.own(asyncio.ensure_future(self._hold(state, track)))
+        elif plan.group is not None:
             self.host.own(asyncio.ensure_future(self._ownership(state)))
         elif plan.member:
             self.host.own(asyncio.ensure_future(self._membership(state)))
@@ -169,6 +207,128 @@ class ConsumerPart:
                         f"the single-active-consumer hand-over failed: {error.description}",
                     ),
                 )
+
+    # partition-agnostic group links (ADR 0015) --------------------------------------------------
+
+    def _track(self, consumer: ConsumerLink, cursor: links.Cursor) -> Track:
+        pid = int(cursor.symbol)
+        last = consumer.sequences.get(pid, 0)
+        track = Track(
+            cursor,
+            pid,
+            OffsetTracker(
+                self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms, done_tag=last
+            ),
+            last + 1,
+        )
+        assert consumer.tracks is not None
+        consumer.tracks[pid] = track
+        return track
+
+    def _associations_changed(self, consumer: ConsumerLink) -> None:
+        assert consumer.tracks is not None
+        consumer.associated = sorted(
+            links.partition_symbol(PartitionId(p)) for p in consumer.tracks
+        )
+        self.host.schedule_pump()
+
+    async def _group_member(self, consumer: ConsumerLink) -> None:
+        """A member of its group's coordinator, as long as its link lasts: poll the
+        assignment (each poll a heartbeat), give up what it must (stop, commit what the client
+        finished, let go of the claim, tell the coordinator), claim what it was given, and
+        say so on the next transfer."""
+        plan = consumer.plan
+        coordinator, group, member = plan.coordinator, plan.group, MemberId(plan.member_id)
+        assert coordinator is not None and group is not None and plan.settings is not None
+        known = plan.assignment
+        try:
+            while not consumer.closed and not self.host.closed:
+                tracks = consumer.tracks
+                assert tracks is not None
+                missing = known is not None and bool(known.partitions - set(tracks))
+                wait_s = 0.5 if missing else links.poll_s(plan.settings)
+                now = await coordinator.sync(group, member, known, wait_s)
+                if consumer.closed or self.host.closed:
+                    return
+                give_up = sorted(PartitionId(p) for p in set(tracks) - now.partitions)
+                for pid in give_up:
+                    await self._drop(consumer, tracks[pid], store=True)
+                if give_up:
+                    await coordinator.released(group, member, give_up, now.generation)
+                for pid in sorted(now.partitions - set(tracks)):
+                    assert plan.broker is not None
+                    cursor = await links.claim_partition(plan.broker, plan, pid, now.generation)
+                    if cursor is None:
+                        continue  # still held: again at the next poll
+                    if consumer.closed or self.host.closed:
+                        await _let_go(plan, cursor, None)
+                        return
+                    plan.cursors.append(cursor)
+                    cursor.partition.add_listener(self.host.schedule_pump)
+                    track = self._track(consumer, cursor)
+                    self.host.own(asyncio.ensure_future(self._hold(consumer, track)))
+                    self._associations_changed(consumer)
+                if give_up:
+                    self._associations_changed(consumer)
+                known = now
+        except BrokerError as err:
+            if not consumer.closed and not self.host.closed:
+                error = amqp_error(err)
+                self.host.end_consumer(
+                    consumer,
+                    plain(
+                        error.condition,
+                        f"consumer group {group!r} of {plan.stream!r}: {error.description}; "
+                        "attach again to rejoin",
+                    ),
+                )
+
+    async def _hold(self, consumer: ConsumerLink, track: Track) -> None:
+        """One partition a member holds, until it is given up or taken: a claim of a newer
+        generation makes it step down (commit what the client finished) and drop it; a lost
+        leadership drops it (the member claims it again at the new leader)."""
+        plan, cursor = consumer.plan, track.cursor
+        assert plan.name is not None and cursor.owner is not None
+        try:
+            deposed = await cursor.owner.until_deposed(plan.name, cursor.member)
+            if deposed.active or track.dropped or consumer.closed:
+                return
+            await self._drop(consumer, track, store=True, step_down=True)
+        except BrokerError:
+            if not track.dropped and not consumer.closed:
+                await self._drop(consumer, track, store=False)
+        if not consumer.closed and not self.host.closed:
+            self._associations_changed(consumer)
+
+    async def _drop(
+        self, consumer: ConsumerLink, track: Track, *, store: bool, step_down: bool = False
+    ) -> None:
+        """Stop sending a partition; commit what the client finished of it (`store`), then
+        let go of the claim."""
+        if track.dropped:
+            return
+        track.dropped = True
+        plan, cursor = consumer.plan, track.cursor
+        assert consumer.tracks is not None and plan.name is not None
+        consumer.tracks.pop(track.pid, None)
+        consumer.sequences[track.pid] = track.next_tag - 1
+        if cursor in plan.cursors:
+            plan.cursors.remove(cursor)
+        cursor.pending.clear()
+        cursor.partition.remove_listener(self.host.schedule_pump)
+        offset = track.tracker.take() if store else None
+        if track.storing is not None:
+            with contextlib.suppress(BrokerError):
+                await asyncio.shield(track.storing)
+        assert cursor.owner is not None
+        try:
+            if step_down:
+                await cursor.owner.step_down(plan.name, cursor.member, offset)
+                offset = None
+            await _let_go(plan, cursor, offset)
+        except BrokerError:
+            with contextlib.suppress(BrokerError):
+                await _let_go(plan, cursor, None)
 
     async def _ownership(self, consumer: ConsumerLink) -> None:
         """A consumer group's link owns its partition (ADR 0015) until another claims it with
@@ -245,6 +405,20 @@ class ConsumerPart:
         consumer.closed = True
         for cursor in consumer.plan.cursors:
             cursor.partition.remove_listener(self.host.schedule_pump)
+        if consumer.tracks is not None:
+            self.tracked.pop(consumer.pointer, None)
+            flushes = []
+            for track in list(consumer.tracks.values()):
+                track.dropped = True
+                storing = track.storing
+                offset = track.tracker.take()
+                flushes.append(
+                    asyncio.ensure_future(_member_flush(consumer.plan, track, storing, offset))
+                )
+            consumer.tracks.clear()
+            leaving = asyncio.ensure_future(_leave(consumer, flushes))
+            self.host.own(leaving)
+            return leaving
         detach_all(c.partition for c in consumer.plan.cursors)
         if consumer.tracker is None or consumer.plan.name is None:
             return None
@@ -260,11 +434,17 @@ class ConsumerPart:
     def settled(self, consumer: ConsumerLink, delivery: Any) -> bool:
         """The client settled (or gave an outcome for) one of a named consumer's deliveries.
         False: keep it unsettled until its offset is stored (rcv-settle-mode second)."""
-        assert consumer.tracker is not None
         tag = lib.pn_delivery_tag(delivery)
         if tag.size != _TAG.size:
             return True
         (number,) = _TAG.unpack(ffi.buffer(tag.start, tag.size))
+        if consumer.tracks is not None:  # a group member: per partition
+            track = consumer.tracks.get(number >> PARTITION_SHIFT)
+            if track is not None:
+                done = lib.pn_delivery_remote_state(delivery) in _DONE_STATES
+                track.tracker.settled(number & _SEQUENCE_MASK, done, self.loop.time() * 1000)
+            return True
+        assert consumer.tracker is not None
         remote_settled = lib.pn_delivery_settled(delivery)
         if number in consumer.awaiting:  # a second disposition for one waiting on its store
             if remote_settled:
@@ -283,6 +463,12 @@ class ConsumerPart:
         now_ms = self.loop.time() * 1000
         wake: float | None = None
         for consumer in self.tracked.values():
+            if consumer.tracks is not None:
+                if not consumer.closed:
+                    at = self._store_member(consumer, now_ms)
+                    if at is not None:
+                        wake = at if wake is None else min(wake, at)
+                continue
             tracker = consumer.tracker
             assert tracker is not None
             if consumer.closed or consumer.storing is not None:
@@ -304,6 +490,35 @@ class ConsumerPart:
                     wake = at if wake is None else min(wake, at)
         if wake is not None and self._store_timer is None:
             self._store_timer = self.loop.call_at(wake / 1000, self._store_wake)
+
+    def _store_member(self, consumer: ConsumerLink, now_ms: float) -> float | None:
+        """A group member's due stores, one in flight per partition; when the next is due."""
+        assert consumer.tracks is not None and consumer.plan.name is not None
+        wake: float | None = None
+        for track in consumer.tracks.values():
+            if track.storing is not None:
+                continue
+            if track.tracker.due(now_ms):
+                offset = track.tracker.take()
+                assert offset is not None and track.cursor.owner is not None
+                future = asyncio.ensure_future(
+                    track.cursor.owner.store_offset(consumer.plan.name, offset, track.cursor.member)
+                )
+                track.storing = future
+                self.host.own(future)
+                future.add_done_callback(functools.partial(self._member_stored, track))
+            else:
+                at = track.tracker.wake_at_ms()
+                if at is not None:
+                    wake = at if wake is None else min(wake, at)
+        return wake
+
+    def _member_stored(self, track: Track, future: asyncio.Future[Any]) -> None:
+        """A fenced store (another member holds the partition now) is dropped with it."""
+        track.storing = None
+        if not future.cancelled():
+            future.exception()
+        self.host.schedule_pump()
 
     def _store_wake(self) -> None:
         self._store_timer = None
@@ -376,6 +591,13 @@ class ConsumerPart:
             if room <= 0:
                 continue
             plan = consumer.plan
+            if consumer.tracks is not None:  # a group member: tags per partition
+                sent = self._send_member(consumer, room)
+                if sent == room and plan.available():
+                    more = True
+                elif lib.pn_link_get_drain(lp) and not plan.available():
+                    lib.pn_link_drained(lp)
+                continue
             presettled = consumer.presettled
             tag = consumer.tag
             sent = 0
@@ -409,6 +631,44 @@ class ConsumerPart:
                 lib.pn_link_drained(lp)
         if more:
             self.host.schedule_pump()  # another turn, after other connections had theirs
+
+    def _send_member(self, consumer: ConsumerLink, room: int) -> int:
+        """A group member's sends: each run's deliveries tagged with its partition and that
+        partition's sequence; the first after the link's partitions changed carries
+        `event-streams-associated-partitions-changed` (000 §4.6.5)."""
+        tracks = consumer.tracks
+        assert tracks is not None
+        lp, presettled = consumer.pointer, consumer.presettled
+        parts = sections.delivery_annotation_parts
+        tag_view, tag_value = self._tag_view, self._tag_value
+        now_ms = self.loop.time() * 1000
+        sent = 0
+        for run in consumer.plan.take(room):
+            track = tracks.get(int(run.cursor.symbol))
+            if track is None:
+                continue  # given up meanwhile
+            source = run.cursor.symbol
+            prefix, suffix = parts(run.timestamp_ms, source)
+            outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
+            if consumer.associated is not None:
+                first, rest = parts(run.timestamp_ms, source, associated=consumer.associated)
+                consumer.associated = None
+                outs[0] = sections.splice_run(run.records[:1], run.first_offset, first, rest)[0]
+            base, sequence = track.pid << PARTITION_SHIFT, track.next_tag
+            track.tracker.sent(sequence, run.first_offset, len(outs))
+            for out in outs:
+                _TAG.pack_into(tag_view, 0, base | sequence)
+                sequence += 1
+                delivery = lib.pn_delivery(lp, tag_value)
+                lib.pn_link_send(lp, out, len(out))
+                lib.pn_link_advance(lp)
+                if presettled:
+                    lib.pn_delivery_settle(delivery)
+            track.next_tag = sequence
+            if presettled:  # at most once: done as it is sent
+                track.tracker.done_through(sequence - 1, now_ms)
+            sent += len(outs)
+        return sent
 
     def _track_sent(self, consumer: ConsumerLink, last_tag: int, runs: list[Any]) -> None:
         tracker = consumer.tracker
@@ -469,6 +729,40 @@ class ConsumerPart:
             if self._info_timer is not None:
                 self._info_timer.cancel()
             self._info_timer = self.loop.call_at(wake, self.host.schedule_pump)
+
+
+async def _let_go(plan: links.ConsumerPlan, cursor: links.Cursor, offset: int | None) -> None:
+    """A group member gives up a partition: store `offset` (if not None, while it still holds
+    it), let go of the claim, and stop reading."""
+    assert plan.name is not None and cursor.owner is not None
+    try:
+        await cursor.owner.consumer_detach(plan.name, offset, cursor.member)
+    finally:
+        cursor.owner.detach()
+        if cursor.partition is not cursor.owner:
+            cursor.partition.detach()
+
+
+async def _member_flush(
+    plan: links.ConsumerPlan, track: Track, storing: asyncio.Future[Any] | None, offset: int | None
+) -> None:
+    if storing is not None:
+        with contextlib.suppress(BrokerError):
+            await asyncio.shield(storing)
+    await _let_go(plan, track.cursor, offset)
+
+
+async def _leave(consumer: ConsumerLink, flushes: Sequence[Awaitable[None]]) -> None:
+    """A group member's link is going: commit each partition's rest, then leave the group."""
+    plan = consumer.plan
+    try:
+        for flush in flushes:
+            with contextlib.suppress(BrokerError):
+                await flush
+    finally:
+        assert plan.coordinator is not None and plan.group is not None
+        with contextlib.suppress(BrokerError):
+            await plan.coordinator.leave(plan.group, MemberId(plan.member_id))
 
 
 async def _flush(

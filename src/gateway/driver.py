@@ -23,6 +23,7 @@ turn (reading is paused in between) so one flooding client cannot starve the loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from proton import (
 from spate.core import limits
 from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument
-from spate.core.ids import PartitionId, StreamName
+from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.gateway import inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
 from spate.gateway.errors import (
@@ -524,7 +525,10 @@ class AmqpConnection(asyncio.Protocol):
                 if plan.stored is not None:
                     answer = answer or {}
                     answer[symbol(links.STORED_OFFSET_PROPERTY)] = plan.stored.offset
-                if plan.group is not None:  # 000 §4.5.2: the granted epoch, a ulong
+                if plan.coordinator is not None:  # partition-agnostic: no partition, no epoch
+                    answer = answer or {}
+                    answer[symbol(links.CONSUMER_GROUP_PROPERTY)] = plan.group
+                elif plan.group is not None:  # 000 §4.5.2: the granted epoch, a ulong
                     answer = answer or {}
                     answer[symbol(links.CONSUMER_GROUP_PROPERTY)] = plan.group
                     answer[symbol(links.EPOCH_PROPERTY)] = ulong(plan.epoch or 0)
@@ -556,6 +560,9 @@ class AmqpConnection(asyncio.Protocol):
     def _release(self, plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None) -> None:
         """A planned link that will not open: let go of its partitions (and a named consumer's
         place at the leader)."""
+        if isinstance(plan, links.ConsumerPlan) and plan.coordinator is not None:
+            self.own(asyncio.ensure_future(_release_member(plan)))
+            return
         detach_all(_partitions_of(plan))
         if isinstance(plan, links.ConsumerPlan) and plan.name is not None:
             release = plan.cursors[0].partition.consumer_detach(plan.name, None, plan.member)
@@ -648,6 +655,22 @@ class AmqpConnection(asyncio.Protocol):
         if info_link is not None:
             self.consumer.forget_info(info_link)
         return flushing
+
+
+async def _release_member(plan: links.ConsumerPlan) -> None:
+    """A group member's link that will not open: let go of its claims, leave the group."""
+    assert plan.name is not None and plan.coordinator is not None and plan.group is not None
+    try:
+        for cursor in plan.cursors:
+            assert cursor.owner is not None
+            with contextlib.suppress(BrokerError):
+                await cursor.owner.consumer_detach(plan.name, None, cursor.member)
+            cursor.owner.detach()
+            if cursor.partition is not cursor.owner:
+                cursor.partition.detach()
+    finally:
+        with contextlib.suppress(BrokerError):
+            await plan.coordinator.leave(plan.group, MemberId(plan.member_id))
 
 
 def _partitions_of(

@@ -7,6 +7,7 @@ Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-inform
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,12 +15,12 @@ from typing import Any
 
 from spate.core import groups, limits
 from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
+from spate.core.coordinator import STRATEGIES, Assignment, GroupCoordinator, GroupSettings
 from spate.core.errors import (
     AlreadyExists,
     BrokerError,
     FailedPrecondition,
     InvalidArgument,
-    NoPartitionFree,
     NotFound,
     NotImplementedFeature,
     NotLeader,
@@ -54,6 +55,13 @@ partition (ADR 0015)."""
 EPOCH_PROPERTY = "event-streams-epoch"
 """Receiver link property (000 §4.5.2, §4.6.3): the ownership epoch asked for (any integer
 type) and granted (ulong)."""
+STRATEGY_PROPERTY = "spate:group-strategy"
+"""Receiver link property (string: round-robin, range, sticky): how the coordinator assigns
+partitions to an undefined group's members (a defined group's definition decides)."""
+ASSOCIATED_ANNOTATION = "event-streams-associated-partitions-changed"
+"""Delivery annotation (000 §4.6.5; the seed also spells it
+`event-streams-assigned-partitions-changed`): the partitions a partition-agnostic group link
+is associated with, on the first transfer after they changed."""
 EPOCH_MAX = 2**63 - 1
 """Epochs are stored like offsets (signed 64-bit)."""
 CONSUMER_READ_BYTES = 1024 * 1024
@@ -393,6 +401,11 @@ class Cursor:
     next_offset: Offset
     pending: deque[Run] = field(default_factory=deque)
     """Runs read but not sent yet, in log order (whole chunks from `Partition.read`, trimmed)."""
+    owner: Partition | None = None
+    """A coordinator member's partition (ADR 0015): where it holds the claim and stores the
+    group's offset (the leader; `partition` may be another replica it reads from)."""
+    member: int = 0
+    """A coordinator member's place in the partition's exclusive group (its claim)."""
 
     def available(self) -> bool:
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
@@ -454,6 +467,15 @@ class ConsumerPlan:
     `$group/<group>`, `member` its place at the leader)."""
     epoch: int | None = None
     """Consumer groups: the epoch the partition was granted with."""
+    coordinator: GroupCoordinator | None = None
+    """A partition-agnostic group link (ADR 0015): the group's coordinator, whose member
+    `member_id` it is; its cursors are the partitions it holds now."""
+    member_id: int = 0
+    settings: GroupSettings | None = None
+    assignment: Assignment | None = None
+    """The coordinator's last answer the link acted on."""
+    broker: Broker | None = None
+    """A group member: the broker its partitions come from (it claims more later)."""
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -499,7 +521,9 @@ async def plan_consumer(
                 f"a '{CONSUMER_GROUP_PROPERTY}' link stores the group's offsets: it carries "
                 f"neither '{CONSUMER_NAME_PROPERTY}' nor '{SINGLE_ACTIVE_PROPERTY}'"
             )
-        return await _plan_group(broker, address, config, selection, group, epoch, bound)
+        return await _plan_group(
+            broker, address, config, selection, group, epoch, bound, properties
+        )
     spread: int | None = None
     if sac:
         owner = await broker.super_stream_of(address.stream)
@@ -564,73 +588,163 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
     group: str,
     epoch: int | None,
     bound: PartitionId | None,
+    properties: dict[Any, Any],
 ) -> ConsumerPlan:
-    """A consumer group's link (ADR 0015): claim its partition at the leader — the bound one,
-    or (unbound, 000 §4.5.1) the first one no link of the group owns — wait while the owner it
-    displaces steps down, and start after the group's committed offset (an explicit start
-    filter wins, as for named consumers)."""
+    """A consumer group's link (ADR 0015). Bound (000 §4.5.2): claim the partition at its
+    leader, wait while the holder it displaces steps down, and start after the group's
+    committed offset (an explicit start filter wins, as for named consumers). Unbound on a
+    stream of several partitions (000 §4.5.1): a member of the group's coordinator, its attach
+    pending until the coordinator gives it a partition."""
     name = groups.committed_name(group).encode()
-    if bound is None and epoch is not None:
-        raise InvalidArgument(
-            f"'{EPOCH_PROPERTY}' is per partition: bind the link with '{PARTITION_PROPERTY}' "
-            f"(stream {address.stream!r} has {config.partitions} partitions)"
+    definition = await broker.consumer_group(address.stream, group)
+    if definition is None and broker.groups_required:
+        raise NotFound(
+            f"consumer group {group!r} of {address.stream!r} is not defined, and this "
+            f"cluster requires defined groups: spate group create {address.stream} {group}"
         )
-    if bound is not None:
-        # claimed at the leader: a broker that does not reach it says where it is (redirect)
-        broker.partition(address.stream, bound, write=True).detach()
-        pids = [bound]
-    else:
-        pids = [PartitionId(p) for p in range(config.partitions)]
-    elsewhere: NotLeader | None = None
-    for pid in pids:
-        part = partition_or_agnostic_error(
-            broker, address.stream, pid, bound is None and config.partitions > 1, write=False
-        )
-        try:
-            attached = await part.claim(name, epoch)
-        except (AlreadyExists, NotLeader) as err:
-            part.detach()
-            if bound is not None:
-                raise
-            if isinstance(err, NotLeader):
-                elsewhere = elsewhere or err
-            continue
-        except BaseException:
-            part.detach()
-            raise
-        try:
-            granted = attached.epoch
-            if not attached.active:  # the owner it displaces steps down first
-                attached = await part.until_active(name, attached.member)
-                if not attached.active:
-                    raise AlreadyExists(
-                        f"consumer group {group!r} on {address.stream}/{int(pid)}: a claim "
-                        "with a greater epoch arrived while this one waited"
-                    )
-            specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
-            start = await part.begin(specs)
-        except BaseException:
-            await part.consumer_detach(name, None, attached.member)
-            part.detach()
-            raise
-        return ConsumerPlan(
-            address.stream,
-            pid,
-            [Cursor(part, partition_symbol(pid), start)],
-            selection,
-            tag_source_partition=config.partitions > 1,
-            name=name,
-            stored=attached.stored,
-            member=attached.member,
-            group=group,
-            epoch=granted,
-        )
-    if elsewhere is not None:
-        raise elsewhere
-    raise NoPartitionFree(
-        f"consumer group {group!r} already has an active receiver on each of the "
-        f"{config.partitions} partition(s) of {address.stream!r} (000 §4.5.1)"
+    if bound is None:
+        if epoch is not None:
+            raise InvalidArgument(
+                f"'{EPOCH_PROPERTY}' is per partition: bind the link with '{PARTITION_PROPERTY}' "
+                f"(stream {address.stream!r} has {config.partitions} partitions)"
+            )
+        settings = group_settings(definition, properties)
+        return await _plan_member(broker, address, selection, group, settings)
+    # claimed at the leader: a broker that does not reach it says where it is (redirect)
+    broker.partition(address.stream, bound, write=True).detach()
+    part = broker.partition(address.stream, bound, write=False)
+    try:
+        attached = await part.claim(name, epoch)
+    except BaseException:
+        part.detach()
+        raise
+    try:
+        granted = attached.epoch
+        if not attached.active:  # the owner it displaces steps down first
+            attached = await part.until_active(name, attached.member)
+            if not attached.active:
+                raise AlreadyExists(
+                    f"consumer group {group!r} on {address.stream}/{int(bound)}: a claim "
+                    "with a greater epoch arrived while this one waited"
+                )
+        specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
+        start = await part.begin(specs)
+    except BaseException:
+        await part.consumer_detach(name, None, attached.member)
+        part.detach()
+        raise
+    return ConsumerPlan(
+        address.stream,
+        bound,
+        [Cursor(part, partition_symbol(bound), start)],
+        selection,
+        tag_source_partition=config.partitions > 1,
+        name=name,
+        stored=attached.stored,
+        member=attached.member,
+        group=group,
+        epoch=granted,
     )
+
+
+def group_settings(definition: Any, properties: dict[Any, Any]) -> GroupSettings:
+    """A defined group's settings; an undefined one's defaults, with the link's
+    `spate:group-strategy` if it has one."""
+    settings = GroupSettings.of(definition)
+    asked = properties.get(STRATEGY_PROPERTY)
+    if asked is None:
+        return settings
+    if not isinstance(asked, str) or asked not in STRATEGIES:
+        raise InvalidArgument(f"'{STRATEGY_PROPERTY}' must be one of {', '.join(STRATEGIES)}")
+    if definition is not None and asked != settings.strategy:
+        raise FailedPrecondition(
+            f"consumer group {definition.name!r} is defined with strategy "
+            f"{settings.strategy!r}, not {asked!r}"
+        )
+    chosen: GroupSettings = dataclasses.replace(settings, strategy=asked)
+    return chosen
+
+
+def poll_s(settings: GroupSettings) -> float:
+    """How long a member's poll may wait at the coordinator: well inside its session."""
+    return max(0.2, settings.session_timeout_ms / 3000)
+
+
+async def _plan_member(
+    broker: Broker,
+    address: Address,
+    selection: StartSelection,
+    group: str,
+    settings: GroupSettings,
+) -> ConsumerPlan:
+    coordinator = broker.group_coordinator(address.stream)
+    member = await coordinator.join(group, settings)
+    plan = ConsumerPlan(
+        address.stream,
+        None,
+        [],
+        selection,
+        tag_source_partition=True,
+        name=groups.committed_name(group).encode(),
+        group=group,
+        coordinator=coordinator,
+        member_id=member,
+        settings=settings,
+        broker=broker,
+    )
+    try:
+        assignment = await coordinator.sync(group, member, None, 0)
+        while not assignment.partitions:  # pending (000 §4.5.1): until it gets a partition
+            assignment = await coordinator.sync(group, member, assignment, poll_s(settings))
+        for pid in sorted(assignment.partitions):
+            cursor = await claim_partition(broker, plan, pid, assignment.generation)
+            if cursor is not None:
+                plan.cursors.append(cursor)
+        plan.assignment = assignment
+    except BaseException:
+        for cursor in plan.cursors:
+            cursor.partition.detach()
+        await coordinator.leave(group, member)
+        raise
+    return plan
+
+
+async def claim_partition(
+    broker: Broker, plan: ConsumerPlan, pid: PartitionId, generation: int
+) -> Cursor | None:
+    """A coordinator's member claims a partition it was given (at its leader, fenced by
+    `generation`) and begins after the group's committed offset (else its start filter, else
+    `next`). None: held by another link of the group still (the member tries again later)."""
+    assert plan.name is not None
+    owner = broker.partition(plan.stream, pid, write=True, relay=True)
+    try:
+        attached = await owner.claim(plan.name, None, generation)
+        if not attached.active:  # a holder of an older generation steps down first
+            attached = await owner.until_active(plan.name, attached.member)
+            if not attached.active:
+                owner.detach()
+                return None
+    except AlreadyExists:
+        owner.detach()
+        return None
+    except BaseException:
+        owner.detach()
+        raise
+    reader = owner
+    try:
+        if attached.stored is not None:
+            specs = resume_specs(attached.stored)
+        else:
+            specs = plan.selection.specs if plan.selection.accepted_keys else (OffsetSpec.next(),)
+        reader = broker.partition(plan.stream, pid, write=False, relay=True)
+        start = await reader.begin(specs)
+    except BaseException:
+        await owner.consumer_detach(plan.name, None, attached.member)
+        owner.detach()
+        if reader is not owner:
+            reader.detach()
+        raise
+    return Cursor(reader, partition_symbol(pid), start, owner=owner, member=attached.member)
 
 
 def resume_specs(stored: ConsumerOffset | None) -> tuple[OffsetSpec, ...]:

@@ -536,13 +536,17 @@ class _PartitionBase:
             self._counting = self.loop.create_task(self._keep_counted())
         return attached
 
-    async def claim(self, name: bytes, epoch: int | None) -> Attached:
+    async def claim(
+        self, name: bytes, epoch: int | None, generation: int | None = None
+    ) -> Attached:
         """A consumer group's link claims the partition at its leader (ADR 0015); like a
         single-active-consumer member, its link ends when the leader changes."""
         assert self._consumer_name is None, "one named consumer per link"
         session = await self._leader_session()
         requested = wire.NO_OFFSET if epoch is None else epoch
-        attached = await self._request(session, wire.CONSUMER_CLAIM, name, requested)
+        attached = await self._request(
+            session, wire.CONSUMER_CLAIM, name, requested, generation or 0
+        )
         self._consumer_name, self._counted_at = name, session
         self._member = attached.member
         return attached

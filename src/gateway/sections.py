@@ -246,6 +246,15 @@ _K_OFFSET = _sym8("event-streams-offset")
 _K_TIMESTAMP = _sym8("event-streams-timestamp")
 _K_SOURCE = _sym8("event-streams-source-partition")
 _K_ACTIVE = _sym8("spate:active")
+_K_ASSOCIATED = _sym8("event-streams-associated-partitions-changed")
+
+
+def symbol_array(values: Sequence[str]) -> bytes:
+    """An AMQP array32 of sym8 (an empty array too)."""
+    items = b"".join(bytes([len(v.encode())]) + v.encode() for v in values)
+    return b"\xf0" + struct.pack(">II", 4 + 1 + len(items), len(values)) + b"\xa3" + items
+
+
 _I64 = struct.Struct(">q")
 _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
@@ -268,12 +277,17 @@ def encode_delivery_annotations(
 
 
 def delivery_annotation_parts(
-    timestamp_ms: int, source_partition: str | None = None, *, active: bool = False
+    timestamp_ms: int,
+    source_partition: str | None = None,
+    *,
+    active: bool = False,
+    associated: Sequence[str] | None = None,
 ) -> tuple[bytes, bytes]:
     """(prefix, suffix) such that `prefix + b"%020d" % offset + suffix` is
     `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`;
     `active` adds `spate:active` = true (the first delivery a single-active-consumer link gets
-    after it became its group's active member, ADR 0013).
+    after it became its group's active member, ADR 0013); `associated` adds
+    `event-streams-associated-partitions-changed` (000 §4.6.5) with those partitions.
 
     The offset symbol has a fixed width (`OFFSET_SYMBOL_DIGITS`), so everything but its digits
     is constant for one run of records sharing a chunk timestamp: the egress hot path encodes
@@ -285,6 +299,9 @@ def delivery_annotation_parts(
         count = 6
     if active:
         body_tail += _K_ACTIVE + b"\x41"
+        count += 2
+    if associated is not None:  # 000 §4.6.5: an array of symbols
+        body_tail += _K_ASSOCIATED + symbol_array(associated)
         count += 2
     body_len = len(_K_OFFSET) + len(_OFFSET_SYMBOL_HEAD) + OFFSET_SYMBOL_DIGITS + len(body_tail)
     prefix = (

@@ -171,8 +171,8 @@ class WireSession:
                 work = partition.consumer_attach(name)
             elif op == wire.CONSUMER_JOIN:  # the offset field carries the spread
                 work = partition.consumer_attach(name, single_active=True, spread=stored)
-            elif op == wire.CONSUMER_CLAIM:  # the offset field carries the epoch
-                work = partition.claim(name, stored)
+            elif op == wire.CONSUMER_CLAIM:  # offset: the epoch; member: the generation
+                work = partition.claim(name, stored, member or None)
             elif op == wire.CONSUMER_STORE or (op == wire.CONSUMER_DETACH and not counted):
                 work = partition.store_offset(name, offset, member)
             elif op == wire.CONSUMER_DETACH:

@@ -117,8 +117,10 @@ class MemoryPartition(LocalPartition):
             await self.store_offset(name, offset, member)
         self.groups.stepped_down(name, member)
 
-    async def claim(self, name: bytes, epoch: int | None) -> Attached:
-        return await ownership.claim(self, name, epoch)
+    async def claim(
+        self, name: bytes, epoch: int | None, generation: int | None = None
+    ) -> Attached:
+        return await ownership.claim(self, name, epoch, generation)
 
     def stored_offset(self, name: bytes) -> asyncio.Future[ConsumerOffset | None]:
         future: asyncio.Future[ConsumerOffset | None] = asyncio.get_running_loop().create_future()

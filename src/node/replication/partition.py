@@ -93,10 +93,12 @@ class ReplicatedPartition(Replica):
         self.attached[name] = self.attached.get(name, 0) + 1
         return Attached(stored, member, active)
 
-    async def claim(self, name: bytes, epoch: int | None) -> Attached:
+    async def claim(
+        self, name: bytes, epoch: int | None, generation: int | None = None
+    ) -> Attached:
         """A consumer group's link claims this partition (ADR 0015, spate.core.ownership)."""
         self._check_leader()
-        return await ownership.claim(self, name, epoch)
+        return await ownership.claim(self, name, epoch, generation)
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
