@@ -56,7 +56,7 @@ def bodies_after(gateway: RunningGateway, stream: str, start: Any, count: int) -
         option = start if not isinstance(start, dict | str) else offset_filter(start)
         receiver = conn.create_receiver(stream, name=unique("rx"), credit=50, options=[option])
         got = [receiver.receive(timeout=WAIT_S).body for _ in range(count)]
-        publish(gateway, stream, ["marker"])
+        conn.create_sender(stream, name=unique("tx")).send(Message(body="marker"))
         marker = receiver.receive(timeout=WAIT_S).body
         receiver.accept()
     assert marker == "marker", f"after {got}: {marker!r} was delivered too"
