@@ -504,8 +504,7 @@ class AmqpConnection(asyncio.Protocol):
             broker = self._broker_for(properties)
             if link.is_receiver:
                 plan = await links.plan_producer(broker, parsed, properties)
-                if properties.get(links.PARTITION_PROPERTY) is not None:
-                    assert plan.bound is not None
+                if plan.bound is not None:  # requested, or chosen by us (000 §4.1)
                     answer = await _bound_properties(plan.bound, plan.targets[plan.bound])
                 if plan.producer is not None:
                     assert plan.bound is not None
@@ -520,7 +519,7 @@ class AmqpConnection(asyncio.Protocol):
             else:
                 filters = filter_map(link.remote_source.filter)
                 plan = await links.plan_consumer(broker, parsed, properties, filters)
-                if plan.bound is not None:
+                if plan.bound is not None:  # requested, or chosen by us (000 §4.3)
                     answer = await _bound_properties(plan.bound, plan.cursors[0].partition)
                 if plan.stored is not None:
                     answer = answer or {}

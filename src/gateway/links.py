@@ -130,7 +130,8 @@ class ProducerPlan:
     stream: StreamName
     partitions: int
     bound: PartitionId | None
-    """Partition the link is bound to (000 §4.1); None = partition-agnostic."""
+    """Partition the link is bound to (000 §4.1), requested or, on a one-partition stream,
+    chosen by us; answered in `event-streams-partition`. None = partition-agnostic."""
     targets: dict[PartitionId, Partition] = field(default_factory=dict)
     round_robin: int = 0
     producer: bytes | None = None
@@ -444,6 +445,8 @@ class Cursor:
 class ConsumerPlan:
     stream: StreamName
     bound: PartitionId | None
+    """Partition the link is bound to (000 §4.3), requested or, on a one-partition stream,
+    chosen by us; answered in `event-streams-partition`. None = partition-agnostic."""
     cursors: list[Cursor]
     selection: StartSelection
     tag_source_partition: bool
@@ -568,7 +571,7 @@ async def plan_consumer(
         raise
     return ConsumerPlan(
         address.stream,
-        bound if requested is not None else None,
+        bound,
         cursors,
         selection,
         tag_source_partition=config.partitions > 1,

@@ -34,12 +34,16 @@ from spate.core import limits
 from spate.core.backend import Partition, PublishingIds
 from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
-from spate.core.superstreams import routing_key
+from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
 from spate.gateway import links, sections
 from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
 
 log = logging.getLogger(__name__)
 ACCEPTED = lib.PN_ACCEPTED
+GROUP_KEY_BYTES = GROUP_KEY_ANNOTATION.encode()
+"""An agnostic link's message holding these bytes may carry a group key (000 §4.6.7): it is
+read the slow way (`_accept_keyed`); one `in` per message (C memchr-speed) keeps the others on
+the fast path."""
 
 
 class Host(Protocol):
@@ -75,7 +79,8 @@ class ProducerLink:
     deliveries: list[Any] = field(default_factory=list)
     """`records[i]`'s delivery, None when it came settled (nothing to confirm)."""
     routed: dict[PartitionId, tuple[list[bytes], list[Any]]] = field(default_factory=dict)
-    """Agnostic links: records routed by their event-streams-target-partition annotation."""
+    """Agnostic links: records routed by their event-streams-target-partition annotation or
+    their event-streams-group-key (000 §4.6.7)."""
     oversize: set[Any] = field(default_factory=set)
     """Deliveries (pointers) being read and dropped: larger than `limits.message_bytes_max`."""
     closed: bool = False
@@ -164,6 +169,7 @@ class ProducerPart:
         named = producer.name is not None
         topology = producer.plan.super_stream
         route_key = None if topology is None else topology.route_utf8
+        keyed = topology is None and producer.plan.bound is None
         routed = producer.routed
         id_at = sections.ULONG.unpack_from
         got = 0
@@ -220,6 +226,12 @@ class ProducerPart:
             if not is_plain(raw):
                 self._accept_incoming(producer, cur, raw)
                 got += 1
+                continue
+            if keyed and GROUP_KEY_BYTES in raw:
+                self._accept_keyed(producer, cur, raw)
+                got += 1
+                if producer.closed:
+                    break
                 continue
             if named:
                 # the id at the learned offset (same section layout as a checked message);
@@ -329,6 +341,8 @@ class ProducerPart:
                 annotations = sections.delivery_annotations_map(incoming.delivery_annotations)
                 target = annotations.get(links.TARGET_PARTITION_ANNOTATION)
                 pid = plan.route(target) if target is not None else None
+                if pid is None and plan.bound is None and plan.super_stream is None:
+                    pid = keyed_partition(plan, incoming.stored)
             except sections.MalformedMessage as err:
                 self._reject_counted(delivery, plain(DECODE_ERROR, f"malformed message: {err}"))
                 return
@@ -352,6 +366,29 @@ class ProducerPart:
             stored = kept
         producer.records.append(stored)
         producer.deliveries.append(delivery)
+
+    def _accept_keyed(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
+        """An agnostic link's plain message that may carry an `event-streams-group-key`
+        (000 §4.6.7): to the batch of the partition its key hashes to, with the unkeyed
+        messages when it has none, or rejected (`amqp:invalid-field`) when the key is no
+        routing key (`spate.core.superstreams.routing_key`: a float, say)."""
+        if producer.presettled or lib.pn_delivery_settled(delivery):
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        else:
+            self.unconfirmed += 1
+        try:
+            pid = keyed_partition(producer.plan, raw)
+        except (sections.MalformedMessage, BrokerError) as err:
+            self._refuse_routed(producer, delivery, err)
+            return
+        if pid is None:
+            producer.records.append(raw)
+            producer.deliveries.append(delivery)
+            return
+        records, deliveries = producer.routed.setdefault(pid, ([], []))
+        records.append(raw)
+        deliveries.append(delivery)
 
     def _accept_routed(self, producer: ProducerLink, delivery: Any, raw: bytes) -> None:
         """A super-stream link's message: to the batch of the partition its routing key (or
@@ -390,8 +427,8 @@ class ProducerPart:
         deliveries.append(delivery)
 
     def _refuse_routed(self, producer: ProducerLink, delivery: Any, err: Exception) -> None:
-        """A super-stream message that cannot be routed: rejected (counted in `unconfirmed`),
-        or, when it came settled, the link ends with the reason."""
+        """A message that cannot be routed (super stream, or a bad group key): rejected
+        (counted in `unconfirmed`), or, when it came settled, the link ends with the reason."""
         error = (
             amqp_error(err)
             if isinstance(err, BrokerError)
@@ -559,6 +596,18 @@ class ProducerPart:
         grant = links.producer_credit(lib.pn_link_credit(producer.pointer), self.unconfirmed)
         if grant:
             lib.pn_link_flow(producer.pointer, grant)
+
+
+def keyed_partition(plan: links.ProducerPlan, stored: bytes) -> PartitionId | None:
+    """The partition of an agnostic link's message by its `event-streams-group-key` message
+    annotation (000 §4.6.7: related events are partitioned together, on the same partition at
+    all times while the partition count stays): MurmurHash3 of the key modulo the partition
+    count, where a super stream of as many partitions would route it. None without a key.
+    Raises MalformedMessage, or InvalidArgument for a key that is no routing key."""
+    group_key, _ = sections.routing_fields(stored)
+    if group_key is None:
+        return None
+    return PartitionId(hash_partition(routing_key(group_key, None), plan.partitions))
 
 
 def chunk_bounds(records: list[bytes]) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ from proton import Delivery, Described, symbol
 from spate.client.offsets import offset_filter
 from spate.core import limits
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, offset_from_symbol
+from spate.core.superstreams import hash_partition
 from support.memory_broker import MemoryBroker, RemoteLeader
 from support.pump import Client, PumpRig, condition, decode, encode
 
@@ -194,6 +195,41 @@ def test_a_partition_agnostic_sender_routes_by_target_partition_annotation(
         for p in range(3)
     ]
     assert ends == [1, 0, 2]
+
+
+def test_a_partition_agnostic_sender_routes_by_group_key(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """000 §4.6.7: events with one event-streams-group-key SHOULD be partitioned together, on
+    the same partition at all times: on an agnostic link a keyed message goes to
+    `hash_partition(key, partitions)` (where a super stream of as many partitions puts it), on
+    the fast path and with delivery annotations alike; a key that is no routing key is
+    rejected. Regression: the key was ignored, so one key's batches went round-robin."""
+    group_key = symbol("event-streams-group-key")
+    sender = client.sender("clicks")
+    rig.pump()
+    keys = ["k1", "k2", "k3", "k4", "k5"]
+    for n in range(2):
+        for key in keys:
+            client.send(sender, encode(body=f"{key}/{n}", annotations={group_key: key}))
+            rig.pump()  # one batch per message: a round-robin turn would move on each time
+    with_da = encode(
+        body="k1/da", annotations={group_key: symbol("k1")}, instructions={symbol("x-da"): 1}
+    )
+    client.send(sender, with_da)
+    bad = client.send(sender, encode(body="bad", annotations={group_key: 1.5}))
+    rig.pump()
+    rig.release()
+    assert bad.remote_state == Delivery.REJECTED
+    assert bad.remote.condition.name == "amqp:invalid-field"
+    where: dict[str, set[int]] = {}
+    for p in range(3):
+        partition = memory.partition(StreamName("clicks"), PartitionId(p), write=False)
+        for chunk in partition.read(Offset(0), 1 << 20):
+            for record in chunk.records:
+                key = str(decode(bytes(record)).body).split("/")[0]
+                where.setdefault(key, set()).add(p)
+    assert where == {key: {hash_partition(key, 3)} for key in keys}
 
 
 # -- consuming: credit, filters, annotations

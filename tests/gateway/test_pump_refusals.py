@@ -197,6 +197,22 @@ def test_an_unbound_link_is_answered_without_a_partition(rig: PumpRig, client: C
     assert "event-streams-partition" not in properties(sender)
 
 
+def test_an_unbound_link_on_one_partition_is_answered_with_partition_0(
+    rig: PumpRig, client: Client
+) -> None:
+    """000 §4.1 / §4.3: we bind a link that asks for no partition on a one-partition stream to
+    partition 0 (a MAY), so we MUST answer with event-streams-partition '0'. Regression: the
+    answer used to carry the property only when the client had asked for a partition."""
+    sender = client.sender("orders")
+    receiver = client.receiver("orders")
+    rig.pump()
+    for link in (sender, receiver):
+        assert condition(link)[0] is None
+        answered = properties(link)
+        assert answered["event-streams-partition"] == symbol("0"), answered
+        assert isinstance(answered["event-streams-partition"], symbol)
+
+
 # -- rejected transfers: the delivery fails, the link stays
 
 
