@@ -33,9 +33,9 @@ from spate.core.coordinator import (
 )
 from spate.core.errors import (
     FailedPrecondition,
+    NoPartitionFree,
     NotFound,
     NotLeader,
-    ResourceLimitExceeded,
 )
 from spate.core.ids import Generation, MemberId, PartitionId
 
@@ -131,7 +131,7 @@ class Coordinators:
         coordinator = state.coordinator
         waiting = len(coordinator.members) - self.partitions
         if waiting >= state.settings.pending_max:
-            raise ResourceLimitExceeded(
+            raise NoPartitionFree(
                 f"consumer group {group!r} has {len(coordinator.members)} members for the "
                 f"{self.partitions} partition(s) of {self.stream!r}, {waiting} of them waiting "
                 "for one (000 §4.5.1)"

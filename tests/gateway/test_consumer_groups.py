@@ -23,6 +23,7 @@ from proton import Timeout, symbol, ulong
 from proton.utils import LinkDetached
 from spate.core import groups, ownership
 from spate.core.errors import AlreadyExists, FailedPrecondition
+from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from support.amqp_clients import (
@@ -128,29 +129,6 @@ def test_a_greater_epoch_takes_over_after_the_owner_committed_what_it_finished(
         assert "stale" in str(stale.value)
         back = one.create_receiver(stream, name=unique("y"), options=[grouped("g")])
         assert back.link.remote_properties[EPOCH] == 7  # never reset
-
-
-def test_the_node_binds_an_unbound_group_link_to_a_free_partition_and_refuses_surplus(
-    gateway: RunningGateway, make_stream: Callable[..., str]
-) -> None:
-    """§4.5.1: "If the consumer attaches a link scoped to a consumer group without specifying a
-    partition, the event log node MAY bind a partition to the link"; surplus consumers "MAY see
-    their attach requests immediately rejected with a detach-forced error"."""
-    stream = make_stream(partitions=3)
-    with blocking(gateway) as conn:
-        links = [
-            conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
-            for _ in range(3)
-        ]
-        assert sorted(x.link.remote_properties[PARTITION] for x in links) == ["0", "1", "2"]
-        with pytest.raises(Exception, match="detach-forced") as surplus:
-            conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
-        assert "each of the 3 partition" in str(surplus.value)
-        freed = links[1].link.remote_properties[PARTITION]
-        links[1].close()
-        pump(conn)
-        again = conn.create_receiver(stream, name=unique("m"), options=[grouped("g", None)])
-        assert again.link.remote_properties[PARTITION] == freed
 
 
 def test_group_links_resume_after_the_committed_offset_and_deliveries_say_their_partition(
@@ -333,3 +311,133 @@ def test_client_group_consumers_commit_and_one_takes_over_with_an_epoch(
         second.close()
     with pytest.raises(ValueError, match="epoch"):
         Consumer(gateway.url, stream, epoch=1)
+
+
+# partition-agnostic group links: members of the group's coordinator (000 §4.5.1, 003) ------------
+
+ASSOCIATED = "event-streams-associated-partitions-changed"
+
+
+def define(broker: Any, loop_thread: Any, stream: str, group: str, strategy: str = "round-robin"):
+    """A group whose rebalances start at once (no coalescing delay), for the tests."""
+    definition = GroupDefinition(
+        StreamName(stream), group, Strategy(strategy), rebalance_delay_ms=0
+    )
+    loop_thread.run(lambda: broker.define_group(definition))
+
+
+def publish_to(gateway: RunningGateway, stream: str, partition: int, bodies: list[str]) -> None:
+    publish(gateway, stream, bodies, {PARTITION: symbol(str(partition))})
+
+
+def take(receiver: Any, count: int) -> list[Any]:
+    out = []
+    for _ in range(count):
+        out.append(receiver.receive(timeout=15))
+        receiver.accept()
+    return out
+
+
+def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """000 §4.5.1: "The event log node MAY also attach consumer group links while leaving them
+    partition-agnostic ... the event log SHOULD use the event-streams-associated-partitions-
+    changed delivery annotation on the next transfer to notify the consumer of the new
+    association"; 003 round-robin with a rebalance when a member joins and when it leaves."""
+    stream = make_stream(partitions=4)
+    define(broker, loop_thread, stream, "g")
+    for p in range(4):
+        publish_to(gateway, stream, p, [f"a{p}"])
+    with blocking(gateway) as one, blocking(gateway) as two:
+        a = one.create_receiver(
+            stream,
+            name=unique("a"),
+            credit=50,
+            options=[grouped("g", None), offset_filter("first")],
+        )
+        assert PARTITION not in (a.link.remote_properties or {})  # partition-agnostic
+        got = take(a, 4)
+        assert sorted(m.body for m in got) == ["a0", "a1", "a2", "a3"]
+        assert got[0].instructions[ASSOCIATED] == ["0", "1", "2", "3"]
+        assert all(ASSOCIATED not in m.instructions for m in got[1:])
+        assert {m.instructions["event-streams-source-partition"] for m in got} == {
+            "0",
+            "1",
+            "2",
+            "3",
+        }
+        pump(one)
+        b = two.create_receiver(stream, name=unique("b"), credit=50, options=[grouped("g", None)])
+        for p in range(4):
+            publish_to(gateway, stream, p, [f"b{p}"])
+        got_b = take(b, 2)
+        assert sorted(m.body for m in got_b) == ["b1", "b3"]  # after what `a` committed
+        assert got_b[0].instructions[ASSOCIATED] == ["1", "3"]
+        got_a = take(a, 2)
+        assert sorted(m.body for m in got_a) == ["b0", "b2"]
+        assert got_a[0].instructions[ASSOCIATED] == ["0", "2"]
+        b.close()  # leaves: `a` gets every partition back
+        pump(two)
+        for p in range(4):
+            publish_to(gateway, stream, p, [f"c{p}"])
+        got_a = take(a, 4)
+        assert sorted(m.body for m in got_a) == ["c0", "c1", "c2", "c3"]
+        assert got_a[0].instructions[ASSOCIATED] == ["0", "1", "2", "3"]
+
+
+def test_a_surplus_member_waits_attached_until_a_partition_frees_up(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """000 §4.5.1 scenario 2: "keep further incoming attach requests pending and complete those
+    only once a partition becomes again available for assignment"."""
+    stream = make_stream(partitions=2)
+    define(broker, loop_thread, stream, "w")
+    with blocking(gateway) as conn, blocking(gateway, timeout_s=30) as later:
+        first = conn.create_receiver(stream, name=unique("m"), options=[grouped("w", None)])
+        conn.create_receiver(stream, name=unique("m"), options=[grouped("w", None)])
+        attached: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: attached.append(
+                later.create_receiver(stream, name=unique("m"), options=[grouped("w", None)])
+            )
+        )
+        thread.start()
+        time.sleep(0.5)
+        assert not attached  # pending: two members hold the two partitions
+        first.close()
+        pump(conn)
+        thread.join(20)
+        assert attached, "the pending attach never completed"
+        publish_to(gateway, stream, 0, ["x"])
+        publish_to(gateway, stream, 1, ["y"])
+        assert attached[0].receive(timeout=15).body in ("x", "y")
+
+
+def test_a_member_that_goes_hands_its_partitions_over_after_its_commits(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """003 "Consumer Group Rebalancing": a member leaving triggers a rebalance; the member
+    taking over starts after the group's committed offset (no gap, nothing twice)."""
+    stream = make_stream(partitions=2)
+    define(broker, loop_thread, stream, "h", "sticky")
+    for p in range(2):
+        publish_to(gateway, stream, p, [f"m{p}-{i}" for i in range(3)])
+    with blocking(gateway) as one, blocking(gateway) as two:
+        a = one.create_receiver(
+            stream,
+            name=unique("a"),
+            credit=50,
+            options=[grouped("h", None), offset_filter("first")],
+        )
+        first = take(a, 6)
+        assert sorted(m.body for m in first) == sorted(
+            f"m{p}-{i}" for p in range(2) for i in range(3)
+        )
+        pump(one)
+        b = two.create_receiver(stream, name=unique("b"), credit=50, options=[grouped("h", None)])
+        a.close()  # b now holds both, starting after a's commits
+        pump(one)
+        for p in range(2):
+            publish_to(gateway, stream, p, [f"n{p}"])
+        assert sorted(m.body for m in take(b, 2)) == ["n0", "n1"]
