@@ -39,6 +39,7 @@ def offset_from_symbol(text: str) -> Offset | None:
         return None
     return Offset(int(text))
 
+
 MemberId = NewType("MemberId", int)
 """A consumer-group member, numbered by its coordinator as it joins (1, 2, ...; never reused
 within one coordinator's life). Member order is this order."""
