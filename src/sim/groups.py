@@ -19,13 +19,17 @@ timeout. The parts:
   coordinator. An unknown member (expired, or of a previous incarnation) joins again and
   drops what its new assignment does not list. Members crash (stop; the ownership layer
   notices the link closing 1-50 ms later) and restart as new processes; some leave and
-  rejoin.
+  rejoin; some are cut off from the coordinator (not from the partitions) for 0.5-3 s, so
+  they are expired while they still believe they hold partitions, and keep retrying claims
+  with the generation they last heard.
 - **ownership layer** (each partition's leader, ADR 0015, modelled): a claim for partition p
   in generation g is refused when g is below the highest generation p has seen, or when
   another member owns p in a generation not below g; otherwise the owner is deposed (told)
   and the claimant owns p, starting after p's committed offset. Messages are delivered only
   to the current owner; a commit is accepted only from p's current owner (process and
-  generation). The log grows by itself.
+  generation). The log grows by itself. A partition's leader changes: ownership is
+  node-local, so the owner is detached and claims again; the new leader reads the highest
+  generation from the partition's log.
 - **network**: every message delayed 1-`delay_ms_max` ms (so reordered), dropped with `loss`,
   duplicated with `duplication`.
 
