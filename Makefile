@@ -14,7 +14,7 @@ help:
 	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
-	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core)"
+	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core|metadata|groups)"
 
 install:
 	@bash tools/bootstrap.sh

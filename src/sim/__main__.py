@@ -10,6 +10,8 @@ Models (`--model`, default `shell`; `all` runs each in turn):
   core   the Raft core alone under the reference shell and a model store (cluster.py)
   metadata  the metadata service's state machine and codec on a simulated replicated log
          (metadata.py; a plug-in: later state machines register beside it)
+  groups the consumer-group coordinator (spate.core.coordinator) with a crashing host,
+         crashing members and the partitions' ownership layer (groups.py)
 
 Exits 1 when any seed fails, after printing the invariant, the seed and the command that
 replays it exactly. The summary line gives seeds per second.
@@ -26,6 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions
+from spate.sim.groups import NO_BUGS as NO_GROUP_BUGS
+from spate.sim.groups import GroupBugs, run_group_seed
 from spate.sim.metadata import MetadataBugs, run_state_machine_seed
 from spate.sim.shell import NO_BUGS as NO_SHELL_BUGS
 from spate.sim.shell import ShellBugs, ShellCluster, ShellOptions
@@ -119,6 +123,40 @@ def _run_metadata(seed: int, args: argparse.Namespace, bug: str | None, trace: b
     )
 
 
+def _run_groups(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
+    result, sim = run_group_seed(
+        seed,
+        steps=args.steps or 1500,
+        bugs=_GROUP_BUGS[bug] if bug else NO_GROUP_BUGS,
+        keep_trace=trace,
+    )
+    summary = {
+        "rebalances": result.rebalances,
+        "coordinator crashes": result.coordinator_crashes,
+        "member crashes": result.member_crashes,
+        "commits accepted": result.commits,
+        "simulated ms": result.time_ms,
+    }
+    return _Outcome(
+        result.ok,
+        result.failure,
+        result.trace_digest,
+        result.steps,
+        summary,
+        result.options,
+        sim.trace_lines,
+    )
+
+
+_GROUP_BUGS = {
+    "announce-before-store": GroupBugs(announce_before_store=True),
+    "forget-generation": GroupBugs(forget_generation=True),
+    "assign-before-revoke": GroupBugs(assign_before_revoke=True),
+    "stale-claims": GroupBugs(stale_claims=True),
+    "forget-epochs": GroupBugs(forget_epochs=True),
+    "commit-from-deposed": GroupBugs(commit_from_deposed=True),
+    "commit-past-delivered": GroupBugs(commit_past_delivered=True),
+}
 _METADATA_BUGS = {
     "forget-requests": MetadataBugs(forget_requests=True),
     "stale-epochs": MetadataBugs(stale_epochs=True),
@@ -146,6 +184,7 @@ MODELS: dict[str, tuple[Runner, dict[str, Any]]] = {
     "shell": (_run_shell, _SHELL_BUGS),
     "core": (_run_core, _CORE_BUGS),
     "metadata": (_run_metadata, _METADATA_BUGS),
+    "groups": (_run_groups, _GROUP_BUGS),
 }
 
 
@@ -220,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         type=int,
         default=None,
-        help="events in the fault phase (default: core 3000, others 2000)",
+        help="events in the fault phase (default: core 3000, groups 1500, others 2000)",
     )
     parser.add_argument("--trace", action="store_true", help="print the event trace (--seed)")
     every_bug = sorted({name for _, bugs in MODELS.values() for name in bugs})
