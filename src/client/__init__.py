@@ -18,7 +18,7 @@ machines), `engine` (the only module importing proton), `aio` (the asyncio shell
 `blocking` (the same clients on a background loop). docs/client.md is the guide.
 """
 
-from spate.client.blocking import Consumer, Producer
+from spate.client.blocking import Consumer, GroupConsumer, Producer
 from spate.client.errors import (
     AttachRefused,
     ConnectionLost,
@@ -34,6 +34,7 @@ __all__ = [
     "Consumer",
     "ConsumerClosed",
     "Event",
+    "GroupConsumer",
     "Producer",
     "PublishRefused",
     "offset_filter",

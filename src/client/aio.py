@@ -56,6 +56,7 @@ __all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 
 P_PARTITION = "event-streams-partition"
 P_GROUP = "event-streams-consumer-group"
+P_STRATEGY = "spate:group-strategy"
 P_EPOCH = "event-streams-epoch"
 P_PRODUCER_NAME = "spate:producer-name"
 P_LAST_PUBLISHING_ID = "spate:last-publishing-id"
@@ -69,6 +70,7 @@ _MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
 _DA_OFFSET = "event-streams-offset"
 _DA_TIMESTAMP = "event-streams-timestamp"
 _DA_SOURCE = "event-streams-source-partition"
+_DA_ASSOCIATED = "event-streams-associated-partitions-changed"
 _DA_ACTIVE = "spate:active"
 
 Body = bytes | bytearray | eng.Message
@@ -410,6 +412,8 @@ class AsyncConsumer:
         single_active: bool = False,
         group: str | None = None,
         epoch: int | None = None,
+        strategy: str | None = None,
+        on_assignment: Callable[[frozenset[int]], None] | None = None,
         sink: Callable[[Event | BaseException], None] | None = None,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
@@ -465,6 +469,11 @@ class AsyncConsumer:
             self.name, self.group, self._manual = group, group, commit == "manual"
             if epoch is not None:
                 self._properties[P_EPOCH] = epoch
+            if partition is None:  # a member of the group's coordinator (000 §4.5.1)
+                self._core.group = True
+                self._on_assignment = on_assignment
+                if strategy is not None:
+                    self._properties[P_STRATEGY] = strategy
         engine, link = await _connect(
             self._connector, self._spec, timeout_s, self._user, self._password
         )
@@ -512,6 +521,10 @@ class AsyncConsumer:
         """The consumer group (`event-streams-consumer-group`), if any."""
         self.epoch: int | None = None
         """A group consumer's epoch as granted (`event-streams-epoch` on the attach reply)."""
+        self._on_assignment: Callable[[frozenset[int]], None] | None = None
+        self.assignment: frozenset[int] = frozenset()
+        """A group member: the partitions the coordinator gave its link (from the
+        `event-streams-associated-partitions-changed` annotation, 000 §4.6.5)."""
         self.partition: int | None = partition
         """The bound partition (`event-streams-partition` on the attach reply, when bound)."""
         self._manual = False
@@ -583,9 +596,13 @@ class AsyncConsumer:
             parsed = _scan(raw)
             if parsed is None:
                 return None  # not one of Spate's deliveries: no offset to resume from
-            offset, stamp, source, active = parsed
+            offset, stamp, source, active, associated = parsed
             if active:
                 self.active = True
+            if associated is not None:
+                self.assignment = frozenset(int(p) for p in associated)
+                if self._on_assignment is not None:
+                    self._on_assignment(self.assignment)
         if not self._core.on_message(offset, source):
             return None  # a repeat after resuming: already handed out
         if self._handler is not None:
@@ -768,9 +785,11 @@ class AsyncConsumer:
         self._finish(None)
 
 
-def _scan(raw: bytes) -> tuple[int, int, str | None, bool] | None:
-    """Offset, timestamp, source partition and whether it says `spate:active` (the first
-    delivery after a single-active-consumer standby took over), by the section scanner."""
+def _scan(raw: bytes) -> tuple[int, int, str | None, bool, list[str] | None] | None:
+    """Offset, timestamp, source partition, whether it says `spate:active` (the first
+    delivery after a single-active-consumer standby took over) and the partitions of
+    `event-streams-associated-partitions-changed` (a group member's, 000 §4.6.5), by the
+    section scanner."""
     try:
         incoming = sections.scan_incoming(raw)
     except sections.MalformedMessage:
@@ -783,4 +802,11 @@ def _scan(raw: bytes) -> tuple[int, int, str | None, bool] | None:
         return None
     source = annotations.get(_DA_SOURCE)
     stamp = int(annotations.get(_DA_TIMESTAMP) or 0)
-    return offset, stamp, None if source is None else str(source), bool(annotations.get(_DA_ACTIVE))
+    associated = annotations.get(_DA_ASSOCIATED)
+    return (
+        offset,
+        stamp,
+        None if source is None else str(source),
+        bool(annotations.get(_DA_ACTIVE)),
+        None if associated is None else [str(p) for p in associated],
+    )

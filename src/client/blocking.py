@@ -301,6 +301,8 @@ class Consumer:
         single_active: bool = False,
         group: str | None = None,
         epoch: int | None = None,
+        strategy: str | None = None,
+        on_assignment: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
@@ -327,6 +329,8 @@ class Consumer:
                 single_active=single_active,
                 group=group,
                 epoch=epoch,
+                strategy=strategy,
+                on_assignment=on_assignment,
                 sink=None if handler is not None else self._queue.put,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
@@ -372,6 +376,12 @@ class Consumer:
         return self._aio.active
 
     @property
+    def assignment(self) -> frozenset[int]:
+        """A group member: the partitions its link is associated with now (as of the last
+        event that said so)."""
+        return self._aio.assignment
+
+    @property
     def epoch(self) -> int | None:
         """A group consumer's epoch, as the broker granted it."""
         return self._aio.epoch
@@ -409,3 +419,44 @@ class Consumer:
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
+
+
+class GroupConsumer(Consumer):
+    """A member of a consumer group (ADR 0015; 003 "Consumer Groups"): the group's
+    coordinator gives it some of the stream's partitions (by the group's strategy:
+    round-robin, range or sticky — `strategy` for a group not defined with `spate group
+    create`) and moves them as members join and leave; it receives from whatever it holds,
+    commits what the application finished like a named consumer (the group's committed
+    offsets: the next holder of a partition starts after them), and rides rebalances without
+    reattaching. `on_assignment(partitions)` is called (on the client's loop thread) when its
+    partitions change, with the first event after the change; `assignment` says them.
+    Leader changes end its link; it attaches again within `reconnect_timeout_s`."""
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        stream: str,
+        group: str,
+        *,
+        strategy: str | None = None,
+        on_assignment: Callable[[frozenset[int]], None] | None = None,
+        start: Any = None,
+        credit: int = credit_default,
+        timeout_s: float = 30.0,
+        reconnect_timeout_s: float = 30.0,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        super().__init__(
+            url,
+            stream,
+            start=start,
+            credit=credit,
+            timeout_s=timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+            user=user,
+            password=password,
+            group=group,
+            strategy=strategy,
+            on_assignment=on_assignment,
+        )

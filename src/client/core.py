@@ -345,6 +345,11 @@ class ConsumerCore:
         self.start = start
         self.credit_window = credit_window
         self.last_offset: int | None = None
+        self.last_offsets: dict[str | None, int] = {}
+        """The last offset handed out per partition (offsets are per partition)."""
+        self.group = False
+        """A partition-agnostic group member: every (re)attached link asks for `start`; the
+        group's committed offsets win where there are some (ADR 0015)."""
         self.buffered = 0
         """Events accepted for the application but not yet taken by it."""
         self.partitions_seen: set[str | None] = set()
@@ -356,6 +361,8 @@ class ConsumerCore:
 
     def resume_start(self) -> Start:
         """Where a (re)attached link starts: the given start, then after the last delivered."""
+        if self.group:
+            return self.start
         if self.last_offset is None:
             return self.start
         if len(self.partitions_seen) > 1:
@@ -367,9 +374,10 @@ class ConsumerCore:
 
     def on_message(self, offset: int, partition: str | None) -> bool:
         """A delivery arrived: hand it to the application (True) or drop it as a repeat."""
-        if self.last_offset is not None and offset <= self.last_offset:
+        last = self.last_offsets.get(partition)
+        if last is not None and offset <= last:
             return False
-        self.last_offset = offset
+        self.last_offsets[partition] = self.last_offset = offset
         self.partitions_seen.add(partition)
         self.buffered += 1
         self.unfinished += 1

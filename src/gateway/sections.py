@@ -249,12 +249,6 @@ _K_ACTIVE = _sym8("spate:active")
 _K_ASSOCIATED = _sym8("event-streams-associated-partitions-changed")
 
 
-def symbol_array(values: Sequence[str]) -> bytes:
-    """An AMQP array32 of sym8 (an empty array too)."""
-    items = b"".join(bytes([len(v.encode())]) + v.encode() for v in values)
-    return b"\xf0" + struct.pack(">II", 4 + 1 + len(items), len(values)) + b"\xa3" + items
-
-
 _I64 = struct.Struct(">q")
 _MAP32_HEAD = struct.Struct(">II")
 _DA_DESCRIPTOR = b"\x00\x53\x71"
@@ -301,7 +295,7 @@ def delivery_annotation_parts(
         body_tail += _K_ACTIVE + b"\x41"
         count += 2
     if associated is not None:  # 000 §4.6.5: an array of symbols
-        body_tail += _K_ASSOCIATED + symbol_array(associated)
+        body_tail += _K_ASSOCIATED + codec.encode(codec.SymbolArray(tuple(associated)))
         count += 2
     body_len = len(_K_OFFSET) + len(_OFFSET_SYMBOL_HEAD) + OFFSET_SYMBOL_DIGITS + len(body_tail)
     prefix = (

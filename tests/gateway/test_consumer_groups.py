@@ -326,6 +326,12 @@ def define(broker: Any, loop_thread: Any, stream: str, group: str, strategy: str
     loop_thread.run(lambda: broker.define_group(definition))
 
 
+def associated(message: Any) -> list[str] | None:
+    """The message's `event-streams-associated-partitions-changed` (an array of symbols)."""
+    value = (message.instructions or {}).get(ASSOCIATED)
+    return None if value is None else [str(p) for p in value.elements]
+
+
 def publish_to(gateway: RunningGateway, stream: str, partition: int, bodies: list[str]) -> None:
     publish(gateway, stream, bodies, {PARTITION: symbol(str(partition))})
 
@@ -359,8 +365,8 @@ def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
         assert PARTITION not in (a.link.remote_properties or {})  # partition-agnostic
         got = take(a, 4)
         assert sorted(m.body for m in got) == ["a0", "a1", "a2", "a3"]
-        assert got[0].instructions[ASSOCIATED] == ["0", "1", "2", "3"]
-        assert all(ASSOCIATED not in m.instructions for m in got[1:])
+        assert associated(got[0]) == ["0", "1", "2", "3"]
+        assert all(associated(m) is None for m in got[1:])
         assert {m.instructions["event-streams-source-partition"] for m in got} == {
             "0",
             "1",
@@ -373,17 +379,17 @@ def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
             publish_to(gateway, stream, p, [f"b{p}"])
         got_b = take(b, 2)
         assert sorted(m.body for m in got_b) == ["b1", "b3"]  # after what `a` committed
-        assert got_b[0].instructions[ASSOCIATED] == ["1", "3"]
+        assert associated(got_b[0]) == ["1", "3"]
         got_a = take(a, 2)
         assert sorted(m.body for m in got_a) == ["b0", "b2"]
-        assert got_a[0].instructions[ASSOCIATED] == ["0", "2"]
+        assert associated(got_a[0]) == ["0", "2"]
         b.close()  # leaves: `a` gets every partition back
         pump(two)
         for p in range(4):
             publish_to(gateway, stream, p, [f"c{p}"])
         got_a = take(a, 4)
         assert sorted(m.body for m in got_a) == ["c0", "c1", "c2", "c3"]
-        assert got_a[0].instructions[ASSOCIATED] == ["0", "1", "2", "3"]
+        assert associated(got_a[0]) == ["0", "1", "2", "3"]
 
 
 def test_a_surplus_member_waits_attached_until_a_partition_frees_up(
@@ -441,3 +447,48 @@ def test_a_member_that_goes_hands_its_partitions_over_after_its_commits(
         for p in range(2):
             publish_to(gateway, stream, p, [f"n{p}"])
         assert sorted(m.body for m in take(b, 2)) == ["n0", "n1"]
+
+
+def test_an_unbound_client_consumer_gets_every_partitions_messages(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """Regression: offsets are per partition; the client dropped a partition's messages whose
+    offsets were not above the last one seen on another partition as repeats."""
+    from spate.client import Consumer
+
+    stream = make_stream(partitions=2)
+    publish_to(gateway, stream, 0, [f"p0-{i}" for i in range(3)])
+    publish_to(gateway, stream, 1, [f"p1-{i}" for i in range(3)])
+    with Consumer(gateway.url, stream, start="first") as consumer:
+        got = sorted((e.partition, e.offset) for e in (consumer.receive() for _ in range(6)))
+    assert got == [(p, o) for p in ("0", "1") for o in range(3)]
+
+
+def test_client_group_consumers_rebalance_and_report_their_partitions(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    from spate.client import GroupConsumer
+
+    stream = make_stream(partitions=4)
+    define(broker, loop_thread, stream, "gc", "range")
+    seen: list[frozenset[int]] = []
+    one = GroupConsumer(gateway.url, stream, "gc", start="first", on_assignment=seen.append)
+    try:
+        for p in range(4):
+            publish_to(gateway, stream, p, [f"a{p}"])
+        assert sorted(one.receive().partition for _ in range(4)) == ["0", "1", "2", "3"]
+        assert one.assignment == {0, 1, 2, 3} and seen == [frozenset({0, 1, 2, 3})]
+        two = GroupConsumer(gateway.url, stream, "gc")
+        try:
+            for p in range(4):
+                publish_to(gateway, stream, p, [f"b{p}"])
+            assert sorted(two.receive().partition for _ in range(2)) == ["2", "3"]  # range
+            assert sorted(one.receive().partition for _ in range(2)) == ["0", "1"]
+            assert one.assignment == {0, 1} and two.assignment == {2, 3}
+        finally:
+            two.close()
+        for p in range(4):
+            publish_to(gateway, stream, p, [f"c{p}"])
+        assert sorted(one.receive().body for _ in range(4)) == ["c0", "c1", "c2", "c3"]
+    finally:
+        one.close()
