@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,224 @@ def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
         )
         assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
         assert "epoch" in done.stdout
+
+
+# coordinator members on three nodes (003 "Consumer Groups", "Consumer Group Rebalancing") ------
+
+
+class Crew:
+    """GroupConsumers in this process, each consuming in its own thread and recording what it
+    got: (member, partition, offset) in arrival order."""
+
+    def __init__(self, url: str, stream: str, group: str) -> None:
+        self.url, self.stream, self.group = url, stream, group
+        self.members: dict[int, tuple[Any, threading.Thread]] = {}
+        self.got: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+        self.next_id = 0
+
+    def add(self, count: int) -> None:
+        from spate.client import GroupConsumer
+
+        for _ in range(count):
+            self.next_id += 1
+            member = GroupConsumer(self.url, self.stream, self.group, credit=20)
+            thread = threading.Thread(target=self._run, args=(self.next_id, member), daemon=True)
+            self.members[self.next_id] = (member, thread)
+            thread.start()
+
+    def _run(self, ident: int, member: Any) -> None:
+        from spate.client import ConsumerClosed
+
+        while True:
+            try:
+                event = member.receive(timeout=None)
+            except (ConsumerClosed, Exception):
+                return
+            with self.lock:
+                self.got.append((ident, int(event.partition), event.offset))
+
+    def remove(self, count: int) -> None:
+        for ident in sorted(self.members)[:count]:
+            member, thread = self.members.pop(ident)
+            member.close()
+            thread.join(10)
+
+    def assignments(self) -> dict[int, frozenset[int]]:
+        return {ident: member.assignment for ident, (member, _) in self.members.items()}
+
+    def close(self) -> None:
+        self.remove(len(self.members))
+
+
+def settle(crew: Crew, publish_round: Callable[[], None], size: int, timeout_s: float = 60) -> None:
+    """Publish a round to every partition until the members' partitions are disjoint, cover
+    the stream and are balanced (each holds 6 // members or one more)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        publish_round()
+        time.sleep(0.3)
+        held = crew.assignments()
+        union = [p for parts in held.values() for p in parts]
+        sizes = sorted(len(parts) for parts in held.values())
+        balanced = sizes and sizes[0] >= size // len(held) and sizes[-1] <= -(-size // len(held))
+        if sorted(union) == list(range(size)) and balanced:
+            return
+        assert time.monotonic() < deadline, f"the group never settled: {held}"
+
+
+def test_three_then_five_then_two_members_share_six_partitions_without_loss(
+    cluster3: Cluster,
+) -> None:
+    cluster3.cli("stream", "create", "work", "--partitions", "6", "--replicas", "3")
+    cluster3.cli(
+        "group", "create", "work", "crew", "--strategy", "round-robin", "--rebalance-delay-ms", "0"
+    )
+    for p in range(6):
+        cluster3.leader_of("work", p)
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    published: dict[int, int] = dict.fromkeys(range(6), 0)
+    conn = BlockingConnection(gateway, timeout=30)
+    senders = [
+        conn.create_sender("work", options=LinkProperties({PARTITION: symbol(str(p))}))
+        for p in range(6)
+    ]
+
+    def publish_round() -> None:
+        for p, sender in enumerate(senders):
+            sender.send(Message(body=f"{p}-{published[p]}"))
+            published[p] += 1
+
+    crew = Crew(gateway, "work", "crew")
+    try:
+        for size in (3, 5, 2):
+            if size > len(crew.members):
+                crew.add(size - len(crew.members))
+            else:
+                crew.remove(len(crew.members) - size)
+            settle(crew, publish_round, 6)
+            held = crew.assignments()
+            assert len(held) == size
+        for _ in range(3):
+            publish_round()
+        deadline = time.monotonic() + 60
+        while True:  # every message published reaches some member
+            with crew.lock:
+                seen = {(p, o) for _, p, o in crew.got}
+            missing = [(p, o) for p in range(6) for o in range(published[p]) if (p, o) not in seen]
+            if not missing:
+                break
+            assert time.monotonic() < deadline, f"never delivered: {missing[:10]}"
+            time.sleep(0.2)
+        with crew.lock:
+            got = list(crew.got)
+        takers: dict[tuple[int, int], set[int]] = {}
+        for ident, p, o in got:
+            takers.setdefault((p, o), set()).add(ident)
+        twice = [key for key, who in takers.items() if len(who) > 1]
+        # only around hand-overs: what a member had been sent and not finished when it gave
+        # the partition up (its unsettled window, credit 20), at most 6 moves per rebalance
+        assert len(twice) <= 3 * 6 * 20, twice
+        described = cluster3.cli_json("group", "describe", "work", "crew")
+        assert described["group"]["name"] == "crew"
+    finally:
+        crew.close()
+        conn.close()
+
+
+def test_a_killed_member_s_partitions_move_to_the_others(cluster3: Cluster) -> None:
+    cluster3.cli("stream", "create", "jobs", "--partitions", "4", "--replicas", "3")
+    cluster3.cli("group", "create", "jobs", "pool", "--rebalance-delay-ms", "0")
+    for p in range(4):
+        cluster3.leader_of("jobs", p)
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    victim = subprocess.Popen(
+        [sys.executable, "-c", VICTIM, gateway, "jobs", "pool"], stdout=subprocess.PIPE, text=True
+    )
+    crew = Crew(gateway, "jobs", "pool")
+    try:
+        assert victim.stdout is not None
+        assert victim.stdout.readline().strip() == "joined"
+        crew.add(1)
+        count = dict.fromkeys(range(4), 0)
+
+        def publish_round() -> None:
+            for p in range(4):
+                publish_one(gateway, "jobs", p, f"{p}-{count[p]}")
+                count[p] += 1
+
+        deadline = time.monotonic() + 60
+        while len(next(iter(crew.assignments().values()))) != 2:
+            publish_round()
+            time.sleep(0.3)
+            assert time.monotonic() < deadline, crew.assignments()
+        victim.kill()  # kill -9: its connection drops, its link goes, the group rebalances
+        victim.wait(10)
+        start = time.monotonic()
+        settle(crew, publish_round, 4, timeout_s=30)  # within the 30 s session timeout
+        assert time.monotonic() - start < 30
+        assert next(iter(crew.assignments().values())) == frozenset(range(4))
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        crew.close()
+
+
+VICTIM = """
+import sys
+from spate.client import GroupConsumer
+member = GroupConsumer(sys.argv[1], sys.argv[2], sys.argv[3])
+print("joined", flush=True)
+while True:
+    member.receive(timeout=None)
+"""
+
+
+def publish_one(url: str, stream: str, partition: int, body: str) -> None:
+    conn = BlockingConnection(url, timeout=30)
+    try:
+        sender = conn.create_sender(
+            stream, options=LinkProperties({PARTITION: symbol(str(partition))})
+        )
+        sender.send(Message(body=body))
+    finally:
+        conn.close()
+
+
+def test_group_definitions_and_members_survive_a_metadata_leader_kill(cluster3: Cluster) -> None:
+    cluster3.cli("stream", "create", "audit", "--partitions", "2", "--replicas", "3")
+    cluster3.cli("group", "create", "audit", "auditors", "--rebalance-delay-ms", "0")
+    status = cluster3.cli_json("cluster", "status")
+    leader_address = status["metadata"]["leader"]
+    leader = next(
+        n["node_id"] for n in status["nodes"] if n["endpoints"]["metadata"] == leader_address
+    )
+    cluster3.kill9(cluster3.index_of(leader))
+    cluster3.refresh()  # the admin address moves to a live node
+    deadline = time.monotonic() + 60
+    while True:
+        done = cluster3.cli(
+            "group", "describe", "audit", "auditors", "--output", "json", check=False
+        )
+        if done.returncode == 0:
+            break
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(0.5)
+    described = json.loads(done.stdout)
+    assert described["group"]["strategy"] == "round-robin"
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    from spate.client import GroupConsumer
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            member = GroupConsumer(gateway, "audit", "auditors", reconnect_timeout_s=30)
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    try:
+        publish_one(gateway, "audit", 1, "after")
+        assert member.receive(timeout=60).body == "after"
+    finally:
+        member.close()
