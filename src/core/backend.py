@@ -19,7 +19,7 @@ from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
 
 if TYPE_CHECKING:
-    from spate.core.coordination import GroupCoordinator
+    from spate.core.coordinator import GroupCoordinator
 
 
 class OffsetSpecKind(Enum):

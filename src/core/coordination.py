@@ -23,18 +23,17 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from spate.core import groups, limits
+from spate.core import groups
 from spate.core.backend import ConsumerOffset
 from spate.core.coordinator import (
-    STRATEGIES,
     Assignment,
     Coordinator,
+    GroupCoordinator,
+    GroupSettings,
     GroupView,
-    Strategy,
 )
 from spate.core.errors import (
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     NotLeader,
     ResourceLimitExceeded,
@@ -42,11 +41,10 @@ from spate.core.errors import (
 from spate.core.ids import Generation, MemberId, PartitionId
 
 GENERATION_PREFIX = groups.GENERATION_PREFIX.encode()
-SESSION_TIMEOUT_MS_DEFAULT = 30_000
-"""003 "Configuration": session_timeout_secs 30."""
-PENDING_MAX_DEFAULT = 16
-"""Members beyond the partition count a group keeps waiting for a partition (000 §4.5.1,
-scenario 2); the next one is refused with `amqp:link:detach-forced`."""
+
+__all__ = ["Coordinators", "GroupCoordinator", "GroupSettings", "Home", "generation_name"]
+"""GroupSettings and the GroupCoordinator contract live in the pure spate.core.coordinator
+(spate.core.backend names the contract without importing asyncio); imported from here too."""
 
 
 def generation_name(group: str) -> bytes:
@@ -59,40 +57,6 @@ class Home(Protocol):
     def stored_offset(self, name: bytes) -> Awaitable[ConsumerOffset | None]: ...
 
     def store_offset(self, name: bytes, offset: int, member: int = 0) -> Awaitable[None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSettings:
-    """How a group rebalances: its definition's (`spate group create`) or the defaults."""
-
-    strategy: Strategy = "round-robin"
-    session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
-    rebalance_delay_ms: int = limits.group_rebalance_delay_ms_default
-    pending_max: int = PENDING_MAX_DEFAULT
-
-    def check(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InvalidArgument(f"strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
-
-
-class GroupCoordinator(Protocol):
-    """What a member link uses: the home leader's `Coordinators`, here or over the wire."""
-
-    def join(self, group: str, settings: GroupSettings) -> Awaitable[MemberId]: ...
-
-    def sync(
-        self,
-        group: str,
-        member: MemberId,
-        known: Assignment | None,
-        timeout_s: float,
-    ) -> Awaitable[Assignment]: ...
-
-    def released(
-        self, group: str, member: MemberId, partitions: Iterable[PartitionId], generation: int
-    ) -> Awaitable[None]: ...
-
-    def leave(self, group: str, member: MemberId) -> Awaitable[None]: ...
 
 
 @dataclass

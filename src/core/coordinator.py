@@ -55,10 +55,10 @@ are per coordinator: a member of a previous coordinator is unknown here and join
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, Protocol
 
 from spate.core import limits
 from spate.core.errors import InvalidArgument, ResourceLimitExceeded
@@ -123,6 +123,48 @@ class GroupView:
     """Held by nobody (their target member left, or there are no members)."""
     storing: Generation | None
     rebalance_due_ms: int | None
+
+
+SESSION_TIMEOUT_MS_DEFAULT = 30_000
+"""003 "Configuration": session_timeout_secs 30."""
+PENDING_MAX_DEFAULT = 16
+"""Members beyond the partition count a group keeps waiting for a partition (000 §4.5.1,
+scenario 2); the next one is refused with `amqp:link:detach-forced`."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """How a group rebalances: its definition's (`spate group create`) or the defaults."""
+
+    strategy: Strategy = "round-robin"
+    session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
+    rebalance_delay_ms: int = limits.group_rebalance_delay_ms_default
+    pending_max: int = PENDING_MAX_DEFAULT
+
+    def check(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InvalidArgument(f"strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
+
+
+class GroupCoordinator(Protocol):
+    """What a member link uses (`Broker.group_coordinator`): the home leader's
+    `spate.core.coordination.Coordinators`, here or over the gateway wire."""
+
+    def join(self, group: str, settings: GroupSettings) -> Awaitable[MemberId]: ...
+
+    def sync(
+        self,
+        group: str,
+        member: MemberId,
+        known: Assignment | None,
+        timeout_s: float,
+    ) -> Awaitable[Assignment]: ...
+
+    def released(
+        self, group: str, member: MemberId, partitions: Iterable[PartitionId], generation: int
+    ) -> Awaitable[None]: ...
+
+    def leave(self, group: str, member: MemberId) -> Awaitable[None]: ...
 
 
 # -- strategies (pure functions of the members in joining order)
