@@ -68,7 +68,7 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.coordinator import STRATEGIES, Assignment
+from spate.core.coordinator import STRATEGIES, Assignment, GroupSettings
 from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
 from spate.core.ids import (
     Generation,
@@ -536,8 +536,8 @@ GroupOp = Literal["join", "sync", "released", "leave"]
 GROUP_OPS: tuple[GroupOp, ...] = ("join", "sync", "released", "leave")
 NO_MEMBER = MemberId(0)
 """A join's member field (members are numbered from 1)."""
-GROUP_SETTINGS = ("strategy", "session_timeout_ms", "rebalance_delay_ms", "pending_max")
-"""The fields of spate.core.coordination.GroupSettings, as a join carries them."""
+GROUP_SETTINGS = tuple(f.name for f in dataclasses.fields(GroupSettings))
+"""A join's settings: GroupSettings' fields."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,8 +548,8 @@ class GroupCall:
     stream: StreamName
     group: str
     member: MemberId = NO_MEMBER
-    settings: dict[str, Any] | None = None
-    """join: GroupSettings' fields (GROUP_SETTINGS), checked for their types here."""
+    settings: GroupSettings | None = None
+    """join: the group's settings."""
     known: Assignment | None = None
     """sync: the assignment the member has (None: answer at once)."""
     timeout_ms: int = 0
@@ -567,7 +567,7 @@ def encode_group(request: int, call: GroupCall) -> bytes:
         "stream": call.stream,
         "group": call.group,
         "member": call.member,
-        "settings": call.settings,
+        "settings": None if call.settings is None else dataclasses.asdict(call.settings),
         "known": None if call.known is None else assignment_to_json(call.known),
         "timeout_ms": call.timeout_ms,
         "partitions": sorted(call.partitions),
@@ -622,16 +622,19 @@ def _partitions(value: Any) -> frozenset[PartitionId]:
     return frozenset(PartitionId(_natural(p, "partition")) for p in value)
 
 
-def _settings(value: Any) -> dict[str, Any] | None:
+def _settings(value: Any) -> GroupSettings | None:
     if value is None:
         return None
     if not isinstance(value, dict) or sorted(value) != sorted(GROUP_SETTINGS):
         raise CodecError(f"group settings {value!r:.200}: exactly {', '.join(GROUP_SETTINGS)}")
     if value["strategy"] not in STRATEGIES:
         raise CodecError(f"strategy {value['strategy']!r}: one of {', '.join(STRATEGIES)}")
-    for field in GROUP_SETTINGS[1:]:
-        _natural(value[field], field)
-    return dict(value)
+    return GroupSettings(
+        value["strategy"],
+        _natural(value["session_timeout_ms"], "session_timeout_ms"),
+        _natural(value["rebalance_delay_ms"], "rebalance_delay_ms"),
+        _natural(value["pending_max"], "pending_max"),
+    )
 
 
 def assignment_to_json(assignment: Assignment) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import itertools
 import logging
@@ -997,10 +996,8 @@ class RemoteCoordinator:
 
     async def join(self, group: str, settings: GroupSettings) -> MemberId:
         session = await self._home_session()
-        fields = dataclasses.asdict(settings)
-        value = await self._call(
-            session, wire.GroupCall("join", self.stream, group, settings=fields)
-        )
+        call = wire.GroupCall("join", self.stream, group, settings=settings)
+        value = await self._call(session, call)
         member = wire.member_from_json(value)
         if session.closed:  # the node let it go with the session
             raise Unavailable(f"the connection to node {session.node} broke; retry")

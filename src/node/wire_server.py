@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from spate.core import frames, wire
 from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
-from spate.core.coordination import GroupCoordinator, GroupSettings
+from spate.core.coordination import GroupCoordinator
 from spate.core.errors import (
     BrokerError,
     InvalidArgument,
@@ -276,7 +276,7 @@ class WireSession:
                         f"a session may join {GROUP_MEMBERS_MAX} consumer-group members"
                     )
                 coordinator = self.broker.group_coordinator(call.stream)
-                work = coordinator.join(call.group, GroupSettings(**call.settings))
+                work = coordinator.join(call.group, call.settings)
             elif call.op == "leave":
                 found = self.joined.pop(key, None)
                 if found is None:  # never joined here, or gone: nothing to do

@@ -15,7 +15,7 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.coordinator import Assignment
+from spate.core.coordinator import Assignment, GroupSettings
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
 from spate.core.ids import (
     Generation,
@@ -155,7 +155,8 @@ def test_an_unknown_offset_spec_kind_is_refused() -> None:
 ASSIGNMENT = Assignment(
     Generation(7), frozenset({PartitionId(0), PartitionId(2)}), frozenset({PartitionId(3)})
 )
-SETTINGS = {
+SETTINGS = GroupSettings("sticky", session_timeout_ms=10_000, rebalance_delay_ms=0)
+SETTINGS_JSON = {
     "strategy": "sticky",
     "session_timeout_ms": 10_000,
     "rebalance_delay_ms": 0,
@@ -215,8 +216,8 @@ def test_group_answers_round_trip() -> None:
         ({"member": -1}, "member -1"),
         ({"timeout_ms": 10**9}, "at most"),
         ({"settings": {"strategy": "random"}}, "exactly"),
-        ({"settings": SETTINGS | {"strategy": "random"}}, "one of"),
-        ({"settings": SETTINGS | {"pending_max": 1.5}}, "pending_max"),
+        ({"settings": SETTINGS_JSON | {"strategy": "random"}}, "one of"),
+        ({"settings": SETTINGS_JSON | {"pending_max": 1.5}}, "pending_max"),
         ({"partitions": list(range(5000))}, "at most"),
         ({"known": {"generation": 1}}, "assignment"),
         ({"generation": None}, "generation"),
