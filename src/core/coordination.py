@@ -28,6 +28,7 @@ from spate.core.backend import ConsumerOffset
 from spate.core.coordinator import (
     Assignment,
     Coordinator,
+    GroupCoordinator,
     GroupSettings,
     GroupView,
 )
@@ -40,6 +41,10 @@ from spate.core.errors import (
 from spate.core.ids import Generation, MemberId, PartitionId
 
 GENERATION_PREFIX = groups.GENERATION_PREFIX.encode()
+
+__all__ = ["Coordinators", "GroupCoordinator", "GroupSettings", "Home", "generation_name"]
+"""GroupSettings and the GroupCoordinator contract live in the pure spate.core.coordinator
+(spate.core.backend names the contract without importing asyncio); imported from here too."""
 
 
 def generation_name(group: str) -> bytes:

@@ -158,7 +158,8 @@ class GroupSettings:
 
 
 class GroupCoordinator(Protocol):
-    """What a member link uses: the home leader's `Coordinators`, here or over the wire."""
+    """What a member link uses (`Broker.group_coordinator`): the home leader's
+    `spate.core.coordination.Coordinators`, here or over the gateway wire."""
 
     def join(self, group: str, settings: GroupSettings) -> Awaitable[MemberId]: ...
 

@@ -62,6 +62,9 @@ group_rebalance_delay_ms_max = 5 * 60_000
 """Joins and leaves within this long of the first one are coalesced into one rebalance
 (Kafka's group.initial.rebalance.delay.ms, 3 s by default), so a fleet starting up rebalances
 once."""
+group_sync_wait_ms_max = 60_000
+"""One member poll (`sync`) waits at most this long at the coordinator (a gateway's poll over
+the wire adds its request timeout on top); members poll well within their session timeout."""
 
 # AMQP
 link_credit_max = 5000
@@ -86,3 +89,4 @@ assert consumer_name_bytes_max <= tracked_name_bytes_max
 assert group_session_timeout_ms_min <= group_session_timeout_ms_default
 assert group_session_timeout_ms_default <= group_session_timeout_ms_max
 assert group_rebalance_delay_ms_default <= group_rebalance_delay_ms_max
+assert group_sync_wait_ms_max <= group_session_timeout_ms_max

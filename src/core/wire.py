@@ -27,6 +27,12 @@ kind  name        direction  body
  33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64 | member u64
                              (REPLY: {"consumer": ... | null, "member": m, "active": b,
                              "epoch": e | null}; ops in CONSUMER_OPS)
+ 34   GROUP       g -> n     request u64 | JSON {"op": "join" | "sync" | "released" | "leave",
+                             "stream", "group", "member", "settings": {"strategy",
+                             "session_timeout_ms", "rebalance_delay_ms", "pending_max"} | null,
+                             "known": assignment | null, "timeout_ms", "partitions": [p...],
+                             "generation"}   (REPLY: join {"member": m}; sync the assignment
+                             {"generation", "partitions", "release"}; released, leave {})
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -34,6 +40,13 @@ error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port
 `stored` on a failed APPEND: 0 when the node refused it before proposing (nothing was written:
 the gateway may send it to the new leader), 1 when its outcome is unknown (it may commit).
 Records are the producers' encoded AMQP messages, carried byte for byte.
+
+GROUP carries a member's call to its stream's consumer-group coordinator (ADR 0015,
+spate.core.coordination) at the leader of the stream's partition 0: `settings` on a join,
+`known` and `timeout_ms` on a sync (the node answers when the assignment differs from `known`,
+or after `timeout_ms`, at most `limits.group_sync_wait_ms_max`: the gateway waits that long
+plus its request timeout), `partitions` and `generation` on a released. JSON because it is rare
+(a join, a poll per member every few seconds, a release per rebalance), not on the data path.
 """
 
 from __future__ import annotations
@@ -42,9 +55,10 @@ import dataclasses
 import json
 import struct
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from spate.core import errors
+from spate.core import errors, limits
 from spate.core.backend import (
     Attached,
     ConsumerOffset,
@@ -54,14 +68,24 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
+from spate.core.coordinator import STRATEGIES, Assignment, GroupSettings
 from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
-from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import (
+    Generation,
+    LeaderEpoch,
+    MemberId,
+    NodeId,
+    Offset,
+    PartitionId,
+    StreamName,
+)
 from spate.core.streams import Retention, StreamConfig
 
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
 PRODUCER = 32
 CONSUMER = 33
+GROUP = 34
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
 CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
 CONSUMER_CLAIM = 8
@@ -504,3 +528,136 @@ def config_from_json(value: dict[str, Any]) -> StreamConfig:
         return StreamConfig(**value)
     except (KeyError, TypeError) as error:
         raise CodecError(f"a stream reply without its fields: {error}") from error
+
+
+# -- consumer-group coordinator calls (GROUP, ADR 0015)
+
+GroupOp = Literal["join", "sync", "released", "leave"]
+GROUP_OPS: tuple[GroupOp, ...] = ("join", "sync", "released", "leave")
+NO_MEMBER = MemberId(0)
+"""A join's member field (members are numbered from 1)."""
+GROUP_SETTINGS = tuple(f.name for f in dataclasses.fields(GroupSettings))
+"""A join's settings: GroupSettings' fields."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCall:
+    """One GROUP request: a member's call to the coordinator (the fields its op uses)."""
+
+    op: GroupOp
+    stream: StreamName
+    group: str
+    member: MemberId = NO_MEMBER
+    settings: GroupSettings | None = None
+    """join: the group's settings."""
+    known: Assignment | None = None
+    """sync: the assignment the member has (None: answer at once)."""
+    timeout_ms: int = 0
+    """sync: answer after this long when nothing changed."""
+    partitions: frozenset[PartitionId] = frozenset()
+    """released: the partitions the member gave up, under `generation`."""
+    generation: int = 0
+
+
+def encode_group(request: int, call: GroupCall) -> bytes:
+    assert call.op in GROUP_OPS and call.member >= 0
+    assert 0 <= call.timeout_ms <= limits.group_sync_wait_ms_max
+    value = {
+        "op": call.op,
+        "stream": call.stream,
+        "group": call.group,
+        "member": call.member,
+        "settings": None if call.settings is None else dataclasses.asdict(call.settings),
+        "known": None if call.known is None else assignment_to_json(call.known),
+        "timeout_ms": call.timeout_ms,
+        "partitions": sorted(call.partitions),
+        "generation": call.generation,
+    }
+    return frame(GROUP, _REQUEST.pack(request), json.dumps(value).encode())
+
+
+def decode_group(body: memoryview) -> tuple[int, GroupCall]:
+    reader = Reader(body)
+    (request,) = reader.unpack(_REQUEST)
+    try:
+        value = json.loads(bytes(reader.rest()))
+    except ValueError as error:
+        raise CodecError(f"a group request that is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise CodecError("a group request that is not a JSON object")
+    try:
+        op, stream, name = value["op"], value["stream"], value["group"]
+        if op not in GROUP_OPS or not isinstance(stream, str) or not isinstance(name, str):
+            raise CodecError(f"a group request with op {op!r}, stream {stream!r}, group {name!r}")
+        timeout_ms = _natural(value["timeout_ms"], "timeout_ms")
+        if timeout_ms > limits.group_sync_wait_ms_max:
+            raise CodecError(
+                f"a group sync waiting {timeout_ms} ms (at most {limits.group_sync_wait_ms_max})"
+            )
+        known = value["known"]
+        return request, GroupCall(
+            op,
+            StreamName(stream),
+            name,
+            MemberId(_natural(value["member"], "member")),
+            _settings(value["settings"]),
+            None if known is None else assignment_from_json(known),
+            timeout_ms,
+            _partitions(value["partitions"]),
+            _natural(value["generation"], "generation"),
+        )
+    except (KeyError, TypeError) as error:
+        raise CodecError(f"a group request without its fields: {error!r}") from error
+
+
+def _natural(value: Any, field: str) -> int:
+    if type(value) is not int or value < 0:
+        raise CodecError(f"{field} {value!r} is not a natural number")
+    return value
+
+
+def _partitions(value: Any) -> frozenset[PartitionId]:
+    if not isinstance(value, list) or len(value) > limits.partitions_max:
+        raise CodecError(f"partitions {value!r:.80}: a list of at most {limits.partitions_max}")
+    return frozenset(PartitionId(_natural(p, "partition")) for p in value)
+
+
+def _settings(value: Any) -> GroupSettings | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or sorted(value) != sorted(GROUP_SETTINGS):
+        raise CodecError(f"group settings {value!r:.200}: exactly {', '.join(GROUP_SETTINGS)}")
+    if value["strategy"] not in STRATEGIES:
+        raise CodecError(f"strategy {value['strategy']!r}: one of {', '.join(STRATEGIES)}")
+    return GroupSettings(
+        value["strategy"],
+        _natural(value["session_timeout_ms"], "session_timeout_ms"),
+        _natural(value["rebalance_delay_ms"], "rebalance_delay_ms"),
+        _natural(value["pending_max"], "pending_max"),
+    )
+
+
+def assignment_to_json(assignment: Assignment) -> dict[str, Any]:
+    return {
+        "generation": assignment.generation,
+        "partitions": sorted(assignment.partitions),
+        "release": sorted(assignment.release),
+    }
+
+
+def assignment_from_json(value: Any) -> Assignment:
+    try:
+        return Assignment(
+            Generation(_natural(value["generation"], "generation")),
+            _partitions(value["partitions"]),
+            _partitions(value["release"]),
+        )
+    except (KeyError, TypeError) as error:
+        raise CodecError(f"an assignment without its fields: {error!r}") from error
+
+
+def member_from_json(value: dict[str, Any]) -> MemberId:
+    try:
+        return MemberId(_natural(value["member"], "member"))
+    except KeyError as error:
+        raise CodecError("a join reply without its member") from error

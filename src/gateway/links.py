@@ -274,8 +274,8 @@ def consumer_name(properties: dict[Any, Any]) -> bytes | None:
     if name is not None and name.startswith(groups.RESERVED_PREFIX.encode()):
         raise InvalidArgument(
             f"'{CONSUMER_NAME_PROPERTY}' {name.decode(errors='replace')!r}: names starting with "
-            f"'{groups.RESERVED_PREFIX}' are reserved (consumer groups use "
-            f"'{CONSUMER_GROUP_PROPERTY}')"
+            f"'{groups.RESERVED_PREFIX}' are reserved for consumer groups (a group's link "
+            f"uses '{CONSUMER_GROUP_PROPERTY}')"
         )
     return name
 

@@ -22,6 +22,8 @@ leader, consumers read from a replica, `$info` asks the nodes.
 - Named consumers (ADR 0012): offset operations go to the leader the table names, and a link
   stays counted there (an operator's reset is refused meanwhile) across a leader change or a
   broken session (`_PartitionBase._keep_counted`).
+- Consumer groups (ADR 0015): `RemoteCoordinator` carries a member's calls to its stream's
+  group coordinator, at the leader of the stream's partition 0, as GROUP requests.
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ import logging
 import os
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spate.core import frames, wire
+from spate.core import frames, limits, wire
 from spate.core.backend import (
     Attached,
     ChunkView,
@@ -47,9 +49,11 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
+from spate.core.coordination import GroupSettings
+from spate.core.coordinator import Assignment
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
-from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import LeaderEpoch, MemberId, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
 from spate.gateway.routes import Route, RoutingTable
@@ -437,6 +441,11 @@ class RemoteBroker:
             except (NotLeader, Unavailable, NotFound) as failure:
                 error = failure
         raise error
+
+    def group_coordinator(self, stream: StreamName) -> RemoteCoordinator:
+        """The coordinator of `stream`'s consumer groups at its partition 0's leader, over the
+        wire (ADR 0015; `RemoteCoordinator`)."""
+        return RemoteCoordinator(self, stream)
 
 
 class _PartitionBase:
@@ -941,3 +950,98 @@ class RemoteReader(_PartitionBase):
         if self._task is not None:
             self._task.cancel()
         self._stop_counting()  # the link's detach (consumer_detach) lets go at the leader
+
+
+class RemoteCoordinator:
+    """spate.core.coordination.GroupCoordinator over the gateway wire (ADR 0015): GROUP
+    requests to the node that leads the stream's partition 0 (the groups' home), as the
+    routing table names it. A member is joined over one session and its later calls go over
+    that one: when it closes, the node has let the member go, so a waiting sync fails (and
+    later calls) with Unavailable and the member's link ends; a node that no longer leads
+    answers NotLeader. A member joined through another coordinator is unknown here."""
+
+    def __init__(self, broker: RemoteBroker, stream: StreamName) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.members: dict[tuple[str, MemberId], NodeSession] = {}
+        """(group, member) -> the session it joined over."""
+
+    async def _home_session(self) -> NodeSession:
+        await self.broker.lookup(self.stream)  # NotFound for a stream that does not exist
+        route = self.broker.route((self.stream, PartitionId(0)))
+        if route is None or route.leader is None or not route.leader_alive:
+            raise Unavailable(
+                f"partition 0 of {self.stream!r}, the home of its consumer groups, has no "
+                "leader; retry"
+            )
+        return await self.broker.sessions.connected(route.leader)
+
+    def _session_of(self, group: str, member: MemberId) -> NodeSession:
+        session = self.members.get((group, member))
+        if session is None:
+            raise NotFound(
+                f"member {member} of consumer group {group!r} of {self.stream!r} did not join "
+                "through this coordinator (or left): join again"
+            )
+        if session.closed:
+            del self.members[(group, member)]
+            raise Unavailable(
+                f"the connection to node {session.node}, the home of consumer group {group!r} "
+                f"of {self.stream!r}, broke: join again"
+            )
+        return session
+
+    @staticmethod
+    async def _call(
+        session: NodeSession, call: wire.GroupCall, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
+        request = session.next_id()
+        return await session.request(wire.encode_group(request, call), request, timeout_s)
+
+    async def join(self, group: str, settings: GroupSettings) -> MemberId:
+        session = await self._home_session()
+        call = wire.GroupCall("join", self.stream, group, settings=settings)
+        value = await self._call(session, call)
+        member = wire.member_from_json(value)
+        if session.closed:  # the node let it go with the session
+            raise Unavailable(f"the connection to node {session.node} broke; retry")
+        self.members[(group, member)] = session
+        return member
+
+    async def sync(
+        self, group: str, member: MemberId, known: Assignment | None, timeout_s: float
+    ) -> Assignment:
+        """Waits at the node up to `timeout_s` (at most `limits.group_sync_wait_ms_max`:
+        answered sooner, as it is then); the request waits that long plus REQUEST_TIMEOUT_S."""
+        session = self._session_of(group, member)
+        timeout_ms = max(0, min(int(timeout_s * 1000), limits.group_sync_wait_ms_max))
+        call = wire.GroupCall(
+            "sync", self.stream, group, member, known=known, timeout_ms=timeout_ms
+        )
+        try:
+            value = await self._call(session, call, timeout_ms / 1000 + REQUEST_TIMEOUT_S)
+        except (NotFound, NotLeader):
+            self.members.pop((group, member), None)  # gone there: a new join is a new member
+            raise
+        return wire.assignment_from_json(value)
+
+    async def released(
+        self, group: str, member: MemberId, partitions: Iterable[PartitionId], generation: int
+    ) -> None:
+        session = self._session_of(group, member)
+        call = wire.GroupCall(
+            "released",
+            self.stream,
+            group,
+            member,
+            partitions=frozenset(partitions),
+            generation=generation,
+        )
+        await self._call(session, call)
+
+    async def leave(self, group: str, member: MemberId) -> None:
+        session = self.members.pop((group, member), None)
+        if session is None or session.closed:
+            return  # never joined here, or the node let it go with the session
+        with contextlib.suppress(BrokerError):  # unanswered: its session timeout removes it
+            await self._call(session, wire.GroupCall("leave", self.stream, group, member))

@@ -17,7 +17,9 @@ What redirect mode cannot do (proxy mode will): a partition-agnostic sender on a
 several partitions (refused: bind the link with `event-streams-partition`), clients that do not
 follow redirects, and `$info` with offsets (it lists each partition's leader instead). A
 sender on a super stream (ADR 0014) reaches several leaders: it is proxied when the gateway
-has the cluster secret (`relay`), else redirected to a node, which routes its messages.
+has the cluster secret (`relay`), else redirected to a node, which routes its messages. A
+consumer group's member link (ADR 0015) is relayed to its coordinator the same way, else
+redirected to the leader of the stream's partition 0 (the groups' home), which serves it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 from spate.core import groups, superstreams
 from spate.core.backend import Broker, Partition
+from spate.core.coordination import GroupCoordinator
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
@@ -161,11 +164,24 @@ class RedirectBroker:
             return await self.relay.consumer_group(stream, group)
         return self.table.routes.consumer_group(stream, group)
 
+    def group_coordinator(self, stream: StreamName) -> GroupCoordinator:
+        """Through the proxy broker when this gateway has one (a member link is partition-
+        agnostic); otherwise the link goes to the home's leader, which coordinates there."""
+        if self.relay is not None:
+            return self.relay.group_coordinator(stream)
+        raise self._to_leader(stream, PartitionId(0), write=True)
+
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False
     ) -> Partition:
         if relay and self.relay is not None:
             return self.relay.partition(name, partition, write=write, relay=True)
+        raise self._to_leader(name, partition, write=write)
+
+    def _to_leader(
+        self, name: StreamName, partition: PartitionId, *, write: bool
+    ) -> NotLeader | Unavailable:
+        """Where a link on the partition goes (NotFound, or a refusal, raised here)."""
         config = self.stream(name)
         if not 0 <= partition < config.partitions:
             raise NotFound(
@@ -175,12 +191,14 @@ class RedirectBroker:
         routes = self.table.routes
         route = routes.partitions.get((name, partition))
         if route is None or route.leader is None or not route.leader_alive:
-            raise Unavailable(f"partition {partition} of {name!r} has no leader right now; retry")
+            return Unavailable(f"partition {partition} of {name!r} has no leader right now; retry")
         address = routes.amqp.get(route.leader)
         if address is None:
-            raise Unavailable(f"the leader {route.leader} of {name}/{partition} has no address yet")
+            return Unavailable(
+                f"the leader {route.leader} of {name}/{partition} has no address yet"
+            )
         role = "led" if write else "served"
-        raise NotLeader(
+        return NotLeader(
             f"partition {partition} of {name!r} is {role} by {route.leader}",
             leader_host=address[0],
             leader_port=address[1],

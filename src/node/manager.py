@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from spate.core.backend import ConsumerOffset, PartitionInfo, ProducerInfo
+from spate.core.coordination import Coordinators
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
 from spate.core.ids import NodeId, PartitionId, StreamName
@@ -174,6 +175,13 @@ class LocalBroker:
     def consumer_offsets(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
         """Consumer names of the partitions of `stream` hosted here (offset tracking)."""
         return self._manager.consumer_offsets(stream)
+
+    def group_coordinator(self, stream: StreamName) -> Coordinators:
+        """The stream's consumer-group coordinators (ADR 0015) when this node leads its
+        partition 0 (their home); else NotLeader naming that leader, like a producer's
+        partition, or Unavailable during an election."""
+        home = self.partition(stream, PartitionId(0), write=True)
+        return home.group_coordinators(self.stream(stream).partitions)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

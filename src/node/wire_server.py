@@ -12,6 +12,11 @@ A session starts when a gateway passes the cluster-secret handshake on the repli
   pushes committed records as RECORDS frames, at most `credit` records ahead of the CREDIT the
   gateway grants back; any replica serves, up to its commit index.
 - INFO and STREAM answer from the local replica and stream configuration.
+- GROUP is a member's call to its stream's consumer-group coordinator (ADR 0015), served when
+  this node leads the stream's partition 0. The session keeps the members it joined, each with
+  the coordinator that numbered it: their later calls go there (NotLeader once it is disbanded;
+  a member this session did not join is unknown here), and they leave when the session closes,
+  so a gateway that dies does not hold its partitions until their session timeout.
 
 Frames queued during one loop turn go out in one write.
 """
@@ -27,8 +32,16 @@ from typing import Any, Protocol
 
 from spate.core import frames, wire
 from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
-from spate.core.errors import BrokerError, InvalidArgument, NotLeader, Unavailable
-from spate.core.ids import Offset, PartitionId, StreamName
+from spate.core.coordination import GroupCoordinator
+from spate.core.errors import (
+    BrokerError,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+    ResourceLimitExceeded,
+    Unavailable,
+)
+from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.transport import read_frame
@@ -41,6 +54,11 @@ SUBSCRIPTIONS_MAX = 65_536
 """Readers one session may hold."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 """An APPEND frame at most (the listener appends at most `limits.append_bytes_max`)."""
+GROUP_MEMBERS_MAX = 65_536
+"""Consumer-group members one session may have joined (its gateway's group links)."""
+
+Member = tuple[StreamName, str, MemberId]
+"""(stream, group, member number) of a consumer-group member joined over a session."""
 
 
 class Partitions(Protocol):
@@ -51,6 +69,8 @@ class Partitions(Protocol):
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool
     ) -> ReplicatedPartition: ...
+
+    def group_coordinator(self, stream: StreamName) -> GroupCoordinator: ...
 
 
 @dataclass
@@ -74,6 +94,11 @@ class WireSession:
         self.attached: dict[tuple[frames.GroupKey, bytes], list[int]] = {}
         """Named consumer links this session's gateway attached at this node (ADR 0012), by
         their group member numbers (0: a plain link; ADR 0013)."""
+        self.joined: dict[Member, GroupCoordinator] = {}
+        """Consumer-group members this session joined, with the coordinator that numbered
+        them (ADR 0015): they leave when the session closes."""
+        self.group_calls: set[asyncio.Future[Any]] = set()
+        """Coordinator calls not answered yet (a sync waits there): cancelled at close."""
         self.out: list[bytes] = []
         self.closed = False
 
@@ -115,6 +140,8 @@ class WireSession:
                 query.add_done_callback(lambda f: self._producer_answer(request, f))
         elif kind == wire.CONSUMER:
             self._consumer(*wire.decode_consumer(body))
+        elif kind == wire.GROUP:
+            self._group(*wire.decode_group(body))
         elif kind == wire.CREDIT:
             sub, records = wire.decode_credit(body)
             state = self.readers.get(sub)
@@ -235,6 +262,85 @@ class WireSession:
             del partition.attached[name]
         if member:
             partition.groups.leave(name, member)
+
+    def _group(self, request: int, call: wire.GroupCall) -> None:
+        """A member's call to the group coordinator (see the module docstring)."""
+        key = (call.stream, call.group, call.member)
+        try:
+            work: Awaitable[Any]
+            if call.op == "join":
+                if call.settings is None:
+                    raise InvalidArgument("a join carries the group's settings")
+                if len(self.joined) >= GROUP_MEMBERS_MAX:
+                    raise ResourceLimitExceeded(
+                        f"a session may join {GROUP_MEMBERS_MAX} consumer-group members"
+                    )
+                coordinator = self.broker.group_coordinator(call.stream)
+                work = coordinator.join(call.group, call.settings)
+            elif call.op == "leave":
+                found = self.joined.pop(key, None)
+                if found is None:  # never joined here, or gone: nothing to do
+                    self.send(wire.encode_reply(request, {}))
+                    return
+                coordinator = found
+                work = coordinator.leave(call.group, call.member)
+            else:
+                found = self.joined.get(key)
+                if found is None:
+                    raise NotFound(
+                        f"member {call.member} of consumer group {call.group!r} of "
+                        f"{call.stream!r} did not join over this session (or left): join again"
+                    )
+                coordinator = found
+                if call.op == "sync":
+                    timeout_s = call.timeout_ms / 1000
+                    work = coordinator.sync(call.group, call.member, call.known, timeout_s)
+                else:
+                    work = coordinator.released(
+                        call.group, call.member, call.partitions, call.generation
+                    )
+        except BrokerError as error:
+            self.send(wire.encode_failed(request, error))
+            return
+        future = asyncio.ensure_future(work)
+        self.group_calls.add(future)
+        future.add_done_callback(lambda f: self._group_answer(request, call, coordinator, f))
+
+    def _group_answer(
+        self,
+        request: int,
+        call: wire.GroupCall,
+        coordinator: GroupCoordinator,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.group_calls.discard(future)
+        if future.cancelled():  # the session closed
+            return
+        error = future.exception()
+        if error is not None:
+            if not isinstance(error, BrokerError):
+                log.error("a consumer-group call failed unexpectedly", exc_info=error)
+                error = Unavailable(f"the consumer-group call failed: {error!r}")
+            elif isinstance(error, NotFound | NotLeader):  # expired, or the home moved
+                self.joined.pop((call.stream, call.group, call.member), None)
+            self.send(wire.encode_failed(request, error))
+            return
+        result = future.result()
+        if call.op == "join":
+            member = MemberId(result)
+            if self.closed:  # the gateway went away meanwhile: leave at once
+                self._leave(coordinator, call.group, member)
+                return
+            self.joined[(call.stream, call.group, member)] = coordinator
+            self.send(wire.encode_reply(request, {"member": member}))
+        elif call.op == "sync":
+            self.send(wire.encode_reply(request, wire.assignment_to_json(result)))
+        else:
+            self.send(wire.encode_reply(request, {}))
+
+    def _leave(self, coordinator: GroupCoordinator, group: str, member: MemberId) -> None:
+        leaving = asyncio.ensure_future(coordinator.leave(group, member))
+        leaving.add_done_callback(_log_failure)
 
     def _producer_answer(self, request: int, future: asyncio.Future[ProducerInfo | None]) -> None:
         error = None if future.cancelled() else future.exception()
@@ -384,6 +490,16 @@ class WireSession:
             for member in members:
                 self._release(attachment, member)
         self.attached.clear()
+        for call in list(self.group_calls):
+            call.cancel()
+        for (_stream, group, member), coordinator in self.joined.items():
+            self._leave(coordinator, group, member)
+        self.joined.clear()
+
+
+def _log_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a member's leave failed", exc_info=future.exception())
 
 
 class WireServer:

@@ -6,6 +6,8 @@ generic client) cannot be redirected to one leader. Through `NodeFront` a node s
 a proxy gateway does: partitions it leads are appended locally, the others go to their leaders
 through a `RemoteBroker` (spate.gateway.remote) whose routes come from this node's own metadata
 replica. Bound links keep the node's behaviour (served here, or redirected to the leader).
+Consumer-group members (ADR 0015) are partition-agnostic too: their coordinator is this node's
+when it leads the stream's partition 0, else reached at that leader over the wire.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spate.core.backend import ConsumerOffset, Partition
+from spate.core.coordination import GroupCoordinator
 from spate.core.errors import NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
 from spate.core.ids import PartitionId, StreamName
@@ -58,6 +61,15 @@ class NodeFront:
 
     async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
         return await self.local.consumer_group(stream, group)
+
+    def group_coordinator(self, stream: StreamName) -> GroupCoordinator:
+        try:
+            return self.local.group_coordinator(stream)
+        except (NotLeader, Unavailable):
+            pass
+        self.refresh()
+        self.relayed += 1
+        return self.remote.group_coordinator(stream)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -3,6 +3,8 @@ CodecErrors, never a wrong value."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from spate.core import frames, wire
 from spate.core.backend import (
@@ -13,8 +15,17 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
+from spate.core.coordinator import Assignment, GroupSettings
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
-from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.core.ids import (
+    Generation,
+    LeaderEpoch,
+    MemberId,
+    NodeId,
+    Offset,
+    PartitionId,
+    StreamName,
+)
 from spate.core.streams import Retention, StreamConfig
 
 KEY = (StreamName("orders"), PartitionId(3))
@@ -103,6 +114,7 @@ def test_info_and_config_round_trip_through_json() -> None:
         (wire.encode_subscribe(1, KEY, 2, [OffsetSpec.next()]), wire.decode_subscribe),
         (wire.encode_appended(1, 2), wire.decode_appended),
         (wire.encode_credit(1, 2), wire.decode_credit),
+        (wire.encode_group(1, wire.GroupCall("leave", StreamName("s"), "g")), wire.decode_group),
     ],
 )
 def test_truncated_or_padded_bodies_are_codec_errors(encoded: bytes, decode: object) -> None:
@@ -138,3 +150,84 @@ def test_an_unknown_offset_spec_kind_is_refused() -> None:
     data[-9] = 200
     with pytest.raises(frames.CodecError, match="offset specification"):
         wire.decode_subscribe(memoryview(bytes(data)))
+
+
+ASSIGNMENT = Assignment(
+    Generation(7), frozenset({PartitionId(0), PartitionId(2)}), frozenset({PartitionId(3)})
+)
+SETTINGS = GroupSettings("sticky", session_timeout_ms=10_000, rebalance_delay_ms=0)
+SETTINGS_JSON = {
+    "strategy": "sticky",
+    "session_timeout_ms": 10_000,
+    "rebalance_delay_ms": 0,
+    "pending_max": 16,
+}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        wire.GroupCall("join", StreamName("événements"), "bïlling", settings=SETTINGS),
+        wire.GroupCall("sync", StreamName("s"), "g", MemberId(3), timeout_ms=5000),
+        wire.GroupCall("sync", StreamName("s"), "g", MemberId(3), known=ASSIGNMENT),
+        wire.GroupCall(
+            "released",
+            StreamName("s"),
+            "g",
+            MemberId(2),
+            partitions=frozenset({PartitionId(1), PartitionId(5)}),
+            generation=9,
+        ),
+        wire.GroupCall("leave", StreamName("s"), "g", MemberId(2**53)),
+    ],
+)
+def test_group_requests_round_trip(call: wire.GroupCall) -> None:
+    """A member's coordinator calls (ADR 0015) and their answers."""
+    data = wire.encode_group(11, call)
+    assert kind(data) == wire.GROUP
+    assert wire.decode_group(body(data)) == (11, call)
+
+
+def test_group_answers_round_trip() -> None:
+    assert wire.assignment_from_json(wire.assignment_to_json(ASSIGNMENT)) == ASSIGNMENT
+    empty = Assignment(Generation(0), frozenset(), frozenset())
+    assert wire.assignment_from_json(wire.assignment_to_json(empty)) == empty
+    assert wire.member_from_json({"member": 4}) == 4
+    request, value = wire.decode_reply(body(wire.encode_reply(3, {"member": 4})))
+    assert (request, wire.member_from_json(value)) == (3, 4)
+    for bad in ({}, {"member": -1}, {"member": True}, {"member": "4"}):
+        with pytest.raises(frames.CodecError):
+            wire.member_from_json(bad)
+    for bad_assignment in (
+        {"generation": 1, "partitions": [0]},
+        {"generation": 1, "partitions": [-1], "release": []},
+        {"generation": 1, "partitions": "0", "release": []},
+        [1, [0], []],
+    ):
+        with pytest.raises(frames.CodecError):
+            wire.assignment_from_json(bad_assignment)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"op": "rejoin"}, "op 'rejoin'"),
+        ({"stream": 5}, "stream 5"),
+        ({"member": -1}, "member -1"),
+        ({"timeout_ms": 10**9}, "at most"),
+        ({"settings": {"strategy": "random"}}, "exactly"),
+        ({"settings": SETTINGS_JSON | {"strategy": "random"}}, "one of"),
+        ({"settings": SETTINGS_JSON | {"pending_max": 1.5}}, "pending_max"),
+        ({"partitions": list(range(5000))}, "at most"),
+        ({"known": {"generation": 1}}, "assignment"),
+        ({"generation": None}, "generation"),
+    ],
+)
+def test_a_malformed_group_request_is_a_codec_error(change: dict[str, object], says: str) -> None:
+    data = body(wire.encode_group(1, wire.GroupCall("leave", StreamName("s"), "g")))
+    value = json.loads(bytes(data[8:])) | change
+    with pytest.raises(frames.CodecError, match=says):
+        wire.decode_group(memoryview(bytes(data[:8]) + json.dumps(value).encode()))
+    missing = {k: v for k, v in value.items() if k != "group"}
+    with pytest.raises(frames.CodecError, match="'group'"):
+        wire.decode_group(memoryview(bytes(data[:8]) + json.dumps(missing).encode()))

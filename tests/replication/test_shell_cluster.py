@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from spate.core.backend import OffsetSpec
+from spate.core.coordination import GroupSettings, generation_name
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention
@@ -294,3 +295,48 @@ async def _single_replica(tmp_path: Path) -> None:
         assert await part.append([b"d"]) == 3
     finally:
         await host.stop()
+
+
+def test_the_home_of_consumer_groups_disbands_when_its_leader_steps_down(tmp_path: Path) -> None:
+    run(_home_disbands_when_its_leader_steps_down, tmp_path)
+
+
+async def _home_disbands_when_its_leader_steps_down(cluster: Cluster) -> None:
+    """ADR 0015: the leader of partition 0 hosts the stream's group coordinators; when it
+    stops leading, a waiting poll fails with NotLeader, and the next leader's coordinators
+    start from the generation stored in the partition's log (it never goes back)."""
+    settings = GroupSettings(rebalance_delay_ms=0)
+    leader = await cluster.leader()
+    coordinators = leader.group_coordinators(2)
+    assert leader.group_coordinators(2) is coordinators
+    member = await coordinators.join("g", settings)
+    had = await coordinators.sync("g", member, None, 0.0)
+    while had.partitions != frozenset({0, 1}):
+        had = await coordinators.sync("g", member, had, 1.0)
+    stored = await leader.stored_offset(generation_name("g"))
+    assert stored is not None and stored.offset == had.generation
+    follower = next(p for p in cluster.parts.values() if not p.is_leader)
+    with pytest.raises(NotLeader):
+        follower.group_coordinators(2)
+
+    waiting = asyncio.ensure_future(coordinators.sync("g", member, had, 60.0))
+    survivor = leader.node
+    others = [n for n in IDS if n != survivor]
+    for node in others:
+        await cluster.stop(node)
+    with pytest.raises(NotLeader):
+        await waiting  # check-quorum: the cut-off leader steps down
+    assert leader.coordinators is None
+    with pytest.raises(NotLeader):
+        await coordinators.join("g", settings)
+
+    await cluster.start(others[0])
+    await cluster.append_retrying([b"a new term"])
+    home = await cluster.leader()
+    again = home.group_coordinators(2)
+    assert again is not coordinators
+    member = await again.join("g", settings)
+    now = await again.sync("g", member, None, 0.0)
+    while now.partitions != frozenset({0, 1}):
+        now = await again.sync("g", member, now, 1.0)
+    assert now.generation == had.generation + 1

@@ -5,7 +5,9 @@ Appends resolve after a short `call_later` (simulating group-commit fsync); conc
 one partition resolve in order and become readable (committed) together. Chunks are kept as
 appended; reads return whole chunks from the one holding `start`. `resolve` handles every
 OffsetSpec kind. Failure injection (`fail_appends`) and remote partitions (`set_remote`, raising
-NotLeader) exist only here; tests that use them say so.
+NotLeader) exist only here; tests that use them say so. A stream's consumer groups are
+coordinated at its partition 0 (`group_coordinator`, ADR 0015); `lose_home` disbands them as
+a leader change of that partition would.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from spate.core.backend import (
     PublishingIds,
     check_reset,
 )
+from spate.core.coordination import Coordinators
 from spate.core.errors import (
     BrokerError,
     FailedPrecondition,
@@ -288,6 +291,24 @@ class MemoryBroker:
         self.super_streams: dict[StreamName, SuperStream] = {}
         self.groups: dict[GroupKey, GroupDefinition] = {}
         self.groups_required = False
+        self.coordinators: dict[StreamName, Coordinators] = {}
+        """Each stream's consumer-group coordinators, at its partition 0 (ADR 0015)."""
+
+    def group_coordinator(self, stream: StreamName) -> Coordinators:
+        home = self.partition(stream, PartitionId(0), write=True)  # NotFound, NotLeader
+        found = self.coordinators.get(stream)
+        if found is None:
+            found = Coordinators(home, stream, self.stream(stream).partitions)
+            self.coordinators[stream] = found
+        return found
+
+    def lose_home(self, name: str) -> None:
+        """Partition 0 of `name` changed leader: its groups are disbanded (a waiting sync fails
+        with NotLeader); the next `group_coordinator` starts over from the stored
+        generations."""
+        found = self.coordinators.pop(StreamName(name), None)
+        if found is not None:
+            found.disband()
 
     def define_group(self, group: GroupDefinition) -> None:
         """What `spate group create` does in a cluster (version: one more than the last)."""

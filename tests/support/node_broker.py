@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spate.core import groups, superstreams
 from spate.core.backend import Partition
+from spate.core.coordination import Coordinators
 from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -105,6 +106,9 @@ class NodeBroker:
 
     def stream(self, name: StreamName) -> StreamConfig:
         return self._broker.stream(name)
+
+    def group_coordinator(self, stream: StreamName) -> Coordinators:
+        return self._broker.group_coordinator(stream)
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

@@ -11,7 +11,13 @@ from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream, unknown
-from spate.gateway.remote import RemoteBroker, RemoteReader, RemoteWriter, Sessions
+from spate.gateway.remote import (
+    RemoteBroker,
+    RemoteCoordinator,
+    RemoteReader,
+    RemoteWriter,
+    Sessions,
+)
 from spate.gateway.routes import Route, Routes, RoutingTable
 from spate.node.wire_server import WireServer
 
@@ -109,6 +115,17 @@ class ProxyBroker:
 
     def stream(self, name: StreamName) -> StreamConfig:
         return self.node.stream(name)
+
+    def group_coordinator(self, stream: StreamName) -> RemoteCoordinator:
+        if self.remote is None:
+            self.node.stream(stream)  # raises NotFound
+        assert self.remote is not None
+        return self.remote.group_coordinator(stream)
+
+    async def close_sessions(self) -> None:
+        """The gateway loses its wire sessions (as if it died, from the node's side)."""
+        assert self.sessions is not None
+        await self.sessions.close()
 
     def partition(
         self, name: StreamName, partition: PartitionId, *, write: bool, relay: bool = False

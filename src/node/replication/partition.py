@@ -3,7 +3,12 @@ returns an asyncio future. Everything else is the Replica's, which the simulator
 but for the named consumers attached here (`attached`, ADR 0012) and their single active
 consumer groups (`groups`, ADR 0013): node-local, not replicated. When this replica stops
 leading, the groups are disbanded and every standby waiting for its turn is told NotLeader (its
-link is detached, and the client attaches again at the new leader)."""
+link is detached, and the client attaches again at the new leader).
+
+A stream's partition 0 is the home of its consumer groups (ADR 0015): while this replica leads
+it, `group_coordinators` is the stream's `Coordinators` (created on first use); when it stops
+leading they are disbanded (every waiting poll fails with NotLeader) and dropped, and the next
+leader starts over from the stored generations."""
 
 from __future__ import annotations
 
@@ -20,8 +25,9 @@ from spate.core.backend import (
     PublishingIds,
     check_reset,
 )
+from spate.core.coordination import Coordinators
 from spate.core.errors import BrokerError, FailedPrecondition, NotLeader
-from spate.core.ids import Offset
+from spate.core.ids import LeaderEpoch, Offset
 from spate.node.replication.messages import Ready
 from spate.node.replication.replica import Replica
 
@@ -47,6 +53,31 @@ class ReplicatedPartition(Replica):
         """Single active consumer groups (ADR 0013), node-local like `attached`."""
         self.standbys: set[asyncio.Future[Attached]] = set()
         """`until_active` and `until_deposed` futures not resolved yet."""
+        self.coordinators: Coordinators | None = None
+        """The stream's consumer-group coordinators while this replica leads partition 0."""
+        self._coordinators_epoch: LeaderEpoch | None = None
+
+    def group_coordinators(self, partitions: int) -> Coordinators:
+        """The stream's consumer groups, homed here (partition 0, at its leader; ADR 0015).
+        NotLeader when this replica does not lead."""
+        assert self.partition == 0, "a stream's groups live at its partition 0"
+        self._check_leader()
+        if self.coordinators is not None and self._coordinators_epoch != self.leader_epoch:
+            self._disband_coordinators()  # led again since: those members joined another
+        if self.coordinators is None:
+            self.coordinators = Coordinators(self, self.stream, partitions)
+            self._coordinators_epoch = self.leader_epoch
+        return self.coordinators
+
+    def close(self) -> None:
+        super().close()
+        self._disband_coordinators()
+
+    def _disband_coordinators(self) -> None:
+        if self.coordinators is not None:
+            self.coordinators.disband()
+            self.coordinators = None
+            self._coordinators_epoch = None
 
     def append(
         self, records: Sequence[bytes], producer: PublishingIds | None = None
@@ -150,6 +181,7 @@ class ReplicatedPartition(Replica):
     def report_leader(self, ready: Ready) -> None:
         super().report_leader(ready)
         if ready.leader_change is not None and not self.is_leader:
+            self._disband_coordinators()
             self.groups.disband()
             for future in list(self.standbys):
                 if not future.done():
