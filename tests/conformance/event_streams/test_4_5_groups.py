@@ -53,7 +53,13 @@ def define(broker: Any, loop_thread: Any, stream: str, group: str) -> None:
     definition = GroupDefinition(
         StreamName(stream), group, Strategy.ROUND_ROBIN, rebalance_delay_ms=0
     )
-    loop_thread.run(lambda: broker.define_group(definition))
+
+    def apply() -> None:
+        broker.define_group(definition)
+        if hasattr(broker, "refresh"):  # a proxy gateway: its next metadata refresh, now
+            broker.refresh()
+
+    loop_thread.run(apply)
 
 
 def associated(message: Any) -> list[str] | None:
@@ -228,8 +234,9 @@ def test_4_5_2_a_competing_attach_is_rejected_unless_its_epoch_is_greater(
     with blocking(gateway) as conn:
         conn.create_receiver(stream, name=unique("a"), options=[group_link("g", epoch=ulong(4))])
         if client == "proton":
+            # refused: owned (not above), or stale (below the epoch the partition recorded)
             for epoch in (None, ulong(3), ulong(4)):
-                with pytest.raises(LinkDetached, match="resource-locked"):
+                with pytest.raises(LinkDetached, match="resource-locked|precondition-failed"):
                     conn.create_receiver(
                         stream, name=unique("b"), options=[group_link("g", epoch=epoch)]
                     )
