@@ -253,8 +253,11 @@ class ConsumerPart:
                 give_up = sorted(PartitionId(p) for p in set(tracks) - now.partitions)
                 for pid in give_up:
                     await self._drop(consumer, tracks[pid], store=True)
-                if give_up:
-                    await coordinator.released(group, member, give_up, now.generation)
+                # and those it was given but had not claimed yet: the coordinator counts them
+                # as held until they are released
+                released = sorted(set(give_up) | now.release)
+                if released:
+                    await coordinator.released(group, member, released, now.generation)
                 for pid in sorted(now.partitions - set(tracks)):
                     assert plan.broker is not None
                     cursor = await links.claim_partition(plan.broker, plan, pid, now.generation)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Timeout, symbol, ulong
+from proton import Message, Timeout, symbol, ulong
 from proton.utils import LinkDetached
 from spate.core import groups, ownership
 from spate.core.errors import AlreadyExists, FailedPrecondition
@@ -496,3 +496,53 @@ def test_client_group_consumers_rebalance_and_report_their_partitions(
         assert sorted(one.receive().body for _ in range(4)) == ["c0", "c1", "c2", "c3"]
     finally:
         one.close()
+
+
+def test_three_then_five_then_two_members_lose_nothing(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """The three-node test's membership changes at this tier (tests/integration
+    test_consumer_groups.py): every message reaches a member, and the group settles balanced
+    after each change."""
+    from support.group_crew import Crew, settle
+
+    stream = make_stream(partitions=6)
+    define(broker, loop_thread, stream, "crew")
+    published = dict.fromkeys(range(6), 0)
+    with blocking(gateway) as conn:
+        senders = [
+            conn.create_sender(
+                stream, name=f"tx-{p}", options=LinkProperties({PARTITION: symbol(str(p))})
+            )
+            for p in range(6)
+        ]
+
+        def publish_round() -> None:
+            for p, sender in enumerate(senders):
+                sender.send(Message(body=f"{p}-{published[p]}"))
+                published[p] += 1
+
+        crew = Crew(gateway.url, stream, "crew")
+        try:
+            for size in (3, 5, 2):
+                if size > len(crew.members):
+                    crew.add(size - len(crew.members))
+                else:
+                    crew.remove(len(crew.members) - size)
+                settle(crew, publish_round, 6, timeout_s=30)
+            deadline = time.monotonic() + 30
+            while True:
+                with crew.lock:
+                    seen = {(p, o) for _, p, o in crew.got}
+                missing = [
+                    (p, o) for p in range(6) for o in range(published[p]) if (p, o) not in seen
+                ]
+                if not missing:
+                    break
+                if time.monotonic() > deadline:
+                    with crew.lock:
+                        history = [(i, p, o) for i, p, o in crew.got if p == missing[0][0]]
+                    raise AssertionError(f"never delivered: {missing[:10]}; {history}")
+                time.sleep(0.2)
+        finally:
+            crew.close()

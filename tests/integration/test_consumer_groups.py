@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from proton import Message, symbol, ulong
 from proton.utils import BlockingConnection
 from support.amqp_clients import JS_DIR, LinkProperties
 from support.cluster import Cluster
+from support.group_crew import Crew, settle
 
 MEMBER = Path(__file__).resolve().parents[1] / "support" / "group_member.py"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "amqp.md"
@@ -89,6 +89,8 @@ def attach_when_led(url: str, stream: str, group: str, epoch: int | None) -> tup
         except Exception as refused:
             text = str(refused)
             retryable = "resource-locked" in text and "already has an active receiver" not in text
+            # a gateway whose routes lag a restart passes a node's redirect on: again, later
+            retryable = retryable or "link:redirect" in text
             if not retryable or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -196,67 +198,6 @@ def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
 # coordinator members on three nodes (003 "Consumer Groups", "Consumer Group Rebalancing") ------
 
 
-class Crew:
-    """GroupConsumers in this process, each consuming in its own thread and recording what it
-    got: (member, partition, offset) in arrival order."""
-
-    def __init__(self, url: str, stream: str, group: str) -> None:
-        self.url, self.stream, self.group = url, stream, group
-        self.members: dict[int, tuple[Any, threading.Thread]] = {}
-        self.got: list[tuple[int, int, int]] = []
-        self.lock = threading.Lock()
-        self.next_id = 0
-
-    def add(self, count: int) -> None:
-        from spate.client import GroupConsumer
-
-        for _ in range(count):
-            self.next_id += 1
-            member = GroupConsumer(self.url, self.stream, self.group, credit=20)
-            thread = threading.Thread(target=self._run, args=(self.next_id, member), daemon=True)
-            self.members[self.next_id] = (member, thread)
-            thread.start()
-
-    def _run(self, ident: int, member: Any) -> None:
-        from spate.client import ConsumerClosed
-
-        while True:
-            try:
-                event = member.receive(timeout=None)
-            except (ConsumerClosed, Exception):
-                return
-            with self.lock:
-                self.got.append((ident, int(event.partition), event.offset))
-
-    def remove(self, count: int) -> None:
-        for ident in sorted(self.members)[:count]:
-            member, thread = self.members.pop(ident)
-            member.close()
-            thread.join(10)
-
-    def assignments(self) -> dict[int, frozenset[int]]:
-        return {ident: member.assignment for ident, (member, _) in self.members.items()}
-
-    def close(self) -> None:
-        self.remove(len(self.members))
-
-
-def settle(crew: Crew, publish_round: Callable[[], None], size: int, timeout_s: float = 60) -> None:
-    """Publish a round to every partition until the members' partitions are disjoint, cover
-    the stream and are balanced (each holds 6 // members or one more)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        publish_round()
-        time.sleep(0.3)
-        held = crew.assignments()
-        union = [p for parts in held.values() for p in parts]
-        sizes = sorted(len(parts) for parts in held.values())
-        balanced = sizes and sizes[0] >= size // len(held) and sizes[-1] <= -(-size // len(held))
-        if sorted(union) == list(range(size)) and balanced:
-            return
-        assert time.monotonic() < deadline, f"the group never settled: {held}"
-
-
 def test_three_then_five_then_two_members_share_six_partitions_without_loss(
     cluster3: Cluster,
 ) -> None:
@@ -270,7 +211,9 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
     published: dict[int, int] = dict.fromkeys(range(6), 0)
     conn = BlockingConnection(gateway, timeout=30)
     senders = [
-        conn.create_sender("work", options=LinkProperties({PARTITION: symbol(str(p))}))
+        conn.create_sender(
+            "work", name=f"tx-{p}", options=LinkProperties({PARTITION: symbol(str(p))})
+        )
         for p in range(6)
     ]
 
@@ -298,7 +241,10 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
             missing = [(p, o) for p in range(6) for o in range(published[p]) if (p, o) not in seen]
             if not missing:
                 break
-            assert time.monotonic() < deadline, f"never delivered: {missing[:10]}"
+            if time.monotonic() > deadline:
+                with crew.lock:
+                    history = [(i, p, o) for i, p, o in crew.got if p == missing[0][0]]
+                raise AssertionError(f"never delivered: {missing[:10]}; {history}")
             time.sleep(0.2)
         with crew.lock:
             got = list(crew.got)
@@ -310,7 +256,7 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
         # the partition up (its unsettled window, credit 20), at most 6 moves per rebalance
         assert len(twice) <= 3 * 6 * 20, twice
         described = cluster3.cli_json("group", "describe", "work", "crew")
-        assert described["group"]["name"] == "crew"
+        assert described["name"] == "crew" and described["defined"] is True
     finally:
         crew.close()
         conn.close()
@@ -395,7 +341,7 @@ def test_group_definitions_and_members_survive_a_metadata_leader_kill(cluster3: 
         assert time.monotonic() < deadline, done.stderr
         time.sleep(0.5)
     described = json.loads(done.stdout)
-    assert described["group"]["strategy"] == "round-robin"
+    assert described["definition"]["strategy"] == "round-robin"
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
     from spate.client import GroupConsumer
 

@@ -236,7 +236,7 @@ def test_4_5_2_a_competing_attach_is_rejected_unless_its_epoch_is_greater(
         if client == "proton":
             # refused: owned (not above), or stale (below the epoch the partition recorded)
             for epoch in (None, ulong(3), ulong(4)):
-                with pytest.raises(LinkDetached, match="resource-locked|precondition-failed"):
+                with pytest.raises(LinkDetached, match=r"resource-locked|precondition-failed"):
                     conn.create_receiver(
                         stream, name=unique("b"), options=[group_link("g", epoch=epoch)]
                     )

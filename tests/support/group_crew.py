@@ -1,0 +1,70 @@
+"""GroupConsumers in one process for the consumer-group tests (tests/gateway and
+tests/integration test_consumer_groups.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Crew:
+    """GroupConsumers in this process, each consuming in its own thread and recording what it
+    got: (member, partition, offset) in arrival order."""
+
+    def __init__(self, url: str, stream: str, group: str) -> None:
+        self.url, self.stream, self.group = url, stream, group
+        self.members: dict[int, tuple[Any, threading.Thread]] = {}
+        self.got: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+        self.next_id = 0
+
+    def add(self, count: int) -> None:
+        from spate.client import GroupConsumer
+
+        for _ in range(count):
+            self.next_id += 1
+            member = GroupConsumer(self.url, self.stream, self.group, credit=20)
+            thread = threading.Thread(target=self._run, args=(self.next_id, member), daemon=True)
+            self.members[self.next_id] = (member, thread)
+            thread.start()
+
+    def _run(self, ident: int, member: Any) -> None:
+        from spate.client import ConsumerClosed
+
+        while True:
+            try:
+                event = member.receive(timeout=None)
+            except (ConsumerClosed, Exception):
+                return
+            with self.lock:
+                self.got.append((ident, int(event.partition), event.offset))
+
+    def remove(self, count: int) -> None:
+        for ident in sorted(self.members)[:count]:
+            member, thread = self.members.pop(ident)
+            member.close()
+            thread.join(10)
+
+    def assignments(self) -> dict[int, frozenset[int]]:
+        return {ident: member.assignment for ident, (member, _) in self.members.items()}
+
+    def close(self) -> None:
+        self.remove(len(self.members))
+
+
+def settle(crew: Crew, publish_round: Callable[[], None], size: int, timeout_s: float = 60) -> None:
+    """Publish a round to every partition until the members' partitions are disjoint, cover
+    the stream and are balanced (each holds 6 // members or one more)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        publish_round()
+        time.sleep(0.3)
+        held = crew.assignments()
+        union = [p for parts in held.values() for p in parts]
+        sizes = sorted(len(parts) for parts in held.values())
+        balanced = sizes and sizes[0] >= size // len(held) and sizes[-1] <= -(-size // len(held))
+        if sorted(union) == list(range(size)) and balanced:
+            return
+        assert time.monotonic() < deadline, f"the group never settled: {held}"
