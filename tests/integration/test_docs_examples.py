@@ -19,12 +19,13 @@ BLOCK = re.compile(r"```(python|js) example\n(.*?)```", re.DOTALL)
 
 def examples() -> list[tuple[str, str]]:
     found = [(m.group(1), m.group(2)) for m in BLOCK.finditer(DOC.read_text())]
-    assert [language for language, _ in found] == ["python", "python", "js"], found
+    assert [language for language, _ in found] == ["python", "python", "python", "js"], found
     return found
 
 
 def test_every_example_in_docs_client_runs(cluster: Cluster) -> None:
     cluster.cli("stream", "create", "orders")
+    cluster.cli("stream", "create", "jobs", "--partitions", "4")
     gateway = cluster.state["gateways"][0]
     env = {**os.environ, "SPATE_URL": f"amqp://{gateway['amqp']}"}
     outputs = []
@@ -42,6 +43,7 @@ def test_every_example_in_docs_client_runs(cluster: Cluster) -> None:
         assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
         outputs.append(done.stdout)
     assert outputs[0].startswith("0 "), outputs[0]  # the first event's offset
-    assert "accepted after 1 redirect(s)" in outputs[2]
+    assert outputs[2].strip() == "holding [0, 1, 2, 3]", outputs[2]
+    assert "accepted after 1 redirect(s)" in outputs[3]
     with Consumer(cluster.amqp_url(), "orders", start="last") as consumer:
         assert consumer.receive(timeout=10).body == "from rhea"  # rhea sent an amqp-value
