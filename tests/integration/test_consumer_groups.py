@@ -358,3 +358,49 @@ def test_group_definitions_and_members_survive_a_metadata_leader_kill(cluster3: 
         assert member.receive(timeout=60).body == "after"
     finally:
         member.close()
+
+
+def test_a_group_consumer_rides_the_kill_of_its_coordinator_s_leader(cluster3: Cluster) -> None:
+    """The coordinator lives at partition 0's leader: kill -9 it; the member's link ends, it
+    attaches again (reconnect_timeout_s), rejoins the group at the new leader and receives
+    every partition's messages again, after the group's committed offsets."""
+    from spate.client import GroupConsumer
+
+    cluster3.cli("stream", "create", "ride", "--partitions", "3", "--replicas", "3")
+    cluster3.cli("group", "create", "ride", "riders", "--rebalance-delay-ms", "0")
+    for p in range(3):
+        cluster3.leader_of("ride", p)
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    member = GroupConsumer(gateway, "ride", "riders", reconnect_timeout_s=60)
+    try:
+        for p in range(3):
+            publish_one(gateway, "ride", p, f"before-{p}")
+        got = {member.receive(timeout=60).body for _ in range(3)}
+        assert got == {f"before-{p}" for p in range(3)}
+        home = cluster3.leader_of("ride", 0)
+        cluster3.kill9(cluster3.index_of(home))
+        deadline = time.monotonic() + 60
+        for p in range(3):
+            while True:  # the partitions' leaders move too: publish once they have one
+                try:
+                    publish_one(gateway, "ride", p, f"after-{p}")
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.5)
+        after = set()
+        while len(after) < 3:
+            try:
+                body = member.receive(timeout=90).body
+            except TimeoutError:
+                log = Path(cluster3.state["gateways"][0]["log"]).read_text()[-3000:]
+                raise AssertionError(
+                    f"reconnects {member.reconnects}, assignment {member.assignment}, got "
+                    f"{after}; the gateway's log ends:\n{log}"
+                ) from None
+            assert not body.startswith("before"), body  # committed: not delivered again
+            after.add(body)
+        assert after == {f"after-{p}" for p in range(3)}
+        assert member.reconnects >= 1
+    finally:
+        member.close()
