@@ -173,12 +173,7 @@ class ActiveGroups:
                 "take over",
                 current,
             )
-        for waiting in group.members[1:]:  # an earlier claim not granted yet is displaced
-            if waiting != group.current:
-                group.members.remove(waiting)
-                told = self.activation.pop(waiting, None)
-                if told is not None:
-                    told(False)
+        self._displace_waiting(group)  # an earlier claim not granted yet
         group.members.append(member)
         group.epoch = epoch
         if group.current is None:
@@ -213,12 +208,7 @@ class ActiveGroups:
             return member, current + 1, True
         if generation <= (group.generation or 0) and group.current is not None:
             raise Owned(f"{_text(name)} is held in generation {group.generation} already", current)
-        for waiting in group.members[1:]:
-            if waiting != group.current:
-                group.members.remove(waiting)
-                told = self.activation.pop(waiting, None)
-                if told is not None:
-                    told(False)
+        self._displace_waiting(group)
         group.members.append(member)
         group.epoch, group.generation = current + 1, generation
         if group.current is None:
@@ -311,6 +301,15 @@ class ActiveGroups:
             return self._promote(group)
         self._rebalance(group)
         return None
+
+    def _displace_waiting(self, group: Group) -> None:
+        """A newer claim displaces the claims still waiting for the holder (told False)."""
+        for waiting in group.members[1:]:
+            if waiting != group.current:
+                group.members.remove(waiting)
+                told = self.activation.pop(waiting, None)
+                if told is not None:
+                    told(False)
 
     def _rebalance(self, group: Group) -> None:
         """Ask the current member to step down when another one is designated."""

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 import struct
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,15 +198,11 @@ class ConsumerPart:
                         lib.pn_delivery_settle(delivery)
                     self.host.schedule_pump()
         except BrokerError as err:
-            if not consumer.closed and not self.host.closed:
-                error = amqp_error(err)
-                self.host.end_consumer(
-                    consumer,
-                    plain(
-                        error.condition,
-                        f"the single-active-consumer hand-over failed: {error.description}",
-                    ),
-                )
+            self._end_with(
+                consumer,
+                err,
+                lambda description: f"the single-active-consumer hand-over failed: {description}",
+            )
 
     # partition-agnostic group links (ADR 0015) --------------------------------------------------
 
@@ -275,16 +271,14 @@ class ConsumerPart:
                     self._associations_changed(consumer)
                 known = now
         except BrokerError as err:
-            if not consumer.closed and not self.host.closed:
-                error = amqp_error(err)
-                self.host.end_consumer(
-                    consumer,
-                    plain(
-                        error.condition,
-                        f"consumer group {group!r} of {plan.stream!r}: {error.description}; "
-                        "attach again to rejoin",
-                    ),
-                )
+            self._end_with(
+                consumer,
+                err,
+                lambda description: (
+                    f"consumer group {group!r} of {plan.stream!r}: {description}; "
+                    "attach again to rejoin"
+                ),
+            )
 
     async def _hold(self, consumer: ConsumerLink, track: Track) -> None:
         """One partition a member holds, until it is given up or taken: a claim of a newer
@@ -360,16 +354,23 @@ class ConsumerPart:
                 ),
             )
         except BrokerError as err:
-            if not consumer.closed and not self.host.closed:
-                error = amqp_error(err)
-                self.host.end_consumer(
-                    consumer,
-                    plain(
-                        error.condition,
-                        f"{where} is no longer owned by this link: {error.description}; attach "
-                        "again (with the same epoch) to own it",
-                    ),
-                )
+            self._end_with(
+                consumer,
+                err,
+                lambda description: (
+                    f"{where} is no longer owned by this link: {description}; attach "
+                    "again (with the same epoch) to own it"
+                ),
+            )
+
+    def _end_with(
+        self, consumer: ConsumerLink, err: BrokerError, say: Callable[[str], str]
+    ) -> None:
+        """End a consumer link whose group work failed, with the error's condition and `say`
+        of its description (unless the link or the connection is gone already)."""
+        if not consumer.closed and not self.host.closed:
+            error = amqp_error(err)
+            self.host.end_consumer(consumer, plain(error.condition, say(error.description)))
 
     def _stop(self, consumer: ConsumerLink) -> tuple[int | None, list[Any]]:
         """The active member steps down: send nothing more, and start afresh on what the client

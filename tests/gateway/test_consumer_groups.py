@@ -23,7 +23,6 @@ from proton import Message, Timeout, symbol, ulong
 from proton.utils import LinkDetached
 from spate.core import groups, ownership
 from spate.core.errors import AlreadyExists, FailedPrecondition
-from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from support.amqp_clients import (
@@ -37,6 +36,7 @@ from support.amqp_clients import (
     run_rhea,
     unique,
 )
+from support.group_crew import define_group
 from support.memory_broker import MemoryBroker
 
 GROUP = symbol("event-streams-consumer-group")
@@ -313,20 +313,6 @@ def test_client_group_consumers_commit_and_one_takes_over_with_an_epoch(
 ASSOCIATED = "event-streams-associated-partitions-changed"
 
 
-def define(broker: Any, loop_thread: Any, stream: str, group: str, strategy: str = "round-robin"):
-    """A group whose rebalances start at once (no coalescing delay), for the tests."""
-    definition = GroupDefinition(
-        StreamName(stream), group, Strategy(strategy), rebalance_delay_ms=0
-    )
-
-    def apply() -> None:
-        broker.define_group(definition)
-        if hasattr(broker, "refresh"):  # a proxy gateway: its next metadata refresh, now
-            broker.refresh()
-
-    loop_thread.run(apply)
-
-
 def associated(message: Any) -> list[str] | None:
     """The message's `event-streams-associated-partitions-changed` (an array of symbols)."""
     value = (message.instructions or {}).get(ASSOCIATED)
@@ -353,7 +339,7 @@ def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
     changed delivery annotation on the next transfer to notify the consumer of the new
     association"; 003 round-robin with a rebalance when a member joins and when it leaves."""
     stream = make_stream(partitions=4)
-    define(broker, loop_thread, stream, "g")
+    define_group(broker, loop_thread, stream, "g")
     for p in range(4):
         publish_to(gateway, stream, p, [f"a{p}"])
     with blocking(gateway) as one, blocking(gateway) as two:
@@ -402,7 +388,7 @@ def test_a_surplus_member_waits_attached_until_a_partition_frees_up(
     """000 §4.5.1 scenario 2: "keep further incoming attach requests pending and complete those
     only once a partition becomes again available for assignment"."""
     stream = make_stream(partitions=2)
-    define(broker, loop_thread, stream, "w")
+    define_group(broker, loop_thread, stream, "w")
     with blocking(gateway) as conn, blocking(gateway, timeout_s=30) as later:
         first = conn.create_receiver(stream, name=unique("m"), options=[grouped("w", None)])
         conn.create_receiver(stream, name=unique("m"), options=[grouped("w", None)])
@@ -430,7 +416,7 @@ def test_a_member_that_goes_hands_its_partitions_over_after_its_commits(
     """003 "Consumer Group Rebalancing": a member leaving triggers a rebalance; the member
     taking over starts after the group's committed offset (no gap, nothing twice)."""
     stream = make_stream(partitions=2)
-    define(broker, loop_thread, stream, "h", "sticky")
+    define_group(broker, loop_thread, stream, "h", "sticky")
     for p in range(2):
         publish_to(gateway, stream, p, [f"m{p}-{i}" for i in range(3)])
     with blocking(gateway) as one, blocking(gateway) as two:
@@ -474,7 +460,7 @@ def test_client_group_consumers_rebalance_and_report_their_partitions(
     from spate.client import GroupConsumer
 
     stream = make_stream(partitions=4)
-    define(broker, loop_thread, stream, "gc", "range")
+    define_group(broker, loop_thread, stream, "gc", "range")
     seen: list[frozenset[int]] = []
     one = GroupConsumer(gateway.url, stream, "gc", start="first", on_assignment=seen.append)
     try:
@@ -507,7 +493,7 @@ def test_three_then_five_then_two_members_lose_nothing(
     from support.group_crew import Crew, settle
 
     stream = make_stream(partitions=6)
-    define(broker, loop_thread, stream, "crew")
+    define_group(broker, loop_thread, stream, "crew")
     published = dict.fromkeys(range(6), 0)
     with blocking(gateway) as conn:
         senders = [
@@ -529,20 +515,7 @@ def test_three_then_five_then_two_members_lose_nothing(
                     crew.add(size - len(crew.members))
                 else:
                     crew.remove(len(crew.members) - size)
-                settle(crew, publish_round, 6, timeout_s=30)
-            deadline = time.monotonic() + 30
-            while True:
-                with crew.lock:
-                    seen = {(p, o) for _, p, o in crew.got}
-                missing = [
-                    (p, o) for p in range(6) for o in range(published[p]) if (p, o) not in seen
-                ]
-                if not missing:
-                    break
-                if time.monotonic() > deadline:
-                    with crew.lock:
-                        history = [(i, p, o) for i, p, o in crew.got if p == missing[0][0]]
-                    raise AssertionError(f"never delivered: {missing[:10]}; {history}")
-                time.sleep(0.2)
+                settle(crew, publish_round, 6, timeout_s=60)
+            crew.wait_delivered(published, 30)
         finally:
             crew.close()

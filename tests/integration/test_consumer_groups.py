@@ -234,18 +234,7 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
             assert len(held) == size
         for _ in range(3):
             publish_round()
-        deadline = time.monotonic() + 60
-        while True:  # every message published reaches some member
-            with crew.lock:
-                seen = {(p, o) for _, p, o in crew.got}
-            missing = [(p, o) for p in range(6) for o in range(published[p]) if (p, o) not in seen]
-            if not missing:
-                break
-            if time.monotonic() > deadline:
-                with crew.lock:
-                    history = [(i, p, o) for i, p, o in crew.got if p == missing[0][0]]
-                raise AssertionError(f"never delivered: {missing[:10]}; {history}")
-            time.sleep(0.2)
+        crew.wait_delivered(published, 60)  # every message published reaches a member
         with crew.lock:
             got = list(crew.got)
         takers: dict[tuple[int, int], set[int]] = {}

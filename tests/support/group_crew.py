@@ -8,6 +8,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spate.core.groups import GroupDefinition, Strategy
+from spate.core.ids import StreamName
+
+
+def define_group(
+    broker: Any, loop_thread: Any, stream: str, group: str, strategy: str = "round-robin"
+) -> None:
+    """A group whose rebalances start at once (no coalescing delay), defined on a test broker
+    of the gateway suites (a proxy gateway's routes refreshed at once)."""
+    definition = GroupDefinition(
+        StreamName(stream), group, Strategy(strategy), rebalance_delay_ms=0
+    )
+
+    def apply() -> None:
+        broker.define_group(definition)
+        if hasattr(broker, "refresh"):  # a proxy gateway: its next metadata refresh, now
+            broker.refresh()
+
+    loop_thread.run(apply)
+
 
 class Crew:
     """GroupConsumers in this process, each consuming in its own thread and recording what it
@@ -49,6 +69,21 @@ class Crew:
 
     def assignments(self) -> dict[int, frozenset[int]]:
         return {ident: member.assignment for ident, (member, _) in self.members.items()}
+
+    def wait_delivered(self, published: dict[int, int], timeout_s: float) -> None:
+        """Until every (partition, offset) below `published[partition]` reached a member."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                seen = {(p, o) for _, p, o in self.got}
+            missing = [(p, o) for p, n in published.items() for o in range(n) if (p, o) not in seen]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                with self.lock:
+                    history = [(i, p, o) for i, p, o in self.got if p == missing[0][0]]
+                raise AssertionError(f"never delivered: {missing[:10]}; {history}")
+            time.sleep(0.2)
 
     def close(self) -> None:
         self.remove(len(self.members))

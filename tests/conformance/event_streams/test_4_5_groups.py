@@ -22,8 +22,6 @@ from typing import Any
 import pytest
 from proton import Timeout, symbol, ulong
 from proton.utils import LinkDetached
-from spate.core.groups import GroupDefinition, Strategy
-from spate.core.ids import StreamName
 from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
@@ -34,6 +32,7 @@ from support.amqp_clients import (
     unique,
 )
 from support.event_streams import PARTITION, SOURCE_PARTITION
+from support.group_crew import define_group
 
 GROUP = symbol("event-streams-consumer-group")
 EPOCH = symbol("event-streams-epoch")
@@ -47,19 +46,6 @@ def group_link(group: str, partition: str | None = "0", epoch: Any = None) -> Li
     if epoch is not None:
         props[EPOCH] = epoch
     return LinkProperties(props)
-
-
-def define(broker: Any, loop_thread: Any, stream: str, group: str) -> None:
-    definition = GroupDefinition(
-        StreamName(stream), group, Strategy.ROUND_ROBIN, rebalance_delay_ms=0
-    )
-
-    def apply() -> None:
-        broker.define_group(definition)
-        if hasattr(broker, "refresh"):  # a proxy gateway: its next metadata refresh, now
-            broker.refresh()
-
-    loop_thread.run(apply)
 
 
 def associated(message: Any) -> list[str] | None:
@@ -139,7 +125,7 @@ def test_4_5_1_a_group_link_without_a_partition_is_served_by_the_node(
     also attach consumer group links while leaving them partition-agnostics", which Spate does:
     the link is a member of the group's coordinator and receives from what it is given."""
     stream = make_stream(partitions=2)
-    define(broker, loop_thread, stream, "g")
+    define_group(broker, loop_thread, stream, "g")
     publish(gateway, stream, ["a"], {PARTITION: symbol("0")})
     publish(gateway, stream, ["b"], {PARTITION: symbol("1")})
     with blocking(gateway) as conn:
@@ -158,7 +144,7 @@ def test_4_5_1_surplus_attaches_are_kept_pending_until_a_partition_frees_up(
     but keep further incoming attach requests pending and complete those only once a
     partition becomes again available for assignment"."""
     stream = make_stream(partitions=1 + 1)
-    define(broker, loop_thread, stream, "w")
+    define_group(broker, loop_thread, stream, "w")
     with blocking(gateway) as conn, blocking(gateway, timeout_s=30) as later:
         first = conn.create_receiver(stream, name=unique("m"), options=[group_link("w", None)])
         conn.create_receiver(stream, name=unique("m"), options=[group_link("w", None)])
@@ -185,7 +171,7 @@ def test_4_5_1_and_4_6_5_an_agnostic_group_link_is_told_when_its_partitions_chan
     links, the event log node SHOULD add this annotation to the next transfer to the consumer
     every time the association of partitions with the link changes." (an array of symbols)"""
     stream = make_stream(partitions=2)
-    define(broker, loop_thread, stream, "g")
+    define_group(broker, loop_thread, stream, "g")
     with blocking(gateway) as one, blocking(gateway) as two:
         a = one.create_receiver(
             stream, name=unique("a"), credit=20, options=[group_link("g", None)]
@@ -312,5 +298,5 @@ def test_4_6_2_a_node_requiring_configured_groups_refuses_an_unknown_one(
         with pytest.raises(LinkDetached, match="not-found") as refused:
             conn.create_receiver(stream, name=unique("a"), options=[group_link("nope")])
         assert "spate group create" in str(refused.value)
-        define(broker, loop_thread, stream, "yes")
+        define_group(broker, loop_thread, stream, "yes")
         conn.create_receiver(stream, name=unique("b"), options=[group_link("yes")]).close()
