@@ -86,6 +86,17 @@ class Track:
     """The next per-partition sequence number (never reused on the link)."""
     storing: asyncio.Future[Any] | None = None
     dropped: bool = False
+    began: int = 0
+    """Where its cursor began: a holder that gives the partition up having finished nothing
+    of a partition with no committed offset stores the offset before it, so the next holder
+    goes on from there rather than from its own `next` (nothing between is skipped)."""
+
+    def final_offset(self) -> int | None:
+        """What to store when the partition is given up (None: nothing)."""
+        offset = self.tracker.take()
+        if offset is None and not self.cursor.resumed and self.tracker.stored is None:
+            return self.began - 1 if self.began > 0 else None
+        return offset
 
 
 PARTITION_SHIFT = 40
@@ -216,6 +227,7 @@ class ConsumerPart:
                 self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms, done_tag=last
             ),
             last + 1,
+            began=int(cursor.next_offset),
         )
         assert consumer.tracks is not None
         consumer.tracks[pid] = track
@@ -313,7 +325,7 @@ class ConsumerPart:
             plan.cursors.remove(cursor)
         cursor.pending.clear()
         cursor.partition.remove_listener(self.host.schedule_pump)
-        offset = track.tracker.take() if store else None
+        offset = track.final_offset() if store else None
         if track.storing is not None:
             with contextlib.suppress(BrokerError):
                 await asyncio.shield(track.storing)
@@ -415,7 +427,7 @@ class ConsumerPart:
             for track in list(consumer.tracks.values()):
                 track.dropped = True
                 storing = track.storing
-                offset = track.tracker.take()
+                offset = track.final_offset()
                 flushes.append(
                     asyncio.ensure_future(_member_flush(consumer.plan, track, storing, offset))
                 )

@@ -407,6 +407,9 @@ class Cursor:
     group's offset (the leader; `partition` may be another replica it reads from)."""
     member: int = 0
     """A coordinator member's place in the partition's exclusive group (its claim)."""
+    resumed: bool = False
+    """A coordinator member's partition: it began after the group's committed offset (False:
+    nothing was committed, it began at its start filter or `next`)."""
 
     def available(self) -> bool:
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
@@ -747,7 +750,14 @@ async def claim_partition(
         if reader is not owner:
             reader.detach()
         raise
-    return Cursor(reader, partition_symbol(pid), start, owner=owner, member=attached.member)
+    return Cursor(
+        reader,
+        partition_symbol(pid),
+        start,
+        owner=owner,
+        member=attached.member,
+        resumed=attached.stored is not None,
+    )
 
 
 def resume_specs(stored: ConsumerOffset | None) -> tuple[OffsetSpec, ...]:

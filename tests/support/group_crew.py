@@ -37,6 +37,7 @@ class Crew:
         self.url, self.stream, self.group = url, stream, group
         self.members: dict[int, tuple[Any, threading.Thread]] = {}
         self.got: list[tuple[int, int, int]] = []
+        self.errors: list[tuple[int, str]] = []
         self.lock = threading.Lock()
         self.next_id = 0
 
@@ -56,7 +57,11 @@ class Crew:
         while True:
             try:
                 event = member.receive(timeout=None)
-            except (ConsumerClosed, Exception):
+            except ConsumerClosed:
+                return
+            except Exception as error:  # a member that stopped: the test says why
+                with self.lock:
+                    self.errors.append((ident, repr(error)))
                 return
             with self.lock:
                 self.got.append((ident, int(event.partition), event.offset))
@@ -82,7 +87,9 @@ class Crew:
             if time.monotonic() > deadline:
                 with self.lock:
                     history = [(i, p, o) for i, p, o in self.got if p == missing[0][0]]
-                raise AssertionError(f"never delivered: {missing[:10]}; {history}")
+                raise AssertionError(
+                    f"never delivered: {missing[:10]}; {history}; members stopped: {self.errors}"
+                )
             time.sleep(0.2)
 
     def close(self) -> None:
