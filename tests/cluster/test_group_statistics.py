@@ -1,7 +1,7 @@
 """Consumer group statistics over gRPC from a node's real replicas (003 "Consumer Group
 Statistics", ADR 0015): the committed offset and lag DescribeConsumerGroup answers follow the
 offsets stored under `$group/<g>` — by an operator's reset (SetConsumerOffset, the path of
-`spate consumer offset --set`) and by a link's store at the leader (Partition.store_offset) —
+`spate consumer offset --set`; a link's store is fenced by ownership) —
 and the epoch follows `$epoch/<g>`; ListConsumers does not show those names."""
 
 from __future__ import annotations
@@ -109,9 +109,10 @@ def test_describe_follows_the_offsets_stored_under_the_group_name(
         assert not second.HasField("committed_offset")
         assert (second.end_offset, second.lag) == (4, 4)  # nothing committed: all retained
         assert (answer.lag, answer.links_attached, list(answer.partitions_here)) == (10, 0, [0, 1])
-        # a link's stores at the leader (what an owner's commits are), and an epoch grant
-        await p0.store_offset(b"$group/billing", 8)
-        await p1.store_offset(b"$group/billing", 3)
+        # stores at the leader (an owner's commits are fenced by ownership; an operator's
+        # reset is not, with no link attached), and an epoch grant
+        await p0.reset_offset(b"$group/billing", 8)
+        await p1.reset_offset(b"$group/billing", 3)
         await p1.store_offset(b"$epoch/billing", 2)
         answer = await stub.DescribeConsumerGroup(describe)
         first, second = answer.partitions
