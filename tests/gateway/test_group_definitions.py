@@ -91,7 +91,7 @@ def test_a_reserved_consumer_name_is_refused_as_invalid_field(
     with blocking(gateway) as conn:
         with pytest.raises(Exception, match="invalid-field") as refused:
             conn.create_receiver(stream, name=unique("rx"), options=[properties])
-        assert "are reserved (consumer groups use" in str(refused.value)
+        assert "are reserved for consumer groups" in str(refused.value)
         # a name with '$' elsewhere is an ordinary consumer name
         fine = LinkProperties({symbol("spate:consumer-name"): "app$1"})
         conn.create_receiver(stream, name=unique("rx"), options=[fine]).close()
