@@ -849,9 +849,12 @@ def _register_groups(
         parents=[common],
         help="list the consumer groups of a stream",
         description="List every consumer group of STREAM — defined, or seen because a "
-        "partition stores a committed offset for it — with its strategy, how many of its "
-        "partition owners are attached and its total lag, as the answering node's replicas "
-        "hold them (like `spate consumer list`: partitions it does not host count for nothing).",
+        "partition stores a committed offset (or partition 0 a generation) for it — with its "
+        "strategy; its coordinator's state (Stable, Rebalancing, or Empty: no members now), "
+        "member count and generation; how many of its partition owners are attached and its "
+        "total lag, as the answering node's replicas hold them (like `spate consumer list`: "
+        "partitions it does not host count for nothing). When the coordinator (at the leader "
+        "of partition 0) cannot be reached the rest is shown, with the reason.",
     )
     listing.add_argument("stream", metavar="STREAM", help="the stream")
     listing.set_defaults(run=_group_list)
@@ -864,8 +867,11 @@ def _register_groups(
         "of STREAM: whether its owner is attached, the owner epoch, the committed offset (the "
         "last message the group is done with), the end offset and the lag (messages after "
         "the committed offset; all retained ones when nothing is committed), as the answering "
-        "node's replicas hold them ('-' for partitions it does not host). Exit 3 when GROUP "
-        "is neither defined nor seen.",
+        "node's replicas hold them ('-' for partitions it does not host), and the member "
+        "holding it; then the coordinator's state, generation and members (partitions held "
+        "and being released, heartbeat age, session timeout). When the coordinator cannot be "
+        "reached the rest is shown, with the reason. Exit 3 when GROUP is neither defined, "
+        "seen, nor known to its coordinator.",
     )
     describe.add_argument("stream", metavar="STREAM", help="the stream")
     describe.add_argument("name", metavar="GROUP", help="the group")
@@ -926,6 +932,10 @@ def _group_list(args: argparse.Namespace) -> int:
             "definition": _group_json(g.definition) if g.HasField("definition") else None,
             "links_attached": g.links_attached,
             "lag": g.lag,
+            "state": g.state or None,
+            "generation": g.generation if g.HasField("generation") else None,
+            "members": g.members,
+            "coordinator_unavailable": g.coordinator_unavailable or None,
         }
         for g in response.groups
     ]
@@ -945,12 +955,22 @@ def _group_list(args: argparse.Namespace) -> int:
             [
                 g["name"],
                 g["definition"]["strategy"] if g["defined"] else "not defined",
+                g["state"] or "unknown",
+                str(g["members"]) if g["state"] else output.EMPTY,
+                output.number(g["generation"]),
                 str(g["links_attached"]),
                 str(g["lag"]),
             ]
             for g in found
         ]
-        _print(output.render_table(["GROUP", "STRATEGY", "ATTACHED", "LAG"], rows))
+        headers = ["GROUP", "STRATEGY", "STATE", "MEMBERS", "GENERATION", "ATTACHED", "LAG"]
+        notes = sorted({g["coordinator_unavailable"] for g in found} - {None})
+        _print(
+            "\n".join(
+                [output.render_table(headers, rows)]
+                + [f"The coordinator could not be asked: {why}" for why in notes]
+            )
+        )
     return EXIT_OK
 
 
@@ -968,9 +988,23 @@ def _group_describe(args: argparse.Namespace) -> int:
             "committed_offset": p.committed_offset if p.HasField("committed_offset") else None,
             "end_offset": p.end_offset if p.available else None,
             "lag": p.lag if p.available else None,
+            "member": p.member if p.HasField("member") else None,
         }
         for p in response.partitions
     ]
+    members: list[dict[str, Any]] = [
+        {
+            "member": m.member,
+            "partitions": list(m.partitions),
+            "releasing": list(m.releasing),
+            "heartbeat_age_ms": m.heartbeat_age_ms,
+            "session_timeout_ms": m.session_timeout_ms,
+        }
+        for m in response.members
+    ]
+    state = response.state or None
+    generation = response.generation if response.HasField("generation") else None
+    unavailable = response.coordinator_unavailable or None
     if args.output == "json":
         _print(
             output.render_json(
@@ -979,6 +1013,10 @@ def _group_describe(args: argparse.Namespace) -> int:
                     "name": response.name,
                     "defined": definition is not None,
                     "definition": definition,
+                    "state": state,
+                    "generation": generation,
+                    "members": members,
+                    "coordinator_unavailable": unavailable,
                     "partitions": partitions,
                     "links_attached": response.links_attached,
                     "lag": response.lag,
@@ -994,6 +1032,26 @@ def _group_describe(args: argparse.Namespace) -> int:
             [("group", response.name), ("stream", response.stream), ("definition", "not defined")]
         )
     )
+    coordinator = output.render_fields(
+        [
+            ("state", state or f"unknown: the coordinator could not be asked ({unavailable})"),
+            ("generation", output.number(generation)),
+            ("members", str(len(members)) if state else output.EMPTY),
+        ]
+    )
+    member_rows = [
+        [
+            str(m["member"]),
+            _partitions_text(m["partitions"]),
+            _partitions_text(m["releasing"]),
+            output.duration(m["heartbeat_age_ms"]),
+            output.duration(m["session_timeout_ms"]),
+        ]
+        for m in members
+    ]
+    member_table = output.render_table(
+        ["MEMBER", "PARTITIONS", "RELEASING", "HEARTBEAT AGO", "SESSION TIMEOUT"], member_rows
+    )
     rows = [
         [
             str(p["partition"]),
@@ -1002,6 +1060,7 @@ def _group_describe(args: argparse.Namespace) -> int:
             output.number(p["committed_offset"]),
             output.number(p["end_offset"]),
             output.number(p["lag"]),
+            output.number(p["member"]),
         ]
         for p in partitions
     ]
@@ -1011,9 +1070,16 @@ def _group_describe(args: argparse.Namespace) -> int:
             ("total lag", str(response.lag)),
         ]
     )
-    table = output.render_table(["PARTITION", "OWNER", "EPOCH", "COMMITTED", "END", "LAG"], rows)
-    _print(f"{fields}\n\n{table}\n\n{totals}")
+    table = output.render_table(
+        ["PARTITION", "OWNER", "EPOCH", "COMMITTED", "END", "LAG", "MEMBER"], rows
+    )
+    blocks = [fields, coordinator] + ([member_table] if members else []) + [table, totals]
+    _print("\n\n".join(blocks))
     return EXIT_OK
+
+
+def _partitions_text(partitions: list[int]) -> str:
+    return ",".join(map(str, partitions)) or output.EMPTY
 
 
 def _group_delete(args: argparse.Namespace) -> int:

@@ -183,9 +183,12 @@ class Coordinators:
         if state is not None and state.coordinator.leave(member, self._now_ms()):
             self._changed(group)
 
-    def describe(self, group: str) -> GroupView | None:
+    async def describe(self, group: str) -> GroupView | None:
+        """None when no member is in `group` here (it never had one since this coordinator
+        started, or the last one left)."""
+        self._check_live()
         state = self.groups.get(group)
-        return None if state is None else state.coordinator.describe()
+        return None if state is None else state.coordinator.describe(self._now_ms())
 
     def disband(self) -> None:
         """This replica stopped leading the home partition: every poll fails with NotLeader."""

@@ -123,6 +123,9 @@ class GroupView:
     """Held by nobody (their target member left, or there are no members)."""
     storing: Generation | None
     rebalance_due_ms: int | None
+    now_ms: int = 0
+    """The coordinator's clock when described: a member's heartbeat age is `now_ms -
+    last_heartbeat_ms` (both on the coordinator's clock, which other processes do not share)."""
 
 
 PENDING_MAX_DEFAULT = 16
@@ -176,6 +179,11 @@ class GroupCoordinator(Protocol):
     ) -> Awaitable[None]: ...
 
     def leave(self, group: str, member: MemberId) -> Awaitable[None]: ...
+
+    def describe(self, group: str) -> Awaitable[GroupView | None]:
+        """The group as its coordinator sees it now (`spate group describe`); None when the
+        coordinator has no such group (no members since it started here)."""
+        ...
 
 
 # -- strategies (pure functions of the members in joining order)
@@ -460,7 +468,10 @@ class Coordinator:
             deadlines.append(self._due_ms)
         return min(deadlines, default=None)
 
-    def describe(self) -> GroupView:
+    def describe(self, now_ms: int | None = None) -> GroupView:
+        """The group now (`now_ms`, else the time of the last input)."""
+        if now_ms is not None:
+            self._clock(now_ms)
         views = []
         for member, known in self._members.items():
             assignment = self.assignment(member)
@@ -484,6 +495,7 @@ class Coordinator:
             frozenset(PartitionId(p) for p in range(self.partitions)) - set(self._holders),
             self._storing,
             self._due_ms,
+            self._now_ms,
         )
 
     # -- inside

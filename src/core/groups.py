@@ -166,6 +166,12 @@ def epoch_name(group: str) -> str:
     return EPOCH_PREFIX + group
 
 
+def generation_name(group: str) -> str:
+    """The consumer name (partition 0) whose stored value is the coordinator's last
+    generation."""
+    return GENERATION_PREFIX + group
+
+
 def group_of(consumer_name: str) -> str | None:
     """The group whose committed offset `consumer_name` stores (`$group/<g>` -> g), or None."""
     if consumer_name.startswith(COMMITTED_PREFIX) and len(consumer_name) > len(COMMITTED_PREFIX):

@@ -27,12 +27,13 @@ kind  name        direction  body
  33   CONSUMER    g -> n     request u64 | group | op u8 | name str16 | offset i64 | member u64
                              (REPLY: {"consumer": ... | null, "member": m, "active": b,
                              "epoch": e | null}; ops in CONSUMER_OPS)
- 34   GROUP       g -> n     request u64 | JSON {"op": "join" | "sync" | "released" | "leave",
-                             "stream", "group", "member", "settings": {"strategy",
+ 34   GROUP       g -> n     request u64 | JSON {"op": "join" | "sync" | "released" | "leave" |
+                             "describe", "stream", "group", "member", "settings": {"strategy",
                              "session_timeout_ms", "rebalance_delay_ms", "pending_max"} | null,
                              "known": assignment | null, "timeout_ms", "partitions": [p...],
                              "generation"}   (REPLY: join {"member": m}; sync the assignment
-                             {"generation", "partitions", "release"}; released, leave {})
+                             {"generation", "partitions", "release"}; released, leave {};
+                             describe {"group": view | null}, view below)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -47,6 +48,19 @@ spate.core.coordination) at the leader of the stream's partition 0: `settings` o
 or after `timeout_ms`, at most `limits.group_sync_wait_ms_max`: the gateway waits that long
 plus its request timeout), `partitions` and `generation` on a released. JSON because it is rare
 (a join, a poll per member every few seconds, a release per rebalance), not on the data path.
+
+`describe` (an operator's `spate group describe`, from any process: it needs no joined member)
+answers the coordinator's `GroupView`, or null when it has no such group now:
+
+```
+view = {"strategy", "partitions": n, "generation", "state": "Stable" | "Rebalancing",
+        "members": [{"member", "partitions": [p...], "release": [p...], "last_heartbeat_ms",
+                     "session_timeout_ms"}...] (joining order), "awaiting_release": [p...],
+        "unassigned": [p...], "storing": g | null, "rebalance_due_ms": t | null, "now_ms"}
+```
+
+Times are on the coordinator's clock (its event loop's, in ms): only differences (`now_ms -
+last_heartbeat_ms`, a heartbeat's age) mean anything elsewhere.
 """
 
 from __future__ import annotations
@@ -68,7 +82,14 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.coordinator import STRATEGIES, Assignment, GroupSettings
+from spate.core.coordinator import (
+    STRATEGIES,
+    Assignment,
+    GroupSettings,
+    GroupState,
+    GroupView,
+    MemberView,
+)
 from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
 from spate.core.ids import (
     Generation,
@@ -532,8 +553,8 @@ def config_from_json(value: dict[str, Any]) -> StreamConfig:
 
 # -- consumer-group coordinator calls (GROUP, ADR 0015)
 
-GroupOp = Literal["join", "sync", "released", "leave"]
-GROUP_OPS: tuple[GroupOp, ...] = ("join", "sync", "released", "leave")
+GroupOp = Literal["join", "sync", "released", "leave", "describe"]
+GROUP_OPS: tuple[GroupOp, ...] = ("join", "sync", "released", "leave", "describe")
 NO_MEMBER = MemberId(0)
 """A join's member field (members are numbered from 1)."""
 GROUP_SETTINGS = tuple(f.name for f in dataclasses.fields(GroupSettings))
@@ -661,3 +682,68 @@ def member_from_json(value: dict[str, Any]) -> MemberId:
         return MemberId(_natural(value["member"], "member"))
     except KeyError as error:
         raise CodecError("a join reply without its member") from error
+
+
+def group_view_to_json(view: GroupView | None) -> dict[str, Any]:
+    """A describe's reply (see the module docstring)."""
+    if view is None:
+        return {"group": None}
+    return {
+        "group": {
+            "strategy": view.strategy,
+            "partitions": view.partitions,
+            "generation": view.generation,
+            "state": view.state.value,
+            "members": [
+                {
+                    "member": m.member,
+                    "partitions": sorted(m.partitions),
+                    "release": sorted(m.release),
+                    "last_heartbeat_ms": m.last_heartbeat_ms,
+                    "session_timeout_ms": m.session_timeout_ms,
+                }
+                for m in view.members
+            ],
+            "awaiting_release": sorted(view.awaiting_release),
+            "unassigned": sorted(view.unassigned),
+            "storing": view.storing,
+            "rebalance_due_ms": view.rebalance_due_ms,
+            "now_ms": view.now_ms,
+        }
+    }
+
+
+def group_view_from_json(value: dict[str, Any]) -> GroupView | None:
+    try:
+        fields = value["group"]
+        if fields is None:
+            return None
+        strategy, state, members = fields["strategy"], fields["state"], fields["members"]
+        if strategy not in STRATEGIES:
+            raise CodecError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+        if not isinstance(members, list) or len(members) > limits.group_members_max:
+            raise CodecError(f"members {members!r:.80}: a list of at most the group limit")
+        storing, due = fields["storing"], fields["rebalance_due_ms"]
+        return GroupView(
+            strategy,
+            _natural(fields["partitions"], "partitions"),
+            Generation(_natural(fields["generation"], "generation")),
+            GroupState(state),
+            tuple(
+                MemberView(
+                    MemberId(_natural(m["member"], "member")),
+                    _partitions(m["partitions"]),
+                    _partitions(m["release"]),
+                    _natural(m["last_heartbeat_ms"], "last_heartbeat_ms"),
+                    _natural(m["session_timeout_ms"], "session_timeout_ms"),
+                )
+                for m in members
+            ),
+            _partitions(fields["awaiting_release"]),
+            _partitions(fields["unassigned"]),
+            None if storing is None else Generation(_natural(storing, "storing")),
+            None if due is None else _natural(due, "rebalance_due_ms"),
+            _natural(fields["now_ms"], "now_ms"),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise CodecError(f"a group view without its fields: {error!r}") from error

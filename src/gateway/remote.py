@@ -50,7 +50,7 @@ from spate.core.backend import (
     PublishingIds,
 )
 from spate.core.coordination import GroupSettings
-from spate.core.coordinator import Assignment
+from spate.core.coordinator import Assignment, GroupView
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, MemberId, NodeId, Offset, PartitionId, StreamName
@@ -1038,6 +1038,12 @@ class RemoteCoordinator:
             generation=generation,
         )
         await self._call(session, call)
+
+    async def describe(self, group: str) -> GroupView | None:
+        """Over any session to the home's leader (no member needed)."""
+        session = await self._home_session()
+        value = await self._call(session, wire.GroupCall("describe", self.stream, group))
+        return wire.group_view_from_json(value)
 
     async def leave(self, group: str, member: MemberId) -> None:
         session = self.members.pop((group, member), None)

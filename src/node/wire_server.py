@@ -16,7 +16,9 @@ A session starts when a gateway passes the cluster-secret handshake on the repli
   this node leads the stream's partition 0. The session keeps the members it joined, each with
   the coordinator that numbered it: their later calls go there (NotLeader once it is disbanded;
   a member this session did not join is unknown here), and they leave when the session closes,
-  so a gateway that dies does not hold its partitions until their session timeout.
+  so a gateway that dies does not hold its partitions until their session timeout. A
+  `describe` (`spate group describe` at another node) needs no member: it asks this node's
+  coordinator, NotLeader when this node does not lead the home.
 
 Frames queued during one loop turn go out in one write.
 """
@@ -277,6 +279,9 @@ class WireSession:
                     )
                 coordinator = self.broker.group_coordinator(call.stream)
                 work = coordinator.join(call.group, call.settings)
+            elif call.op == "describe":  # an operator's question: no member needed
+                coordinator = self.broker.group_coordinator(call.stream)
+                work = coordinator.describe(call.group)
             elif call.op == "leave":
                 found = self.joined.pop(key, None)
                 if found is None:  # never joined here, or gone: nothing to do
@@ -335,6 +340,8 @@ class WireSession:
             self.send(wire.encode_reply(request, {"member": member}))
         elif call.op == "sync":
             self.send(wire.encode_reply(request, wire.assignment_to_json(result)))
+        elif call.op == "describe":
+            self.send(wire.encode_reply(request, wire.group_view_to_json(result)))
         else:
             self.send(wire.encode_reply(request, {}))
 

@@ -83,7 +83,8 @@ class NodeFront:
         self.relayed += 1
         return self.remote.partition(name, partition, write=write)
 
-    # -- offset tracking for the admin server (spate.cluster.admin.providers.ConsumersProvider)
+    # -- offset tracking for the admin server (spate.cluster.admin.providers.ConsumersProvider;
+    # `group_coordinator` above is its CoordinatorsProvider)
 
     def list(self, stream: StreamName) -> dict[PartitionId, list[ConsumerOffset]]:
         return self.local.consumer_offsets(stream)

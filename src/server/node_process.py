@@ -130,6 +130,7 @@ class NodeProcess:
             status=self._status,
             producers=self.manager.producers,
             consumers=self.front,
+            coordinators=self.front,
             host=settings.host,
             port=settings.admin_port,
         )

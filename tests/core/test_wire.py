@@ -15,7 +15,7 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.coordinator import Assignment, GroupSettings
+from spate.core.coordinator import Assignment, GroupSettings, GroupState, GroupView, MemberView
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
 from spate.core.ids import (
     Generation,
@@ -179,6 +179,7 @@ SETTINGS_JSON = {
             generation=9,
         ),
         wire.GroupCall("leave", StreamName("s"), "g", MemberId(2**53)),
+        wire.GroupCall("describe", StreamName("s"), "g"),
     ],
 )
 def test_group_requests_round_trip(call: wire.GroupCall) -> None:
@@ -206,6 +207,54 @@ def test_group_answers_round_trip() -> None:
     ):
         with pytest.raises(frames.CodecError):
             wire.assignment_from_json(bad_assignment)
+
+
+VIEW = GroupView(
+    "sticky",
+    4,
+    Generation(7),
+    GroupState.REBALANCING,
+    (
+        MemberView(
+            MemberId(1), frozenset({PartitionId(0)}), frozenset({PartitionId(2)}), 900, 30_000
+        ),
+        MemberView(MemberId(3), frozenset({PartitionId(1)}), frozenset(), 1_250, 10_000),
+    ),
+    awaiting_release=frozenset({PartitionId(2)}),
+    unassigned=frozenset({PartitionId(3)}),
+    storing=Generation(8),
+    rebalance_due_ms=4_000,
+    now_ms=1_300,
+)
+
+
+def test_group_views_round_trip() -> None:
+    """A describe's reply (`spate group describe`): the coordinator's view, or null."""
+    quiet = GroupView(
+        "round-robin", 1, Generation(0), GroupState.STABLE, (), frozenset(), frozenset(), None, None
+    )
+    for view in (VIEW, quiet, None):
+        request, value = wire.decode_reply(
+            body(wire.encode_reply(5, wire.group_view_to_json(view)))
+        )
+        assert (request, wire.group_view_from_json(value)) == (5, view)
+    assert wire.group_view_to_json(None) == {"group": None}
+    good = wire.group_view_to_json(VIEW)["group"]
+    member = good["members"][0]
+    for bad in (
+        {},
+        {"group": good | {"strategy": "random"}},
+        {"group": good | {"state": "Empty"}},
+        {"group": good | {"generation": -1}},
+        {"group": good | {"storing": "8"}},
+        {"group": good | {"members": [member | {"partitions": [-1]}]}},
+        {"group": good | {"members": [{k: v for k, v in member.items() if k != "release"}]}},
+        {"group": good | {"members": [member] * 70_000}},
+        {"group": {k: v for k, v in good.items() if k != "now_ms"}},
+        {"group": [1, 2]},
+    ):
+        with pytest.raises(frames.CodecError):
+            wire.group_view_from_json(bad)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from spate.core.coordination import GroupCoordinator, GroupSettings, generation_name
-from spate.core.coordinator import Assignment
+from spate.core.coordinator import Assignment, GroupState
 from spate.core.errors import FailedPrecondition, NotFound, NotLeader, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -103,6 +103,58 @@ def test_two_members_share_the_partitions_with_revoke_before_assign(
         with pytest.raises(NotFound):
             await coordinator.sync("g", second, None, 0.0)  # it left: join again
         await coordinator.leave("g", first)
+
+    loop_thread.call(scenario(), timeout_s=60)
+
+
+def test_describe_shows_members_holders_and_the_generation(
+    loop_thread: LoopThread,
+    broker: MemoryBroker | NodeBroker | ProxyBroker,
+    make_stream: Callable[..., str],
+) -> None:
+    """`describe` (what `spate group describe` asks, no member needed): None before the first
+    member and after the last leaves; in between, the members in joining order with what they
+    hold and must release, the stored generation, the state and heartbeat times on the
+    coordinator's clock."""
+    stream = make_stream(partitions=3)
+
+    async def scenario() -> None:
+        coordinator = broker.group_coordinator(StreamName(stream))
+        assert await coordinator.describe("g") is None
+        first = await coordinator.join("g", NOW)
+        await sync_until(coordinator, "g", first, lambda a: a.partitions == ps(0, 1, 2))
+        second = await coordinator.join("g", NOW)
+        told = await sync_until(coordinator, "g", first, lambda a: bool(a.release))
+        view = await coordinator.describe("g")
+        assert view is not None
+        assert (view.strategy, view.partitions, view.generation) == ("round-robin", 3, 2)
+        assert view.state is GroupState.REBALANCING  # 1 waits for its release
+        assert [m.member for m in view.members] == [first, second]
+        assert (view.members[0].partitions, view.members[0].release) == (ps(0, 2), ps(1))
+        assert (view.members[1].partitions, view.members[1].release) == (ps(), ps())
+        assert view.awaiting_release == ps(1) and view.unassigned == ps()
+        for member in view.members:
+            assert member.session_timeout_ms == NOW.session_timeout_ms
+            assert 0 <= view.now_ms - member.last_heartbeat_ms < WAIT_S * 1000
+        assert await stored_generation(broker, stream, "g") == view.generation
+
+        await coordinator.released("g", first, told.release, told.generation)
+        await sync_until(coordinator, "g", second, lambda a: a.partitions == ps(1))
+        stable = await coordinator.describe("g")
+        assert stable is not None and stable.state is GroupState.STABLE
+        assert [(m.partitions, m.release) for m in stable.members] == [
+            (ps(0, 2), ps()),
+            (ps(1), ps()),
+        ]
+        await coordinator.leave("g", first)
+        await coordinator.leave("g", second)
+        gone = await coordinator.describe("g")
+        while gone is not None:  # the generation of the empty group is stored, then it goes
+            assert gone.members == () and gone.state is GroupState.REBALANCING
+            await asyncio.sleep(0.01)
+            gone = await coordinator.describe("g")
+        assert await stored_generation(broker, stream, "g") == stable.generation + 1
+        assert await coordinator.describe("other") is None
 
     loop_thread.call(scenario(), timeout_s=60)
 

@@ -130,10 +130,13 @@ class MemoryPartition(LocalPartition):
         future.set_result(self.offsets.get(name))
         return future
 
-    async def store_offset(self, name: bytes, offset: int, member: int = 0) -> None:
+    async def store_offset(
+        self, name: bytes, offset: int, member: int = 0, *, fenced: bool = True
+    ) -> None:
         if offset < -1:
             raise InvalidArgument(f"offset {offset} is below -1")
-        ownership.check_store(self.groups, f"{self.stream}/{self.partition}", name, member)
+        if fenced:
+            ownership.check_store(self.groups, f"{self.stream}/{self.partition}", name, member)
         self.offsets[name] = ConsumerOffset(name.decode(), offset, self.clock_ms())
         await asyncio.sleep(self.commit_delay_s or 0.0)  # the 'fsync'; later attaches see it
 
@@ -154,7 +157,7 @@ class MemoryPartition(LocalPartition):
         check_reset(self.stream, self.partition, offset, self.committed_end)
         if self.attached.get(name):
             raise FailedPrecondition(f"consumer {name.decode()!r} has a link attached")
-        await self.store_offset(name, offset)
+        await self.store_offset(name, offset, fenced=False)  # no link attached: no owner
 
     def append(
         self, records: Sequence[bytes], producer: PublishingIds | None = None

@@ -200,10 +200,48 @@ def consumer_group(message: pb.ConsumerGroup) -> GroupDefinition:
 
 def group_summary_message(stats: GroupStats) -> pb.ConsumerGroupSummary:
     message = pb.ConsumerGroupSummary(
-        stream=stats.stream, name=stats.name, links_attached=stats.links_attached, lag=stats.lag
+        stream=stats.stream,
+        name=stats.name,
+        links_attached=stats.links_attached,
+        lag=stats.lag,
+        members=len(stats.members),
+        state=stats.state or "",
+        coordinator_unavailable=stats.coordinator_unavailable or "",
     )
     if stats.definition is not None:
         message.definition.CopyFrom(consumer_group_message(stats.definition))
+    if stats.generation is not None:
+        message.generation = stats.generation
+    return message
+
+
+def group_describe_message(
+    stats: GroupStats, partitions_here: Sequence[int]
+) -> pb.DescribeConsumerGroupResponse:
+    message = pb.DescribeConsumerGroupResponse(
+        stream=stats.stream,
+        name=stats.name,
+        partitions=[group_partition_message(p) for p in stats.partitions],
+        links_attached=stats.links_attached,
+        lag=stats.lag,
+        partitions_here=partitions_here,
+        state=stats.state or "",
+        members=[
+            pb.ConsumerGroupMember(
+                member=m.member,
+                partitions=m.partitions,
+                releasing=m.releasing,
+                heartbeat_age_ms=m.heartbeat_age_ms,
+                session_timeout_ms=m.session_timeout_ms,
+            )
+            for m in stats.members
+        ],
+        coordinator_unavailable=stats.coordinator_unavailable or "",
+    )
+    if stats.definition is not None:
+        message.definition.CopyFrom(consumer_group_message(stats.definition))
+    if stats.generation is not None:
+        message.generation = stats.generation
     return message
 
 
@@ -219,4 +257,6 @@ def group_partition_message(row: GroupPartition) -> pb.ConsumerGroupPartition:
         message.epoch = row.epoch
     if row.committed is not None:
         message.committed_offset = row.committed
+    if row.member is not None:
+        message.member = row.member
     return message

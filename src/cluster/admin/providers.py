@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from spate.core.backend import ConsumerOffset, PartitionInfo, ProducerInfo
+from spate.core.coordinator import GroupCoordinator
 from spate.core.ids import PartitionId, StreamName
 
 
@@ -57,3 +58,11 @@ class ConsumersProvider(Protocol):
     def reset(
         self, stream: StreamName, partition: PartitionId, name: bytes, offset: int, /
     ) -> Awaitable[None]: ...
+
+
+class CoordinatorsProvider(Protocol):
+    """The coordinator of a stream's consumer groups (ADR 0015) as the hosting process's
+    broker reaches it: its own when it leads the stream's partition 0, else that leader's over
+    the gateway wire (NotLeader/Unavailable/NotFound when it cannot)."""
+
+    def group_coordinator(self, stream: StreamName, /) -> GroupCoordinator: ...

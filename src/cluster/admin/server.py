@@ -6,6 +6,7 @@ with its message as details; anything else is a bug and reaches the client as UN
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from spate.cluster.admin import convert, group_stats
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
 from spate.cluster.admin.providers import (
     ConsumersProvider,
+    CoordinatorsProvider,
     ProducersProvider,
     StatsProvider,
     StatusProvider,
@@ -41,6 +43,9 @@ ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"].full_name  # "spate.api.
 
 stop_grace_s = 1.0
 """Time in-flight admin calls get to finish when the server stops."""
+coordinator_wait_s = 5.0
+"""How long group statistics wait for a group's coordinator (a local call, or one GROUP
+request over the gateway wire, normally ~1 ms) before reporting it unavailable."""
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
@@ -60,11 +65,12 @@ class AdminServer:
         *,
         producers: ProducersProvider | None = None,
         consumers: ConsumersProvider | None = None,
+        coordinators: CoordinatorsProvider | None = None,
     ) -> None:
         self.metadata = metadata
         self.host = host
         self.port = port
-        self._servicer = _AdminServicer(metadata, stats, status, producers, consumers)
+        self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -106,19 +112,21 @@ class AdminServer:
 
 
 class _AdminServicer(pb_grpc.AdminServicer):
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the providers, positional since the first ones
         self,
         metadata: MetadataService,
         stats: StatsProvider,
         status: StatusProvider,
         producers: ProducersProvider | None,
         consumers: ConsumersProvider | None = None,
+        coordinators: CoordinatorsProvider | None = None,
     ) -> None:
         self.metadata = metadata
         self.stats = stats
         self.status = status
         self.producers = producers
         self.consumers = consumers
+        self.coordinators = coordinators
 
     async def _hosted(
         self, stream: str, per_partition: Callable[[StreamName], Mapping[PartitionId, _T]] | None
@@ -444,9 +452,11 @@ class _AdminServicer(pb_grpc.AdminServicer):
                     ]
                 )
             name, partitions, held, infos = await self._group_sources(request.stream)
-            found = group_stats.summaries(
-                name, self.metadata.consumer_groups(name), partitions, held, infos
+            definitions = self.metadata.consumer_groups(name)
+            coordination = await self._coordination(
+                name, group_stats.names(name, definitions, held)
             )
+            found = group_stats.summaries(name, definitions, partitions, held, infos, coordination)
             return pb.ListConsumerGroupsResponse(
                 groups=[convert.group_summary_message(g) for g in found],
                 partitions_here=sorted(held),
@@ -465,27 +475,29 @@ class _AdminServicer(pb_grpc.AdminServicer):
             groups.validate_group_name(request.name)
             name, partitions, held, infos = await self._group_sources(request.stream)
             definition = self.metadata.consumer_group(name, request.name)
-            if definition is None and request.name not in group_stats.seen(held):
+            coordination = (await self._coordination(name, [request.name]))[request.name]
+            if (
+                definition is None
+                and coordination.view is None
+                and request.name not in group_stats.seen(held)
+            ):
                 if held:
                     where = f"on its partitions hosted here ({', '.join(map(str, sorted(held)))})"
                 else:
                     where = "here: this node hosts none of its partitions (ask one with --admin)"
                 raise NotFound(
                     f"consumer group {request.name!r} is not defined on stream {name!r} and has "
-                    f"no committed offset {where}"
+                    f"no committed offset {where}, and its coordinator "
+                    + (
+                        "does not know it"
+                        if coordination.unavailable is None
+                        else f"could not be asked ({coordination.unavailable})"
+                    )
                 )
-            stats = group_stats.describe(name, request.name, definition, partitions, held, infos)
-            answer = pb.DescribeConsumerGroupResponse(
-                stream=name,
-                name=request.name,
-                partitions=[convert.group_partition_message(p) for p in stats.partitions],
-                links_attached=stats.links_attached,
-                lag=stats.lag,
-                partitions_here=sorted(held),
+            stats = group_stats.describe(
+                name, request.name, definition, partitions, held, infos, coordination
             )
-            if definition is not None:
-                answer.definition.CopyFrom(convert.consumer_group_message(definition))
-            return answer
+            return convert.group_describe_message(stats, sorted(held))
 
         return await _answer(context, call)
 
@@ -505,6 +517,36 @@ class _AdminServicer(pb_grpc.AdminServicer):
         partitions = self.metadata.stream_record(name).config.partitions
         infos = {info.partition: info for info in await self._stats(name)}
         return name, partitions, held, infos
+
+    async def _coordination(
+        self, stream: StreamName, names: Sequence[str]
+    ) -> dict[str, group_stats.Coordination]:
+        """What the coordinator of `stream`'s groups says of each of `names` (asked at once);
+        when it cannot be reached, why — the statistics are reported without it."""
+        if self.coordinators is None:
+            unreachable = group_stats.Coordination(
+                None, "this process does not reach consumer-group coordinators"
+            )
+            return dict.fromkeys(names, unreachable)
+        try:
+            coordinator = self.coordinators.group_coordinator(stream)
+        except BrokerError as error:
+            return dict.fromkeys(names, group_stats.Coordination(None, error.message))
+
+        async def ask(group: str) -> group_stats.Coordination:
+            try:
+                async with asyncio.timeout(coordinator_wait_s):
+                    return group_stats.Coordination(await coordinator.describe(group))
+            except BrokerError as error:
+                return group_stats.Coordination(None, error.message)
+            except TimeoutError:
+                return group_stats.Coordination(
+                    None, f"the coordinator did not answer within {coordinator_wait_s:g} s"
+                )
+
+        async with asyncio.TaskGroup() as tasks:
+            asked = {group: tasks.create_task(ask(group)) for group in names}
+        return {group: task.result() for group, task in asked.items()}
 
     async def ClusterStatus(
         self,
