@@ -21,7 +21,7 @@ from typing import Protocol
 from spate.core import groups, limits
 from spate.core.active import ActiveGroups, Conflict, Owned, Stale
 from spate.core.backend import Attached, ConsumerOffset
-from spate.core.errors import AlreadyExists, FailedPrecondition
+from spate.core.errors import AlreadyExists, FailedPrecondition, Unavailable
 
 GROUP_PREFIX = groups.COMMITTED_PREFIX.encode()
 EPOCH_PREFIX = groups.EPOCH_PREFIX.encode()
@@ -92,7 +92,8 @@ async def claim(
             name,
             epoch,
             durable,
-            host.attached.get(name, 0) - host.groups.size(name),
+            0,  # a `$group/` name has no plain links (the listener refuses such names); the
+            # counts of links a disbanded group had may linger here until they detach
             generation,
             durable_generation,
         )
@@ -103,6 +104,12 @@ async def claim(
             "take over"
         ) from None
     except Stale as stale:
+        if generation is not None:  # a coordinator's member: retryable, it rejoins
+            raise Unavailable(
+                f"consumer group {group_of(name)!r} on {where}: generation {generation} is "
+                f"below the partition's generation {stale.epoch} (fenced by a newer "
+                "rebalance); join the group again"
+            ) from None
         raise FailedPrecondition(
             f"consumer group {group_of(name)!r} on {where}: epoch {epoch} is stale (the "
             f"partition's epoch is {stale.epoch} and never goes back)"

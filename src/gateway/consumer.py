@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,13 +31,14 @@ from typing import Any
 
 from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
-from spate.core.errors import BrokerError, InvalidArgument
+from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.gateway import codec, info, links, sections
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
 from spate.gateway.tracking import OffsetTracker
 
+log = logging.getLogger(__name__)
 _TAG = struct.Struct("<Q")
 _DONE_STATES = frozenset((0, lib.PN_ACCEPTED, lib.PN_REJECTED))
 """Dispositions after which a named consumer is done with a delivery (0: settled with no
@@ -260,7 +262,9 @@ class ConsumerPart:
                     return
                 give_up = sorted(PartitionId(p) for p in set(tracks) - now.partitions)
                 for pid in give_up:
-                    await self._drop(consumer, tracks[pid], store=True)
+                    track = tracks.get(pid)
+                    if track is not None:  # not dropped meanwhile (taken or its leader gone)
+                        await self._drop(consumer, track, store=True)
                 # and those it was given but had not claimed yet: the coordinator counts them
                 # as held until they are released
                 released = sorted(set(give_up) | now.release)
@@ -290,6 +294,13 @@ class ConsumerPart:
                     f"consumer group {group!r} of {plan.stream!r}: {description}; "
                     "attach again to rejoin"
                 ),
+            )
+        except Exception as err:  # a bug: end the link (the client rejoins), never go silent
+            log.exception("consumer group member %r of %r failed", group, plan.stream)
+            self._end_with(
+                consumer,
+                Unavailable(f"the member's work failed ({type(err).__name__}: {err})"),
+                lambda description: f"consumer group {group!r}: {description}; attach again",
             )
 
     async def _hold(self, consumer: ConsumerLink, track: Track) -> None:

@@ -22,7 +22,7 @@ import pytest
 from proton import Message, Timeout, symbol, ulong
 from proton.utils import LinkDetached
 from spate.core import groups, ownership
-from spate.core.errors import AlreadyExists, FailedPrecondition
+from spate.core.errors import AlreadyExists, FailedPrecondition, Unavailable
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from support.amqp_clients import (
@@ -519,3 +519,24 @@ def test_three_then_five_then_two_members_lose_nothing(
             crew.wait_delivered(published, 30)
         finally:
             crew.close()
+
+
+def test_a_claim_after_the_groups_were_disbanded_is_not_taken_for_a_plain_link() -> None:
+    """Regression (benchmarks/consumer_groups.py under load): a partition that stopped leading
+    disbanded its groups while the links' counts lingered (their detaches went to the new
+    leader); when it led again, every claim was refused as if plain links held the name."""
+
+    async def scenario() -> None:
+        broker = MemoryBroker(commit_delay_s=0.0)
+        broker.create_stream(StreamConfig(StreamName("s"), partitions=1))
+        part: Any = broker.partition(StreamName("s"), PartitionId(0), write=True)
+        name = groups.committed_name("g").encode()
+        first = await part.claim(name, None, 3)
+        assert first.active
+        part.groups.disband()  # leadership went elsewhere; the link's count stays here
+        again = await part.claim(name, None, 4)
+        assert again.active and again.epoch == first.epoch + 1
+        with pytest.raises(Unavailable, match="fenced by a newer rebalance"):
+            await part.claim(name, None, 2)  # retryable for a member: it rejoins
+
+    asyncio.run(scenario())
