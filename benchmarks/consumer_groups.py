@@ -38,7 +38,8 @@
              last partition's last message was received by some process); so a group's start
              (a member first gets all 6 partitions, then two rebalances as the others join)
              is in its figure. Every offset must arrive (duplicates, from a partition moved
-             with deliveries in flight, are counted). Cases alternate which goes first.
+             with deliveries in flight, are counted); a consumer that stops fails the run.
+             Cases alternate which goes first.
 
   python benchmarks/consumer_groups.py [--runs 20] [--w2-runs 3] [--count 300000]
                                        [--only rebalance|w2] [--quick] [--out F]
@@ -487,6 +488,12 @@ def w2_process(kind: str, url: str, stream: str, spec: str, counts: list[int]) -
                 event = consumer.receive(timeout=None)
             except ConsumerClosed:
                 return
+            except Exception as error:  # what stopped the consumer: told to the parent
+                text = f"{type(error).__name__}: {error}".replace("\n", " ")
+                with lock:
+                    out.write(f"error {text}\n")
+                    out.flush()
+                return
             take(int(event.partition) if bound is None else bound, event.offset)
 
     out.write("ready\n")
@@ -572,6 +579,7 @@ def w2_case(
     ]
     done: dict[int, float] = {}
     finals: list[dict[str, Any]] = []
+    failures: list[str] = []
     lock = threading.Lock()
 
     def read(stdout: IO[str]) -> None:
@@ -583,6 +591,9 @@ def w2_case(
             elif line.startswith("{"):
                 with lock:
                     finals.append(json.loads(line))
+            elif line.startswith("error "):
+                with lock:
+                    failures.append(line[len("error ") :].strip())
 
     try:
         for proc in procs:
@@ -601,10 +612,12 @@ def w2_case(
             proc.stdin.flush()
         deadline = go + W2_TIMEOUT_S
         while len(done) < PARTITIONS:
-            if now() > deadline or any(proc.poll() is not None for proc in procs):
+            stopped = now() > deadline or any(proc.poll() is not None for proc in procs)
+            if stopped or failures:
                 raise BenchError(
                     f"w2 {case} run {run_}: partitions finished {sorted(done)} after "
-                    f"{now() - go:.0f} s (exits {[proc.poll() for proc in procs]})"
+                    f"{now() - go:.0f} s (exits {[proc.poll() for proc in procs]}); a consumer "
+                    f"stopped: {failures}"
                 )
             time.sleep(0.01)
         elapsed = max(done.values()) - go
