@@ -11,7 +11,8 @@ Parts, in order:
             redirected to the leader), W2/W3 (consumer on a follower; W3 again on the leader);
             then failover.py (--kills leader kills) and partitions.py (1, 3, 12 partitions),
             stream_features.py (W1 named vs unnamed producers) and offset_commits.py
-            (commits per second and commit latency), one run each
+            (commits per second and commit latency), one run each, and consumer_groups.py
+            (5 rebalances per case, one W2 run of group vs plain consumers; --quick: its own)
   peers     (--peers) ../shared/peers: RabbitMQ 3.10 single node (streams, rstream client, and
             AMQP 1.0 with the same native load client as Spate) and NATS JetStream single
             (nats-py raw publisher), the same workload, then stopped
@@ -65,6 +66,7 @@ PEER_STOP_TIMEOUT_S = 120.0
 FAILOVER_TIMEOUT_S = 1200.0
 PARTITIONS_TIMEOUT_S = 900.0
 STREAM_FEATURES_TIMEOUT_S = 900.0
+CONSUMER_GROUPS_TIMEOUT_S = 600.0
 RABBITMQ_AMQP10_W2_COUNT = 60_000
 """RabbitMQ 3.10's AMQP 1.0 stream consumers stall after ~65,535 + credit messages
 (../shared/peers/RESULTS.md): W2 over AMQP 1.0 reads fewer."""
@@ -529,6 +531,7 @@ def main() -> int:
     partitions = Part("partitions") if a.nodes > 1 else None
     features = Part("stream features") if a.nodes > 1 else None
     commits = Part("offset commits") if a.nodes > 1 else None
+    groups = Part("consumer groups") if a.nodes > 1 else None
     peers = Part("peers") if a.peers else None
     for part, fn, skip in (
         (storage, run_storage, a.no_storage),
@@ -585,9 +588,20 @@ def main() -> int:
             ),
             a.nodes == 1 or a.no_spate,
         ),
+        (
+            groups,
+            lambda p: run_script(
+                p,
+                "consumer_groups.py",
+                ["--quick"] if a.quick else ["--runs", "5", "--w2-runs", "1"],
+                a.out_dir / "spate-cluster3-consumer-groups.jsonl",
+                CONSUMER_GROUPS_TIMEOUT_S,
+            ),
+            a.nodes == 1 or a.no_spate,
+        ),
         (peers, lambda p: run_peers(p, w, a.out_dir, peer_mode), peers is None),
     ):
-        if part is None or (skip and part in (failover, partitions, features, commits)):
+        if part is None or (skip and part in (failover, partitions, features, commits, groups)):
             continue
         parts.append(part)
         if skip:
@@ -611,6 +625,18 @@ def main() -> int:
             f"\nPartitions {r.get('partitions')} (3 replicas, one C-client producer per "
             f"partition on its leader): {r.get('msgs_per_s')} msgs/s aggregate"
         )
+    for r in groups.results if groups else []:
+        if r.get("workload") == "consumer_groups_rebalance_summary":
+            summary += (
+                f"\nConsumer group rebalance ({r.get('case')}, 6 partitions, {r.get('runs')} "
+                f"runs): p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms"
+            )
+        elif r.get("workload") == "consumer_groups_w2_summary":
+            summary += (
+                f"\nW2 through a group of 3 vs 3 plain consumers (python clients): "
+                f"{r['group']['msgs_per_s']} vs {r['plain']['msgs_per_s']} msgs/s, "
+                f"ratio {r.get('group_vs_plain')}"
+            )
     if a.nodes > 1:
         summary += (
             "\nSpate with 3 nodes: W1's producer follows the redirect to the leader; W2's and "
