@@ -5,6 +5,7 @@ examples as written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import re
@@ -393,3 +394,35 @@ def test_a_group_consumer_rides_the_kill_of_its_coordinator_s_leader(cluster3: C
         assert member.reconnects >= 1
     finally:
         member.close()
+
+
+def test_members_on_nodes_that_do_not_lead_the_home_partition(cluster3: Cluster) -> None:
+    """A member attached to a node's own listener where partition 0 (the coordinator's home)
+    is led elsewhere: the node relays the coordinator's calls, claims at each partition's
+    leader and reads from its own replicas."""
+    from spate.client import GroupConsumer
+
+    cluster3.cli("stream", "create", "spread", "--partitions", "3", "--replicas", "3")
+    cluster3.cli("group", "create", "spread", "readers", "--rebalance-delay-ms", "0")
+    for p in range(3):
+        cluster3.leader_of("spread", p)
+    home = cluster3.index_of(cluster3.leader_of("spread", 0))
+    others = [i for i in range(3) if i != home]
+    members = [
+        GroupConsumer(cluster3.amqp_url(i), "spread", "readers", start="first") for i in others
+    ]
+    try:
+        gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+        for p in range(3):
+            publish_one(gateway, "spread", p, f"x{p}")
+        deadline = time.monotonic() + 60
+        got: set[str] = set()
+        while len(got) < 3:
+            for member in members:
+                with contextlib.suppress(TimeoutError):
+                    got.add(member.receive(timeout=0.5).body)
+            assert time.monotonic() < deadline, got
+        assert got == {"x0", "x1", "x2"}
+    finally:
+        for member in members:
+            member.close()
