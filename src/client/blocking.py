@@ -428,7 +428,8 @@ class GroupConsumer(Consumer):
     create`) and moves them as members join and leave; it receives from whatever it holds,
     commits what the application finished like a named consumer (the group's committed
     offsets: the next holder of a partition starts after them), and rides rebalances without
-    reattaching. `on_assignment(partitions)` is called (on the client's loop thread) when its
+    reattaching (`commit="manual"`: only `commit()` commits, and returns once every partition's
+    offset is stored). `on_assignment(partitions)` is called (on the client's loop thread) when its
     partitions change, with the first event after the change; `assignment` says them.
     Leader changes end its link; it attaches again within `reconnect_timeout_s`."""
 
@@ -442,6 +443,7 @@ class GroupConsumer(Consumer):
         on_assignment: Callable[[frozenset[int]], None] | None = None,
         start: Any = None,
         credit: int = credit_default,
+        commit: str = "auto",
         timeout_s: float = 30.0,
         reconnect_timeout_s: float = 30.0,
         user: str | None = None,
@@ -452,6 +454,7 @@ class GroupConsumer(Consumer):
             stream,
             start=start,
             credit=credit,
+            commit=commit,
             timeout_s=timeout_s,
             reconnect_timeout_s=reconnect_timeout_s,
             user=user,

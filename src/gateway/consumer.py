@@ -87,6 +87,10 @@ class Track:
     next_tag: int
     """The next per-partition sequence number (never reused on the link)."""
     storing: asyncio.Future[Any] | None = None
+    storing_tag: int = 0
+    """The per-partition sequence through which the store in flight covers every delivery."""
+    awaiting: dict[int, Any] = field(default_factory=dict)
+    """rcv-settle-mode second: sequence -> accepted delivery waiting for its store."""
     dropped: bool = False
     began: int = 0
     """Where its cursor began: a holder that gives the partition up having finished nothing
@@ -156,7 +160,6 @@ class ConsumerPart:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
             link.rcv_settle_mode = link.remote_rcv_settle_mode
         if plan.coordinator is not None:
-            state.confirm = False  # commits are batched per partition; see docs/amqp.md
             state.tracks = {}
             for cursor in plan.cursors:
                 self._track(state, cursor)
@@ -336,6 +339,7 @@ class ConsumerPart:
             plan.cursors.remove(cursor)
         cursor.pending.clear()
         cursor.partition.remove_listener(self.host.schedule_pump)
+        through = track.tracker.done_tag
         offset = track.final_offset() if store else None
         if track.storing is not None:
             with contextlib.suppress(BrokerError):
@@ -349,6 +353,10 @@ class ConsumerPart:
         except BrokerError:
             with contextlib.suppress(BrokerError):
                 await _let_go(plan, cursor, None)
+            return
+        if store and track.awaiting and not consumer.closed and not self.host.closed:
+            self._settle_awaiting(track, through)  # the last store covered them
+            self.host.schedule_pump()
 
     async def _ownership(self, consumer: ConsumerLink) -> None:
         """A consumer group's link owns its partition (ADR 0015) until another claims it with
@@ -467,9 +475,21 @@ class ConsumerPart:
         (number,) = _TAG.unpack(ffi.buffer(tag.start, tag.size))
         if consumer.tracks is not None:  # a group member: per partition
             track = consumer.tracks.get(number >> PARTITION_SHIFT)
-            if track is not None:
-                done = lib.pn_delivery_remote_state(delivery) in _DONE_STATES
-                track.tracker.settled(number & _SEQUENCE_MASK, done, self.loop.time() * 1000)
+            if track is None:  # given up: its last store was made (or fenced) already
+                # an accept from now on is not stored: never confirm it as a commit
+                return not (consumer.confirm and not lib.pn_delivery_settled(delivery))
+            sequence = number & _SEQUENCE_MASK
+            remote_settled = lib.pn_delivery_settled(delivery)
+            if sequence in track.awaiting:
+                if remote_settled:
+                    del track.awaiting[sequence]
+                return bool(remote_settled)
+            done = lib.pn_delivery_remote_state(delivery) in _DONE_STATES
+            track.tracker.settled(sequence, done, self.loop.time() * 1000)
+            if done and consumer.confirm and not remote_settled:
+                track.awaiting[sequence] = delivery  # settled once its offset is stored
+                self.host.schedule_pump()
+                return False
             return True
         assert consumer.tracker is not None
         remote_settled = lib.pn_delivery_settled(delivery)
@@ -525,7 +545,8 @@ class ConsumerPart:
         for track in consumer.tracks.values():
             if track.storing is not None:
                 continue
-            if track.tracker.due(now_ms):
+            if track.tracker.due(now_ms, urgent=bool(track.awaiting)):
+                track.storing_tag = track.tracker.done_tag
                 offset = track.tracker.take()
                 assert offset is not None and track.cursor.owner is not None
                 future = asyncio.ensure_future(
@@ -541,11 +562,22 @@ class ConsumerPart:
         return wake
 
     def _member_stored(self, track: Track, future: asyncio.Future[Any]) -> None:
-        """A fenced store (another member holds the partition now) is dropped with it."""
+        """A store is done: settle the deliveries it covers that wait for it (their commit is
+        confirmed). A fenced one (another member holds the partition now) is dropped with it."""
         track.storing = None
-        if not future.cancelled():
-            future.exception()
+        failed = future.cancelled() or future.exception() is not None
+        if not failed and track.awaiting and not self.host.closed:
+            self._settle_awaiting(track, track.storing_tag)
         self.host.schedule_pump()
+
+    def _settle_awaiting(self, track: Track, through: int) -> None:
+        kept = {}
+        for sequence, delivery in track.awaiting.items():
+            if sequence <= through:
+                lib.pn_delivery_settle(delivery)
+            else:
+                kept[sequence] = delivery
+        track.awaiting = kept
 
     def _store_wake(self) -> None:
         self._store_timer = None

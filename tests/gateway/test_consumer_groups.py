@@ -540,3 +540,31 @@ def test_a_claim_after_the_groups_were_disbanded_is_not_taken_for_a_plain_link()
             await part.claim(name, None, 2)  # retryable for a member: it rejoins
 
     asyncio.run(scenario())
+
+
+def test_a_group_consumer_commits_explicitly_and_the_next_member_resumes_after_it(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """003 "Committing Offsets" through spate.client: `commit="manual"` stores only on
+    `commit()`, which returns once every partition's offset is stored (rcv-settle-mode second,
+    per partition on a coordinator member's link)."""
+    from spate.client import GroupConsumer
+
+    stream = make_stream(partitions=2)
+    define_group(broker, loop_thread, stream, "mc")
+    for p in range(2):
+        publish_to(gateway, stream, p, [f"m{p}-{i}" for i in range(3)])
+    first = GroupConsumer(gateway.url, stream, "mc", start="first", commit="manual")
+    try:
+        got = sorted(first.receive().body for _ in range(4))
+        first.commit()  # the four taken: stored on both partitions before it returns
+        rest = sorted(first.receive().body for _ in range(2))  # taken, never committed
+    finally:
+        first.close()
+    assert sorted(got + rest) == sorted(f"m{p}-{i}" for p in range(2) for i in range(3))
+    second = GroupConsumer(gateway.url, stream, "mc")
+    try:
+        again = sorted(second.receive().body for _ in range(2))
+    finally:
+        second.close()
+    assert again == rest  # exactly what was not committed
