@@ -842,6 +842,14 @@ def _register_groups(
         f"0-{limits.group_rebalance_delay_ms_max} "
         f"(default {limits.group_rebalance_delay_ms_default})",
     )
+    create.add_argument(
+        "--pending-max",
+        type=int,
+        metavar="N",
+        help="members beyond the partition count kept waiting for a partition before the next "
+        f"attach is refused (amqp:link:detach-forced), 0-{limits.group_pending_max_max} "
+        f"(default {limits.group_pending_max_default})",
+    )
     create.set_defaults(run=_group_create)
 
     listing = commands.add_parser(
@@ -898,10 +906,11 @@ def _group_create(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             session_timeout_ms=args.session_timeout_ms,
             rebalance_delay_ms=args.rebalance_delay_ms,
+            pending_max=args.pending_max,
         )
     except InvalidArgument as error:
         message = error.message
-        if message.startswith(("session-timeout-ms", "rebalance-delay-ms")):
+        if message.startswith(("session-timeout-ms", "rebalance-delay-ms", "pending-max")):
             message = "--" + message  # name the flag
         raise InvalidArgument(message) from None
     request = pb.CreateConsumerGroupRequest(
@@ -910,6 +919,7 @@ def _group_create(args: argparse.Namespace) -> int:
         strategy=args.strategy or "",
         session_timeout_ms=args.session_timeout_ms,
         rebalance_delay_ms=args.rebalance_delay_ms,
+        pending_max=args.pending_max,
     )
     definition = _group_json(_call(args, "CreateConsumerGroup", request).group)
     if args.output == "json":
@@ -1100,6 +1110,7 @@ def _group_json(message: Any) -> dict[str, Any]:
         "strategy": message.strategy,
         "session_timeout_ms": message.session_timeout_ms,
         "rebalance_delay_ms": message.rebalance_delay_ms,
+        "pending_max": message.pending_max,
         "version": message.version,
     }
 
@@ -1112,6 +1123,7 @@ def _group_fields(group: dict[str, Any]) -> str:
             ("strategy", group["strategy"]),
             ("session timeout", output.duration(group["session_timeout_ms"])),
             ("rebalance delay", output.duration(group["rebalance_delay_ms"])),
+            ("pending max", str(group["pending_max"])),
             ("version", str(group["version"])),
         ]
     )

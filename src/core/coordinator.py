@@ -157,6 +157,7 @@ class GroupSettings:
             strategy,  # the same three names
             definition.session_timeout_ms,
             definition.rebalance_delay_ms,
+            definition.pending_max,
         )
 
 

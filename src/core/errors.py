@@ -25,6 +25,7 @@ class ErrorCode(Enum):
     NOT_LEADER = "not-leader"
     UNAVAILABLE = "unavailable"
     RESOURCE_LIMIT = "resource-limit-exceeded"
+    NO_PARTITION_FREE = "no-partition-free"
     FAILED_PRECONDITION = "failed-precondition"
     NOT_IMPLEMENTED = "not-implemented"
     INTERNAL = "internal"
@@ -81,6 +82,8 @@ class ResourceLimitExceeded(BrokerError):
 class NoPartitionFree(ResourceLimitExceeded):
     """000 §4.5.1: a consumer group link the node was to bind finds every partition owned
     (answered `amqp:link:detach-forced`)."""
+
+    code = ErrorCode.NO_PARTITION_FREE
 
 
 class Unavailable(BrokerError):

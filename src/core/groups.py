@@ -64,6 +64,8 @@ class GroupDefinition:
     session_timeout_ms: int = limits.group_session_timeout_ms_default
     rebalance_delay_ms: int = limits.group_rebalance_delay_ms_default
     version: int = 0
+    pending_max: int = limits.group_pending_max_default
+    """Members beyond the partition count kept waiting (000 §4.5.1); then detach-forced."""
     """The metadata version that created it (0 before it is stored)."""
 
     @property
@@ -97,6 +99,7 @@ def define(
     strategy: Strategy | str | None = None,
     session_timeout_ms: int | None = None,
     rebalance_delay_ms: int | None = None,
+    pending_max: int | None = None,
 ) -> GroupDefinition:
     """The definition for `spate group create` (version 0), defaults filled in, or
     InvalidArgument naming the field."""
@@ -128,7 +131,12 @@ def define(
             f"rebalance-delay-ms must be between 0 and {limits.group_rebalance_delay_ms_max} "
             f"ms, got {delay}"
         )
-    return GroupDefinition(StreamName(stream), name, chosen, session, delay)
+    pending = limits.group_pending_max_default if pending_max is None else pending_max
+    if not 0 <= pending <= limits.group_pending_max_max:
+        raise InvalidArgument(
+            f"pending-max must be between 0 and {limits.group_pending_max_max}, got {pending}"
+        )
+    return GroupDefinition(StreamName(stream), name, chosen, session, delay, pending_max=pending)
 
 
 def validate(definition: GroupDefinition) -> GroupDefinition:
@@ -139,6 +147,7 @@ def validate(definition: GroupDefinition) -> GroupDefinition:
         strategy=definition.strategy,
         session_timeout_ms=definition.session_timeout_ms,
         rebalance_delay_ms=definition.rebalance_delay_ms,
+        pending_max=definition.pending_max,
     )
 
 

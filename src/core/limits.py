@@ -59,6 +59,10 @@ group_session_timeout_ms_max = 30 * 60_000
 can exercise an expiry): a crashed member holds its partitions at most this long."""
 group_rebalance_delay_ms_default = 3_000
 group_rebalance_delay_ms_max = 5 * 60_000
+group_pending_max_default = 16
+group_pending_max_max = 1000
+"""Members beyond the partition count a group keeps waiting for a partition (000 §4.5.1
+scenario 2); the next is refused with `amqp:link:detach-forced`. 0: refuse at once."""
 """Joins and leaves within this long of the first one are coalesced into one rebalance
 (Kafka's group.initial.rebalance.delay.ms, 3 s by default), so a fleet starting up rebalances
 once."""

@@ -156,6 +156,7 @@ _ERRORS: dict[errors.ErrorCode, type[errors.BrokerError]] = {
         errors.Unauthorized,
         errors.NotImplementedFeature,
         errors.ResourceLimitExceeded,
+        errors.NoPartitionFree,
         errors.FailedPrecondition,
         errors.Unavailable,
         errors.NotLeader,

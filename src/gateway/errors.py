@@ -13,6 +13,7 @@ AMQP conditions (002 / AMQP 1.0 §2.8.15-2.8.18) used by the gateway:
 |   (leader unknown)    | amqp:resource-locked            | retry later                     |
 | UNAVAILABLE           | amqp:resource-locked            | transfer rejected / attach      |
 | RESOURCE_LIMIT        | amqp:resource-limit-exceeded    | attach refused                  |
+| NO_PARTITION_FREE     | amqp:link:detach-forced         | group member refused (§4.5.1)   |
 | FAILED_PRECONDITION   | amqp:precondition-failed        | state forbids it now            |
 | NOT_IMPLEMENTED       | amqp:not-implemented            | e.g. dynamic nodes              |
 | INTERNAL, STORAGE     | amqp:internal-error             | anything / transfer rejected    |
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spate.core.errors import BrokerError, ErrorCode, NoPartitionFree, NotLeader
+from spate.core.errors import BrokerError, ErrorCode, NotLeader
 
 NOT_FOUND = "amqp:not-found"
 INVALID_FIELD = "amqp:invalid-field"
@@ -54,6 +55,7 @@ CONDITIONS: dict[ErrorCode, str] = {
     ErrorCode.NOT_LEADER: REDIRECT,
     ErrorCode.UNAVAILABLE: RESOURCE_LOCKED,
     ErrorCode.RESOURCE_LIMIT: RESOURCE_LIMIT_EXCEEDED,
+    ErrorCode.NO_PARTITION_FREE: DETACH_FORCED,
     ErrorCode.FAILED_PRECONDITION: PRECONDITION_FAILED,
     ErrorCode.NOT_IMPLEMENTED: NOT_IMPLEMENTED,
     ErrorCode.INTERNAL: INTERNAL_ERROR,
@@ -92,8 +94,6 @@ def amqp_error(err: BrokerError) -> AmqpError:
                 "port": err.leader_port,
             },
         )
-    if isinstance(err, NoPartitionFree):
-        return AmqpError(DETACH_FORCED, err.message, info)
     return AmqpError(CONDITIONS[err.code], err.message, info)
 
 

@@ -568,3 +568,19 @@ def test_a_group_consumer_commits_explicitly_and_the_next_member_resumes_after_i
     finally:
         second.close()
     assert again == rest  # exactly what was not committed
+
+
+def test_members_beyond_the_pending_limit_are_refused_detach_forced(
+    gateway: RunningGateway, make_stream: Callable[..., str], broker: Any, loop_thread: Any
+) -> None:
+    """000 §4.5.1 scenario 1: "consumers MAY see their attach requests immediately rejected
+    with a detach-forced error since there are no partitions left to assign" — past the
+    group's pending limit (`spate group create --pending-max 0` here)."""
+    stream = make_stream(partitions=2)
+    define_group(broker, loop_thread, stream, "full", pending_max=0)
+    with blocking(gateway) as conn:
+        for _ in range(2):
+            conn.create_receiver(stream, name=unique("m"), options=[grouped("full", None)])
+        with pytest.raises(LinkDetached, match="amqp:link:detach-forced") as refused:
+            conn.create_receiver(stream, name=unique("m"), options=[grouped("full", None)])
+        assert "waiting for one" in str(refused.value)

@@ -12,13 +12,18 @@ from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import StreamName
 
 
-def define_group(
-    broker: Any, loop_thread: Any, stream: str, group: str, strategy: str = "round-robin"
+def define_group(  # noqa: PLR0917 (the definition's fields)
+    broker: Any,
+    loop_thread: Any,
+    stream: str,
+    group: str,
+    strategy: str = "round-robin",
+    pending_max: int = 16,
 ) -> None:
     """A group whose rebalances start at once (no coalescing delay), defined on a test broker
     of the gateway suites (a proxy gateway's routes refreshed at once)."""
     definition = GroupDefinition(
-        StreamName(stream), group, Strategy(strategy), rebalance_delay_ms=0
+        StreamName(stream), group, Strategy(strategy), rebalance_delay_ms=0, pending_max=pending_max
     )
 
     def apply() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -317,14 +318,7 @@ class MemoryBroker:
         """What `spate group create` does in a cluster (version: one more than the last)."""
         self.stream(group.stream)  # NotFound
         version = max((g.version for g in self.groups.values()), default=0) + 1
-        self.groups[group.key] = GroupDefinition(
-            group.stream,
-            group.name,
-            group.strategy,
-            group.session_timeout_ms,
-            group.rebalance_delay_ms,
-            version,
-        )
+        self.groups[group.key] = dataclasses.replace(group, version=version)
 
     async def consumer_group(self, stream: StreamName, group: str) -> GroupDefinition | None:
         return groups.find(self.groups, stream, group)

@@ -5,6 +5,7 @@ so the gateway suite runs against both."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 from spate.core import groups, superstreams
@@ -81,14 +82,7 @@ class NodeBroker:
     def define_group(self, group: GroupDefinition) -> None:
         self.stream(group.stream)  # NotFound
         version = max((g.version for g in self.groups.values()), default=0) + 1
-        self.groups[group.key] = GroupDefinition(
-            group.stream,
-            group.name,
-            group.strategy,
-            group.session_timeout_ms,
-            group.rebalance_delay_ms,
-            version,
-        )
+        self.groups[group.key] = dataclasses.replace(group, version=version)
 
     @property
     def groups_required(self) -> bool:

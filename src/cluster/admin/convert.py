@@ -183,6 +183,7 @@ def consumer_group_message(group: GroupDefinition) -> pb.ConsumerGroup:
         session_timeout_ms=group.session_timeout_ms,
         rebalance_delay_ms=group.rebalance_delay_ms,
         version=group.version,
+        pending_max=group.pending_max,
     )
 
 
@@ -195,6 +196,7 @@ def consumer_group(message: pb.ConsumerGroup) -> GroupDefinition:
         session_timeout_ms=message.session_timeout_ms,
         rebalance_delay_ms=message.rebalance_delay_ms,
         version=message.version,
+        pending_max=message.pending_max,
     )
 
 

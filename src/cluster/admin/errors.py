@@ -25,6 +25,7 @@ GRPC_STATUS: Mapping[ErrorCode, grpc.StatusCode] = MappingProxyType(
         ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
         ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
         ErrorCode.RESOURCE_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ErrorCode.NO_PARTITION_FREE: grpc.StatusCode.RESOURCE_EXHAUSTED,
         ErrorCode.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
         ErrorCode.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
         ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,

@@ -406,6 +406,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
                 rebalance_delay_ms=request.rebalance_delay_ms
                 if request.HasField("rebalance_delay_ms")
                 else None,
+                pending_max=request.pending_max if request.HasField("pending_max") else None,
             )
             stored = await self.metadata.create_consumer_group(
                 group, request_id=_request_id(request.request_id)

@@ -41,7 +41,8 @@ Record (a command in the Raft log, or a result):
     SUPER     = {"binding_keys": [str...], "name": str, "partitions": [str...],
                  "routing": "hash"|"key", "version": int}
     GROUP     = {"name": str, "rebalance_delay_ms": int, "session_timeout_ms": int,
-                 "stream": str, "strategy": "round-robin"|"range"|"sticky", "version": int}
+                 "stream": str, "strategy": "round-robin"|"range"|"sticky", "version": int,
+                 "pending_max": int}   (pending_max: absent in dumps written before it; 16)
 
 Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
 
@@ -108,6 +109,7 @@ from spate.cluster.metadata.state import (
     Result,
     StreamRecord,
 )
+from spate.core import limits
 from spate.core.errors import Blame, BrokerError, ErrorCode
 from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
@@ -446,15 +448,15 @@ def _group_json(group: GroupDefinition) -> dict[str, Any]:
         "session_timeout_ms": group.session_timeout_ms,
         "rebalance_delay_ms": group.rebalance_delay_ms,
         "version": group.version,
+        "pending_max": group.pending_max,
     }
 
 
 def _group(value: object) -> GroupDefinition:
-    fields = _fields(
-        value,
-        "consumer group",
-        {"stream", "name", "strategy", "session_timeout_ms", "rebalance_delay_ms", "version"},
-    )
+    keys = {"stream", "name", "strategy", "session_timeout_ms", "rebalance_delay_ms", "version"}
+    if isinstance(value, dict) and "pending_max" in value:  # written since pending_max came
+        keys = keys | {"pending_max"}
+    fields = _fields(value, "consumer group", keys)
     try:
         strategy = Strategy(_str(fields["strategy"]))
     except ValueError as error:
@@ -466,6 +468,7 @@ def _group(value: object) -> GroupDefinition:
         _int(fields["session_timeout_ms"]),
         _int(fields["rebalance_delay_ms"]),
         _int(fields["version"]),
+        _int(fields.get("pending_max", limits.group_pending_max_default)),
     )
 
 
