@@ -502,6 +502,7 @@ def test_group_create_list_describe_delete(admin: str) -> None:
         "strategy": "round-robin",
         "session_timeout_ms": 30000,
         "rebalance_delay_ms": 3000,
+        "pending_max": 16,
         "version": created["version"],
     }
     # list: defined groups and the one seen only by its committed offset (admin_host.py)

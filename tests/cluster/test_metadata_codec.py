@@ -375,10 +375,17 @@ def test_consumer_group_layout_is_stable() -> None:
     group = define_group("orders", "billing", strategy="sticky", session_timeout_ms=10_000)
     command = CreateConsumerGroup(RequestId("r1"), group)
     assert encode_command(command) == (
+        b'\x02\x09{"group":{"name":"billing","pending_max":16,"rebalance_delay_ms":3000,'
+        b'"session_timeout_ms":10000,"strategy":"sticky","stream":"orders","version":0},'
+        b'"request_id":"r1"}'
+    )
+    # written before pending_max existed: still read, with the default
+    older = (
         b'\x02\x09{"group":{"name":"billing","rebalance_delay_ms":3000,'
         b'"session_timeout_ms":10000,"strategy":"sticky","stream":"orders","version":0},'
         b'"request_id":"r1"}'
     )
+    assert decode_command(older) == command
     delete = DeleteConsumerGroup(RequestId("r2"), StreamName("orders"), "billing")
     assert encode_command(delete) == (
         b'\x02\x0a{"name":"billing","request_id":"r2","stream":"orders"}'
