@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -19,13 +18,11 @@ from typing import Any
 import pytest
 from proton import Message, symbol, ulong
 from proton.utils import BlockingConnection
-from support.amqp_clients import JS_DIR, LinkProperties
+from support.amqp_clients import LinkProperties, run_doc_examples
 from support.cluster import Cluster
 from support.group_crew import Crew, settle
 
 MEMBER = Path(__file__).resolve().parents[1] / "support" / "group_member.py"
-DOC = Path(__file__).resolve().parents[2] / "docs" / "amqp.md"
-EXAMPLE = re.compile(r"```(python|js) consumer-group example\n(.*?)```", re.DOTALL)
 GROUP = symbol("event-streams-consumer-group")
 EPOCH = symbol("event-streams-epoch")
 PARTITION = symbol("event-streams-partition")
@@ -177,23 +174,8 @@ def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
     cluster3.cli("stream", "create", "orders", "--replicas", "3")
     cluster3.leader_of("orders")
     host, port = cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)
-    found = EXAMPLE.findall(DOC.read_text())
-    assert [language for language, _ in found] == ["python", "js"], found
-    for language, text in found:
-        code = text.replace("127.0.0.1:5672", f"{host}:{port}").replace(
-            "port: 5672", f"port: {port}"
-        )
-        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
-        done = subprocess.run(
-            command,
-            cwd=JS_DIR if language == "js" else None,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
-        assert "epoch" in done.stdout
+    for output in run_doc_examples("consumer-group example", host, int(port)):
+        assert "epoch" in output
 
 
 # coordinator members on three nodes (003 "Consumer Groups", "Consumer Group Rebalancing") ------

@@ -6,41 +6,14 @@ partition streams as ordinary streams; `spate superstream delete` removes it all
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from proton import Delivery, Message, symbol
 from proton.utils import BlockingConnection, LinkDetached
 from spate.core.superstreams import hash_partition
-from support.amqp_clients import JS_DIR, LinkProperties, offset_filter
+from support.amqp_clients import LinkProperties, offset_filter, run_doc_examples
 from support.cluster import Cluster
 
 GROUP_KEY = symbol("event-streams-group-key")
-DOC = Path(__file__).resolve().parents[2] / "docs" / "amqp.md"
-EXAMPLE = re.compile(r"```(python|js) super-stream example\n(.*?)```", re.DOTALL)
-
-
-def run_doc_examples(host: str, port: int) -> None:
-    """docs/amqp.md's super-stream examples, as written, pointed at this cluster."""
-    found = EXAMPLE.findall(DOC.read_text())
-    assert [language for language, _ in found] == ["python", "js"], found
-    for language, text in found:
-        code = text.replace("127.0.0.1:5672", f"{host}:{port}").replace(
-            "port: 5672", f"port: {port}"
-        )
-        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
-        done = subprocess.run(
-            command,
-            cwd=JS_DIR if language == "js" else None,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
 
 
 def publish(url: str, keys: list[str], prefix: str, **options: object) -> None:
@@ -92,7 +65,9 @@ def test_publish_through_gateway_and_node_then_consume_the_partitions(cluster3: 
         assert got == expected[partition]
 
     host, port = cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)
-    run_doc_examples(host, int(port))  # hello2 -> invoices-0, hello1 -> 1, hello4 -> 2, twice
+    run_doc_examples(
+        "super-stream example", host, int(port)
+    )  # hello2 -> invoices-0, hello1 -> 1, hello4 -> 2, twice
     for partition, key in enumerate(("hello2", "hello1", "hello4")):
         got = bodies(gateway, f"invoices-{partition}", len(expected[partition]) + 2)
         assert got[-2:] == [f"invoice of {key}"] * 2

@@ -11,7 +11,9 @@ import asyncio
 import datetime
 import itertools
 import json
+import re
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -307,3 +309,33 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
         )
     )
     return cert_path, key_path
+
+
+# docs/amqp.md's examples ---------------------------------------------------------------------
+
+AMQP_DOC = Path(__file__).resolve().parents[2] / "docs" / "amqp.md"
+
+
+def run_doc_examples(tag: str, host: str, port: int) -> list[str]:
+    """docs/amqp.md's "```python TAG" and "```js TAG" blocks, as written, pointed at
+    HOST:PORT; each must exit 0. Returns their outputs, in order."""
+    pattern = re.compile(rf"```(python|js) {re.escape(tag)}\n(.*?)```", re.DOTALL)
+    found = pattern.findall(AMQP_DOC.read_text())
+    assert [language for language, _ in found] == ["python", "js"], found
+    outputs = []
+    for language, text in found:
+        code = text.replace("127.0.0.1:5672", f"{host}:{port}").replace(
+            "port: 5672", f"port: {port}"
+        )
+        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
+        done = subprocess.run(
+            command,
+            cwd=JS_DIR if language == "js" else None,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    return outputs
