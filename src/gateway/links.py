@@ -744,6 +744,11 @@ async def claim_partition(
             specs = plan.selection.specs if plan.selection.accepted_keys else (OffsetSpec.next(),)
         reader = broker.partition(plan.stream, pid, write=False, relay=True)
         start = await reader.begin(specs)
+        if attached.stored is None:
+            # the group's first holder of the partition fixes where the group begins: a later
+            # holder (after a hand-over, or this one's link dying) goes on from there rather
+            # than from its own `next`
+            await owner.store_offset(plan.name, int(start) - 1, attached.member)
     except BaseException:
         await owner.consumer_detach(plan.name, None, attached.member)
         owner.detach()
