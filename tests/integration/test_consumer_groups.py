@@ -65,6 +65,25 @@ def publish(url: str, stream: str, bodies: list[str]) -> None:
         conn.close()
 
 
+def wait_served(url: str, stream: str, partitions: int = 1, timeout_s: float = 60) -> None:
+    """Until `url` (a gateway) serves every partition of `stream`: its routes follow the
+    metadata by a refresh, so a partition whose leader is known may still be refused there
+    (retryable) for a moment after the stream was created or a leader changed."""
+    deadline = time.monotonic() + timeout_s
+    for p in range(partitions):
+        while True:
+            conn = BlockingConnection(url, timeout=30)
+            try:
+                conn.create_sender(stream, options=LinkProperties({PARTITION: symbol(str(p))}))
+                break
+            except Exception as refused:
+                if "resource-locked" not in str(refused) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+            finally:
+                conn.close()
+
+
 def attach(url: str, stream: str, group: str, epoch: int | None = None) -> tuple[Any, Any]:
     """(connection, receiver) holding partition 0 for the group."""
     props: dict[Any, Any] = {GROUP: group, PARTITION: symbol("0")}
@@ -100,6 +119,7 @@ def test_an_epoch_takeover_between_processes_commits_then_survives_kill9_of_ever
     cluster3.cli("stream", "create", "ledger", "--partitions", "2", "--replicas", "3")
     cluster3.leader_of("ledger", 0)
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "ledger", 2)
     publish(gateway, "ledger", [f"m{i}" for i in range(10)])
     holder = Member(gateway, "ledger", "billing", None, credit=5)
     try:
@@ -151,6 +171,7 @@ def test_a_holder_rides_a_leader_kill_by_attaching_again_with_its_epoch(
 ) -> None:
     cluster3.cli("stream", "create", "tally", "--replicas", "3")
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "tally")
     publish(gateway, "tally", ["a0", "a1"])
     leader = cluster3.leader_of("tally")
     holder = Member(gateway, "tally", "audit", 4, credit=10)
@@ -174,6 +195,7 @@ def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
     cluster3.cli("stream", "create", "orders", "--replicas", "3")
     cluster3.leader_of("orders")
     host, port = cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)
+    wait_served(f"amqp://{host}:{port}", "orders")
     for output in run_doc_examples("consumer-group example", host, int(port)):
         assert "epoch" in output
 
@@ -191,6 +213,7 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
     for p in range(6):
         cluster3.leader_of("work", p)
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "work", 6)
     published: dict[int, int] = dict.fromkeys(range(6), 0)
     conn = BlockingConnection(gateway, timeout=30)
     senders = [
@@ -240,6 +263,7 @@ def test_a_killed_member_s_partitions_move_to_the_others(cluster3: Cluster) -> N
     for p in range(4):
         cluster3.leader_of("jobs", p)
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "jobs", 4)
     victim = subprocess.Popen(
         [sys.executable, "-c", VICTIM, gateway, "jobs", "pool"], stdout=subprocess.PIPE, text=True
     )
@@ -326,6 +350,7 @@ def test_group_definitions_and_members_survive_a_metadata_leader_kill(cluster3: 
             assert time.monotonic() < deadline
             time.sleep(0.5)
     try:
+        wait_served(gateway, "audit", 2)
         publish_one(gateway, "audit", 1, "after")
         assert member.receive(timeout=60).body == "after"
     finally:
@@ -343,6 +368,7 @@ def test_a_group_consumer_rides_the_kill_of_its_coordinator_s_leader(cluster3: C
     for p in range(3):
         cluster3.leader_of("ride", p)
     gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "ride", 3)
     member = GroupConsumer(gateway, "ride", "riders", reconnect_timeout_s=60)
     try:
         for p in range(3):
@@ -388,6 +414,7 @@ def test_members_on_nodes_that_do_not_lead_the_home_partition(cluster3: Cluster)
     cluster3.cli("group", "create", "spread", "readers", "--rebalance-delay-ms", "0")
     for p in range(3):
         cluster3.leader_of("spread", p)
+    wait_served(f"amqp://{cluster3.state['gateways'][0]['amqp']}", "spread", 3)
     home = cluster3.index_of(cluster3.leader_of("spread", 0))
     others = [i for i in range(3) if i != home]
     members = [
