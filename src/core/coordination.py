@@ -28,7 +28,6 @@ from spate.core.backend import ConsumerOffset
 from spate.core.coordinator import (
     Assignment,
     Coordinator,
-    GroupCoordinator,
     GroupSettings,
     GroupView,
 )
@@ -41,10 +40,6 @@ from spate.core.errors import (
 from spate.core.ids import Generation, MemberId, PartitionId
 
 GENERATION_PREFIX = groups.GENERATION_PREFIX.encode()
-
-__all__ = ["Coordinators", "GroupCoordinator", "GroupSettings", "Home", "generation_name"]
-"""GroupSettings and the GroupCoordinator contract live in the pure spate.core.coordinator
-(spate.core.backend names the contract without importing asyncio); imported from here too."""
 
 
 def generation_name(group: str) -> bytes:
@@ -138,8 +133,9 @@ class Coordinators:
         if waiting >= state.settings.pending_max:
             raise NoPartitionFree(
                 f"consumer group {group!r} has {len(coordinator.members)} members for the "
-                f"{self.partitions} partition(s) of {self.stream!r}, {waiting} of them waiting "
-                "for one (000 §4.5.1)"
+                f"{self.partitions} partition(s) of {self.stream!r} and {waiting} waiting for "
+                f"one, its limit (spate group create --pending-max; 000 §4.5.1): attach again "
+                "when a member leaves"
             )
         member = coordinator.join(self._now_ms(), settings.session_timeout_ms)
         self._changed(group)

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Protocol
 
-from spate.core import groups, limits
+from spate.core import groups
 from spate.core.active import ActiveGroups, Conflict, Owned, Stale
 from spate.core.backend import Attached, ConsumerOffset
 from spate.core.errors import AlreadyExists, FailedPrecondition, Unavailable
@@ -27,7 +27,6 @@ GROUP_PREFIX = groups.COMMITTED_PREFIX.encode()
 EPOCH_PREFIX = groups.EPOCH_PREFIX.encode()
 RESERVED_PREFIX = groups.RESERVED_PREFIX
 """Consumer names starting with it belong to groups (and other internal records)."""
-GROUP_BYTES_MAX = limits.group_name_bytes_max
 TAKEOVER_S = 10.0
 """How long a claim with a greater epoch waits for the owner to step down before dropping it
 (its later stores are refused)."""

@@ -49,8 +49,7 @@ from spate.core.backend import (
     ProducerInfo,
     PublishingIds,
 )
-from spate.core.coordination import GroupSettings
-from spate.core.coordinator import Assignment, GroupView
+from spate.core.coordinator import Assignment, GroupSettings, GroupView
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, MemberId, NodeId, Offset, PartitionId, StreamName

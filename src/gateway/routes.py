@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from spate.core import groups, superstreams
 from spate.core.backend import Broker, Partition
-from spate.core.coordination import GroupCoordinator
+from spate.core.coordinator import GroupCoordinator
 from spate.core.errors import NotFound, NotLeader, Unavailable
 from spate.core.groups import GroupDefinition, GroupKey
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName

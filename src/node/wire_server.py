@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from spate.core import frames, wire
 from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
-from spate.core.coordination import GroupCoordinator
+from spate.core.coordinator import GroupCoordinator
 from spate.core.errors import (
     BrokerError,
     InvalidArgument,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spate.core.backend import ConsumerOffset, Partition
-from spate.core.coordination import GroupCoordinator
+from spate.core.coordinator import GroupCoordinator
 from spate.core.errors import NotLeader, Unavailable
 from spate.core.groups import GroupDefinition
 from spate.core.ids import PartitionId, StreamName

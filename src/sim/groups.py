@@ -544,11 +544,10 @@ class GroupSim(SimLoop[_Event]):
                 self._send(_ToPartition("claim", member.process, p, m.generation))
         elif m.kind == "granted":
             held = member.holding.get(m.partition)
-            if held is not None and m.generation <= held:
-                pass  # a late answer to an earlier claim
-            elif m.partition in member.wanted:
+            fresh = held is None or m.generation > held  # else a late answer to an earlier claim
+            if fresh and m.partition in member.wanted:
                 member.holding[m.partition] = m.generation  # the leader's owner is this claim
-            else:  # no longer wanted: give it back
+            elif fresh:  # no longer wanted: give it back
                 self._send(_ToPartition("release", member.process, m.partition, m.generation))
         elif m.kind == "deposed":
             if member.holding.get(m.partition) == m.generation:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spate.core.coordination import GroupCoordinator, GroupSettings, generation_name
-from spate.core.coordinator import Assignment, GroupState
+from spate.core.coordination import generation_name
+from spate.core.coordinator import Assignment, GroupCoordinator, GroupSettings, GroupState
 from spate.core.errors import FailedPrecondition, NotFound, NotLeader, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
