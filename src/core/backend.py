@@ -192,6 +192,13 @@ class Partition(Protocol):
         used the other way. NotLeader elsewhere (the link is redirected to the leader)."""
         ...
 
+    def in_contact(self) -> bool:
+        """False while the node holding this link's consumer-group claim (ADR 0015) has been
+        silent too long to know the claim is still ours (a remote leader over a session quiet
+        past its liveness limit, ADR 0008): the link sends nothing of the partition until it
+        hears from it again or drops the partition. True without a claim, or in-process."""
+        ...
+
     def until_deposed(self, name: bytes, member: int) -> Awaitable[Attached]:
         """Resolves when the active member must step down (`active` False: another member is
         designated) or has left the group (`active` True)."""

@@ -34,6 +34,8 @@ kind  name        direction  body
                              "generation"}   (REPLY: join {"member": m}; sync the assignment
                              {"generation", "partitions", "release"}; released, leave {};
                              describe {"group": view | null}, view below)
+ 35   PING        g -> n     token u64   (the node answers PONG with the token at once)
+ 36   PONG        n -> g     token u64
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -107,6 +109,19 @@ CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30
 PRODUCER = 32
 CONSUMER = 33
 GROUP = 34
+PING, PONG = 35, 36
+KEEPALIVE_S = 1.0
+"""A gateway pings each node session this often, so that an idle session still carries a
+frame each way; silence then means a dead, paused or cut-off peer (ADR 0008, "Liveness")."""
+GATEWAY_SILENCE_S = 5.0
+"""A gateway closes a node session that sent nothing for this long: its appends in flight fail
+as unknown, its readers move to another replica, and the consumer-group partitions held through
+that node are dropped (they stop sending) before the node lets go of them."""
+NODE_SILENCE_S = 8.0
+"""A node closes a gateway session that sent nothing for this long (pings included), which
+leaves that gateway's group members and releases their claims: later than the gateway gives
+them up (GATEWAY_SILENCE_S), so that a claim is never granted to another member while the
+gateway cut off from this node may still be sending for the previous holder."""
 CONSUMER_ATTACH, CONSUMER_STORE, CONSUMER_DETACH, CONSUMER_RESET = 0, 1, 2, 3
 CONSUMER_JOIN, CONSUMER_WAIT, CONSUMER_DEPOSED, CONSUMER_STEP_DOWN = 4, 5, 6, 7
 CONSUMER_CLAIM = 8
@@ -143,6 +158,7 @@ _STARTED = struct.Struct(">IQ")
 _RECORDS_HEAD = struct.Struct(">IQQI")
 _CREDIT = struct.Struct(">II")
 _REQUEST = struct.Struct(">Q")
+_TOKEN = struct.Struct(">Q")
 _PORT = struct.Struct(">H")
 _U16 = _PORT
 
@@ -371,6 +387,18 @@ def decode_unsubscribe(body: memoryview) -> int:
     (sub,) = reader.unpack(_SUB_HEAD)
     reader.done()
     return sub
+
+
+def encode_ping(token: int, *, pong: bool = False) -> bytes:
+    return frame(PONG if pong else PING, _TOKEN.pack(token))
+
+
+def decode_ping(body: memoryview) -> int:
+    """The token of a PING or a PONG."""
+    reader = Reader(body)
+    (token,) = reader.unpack(_TOKEN)
+    reader.done()
+    return token
 
 
 def encode_info(request: int, key: GroupKey) -> bytes:

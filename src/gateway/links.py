@@ -412,10 +412,15 @@ class Cursor:
     nothing was committed, it began at its start filter or `next`)."""
 
     def available(self) -> bool:
+        if not (self.owner or self.partition).in_contact():
+            return False  # the claim's node is silent: nothing until it is heard (ADR 0008)
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
 
     def take(self, count: int) -> list[Run]:
-        """Runs holding up to `count` records from the next offset on, in log order."""
+        """Runs holding up to `count` records from the next offset on, in log order; none
+        while a consumer group's claim cannot be known to be ours (`Partition.in_contact`)."""
+        if not (self.owner or self.partition).in_contact():
+            return []
         pending = self.pending
         if not pending and self.next_offset < self.partition.end_offset():
             start = int(self.next_offset)

@@ -112,6 +112,12 @@ class NodeSession:
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._writer: asyncio.StreamWriter | None = None
+        self.heard = self.loop.time()
+        """When the node last sent a frame (loop time)."""
+        self.silenced = 0
+        """1 when this session was given up for silence."""
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._ping_due = 0.0
         self.task = self.loop.create_task(self._run(), name=f"wire-{node}")
 
     def next_id(self) -> int:
@@ -154,8 +160,11 @@ class NodeSession:
             await asyncio.wait_for(self._handshake(reader, writer), CONNECT_TIMEOUT_S)
             self.ready = True
             self.opened.set_result(None)
+            self.heard = self.loop.time()
+            self._schedule_ping()
             while True:
                 head = await reader.readexactly(frames.FRAME_HEAD_BYTES)
+                self.heard = self.loop.time()
                 length, kind = frames.FRAME_HEAD.unpack(head)
                 if length < 1 or length > FRAME_BYTES_MAX:
                     raise frames.CodecError(f"frame of {length} bytes")
@@ -176,7 +185,38 @@ class NodeSession:
         except frames.CodecError as error:
             log.warning("session with node %s broken: %s", self.node, error)
         finally:
+            if self._keepalive is not None:
+                self._keepalive.cancel()
             self._lost()
+
+    def _ping(self) -> None:
+        """Every KEEPALIVE_S: ping the node (it answers at once), and give the session up when
+        the node sent nothing for GATEWAY_SILENCE_S — dead, paused (SIGSTOP) or cut off; its
+        readers then move to another replica and its group partitions are dropped (ADR 0008
+        "Liveness")."""
+        writer = self._writer
+        if self.closed or writer is None:
+            return
+        now = self.loop.time()
+        silent_s = now - self.heard
+        late = now - self._ping_due > wire.KEEPALIVE_S  # this loop stalled: frames may wait
+        if silent_s > wire.GATEWAY_SILENCE_S and not late:
+            log.warning(
+                "node %s sent nothing for %.1f s: giving its session up", self.node, silent_s
+            )
+            self.silenced += 1
+            writer.transport.abort()
+            return
+        self.send(wire.encode_ping(next(self._ids)))
+        self._schedule_ping()
+
+    def _schedule_ping(self) -> None:
+        self._ping_due = self.loop.time() + wire.KEEPALIVE_S
+        self._keepalive = self.loop.call_at(self._ping_due, self._ping)
+
+    def fresh(self) -> bool:
+        """The node was heard from within GATEWAY_SILENCE_S (a session given up is not)."""
+        return not self.closed and self.loop.time() - self.heard <= wire.GATEWAY_SILENCE_S
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         secret, me = self.sessions.secret, self.sessions.gateway_id
@@ -228,6 +268,8 @@ class NodeSession:
             reader = self.readers.get(sub)
             if reader is not None:
                 reader.started(sub, start)
+        elif kind == wire.PONG:
+            pass  # `heard` is all a pong is for
         elif kind == wire.ENDED:
             sub, error = wire.decode_ended(body)
             reader = self.readers.pop(sub, None)
@@ -454,6 +496,8 @@ class _PartitionBase:
         self.loop = asyncio.get_running_loop()
         self._consumer_name: bytes | None = None
         """A named consumer link's name while it is attached (ADR 0012)."""
+        self._claimed = False
+        """The name is a consumer group's, claimed at `_counted_at` (ADR 0015)."""
         self._counted_at: NodeSession | None = None
         """The session over which the leader counts that link."""
         self._counting_lock = asyncio.Lock()
@@ -557,7 +601,13 @@ class _PartitionBase:
         )
         self._consumer_name, self._counted_at = name, session
         self._member = attached.member
+        self._claimed = True
         return attached
+
+    def in_contact(self) -> bool:
+        """A claim's leader was heard from lately (see NodeSession.fresh)."""
+        counted = self._counted_at
+        return not self._claimed or (counted is not None and counted.fresh())
 
     async def until_active(self, name: bytes, member: int) -> Attached:
         """Answered by the leader when the member becomes active (the request waits there)."""
@@ -593,6 +643,7 @@ class _PartitionBase:
         self._stop_counting()
         counted_at = self._counted_at
         self._consumer_name = self._counted_at = None
+        self._claimed = False
         stored = wire.NO_OFFSET if offset is None else offset
         done_at: NodeSession | None = None
         try:

@@ -103,6 +103,10 @@ class WireSession:
         """Coordinator calls not answered yet (a sync waits there): cancelled at close."""
         self.out: list[bytes] = []
         self.closed = False
+        self.heard = self.loop.time()
+        """When the gateway last sent a frame (loop time)."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watch_due = 0.0
 
     # -- output
 
@@ -121,12 +125,38 @@ class WireSession:
     # -- input
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
+        self._watch_later()
         try:
             while True:
                 kind, body = await read_frame(reader, FRAME_BYTES_MAX)
+                self.heard = self.loop.time()
                 self.handle(kind, body)
         finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             self.close()
+
+    def _watch_later(self) -> None:
+        self._watch_due = self.loop.time() + wire.KEEPALIVE_S
+        self._watchdog = self.loop.call_at(self._watch_due, self._watch)
+
+    def _watch(self) -> None:
+        """Close the session when the gateway sent nothing (not even its pings) for
+        NODE_SILENCE_S: it is dead, paused or cut off, and its group members leave (ADR 0008
+        "Liveness")."""
+        if self.closed:
+            return
+        now = self.loop.time()
+        late = now - self._watch_due > wire.KEEPALIVE_S  # this loop stalled: frames may wait
+        if now - self.heard > wire.NODE_SILENCE_S and not late:
+            log.warning(
+                "gateway %s sent nothing for %.0f s: closing its session",
+                self.gateway,
+                wire.NODE_SILENCE_S,
+            )
+            self.writer.transport.abort()
+            return
+        self._watch_later()
 
     def handle(self, kind: int, body: memoryview) -> None:
         if kind == wire.APPEND:
@@ -144,6 +174,8 @@ class WireSession:
             self._consumer(*wire.decode_consumer(body))
         elif kind == wire.GROUP:
             self._group(*wire.decode_group(body))
+        elif kind == wire.PING:
+            self.send(wire.encode_ping(wire.decode_ping(body), pong=True))
         elif kind == wire.CREDIT:
             sub, records = wire.decode_credit(body)
             state = self.readers.get(sub)

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spate.core import wire
 from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from spate.core.groups import committed_name
 from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway import remote
 from spate.gateway.remote import RemoteReader, RemoteWriter
+from spate.node.wire_server import WireSession
 from support.proxy_broker import ProxyBroker
 
 STREAM = StreamName("orders")
@@ -189,5 +192,67 @@ def test_a_named_consumer_link_stays_counted_at_the_leader_after_its_session_bre
         await other.reset_offset(b"billing", 0)  # the last message: resume at the next
         with pytest.raises(InvalidArgument, match=r"past the end of .*its last message is 0"):
             await other.reset_offset(b"billing", 1)  # would skip a message not written yet
+
+    run(tmp_path, scenario)
+
+
+def test_a_silent_node_s_session_is_given_up_and_its_claims_stop_sending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0008 "Liveness": the gateway pings every KEEPALIVE_S; a node that answers nothing
+    for GATEWAY_SILENCE_S (paused, cut off) has its session given up. Meanwhile a consumer
+    group's claim held there is no longer `in_contact` (its link sends nothing of the
+    partition), and the holder's wait for deposition fails, so the member drops it."""
+    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(wire, "GATEWAY_SILENCE_S", 0.4)
+    handle = WireSession.handle
+
+    def deaf(self: WireSession, kind: int, body: memoryview) -> None:
+        if kind != wire.PING:  # the node hears but never answers a ping: silence
+            handle(self, kind, body)
+
+    monkeypatch.setattr(WireSession, "handle", deaf)
+
+    async def scenario(broker: ProxyBroker) -> None:
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        name = committed_name("g").encode()
+        held = await reader.claim(name, 1)
+        assert held.active and reader.in_contact()
+        deposed = asyncio.ensure_future(reader.until_deposed(name, held.member))
+        while reader.in_contact():
+            await asyncio.sleep(0.02)
+        with pytest.raises(Unavailable, match="broke"):
+            await deposed
+        session = reader._counted_at
+        assert session is not None and session.silenced == 1 and session.closed
+
+    run(tmp_path, scenario)
+
+
+def test_a_node_closes_a_silent_gateway_s_session_and_lets_its_claims_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0008 "Liveness": a gateway that sends nothing (not even pings) for NODE_SILENCE_S is
+    dead, paused or cut off; the node closes its session, which lets go of the claims it
+    held, so another member can claim the partition."""
+    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(wire, "NODE_SILENCE_S", 0.4)
+    monkeypatch.setattr(remote.NodeSession, "_ping", lambda self: None)  # a mute gateway
+
+    async def scenario(broker: ProxyBroker) -> None:
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        name = committed_name("g").encode()
+        await reader.claim(name, 1)
+        part = broker.node.partition(STREAM, PartitionId(0), write=True)
+        assert part.groups.size(name) == 1
+        while part.groups.size(name):
+            await asyncio.sleep(0.02)
+        session = reader._counted_at
+        assert session is not None
+        while not session.closed:  # the gateway sees the node close it
+            await asyncio.sleep(0.02)
+        assert session.silenced == 0
 
     run(tmp_path, scenario)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -435,3 +437,51 @@ def test_members_on_nodes_that_do_not_lead_the_home_partition(cluster3: Cluster)
     finally:
         for member in members:
             member.close()
+
+
+def test_a_paused_leader_s_partition_moves_on_without_a_second_holder(cluster3: Cluster) -> None:
+    """SIGSTOP the leader of a partition a member holds (a pause longer than the election
+    and the gateway's liveness limit, ADR 0008 "Liveness"): the gateway gives the silent node
+    up, the member drops the partition and claims it again at the new leader once that leader
+    settled (ADR 0015 "Leader changes"), and receives what is published meanwhile — before the
+    paused node resumes; after SIGCONT nothing arrives twice."""
+    from spate.client import GroupConsumer
+
+    cluster3.cli("stream", "create", "pause", "--partitions", "3", "--replicas", "3")
+    cluster3.cli("group", "create", "pause", "stoppers", "--rebalance-delay-ms", "0")
+    leaders = [cluster3.leader_of("pause", p) for p in range(3)]
+    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+    wait_served(gateway, "pause", 3)
+    member = GroupConsumer(gateway, "pause", "stoppers", reconnect_timeout_s=90)
+    # a node leading some partition other than 0 (the coordinator's home) if there is one
+    paused = next((n for n in leaders[1:] if n != leaders[0]), leaders[-1])
+    pid = cluster3.node_pid(cluster3.index_of(paused))
+    try:
+        for p in range(3):
+            publish_one(gateway, "pause", p, f"before-{p}")
+        got = [member.receive(timeout=60).body for _ in range(3)]
+        assert sorted(got) == [f"before-{p}" for p in range(3)]
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 90
+        for p in range(3):
+            while True:  # refused (retryable) until the partition has a live leader
+                try:
+                    publish_one(gateway, "pause", p, f"during-{p}")
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, f"no leader took over {p}"
+                    time.sleep(0.5)
+        during = [member.receive(timeout=90).body for _ in range(3)]
+        assert sorted(during) == [f"during-{p}" for p in range(3)], during
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        os.kill(pid, signal.SIGCONT)
+        for p in range(3):
+            publish_one(gateway, "pause", p, f"after-{p}")
+        after = [member.receive(timeout=60).body for _ in range(3)]
+        assert sorted(after) == [f"after-{p}" for p in range(3)], after  # nothing twice
+        with pytest.raises(TimeoutError):
+            member.receive(timeout=2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        member.close()

@@ -18,6 +18,7 @@ import pytest
 from spate.core.backend import OffsetSpec
 from spate.core.coordination import GroupSettings, generation_name
 from spate.core.errors import BrokerError, NotLeader
+from spate.core.groups import committed_name
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention
 from spate.node.log import LogConfig
@@ -340,3 +341,32 @@ async def _home_disbands_when_its_leader_steps_down(cluster: Cluster) -> None:
     while now.partitions != frozenset({0, 1}):
         now = await again.sync("g", member, now, 1.0)
     assert now.generation == had.generation + 1
+
+
+def test_a_new_leader_grants_group_claims_only_once_settled(tmp_path: Path) -> None:
+    run(_new_leader_settles_before_claims, tmp_path)
+
+
+async def _new_leader_settles_before_claims(cluster: Cluster) -> None:
+    """ADR 0015 "Leader changes": the first leader of a new partition grants a consumer group's
+    claim at once; a later leader only after one election timeout and a margin of leading, by
+    when the leader before it has stepped down (check-quorum) and told its holders to stop —
+    so two holders of one partition never overlap across a leader change."""
+    name = committed_name("g").encode()
+    first = await cluster.leader()
+    assert first.raft.barrier == 1 and not first.settling()
+    held = await first.claim(name, 1)
+    assert held.active and held.epoch == 1
+
+    deposed = first.until_deposed(name, held.member)
+    await cluster.stop(first.node)
+    with pytest.raises(NotLeader):
+        await deposed  # the holder is told, and its link stops sending
+    new = await cluster.leader()
+    assert new.raft.barrier > 1
+    claimed = asyncio.ensure_future(new.claim(name, 2))
+    await asyncio.sleep(0)
+    assert not claimed.done() and new.settling()
+    granted = await claimed
+    assert granted.active and granted.epoch == 2
+    assert new._ticks - new._led_since >= new.settle_ticks()

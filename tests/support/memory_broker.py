@@ -106,6 +106,9 @@ class MemoryPartition(LocalPartition):
         self.groups.watch(name, member, told)
         return future
 
+    def in_contact(self) -> bool:
+        return True
+
     def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
 

@@ -31,6 +31,12 @@ from spate.core.ids import LeaderEpoch, Offset
 from spate.node.replication.messages import Ready
 from spate.node.replication.replica import Replica
 
+SETTLE_MARGIN_TICKS = 3
+"""Ticks a new leader waits beyond one election timeout before granting consumer-group claims
+(`ReplicatedPartition.settle_ticks`): covers a heartbeat answer's delay on the wire and a tick's
+rounding on either side."""
+SETTLE_POLL_S = 0.02
+
 
 def _settle(future: asyncio.Future[Any]) -> Any:
     def done(outcome: Any) -> None:
@@ -56,6 +62,8 @@ class ReplicatedPartition(Replica):
         self.coordinators: Coordinators | None = None
         """The stream's consumer-group coordinators while this replica leads partition 0."""
         self._coordinators_epoch: LeaderEpoch | None = None
+        self._led_since = 0
+        """The tick (`_ticks`) at which this replica last became the leader."""
 
     def group_coordinators(self, partitions: int) -> Coordinators:
         """The stream's consumer groups, homed here (partition 0, at its leader; ADR 0015).
@@ -72,6 +80,7 @@ class ReplicatedPartition(Replica):
     def close(self) -> None:
         super().close()
         self._disband_coordinators()
+        self._dismiss(f"{self.stream}/{self.partition} closed on this node (shut down or moved)")
 
     def _disband_coordinators(self) -> None:
         if self.coordinators is not None:
@@ -135,9 +144,31 @@ class ReplicatedPartition(Replica):
     async def claim(
         self, name: bytes, epoch: int | None, generation: int | None = None
     ) -> Attached:
-        """A consumer group's link claims this partition (ADR 0015, spate.core.ownership)."""
+        """A consumer group's link claims this partition (ADR 0015, spate.core.ownership),
+        once this leader has settled (`settle_ticks`)."""
         self._check_leader()
+        while self.settling():
+            await asyncio.sleep(SETTLE_POLL_S)
+            self._check_leader()
         return await ownership.claim(self, name, epoch, generation)
+
+    def settle_ticks(self) -> int:
+        """How long a new leader grants no consumer-group claim: one election timeout and
+        SETTLE_MARGIN_TICKS. Its election took a majority that had not heard the leader before
+        it for an election timeout, and that leader steps down when it has not heard a majority
+        for two (check-quorum), so by then it has stepped down and told its holders to stop
+        (ADR 0015, "Leader changes") — a holder there never overlaps one granted here."""
+        return self.raft.config.election_timeout_ticks + SETTLE_MARGIN_TICKS
+
+    def settling(self) -> bool:
+        """This replica leads, and became leader less than `settle_ticks` ago, with entries
+        before its own first one: a leader that found the log empty has no holder before it to
+        wait out (nothing was ever committed, so no holder could have received anything)."""
+        return (
+            self.is_leader
+            and self.raft.barrier > 1
+            and self._ticks - self._led_since < self.settle_ticks()
+        )
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
@@ -162,6 +193,9 @@ class ReplicatedPartition(Replica):
 
         self.groups.watch(name, member, told)
         return future
+
+    def in_contact(self) -> bool:
+        return True  # the claim is held right here
 
     def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
@@ -188,18 +222,23 @@ class ReplicatedPartition(Replica):
 
     def report_leader(self, ready: Ready) -> None:
         super().report_leader(ready)
+        if ready.leader_change is not None and self.is_leader:
+            self._led_since = self._ticks
         if ready.leader_change is not None and not self.is_leader:
             self._disband_coordinators()
-            self.groups.disband()
-            for future in list(self.standbys):
-                if not future.done():
-                    future.set_exception(
-                        NotLeader(
-                            f"{self.stream}/{self.partition} has a new leader: attach again "
-                            "there to rejoin the group",
-                            leader_node=self.raft.leader,
-                        )
+            self._dismiss(f"{self.stream}/{self.partition} has a new leader")
+
+    def _dismiss(self, why: str) -> None:
+        """Disband the groups: every standby and holder waiting here is told NotLeader."""
+        self.groups.disband()
+        for future in list(self.standbys):
+            if not future.done():
+                future.set_exception(
+                    NotLeader(
+                        f"{why}: attach again at its leader to rejoin the group",
+                        leader_node=self.raft.leader,
                     )
+                )
 
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         try:

@@ -126,6 +126,9 @@ class Raft:
         self.role = Role.FOLLOWER
         self.leader: NodeId | None = None
         self.leader_epoch = LeaderEpoch(0)
+        self.barrier = 0
+        """The index of the empty entry this replica appended when it last became leader: where
+        its leadership begins (1: nothing was ever written before it)."""
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._timeout = config.election_timeout_ticks
@@ -390,7 +393,8 @@ class Raft:
             progress.recent_active = True
             self._progress[peer] = progress
         # The barrier: commits earlier terms' entries and marks where this leader epoch begins.
-        self.log.append([Entry(self.log.last_index + 1, self.term, b"")])
+        self.barrier = self.log.last_index + 1
+        self.log.append([Entry(self.barrier, self.term, b"")])
         self._entries_pending = True
 
     def _set_leader(self, leader: NodeId) -> None:
