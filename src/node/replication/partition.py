@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from spate.core import ownership
+from spate.core import claiming, ownership
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -135,9 +135,9 @@ class ReplicatedPartition(Replica):
     async def claim(
         self, name: bytes, epoch: int | None, generation: int | None = None
     ) -> Attached:
-        """A consumer group's link claims this partition (ADR 0015, spate.core.ownership)."""
+        """A consumer group's link claims this partition (ADR 0015, spate.core.claiming)."""
         self._check_leader()
-        return await ownership.claim(self, name, epoch, generation)
+        return await claiming.claim(self, name, epoch, generation)
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
