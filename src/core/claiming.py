@@ -12,7 +12,14 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from spate.core.backend import Attached, ConsumerOffset
-from spate.core.ownership import Claims, decide_claim, epoch_name, generation_name, release
+from spate.core.ownership import (
+    Claims,
+    decide_claim,
+    drop_holder,
+    epoch_name,
+    generation_name,
+    release,
+)
 
 TAKEOVER_S = 10.0
 """How long a claim with a greater epoch waits for the owner to step down before dropping it
@@ -59,14 +66,6 @@ async def claim(
         raise
     if claimed.holder is not None:
         asyncio.get_running_loop().call_later(
-            TAKEOVER_S, _drop, host, name, claimed.holder, claimed.member
+            TAKEOVER_S, drop_holder, host, name, claimed.holder, claimed.member
         )
     return Attached(stored, claimed.member, claimed.current, claimed.epoch)
-
-
-def _drop(host: Claims, name: bytes, holder: int, claimer: int) -> None:
-    """A takeover's owner did not step down in time: drop it from the group (its stores are
-    refused now; its link's detach still counts it down)."""
-    group = host.groups.groups.get(name)
-    if group is not None and group.current == holder and claimer in group.members:
-        host.groups.leave(name, holder)

@@ -8,10 +8,11 @@ a greater `event-streams-epoch` displaces it after it stepped down). The epoch i
 goes back. Stores for `$group/<g>` are accepted only from the current owner (`check_store`).
 
 Pure (no I/O), so the simulator (`spate.sim.groups`) runs these decisions as they are: a claim
-(`decide_claim`, over `ActiveGroups.claim`), letting go (`release`) and the commit fence
-(`check_store`). `spate.core.claiming.claim` is their asyncio shell, which both partition kinds
-run (the node's replicas and the in-memory test broker): it reads the stored epoch and
-generation, decides, stores what the decision raised before answering, and bounds a takeover.
+(`decide_claim`, over `ActiveGroups.claim`), letting go (`release`), dropping an owner that did
+not step down in time (`drop_holder`) and the commit fence (`check_store`).
+`spate.core.claiming.claim` is their asyncio shell, which both partition kinds run (the node's
+replicas and the in-memory test broker): it reads the stored epoch and generation, decides,
+stores what the decision raised before answering, and bounds a takeover.
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ def release(host: Claims, name: bytes, member: int) -> None:
     else:
         host.attached.pop(name, None)
     host.groups.leave(name, member)
+
+
+def drop_holder(claims: Claims, name: bytes, holder: int, claimer: int) -> None:
+    """A takeover's owner did not step down in time: drop it from the group (its stores are
+    refused now; its link's detach still counts it down)."""
+    group = claims.groups.groups.get(name)
+    if group is not None and group.current == holder and claimer in group.members:
+        claims.groups.leave(name, holder)
 
 
 def check_store(groups: ActiveGroups, where: str, name: bytes, member: int) -> None:

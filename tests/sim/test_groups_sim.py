@@ -1,6 +1,6 @@
-"""The consumer-group coordinator under the simulator (src/sim/groups.py): seeds hold every
-invariant and reach a quiet group on its target, a seed replays exactly, and each planted bug
-is caught within 50 seeds."""
+"""The consumer-group coordinator and the partitions' ownership layer under the simulator
+(src/sim/groups.py): seeds hold every invariant and reach a quiet group on its target, a seed
+replays exactly, and each planted bug is caught within 50 seeds."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def test_same_seed_same_trace() -> None:
         (GroupBugs(stale_claims=True), "ownership-fence:"),
         (GroupBugs(forget_epochs=True), "ownership-fence:"),
         (GroupBugs(commit_from_deposed=True), "commit-fenced:"),
+        (GroupBugs(promote_before_store=True), "handover-commit:"),
         (GroupBugs(commit_past_delivered=True), "commit-not-ahead:"),
     ],
 )
