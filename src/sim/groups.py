@@ -753,15 +753,17 @@ class GroupSim(SimLoop[_Event]):
         self._let_go(member, p, claim, offset or None)
 
     def _let_go(self, member: _Member, p: PartitionId, claim: _Claim, offset: int | None) -> None:
-        """`RemoteWriter.consumer_detach`: to the leader the routing names, a detach with
-        `offset` (when that is where the link is counted, or there is an offset to store),
-        and a let-go where the link is counted when that is elsewhere."""
+        """`RemoteWriter.consumer_detach`: a detach with `offset` where the link is counted
+        when the routing names it the leader; else a plain store of `offset` (no member
+        number) at the leader and a let-go where the link is counted."""
         leader = self.partitions[p].leader
-        if leader == claim.node or offset is not None:
+        if leader == claim.node:
             detach = _ToPartition(
                 "detach", member.process, p, leader, number=claim.number, offset=offset
             )
             self._link(detach, p, leader)
+        elif offset is not None:
+            self._link(_ToPartition("commit", member.process, p, leader, offset=offset), p, leader)
         if leader != claim.node:
             let_go = _ToPartition("detach", member.process, p, claim.node, number=claim.number)
             self._link(let_go, p, claim.node)
