@@ -158,6 +158,7 @@ _GROUP_BUGS = {
     "commit-from-deposed": GroupBugs(commit_from_deposed=True),
     "promote-before-store": GroupBugs(promote_before_store=True),
     "commit-past-delivered": GroupBugs(commit_past_delivered=True),
+    "forget-waiting-claims": GroupBugs(forget_waiting_claims=True),
 }
 _METADATA_BUGS = {
     "forget-requests": MetadataBugs(forget_requests=True),

@@ -71,15 +71,16 @@ Invariants (after every event, or where the event happens):
   holder committed in stepping down.
 
 Liveness, after the faults stop: the group becomes Stable with every live member in it,
-every partition owned at its leader by its holder's process, and the holders are the
-strategy's target for the members (`quiet-target`: round-robin and range exactly; sticky
-balanced).
+every partition owned at its leader by its holder's process, its replicas counting that link
+only (`ownership.Claims.attached`: a count left behind refuses an operator's reset), and the
+holders are the strategy's target for the members (`quiet-target`: round-robin and range
+exactly; sticky balanced).
 
 Planted bugs (`--model groups --bug ...`; tests/sim/test_groups_sim.py requires each to be
 caught): `announce-before-store`, `forget-generation`, `assign-before-revoke` in the
 coordinator's host; `stale-claims`, `forget-epochs`, `commit-from-deposed`,
 `promote-before-store` by perturbing the calls into the production ownership layer;
-`commit-past-delivered` in the members (see `GroupBugs`).
+`commit-past-delivered` and `forget-waiting-claims` in the members (see `GroupBugs`).
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ class GroupBugs:
     deposed holder finished."""
     commit_past_delivered: bool = False
     """Members commit the partition's end they were told of, not what they received."""
+    forget_waiting_claims: bool = False
+    """A member drops a waiting claim that was displaced or failed without letting go of it
+    (as `claim_partition` did): the replica counts its link until the session closes."""
 
 
 NO_BUGS = GroupBugs()
@@ -696,7 +700,8 @@ class GroupSim(SimLoop[_Event]):
             del member.waiting[p]
             if m.kind == "active":
                 self._own(member, p, claim)
-            # displaced: `claim_partition` lets the link go without a word (`detach`)
+            elif not self.bugs.forget_waiting_claims:  # `claim_partition` lets go of it
+                self._let_go(member, p, claim, None)
         elif m.kind == "deposed" and member.holding.get(p) == claim:
             del member.holding[p]  # `_hold`: step down with what it finished, then let go
             if self.partitions[p].leader == claim.node:
@@ -720,7 +725,9 @@ class GroupSim(SimLoop[_Event]):
                 del member.holding[p]
                 self._let_go(member, p, claim, None)
             elif member.waiting.get(p) == claim:
-                del member.waiting[p]  # `claim_partition` fails (and lets go without a word)
+                del member.waiting[p]  # `claim_partition` fails, and lets go of it
+                if not self.bugs.forget_waiting_claims:
+                    self._let_go(member, p, claim, None)
         elif m.kind == "data" and member.holding.get(p) == claim:
             key = (member.process, p)
             self.delivered[key] = max(self.delivered.get(key, 0), m.upto)
@@ -1233,6 +1240,9 @@ class GroupSim(SimLoop[_Event]):
                 return f"partition {p}: held by p{member.process}, owned by {owner} at its leader"
             if member.holding.get(PartitionId(p)) != owner:
                 return f"partition {p}: owned by {owner}; p{member.process} holds {member.holding}"
+            counts = [r.attached.get(NAME, 0) for r in self.partitions[p].nodes]
+            if sum(counts) != 1:
+                return f"partition {p}: its replicas count {counts} links of the group"
         return None
 
     def liveness_failure(self) -> str:
