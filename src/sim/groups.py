@@ -922,16 +922,15 @@ class GroupSim(SimLoop[_Event]):
         self._detach(replace(m, offset=None), part, replica)
 
     def _detach(self, m: _ToPartition, part: _Partition, replica: _Replica) -> None:
-        """The node's wire server, CONSUMER_DETACH: a let-go (no offset) counts down a link
-        this session counted; with an offset, at the leader, a link counted here stores (if
-        it owns p) and lets go (`consumer_detach`), one counted elsewhere only stores."""
+        """The node's wire server, CONSUMER_DETACH: a let-go (no offset), or a detach at a
+        replica that does not lead, counts down a link this session counted; with an offset,
+        at the leader, a link counted here stores (if it owns p) and lets go
+        (`consumer_detach`), one counted elsewhere only stores."""
         counted = m.number in replica.sessions.get(m.process, ())
-        if m.offset is None:
+        if m.offset is None or part.leader != m.node:  # NotLeader: nothing stored
             if counted:
                 self._release(replica, m.process, m.number)
             return
-        if part.leader != m.node:
-            return  # NotLeader
         if not counted:
             self._store(m, part, replica)
             return
