@@ -6,10 +6,11 @@ timeout. What runs as production code: the coordinator (`spate.core.coordinator.
 and, at each partition's replicas, the ownership layer — `spate.core.active.ActiveGroups` (one
 per replica, node-local) driven through `spate.core.ownership`'s pure decisions: a claim is
 `decide_claim` (granted or refused, the epoch, which reserved names to store), letting go is
-`release`, a step-down is `ActiveGroups.stepped_down`, a leader change `disband`, and every
-store of the committed offset passes `check_store` (the fence). Their watchers (`watch`,
-`watch_deposed`) tell the members when a claim's turn comes or the holder must step down.
-What is modelled: the shells around them, as simply as their contracts allow.
+`release`, a takeover's bound `drop_holder`, a step-down `ActiveGroups.stepped_down`, a leader
+change `disband`, and every store of the committed offset passes `check_store` (the fence).
+Their watchers (`watch`, `watch_deposed`) tell the members when a claim's turn comes or the
+holder must step down. What is modelled: the shells around them, as simply as their contracts
+allow.
 
 - **coordinator host**: every `coordinator_tick_ms` it calls `expire` and `tick`; a generation
   to store is written to the home partition (`$generation/<g>`, durable when the write
@@ -23,14 +24,15 @@ What is modelled: the shells around them, as simply as their contracts allow.
   committed offset `$group/<g>`, written at once when a decision says to store them and fed to
   the next claim as `stored_epoch` and `stored_generation`; the log grows by itself. The
   leader's shell is `claiming.claim` and `ReplicatedPartition` (a claim is decided, its stores
-  made, then answered; a step-down stores what the holder finished, then `stepped_down`; a
-  store needs leadership) and the node's wire server (each member process is one gateway
-  session; a detach of a link the session counted there stores and lets go, one it did not
-  count only stores, fenced by the member number it carries). The leader sends new messages
-  to its current member. A leader change disbands the old leader's groups, failing its
-  members' waits (they are told the claim is gone); the new leader reads the stored epoch and
-  generation from the log. The takeover bound (`claiming.TAKEOVER_S`) is not modelled: here a
-  deposed holder always steps down or its link closes.
+  made, then answered; a claim that waits for a holder drops it after `takeover_ms`, the
+  scaled `claiming.TAKEOVER_S`, if it has not stepped down; a step-down stores what the holder
+  finished, then `stepped_down`; a store needs leadership) and the node's wire server (each
+  member process is one gateway session; a detach of a link the session counted there stores
+  and lets go, one it did not count only stores, fenced by the member number it carries). The
+  leader sends new messages to its current member. A leader change disbands the old leader's
+  groups, failing its members' waits: they are told the claim is gone at once, or, half the
+  time (the old leader cut off from them too), 100-2000 ms later while the routing already
+  names the new leader; the new leader reads the stored epoch and generation from the log.
 - **members** (3-5 processes), modelled on the gateway's group links (`_group_member`,
   `claim_partition`, `_hold`, `_drop`, `RemoteWriter`): join, heartbeat every `heartbeat_ms`
   (the heartbeat's answer carries the member's `Assignment`: members poll), claim each
@@ -45,11 +47,14 @@ What is modelled: the shells around them, as simply as their contracts allow.
   1-50 ms later and lets go of its links) and restart as new processes; some leave and
   rejoin; some are cut off from the coordinator (not from the partitions) for 0.5-3 s, so
   they are expired while they still believe they hold partitions, and keep retrying claims
-  with the generation they last heard (the gateway rejoins instead: the zombie is harsher).
+  with the generation they last heard (the gateway rejoins instead: the zombie is harsher);
+  some pause for 0.1-3 s (a long GC pause, a stuck client: what reaches them waits), so a
+  deposed holder can miss the takeover bound and wake up to commit.
 - **network**: messages to and from the coordinator are delayed 1-`delay_ms_max` ms (so
   reordered), dropped with `loss`, duplicated with `duplication`. A member's link to a
   replica is a TCP connection: delayed the same, in order, never lost or duplicated (a broken
-  connection is a closed link: a member crash, a leader change).
+  connection is a closed link: a member crash, a leader change). A crashed member's sessions
+  close after what it sent on them.
 
 Invariants (after every event, or where the event happens):
 
