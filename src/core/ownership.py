@@ -7,29 +7,27 @@ a greater `event-streams-epoch` displaces it after it stepped down). The epoch i
 `$epoch/<g>` in the partition's own log before a claim that raises it is answered, so it never
 goes back. Stores for `$group/<g>` are accepted only from the current owner (`check_store`).
 
-`claim` is the shell both partition kinds run (the node's replicas and the in-memory test
-broker): it reads the stored epoch, decides with `ActiveGroups.claim`, stores a raised epoch,
-and bounds a takeover by `takeover_s` (an owner that has not stepped down by then is dropped).
+Pure (no I/O), so the simulator (`spate.sim.groups`) runs these decisions as they are: a claim
+(`decide_claim`, over `ActiveGroups.claim`), letting go (`release`), dropping an owner that did
+not step down in time (`drop_holder`) and the commit fence (`check_store`).
+`spate.core.claiming.claim` is their asyncio shell, which both partition kinds run (the node's
+replicas and the in-memory test broker): it reads the stored epoch and generation, decides,
+stores what the decision raised before answering, and bounds a takeover.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Protocol
 
 from spate.core import groups
 from spate.core.active import ActiveGroups, Conflict, Owned, Stale
-from spate.core.backend import Attached, ConsumerOffset
 from spate.core.errors import AlreadyExists, FailedPrecondition, Unavailable
 
 GROUP_PREFIX = groups.COMMITTED_PREFIX.encode()
 EPOCH_PREFIX = groups.EPOCH_PREFIX.encode()
 RESERVED_PREFIX = groups.RESERVED_PREFIX
 """Consumer names starting with it belong to groups (and other internal records)."""
-TAKEOVER_S = 10.0
-"""How long a claim with a greater epoch waits for the owner to step down before dropping it
-(its later stores are refused)."""
 
 
 def epoch_name(name: bytes) -> bytes:
@@ -52,49 +50,52 @@ def group_of(name: bytes) -> str:
     return name[len(GROUP_PREFIX) :].decode(errors="replace")
 
 
-class ClaimHost(Protocol):
-    """What `claim` needs of a partition (at its leader)."""
+class Claims(Protocol):
+    """A partition leader's node-local claim state (ADR 0015: soft, re-formed at a new leader)."""
 
     groups: ActiveGroups
     attached: dict[bytes, int]
 
-    @property
-    def stream(self) -> str: ...
 
-    @property
-    def partition(self) -> int: ...
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim `decide_claim` granted."""
 
-    def stored_offset(self, name: bytes) -> Awaitable[ConsumerOffset | None]: ...
+    member: int
+    epoch: int
+    current: bool
+    """False: the owner is stepping down first (the claimer waits for its turn)."""
+    stores: tuple[tuple[bytes, int], ...]
+    """Reserved names to store, in this order, before the claim is answered (`$generation/<g>`
+    then `$epoch/<g>`, each when the claim raised it), so neither goes back."""
+    holder: int | None
+    """When not current: the owner stepping down for it (its takeover is bounded)."""
 
-    def store_offset(self, name: bytes, offset: int, member: int = 0) -> Awaitable[None]: ...
 
-
-async def claim(
-    host: ClaimHost, name: bytes, epoch: int | None, generation: int | None = None
-) -> Attached:
-    """Claim the partition for the group `name` (`$group/<g>`); answered with the granted
-    epoch once it is stored. `active` False: the owner is stepping down (wait with
-    `until_active`). Raises AlreadyExists (owned, epoch not above), FailedPrecondition (stale
-    epoch or generation, or the name is used otherwise). `generation`: a coordinator's member
-    claims (ADR 0015); the generation is stored with the epoch, so a fenced member's claim is
-    refused after a restart too."""
-    where = f"{host.stream}/{host.partition}"
-    stored_epoch = await host.stored_offset(epoch_name(name))
-    durable = 0 if stored_epoch is None else stored_epoch.offset
-    durable_generation = 0
-    if generation is not None:
-        stored_generation = await host.stored_offset(generation_name(name))
-        durable_generation = 0 if stored_generation is None else stored_generation.offset
-    holder = host.groups.active(name)
+def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
+    claims: Claims,
+    where: str,
+    name: bytes,
+    epoch: int | None,
+    stored_epoch: int,
+    generation: int | None = None,
+    stored_generation: int = 0,
+) -> Claimed:
+    """Claim the partition (`where`) for the group `name` (`$group/<g>`), given the epoch and
+    generation stored in its log, with `ActiveGroups.claim`; the link is counted in
+    `attached`. Raises AlreadyExists (owned, epoch not above), Unavailable (a coordinator's
+    member from a generation below the partition's: it rejoins), FailedPrecondition (stale
+    epoch, or the name is used otherwise)."""
+    holder = claims.groups.active(name)
     try:
-        member, granted, current = host.groups.claim(
+        member, granted, current = claims.groups.claim(
             name,
             epoch,
-            durable,
+            stored_epoch,
             0,  # a `$group/` name has no plain links (the listener refuses such names); the
             # counts of links a disbanded group had may linger here until they detach
             generation,
-            durable_generation,
+            stored_generation,
         )
     except Owned as owned:
         raise AlreadyExists(
@@ -115,30 +116,16 @@ async def claim(
         ) from None
     except Conflict as conflict:
         raise FailedPrecondition(f"{conflict} on {where}") from None
-    host.attached[name] = host.attached.get(name, 0) + 1
-    try:
-        if generation is not None and generation > durable_generation:
-            await host.store_offset(generation_name(name), generation)
-        if granted > durable:
-            await host.store_offset(epoch_name(name), granted)
-        stored = await host.stored_offset(name)
-    except BaseException:
-        release(host, name, member)
-        raise
-    if not current and holder is not None:
-        asyncio.get_running_loop().call_later(TAKEOVER_S, _drop, host, name, holder, member)
-    return Attached(stored, member, current, granted)
+    claims.attached[name] = claims.attached.get(name, 0) + 1
+    stores: list[tuple[bytes, int]] = []
+    if generation is not None and generation > stored_generation:
+        stores.append((generation_name(name), generation))
+    if granted > stored_epoch:
+        stores.append((epoch_name(name), granted))
+    return Claimed(member, granted, current, tuple(stores), None if current else holder)
 
 
-def _drop(host: ClaimHost, name: bytes, holder: int, claimer: int) -> None:
-    """A takeover's owner did not step down in time: drop it from the group (its stores are
-    refused now; its link's detach still counts it down)."""
-    group = host.groups.groups.get(name)
-    if group is not None and group.current == holder and claimer in group.members:
-        host.groups.leave(name, holder)
-
-
-def release(host: ClaimHost, name: bytes, member: int) -> None:
+def release(host: Claims, name: bytes, member: int) -> None:
     """The member's link is gone: it no longer counts, nor holds a place in the group."""
     count = host.attached.get(name, 0) - 1
     if count > 0:
@@ -146,6 +133,14 @@ def release(host: ClaimHost, name: bytes, member: int) -> None:
     else:
         host.attached.pop(name, None)
     host.groups.leave(name, member)
+
+
+def drop_holder(claims: Claims, name: bytes, holder: int, claimer: int) -> None:
+    """A takeover's owner did not step down in time: drop it from the group (its stores are
+    refused now; its link's detach still counts it down)."""
+    group = claims.groups.groups.get(name)
+    if group is not None and group.current == holder and claimer in group.members:
+        claims.groups.leave(name, holder)
 
 
 def check_store(groups: ActiveGroups, where: str, name: bytes, member: int) -> None:

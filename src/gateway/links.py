@@ -730,17 +730,23 @@ async def claim_partition(
     owner = broker.partition(plan.stream, pid, write=True, relay=True)
     try:
         attached = await owner.claim(plan.name, None, generation)
-        if not attached.active:  # a holder of an older generation steps down first
-            attached = await owner.until_active(plan.name, attached.member)
-            if not attached.active:
-                owner.detach()
-                return None
     except AlreadyExists:
         owner.detach()
         return None
     except BaseException:
         owner.detach()
         raise
+    try:
+        if not attached.active:  # a holder of an older generation steps down first
+            attached = await owner.until_active(plan.name, attached.member)
+    except BaseException:
+        await owner.consumer_detach(plan.name, None, attached.member)
+        owner.detach()
+        raise
+    if not attached.active:  # a newer claim displaced it: the leader counts it still
+        await owner.consumer_detach(plan.name, None, attached.member)
+        owner.detach()
+        return None
     reader = owner
     try:
         if attached.stored is not None:

@@ -639,7 +639,8 @@ class _PartitionBase:
     async def consumer_detach(self, name: bytes, offset: int | None, member: int = 0) -> None:
         """Where the link is counted (and its member in a group): store `offset`, count down
         and leave, in one request. After a leader change the link did not follow (a group
-        member's, ADR 0013): store at the new leader, and let go at the old one."""
+        member's, ADR 0013): store at the new leader as a plain link (a consumer group's
+        former owner is fenced there), and let go at the old one."""
         self._stop_counting()
         counted_at = self._counted_at
         self._consumer_name = self._counted_at = None
@@ -650,7 +651,15 @@ class _PartitionBase:
             session = await self._leader_session()
             if session is counted_at or offset is not None:
                 done_at = session  # not counted there: the node only stores
-                await self._request(session, wire.CONSUMER_DETACH, name, stored, member)
+                if session is not counted_at and member:
+                    # without the member number: it is the old leader's, and the new one
+                    # numbers its members from 1 too, so it may be another link's there, whose
+                    # ownership it would pass for (a fenced owner's commit, ADR 0015) or, that
+                    # link counted over this session, whose place it would give up (found by
+                    # spate.sim.groups, seed 209)
+                    await self._request(session, wire.CONSUMER_STORE, name, stored, 0)
+                else:
+                    await self._request(session, wire.CONSUMER_DETACH, name, stored, member)
         finally:
             if counted_at is not None and counted_at is not done_at and not counted_at.closed:
                 with contextlib.suppress(BrokerError):  # it lets go when the session closes

@@ -247,6 +247,12 @@ class WireSession:
             else:
                 work = partition.reset_offset(name, offset)
         except BrokerError as error:
+            if op == wire.CONSUMER_DETACH and counted:
+                # not the leader (any more): the offset is not stored, but the link goes all
+                # the same (the gateway lets go here only when it did not detach here; found
+                # by spate.sim.groups, seed 966)
+                members.remove(member)
+                self._release(attachment, member)
             self.send(wire.encode_failed(request, error))
             return
         if op == wire.CONSUMER_DETACH and counted:

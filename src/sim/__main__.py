@@ -10,8 +10,9 @@ Models (`--model`, default `shell`; `all` runs each in turn):
   core   the Raft core alone under the reference shell and a model store (cluster.py)
   metadata  the metadata service's state machine and codec on a simulated replicated log
          (metadata.py; a plug-in: later state machines register beside it)
-  groups the consumer-group coordinator (spate.core.coordinator) with a crashing host,
-         crashing members and the partitions' ownership layer (groups.py)
+  groups the consumer-group coordinator (spate.core.coordinator) and the partitions'
+         ownership layer (spate.core.ownership) with crashing hosts, members and leaders
+         (groups.py)
 
 Exits 1 when any seed fails, after printing the invariant, the seed and the command that
 replays it exactly. The summary line gives seeds per second.
@@ -155,7 +156,9 @@ _GROUP_BUGS = {
     "stale-claims": GroupBugs(stale_claims=True),
     "forget-epochs": GroupBugs(forget_epochs=True),
     "commit-from-deposed": GroupBugs(commit_from_deposed=True),
+    "promote-before-store": GroupBugs(promote_before_store=True),
     "commit-past-delivered": GroupBugs(commit_past_delivered=True),
+    "forget-waiting-claims": GroupBugs(forget_waiting_claims=True),
 }
 _METADATA_BUGS = {
     "forget-requests": MetadataBugs(forget_requests=True),

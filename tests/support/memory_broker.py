@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import groups, ownership, superstreams
+from spate.core import claiming, groups, ownership, superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -127,7 +127,7 @@ class MemoryPartition(LocalPartition):
     async def claim(
         self, name: bytes, epoch: int | None, generation: int | None = None
     ) -> Attached:
-        return await ownership.claim(self, name, epoch, generation)
+        return await claiming.claim(self, name, epoch, generation)
 
     def stored_offset(self, name: bytes) -> asyncio.Future[ConsumerOffset | None]:
         future: asyncio.Future[ConsumerOffset | None] = asyncio.get_running_loop().create_future()

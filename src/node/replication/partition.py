@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from spate.core import ownership
+from spate.core import claiming, ownership
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -144,13 +144,13 @@ class ReplicatedPartition(Replica):
     async def claim(
         self, name: bytes, epoch: int | None, generation: int | None = None
     ) -> Attached:
-        """A consumer group's link claims this partition (ADR 0015, spate.core.ownership),
+        """A consumer group's link claims this partition (ADR 0015, spate.core.claiming),
         once this leader has settled (`settle_ticks`)."""
         self._check_leader()
         while self.settling():
             await asyncio.sleep(SETTLE_POLL_S)
             self._check_leader()
-        return await ownership.claim(self, name, epoch, generation)
+        return await claiming.claim(self, name, epoch, generation)
 
     def settle_ticks(self) -> int:
         """How long a new leader grants no consumer-group claim: one election timeout and
