@@ -69,10 +69,11 @@ only when the predicate is TRUE. NULL AND FALSE = FALSE, NULL OR TRUE = TRUE, NO
 Binary values: a binary field (and a uuid, which the codec reads as its 16 bytes) compares
 with a binary constant `0xCAFE`.
 
-Limits (FILTEX §7.1 asks for bounds; RabbitMQ's implementation uses 4096 characters and 200
-tokens): `TEXT_CHARS_MAX`, `DEPTH_MAX`, `NODES_MAX`, `LIKE_PATTERN_CHARS_MAX`, `IN_ITEMS_MAX`.
+Limits (RabbitMQ's implementation, citing FILTEX §7.1, bounds the text at 4096 characters and
+200 tokens): `TEXT_CHARS_MAX`, `DEPTH_MAX`, `NODES_MAX`, `LIKE_PATTERN_CHARS_MAX`, `IN_ITEMS_MAX`.
 Exceeding one is a `SqlError` naming it. Evaluation visits each node at most once, so a
-message costs O(nodes); LIKE is the only super-constant step and is bounded below.
+message costs O(nodes) plus decoding each section it reads once (StoredMessageView); LIKE is
+the only step that is not constant, and costs at most O(len(value) * pattern) (LikePattern).
 
 Deviations from FILTEX csd01, and why:
 
@@ -84,8 +85,9 @@ Deviations from FILTEX csd01, and why:
   identifier never contains '-' (`x-y` is x minus y); `[x-y]` names the property "x-y".
 * `section.[any name]` is accepted for names no `name` production can spell.
 * `[NOT] BETWEEN` (JMS) is accepted; FILTEX dropped it.
-* Decimals also in the JMS forms `1.`, `.5`, `1e3`; integers and decimals must fit an AMQP
-  long/ulong or double. Binary constants accept lower-case hex digits too.
+* Decimals also in the JMS forms `1.`, `.5`, `1e3`. An integer constant above 2**64-1 or a
+  decimal beyond a double is refused (a negated constant below -2**63 is unknown, like any
+  result out of range). Binary constants accept lower-case hex digits too.
 * Comparing operands of different types is unknown, not FALSE as JMS §3.8.1.2 says, so that
   `NOT (x = 'a')` does not select messages whose `x` is a number.
 * `x = NULL` (a comparison with the NULL constant) is refused at parse time: it is never TRUE;
@@ -95,6 +97,10 @@ Deviations from FILTEX csd01, and why:
   silently filters differently than asked. UTC() would make matching depend on a clock; a
   later version can pass `now_ms` into `matches`. No string concatenation (neither FILTEX nor
   JMS has one; `'a' + 'b'` is unknown).
+
+FILTEX clause numbers here are the ones RabbitMQ's implementation cites (rabbit_amqp_sql_lexer
+.xrl, rabbit_amqp_sql_parser.yrl, rabbit_amqp_util.erl, which follow csd01); where FILTEX's
+text was not at hand, the JMS selector semantics decide, as 000 §5.2.2 builds on both.
 """
 
 from __future__ import annotations
@@ -112,12 +118,13 @@ from typing import Any, Literal, Protocol
 from spate.gateway import codec, sections
 
 TEXT_CHARS_MAX = 4096
-"""Longest expression text, in characters (FILTEX §7.1; RabbitMQ's bound too)."""
+"""Longest expression text, in characters (the bound RabbitMQ applies, citing FILTEX §7.1)."""
 DEPTH_MAX = 32
 """Deepest nesting of parentheses, NOT and unary signs: bounds the parser's recursion."""
 NODES_MAX = 256
 """Most operators, operands and IN items in one expression: bounds the per-message cost and
-the evaluator's recursion (a tree of N nodes is at most N deep; Python allows ~1000 frames)."""
+the recursion of compiling and evaluating (a tree of N nodes is at most N deep, and runs of
+AND or OR are evaluated in a loop; Python allows ~1000 frames)."""
 LIKE_PATTERN_CHARS_MAX = 256
 """Longest LIKE pattern, in characters: a match costs at most O(len(value) * pattern)."""
 IN_ITEMS_MAX = 128
@@ -360,12 +367,13 @@ def _word(text: str, start: int, word: str) -> _Token:
     if text[end : end + 1] == ".":
         section = _SECTION_PREFIXES.get(folded.lower())
         if section is None:
+            rest = _NAME.match(text, end + 1)
             raise SqlError(
                 start,
                 f"{word!r} is not a section (header/h, delivery_annotations/d, "
                 "message_annotations/m, properties/p, application_properties/a, footer/f); "
-                f"to name an application property containing '.', write it in brackets: "
-                f"[{word}.…]",
+                "to name an application property containing '.', write it in brackets: "
+                f"[{word}.{rest.group() if rest else ''}]",
             )
         return _section_field(text, start, section, end + 1)
     if folded in _KEYWORDS:
@@ -772,7 +780,7 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-def plain(value: object) -> object:
+def _plain(value: object) -> object:
     """A field value as expressions see it: codec/proton subclasses (Symbol, ULong, Timestamp,
     proton.symbol…) become their base type, a uuid its 16 bytes, anything else OPAQUE."""
     kind = type(value)
@@ -874,7 +882,7 @@ def _compile_node(node: Node) -> _Eval:
         case Const(value):
             return lambda view: value
         case Field(section, name):
-            return lambda view: plain(view.field(section, name))
+            return lambda view: _plain(view.field(section, name))
         case Unary(op, operand):
             return _compile_unary(op, _compile(operand))
         case Arithmetic(op, left, right):
@@ -883,10 +891,9 @@ def _compile_node(node: Node) -> _Eval:
         case Compare(op, left, right):
             lhs, rhs = _compile(left), _compile(right)
             return lambda view: _compare(op, lhs(view), rhs(view))
-        case Logic("AND", left, right):
-            return _compile_and(_compile(left), _compile(right))
-        case Logic(_, left, right):
-            return _compile_or(_compile(left), _compile(right))
+        case Logic(op):
+            operands = tuple(map(_compile, _chain(node, op)))
+            return _compile_all(operands) if op == "AND" else _compile_any(operands)
         case Not(operand):
             inner = _compile(operand)
             return lambda view: _not(_truth(inner(view)))
@@ -912,25 +919,49 @@ def _compile_unary(op: str, inner: _Eval) -> _Eval:
     return evaluate
 
 
-def _compile_and(left: _Eval, right: _Eval) -> _Eval:
+def _chain(node: Logic, op: str) -> list[Node]:
+    """The operands of a run of one logical operator, `a AND b AND c` (however parenthesized),
+    in order: evaluated in a loop, so a long chain costs no recursion."""
+    operands: list[Node] = []
+    pending: list[Node] = [node]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Logic) and item.op == op:
+            pending += (item.right, item.left)
+        else:
+            operands.append(item)
+    return operands
+
+
+def _compile_all(operands: tuple[_Eval, ...]) -> _Eval:
+    """AND over the operands, left to right, stopping at the first FALSE (JMS table 3-4): the
+    sections only later operands read are not read then."""
+
     def evaluate(view: MessageView) -> bool | None:
-        a = _truth(left(view))
-        if a is False:
-            return False  # short circuit: the right side's sections are not read
-        return _and(a, _truth(right(view)))
+        result: bool | None = True
+        for operand in operands:
+            value = _truth(operand(view))
+            if value is False:
+                return False
+            if value is None:
+                result = None
+        return result
 
     return evaluate
 
 
-def _compile_or(left: _Eval, right: _Eval) -> _Eval:
+def _compile_any(operands: tuple[_Eval, ...]) -> _Eval:
+    """OR over the operands, left to right, stopping at the first TRUE (JMS table 3-5)."""
+
     def evaluate(view: MessageView) -> bool | None:
-        a = _truth(left(view))
-        if a is True:
-            return True
-        b = _truth(right(view))
-        if b is True:
-            return True
-        return None if a is None or b is None else False
+        result: bool | None = False
+        for operand in operands:
+            value = _truth(operand(view))
+            if value is True:
+                return True
+            if value is None:
+                result = None
+        return result
 
     return evaluate
 
@@ -1148,19 +1179,14 @@ def _items(body: memoryview, at: int, *, list_: bool) -> Iterator[object]:
     if not list_ and count % 2:
         raise _Unreadable(f"map with an odd item count {count}")
     end = codec.skip(body, at)
+    assert end == len(body), (end, len(body))  # the value is the last thing in its section
     for _ in range(count):
         if i >= end:  # each item takes a byte at least: a bad count ends here, not at 2**32
             raise _Unreadable("compound holds fewer items than its count")
-        after = codec.skip(body, i)
-        if after > end:
-            raise _Unreadable("an item runs past its compound")
-        yield _item(body, i, after)
-        i = after
-
-
-def _item(body: memoryview, i: int, after: int) -> object:
-    constructor = body[i]
-    if constructor in _COMPOUND or constructor in _DECIMALS:
-        return OPAQUE
-    value, _ = codec.decode_at(body[:after], i)
-    return plain(value)
+        constructor = body[i]
+        if constructor in _COMPOUND or constructor in _DECIMALS:
+            i = codec.skip(body, i)
+            yield OPAQUE
+        else:
+            value, i = codec.decode_at(body, i)  # bounds-checked against the section's end
+            yield _plain(value)
