@@ -26,7 +26,7 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc
 from spate.cli import output
 from spate.cli.main import EXIT_CODES, EXIT_FAILURE, EXIT_OK, CommandFailed
-from spate.core import groups, limits
+from spate.core import filtering, groups, limits
 from spate.core.errors import ErrorCode, InvalidArgument, Unavailable
 from spate.core.ids import StreamName
 from spate.core.streams import Retention, StreamConfig, validate_stream_name
@@ -279,6 +279,16 @@ def _add_storage_options(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="roll to a new segment file at this size (default 64MiB)",
     )
+    parser.add_argument(
+        "--filter-size-bytes",
+        type=int,
+        metavar="N",
+        help=(
+            "bytes of each chunk's Bloom filter of x-stream-filter-value values, "
+            f"{filtering.SIZE_BYTES_MIN}-{filtering.SIZE_BYTES_MAX} (default "
+            f"{filtering.SIZE_BYTES_DEFAULT}; more for chunks with many distinct values)"
+        ),
+    )
 
 
 def _stream_config_message(args: argparse.Namespace, name: str, partitions: int) -> Any:
@@ -290,6 +300,11 @@ def _stream_config_message(args: argparse.Namespace, name: str, partitions: int)
         partitions=partitions,
         replicas=args.replicas if args.replicas is not None else 1,
         segment_bytes=limits.segment_bytes_default if segment_bytes is None else segment_bytes,
+        filter_size_bytes=(
+            filtering.SIZE_BYTES_DEFAULT
+            if args.filter_size_bytes is None
+            else args.filter_size_bytes
+        ),
         retention=Retention(
             max_age_ms=_option(parse_duration_ms, "--max-age", args.max_age),
             max_bytes=_option(parse_bytes, "--max-bytes", args.max_bytes),
@@ -302,6 +317,8 @@ def _stream_config_message(args: argparse.Namespace, name: str, partitions: int)
         message.ClearField("replicas")
     if args.segment_bytes is None:
         message.ClearField("segment_bytes")
+    if args.filter_size_bytes is None:
+        message.ClearField("filter_size_bytes")
     return message
 
 
@@ -1327,6 +1344,7 @@ def _config_message(config: StreamConfig) -> Any:
         partitions=config.partitions,
         replicas=config.replicas,
         segment_bytes=config.segment_bytes,
+        filter_size_bytes=config.filter_size_bytes,
         retention=pb.Retention(
             max_age_ms=r.max_age_ms, max_bytes=r.max_bytes, max_messages=r.max_messages
         ),
@@ -1345,6 +1363,7 @@ def _stream_json(message: Any) -> dict[str, Any]:
             "max_messages": r.max_messages if r.HasField("max_messages") else None,
         },
         "segment_bytes": message.segment_bytes,
+        "filter_size_bytes": message.filter_size_bytes or filtering.SIZE_BYTES_DEFAULT,
     }
 
 
@@ -1377,6 +1396,7 @@ def _stream_fields(stream: dict[str, Any]) -> str:
             ("replicas", str(stream["replicas"])),
             ("retention", output.retention_text(stream["retention"])),
             ("segment size", output.size(stream["segment_bytes"])),
+            ("filter size", f"{stream['filter_size_bytes']} bytes per chunk"),
         ]
     )
 

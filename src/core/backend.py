@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from spate.core.errors import InvalidArgument
+from spate.core.filtering import ChunkFilter, ValueFilter
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -72,6 +73,12 @@ class ChunkView:
     first_offset: Offset
     timestamp_ms: int
     records: Sequence[bytes | memoryview]
+    filter: ChunkFilter | None = None
+    """The chunk's Bloom filter of filter values (ADR 0016), when it has one and the reader
+    has it (a view pushed over the gateway wire does not: the node already chose).
+
+    A view with no records is a *skip mark* (from reads that pass over chunks a consumer's
+    filter rules out): nothing before `first_offset` is for that reader."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +251,14 @@ class Partition(Protocol):
         while a link of that name is attached there."""
         ...
 
-    def begin(self, specs: Sequence[OffsetSpec]) -> Awaitable[Offset]:
+    def begin(
+        self, specs: Sequence[OffsetSpec], values: ValueFilter | None = None
+    ) -> Awaitable[Offset]:
         """Where a consumer attaching now with these start filters begins: the largest of
         their resolved offsets (all must hold, 000 §5.2.1). A remote partition starts
-        streaming records from there; `read` serves what has arrived."""
+        streaming records from there; `read` serves what has arrived. `values`: the link's
+        filter values (ADR 0016); a remote partition's node then passes over the chunks that
+        hold none of them (skip marks tell where they end)."""
         ...
 
     def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
@@ -288,7 +299,7 @@ class LocalPartition(ABC):
     @abstractmethod
     def info(self) -> PartitionInfo: ...
 
-    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+    async def begin(self, specs: Sequence[OffsetSpec], values: ValueFilter | None = None) -> Offset:
         return max(self.resolve(spec) for spec in specs)
 
     async def describe(self) -> PartitionInfo:

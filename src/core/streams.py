@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from spate.core import limits
+from spate.core import filtering, limits
 from spate.core.errors import InvalidArgument
 from spate.core.ids import StreamName
 
@@ -32,6 +32,8 @@ class StreamConfig:
     replicas: int = 1
     retention: Retention = Retention()
     segment_bytes: int = limits.segment_bytes_default
+    filter_size_bytes: int = filtering.SIZE_BYTES_DEFAULT
+    """Bytes of each chunk's Bloom filter of filter values (ADR 0016; 16-255)."""
 
     def validate(self) -> None:
         """Raise InvalidArgument with a message a person can act on."""
@@ -49,6 +51,7 @@ class StreamConfig:
                 f"segment size must be between {limits.segment_bytes_min} and "
                 f"{limits.segment_bytes_max} bytes, got {self.segment_bytes}"
             )
+        filtering.validate_size(self.filter_size_bytes)
         r = self.retention
         for label, value in (
             ("max-age", r.max_age_ms),

@@ -12,7 +12,10 @@ kind  name        direction  body
                              producer str16 ("": none) | (id u64)* if producer |
                              (length u32 | record)*
  21   APPENDED    n -> g     request u64 | first_offset u64
- 22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec*
+ 22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec* |
+                             [unfiltered u8 | count u16 | value str16 * count] (the link's
+                             filter values, ADR 0016: the node skips chunks holding none, and
+                             says where with a RECORDS of no record)
  23   STARTED     n -> g     sub u32 | start u64
  24   RECORDS     n -> g     sub u32 | first_offset u64 | timestamp_ms u64 | count u32 |
                              (length u32 | record)*
@@ -74,7 +77,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from spate.core import errors, limits
+from spate.core import errors, filtering, limits
 from spate.core.backend import (
     Attached,
     ConsumerOffset,
@@ -92,6 +95,7 @@ from spate.core.coordinator import (
     GroupView,
     MemberView,
 )
+from spate.core.filtering import ValueFilter
 from spate.core.frames import U32, CodecError, GroupKey, Reader, frame, group, str8, str16
 from spate.core.ids import (
     Generation,
@@ -159,6 +163,7 @@ _RECORDS_HEAD = struct.Struct(">IQQI")
 _CREDIT = struct.Struct(">II")
 _REQUEST = struct.Struct(">Q")
 _TOKEN = struct.Struct(">Q")
+_COUNT16 = struct.Struct(">H")
 _PORT = struct.Struct(">H")
 _U16 = _PORT
 
@@ -345,14 +350,26 @@ def producer_from_json(value: dict[str, Any]) -> ProducerInfo | None:
         raise CodecError(f"a producer reply without its fields: {error}") from error
 
 
-def encode_subscribe(sub: int, key: GroupKey, credit: int, specs: Sequence[OffsetSpec]) -> bytes:
+def encode_subscribe(
+    sub: int,
+    key: GroupKey,
+    credit: int,
+    specs: Sequence[OffsetSpec],
+    values: ValueFilter | None = None,
+) -> bytes:
     parts = [_SPEC.pack(SPEC_KINDS.index(s.kind), s.value) for s in specs]
+    if values is not None:
+        parts.append(bytes([int(values.match_unfiltered)]))
+        parts.append(_COUNT16.pack(len(values.values)))
+        parts += [str16(v) for v in sorted(values.values)]
     return frame(
         SUBSCRIBE, _SUB_HEAD.pack(sub), group(key), U32.pack(credit), bytes([len(specs)]), *parts
     )
 
 
-def decode_subscribe(body: memoryview) -> tuple[int, GroupKey, int, list[OffsetSpec]]:
+def decode_subscribe(
+    body: memoryview,
+) -> tuple[int, GroupKey, int, list[OffsetSpec], ValueFilter | None]:
     reader = Reader(body)
     (sub,) = reader.unpack(_SUB_HEAD)
     key = reader.group()
@@ -363,8 +380,15 @@ def decode_subscribe(body: memoryview) -> tuple[int, GroupKey, int, list[OffsetS
         if kind >= len(SPEC_KINDS):
             raise CodecError(f"unknown offset specification kind {kind}")
         specs.append(OffsetSpec(SPEC_KINDS[kind], value))
+    values = None
+    if reader.at < len(reader.view):  # the link's filter values (ADR 0016)
+        unfiltered = reader.u8()
+        (count,) = reader.unpack(_COUNT16)
+        if unfiltered > 1 or not 0 < count <= filtering.VALUES_PER_LINK_MAX:
+            raise CodecError(f"impossible value filter ({count} values)")
+        values = ValueFilter(frozenset(reader.str16() for _ in range(count)), bool(unfiltered))
     reader.done()
-    return sub, key, credit, specs
+    return sub, key, credit, specs, values
 
 
 def encode_credit(sub: int, records: int) -> bytes:

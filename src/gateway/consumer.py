@@ -144,10 +144,10 @@ class ConsumerPart:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         link.source.filter.clear()
-        if plan.selection.accepted_keys:
+        if plan.selection.echoed_keys:
             original = data_object(link.remote_source.filter) or {}
             link.source.filter.put_object(
-                {key: original[key] for key in original if key in plan.selection.accepted_keys}
+                {key: original[key] for key in original if key in plan.selection.echoed_keys}
             )
         if answer is not None:
             link.properties = answer

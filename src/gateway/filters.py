@@ -21,6 +21,21 @@ to (the filters are ANDed: 000 §5.2.1 "true if all annotations match"). No filt
   (absolute offset, inclusive), a negative integer -N (N messages before the end), an AMQP
   timestamp (first message stored at or after it).
 
+Filters that choose messages (ADR 0016), combined with the start (a message is sent when it is
+at or after the start and every one of these holds):
+
+* `rabbitmq:stream-filter` (filter key or descriptor, RabbitMQ's name): a string or a list or
+  array of strings, the filter values (message annotation `x-stream-filter-value`) wanted; with
+  `rabbitmq:stream-match-unfiltered` = true, messages without a filter value too. The node
+  passes over chunks whose Bloom filter holds none of them; the link sends only messages whose
+  value is one of them (RabbitMQ leaves that second step to the client).
+* `event-streams-sql` with any other expression than the start subset above: the full SQL
+  filter language (spate.gateway.sql, FILTEX §6) over header, delivery annotations (the
+  offset symbol and timestamp), message annotations, properties and application properties;
+  a message is sent when it is TRUE. Conjuncts of the start subset at its top level (ANDed)
+  also set the start. A malformed or too complex expression refuses the attach
+  (`amqp:invalid-field`, naming the position).
+
 Filters whose descriptor is none of these are not ours: ignored and not echoed (AMQP 3.5.1).
 """
 
@@ -30,16 +45,20 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spate.core.backend import OffsetSpec
+from spate.core.backend import ChunkView, OffsetSpec
 from spate.core.errors import InvalidArgument
-from spate.core.ids import offset_from_symbol
-from spate.gateway.codec import Described, Timestamp
+from spate.core.filtering import VALUES_PER_LINK_MAX, ChunkFilter, ValueFilter
+from spate.core.ids import Offset, offset_from_symbol, offset_to_symbol
+from spate.gateway import sql
+from spate.gateway.codec import Described, SymbolArray, Timestamp
 
 DA_FILTER_CODE = 0x0000_0000_0000_0200
 SQL_FILTER_CODE = 0x0000_0000_0000_0201
 DA_FILTER_NAME = "amqp:event-streams-delivery-annotations-filter"
 SQL_FILTER_NAME = "amqp:event-streams-sql-filter"
 RABBITMQ_OFFSET_SPEC = "rabbitmq:stream-offset-spec"
+RABBITMQ_STREAM_FILTER = "rabbitmq:stream-filter"
+RABBITMQ_MATCH_UNFILTERED = "rabbitmq:stream-match-unfiltered"
 OFFSET_KEY = "event-streams-offset"
 TIMESTAMP_KEY = "event-streams-timestamp"
 EARLIEST = "@earliest"
@@ -59,12 +78,67 @@ ACCEPTED_FORMS = (
 
 
 @dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """Which messages a consumer link is sent (ADR 0016): by filter value, by SQL, or both."""
+
+    values: ValueFilter | None = None
+    predicate: sql.Predicate | None = None
+
+    def chunk_may_match(self, section: ChunkFilter | None) -> bool:
+        return self.values is None or self.values.chunk_may_match(section)
+
+    def matches(self, record: bytes | memoryview, offset: int, timestamp_ms: int) -> bool:
+        if self.values is not None and not self.values.matches(record):
+            return False
+        if self.predicate is None:
+            return True
+        annotations = {
+            OFFSET_KEY: offset_to_symbol(Offset(offset)),
+            TIMESTAMP_KEY: Timestamp(timestamp_ms),
+        }
+        return self.predicate.matches(sql.StoredMessageView(record, annotations))
+
+    def select(self, chunk: ChunkView, start: int) -> list[tuple[int, list[Any]]]:
+        """The chunk's wanted records from offset `start` on, as runs of consecutive offsets
+        (first offset, records)."""
+        if chunk.filter is not None and not self.chunk_may_match(chunk.filter):
+            return []  # (a view without a filter may come from a node that chose already)
+        first = int(chunk.first_offset)
+        records = chunk.records
+        runs: list[tuple[int, list[Any]]] = []
+        current: list[Any] = []
+        begun = first
+        for i in range(max(start - first, 0), len(records)):
+            record = records[i]
+            if self.matches(record, first + i, chunk.timestamp_ms):
+                if not current:
+                    begun = first + i
+                current.append(record)
+            elif current:
+                runs.append((begun, current))
+                current = []
+        if current:
+            runs.append((begun, current))
+        return runs
+
+
+@dataclass(frozen=True, slots=True)
 class StartSelection:
-    """Where a consumer starts: the largest offset any spec resolves to."""
+    """Where a consumer starts (the largest offset any spec resolves to), and which messages
+    it is sent from there."""
 
     specs: tuple[OffsetSpec, ...]
     accepted_keys: tuple[Any, ...]
-    """The filter-map keys in force: echoed in the attach answer, in order of appearance."""
+    """The filter-map keys that set the start, in order of appearance (none: the consumer
+    starts at `next`, or after a named consumer's stored offset)."""
+    filter: MessageFilter | None = None
+    filter_keys: tuple[Any, ...] = ()
+    """The keys of filters that choose messages (and do not set the start)."""
+
+    @property
+    def echoed_keys(self) -> tuple[Any, ...]:
+        """Every filter in force: echoed in the attach answer."""
+        return self.accepted_keys + self.filter_keys
 
 
 def _refuse(what: str) -> InvalidArgument:
@@ -75,6 +149,10 @@ def parse_filters(filters: dict[Any, Any] | None) -> StartSelection:
     """Parse a decoded source filter map. Raises InvalidArgument naming the bad filter."""
     specs: list[OffsetSpec] = []
     keys: list[Any] = []
+    filter_keys: list[Any] = []
+    values: ValueFilter | None = None
+    match_unfiltered: bool | None = None
+    predicate: sql.Predicate | None = None
     for key, value in (filters or {}).items():
         kind = _kind(key, value)
         if kind is None:
@@ -88,13 +166,92 @@ def parse_filters(filters: dict[Any, Any] | None) -> StartSelection:
         elif kind == "sql":
             if not isinstance(inner, str):
                 raise _refuse(f"filter {key!s}: the SQL filter value must be a string")
-            specs += parse_sql(inner)
+            try:
+                specs += parse_sql(inner)
+            except InvalidArgument:
+                if predicate is not None:
+                    raise _refuse(f"filter {key!s}: one SQL filter per link") from None
+                predicate = _predicate(key, inner)
+                starts = _start_conjuncts(predicate.tree)
+                specs += starts
+                (keys if starts else filter_keys).append(key)
+                continue
+        elif kind == "values":
+            values = ValueFilter(_filter_values(key, inner))
+            filter_keys.append(key)
+            continue
+        elif kind == "unfiltered":
+            if not isinstance(inner, bool):
+                raise _refuse(f"filter {key!s}: a boolean, not {type(inner).__name__}")
+            match_unfiltered = inner
+            filter_keys.append(key)
+            continue
         else:
             specs.append(simple_spec(key, inner))
         keys.append(key)
+    if match_unfiltered is not None:
+        if values is None:
+            raise _refuse(
+                f"filter {RABBITMQ_MATCH_UNFILTERED} needs a {RABBITMQ_STREAM_FILTER} filter"
+            )
+        values = ValueFilter(values.values, match_unfiltered)
+    chosen = None if values is None and predicate is None else MessageFilter(values, predicate)
     if not specs:
-        return StartSelection((OffsetSpec.next(),), ())
-    return StartSelection(tuple(specs), tuple(keys))
+        return StartSelection((OffsetSpec.next(),), (), chosen, tuple(filter_keys))
+    return StartSelection(tuple(specs), tuple(keys), chosen, tuple(filter_keys))
+
+
+def _filter_values(key: Any, value: Any) -> frozenset[str]:
+    items = value.items if isinstance(value, SymbolArray) else value
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, list | tuple) or not items:
+        raise _refuse(f"filter {key!s}: a string or a non-empty list of strings")
+    if not all(isinstance(v, str) for v in items):
+        raise _refuse(f"filter {key!s}: every filter value must be a string")
+    if len(items) > VALUES_PER_LINK_MAX:
+        raise _refuse(f"filter {key!s}: at most {VALUES_PER_LINK_MAX} filter values per link")
+    return frozenset(str(v) for v in items)
+
+
+def _predicate(key: Any, text: str) -> sql.Predicate:
+    try:
+        return sql.parse(text)
+    except sql.SqlError as error:
+        raise InvalidArgument(
+            f"filter {key!s}: SQL filter {text!r}: {error}; accepted: a FILTEX SQL expression "
+            "(comparisons, AND/OR/NOT, IN, LIKE, BETWEEN, IS NULL, arithmetic) over fields "
+            "h.<header field>, d.event-streams-offset, d.event-streams-timestamp, "
+            "m.<annotation>, p.<property>, a.<application property> (docs/amqp.md, Filtering)"
+        ) from None
+
+
+def _start_conjuncts(node: sql.Node) -> list[OffsetSpec]:
+    """Start positions from the top-level AND conjuncts of a full SQL filter that compare
+    the offset or the timestamp with a constant by > or >= (the whole filter still decides
+    each message: these only skip what it would refuse anyway)."""
+    if isinstance(node, sql.Logic) and node.op == "AND":
+        return _start_conjuncts(node.left) + _start_conjuncts(node.right)
+    if not (
+        isinstance(node, sql.Compare)
+        and node.op in (">", ">=")
+        and isinstance(node.left, sql.Field)
+        and node.left.section is sql.Section.DELIVERY_ANNOTATIONS
+        and isinstance(node.right, sql.Const)
+    ):
+        return []
+    inclusive, value = node.op == ">=", node.right.value
+    if node.left.name == OFFSET_KEY and isinstance(value, str):
+        offset = offset_from_symbol(value)
+        return [] if offset is None else [OffsetSpec.offset(offset + (0 if inclusive else 1))]
+    if node.left.name == TIMESTAMP_KEY and isinstance(value, int) and value >= 0:
+        return [OffsetSpec.timestamp(value + (0 if inclusive else 1))]
+    return []
+
+
+def chunk_filter_of(selection: StartSelection) -> ValueFilter | None:
+    """What the node can use to pass over chunks for this link (the filter values)."""
+    return None if selection.filter is None else selection.filter.values
 
 
 def _kind(key: Any, value: Any) -> str | None:
@@ -107,11 +264,17 @@ def _kind(key: Any, value: Any) -> str | None:
                 DA_FILTER_NAME: "da",
                 SQL_FILTER_NAME: "sql",
                 RABBITMQ_OFFSET_SPEC: "simple",
+                RABBITMQ_STREAM_FILTER: "values",
+                RABBITMQ_MATCH_UNFILTERED: "unfiltered",
             }.get(d)
         return None
-    if key == RABBITMQ_OFFSET_SPEC:
-        return "simple"
-    return None
+    if not isinstance(key, str):
+        return None
+    return {
+        RABBITMQ_OFFSET_SPEC: "simple",
+        RABBITMQ_STREAM_FILTER: "values",
+        RABBITMQ_MATCH_UNFILTERED: "unfiltered",
+    }.get(key)
 
 
 def simple_spec(key: Any, value: Any) -> OffsetSpec:

@@ -29,7 +29,7 @@ from spate.core.errors import (
 from spate.core.ids import Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
-from spate.gateway.filters import StartSelection, parse_filters
+from spate.gateway.filters import MessageFilter, StartSelection, parse_filters
 
 INFO_NODE = "$info"
 PARTITION_PROPERTY = "event-streams-partition"
@@ -416,9 +416,11 @@ class Cursor:
             return False  # the claim's node is silent: nothing until it is heard (ADR 0008)
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
 
-    def take(self, count: int) -> list[Run]:
+    def take(self, count: int, chosen: MessageFilter | None = None) -> list[Run]:
         """Runs holding up to `count` records from the next offset on, in log order; none
-        while a consumer group's claim cannot be known to be ours (`Partition.in_contact`)."""
+        while a consumer group's claim cannot be known to be ours (`Partition.in_contact`).
+        With `chosen` (ADR 0016), only the messages it selects: a run is consecutive offsets,
+        so a chunk may give several."""
         if not (self.owner or self.partition).in_contact():
             return []
         pending = self.pending
@@ -427,6 +429,15 @@ class Cursor:
             for chunk in self.partition.read(self.next_offset, CONSUMER_READ_BYTES):
                 first = int(chunk.first_offset)
                 records = chunk.records
+                if not records:  # a skip mark: nothing before it for this link
+                    start = max(start, first)
+                    continue
+                end = first + len(records)
+                if chosen is not None:
+                    for begun, selected in chosen.select(chunk, start):
+                        pending.append(Run(self, begun, chunk.timestamp_ms, selected))
+                    start = max(start, end)
+                    continue
                 if first < start:
                     records = records[start - first :]
                     first = start
@@ -500,7 +511,7 @@ class ConsumerPlan:
             cursor = self.cursors[self.turn % len(self.cursors)]
             self.turn += 1
             share = max((count - taken) // len(self.cursors), 1)
-            got = cursor.take(share)
+            got = cursor.take(share, self.selection.filter)
             idle = 0 if got else idle + 1
             for run in got:
                 taken += len(run.records)

@@ -51,6 +51,7 @@ from spate.core.backend import (
 )
 from spate.core.coordinator import Assignment, GroupSettings, GroupView
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
+from spate.core.filtering import ValueFilter
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, MemberId, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -828,7 +829,7 @@ class RemoteWriter(_PartitionBase):
                 pending.future.set_exception(error)
 
     # a producer's partition is not read through the gateway
-    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+    async def begin(self, specs: Sequence[OffsetSpec], values: ValueFilter | None = None) -> Offset:
         raise AssertionError("a producer link does not read")
 
     def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
@@ -874,14 +875,17 @@ class RemoteReader(_PartitionBase):
         self.subscription: _Subscription | None = None
         self.detached = False
         self.resubscribes = 0
+        self.values: ValueFilter | None = None
+        """The link's filter values: the node skips chunks that hold none (ADR 0016)."""
         self._task: asyncio.Task[None] | None = None
         self._buffered_records = 0
 
     async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
         raise AssertionError("a consumer link does not publish")
 
-    async def begin(self, specs: Sequence[OffsetSpec]) -> Offset:
+    async def begin(self, specs: Sequence[OffsetSpec], values: ValueFilter | None = None) -> Offset:
         self.end = -1  # set by the node's STARTED, before any record it pushes
+        self.values = values
         return Offset(await self._subscribe(specs))
 
     def _nodes(self) -> list[NodeId]:
@@ -908,7 +912,7 @@ class RemoteReader(_PartitionBase):
             self.subscription = state
             session.readers[sub] = self
             credit = max(READ_CREDIT_RECORDS - self._buffered_records, 1)
-            session.send(wire.encode_subscribe(sub, self.key, credit, specs))
+            session.send(wire.encode_subscribe(sub, self.key, credit, specs, self.values))
             try:
                 return await asyncio.wait_for(asyncio.shield(state.started), REQUEST_TIMEOUT_S)
             except (BrokerError, TimeoutError) as failure:
@@ -951,6 +955,13 @@ class RemoteReader(_PartitionBase):
             self._task = None
 
     def pushed(self, first: int, timestamp_ms: int, records: list[bytes]) -> None:
+        if not records:  # a skip mark: the node passed over chunks the filter rules out
+            if first > self.end:
+                self.buffer.append(_Buffered(first, timestamp_ms, []))
+                self.end = first
+                for callback in list(self.listeners):
+                    callback()
+            return
         if first < self.end:  # already have these (cannot happen on one subscription)
             records = records[self.end - first :]
             first = self.end
@@ -971,7 +982,7 @@ class RemoteReader(_PartitionBase):
         while buffer and size < max_bytes:
             item = buffer.popleft()
             handed += len(item.records)
-            if item.first + len(item.records) <= start:
+            if item.first + len(item.records) <= start and item.records:
                 continue  # below the reader: let go
             out.append(ChunkView(Offset(item.first), item.timestamp_ms, item.records))
             size += sum(len(r) for r in item.records)

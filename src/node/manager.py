@@ -86,7 +86,7 @@ class PartitionManager:
                     config.name,
                     assignment.partition,
                     assignment.replicas,
-                    LogConfig(segment_bytes=config.segment_bytes, retention=config.retention),
+                    LogConfig.from_stream(config),
                 )
                 self._open[key] = assignment
                 log.info("hosting %s/%d with replicas %s", *key, ",".join(assignment.replicas))

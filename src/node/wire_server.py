@@ -43,6 +43,7 @@ from spate.core.errors import (
     ResourceLimitExceeded,
     Unavailable,
 )
+from spate.core.filtering import ChunkFilter, ValueFilter
 from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.replication.partition import ReplicatedPartition
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 
 RECORDS_FRAME_BYTES_MAX = 1024 * 1024
 """Bytes of records one RECORDS frame carries at most (one record may exceed it alone)."""
+PUSH_READS_PER_TURN = 16
+"""Reads one push makes before it yields the loop (a value filter may pass over many chunks:
+16 MiB of them at most per turn)."""
 SUBSCRIPTIONS_MAX = 65_536
 """Readers one session may hold."""
 FRAME_BYTES_MAX = 64 * 1024 * 1024
@@ -82,6 +86,10 @@ class _Reader:
     next_offset: int
     credit: int
     wake: Callable[[], None]
+    where: Callable[[ChunkFilter | None], bool] | None = None
+    """The link's filter values (ADR 0016): chunks holding none are passed over."""
+    resuming: bool = False
+    """A push that passed over many chunks yielded; it goes on at the next loop turn."""
 
 
 class WireSession:
@@ -476,7 +484,12 @@ class WireSession:
             self.send(wire.encode_failed(request, BrokerError(repr(error)), stored=True))
 
     def _subscribe(
-        self, sub: int, key: frames.GroupKey, credit: int, specs: list[OffsetSpec]
+        self,
+        sub: int,
+        key: frames.GroupKey,
+        credit: int,
+        specs: list[OffsetSpec],
+        values: ValueFilter | None = None,
     ) -> None:
         try:
             if sub in self.readers:
@@ -492,6 +505,8 @@ class WireSession:
             return
         state = _Reader(sub, partition, int(start), credit, lambda: None)
         state.wake = lambda: self._push(state)
+        if values is not None:
+            state.where = values.chunk_may_match
         self.readers[sub] = state
         partition.add_listener(state.wake)
         self.send(wire.encode_started(sub, start))
@@ -503,15 +518,29 @@ class WireSession:
             state.partition.remove_listener(state.wake)
 
     def _push(self, state: _Reader) -> None:
-        """Committed records from the reader's next offset, within its credit."""
+        """Committed records from the reader's next offset, within its credit; with a value
+        filter, chunks that hold none of its values are passed over (their span said with a
+        RECORDS of no record), a bounded number of reads per loop turn."""
         partition = state.partition
+        state.resuming = False
+        reads = 0
         while state.credit > 0 and not self.closed and state.next_offset < partition.end_offset():
-            chunks = partition.read(Offset(state.next_offset), RECORDS_FRAME_BYTES_MAX)
+            if reads >= PUSH_READS_PER_TURN:
+                state.resuming = True
+                self.loop.call_soon(self._resume, state)
+                return
+            reads += 1
+            chunks = partition.read(Offset(state.next_offset), RECORDS_FRAME_BYTES_MAX, state.where)
             if not chunks:
                 return
             for chunk in chunks:
                 first = int(chunk.first_offset)
                 records = chunk.records
+                if not records:  # a skip mark
+                    if first > state.next_offset:
+                        self.send(wire.encode_records(state.sub, first, chunk.timestamp_ms, []))
+                        state.next_offset = first
+                    continue
                 if first < state.next_offset:
                     records = records[state.next_offset - first :]
                     first = state.next_offset
@@ -523,6 +552,10 @@ class WireSession:
                 state.credit -= len(records)
                 if state.credit <= 0:
                     return
+
+    def _resume(self, state: _Reader) -> None:
+        if state.resuming and self.readers.get(state.sub) is state:
+            self._push(state)
 
     def close(self) -> None:
         if self.closed:

@@ -461,7 +461,7 @@ class ShellCluster(SimLoop[_Event]):
             if header.flags & chunk_codec.FLAG_TRACKING:
                 continue  # a consumer's stored offset (checked by _check_offsets)
             ids = [int(bytes(r).split(b"p")[1]) for r in records]
-            if header.flags:
+            if header.flags & chunk_codec.FLAG_PRODUCER:
                 assert chunk_codec.producer_section(payload, 0, header)[:2] == (name, ids[-1])
             for publishing_id in ids:
                 if committed and publishing_id <= committed[-1]:

@@ -102,6 +102,8 @@ def test_create_in_both_formats(admin: str) -> None:
         "1000000",
         "--segment-bytes",
         "64MB",
+        "--filter-size-bytes",
+        "32",
         "--admin",
         admin,
     )
@@ -112,6 +114,7 @@ def test_create_in_both_formats(admin: str) -> None:
             "replicas": 2,
             "retention": {"max_age_ms": None, "max_bytes": None, "max_messages": 1_000_000},
             "segment_bytes": 64_000_000,
+            "filter_size_bytes": 32,
         }
     }
 
@@ -636,3 +639,8 @@ def test_group_grpc_refusals_name_the_field(admin: str) -> None:
         assert [(g.stream, g.name) for g in everything.groups] == [("grpc-g", "g")]
         assert everything.groups[0].definition.strategy == "round-robin"
         ok("stream", "delete", "grpc-g", "--admin", admin)
+
+
+def test_a_filter_size_outside_its_range_is_refused_before_any_call(admin: str) -> None:
+    text = fails(2, "stream", "create", "f", "--filter-size-bytes", "8", "--admin", admin)
+    assert "filter size must be between 16 and 255 bytes, got 8" in text

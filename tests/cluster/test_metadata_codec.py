@@ -467,3 +467,15 @@ def test_dump_refuses_a_group_without_its_stream_or_defined_twice() -> None:
     )
     with pytest.raises(CodecError, match="twice"):
         decode_dump(encode_dump(checkpoint, twice))
+
+
+def test_a_stream_s_filter_size_is_written_only_when_it_is_not_the_default() -> None:
+    """ADR 0016: `filter_size_bytes` joined the stream config later; the default is not
+    written (journals stay byte for byte as before), any other value round-trips."""
+    config = StreamConfig(StreamName("orders"), filter_size_bytes=64)
+    data = encode_command(CreateStream(RequestId("r1"), config, 1))
+    assert b'"filter_size_bytes":64' in data
+    decoded = decode_command(data)
+    assert isinstance(decoded, CreateStream) and decoded.config.filter_size_bytes == 64
+    plain = encode_command(CreateStream(RequestId("r2"), StreamConfig(StreamName("o")), 1))
+    assert b"filter_size_bytes" not in plain

@@ -17,6 +17,7 @@ from spate.core.backend import (
 )
 from spate.core.coordinator import Assignment, GroupSettings, GroupState, GroupView, MemberView
 from spate.core.errors import NotFound, NotLeader, StorageFailure, Unavailable
+from spate.core.filtering import ValueFilter
 from spate.core.ids import (
     Generation,
     LeaderEpoch,
@@ -54,7 +55,14 @@ def test_requests_round_trip() -> None:
     assert wire.decode_producer(body(data)) == (4, KEY, "Ünïcode".encode())
     specs = [OffsetSpec.first(), OffsetSpec.timestamp(1_700_000_000_000), OffsetSpec.relative(5)]
     data = wire.encode_subscribe(9, KEY, 4096, specs)
-    assert wire.decode_subscribe(body(data)) == (9, KEY, 4096, specs)
+    assert wire.decode_subscribe(body(data)) == (9, KEY, 4096, specs, None)
+    values = ValueFilter(frozenset({"emea", "apac"}), match_unfiltered=True)
+    data = wire.encode_subscribe(9, KEY, 4096, specs, values)
+    assert wire.decode_subscribe(body(data)) == (9, KEY, 4096, specs, values)
+    empty = wire.decode_records(body(wire.encode_records(3, 700, 5, [])))
+    assert empty == (3, 700, 5, [])  # a skip mark (ADR 0016)
+    assert wire.decode_ping(body(wire.encode_ping(7))) == 7
+    assert wire.decode_ping(body(wire.encode_ping(7, pong=True))) == 7
     assert wire.decode_credit(body(wire.encode_credit(9, 100))) == (9, 100)
     assert wire.decode_unsubscribe(body(wire.encode_unsubscribe(9))) == 9
     assert wire.decode_info(body(wire.encode_info(5, KEY))) == (5, KEY)

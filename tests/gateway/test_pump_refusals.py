@@ -104,7 +104,8 @@ def test_a_dynamic_node_is_not_implemented(rig: PumpRig, client: Client, role: s
         ("bogus", ulong(0x200)),
         ({symbol("event-streams-offset"): symbol("not-an-offset")}, ulong(0x200)),
         ({symbol("colour"): "red"}, DA_FILTER),
-        ("d.event-streams-offset < 'x'", ulong(0x201)),
+        ("d.event-streams-offset < ", ulong(0x201)),
+        ("a.colour = 'red' AND", ulong(0x201)),
         ("SELECT *", SQL_FILTER),
     ],
 )

@@ -2,7 +2,8 @@
 // Usage: node client.js < args.json  -> prints one JSON object with what happened, then exits.
 // Input: {port, host?, tls?: {ca}, username?, password?, steps: [...]}; steps run in order:
 //   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
-//       group_keys?: [str|null] (message k's event-streams-group-key annotation), message_ids?: [str|null]
+//       group_keys?: [str|null] (message k's event-streams-group-key annotation), message_ids?: [str|null],
+//       filter_values?: [str|null] (x-stream-filter-value), application_properties?: [{k: v}|null]
 //       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k;
 //       window: at most this many unconfirmed; hold_after: send only the first n and never end
@@ -14,7 +15,8 @@
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
 // properties: {key: value}, booleans as AMQP booleans, {type, value} typed as in filters,
 //   everything else as symbols
-// filter: {key: {descriptor: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map", value}}
+// filter: {key: {descriptor?: number|string, type: "long"|"string"|"symbol"|"timestamp"|"map"|
+//   "boolean"|"list" (of strings), value}}
 "use strict";
 const rhea = require("rhea");
 const types = rhea.types;
@@ -47,6 +49,8 @@ function wrapValue(spec) {
     case "string": return types.wrap_string(spec.value);
     case "symbol": return types.wrap_symbol(spec.value);
     case "timestamp": return types.wrap_timestamp(spec.value);
+    case "boolean": return types.wrap_boolean(spec.value);
+    case "list": return types.wrap_list(spec.value.map((v) => types.wrap_string(v)));
     case "map": {
       const m = {};
       for (const [k, v] of Object.entries(spec.value)) m[k] = wrapValue(v);
@@ -148,6 +152,13 @@ function runStep(i) {
         }
         if (step.message_ids && step.message_ids[sent] !== null && step.message_ids[sent] !== undefined) {
           message.message_id = step.message_ids[sent];
+        }
+        if (step.filter_values && step.filter_values[sent] !== null && step.filter_values[sent] !== undefined) {
+          message.message_annotations = Object.assign(message.message_annotations || {},
+            { "x-stream-filter-value": step.filter_values[sent] });
+        }
+        if (step.application_properties && step.application_properties[sent]) {
+          message.application_properties = step.application_properties[sent];
         }
         sender.send(message);
         sent++;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from spate.core.backend import ChunkView, OffsetSpec
 from spate.core.errors import InvalidArgument, MessageSizeExceeded, StorageFailure
+from spate.core.filtering import ValueFilter
 from spate.core.ids import Offset
 from spate.core.streams import Retention
 from spate.node.log import LogConfig, PartitionLog
@@ -369,3 +370,33 @@ def test_info(disk: DiskUnderTest) -> None:
     assert (info.first_offset, info.end_offset, info.messages, info.segments) == (0, 50, 50, 3)
     assert (info.first_timestamp_ms, info.last_timestamp_ms) == (100, 140)
     assert info.bytes == 5 * 496 + chunk_codec.HEADER_BYTES + 4 + len(b"unsynced")
+
+
+def test_a_filtered_read_passes_over_chunks_without_the_values_and_marks_where(
+    disk: DiskUnderTest,
+) -> None:
+    """ADR 0016: chunks carry a Bloom filter of their records' filter values; a read with
+    `where` slices only the chunks it may want and ends with a skip mark past the others."""
+    from proton import Message, symbol
+
+    log = open_log(disk, LogConfig(segment_bytes=100_000))
+
+    def tagged(value: str, k: int) -> bytes:
+        message = Message(body=k, annotations={symbol("x-stream-filter-value"): value})
+        return bytes(message.encode())
+
+    for k in range(6):  # chunk k holds values "c<k>" only
+        log.append([tagged(f"c{k}", 10 * k + i) for i in range(10)], 1000 + k)
+    log.append([record(60 + i) for i in range(10)], 2000)  # no values: no section
+    log.sync()
+    views = log.read(Offset(0), 1 << 20)
+    assert [v.filter is not None for v in views] == [True] * 6 + [False]
+    wants = ValueFilter(frozenset({"c2"}))
+    got = log.read(Offset(0), 1 << 20, where=wants.chunk_may_match)
+    assert [(int(v.first_offset), len(v.records)) for v in got] == [(20, 10), (70, 0)]
+    assert log.read(Offset(30), 1 << 20, where=wants.chunk_may_match) == [
+        ChunkView(Offset(70), 2000, ())
+    ]  # nothing but a mark: the reader moves on without records
+    unfiltered = ValueFilter(frozenset({"c2"}), match_unfiltered=True)
+    got = log.read(Offset(30), 1 << 20, where=unfiltered.chunk_may_match)
+    assert [(int(v.first_offset), len(v.records)) for v in got] == [(60, 10)]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import claiming, groups, ownership, superstreams
+from spate.core import claiming, filtering, groups, ownership, superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -230,7 +230,13 @@ class MemoryPartition(LocalPartition):
                 continue
             if out and size >= max_bytes:
                 break
-            out.append(ChunkView(Offset(chunk.first_offset), chunk.timestamp_ms, chunk.records))
+            section = filtering.build(
+                [filtering.filter_value(r) for r in chunk.records], filtering.SIZE_BYTES_DEFAULT
+            )  # the Bloom filter the node stores with each chunk (ADR 0016)
+            chosen = None if section is None else filtering.decode(section, 0, len(section))[0]
+            out.append(
+                ChunkView(Offset(chunk.first_offset), chunk.timestamp_ms, chunk.records, chosen)
+            )
             size += sum(len(r) for r in chunk.records)
         return out
 

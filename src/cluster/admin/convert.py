@@ -9,7 +9,7 @@ from spate.cluster.admin.group_stats import GroupPartition, GroupStats
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.metadata.service import MetadataStatus
 from spate.cluster.metadata.state import NodeStatus, PartitionPlacement, StreamRecord
-from spate.core import limits
+from spate.core import filtering, limits
 from spate.core.backend import PartitionInfo
 from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import PartitionId, StreamName
@@ -31,6 +31,11 @@ def stream_config(message: pb.StreamConfig) -> StreamConfig:
             if message.HasField("segment_bytes")
             else limits.segment_bytes_default
         ),
+        filter_size_bytes=(
+            message.filter_size_bytes
+            if message.HasField("filter_size_bytes")
+            else filtering.SIZE_BYTES_DEFAULT
+        ),
         retention=Retention(
             max_age_ms=r.max_age_ms if r.HasField("max_age_ms") else None,
             max_bytes=r.max_bytes if r.HasField("max_bytes") else None,
@@ -50,6 +55,7 @@ def stream_config_message(config: StreamConfig) -> pb.StreamConfig:
         partitions=config.partitions,
         replicas=config.replicas,
         segment_bytes=config.segment_bytes,
+        filter_size_bytes=config.filter_size_bytes,
         retention=pb.Retention(
             max_age_ms=r.max_age_ms, max_bytes=r.max_bytes, max_messages=r.max_messages
         ),

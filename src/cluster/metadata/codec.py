@@ -36,7 +36,8 @@ Record (a command in the Raft log, or a result):
     (0x05-0x0a do not exist in format 1 and are refused there.)
 
     CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
-                 "segment_bytes": int}
+                 "segment_bytes": int, "filter_size_bytes": int}   (filter_size_bytes:
+                 written only when not the default, 16)
     RETENTION = {"max_age_ms": int|null, "max_bytes": int|null, "max_messages": int|null}
     SUPER     = {"binding_keys": [str...], "name": str, "partitions": [str...],
                  "routing": "hash"|"key", "version": int}
@@ -109,7 +110,7 @@ from spate.cluster.metadata.state import (
     Result,
     StreamRecord,
 )
-from spate.core import limits
+from spate.core import filtering, limits
 from spate.core.errors import Blame, BrokerError, ErrorCode
 from spate.core.groups import GroupDefinition, Strategy
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
@@ -378,7 +379,7 @@ def decode_dump(data: bytes) -> tuple[RaftCheckpoint, MetadataSnapshot]:
 
 def _config_json(config: StreamConfig) -> dict[str, Any]:
     r = config.retention
-    return {
+    fields: dict[str, Any] = {
         "name": config.name,
         "partitions": config.partitions,
         "replicas": config.replicas,
@@ -389,12 +390,16 @@ def _config_json(config: StreamConfig) -> dict[str, Any]:
             "max_messages": r.max_messages,
         },
     }
+    if config.filter_size_bytes != filtering.SIZE_BYTES_DEFAULT:
+        fields["filter_size_bytes"] = config.filter_size_bytes  # older readers: the default
+    return fields
 
 
 def _config(value: object) -> StreamConfig:
-    fields = _fields(
-        value, "stream config", {"name", "partitions", "replicas", "segment_bytes", "retention"}
-    )
+    keys = {"name", "partitions", "replicas", "segment_bytes", "retention"}
+    if isinstance(value, dict) and "filter_size_bytes" in value:  # written since it came
+        keys = keys | {"filter_size_bytes"}
+    fields = _fields(value, "stream config", keys)
     retention = _fields(
         fields["retention"], "retention", {"max_age_ms", "max_bytes", "max_messages"}
     )
@@ -403,6 +408,7 @@ def _config(value: object) -> StreamConfig:
         partitions=_int(fields["partitions"]),
         replicas=_int(fields["replicas"]),
         segment_bytes=_int(fields["segment_bytes"]),
+        filter_size_bytes=_int(fields.get("filter_size_bytes", filtering.SIZE_BYTES_DEFAULT)),
         retention=Retention(
             max_age_ms=_optional(retention["max_age_ms"], _int),
             max_bytes=_optional(retention["max_bytes"], _int),

@@ -16,7 +16,8 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
       9    1 chunk_type      0 = user records (other values reserved: tracking, filters)
      10    2 flags           bit 0: FLAG_PRODUCER, the payload starts with a producer section
                              (spate.node.log.producers); bit 1: FLAG_TRACKING, a tracking
-                             chunk (spate.node.log.tracking); other bits 0 (reserved)
+                             chunk (spate.node.log.tracking); bit 2: FLAG_FILTER, a filter
+                             section follows (spate.core.filtering, ADR 0016); other bits 0
      12    4 record_count    number of records in the payload; 0 only for a barrier chunk or
                              a tracking chunk
      16    8 first_offset    offset of the first record; record i has offset first_offset + i
@@ -38,7 +39,9 @@ Payload: with FLAG_PRODUCER, first the producer section of a named producer's ch
     2+n    8 last_id         publishing id of the chunk's last record
 ```
 
-then `record_count` records, each
+then, with FLAG_FILTER, the filter section (a Bloom filter of the records' filter values,
+spate.core.filtering: `u8 size | u8 hashes | u8 unfiltered | size bytes`), then
+`record_count` records, each
 
 ```
       0    4 record_length   n
@@ -78,6 +81,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
+from spate.core import filtering
 from spate.core.ids import Offset
 from spate.node.log import producers, tracking
 
@@ -86,6 +90,7 @@ VERSION = 2
 CHUNK_TYPE_RECORDS = 0
 FLAG_PRODUCER = 1
 FLAG_TRACKING = 2
+FLAG_FILTER = 4
 HEADER_BYTES = 56
 RECORD_PREFIX_BYTES = 4
 CRC_START = 8
@@ -137,11 +142,19 @@ def encode_chunk(
     raft_index: int = 0,
     *,
     producer: bytes | None = None,
+    filter_section: bytes | None = None,
 ) -> bytes:
     """The chunk's bytes, header then payload, with its CRC; `producer` is the encoded
-    producer section of a named producer's chunk (spate.node.log.producers.encode_section)."""
+    producer section of a named producer's chunk (spate.node.log.producers.encode_section),
+    `filter_section` the Bloom filter of its records' filter values (spate.core.filtering)."""
     return encode_chunk_with_header(
-        records, first_offset, timestamp_ms, epoch, raft_index, producer=producer
+        records,
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        producer=producer,
+        filter_section=filter_section,
     )[0]
 
 
@@ -205,10 +218,17 @@ def encode_chunk_with_header(
     raft_index: int = 0,
     *,
     producer: bytes | None = None,
+    filter_section: bytes | None = None,
 ) -> tuple[bytes, ChunkHeader]:
     """The chunk's bytes and its header (saves the append path a decode)."""
     buffer, header = encode_chunk_buffer(
-        records, first_offset, timestamp_ms, epoch, raft_index, producer=producer
+        records,
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        producer=producer,
+        filter_section=filter_section,
     )
     return bytes(buffer), header
 
@@ -241,6 +261,7 @@ def encode_chunk_buffer(
     raft_index: int = 0,
     *,
     producer: bytes | None = None,
+    filter_section: bytes | None = None,
 ) -> tuple[bytearray, ChunkHeader]:
     """The chunk in one new buffer, built with a single copy of the records: header space,
     length prefixes and records joined at once, then the header packed in place and the CRC
@@ -250,7 +271,10 @@ def encode_chunk_buffer(
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
     # Interleave prefixes and records with slice assignments: no Python-level loop per record.
     parts: list[bytes | memoryview] = [b""] * (2 * len(records) + 1)
-    parts[0] = _HEADER_SPACE if producer is None else _HEADER_SPACE + producer
+    parts[0] = b"".join((_HEADER_SPACE, producer or b"", filter_section or b""))
+    flags = (0 if producer is None else FLAG_PRODUCER) | (
+        0 if filter_section is None else FLAG_FILTER
+    )
     parts[1::2] = map(_PREFIXES.__getitem__, map(len, records))
     parts[2::2] = records
     buffer = bytearray().join(parts)
@@ -260,7 +284,7 @@ def encode_chunk_buffer(
         CRC_START,
         VERSION,
         CHUNK_TYPE_RECORDS,
-        0 if producer is None else FLAG_PRODUCER,
+        flags,
         len(records),
         first_offset,
         timestamp_ms,
@@ -280,7 +304,7 @@ def encode_chunk_buffer(
         payload_length,
         crc,
         raft_index,
-        0 if producer is None else FLAG_PRODUCER,
+        flags,
     )
 
 
@@ -307,7 +331,7 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     if (
         version != VERSION
         or chunk_type != CHUNK_TYPE_RECORDS
-        or flags & ~(FLAG_PRODUCER | FLAG_TRACKING)
+        or flags & ~(FLAG_PRODUCER | FLAG_TRACKING | FLAG_FILTER)
         or reserved != 0
     ):
         raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
@@ -345,7 +369,7 @@ def slice_records(
     if header.flags:
         if header.flags & FLAG_TRACKING:
             return []  # offsets, no records
-        cursor += producer_section(view, position, header)[2]
+        cursor = records_start(view, position, header)
     unpack = _RECORD_LENGTH.unpack_from
     records: list[memoryview] = []
     for _ in range(header.record_count):
@@ -369,6 +393,37 @@ def decode_chunk(
     header = decode_header(buffer, position)
     check_crc(buffer, position, header)
     return header, slice_records(buffer, position, header)
+
+
+def records_start(buffer: bytes | memoryview, position: int, header: ChunkHeader) -> int:
+    """Where the records of the chunk at `position` begin: after its sections."""
+    cursor = position + HEADER_BYTES
+    if header.flags & FLAG_PRODUCER:
+        cursor += producer_section(buffer, position, header)[2]
+    if header.flags & FLAG_FILTER:
+        cursor += _filter_at(buffer, cursor, position, header)[1]
+    return cursor
+
+
+def chunk_filter(
+    buffer: bytes | memoryview, position: int, header: ChunkHeader
+) -> filtering.ChunkFilter | None:
+    """The filter section of the chunk at `position` (None: it has none)."""
+    if not header.flags & FLAG_FILTER:
+        return None
+    cursor = position + HEADER_BYTES
+    if header.flags & FLAG_PRODUCER:
+        cursor += producer_section(buffer, position, header)[2]
+    return _filter_at(buffer, cursor, position, header)[0]
+
+
+def _filter_at(
+    buffer: bytes | memoryview, cursor: int, position: int, header: ChunkHeader
+) -> tuple[filtering.ChunkFilter, int]:
+    try:
+        return filtering.decode(buffer, cursor, position + HEADER_BYTES + header.payload_length)
+    except filtering.FilterSectionError as error:
+        raise ChunkError(f"chunk at offset {header.first_offset}: {error}") from error
 
 
 def producer_section(

@@ -18,12 +18,13 @@ Invariants (asserted where cheap):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import limits
+from spate.core import filtering, limits
 from spate.core.backend import ChunkView, OffsetSpec, OffsetSpecKind
 from spate.core.errors import InvalidArgument, MessageSizeExceeded, StorageFailure
+from spate.core.filtering import ChunkFilter
 from spate.core.ids import Offset
 from spate.core.streams import Retention, StreamConfig
 from spate.node.log import chunk
@@ -65,6 +66,8 @@ class LogConfig:
     message_bytes_max: int = limits.message_bytes_max
     producer_names_max: int = limits.producer_names_max
     consumer_names_max: int = limits.consumer_names_max
+    filter_size_bytes: int = filtering.SIZE_BYTES_DEFAULT
+    """Bytes of a chunk's Bloom filter of its records' filter values (ADR 0016)."""
 
     def __post_init__(self) -> None:
         # Streams validate user input (StreamConfig.validate); tests may use smaller segments.
@@ -79,7 +82,11 @@ class LogConfig:
 
     @classmethod
     def from_stream(cls, config: StreamConfig) -> LogConfig:
-        return cls(segment_bytes=config.segment_bytes, retention=config.retention)
+        return cls(
+            segment_bytes=config.segment_bytes,
+            retention=config.retention,
+            filter_size_bytes=config.filter_size_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +341,11 @@ class PartitionLog:
         epoch: int,
         producer: bytes | None = None,
     ) -> None:
+        values = filtering.build(
+            [filtering.filter_value(r) for r in records], self._config.filter_size_bytes
+        )
         data, header = chunk.encode_chunk_buffer(
-            records, self.end_offset, timestamp_ms, epoch, producer=producer
+            records, self.end_offset, timestamp_ms, epoch, producer=producer, filter_section=values
         )
         self._write_chunk(data, header)
 
@@ -365,7 +375,7 @@ class PartitionLog:
         self.end_offset = header.end_offset
         if header.raft_index:
             self.last_raft_index = header.raft_index
-        if header.flags:
+        if header.flags & (chunk.FLAG_PRODUCER | chunk.FLAG_TRACKING):
             self._note_state(data, 0, header)
         self.counters.chunks_appended += 1
 
@@ -479,18 +489,27 @@ class PartitionLog:
                 hi = mid - 1
         return lo
 
-    def read(self, start: Offset, max_bytes: int, end: Offset | None = None) -> list[ChunkView]:
+    def read(
+        self,
+        start: Offset,
+        max_bytes: int,
+        end: Offset | None = None,
+        where: Callable[[ChunkFilter | None], bool] | None = None,
+    ) -> list[ChunkView]:
         """Whole chunks from the one holding `start` (the first retained one if `start` is
         older), up to `max_bytes` of chunk bytes but at least one chunk, and only chunks that
         end at or before `end` (default: the durable end). Records are memoryviews into one
         buffer read per call; nothing is decoded. A chunk that fails its CRC is a
-        StorageFailure."""
+        StorageFailure. `where` (ADR 0016) passes over chunks whose filter section it rules
+        out without slicing their records (their bytes count against `max_bytes`); when the
+        read ends with such chunks, a skip mark (a view with no records) says where they end."""
         limit = self.durable_end if end is None else min(end, self.end_offset)
         start = max(start, self.start_offset)
         if start >= limit:
             return []
         views: list[ChunkView] = []
         total = 0
+        skipped_to: tuple[Offset, int] | None = None
         block = max(READ_BLOCK_BYTES_MIN, max_bytes + chunk.HEADER_BYTES)
         i = self._segment_index(start)
         while i < len(self._segments):
@@ -503,8 +522,10 @@ class PartitionLog:
                     position += header.chunk_bytes
                     expected = header.end_offset
                     continue
-                if header.end_offset > limit or (views and total + header.chunk_bytes > max_bytes):
-                    return views
+                if header.end_offset > limit or (
+                    (views or skipped_to) and total + header.chunk_bytes > max_bytes
+                ):
+                    return self._marked(views, skipped_to)
                 got = reader.get(position, header.chunk_bytes)
                 if got is None:
                     raise StorageFailure(
@@ -514,17 +535,30 @@ class PartitionLog:
                 buffer, at = got
                 try:
                     chunk.check_crc(buffer, at, header)
-                    records = chunk.slice_records(buffer, at, header)
+                    section = chunk.chunk_filter(buffer, at, header)
+                    wanted = where is None or not header.record_count or where(section)
+                    records = chunk.slice_records(buffer, at, header) if wanted else []
                 except ChunkError as error:
                     raise StorageFailure(
                         f"segment {segment.name} byte {position}: {error}"
                     ) from error
                 if records:  # barriers hold none
-                    views.append(ChunkView(header.first_offset, header.timestamp_ms, records))
+                    views.append(
+                        ChunkView(header.first_offset, header.timestamp_ms, records, section)
+                    )
+                    skipped_to = None
+                elif not wanted:
+                    skipped_to = (header.end_offset, header.timestamp_ms)
                 total += header.chunk_bytes
                 position += header.chunk_bytes
                 expected = header.end_offset
             i += 1
+        return self._marked(views, skipped_to)
+
+    @staticmethod
+    def _marked(views: list[ChunkView], skipped_to: tuple[Offset, int] | None) -> list[ChunkView]:
+        if skipped_to is not None:
+            views.append(ChunkView(skipped_to[0], skipped_to[1], ()))
         return views
 
     def _header_at(
@@ -935,7 +969,7 @@ class PartitionLog:
     def _replay_state(self, i: int) -> None:
         """Note the producer or tracking section of every chunk of segment `i` that has one."""
         for position, header, reader in self._walk_headers(i, 0):
-            if not header.flags:
+            if not header.flags & (chunk.FLAG_PRODUCER | chunk.FLAG_TRACKING):
                 continue
             length = header.payload_length
             if not header.flags & chunk.FLAG_TRACKING:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from spate.core import filtering
 from spate.core.backend import (
     ChunkView,
     ConsumerOffset,
@@ -50,6 +51,7 @@ from spate.core.errors import (
     StorageFailure,
     Unavailable,
 )
+from spate.core.filtering import ChunkFilter
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName, Term
 from spate.node.log import chunk as chunk_codec
 from spate.node.log import producers as producer_codec
@@ -94,6 +96,12 @@ class _Pending:
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _filter_section(records: Sequence[bytes], size_bytes: int) -> bytes | None:
+    """The chunk's Bloom filter of filter values (ADR 0016); None when no record has one
+    (a substring search per record on streams nobody filters)."""
+    return filtering.build([filtering.filter_value(r) for r in records], size_bytes)
 
 
 def monotonic_clock_ms() -> float:
@@ -399,7 +407,13 @@ class Replica(LocalPartition):
                 assert ids is not None
                 section = producer_codec.encode_section(producer, ids[end - 1])
             data = chunk_codec.encode_chunk(
-                records[start:end], offset, timestamp_ms, term, index, producer=section
+                records[start:end],
+                offset,
+                timestamp_ms,
+                term,
+                index,
+                producer=section,
+                filter_section=_filter_section(records[start:end], config.filter_size_bytes),
             )
             result = self.raft.propose(data)
             if not isinstance(result, Proposed):
@@ -426,8 +440,14 @@ class Replica(LocalPartition):
         # Only barriers above the snapshot point: the end is the applied end.
         return self._committed_end
 
-    def read(self, start: Offset, max_bytes: int) -> list[ChunkView]:
-        return self.store.log.read(start, max_bytes, end=self._committed_end)
+    def read(
+        self,
+        start: Offset,
+        max_bytes: int,
+        where: Callable[[ChunkFilter | None], bool] | None = None,
+    ) -> list[ChunkView]:
+        """Committed chunks (PartitionLog.read; `where`: a consumer's filter, ADR 0016)."""
+        return self.store.log.read(start, max_bytes, end=self._committed_end, where=where)
 
     def resolve(self, spec: OffsetSpec) -> Offset:
         return self.store.log.resolve(spec, end=self._committed_end)
