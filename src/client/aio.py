@@ -415,6 +415,9 @@ class AsyncConsumer:
         strategy: str | None = None,
         on_assignment: Callable[[frozenset[int]], None] | None = None,
         sink: Callable[[Event | BaseException], None] | None = None,
+        filter_values: Sequence[str] | None = None,
+        match_unfiltered: bool = False,
+        sql: str | None = None,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
         for a named consumer, else `next`). `credit`: messages in flight to this consumer plus
@@ -437,7 +440,11 @@ class AsyncConsumer:
         named consumer (default start `stored`), and `epoch` (`event-streams-epoch`) takes
         the partition over from the group's current receiver when it is above the partition's
         epoch (granted: `epoch`).
+        `filter_values` (`rabbitmq:stream-filter`, with `match_unfiltered` also messages without
+        a value) and `sql` (an `event-streams-sql` expression) choose which messages it is
+        sent (ADR 0016, docs/amqp.md "Filtering").
         `sink` is for the blocking layer: events (and the final error) go there instead."""
+        filters = eng.selection_filters(filter_values, match_unfiltered, sql)
         if commit not in ("auto", "manual"):
             raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
         if group is not None and (name is not None or single_active):
@@ -459,6 +466,7 @@ class AsyncConsumer:
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
         self._handler, self._decode, self._sink = handler, decode, sink
+        self._filters = filters
         if name is not None:
             self._properties[P_CONSUMER_NAME] = name
             self.name, self._manual = name, commit == "manual"
@@ -495,6 +503,7 @@ class AsyncConsumer:
         self._connector = Connector(urls, int(reconnect_timeout_s * 1000), int(timeout_s * 1000))
         self._stream = stream
         self._properties: dict[str, str | bool | int] = {}
+        self._filters: dict[Any, Any] = {}
         if partition is not None:
             self._properties[P_PARTITION] = str(partition)
         self._name = f"spate-consumer-{uuid.uuid4().hex[:12]}"
@@ -549,6 +558,7 @@ class AsyncConsumer:
             self._stream,
             self._properties,
             start=self._core.resume_start(),
+            filters=self._filters,
             confirm_commits=self._manual,
         )
 

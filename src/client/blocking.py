@@ -280,7 +280,10 @@ class Consumer:
     With `group="billing"` it is its consumer group's receiver of one partition (ADR 0015;
     `partition=` names it, else the broker binds a free one): it starts after the group's
     committed offset and commits like a named consumer; `epoch=` takes the partition over from
-    the group's current receiver (`epoch` and `partition` say what was granted)."""
+    the group's current receiver (`epoch` and `partition` say what was granted).
+
+    `filter_values=["emea"]` (+ `match_unfiltered=True`) and `sql="a.amount > 100"` choose
+    which messages the broker sends it (ADR 0016, docs/amqp.md "Filtering")."""
 
     def __init__(
         self,
@@ -303,6 +306,9 @@ class Consumer:
         epoch: int | None = None,
         strategy: str | None = None,
         on_assignment: Callable[[frozenset[int]], None] | None = None,
+        filter_values: Sequence[str] | None = None,
+        match_unfiltered: bool = False,
+        sql: str | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
@@ -332,6 +338,9 @@ class Consumer:
                 strategy=strategy,
                 on_assignment=on_assignment,
                 sink=None if handler is not None else self._queue.put,
+                filter_values=filter_values,
+                match_unfiltered=match_unfiltered,
+                sql=sql,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )

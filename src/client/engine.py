@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -65,6 +65,7 @@ receive_buffer_bytes = 64 * 1024
 
 # The Event Streams offset filter (000 §5.2.1).
 ES_FILTER = ulong(0x00000000_00000200)
+SQL_FILTER = ulong(0x00000000_00000201)
 FILTER_KEY = symbol("event-streams-offset-filter")
 K_OFFSET = symbol("event-streams-offset")
 K_TIMESTAMP = symbol("event-streams-timestamp")
@@ -100,6 +101,23 @@ def offset_filter(start: Start) -> dict[symbol, Any]:
     if spec.kind == "stored":
         return {}
     return {FILTER_KEY: Described(ES_FILTER, _filter_value(spec))}
+
+
+def selection_filters(
+    filter_values: Sequence[str] | None, match_unfiltered: bool, sql: str | None
+) -> dict[symbol, Any]:
+    """The source filters choosing which messages a consumer is sent (ADR 0016):
+    `rabbitmq:stream-filter` (+ `rabbitmq:stream-match-unfiltered`) and `event-streams-sql`."""
+    filters: dict[symbol, Any] = {}
+    if filter_values is not None:
+        filters[symbol("rabbitmq:stream-filter")] = [str(v) for v in filter_values]
+        if match_unfiltered:
+            filters[symbol("rabbitmq:stream-match-unfiltered")] = True
+    elif match_unfiltered:
+        raise ValueError("match_unfiltered goes with filter_values=[...]")
+    if sql is not None:
+        filters[symbol("sql")] = Described(SQL_FILTER, sql)
+    return filters
 
 
 def encode_message(message: Message) -> bytes:
@@ -246,6 +264,8 @@ class LinkSpec:
     address: str
     properties: dict[str, str | bool | int] = field(default_factory=dict)
     start: Start | None = None
+    filters: dict[symbol, Any] = field(default_factory=dict)
+    """More source filters of a receiver (filtering, ADR 0016), beside its start."""
     confirm_commits: bool = False
     """A receiver in rcv-settle-mode second (002 §2.7.3 receiver-settle-mode): it accepts
     without settling and the broker settles once it has stored the offset (ADR 0012)."""
@@ -452,7 +472,7 @@ async def attach(
         assert spec.start is not None
         link = session.receiver(spec.name)
         link.source.address = spec.address
-        start_filter = offset_filter(spec.start)
+        start_filter = offset_filter(spec.start) | spec.filters
         if start_filter:
             Filter(start_filter).apply(link)
         if spec.confirm_commits:

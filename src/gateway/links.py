@@ -29,7 +29,7 @@ from spate.core.errors import (
 from spate.core.ids import Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
-from spate.gateway.filters import MessageFilter, StartSelection, parse_filters
+from spate.gateway.filters import MessageFilter, StartSelection, chunk_filter_of, parse_filters
 
 INFO_NODE = "$info"
 PARTITION_PROPERTY = "event-streams-partition"
@@ -581,7 +581,7 @@ async def plan_consumer(
                     specs = resume_specs(stored)
             if attached.active:
                 # all start filters must hold: the partition starts at the largest (000 §5.2.1)
-                cursors[-1].next_offset = await part.begin(specs)
+                cursors[-1].next_offset = await part.begin(specs, chunk_filter_of(selection))
     except BaseException:
         if counted and name is not None:
             await cursors[0].partition.consumer_detach(name, None, attached.member)
@@ -650,7 +650,7 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
                     "with a greater epoch arrived while this one waited"
                 )
         specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
-        start = await part.begin(specs)
+        start = await part.begin(specs, chunk_filter_of(selection))
     except BaseException:
         await part.consumer_detach(name, None, attached.member)
         part.detach()
@@ -765,7 +765,7 @@ async def claim_partition(
         else:
             specs = plan.selection.specs if plan.selection.accepted_keys else (OffsetSpec.next(),)
         reader = broker.partition(plan.stream, pid, write=False, relay=True)
-        start = await reader.begin(specs)
+        start = await reader.begin(specs, chunk_filter_of(plan.selection))
         if attached.stored is None:
             # the group's first holder of the partition fixes where the group begins: a later
             # holder (after a hand-over, or this one's link dying) goes on from there rather
@@ -802,7 +802,7 @@ async def start_when_active(plan: ConsumerPlan, now: Attached) -> None:
         specs = plan.selection.specs
     else:
         specs = resume_specs(now.stored)
-    cursor.next_offset = await cursor.partition.begin(specs)
+    cursor.next_offset = await cursor.partition.begin(specs, chunk_filter_of(plan.selection))
     cursor.pending.clear()
     plan.active = True
 

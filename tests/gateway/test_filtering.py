@@ -21,12 +21,19 @@ from typing import Any
 import pytest
 from proton import Described, Message, Timeout, symbol, ulong
 from proton.reactor import Filter
+from spate.core.ids import StreamName
+from spate.core.streams import StreamConfig
 from support.amqp_clients import (
+    LoopThread,
     RunningGateway,
     blocking,
+    run_doc_examples,
     run_rhea,
     unique,
 )
+from support.memory_broker import MemoryBroker
+from support.node_broker import NodeBroker
+from support.proxy_broker import ProxyBroker
 
 VALUE = symbol("x-stream-filter-value")
 STREAM_FILTER = symbol("rabbitmq:stream-filter")
@@ -219,3 +226,46 @@ def test_rhea_filters_by_value_and_by_sql(
     by_sql = report["steps"][2]["messages"]
     assert [m["body"] for m in by_sql] == ["r1", "r5", "r9"]
     assert [int(m["offset"]) for m in by_sql] == [1, 5, 9]  # offsets as stored
+
+
+def test_the_docs_examples_run_as_written(
+    gateway: RunningGateway,
+    loop_thread: LoopThread,
+    broker: MemoryBroker | NodeBroker | ProxyBroker,
+) -> None:
+    """docs/amqp.md "Filtering": the python-qpid-proton and rhea examples, as written."""
+    config = StreamConfig(name=StreamName("regions"))
+    if isinstance(broker, NodeBroker | ProxyBroker):
+        loop_thread.call(broker.create_stream(config))
+    else:
+        loop_thread.run(lambda: broker.create_stream(config))
+    python, js = run_doc_examples("filtering", gateway.host, gateway.port)
+    assert python.split("\n")[:3] == ["order 1", "order 4", "order 7"]
+    assert js.split("\n")[:3] == ["order 5", "order 6", "order 7"]
+
+
+def test_spate_client_consumers_filter_by_value_and_sql(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """spate.client: `filter_values=`, `match_unfiltered=` and `sql=` on a Consumer."""
+    from spate.client import Consumer
+
+    stream = make_stream()
+    publish(gateway, stream, regional(12, ("emea", "apac", None)))
+    cases: list[tuple[dict[str, Any], list[int]]] = [
+        ({"filter_values": ["apac"]}, [1, 4, 7, 10]),
+        ({"filter_values": ["apac"], "match_unfiltered": True}, [1, 2, 4, 5, 7, 8, 10, 11]),
+        ({"sql": "n > 8"}, [9, 10, 11]),
+        ({"filter_values": ["emea"], "sql": "n >= 3"}, [3, 6, 9]),
+    ]
+    for kwargs, expected in cases:
+        consumer = Consumer(gateway.url, stream, start="first", **kwargs)
+        try:
+            got = [consumer.receive(timeout=10) for _ in expected]
+            assert [e.offset for e in got] == expected, kwargs
+            with pytest.raises(TimeoutError):
+                consumer.receive(timeout=0.5)
+        finally:
+            consumer.close()
+    with pytest.raises(ValueError, match="match_unfiltered goes with filter_values"):
+        Consumer(gateway.url, stream, match_unfiltered=True)

@@ -14,6 +14,7 @@ import pytest
 from spate.core import wire
 from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from spate.core.filtering import ValueFilter
 from spate.core.groups import committed_name
 from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -254,5 +255,33 @@ def test_a_node_closes_a_silent_gateway_s_session_and_lets_its_claims_go(
         while not session.closed:  # the gateway sees the node close it
             await asyncio.sleep(0.02)
         assert session.silenced == 0
+
+    run(tmp_path, scenario)
+
+
+def test_a_filtered_subscription_is_sent_only_chunks_that_may_match(tmp_path: Path) -> None:
+    """ADR 0016: the link's filter values travel on SUBSCRIBE; the node pushes only chunks
+    whose Bloom filter may hold one of them, and a skip mark past the others, so the reader's
+    end moves on without the records."""
+    from proton import Message, symbol
+
+    def tagged(value: str, k: int) -> bytes:
+        message = Message(body=k, annotations={symbol("x-stream-filter-value"): value})
+        return bytes(message.encode())
+
+    async def scenario(broker: ProxyBroker) -> None:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        for k in range(5):  # one append, one chunk, per value
+            await writer.append([tagged(f"c{k}", 10 * k + i) for i in range(10)])
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        await reader.begin([OffsetSpec.first()], ValueFilter(frozenset({"c1", "c3"})))
+        while reader.end_offset() < 50:
+            await asyncio.sleep(0.01)
+        views = reader.read(Offset(0), 1 << 20)
+        got = [(int(v.first_offset), len(v.records)) for v in views if v.records]
+        assert got == [(10, 10), (30, 10)]
+        assert [int(v.first_offset) for v in views if not v.records] == [50]  # the mark
+        reader.detach()
 
     run(tmp_path, scenario)
