@@ -180,6 +180,7 @@ _SHELL_BUGS = {
     "catchup-forgets-offsets": ShellBugs(catchup_forgets_offsets=True),
     "offset-query-uncommitted": ShellBugs(offset_query_uncommitted=True),
     "store-committed-end": ShellBugs(store_committed_end=True),
+    "filter-misses-last": ShellBugs(filter_misses_last=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

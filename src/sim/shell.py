@@ -41,6 +41,10 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
   answer is a store committed at or after the last one acknowledged before the query;
   `offset-table`: each replica's table entry is the last store its log holds (the committed
   history, then its own uncommitted chunks);
+- filtering (ADR 0016): on even seeds most records carry an `x-stream-filter-value`, so
+  chunks carry Bloom filters; `filter-complete`: after every restart and at the end, a read
+  that passes over chunks by filter value (skip marks included) misses no record holding that
+  value, on every replica;
 - `liveness`: after healing, every group acknowledges a new append and every replica (wiped
   ones too) applies it.
 """
@@ -53,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spate.core import frames
+from spate.core import filtering, frames
 from spate.core.backend import ConsumerOffset, OffsetSpec, PublishingIds
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
@@ -114,6 +118,9 @@ class ShellBugs:
     store_committed_end: bool = False
     """A store records the last committed offset, not the one the consumer asked for (what a
     listener that tracked deliveries instead of settlements would store)."""
+    filter_misses_last: bool = False
+    """The leader builds a chunk's Bloom filter without its last record's value (an
+    off-by-one in the builder): filtered reads pass over chunks holding that value."""
 
 
 NO_BUGS = ShellBugs()
@@ -139,6 +146,10 @@ class ShellOptions:
     retention_messages: int | None
     steps: int
     bugs: ShellBugs = NO_BUGS
+    filter_values: bool = True
+    """Records carry `x-stream-filter-value` (ADR 0016): on even seeds. Not drawn from the
+    seed's generator, so odd seeds keep the histories they had before filtering existed (the
+    seeds pinned by tests/sim/test_shell_sim.py among them)."""
 
     @staticmethod
     def draw(
@@ -163,6 +174,7 @@ class ShellOptions:
             retention_messages=rng.choice((None, 20, 100)),
             consume_ms=rng.choice((20, 60, 200)),
             steps=steps,
+            filter_values=seed % 2 == 0,
         )
 
     def log_config(self) -> LogConfig:
@@ -214,6 +226,11 @@ class _SimReplica(Replica):
     def _apply(self, entry: Entry) -> None:
         self.sim.checker.committed(self.node, self.group_number, entry, "applied")
         super()._apply(entry)
+
+    def _filter_section(self, records: Sequence[bytes]) -> bytes | None:
+        if self.sim.options.bugs.filter_misses_last:
+            records = records[:-1]
+        return super()._filter_section(records)
 
     def _producer_state(self, name: bytes) -> ProducerState | None:
         if self.sim.options.bugs.dedup_forgets_proposals:
@@ -460,7 +477,7 @@ class ShellCluster(SimLoop[_Event]):
             header, records = chunk_codec.decode_chunk(payload)
             if header.flags & chunk_codec.FLAG_TRACKING:
                 continue  # a consumer's stored offset (checked by _check_offsets)
-            ids = [int(bytes(r).split(b"p")[1]) for r in records]
+            ids = [int(bytes(r).rsplit(b"p", 1)[1]) for r in records]
             if header.flags & chunk_codec.FLAG_PRODUCER:
                 assert chunk_codec.producer_section(payload, 0, header)[:2] == (name, ids[-1])
             for publishing_id in ids:
@@ -734,7 +751,8 @@ class ShellCluster(SimLoop[_Event]):
         else:
             publishing_id = self._next_id[group]
             self._next_id[group] += 1
-        record = f"g{group}p{publishing_id}".encode()
+        annotation = _filter_annotation(publishing_id) if self.options.filter_values else b""
+        record = annotation + f"g{group}p{publishing_id}".encode()
         term = replica.raft.term
         proposal: dict[str, int | bytes] = {}
 
@@ -1052,6 +1070,7 @@ class ShellCluster(SimLoop[_Event]):
                         f"{node.id} g{group} reads {records.get(ack.offset)!r} at offset "
                         f"{ack.offset}, where {ack.record!r} was acknowledged",
                     )
+            _check_filtered(node.id, group, replica, start, end, records)
 
 
 def _tail(replica: Replica, base: int) -> list[bytes]:
@@ -1065,6 +1084,51 @@ def _tail(replica: Replica, base: int) -> list[bytes]:
     if core.persist_from - 1 == written and base + 1 >= core.first_index:
         return [bytes(core.entry(i).payload) for i in range(base + 1, written + 1)]
     return log.chunks_from_index(base + 1, 1 << 40)
+
+
+FILTER_VALUES = ("v0", "v1", "v2")
+
+
+def _filter_annotation(publishing_id: int) -> bytes:
+    """A message-annotations section with `x-stream-filter-value` (ADR 0016) for most ids (the
+    same for a resend), none for every fourth: chunks with and without Bloom filters."""
+    if publishing_id % 4 == 3:
+        return b""
+    value = FILTER_VALUES[publishing_id % len(FILTER_VALUES)].encode()
+    key = filtering.FILTER_VALUE_ANNOTATION.encode()
+    entries = b"\xa3" + bytes([len(key)]) + key + b"\xa1" + bytes([len(value)]) + value
+    return b"\x00\x53\x72\xc1" + bytes([len(entries) + 1, 2]) + entries
+
+
+def _check_filtered(  # noqa: PLR0917 (the replica's read, as its caller has it)
+    node: NodeId, group: int, replica: Replica, start: int, end: int, records: dict[int, bytes]
+) -> None:
+    """`filter-complete` (ADR 0016): a read that passes over chunks by a consumer's filter
+    values (`Replica.read(where=)`, skip marks included) still returns every record holding one
+    of them, on every replica, whatever built its log (appends, catch-up, segment transfer)."""
+    for value in FILTER_VALUES:
+        wants = filtering.ValueFilter(frozenset({value}))
+        seen: set[int] = set()
+        position = start
+        while position < end:
+            views = replica.read(Offset(position), 4096, wants.chunk_may_match)
+            assert views, (node, group, position, end)
+            for view in views:
+                seen.update(view.first_offset + i for i in range(len(view.records)))
+                moved = view.first_offset + len(view.records)
+                assert moved > position or view.records, (node, group, position, view)
+                position = max(position, moved)
+        missed = [
+            o
+            for o, r in sorted(records.items())
+            if filtering.filter_value(r) == value and o not in seen
+        ]
+        if missed:
+            raise InvariantViolation(
+                "filter-complete",
+                f"{node} g{group}: a read filtered on {value!r} passed over offsets {missed[:5]} "
+                "holding it",
+            )
 
 
 def _producer_name(group: int) -> bytes:

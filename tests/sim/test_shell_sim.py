@@ -115,6 +115,13 @@ def test_a_catch_up_from_an_uncommitted_point_is_caught() -> None:
     assert sum(1 for f in failures if f.startswith(caught)) >= 10, failures
 
 
+def test_a_bloom_filter_missing_a_value_is_caught() -> None:
+    """ADR 0016: a chunk's filter built without its last record's value makes filtered reads
+    pass over that record (`filter-complete`)."""
+    failures = _failures(ShellBugs(filter_misses_last=True))
+    assert any(f.startswith("filter-complete:") for f in failures), failures
+
+
 def test_retention_without_its_floor_is_caught() -> None:
     failures = _failures(ShellBugs(retention_without_floor=True))
     assert any(f.startswith("retention-floor:") for f in failures), failures

@@ -98,12 +98,6 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _filter_section(records: Sequence[bytes], size_bytes: int) -> bytes | None:
-    """The chunk's Bloom filter of filter values (ADR 0016); None when no record has one
-    (a substring search per record on streams nobody filters)."""
-    return filtering.build([filtering.filter_value(r) for r in records], size_bytes)
-
-
 def monotonic_clock_ms() -> float:
     return time.monotonic() * 1000
 
@@ -413,7 +407,7 @@ class Replica(LocalPartition):
                 term,
                 index,
                 producer=section,
-                filter_section=_filter_section(records[start:end], config.filter_size_bytes),
+                filter_section=self._filter_section(records[start:end]),
             )
             result = self.raft.propose(data)
             if not isinstance(result, Proposed):
@@ -427,6 +421,12 @@ class Replica(LocalPartition):
             offset = Offset(offset + end - start)
             start = end
         return index, term, first
+
+    def _filter_section(self, records: Sequence[bytes]) -> bytes | None:
+        """The chunk's Bloom filter of filter values (ADR 0016); None when no record has one
+        (a substring search per record on streams nobody filters)."""
+        values = [filtering.filter_value(r) for r in records]
+        return filtering.build(values, self.store.config.filter_size_bytes)
 
     def _next_offset(self) -> Offset:
         """End offset of the last entry in the core's log (barriers move no offset)."""
