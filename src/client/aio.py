@@ -43,6 +43,7 @@ from spate.client.core import (
     ProducerEffect,
     Reconnect,
     Start,
+    SubEntryBatch,
     credit_default,
     encode_data,
     window_default,
@@ -73,7 +74,7 @@ _DA_SOURCE = "event-streams-source-partition"
 _DA_ASSOCIATED = "event-streams-associated-partitions-changed"
 _DA_ACTIVE = "spate:active"
 
-Body = bytes | bytearray | eng.Message
+Body = bytes | bytearray | eng.Message | SubEntryBatch
 """A body (framed as one data section) or a `proton.Message` (encoded by proton)."""
 Settle = Callable[[BaseException | None], None]
 Token = asyncio.Future[None] | Settle
@@ -89,6 +90,8 @@ def _now_ms() -> int:
 def encode(body: Body) -> bytes:
     if isinstance(body, bytes | bytearray):
         return encode_data(bytes(body))
+    if isinstance(body, SubEntryBatch):
+        return body.envelope()
     return eng.encode_message(body)
 
 
@@ -372,6 +375,8 @@ def _with_publishing_id(body: Body, publishing_id: int) -> bytes:
     """The message with its publishing id in the message annotations."""
     if isinstance(body, bytes | bytearray):
         return _MA_PUBLISHING_ID + publishing_id.to_bytes(8, "big") + encode_data(bytes(body))
+    if isinstance(body, SubEntryBatch):
+        return body.envelope(publishing_id)
     eng.annotate(body, A_PUBLISHING_ID, publishing_id)
     return eng.encode_message(body)
 

@@ -56,6 +56,10 @@ class UnknownCodec(SubEntryError):
     """A codec number this broker does not know (`CODECS`)."""
 
 
+class OverLimit(SubEntryError):
+    """A well-formed sub-entry over sub_entry_messages_max or sub_entry_uncompressed_bytes_max."""
+
+
 @dataclass(frozen=True, slots=True)
 class SubEntryHeader:
     codec: int
@@ -88,16 +92,19 @@ def parse_header(blob: bytes | memoryview) -> SubEntryHeader:
             f"unknown sub-entry codec {codec}; known: "
             + ", ".join(f"{n} {name}" for n, name in CODEC_NAMES.items())
         )
-    if not 0 < count <= limits.sub_entry_messages_max:
-        raise SubEntryError(
-            f"a sub-entry holds 1..{limits.sub_entry_messages_max} messages; it says {count}"
+    if count == 0:
+        raise SubEntryError("a sub-entry holds at least one message; it says 0")
+    if count > limits.sub_entry_messages_max:
+        raise OverLimit(
+            f"a sub-entry holds at most {limits.sub_entry_messages_max} messages "
+            f"(limits.sub_entry_messages_max); it says {count}"
         )
     if data_length != len(blob) - HEADER_BYTES:
         raise SubEntryError(
             f"the header says {data_length} data bytes; {len(blob) - HEADER_BYTES} follow it"
         )
     if uncompressed > limits.sub_entry_uncompressed_bytes_max:
-        raise SubEntryError(
+        raise OverLimit(
             f"{uncompressed} uncompressed bytes is over the limit of "
             f"{limits.sub_entry_uncompressed_bytes_max} (limits.sub_entry_uncompressed_bytes_max)"
         )
@@ -192,21 +199,21 @@ class SubEntryRecords(Sequence[bytes]):
     is reads `blob` and never pays for it). A stored sub-entry was checked on publish, so a
     failure here is damage: `SubEntryError` propagates to the reader."""
 
-    __slots__ = ("_messages", "blob", "count")
+    __slots__ = ("_messages", "blob", "size")
 
     def __init__(self, blob: bytes | memoryview, count: int) -> None:
         self.blob = blob
-        self.count = count
+        self.size = count
         self._messages: list[bytes] | None = None
 
     def messages(self) -> list[bytes]:
         if self._messages is None:
             self._messages = unpack(self.blob)
-            assert len(self._messages) == self.count
+            assert len(self._messages) == self.size
         return self._messages
 
     def __len__(self) -> int:
-        return self.count
+        return self.size
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -221,7 +228,7 @@ class SubEntryRecords(Sequence[bytes]):
         return iter(self.messages())
 
     def __repr__(self) -> str:
-        return f"SubEntryRecords({self.count} messages, {len(self.blob)} bytes)"
+        return f"SubEntryRecords({self.size} messages, {len(self.blob)} bytes)"
 
 
 def stored_bytes(records: Sequence[bytes | memoryview]) -> int:

@@ -10,7 +10,8 @@ in SPEC_KINDS).
 kind  name        direction  body
  20   APPEND      g -> n     request u64 | group | epoch u64 (0: any) | count u32 |
                              producer str16 ("": none) | (id u64)* if producer |
-                             (length u32 | record)*
+                             (length u32 | record)*   (count bit 31 set: one record, a
+                             sub-entry, ADR 0017; count is then 1 | SUB_ENTRY_FLAG)
  21   APPENDED    n -> g     request u64 | first_offset u64
  22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec*
  23   STARTED     n -> g     sub u32 | start u64
@@ -42,7 +43,8 @@ error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port
 
 `stored` on a failed APPEND: 0 when the node refused it before proposing (nothing was written:
 the gateway may send it to the new leader), 1 when its outcome is unknown (it may commit).
-Records are the producers' encoded AMQP messages, carried byte for byte.
+Records are the producers' encoded AMQP messages, carried byte for byte; an APPEND flagged
+SUB_ENTRY_FLAG carries one sub-entry (spate.core.subentry), stored as one sub-entry chunk.
 
 GROUP carries a member's call to its stream's consumer-group coordinator (ADR 0015,
 spate.core.coordination) at the leader of the stream's partition 0: `settings` on a join,
@@ -103,8 +105,11 @@ from spate.core.ids import (
     StreamName,
 )
 from spate.core.streams import Retention, StreamConfig
+from spate.core.subentry import SubEntry
 
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
+SUB_ENTRY_FLAG = 1 << 31
+"""APPEND's count with this bit: the one record is a sub-entry (ADR 0017)."""
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
 PRODUCER = 32
 CONSUMER = 33
@@ -219,7 +224,10 @@ def encode_append(
     records: Sequence[bytes | memoryview],
     producer: PublishingIds | None = None,
 ) -> bytes:
-    head = _APPEND_HEAD.pack(request, epoch, len(records))
+    count = len(records)
+    if count == 1 and isinstance(records[0], SubEntry):
+        count |= SUB_ENTRY_FLAG
+    head = _APPEND_HEAD.pack(request, epoch, count)
     if producer is None:
         return frame(APPEND, group(key), head, b"\0\0", *_records(records))
     assert len(producer.ids) == len(records)
@@ -234,6 +242,9 @@ def decode_append(
     reader = Reader(body)
     key = reader.group()
     request, epoch, count = reader.unpack(_APPEND_HEAD)
+    sub_entry = count == 1 | SUB_ENTRY_FLAG
+    if sub_entry:
+        count = 1
     (length,) = reader.unpack(_U16)
     producer = None
     if length:
@@ -242,6 +253,8 @@ def decode_append(
         producer = PublishingIds(name, ids)
     records = _unrecords(reader, count)
     reader.done()
+    if sub_entry:
+        records = [SubEntry(records[0])]
     return request, key, epoch, records, producer
 
 
