@@ -323,7 +323,10 @@ class Consumer:
         epoch: int | None = None,
         strategy: str | None = None,
         on_assignment: Callable[[frozenset[int]], None] | None = None,
+        sub_entries: bool = False,
     ) -> None:
+        """As AsyncConsumer.connect; `sub_entries` receives stored sub-entries compressed, one
+        delivery each, and unpacks them here (ADR 0017)."""
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
         self._thread = _LoopThread.get()
@@ -352,6 +355,7 @@ class Consumer:
                 strategy=strategy,
                 on_assignment=on_assignment,
                 sink=None if handler is not None else self._queue.put,
+                sub_entries=sub_entries,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )

@@ -37,6 +37,9 @@ kind  name        direction  body
                              describe {"group": view | null}, view below)
  35   PING        g -> n     token u64   (the node answers PONG with the token at once)
  36   PONG        n -> g     token u64
+ 37   SUB_ENTRY   n -> g     sub u32 | first_offset u64 | timestamp_ms u64 | sub-entry (the rest)
+                             (a stored sub-entry whole, as RECORDS of its record_count
+                             messages would carry them; ADR 0017)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
@@ -105,7 +108,7 @@ from spate.core.ids import (
     StreamName,
 )
 from spate.core.streams import Retention, StreamConfig
-from spate.core.subentry import SubEntry
+from spate.core.subentry import SubEntry, SubEntryError, SubEntryRecords, parse_header
 
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
 SUB_ENTRY_FLAG = 1 << 31
@@ -115,6 +118,7 @@ PRODUCER = 32
 CONSUMER = 33
 GROUP = 34
 PING, PONG = 35, 36
+SUB_ENTRY = 37
 KEEPALIVE_S = 1.0
 """A gateway pings each node session this often, so that an idle session still carries a
 frame each way; silence then means a dead, paused or cut-off peer (ADR 0008, "Liveness")."""
@@ -476,6 +480,28 @@ def decode_records(body: memoryview) -> tuple[int, int, int, list[bytes]]:
     records = _unrecords(reader, count)
     reader.done()
     return sub, first, timestamp_ms, records
+
+
+_SUB_ENTRY_HEAD = struct.Struct(">IQQ")
+
+
+def encode_sub_entry(
+    sub: int, first_offset: int, timestamp_ms: int, blob: bytes | memoryview
+) -> bytes:
+    return frame(SUB_ENTRY, _SUB_ENTRY_HEAD.pack(sub, first_offset, timestamp_ms), blob)
+
+
+def decode_sub_entry(body: memoryview) -> tuple[int, int, int, SubEntryRecords]:
+    """The pushed sub-entry as the records it holds (its header checked, nothing unpacked)."""
+    reader = Reader(body)
+    sub, first, timestamp_ms = reader.unpack(_SUB_ENTRY_HEAD)
+    blob = bytes(reader.rest())
+    reader.done()
+    try:
+        count = parse_header(blob).count
+    except SubEntryError as error:
+        raise CodecError(f"SUB_ENTRY: {error}") from error
+    return sub, first, timestamp_ms, SubEntryRecords(blob, count)
 
 
 def _error(error: errors.BrokerError, stored: bool) -> list[bytes]:

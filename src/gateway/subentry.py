@@ -30,6 +30,23 @@ MARKER_BYTES = b"\xa3" + bytes((len(MARKER_ANNOTATION),)) + MARKER_ANNOTATION.en
 per message on the producer's hot path)."""
 
 
+AS_IS_PROPERTY = "spate:sub-entries"
+"""Receiver link property: true asks for stored sub-entries as they are (one delivery each,
+`as_is_message`); the attach reply carries it (true) when the link gets them so."""
+_AS_IS_HEAD = codec.encode(
+    codec.Described(
+        codec.ULong(sections.MESSAGE_ANNOTATIONS), {codec.Symbol(MARKER_ANNOTATION): True}
+    )
+)
+
+
+def as_is_message(blob: bytes | memoryview) -> bytes:
+    """A stored sub-entry as the message a consumer asking for it receives (before its delivery
+    annotations, which name the offset of its first message): the envelope a producer sends,
+    without publishing id or filter values."""
+    return b"".join((_AS_IS_HEAD, b"\x00\x53\x75\xb0", len(blob).to_bytes(4, "big"), blob))
+
+
 class Refused(ValueError):
     """A sub-entry envelope the gateway refuses; `condition` is the AMQP error condition."""
 
@@ -48,6 +65,8 @@ class Envelope:
     publishing_id: int | None
     filter_values: list[str | None]
     """One per message (None: the message has none); all None when the envelope has none."""
+    messages: list[bytes]
+    """The messages, unpacked and checked."""
 
 
 def parse(stored: bytes) -> Envelope | None:
@@ -107,6 +126,7 @@ def parse(stored: bytes) -> Envelope | None:
         header.uncompressed_length,
         publishing_id,
         _filter_values(annotations.get(FILTER_VALUES_ANNOTATION), header.count),
+        messages,
     )
 
 

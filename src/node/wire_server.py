@@ -45,6 +45,7 @@ from spate.core.errors import (
 )
 from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.subentry import SubEntryRecords
 from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.transport import read_frame
 
@@ -512,6 +513,17 @@ class WireSession:
             for chunk in chunks:
                 first = int(chunk.first_offset)
                 records = chunk.records
+                if isinstance(records, SubEntryRecords) and first == state.next_offset:
+                    # whole and compressed, never unpacked here (ADR 0017); may overrun the
+                    # credit by the sub-entry's size, as one record may overrun the frame bytes
+                    self.send(
+                        wire.encode_sub_entry(state.sub, first, chunk.timestamp_ms, records.blob)
+                    )
+                    state.next_offset = first + len(records)
+                    state.credit -= len(records)
+                    if state.credit <= 0:
+                        return
+                    continue
                 if first < state.next_offset:
                     records = records[state.next_offset - first :]
                     first = state.next_offset

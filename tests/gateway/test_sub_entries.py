@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 from proton import Message, symbol, ulong
+from spate.client import Consumer
 from spate.client.core import SubEntryBatch
 from spate.core import subentry
 from support.amqp_clients import (
@@ -219,3 +220,85 @@ def test_rhea_publishes_sub_entries_and_consumes_them_one_by_one(
     assert "unknown sub-entry codec 7" in publish["outcomes"][1]["description"]
     got = [(int(m["offset"]), m["body"]) for m in consumed["messages"]]
     assert got == list(enumerate(f"r{n}-{i}" for n in range(2) for i in range(3)))
+
+
+AS_IS = symbol("spate:sub-entries")
+
+
+def test_a_consumer_asking_for_sub_entries_gets_each_whole_and_compressed(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """`spate:sub-entries` = true: the stored sub-entry, byte for byte, in one delivery whose
+    offset is its first message's; plain messages around it as usual. A consumer starting
+    inside a sub-entry gets the messages from there one by one."""
+    stream = make_stream()
+    blob = bytes(subentry.encode(encoded([f"z{i}" for i in range(5)]), "zstd"))
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"))
+        for message in (Message(body="before"), envelope(blob), Message(body="after")):
+            assert sender.send(message, error_states=[]).remote_state == 36
+        receiver = conn.create_receiver(
+            stream,
+            name=unique("rx"),
+            credit=10,
+            options=[offset_filter("first"), LinkProperties({AS_IS: True})],
+        )
+        assert receiver.link.remote_properties[AS_IS] is True
+        got = receive(receiver, 3)
+        assert [int(da(m, "event-streams-offset")) for m in got] == [0, 1, 6]
+        assert got[0].body == "before" and got[2].body == "after"
+        assert got[1].annotations[symbol("x-opt-spate-sub-entry")] is True
+        assert bytes(got[1].body) == blob  # never re-encoded on the way
+        middle = conn.create_receiver(
+            stream,
+            name=unique("rx"),
+            credit=10,
+            options=[offset_filter(3), LinkProperties({AS_IS: True})],
+        )
+        assert [m.body for m in receive(middle, 4)] == ["z2", "z3", "z4", "after"]
+
+
+def test_spate_client_unpacks_sub_entries_it_asked_for(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    url = f"amqp://{gateway.host}:{gateway.port}"
+    with blocking(gateway) as conn:
+        sender = conn.create_sender(stream, name=unique("tx"))
+        for n, codec in enumerate(CODECS):
+            blob = subentry.encode(encoded([f"{codec}-{i}" for i in range(4)]), codec)
+            assert sender.send(envelope(bytes(blob)), error_states=[]).remote_state == 36
+            sender.send(Message(body=f"single-{n}"), error_states=[])
+    expected = [
+        body
+        for n, c in enumerate(CODECS)
+        for body in [*(f"{c}-{i}" for i in range(4)), f"single-{n}"]
+    ]
+    for as_is in (True, False):
+        with Consumer(url, stream, start="first", sub_entries=as_is, credit=8) as consumer:
+            events = [consumer.receive(timeout=10) for _ in expected]
+        assert [e.offset for e in events] == list(range(len(expected)))
+        assert [e.body for e in events] == expected
+    with Consumer(url, stream, start=6, sub_entries=True) as consumer:  # inside the second
+        assert [consumer.receive(timeout=10).body for _ in range(3)] == [
+            "gzip-1",
+            "gzip-2",
+            "gzip-3",
+        ]
+
+
+def test_named_consumers_get_the_messages_of_sub_entries_one_by_one(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """Offsets are tracked per delivery: a named consumer's link is not given sub-entries whole
+    even if it asks (the attach reply does not say it will)."""
+    stream = make_stream()
+    blob = bytes(subentry.encode(encoded(["n0", "n1", "n2"]), "lz4"))
+    with blocking(gateway) as conn:
+        conn.create_sender(stream, name=unique("tx")).send(envelope(blob), error_states=[])
+        named = LinkProperties({AS_IS: True, symbol("spate:consumer-name"): "reader"})
+        receiver = conn.create_receiver(
+            stream, name=unique("rx"), credit=10, options=[offset_filter("first"), named]
+        )
+        assert AS_IS not in (receiver.link.remote_properties or {})
+        assert [m.body for m in receive(receiver, 3)] == ["n0", "n1", "n2"]
