@@ -10,7 +10,9 @@ A session starts when a gateway passes the cluster-secret handshake on the repli
   outcome is APPENDED after the majority fsync, or FAILED with `stored=1` (may commit anyway).
 - SUBSCRIBE starts a reader at the largest of its offset specifications, answers STARTED and
   pushes committed records as RECORDS frames, at most `credit` records ahead of the CREDIT the
-  gateway grants back; any replica serves, up to its commit index.
+  gateway grants back; any replica serves, up to its commit index. A stored sub-entry goes
+  whole and compressed in a SUB_ENTRY frame (ADR 0017; it may overrun the credit by its size),
+  unless the reader starts inside it.
 - INFO and STREAM answer from the local replica and stream configuration.
 - GROUP is a member's call to its stream's consumer-group coordinator (ADR 0015), served when
   this node leads the stream's partition 0. The session keeps the members it joined, each with
