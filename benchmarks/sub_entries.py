@@ -6,7 +6,7 @@ for 100-byte JSON messages, plain and in sub-entries of each codec, on a three-n
   plain   W1: COUNT messages, one transfer each (spate.client AsyncProducer, window 10,000)
   <codec> W1: the same messages in sub-entries of SIZE (SubEntryBatch, window 10,000 / SIZE
           transfers, so as many messages are in flight), codec none | gzip | snappy | lz4 | zstd
-  then    storage: the partition's bytes on disk (`spate partition list`) per message;
+  then    storage: the partition's bytes on disk (`spate stream describe`) per message;
           W2: a consumer attached to a follower reads all from the first, one message per
           delivery (the sub-entries are unpacked for it: it is a plain AMQP consumer);
           W2 as is: the same with `sub_entries=True` (one delivery per sub-entry, unpacked by
@@ -36,7 +36,7 @@ from loadclient import emit, loadavg, log
 from spate.client.aio import AsyncConsumer, AsyncProducer, encode
 from spate.client.core import SubEntryBatch
 
-from cluster import Cluster
+from cluster import SPATE, Cluster, run
 
 CASES = ("plain", "none", "gzip", "snappy", "lz4", "zstd")
 WINDOW = 10_000
@@ -101,6 +101,15 @@ async def w2(url: str, stream: str, count: int, as_is: bool = False) -> float:
     return round(count / elapsed)
 
 
+def describe(c: Cluster, stream: str) -> dict[str, Any]:
+    """The leader's figures for partition 0 (`spate stream describe`: messages, bytes)."""
+    out = run(
+        [str(SPATE), "stream", "describe", stream, "--admin", c.admin, "--output", "json"], 60
+    )
+    partition: dict[str, Any] = json.loads(out)["partitions"][0]
+    return partition
+
+
 def one(c: Cluster, case: str, run: int, bodies: list[bytes], size: int) -> dict[str, Any]:
     stream = f"se-{case}-{run}"
     c.create_stream(stream, replicas=3)
@@ -109,7 +118,7 @@ def one(c: Cluster, case: str, run: int, bodies: list[bytes], size: int) -> dict
     host, port = c.amqp(leader)
     row: dict[str, Any] = {"case": case, "run": run, "count": len(bodies), "size": size}
     row |= asyncio.run(w1(f"amqp://{host}:{port}", stream, bodies, case, size))
-    stored = c.partitions(stream)[0]
+    stored = describe(c, stream)
     row["stored_bytes"] = int(stored["bytes"])
     row["stored_bytes_per_msg"] = round(int(stored["bytes"]) / len(bodies), 1)
     row["messages"] = int(stored["messages"])
