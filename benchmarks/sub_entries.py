@@ -3,6 +3,8 @@
 for 100-byte JSON messages, plain and in sub-entries of each codec, on a three-node cluster
 (3-replica streams, majority fsync before `accepted`).
 
+  native  W1 and W2 of workload.py (the native C client, random 100-byte bodies): the plain
+          path at full speed, for reference
   plain   W1: COUNT messages, one transfer each (spate.client AsyncProducer, window 10,000)
   <codec> W1: the same messages in sub-entries of SIZE (SubEntryBatch, window 10,000 / SIZE
           transfers, so as many messages are in flight), codec none | gzip | snappy | lz4 | zstd
@@ -10,7 +12,9 @@ for 100-byte JSON messages, plain and in sub-entries of each codec, on a three-n
           W2: a consumer attached to a follower reads all from the first, one message per
           delivery (the sub-entries are unpacked for it: it is a plain AMQP consumer);
           W2 as is: the same with `sub_entries=True` (one delivery per sub-entry, unpacked by
-          spate.client; credit 100 deliveries, i.e. 10,000 messages as for W2).
+          spate.client; credit 100 deliveries, i.e. 10,000 messages as for W2); W2 native:
+          workload.py's W2 (native C client, credit 10,000) on the same stream, where the
+          broker's unpacking, not the Python client, is what limits.
 
   python benchmarks/sub_entries.py [--runs 3] [--count 200000] [--size 100] [--out F]
 
@@ -32,13 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadclient import emit, loadavg, log
+import workload
+from loadclient import build_client, emit, loadavg, log
 from spate.client.aio import AsyncConsumer, AsyncProducer, encode
 from spate.client.core import SubEntryBatch
 
 from cluster import SPATE, Cluster, run
 
-CASES = ("plain", "none", "gzip", "snappy", "lz4", "zstd")
+CASES = ("native", "plain", "none", "gzip", "snappy", "lz4", "zstd")
 WINDOW = 10_000
 
 
@@ -110,13 +115,32 @@ def describe(c: Cluster, stream: str) -> dict[str, Any]:
     return partition
 
 
-def one(c: Cluster, case: str, run: int, bodies: list[bytes], size: int) -> dict[str, Any]:
+def native(binary: Path, c: Cluster, node: str, stream: str, *, count: int, phase: str) -> float:
+    host, port = c.amqp(node)
+    w = workload.Workload(stream=stream, count=count, label=f"spate/cluster3/sub-entries/{phase}")
+    target = workload.Target(host=host, port=port, peer="spate")
+    r = (workload.w1 if phase == "w1" else workload.w2)(binary, target, w)
+    return float(r["msgs_per_s"])
+
+
+def one(
+    c: Cluster, binary: Path, case: str, run: int, *, bodies: list[bytes], size: int
+) -> dict[str, Any]:
     stream = f"se-{case}-{run}"
     c.create_stream(stream, replicas=3)
     leader = c.leaders(stream)[0]
     follower = next(n for n in c.node_ids() if n != leader)
     host, port = c.amqp(leader)
     row: dict[str, Any] = {"case": case, "run": run, "count": len(bodies), "size": size}
+    if case == "native":
+        row["w1_msgs_per_s"] = native(binary, c, leader, stream, count=len(bodies), phase="w1")
+        row |= {k: v for k, v in describe(c, stream).items() if k in ("bytes", "messages")}
+        row["stored_bytes_per_msg"] = round(int(row["bytes"]) / len(bodies), 1)
+        row["w2_native_msgs_per_s"] = native(
+            binary, c, follower, stream, count=len(bodies), phase="w2"
+        )
+        row["load"] = loadavg()
+        return row
     row |= asyncio.run(w1(f"amqp://{host}:{port}", stream, bodies, case, size))
     stored = describe(c, stream)
     row["stored_bytes"] = int(stored["bytes"])
@@ -127,6 +151,7 @@ def one(c: Cluster, case: str, run: int, bodies: list[bytes], size: int) -> dict
     if case != "plain":
         url = f"amqp://{host}:{port}"
         row["w2_as_is_msgs_per_s"] = asyncio.run(w2(url, stream, len(bodies), as_is=True))
+    row["w2_native_msgs_per_s"] = native(binary, c, follower, stream, count=len(bodies), phase="w2")
     row["load"] = loadavg()
     return row
 
@@ -139,12 +164,13 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     bodies = json_bodies(a.count)
+    binary = build_client()
     rows: list[dict[str, Any]] = []
     with Cluster(3) as c:
         for run in range(a.runs):
             order = CASES[run % len(CASES) :] + CASES[: run % len(CASES)]
             for case in order:
-                row = one(c, case, run, bodies, a.size)
+                row = one(c, binary, case, run, bodies=bodies, size=a.size)
                 emit(row, a.out)
                 rows.append(row)
     log(f"medians of {a.runs}, load {loadavg()}")
@@ -154,6 +180,7 @@ def main() -> None:
         "w1_client_cpu_us_per_msg",
         "w2_msgs_per_s",
         "w2_as_is_msgs_per_s",
+        "w2_native_msgs_per_s",
     )
     print("| case | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
@@ -161,7 +188,7 @@ def main() -> None:
         mine = [r for r in rows if r["case"] == case]
         cells = [
             f"{statistics.median(r[k] for r in mine):g}" if k in mine[0] else "-" for k in keys
-        ]
+        ]  # (native: W1 and W2 of the C client)
         print(f"| {case} | " + " | ".join(cells) + " |")
 
 
