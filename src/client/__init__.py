@@ -19,6 +19,7 @@ machines), `engine` (the only module importing proton), `aio` (the asyncio shell
 """
 
 from spate.client.blocking import Consumer, GroupConsumer, Producer
+from spate.client.core import SubEntryBatch
 from spate.client.errors import (
     AttachRefused,
     ConnectionLost,
@@ -37,5 +38,6 @@ __all__ = [
     "GroupConsumer",
     "Producer",
     "PublishRefused",
+    "SubEntryBatch",
     "offset_filter",
 ]

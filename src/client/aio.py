@@ -43,6 +43,7 @@ from spate.client.core import (
     ProducerEffect,
     Reconnect,
     Start,
+    SubEntryBatch,
     credit_default,
     encode_data,
     window_default,
@@ -51,6 +52,7 @@ from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed
 from spate.client.event import Event
 from spate.core.ids import offset_from_symbol
 from spate.gateway import sections
+from spate.gateway import subentry as sub_entries
 
 __all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
 
@@ -64,6 +66,8 @@ P_CONSUMER_NAME = "spate:consumer-name"
 P_STORED_OFFSET = "spate:stored-offset"
 P_SINGLE_ACTIVE = "spate:single-active-consumer"
 P_ACTIVE = "spate:active"
+P_SUB_ENTRIES = sub_entries.AS_IS_PROPERTY
+SUB_ENTRY_MARKER = sub_entries.MARKER_BYTES
 A_PUBLISHING_ID = "x-opt-publishing-id"
 _MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
 """Message annotations {x-opt-publishing-id: ulong}, up to the 8 bytes of the id."""
@@ -73,7 +77,7 @@ _DA_SOURCE = "event-streams-source-partition"
 _DA_ASSOCIATED = "event-streams-associated-partitions-changed"
 _DA_ACTIVE = "spate:active"
 
-Body = bytes | bytearray | eng.Message
+Body = bytes | bytearray | eng.Message | SubEntryBatch
 """A body (framed as one data section) or a `proton.Message` (encoded by proton)."""
 Settle = Callable[[BaseException | None], None]
 Token = asyncio.Future[None] | Settle
@@ -89,6 +93,8 @@ def _now_ms() -> int:
 def encode(body: Body) -> bytes:
     if isinstance(body, bytes | bytearray):
         return encode_data(bytes(body))
+    if isinstance(body, SubEntryBatch):
+        return body.envelope()
     return eng.encode_message(body)
 
 
@@ -372,6 +378,8 @@ def _with_publishing_id(body: Body, publishing_id: int) -> bytes:
     """The message with its publishing id in the message annotations."""
     if isinstance(body, bytes | bytearray):
         return _MA_PUBLISHING_ID + publishing_id.to_bytes(8, "big") + encode_data(bytes(body))
+    if isinstance(body, SubEntryBatch):
+        return body.envelope(publishing_id)
     eng.annotate(body, A_PUBLISHING_ID, publishing_id)
     return eng.encode_message(body)
 
@@ -418,6 +426,7 @@ class AsyncConsumer:
         filter_values: Sequence[str] | None = None,
         match_unfiltered: bool = False,
         sql: str | None = None,
+        sub_entries: bool = False,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
         for a named consumer, else `next`). `credit`: messages in flight to this consumer plus
@@ -443,7 +452,12 @@ class AsyncConsumer:
         `filter_values` (`rabbitmq:stream-filter`, with `match_unfiltered` also messages without
         a value) and `sql` (an `event-streams-sql` expression) choose which messages it is
         sent (ADR 0016, docs/amqp.md "Filtering").
-        `sink` is for the blocking layer: events (and the final error) go there instead."""
+        `sink` is for the blocking layer: events (and the final error) go there instead.
+        `sub_entries` (unnamed, group-less consumers) asks for stored sub-entries as they are
+        (`spate:sub-entries`, ADR 0017): each arrives compressed in one delivery and is unpacked
+        here into its messages' events (offset = the first's + index; `raw` is the message
+        without delivery annotations); `credit` then counts deliveries, each up to 10,000
+        messages."""
         filters = eng.selection_filters(filter_values, match_unfiltered, sql)
         if commit not in ("auto", "manual"):
             raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
@@ -461,12 +475,17 @@ class AsyncConsumer:
             raise ValueError(
                 "start='stored', commit='manual' and single_active need a consumer name (name=...)"
             )
+        if sub_entries and (name is not None or group is not None):
+            raise ValueError("sub_entries is for unnamed consumers (offsets tracked per message)")
         if start is None:
             start = "next" if name is None and group is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
         self._handler, self._decode, self._sink = handler, decode, sink
         self._filters = filters
+        if sub_entries:
+            self._properties[P_SUB_ENTRIES] = True
+            self._sub_entries = True
         if name is not None:
             self._properties[P_CONSUMER_NAME] = name
             self.name, self._manual = name, commit == "manual"
@@ -512,6 +531,7 @@ class AsyncConsumer:
         self._password: str | None = None
         self._handler: Handler | None = None
         self._decode = False
+        self._sub_entries = False
         self._sink: Callable[[Event | BaseException], None] | None = None
         self._loop = asyncio.get_running_loop()
         self._events: collections.deque[Event | BaseException] = collections.deque()
@@ -613,8 +633,33 @@ class AsyncConsumer:
                 self.assignment = frozenset(int(p) for p in associated)
                 if self._on_assignment is not None:
                     self._on_assignment(self.assignment)
+        if self._sub_entries and SUB_ENTRY_MARKER in raw:
+            return self._on_sub_entry(raw, offset, stamp, source)
         if not self._core.on_message(offset, source):
             return None  # a repeat after resuming: already handed out
+        return self._hand_out(offset, stamp, source, raw)
+
+    def _on_sub_entry(self, raw: bytes, first: int, stamp: int, source: str | None) -> int | None:
+        """A stored sub-entry delivered as is: its messages, each handed out with its offset
+        (those at or below the last handed out skipped, as repeats are)."""
+        try:
+            envelope = sub_entries.parse(sections.scan_incoming(raw).stored)
+        except (sections.MalformedMessage, sub_entries.Refused) as error:
+            self._finish(ConnectionLost(f"a sub-entry at offset {first} is damaged: {error}"))
+            return None
+        if envelope is None:  # the marker's bytes in a plain message
+            if not self._core.on_message(first, source):
+                return None
+            return self._hand_out(first, stamp, source, raw)
+        handed = None
+        for i, message in enumerate(envelope.messages):
+            if self._closed:
+                break
+            if self._core.on_message(first + i, source):
+                handed = self._hand_out(first + i, stamp, source, message)
+        return handed
+
+    def _hand_out(self, offset: int, stamp: int, source: str | None, raw: bytes) -> int | None:
         if self._handler is not None:
             try:
                 self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)

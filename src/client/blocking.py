@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
 from spate.client.aio import AsyncConsumer, AsyncProducer, Body, Handler, encode
-from spate.client.core import credit_default, redirect_hops_max, window_default
+from spate.client.core import SubEntryBatch, credit_default, redirect_hops_max, window_default
 from spate.client.errors import ConnectionLost, ConsumerClosed
 from spate.client.event import Event
 
@@ -196,12 +196,32 @@ class Producer:
         """Send one message and wait for its confirm (raises its failure)."""
         self.send_async(body, publishing_id=publishing_id).result(self._confirm_timeout_s)
 
-    def send_batch(self, bodies: Iterable[Body], window: int | None = None) -> int:
+    def send_batch(
+        self,
+        bodies: Iterable[Body],
+        window: int | None = None,
+        *,
+        sub_entry_size: int = 1,
+        compression: str = "none",
+    ) -> int:
         """Send pipelined and wait for every confirm; returns how many were confirmed, or
         raises the first failure once all are settled. The batch is handed to the loop in as
         few turns as the window allows (one, when it fits), so it leaves in few writes and
         the node appends it as few chunks. `window` (optional) caps how many of these are
-        unconfirmed at once, below the producer's own window."""
+        unconfirmed at once, below the producer's own window.
+
+        `sub_entry_size` > 1 sends the messages `sub_entry_size` at a time as sub-entries
+        (ADR 0017), compressed with `compression` (none, gzip, snappy, lz4, zstd): each is one
+        transfer, one publishing id and one stored entry, and its messages keep an offset
+        each; the count returned is still of messages."""
+        if sub_entry_size > 1:
+            encoded = [encode(b) for b in bodies]
+            batches: list[Body] = [
+                SubEntryBatch(encoded[i : i + sub_entry_size], compression)
+                for i in range(0, len(encoded), sub_entry_size)
+            ]
+            self.send_batch(batches, window)
+            return len(encoded)
         datas: list[Any] = [(b, None) if self._named else encode(b) for b in bodies]
         futures: list[concurrent.futures.Future[None]] = []
         pending: list[tuple[Any, concurrent.futures.Future[None]]] = []
@@ -309,7 +329,10 @@ class Consumer:
         filter_values: Sequence[str] | None = None,
         match_unfiltered: bool = False,
         sql: str | None = None,
+        sub_entries: bool = False,
     ) -> None:
+        """As AsyncConsumer.connect; `sub_entries` receives stored sub-entries compressed, one
+        delivery each, and unpacks them here (ADR 0017)."""
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
         self._thread = _LoopThread.get()
@@ -341,6 +364,7 @@ class Consumer:
                 filter_values=filter_values,
                 match_unfiltered=match_unfiltered,
                 sql=sql,
+                sub_entries=sub_entries,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )

@@ -47,6 +47,8 @@ from spate.client.errors import (
     is_retryable,
     is_retryable_outcome,
 )
+from spate.core import subentry
+from spate.gateway import codec as amqp
 
 # Limits (named once, with their unit).
 redirect_hops_max = 5
@@ -424,3 +426,31 @@ def encode_data(body: bytes) -> bytes:
     if len(body) < 256:
         return _DATA_SHORT + bytes((len(body),)) + body
     return _DATA_LONG + len(body).to_bytes(4, "big") + body
+
+
+@dataclass(frozen=True, slots=True)
+class SubEntryBatch:
+    """Several messages sent as one sub-entry (ADR 0017, docs/amqp.md "Sub-entries"): the
+    encoded AMQP messages, compressed together with `compression` (none, gzip, snappy, lz4,
+    zstd). The broker stores it as one entry; each message keeps an offset of its own.
+    `filter_values` (one string or None per message) travel outside the compressed data."""
+
+    messages: Sequence[bytes]
+    compression: str = "none"
+    filter_values: Sequence[str | None] | None = None
+
+    def envelope(self, publishing_id: int | None = None) -> bytes:
+        """The message to transfer: message annotations {x-opt-spate-sub-entry: true,
+        [x-opt-publishing-id: ulong], [x-opt-spate-filter-values: [...]]} and one data
+        section holding the sub-entry."""
+        blob = subentry.encode(self.messages, self.compression)
+        annotations: dict[Any, Any] = {amqp.Symbol("x-opt-spate-sub-entry"): True}
+        if publishing_id is not None:
+            annotations[amqp.Symbol("x-opt-publishing-id")] = amqp.ULong(publishing_id)
+        if self.filter_values is not None:
+            if len(self.filter_values) != len(self.messages):
+                raise ValueError("one filter value (or None) per message")
+            annotations[amqp.Symbol("x-opt-spate-filter-values")] = list(self.filter_values)
+        return amqp.encode(amqp.Described(amqp.ULong(0x72), annotations)) + amqp.encode(
+            amqp.Described(amqp.ULong(0x75), bytes(blob))
+        )

@@ -10,6 +10,13 @@ chunk_records_max = 10_000
 chunk_bytes_max = 8 * 1024 * 1024
 """Largest chunk payload; one producer batch is cut into chunks no bigger than this."""
 
+sub_entry_messages_max = 10_000
+"""Most messages one sub-entry (ADR 0017) may hold: it becomes one chunk, so at most
+chunk_records_max; RabbitMQ's layout has room for 65535 (u16)."""
+sub_entry_uncompressed_bytes_max = 8 * 1024 * 1024
+"""Largest uncompressed size a sub-entry may declare: what unpacking it for a plain consumer may
+allocate (the compressed transfer itself is at most message_bytes_max)."""
+
 partition_pending_appends_max = 100_000
 """Appends written but waiting for their fsync, per partition; past it, appends are refused
 (ResourceLimitExceeded, retryable)."""
@@ -85,6 +92,8 @@ connections_max = 4096
 listen_backlog = 1024
 
 assert chunk_bytes_max >= message_bytes_max, "one maximal message must fit in a chunk"
+assert sub_entry_messages_max <= min(chunk_records_max, 65535), "a sub-entry is one chunk (u16)"
+assert sub_entry_uncompressed_bytes_max >= message_bytes_max, "one maximal message fits"
 assert segment_bytes_min >= 4096
 assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
 assert frame_bytes_max > message_bytes_max

@@ -10,7 +10,8 @@ in SPEC_KINDS).
 kind  name        direction  body
  20   APPEND      g -> n     request u64 | group | epoch u64 (0: any) | count u32 |
                              producer str16 ("": none) | (id u64)* if producer |
-                             (length u32 | record)*
+                             (length u32 | record)*   (count bit 31 set: one record, a
+                             sub-entry, ADR 0017; count is then 1 | SUB_ENTRY_FLAG)
  21   APPENDED    n -> g     request u64 | first_offset u64
  22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec* |
                              [unfiltered u8 | count u16 | value str16 * count] (the link's
@@ -39,13 +40,17 @@ kind  name        direction  body
                              describe {"group": view | null}, view below)
  35   PING        g -> n     token u64   (the node answers PONG with the token at once)
  36   PONG        n -> g     token u64
+ 37   SUB_ENTRY   n -> g     sub u32 | first_offset u64 | timestamp_ms u64 | sub-entry (the rest)
+                             (a stored sub-entry whole, as RECORDS of its record_count
+                             messages would carry them; ADR 0017)
 error = code str8 (ErrorCode value) | stored u8 | leader str8 | host str8 | port u16 |
         message (UTF-8, rest of the frame)
 ```
 
 `stored` on a failed APPEND: 0 when the node refused it before proposing (nothing was written:
 the gateway may send it to the new leader), 1 when its outcome is unknown (it may commit).
-Records are the producers' encoded AMQP messages, carried byte for byte.
+Records are the producers' encoded AMQP messages, carried byte for byte; an APPEND flagged
+SUB_ENTRY_FLAG carries one sub-entry (spate.core.subentry), stored as one sub-entry chunk.
 
 GROUP carries a member's call to its stream's consumer-group coordinator (ADR 0015,
 spate.core.coordination) at the leader of the stream's partition 0: `settings` on a join,
@@ -107,13 +112,17 @@ from spate.core.ids import (
     StreamName,
 )
 from spate.core.streams import Retention, StreamConfig
+from spate.core.subentry import SubEntry, SubEntryError, SubEntryRecords, parse_header
 
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
+SUB_ENTRY_FLAG = 1 << 31
+"""APPEND's count with this bit: the one record is a sub-entry (ADR 0017)."""
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
 PRODUCER = 32
 CONSUMER = 33
 GROUP = 34
 PING, PONG = 35, 36
+SUB_ENTRY = 37
 KEEPALIVE_S = 1.0
 """A gateway pings each node session this often, so that an idle session still carries a
 frame each way; silence then means a dead, paused or cut-off peer (ADR 0008, "Liveness")."""
@@ -224,7 +233,10 @@ def encode_append(
     records: Sequence[bytes | memoryview],
     producer: PublishingIds | None = None,
 ) -> bytes:
-    head = _APPEND_HEAD.pack(request, epoch, len(records))
+    count = len(records)
+    if count == 1 and isinstance(records[0], SubEntry):
+        count |= SUB_ENTRY_FLAG
+    head = _APPEND_HEAD.pack(request, epoch, count)
     if producer is None:
         return frame(APPEND, group(key), head, b"\0\0", *_records(records))
     assert len(producer.ids) == len(records)
@@ -239,6 +251,9 @@ def decode_append(
     reader = Reader(body)
     key = reader.group()
     request, epoch, count = reader.unpack(_APPEND_HEAD)
+    sub_entry = count == 1 | SUB_ENTRY_FLAG
+    if sub_entry:
+        count = 1
     (length,) = reader.unpack(_U16)
     producer = None
     if length:
@@ -247,6 +262,8 @@ def decode_append(
         producer = PublishingIds(name, ids)
     records = _unrecords(reader, count)
     reader.done()
+    if sub_entry:
+        records = [SubEntry(records[0])]
     return request, key, epoch, records, producer
 
 
@@ -487,6 +504,28 @@ def decode_records(body: memoryview) -> tuple[int, int, int, list[bytes]]:
     records = _unrecords(reader, count)
     reader.done()
     return sub, first, timestamp_ms, records
+
+
+_SUB_ENTRY_HEAD = struct.Struct(">IQQ")
+
+
+def encode_sub_entry(
+    sub: int, first_offset: int, timestamp_ms: int, blob: bytes | memoryview
+) -> bytes:
+    return frame(SUB_ENTRY, _SUB_ENTRY_HEAD.pack(sub, first_offset, timestamp_ms), blob)
+
+
+def decode_sub_entry(body: memoryview) -> tuple[int, int, int, SubEntryRecords]:
+    """The pushed sub-entry as the records it holds (its header checked, nothing unpacked)."""
+    reader = Reader(body)
+    sub, first, timestamp_ms = reader.unpack(_SUB_ENTRY_HEAD)
+    blob = bytes(reader.rest())
+    reader.done()
+    try:
+        count = parse_header(blob).count
+    except SubEntryError as error:
+        raise CodecError(f"SUB_ENTRY: {error}") from error
+    return sub, first, timestamp_ms, SubEntryRecords(blob, count)
 
 
 def _error(error: errors.BrokerError, stored: bool) -> list[bytes]:

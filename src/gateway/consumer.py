@@ -33,7 +33,9 @@ from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
+from spate.core.subentry import SubEntryRecords
 from spate.gateway import codec, info, links, sections
+from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
 from spate.gateway.tracking import OffsetTracker
@@ -73,6 +75,9 @@ class ConsumerLink:
     associated: list[str] | None = None
     """A group link: the next delivery carries `event-streams-associated-partitions-changed`
     with these partitions (000 §4.6.5)."""
+    sub_entries: bool = False
+    """It asked for stored sub-entries as they are (`spate:sub-entries`, ADR 0017): each is
+    one delivery (`_send_sub_entry`). Plain unnamed links only; others get the messages."""
 
 
 @dataclass
@@ -149,12 +154,15 @@ class ConsumerPart:
             link.source.filter.put_object(
                 {key: original[key] for key in original if key in plan.selection.echoed_keys}
             )
+        as_is = wants_sub_entries(link, plan)
+        if as_is:
+            answer = {**(answer or {}), symbol(sub_entries.AS_IS_PROPERTY): True}
         if answer is not None:
             link.properties = answer
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
-        state = ConsumerLink(link, link._impl, plan, presettled)
+        state = ConsumerLink(link, link._impl, plan, presettled, sub_entries=as_is)
         self.links[link._impl] = state
         if plan.name is not None and not presettled:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
@@ -661,9 +669,13 @@ class ConsumerPart:
             tag = consumer.tag
             sent = 0
             runs_sent = []
-            for run in plan.take(room):
+            for run in plan.take(room, consumer.sub_entries):
                 source = run.cursor.symbol if plan.tag_source_partition else None
                 prefix, suffix = parts(run.timestamp_ms, source)
+                if consumer.sub_entries and isinstance(run.records, SubEntryRecords):
+                    tag = self._send_sub_entry(consumer, run, tag, prefix, suffix)
+                    sent += 1
+                    continue
                 outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
                 if consumer.announce:  # the first delivery since it took over says so
                     consumer.announce = False
@@ -690,6 +702,23 @@ class ConsumerPart:
                 lib.pn_link_drained(lp)
         if more:
             self.host.schedule_pump()  # another turn, after other connections had theirs
+
+    def _send_sub_entry(
+        self, consumer: ConsumerLink, run: Any, tag: int, prefix: bytes, suffix: bytes
+    ) -> int:
+        """A stored sub-entry, whole and still compressed, as one delivery whose offset
+        annotation is its first message's (ADR 0017); returns the last tag used."""
+        assert isinstance(run.records, SubEntryRecords) and consumer.tracker is None
+        message = sub_entries.as_is_message(run.records.blob)
+        out = sections.splice_run([message], run.first_offset, prefix, suffix)[0]
+        tag += 1
+        _TAG.pack_into(self._tag_view, 0, tag)
+        delivery = lib.pn_delivery(consumer.pointer, self._tag_value)
+        lib.pn_link_send(consumer.pointer, out, len(out))
+        lib.pn_link_advance(consumer.pointer)
+        if consumer.presettled:
+            lib.pn_delivery_settle(delivery)
+        return tag
 
     def _send_member(self, consumer: ConsumerLink, room: int) -> int:
         """A group member's sends: each run's deliveries tagged with its partition and that
@@ -859,3 +888,19 @@ def data_object(data: Data) -> Any:
     value = data.get_object()
     data.rewind()
     return value
+
+
+def wants_sub_entries(link: Link, plan: links.ConsumerPlan) -> bool:
+    """The link asked for sub-entries as they are and may have them: a plain consumer (no
+    name, group or single active consumer, whose offsets are tracked per delivery) without a
+    filter choosing messages (ADR 0016: it would be sent the others of a sub-entry too)."""
+    properties = link.remote_properties or {}
+    if properties.get(symbol(sub_entries.AS_IS_PROPERTY)) is not True:
+        return False
+    return (
+        plan.name is None
+        and plan.group is None
+        and plan.coordinator is None
+        and not plan.member
+        and plan.selection.filter is None
+    )

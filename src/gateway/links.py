@@ -28,6 +28,7 @@ from spate.core.errors import (
 )
 from spate.core.ids import Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.subentry import SubEntryRecords
 from spate.core.superstreams import SuperStream
 from spate.gateway.filters import MessageFilter, StartSelection, chunk_filter_of, parse_filters
 
@@ -416,11 +417,14 @@ class Cursor:
             return False  # the claim's node is silent: nothing until it is heard (ADR 0008)
         return bool(self.pending) or self.next_offset < self.partition.end_offset()
 
-    def take(self, count: int, chosen: MessageFilter | None = None) -> list[Run]:
+    def take(
+        self, count: int, chosen: MessageFilter | None = None, whole: bool = False
+    ) -> list[Run]:
         """Runs holding up to `count` records from the next offset on, in log order; none
         while a consumer group's claim cannot be known to be ours (`Partition.in_contact`).
         With `chosen` (ADR 0016), only the messages it selects: a run is consecutive offsets,
-        so a chunk may give several."""
+        so a chunk may give several. `whole`: a run of a stored sub-entry (ADR 0017) counts as
+        one and is never cut (its consumer receives it as is; never with `chosen`)."""
         if not (self.owner or self.partition).in_contact():
             return []
         pending = self.pending
@@ -448,7 +452,7 @@ class Cursor:
         out: list[Run] = []
         while pending and count > 0:
             run = pending[0]
-            size = len(run.records)
+            size = 1 if whole and isinstance(run.records, SubEntryRecords) else len(run.records)
             if size <= count:
                 out.append(pending.popleft())
                 count -= size
@@ -502,8 +506,9 @@ class ConsumerPlan:
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
 
-    def take(self, count: int) -> list[Run]:
-        """Runs holding up to `count` records in all, taking turns between partitions."""
+    def take(self, count: int, whole: bool = False) -> list[Run]:
+        """Runs holding up to `count` records in all, taking turns between partitions
+        (`whole`: as in `Cursor.take`)."""
         out: list[Run] = []
         taken = 0
         idle = 0
@@ -511,10 +516,12 @@ class ConsumerPlan:
             cursor = self.cursors[self.turn % len(self.cursors)]
             self.turn += 1
             share = max((count - taken) // len(self.cursors), 1)
-            got = cursor.take(share, self.selection.filter)
+            got = cursor.take(share, self.selection.filter, whole)
             idle = 0 if got else idle + 1
             for run in got:
-                taken += len(run.records)
+                taken += (
+                    1 if whole and isinstance(run.records, SubEntryRecords) else len(run.records)
+                )
             out += got
         return out
 

@@ -18,6 +18,11 @@ A named producer link (`spate:producer-name`, ADR 0011) also reads each message'
 previous, is rejected with amqp:invalid-field. When one of its appends fails, the link is
 detached with the error: what is stored of a producer must stay a prefix of what it sent, so
 the producer re-attaches, reads `spate:last-publishing-id` and resends from there.
+
+A sub-entry (ADR 0017: a message annotated `x-opt-spate-sub-entry`, found by one `in` per
+message) is checked whole by `spate.gateway.subentry.parse` (`_accept_sub_entry`) and batched
+as one `SubEntry` record; `flush` appends each sub-entry alone (`chunk_bounds`), so the node
+stores it as one sub-entry chunk. A refused one is rejected alone; the link goes on.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from spate.core import limits
 from spate.core.backend import Partition, PublishingIds
 from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
+from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
 from spate.gateway import links, sections
+from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,8 @@ class ProducerLink:
     """Super-stream links: the bytes before the group key's value in the last message whose
     key was read the slow way (`sections.group_key_at`, ADR 0014); a plain message starting
     with them has its key's str8/sym8 at `len(key_prefix)`. `01` matches no plain message."""
+    sub_entries: bool = False
+    """A SubEntry is among this turn's records (`chunk_bounds` then appends each alone)."""
     id_section: int = -1
     """Named links: where the message-annotations section starts in a message starting with
     `id_prefix` when the publishing id is all it holds (-1: it holds more): such messages are
@@ -172,6 +181,7 @@ class ProducerPart:
         keyed = topology is None and producer.plan.bound is None
         routed = producer.routed
         id_at = sections.ULONG.unpack_from
+        sub_marker = sub_entries.MARKER_BYTES
         got = 0
         while True:
             cur = current(lp)
@@ -197,6 +207,11 @@ class ProducerPart:
                 size = 0  # an empty transfer: not a message, scan_incoming says why
             raw = unpack(buf, size)
             advance(lp)
+            if sub_marker in raw and self._accept_sub_entry(producer, cur, raw):
+                got += 1
+                if producer.closed:
+                    break
+                continue
             if route_key is not None:
                 got += 1
                 prefix = producer.key_prefix
@@ -302,6 +317,54 @@ class ProducerPart:
         else:
             self._reject(delivery, error)
         return None
+
+    def _accept_sub_entry(self, producer: ProducerLink, delivery: Any, raw: bytes) -> bool:
+        """A message holding the sub-entry marker's bytes: False when it is no sub-entry after
+        all (the caller goes on with it); else it is batched as one SubEntry record, or
+        rejected (only it: the link goes on)."""
+        try:
+            envelope = sub_entries.parse(sections.scan_incoming(raw).stored)
+        except sections.MalformedMessage:
+            return False  # not even a message: the usual path names the error
+        except sub_entries.Refused as err:
+            self._reject(delivery, plain(err.condition, str(err)))
+            return True
+        if envelope is None:
+            return False
+        if producer.plan.super_stream is not None:
+            self._reject(
+                delivery,
+                plain(
+                    INVALID_FIELD,
+                    "a super stream routes each message by its key: send sub-entries on a "
+                    "link to one of its partitions",
+                ),
+            )
+            return True
+        if producer.presettled or lib.pn_delivery_settled(delivery):
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        else:
+            self.unconfirmed += 1
+        if producer.name is not None:
+            publishing_id = envelope.publishing_id
+            if publishing_id is None or publishing_id <= producer.last_id:
+                problem = (
+                    f"a sub-entry on producer link {producer.link.name!r} (named "
+                    f"{producer.name!r}) needs an '{links.PUBLISHING_ID_ANNOTATION}' above "
+                    f"{producer.last_id}, the previous one on this link"
+                )
+                if delivery is None:
+                    self.host.end_producer(producer, plain(INVALID_FIELD, problem))
+                else:
+                    self._reject_counted(delivery, plain(INVALID_FIELD, problem))
+                return True
+            producer.last_id = publishing_id
+            producer.ids.append(publishing_id)
+        producer.records.append(envelope.blob)
+        producer.deliveries.append(delivery)
+        producer.sub_entries = True
+        return True
 
     def _discard_aborted(self, producer: ProducerLink, delivery: Any) -> None:
         producer.oversize.discard(delivery)
@@ -479,8 +542,9 @@ class ProducerPart:
                 else:
                     routed[0].extend(records)
                     routed[1].extend(deliveries)
+            split, producer.sub_entries = producer.sub_entries, False
             for pid, (batch_records, batch_deliveries) in batches.items():
-                for start, end in chunk_bounds(batch_records):
+                for start, end in chunk_bounds(batch_records, split):
                     self._append(
                         producer, pid, batch_records[start:end], batch_deliveries[start:end]
                     )
@@ -505,9 +569,10 @@ class ProducerPart:
         if not records:
             return
         producer.records, producer.deliveries, producer.ids = [], [], []
+        split, producer.sub_entries = producer.sub_entries, False
         pid = producer.plan.bound
         assert pid is not None and producer.name is not None
-        for start, end in chunk_bounds(records):
+        for start, end in chunk_bounds(records, split):
             if producer.closed:  # an append failed at once: the link has ended
                 self._drop(deliveries[start:])
                 break
@@ -610,17 +675,23 @@ def keyed_partition(plan: links.ProducerPlan, stored: bytes) -> PartitionId | No
     return PartitionId(hash_partition(routing_key(group_key, None), plan.partitions))
 
 
-def chunk_bounds(records: list[bytes]) -> list[tuple[int, int]]:
+def chunk_bounds(records: list[bytes], sub_entries: bool = False) -> list[tuple[int, int]]:
     """Cut one batch into chunks within limits.chunk_records_max / chunk_bytes_max:
-    [(start, end), ...] index ranges."""
+    [(start, end), ...] index ranges. With `sub_entries`, every SubEntry record is a range of
+    its own (one append, one sub-entry chunk; ADR 0017)."""
     records_max, bytes_max = limits.chunk_records_max, limits.chunk_bytes_max
-    if len(records) <= records_max and sum(map(len, records)) <= bytes_max:
+    if not sub_entries and len(records) <= records_max and sum(map(len, records)) <= bytes_max:
         return [(0, len(records))]
     bounds: list[tuple[int, int]] = []
     start = 0
     size = 0
     for i, record in enumerate(records):
-        if i > start and (i - start >= records_max or size + len(record) > bytes_max):
+        if sub_entries and (isinstance(record, SubEntry) or isinstance(records[i - 1], SubEntry)):
+            if i > start:
+                bounds.append((start, i))
+                start = i
+                size = 0
+        elif i > start and (i - start >= records_max or size + len(record) > bytes_max):
             bounds.append((start, i))
             start = i
             size = 0

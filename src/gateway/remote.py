@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spate.core import frames, limits, wire
+from spate.core import frames, limits, subentry, wire
 from spate.core.backend import (
     Attached,
     ChunkView,
@@ -251,6 +251,11 @@ class NodeSession:
             reader = self.readers.get(sub)
             if reader is not None:
                 reader.pushed(first, timestamp_ms, records)
+        elif kind == wire.SUB_ENTRY:  # a stored sub-entry, still compressed (ADR 0017)
+            sub, first, timestamp_ms, entry = wire.decode_sub_entry(body)
+            reader = self.readers.get(sub)
+            if reader is not None:
+                reader.pushed(first, timestamp_ms, entry)
         elif kind == wire.FAILED:
             request, error, stored = wire.decode_failed(body)
             pending = self.appends.pop(request, None)
@@ -852,7 +857,8 @@ class RemoteWriter(_PartitionBase):
 class _Buffered:
     first: int
     timestamp_ms: int
-    records: list[bytes]
+    records: Sequence[bytes]
+    """Pushed records, or a SubEntryRecords (unpacked only if a reader slices it)."""
 
 
 @dataclass
@@ -954,7 +960,7 @@ class RemoteReader(_PartitionBase):
         finally:
             self._task = None
 
-    def pushed(self, first: int, timestamp_ms: int, records: list[bytes]) -> None:
+    def pushed(self, first: int, timestamp_ms: int, records: Sequence[bytes]) -> None:
         if not records:  # a skip mark: the node passed over chunks the filter rules out
             if first > self.end:
                 self.buffer.append(_Buffered(first, timestamp_ms, []))
@@ -985,7 +991,7 @@ class RemoteReader(_PartitionBase):
             if item.first + len(item.records) <= start and item.records:
                 continue  # below the reader: let go
             out.append(ChunkView(Offset(item.first), item.timestamp_ms, item.records))
-            size += sum(len(r) for r in item.records)
+            size += subentry.stored_bytes(item.records)
         if handed:
             self._buffered_records -= handed
             state = self.subscription

@@ -10,7 +10,9 @@ A session starts when a gateway passes the cluster-secret handshake on the repli
   outcome is APPENDED after the majority fsync, or FAILED with `stored=1` (may commit anyway).
 - SUBSCRIBE starts a reader at the largest of its offset specifications, answers STARTED and
   pushes committed records as RECORDS frames, at most `credit` records ahead of the CREDIT the
-  gateway grants back; any replica serves, up to its commit index.
+  gateway grants back; any replica serves, up to its commit index. A stored sub-entry goes
+  whole and compressed in a SUB_ENTRY frame (ADR 0017; it may overrun the credit by its size),
+  unless the reader starts inside it.
 - INFO and STREAM answer from the local replica and stream configuration.
 - GROUP is a member's call to its stream's consumer-group coordinator (ADR 0015), served when
   this node leads the stream's partition 0. The session keeps the members it joined, each with
@@ -46,6 +48,7 @@ from spate.core.errors import (
 from spate.core.filtering import ChunkFilter, ValueFilter
 from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.core.subentry import SubEntryRecords
 from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.transport import read_frame
 
@@ -540,6 +543,17 @@ class WireSession:
                     if first > state.next_offset:
                         self.send(wire.encode_records(state.sub, first, chunk.timestamp_ms, []))
                         state.next_offset = first
+                    continue
+                if isinstance(records, SubEntryRecords) and first == state.next_offset:
+                    # whole and compressed, never unpacked here (ADR 0017); may overrun the
+                    # credit by the sub-entry's size, as one record may overrun the frame bytes
+                    self.send(
+                        wire.encode_sub_entry(state.sub, first, chunk.timestamp_ms, records.blob)
+                    )
+                    state.next_offset = first + len(records)
+                    state.credit -= len(records)
+                    if state.credit <= 0:
+                        return
                     continue
                 if first < state.next_offset:
                     records = records[state.next_offset - first :]

@@ -8,7 +8,9 @@
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k;
 //       window: at most this many unconfirmed; hold_after: send only the first n and never end
 //       (the test kills the process); progress_every: a line {progress: {sent, outcomes,
-//       accepted}} every n outcomes and when holding (the report stays the last line)
+//       accepted}} every n outcomes and when holding (the report stays the last line);
+//       sub_entries: [hex] instead of bodies: message k is a sub-entry (ADR 0017), its body
+//       one data section holding those bytes, annotated x-opt-spate-sub-entry = true
 //   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition, active}],
 //       attach_properties; the step ends when the broker answered the detach; `exact`: credit
 //       for `count` deliveries only (a named consumer then stores exactly what it took)
@@ -122,6 +124,7 @@ function runStep(i) {
   const next = () => runStep(i + 1);
   const name = "link-" + (++linkCounter);
   if (step.op === "publish") {
+    if (step.sub_entries) step.bodies = step.sub_entries;
     if (!Array.isArray(step.bodies)) {
       const { prefix, count } = step.bodies;
       step.bodies = Array.from({ length: count }, (_, k) => prefix + k);
@@ -142,9 +145,13 @@ function runStep(i) {
     };
     const pump = () => {
       while (sender.sendable() && sent < limit && !(sent - out.outcomes.length >= step.window)) {
-        const message = { body: step.bodies[sent] };
+        const message = step.sub_entries
+          ? { body: rhea.message.data_section(Buffer.from(step.sub_entries[sent], "hex")),
+              message_annotations: { "x-opt-spate-sub-entry": true } }
+          : { body: step.bodies[sent] };
         if (step.first_publishing_id !== undefined) {
-          message.message_annotations = { "x-opt-publishing-id": types.wrap_ulong(step.first_publishing_id + sent) };
+          message.message_annotations = Object.assign(message.message_annotations || {},
+            { "x-opt-publishing-id": types.wrap_ulong(step.first_publishing_id + sent) });
         }
         if (step.group_keys && step.group_keys[sent] !== null && step.group_keys[sent] !== undefined) {
           message.message_annotations = Object.assign(message.message_annotations || {},

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import claiming, filtering, groups, ownership, superstreams
+from spate.core import claiming, filtering, groups, ownership, subentry, superstreams
 from spate.core.active import ActiveGroups, Conflict
 from spate.core.backend import (
     Attached,
@@ -53,7 +53,8 @@ FSYNC_DELAY_S = 0.002
 class _Chunk:
     first_offset: int
     timestamp_ms: int
-    records: list[bytes]
+    records: Sequence[bytes]
+    """The messages; a sub-entry's (ADR 0017) as a SubEntryRecords, unpacked when read."""
     producer: tuple[bytes, int] | None = None  # (name, last publishing id)
 
 
@@ -183,8 +184,13 @@ class MemoryPartition(LocalPartition):
                 self.assigned_ids[producer.name] = kept[-1][1]
         # a batch of duplicates is an empty chunk: it resolves after the appends before it
         first = self.assigned_end
-        self.assigned_end += len(records)
-        chunk = _Chunk(first, self.clock_ms(), [bytes(r) for r in records], named)
+        stored: Sequence[bytes] = [bytes(r) for r in records]
+        if len(records) == 1 and isinstance(records[0], subentry.SubEntry):
+            stored = subentry.SubEntryRecords(
+                bytes(records[0]), subentry.parse_header(records[0]).count
+            )
+        self.assigned_end += len(stored)
+        chunk = _Chunk(first, self.clock_ms(), stored, named)
         if self.commit_delay_s is None:
             self.held.append((chunk, future))
         else:
@@ -230,14 +236,19 @@ class MemoryPartition(LocalPartition):
                 continue
             if out and size >= max_bytes:
                 break
-            section = filtering.build(
-                [filtering.filter_value(r) for r in chunk.records], filtering.SIZE_BYTES_DEFAULT
-            )  # the Bloom filter the node stores with each chunk (ADR 0016)
+            section = (
+                None
+                if isinstance(chunk.records, subentry.SubEntryRecords)
+                else filtering.build(
+                    [filtering.filter_value(r) for r in chunk.records],
+                    filtering.SIZE_BYTES_DEFAULT,
+                )
+            )  # the Bloom filter the node stores with each chunk (ADR 0016; none for sub-entries)
             chosen = None if section is None else filtering.decode(section, 0, len(section))[0]
             out.append(
                 ChunkView(Offset(chunk.first_offset), chunk.timestamp_ms, chunk.records, chosen)
             )
-            size += sum(len(r) for r in chunk.records)
+            size += subentry.stored_bytes(chunk.records)
         return out
 
     def resolve(self, spec: OffsetSpec) -> Offset:
@@ -272,7 +283,7 @@ class MemoryPartition(LocalPartition):
             first_timestamp_ms=None if empty else self.chunks[0].timestamp_ms,
             last_timestamp_ms=None if empty else self.chunks[-1].timestamp_ms,
             messages=self.committed_end,
-            bytes=sum(len(r) for c in self.chunks for r in c.records),
+            bytes=sum(subentry.stored_bytes(c.records) for c in self.chunks),
             segments=1,
             leader=self.node,
         )

@@ -13,7 +13,8 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
       4    4 crc32c          CRC32C (Castagnoli) of bytes [8, 56 + payload_length) of the chunk:
                              the rest of this header and the whole payload
       8    1 version         2
-      9    1 chunk_type      0 = user records (other values reserved: tracking, filters)
+      9    1 chunk_type      0 = user records; 1 = CHUNK_TYPE_SUB_ENTRY, a sub-entry chunk
+                             (below; ADR 0017); other values reserved
      10    2 flags           bit 0: FLAG_PRODUCER, the payload starts with a producer section
                              (spate.node.log.producers); bit 1: FLAG_TRACKING, a tracking
                              chunk (spate.node.log.tracking); bit 2: FLAG_FILTER, a filter
@@ -50,6 +51,13 @@ spate.core.filtering: `u8 size | u8 hashes | u8 unfiltered | size bytes`), then
 
 and nothing else: the section and the record lengths add up to exactly `payload_length`.
 
+A sub-entry chunk (chunk_type 1, ADR 0017) holds one producer batch stored as the producer sent
+it: after the producer section (with FLAG_PRODUCER), the payload is one sub-entry,
+spate.core.subentry's layout (11-byte header: codec, count, lengths; then the data, possibly
+compressed), with no record-length prefix, and `record_count` is the sub-entry's message count:
+message i has offset first_offset + i as in any chunk, so indexes, retention and replication
+need nothing new. The log never decompresses it; readers get a `SubEntryRecords`.
+
 A barrier chunk (record_count 0, payload_length 0) is the empty entry a new Raft leader appends
 at the start of its term: it carries the term (epoch) and Raft index into storage and holds no
 record; readers skip it.
@@ -81,13 +89,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
-from spate.core import filtering
+from spate.core import filtering, subentry
 from spate.core.ids import Offset
 from spate.node.log import producers, tracking
 
 MAGIC = b"SPCK"
 VERSION = 2
 CHUNK_TYPE_RECORDS = 0
+CHUNK_TYPE_SUB_ENTRY = 1
 FLAG_PRODUCER = 1
 FLAG_TRACKING = 2
 FLAG_FILTER = 4
@@ -113,6 +122,7 @@ class ChunkHeader:
     crc: int
     raft_index: int = 0
     flags: int = 0
+    chunk_type: int = CHUNK_TYPE_RECORDS
 
     @property
     def end_offset(self) -> Offset:
@@ -308,6 +318,49 @@ def encode_chunk_buffer(
     )
 
 
+def encode_sub_entry_chunk(
+    blob: bytes | memoryview,
+    first_offset: Offset,
+    timestamp_ms: int,
+    epoch: int,
+    raft_index: int = 0,
+    *,
+    producer: bytes | None = None,
+) -> tuple[bytes, ChunkHeader]:
+    """A sub-entry chunk holding `blob` (checked with subentry.parse_header: its header only)
+    byte for byte; `producer` as in encode_chunk."""
+    assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
+    count = subentry.parse_header(blob).count
+    flags = 0 if producer is None else FLAG_PRODUCER
+    payload = bytes(blob) if producer is None else producer + bytes(blob)
+    after_crc = _AFTER_CRC.pack(
+        VERSION,
+        CHUNK_TYPE_SUB_ENTRY,
+        flags,
+        count,
+        first_offset,
+        timestamp_ms,
+        epoch,
+        raft_index,
+        len(payload),
+        0,
+    )
+    crc = crc32c.crc32c(after_crc + payload)
+    data = b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
+    header = ChunkHeader(
+        first_offset,
+        count,
+        timestamp_ms,
+        epoch,
+        len(payload),
+        crc,
+        raft_index,
+        flags,
+        CHUNK_TYPE_SUB_ENTRY,
+    )
+    return data, header
+
+
 def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     """Parse and sanity-check the header at `position` (not the CRC: that needs the payload)."""
     if len(buffer) - position < HEADER_BYTES:
@@ -330,12 +383,15 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
         raise ChunkError(f"bad magic {bytes(magic)!r}")
     if (
         version != VERSION
-        or chunk_type != CHUNK_TYPE_RECORDS
+        or chunk_type not in (CHUNK_TYPE_RECORDS, CHUNK_TYPE_SUB_ENTRY)
         or flags & ~(FLAG_PRODUCER | FLAG_TRACKING | FLAG_FILTER)
         or reserved != 0
     ):
         raise ChunkError(f"unknown chunk version {version} type {chunk_type} flags {flags}")
-    if flags & FLAG_TRACKING:
+    if chunk_type == CHUNK_TYPE_SUB_ENTRY:
+        if flags & FLAG_TRACKING or count == 0 or payload_length < subentry.HEADER_BYTES:
+            raise ChunkError(f"impossible sub-entry chunk: {count} records, flags {flags}")
+    elif flags & FLAG_TRACKING:
         if flags != FLAG_TRACKING or count or payload_length == 0:
             raise ChunkError(f"impossible tracking chunk: {count} records, flags {flags}")
     elif (
@@ -345,7 +401,15 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     ):
         raise ChunkError(f"impossible chunk: {count} records in {payload_length} bytes")
     return ChunkHeader(
-        Offset(first_offset), count, timestamp_ms, epoch, payload_length, crc, raft_index, flags
+        Offset(first_offset),
+        count,
+        timestamp_ms,
+        epoch,
+        payload_length,
+        crc,
+        raft_index,
+        flags,
+        chunk_type,
     )
 
 
@@ -361,8 +425,10 @@ def check_crc(buffer: bytes | memoryview, position: int, header: ChunkHeader) ->
 
 def slice_records(
     buffer: bytes | memoryview, position: int, header: ChunkHeader
-) -> list[memoryview]:
-    """The records of the chunk at `position` as views into `buffer` (no copy, no decoding)."""
+) -> list[memoryview] | subentry.SubEntryRecords:
+    """The records of the chunk at `position` as views into `buffer` (no copy, no decoding);
+    a sub-entry chunk's as a `SubEntryRecords` over its sub-entry (header checked, nothing
+    decompressed)."""
     view = memoryview(buffer)
     cursor = position + HEADER_BYTES
     end = cursor + header.payload_length
@@ -370,6 +436,18 @@ def slice_records(
         if header.flags & FLAG_TRACKING:
             return []  # offsets, no records
         cursor = records_start(view, position, header)
+    if header.chunk_type == CHUNK_TYPE_SUB_ENTRY:
+        blob = view[cursor:end]
+        try:
+            count = subentry.parse_header(blob).count
+        except subentry.SubEntryError as error:
+            raise ChunkError(f"sub-entry chunk at offset {header.first_offset}: {error}") from error
+        if count != header.record_count:
+            raise ChunkError(
+                f"sub-entry chunk at offset {header.first_offset} holds {count} messages, "
+                f"its header says {header.record_count}"
+            )
+        return subentry.SubEntryRecords(blob, count)
     unpack = _RECORD_LENGTH.unpack_from
     records: list[memoryview] = []
     for _ in range(header.record_count):
@@ -388,7 +466,7 @@ def slice_records(
 
 def decode_chunk(
     buffer: bytes | memoryview, position: int = 0
-) -> tuple[ChunkHeader, list[memoryview]]:
+) -> tuple[ChunkHeader, list[memoryview] | subentry.SubEntryRecords]:
     """Header and records of the whole, CRC-checked chunk at `position`."""
     header = decode_header(buffer, position)
     check_crc(buffer, position, header)

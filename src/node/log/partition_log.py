@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from spate.core import filtering, limits
+from spate.core import filtering, limits, subentry
 from spate.core.backend import ChunkView, OffsetSpec, OffsetSpecKind
 from spate.core.errors import InvalidArgument, MessageSizeExceeded, StorageFailure
 from spate.core.filtering import ChunkFilter
@@ -275,7 +275,8 @@ class PartitionLog:
         epoch: int = 0,
         producer: tuple[bytes, Sequence[int]] | None = None,
     ) -> Offset:
-        """Write the records as one chunk (several if over the chunk limits), not synced.
+        """Write the records as one chunk (several if over the chunk limits), not synced; a
+        single `SubEntry` as one sub-entry chunk (ADR 0017).
 
         Returns the first record's offset. Raises MessageSizeExceeded for an oversized record
         and StorageFailure when the disk refuses (after which every append is refused).
@@ -310,6 +311,16 @@ class PartitionLog:
             timestamp_ms = last
         first = self.end_offset
         count = len(records)
+        if count == 1 and isinstance(records[0], subentry.SubEntry):
+            section = None if producer is None else encode_section(producer[0], producer[1][-1])
+            try:
+                data, header = chunk.encode_sub_entry_chunk(
+                    records[0], first, timestamp_ms, epoch, producer=section
+                )
+            except subentry.SubEntryError as error:
+                raise InvalidArgument(f"not a sub-entry: {error}") from error
+            self._write_chunk(data, header)
+            return first
         if (
             count <= config.chunk_records_max
             and sum(lengths) + chunk.RECORD_PREFIX_BYTES * count <= config.chunk_bytes_max
@@ -536,7 +547,12 @@ class PartitionLog:
                 try:
                     chunk.check_crc(buffer, at, header)
                     section = chunk.chunk_filter(buffer, at, header)
-                    wanted = where is None or not header.record_count or where(section)
+                    wanted = (
+                        where is None
+                        or not header.record_count
+                        or header.chunk_type == chunk.CHUNK_TYPE_SUB_ENTRY  # no Bloom filter
+                        or where(section)
+                    )
                     records = chunk.slice_records(buffer, at, header) if wanted else []
                 except ChunkError as error:
                     raise StorageFailure(

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spate.core import filtering
+from spate.core import filtering, subentry
 from spate.core.backend import (
     ChunkView,
     ConsumerOffset,
@@ -384,6 +384,8 @@ class Replica(LocalPartition):
             timestamp_ms = last_ts
         first = offset = self._next_offset()
         term = self.raft.term
+        if len(records) == 1 and isinstance(records[0], subentry.SubEntry):
+            return self._propose_sub_entry(records[0], timestamp_ms, first, producer, ids)
         start = 0
         index = 0
         while start < len(records):
@@ -427,6 +429,39 @@ class Replica(LocalPartition):
         (a substring search per record on streams nobody filters)."""
         values = [filtering.filter_value(r) for r in records]
         return filtering.build(values, self.store.config.filter_size_bytes)
+
+    def _propose_sub_entry(
+        self,
+        blob: subentry.SubEntry,
+        timestamp_ms: int,
+        first: Offset,
+        producer: bytes | None,
+        ids: Sequence[int] | None,
+    ) -> tuple[int, Term, Offset]:
+        """One sub-entry as one sub-entry chunk (ADR 0017): its header is checked, its data
+        stored as it came."""
+        term = self.raft.term
+        index = self.raft.log.last_index + 1
+        section = None
+        if producer is not None:
+            assert ids is not None and len(ids) == 1
+            section = producer_codec.encode_section(producer, ids[0])
+        try:
+            data, header = chunk_codec.encode_sub_entry_chunk(
+                blob, first, timestamp_ms, term, index, producer=section
+            )
+        except subentry.SubEntryError as error:
+            raise InvalidArgument(f"not a sub-entry: {error}") from error
+        result = self.raft.propose(data)
+        if not isinstance(result, Proposed):
+            raise result.error()
+        assert (result.index, result.term) == (index, term), (result, index, term)
+        if producer is not None:
+            assert ids is not None
+            self._proposed[producer] = ProducerState(
+                ids[0], index, term, timestamp_ms, header.end_offset - 1
+            )
+        return index, term, first
 
     def _next_offset(self) -> Offset:
         """End offset of the last entry in the core's log (barriers move no offset)."""
