@@ -26,7 +26,7 @@ demo: install
 	@$(PY) -m spate.cli.demo
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 check: install
 	$(VENV)/bin/ruff check src tests benchmarks tools

@@ -64,7 +64,7 @@ def regional(count: int, regions: tuple[str | None, ...]) -> list[Message]:
 
 
 def consume_all(
-    gateway: RunningGateway, stream: str, filters: dict[Any, Any], *, settle_s: float = 0.6
+    gateway: RunningGateway, stream: str, filters: dict[Any, Any], *, settle_s: float = 0.3
 ) -> tuple[list[str], Any]:
     """Every message the link is sent from `first` (until `settle_s` of quiet); and the link."""
     with blocking(gateway) as conn:
