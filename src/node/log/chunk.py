@@ -187,20 +187,16 @@ def encode_tracking(
     """A tracking chunk: the stored offset of each (consumer name, offset), no records."""
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
     payload = tracking.encode_section(entries)
-    after_crc = _AFTER_CRC.pack(
-        VERSION,
-        CHUNK_TYPE_RECORDS,
-        FLAG_TRACKING,
-        0,
-        first_offset,
-        timestamp_ms,
-        epoch,
-        raft_index,
-        len(payload),
-        0,
-    )
+    head = (CHUNK_TYPE_RECORDS, FLAG_TRACKING, 0, first_offset, timestamp_ms, epoch, raft_index)
+    return _sealed(head, payload)[0]
+
+
+def _sealed(head: tuple[int, int, int, int, int, int, int], payload: bytes) -> tuple[bytes, int]:
+    """A chunk of (chunk_type, flags, record_count, first_offset, timestamp_ms, epoch,
+    raft_index) over `payload`, with its CRC; and the CRC."""
+    after_crc = _AFTER_CRC.pack(VERSION, *head, len(payload), 0)
     crc = crc32c.crc32c(after_crc + payload)
-    return b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
+    return b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload)), crc
 
 
 def tracking_section(
@@ -333,20 +329,8 @@ def encode_sub_entry_chunk(
     count = subentry.parse_header(blob).count
     flags = 0 if producer is None else FLAG_PRODUCER
     payload = bytes(blob) if producer is None else producer + bytes(blob)
-    after_crc = _AFTER_CRC.pack(
-        VERSION,
-        CHUNK_TYPE_SUB_ENTRY,
-        flags,
-        count,
-        first_offset,
-        timestamp_ms,
-        epoch,
-        raft_index,
-        len(payload),
-        0,
-    )
-    crc = crc32c.crc32c(after_crc + payload)
-    data = b"".join((MAGIC, _RECORD_LENGTH.pack(crc), after_crc, payload))
+    head = (CHUNK_TYPE_SUB_ENTRY, flags, count, first_offset, timestamp_ms, epoch, raft_index)
+    data, crc = _sealed(head, payload)
     header = ChunkHeader(
         first_offset,
         count,

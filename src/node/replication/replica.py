@@ -411,15 +411,8 @@ class Replica(LocalPartition):
                 producer=section,
                 filter_section=self._filter_section(records[start:end]),
             )
-            result = self.raft.propose(data)
-            if not isinstance(result, Proposed):
-                raise result.error()
-            assert (result.index, result.term) == (index, term), (result, index, term)
-            if producer is not None:
-                assert ids is not None
-                self._proposed[producer] = ProducerState(
-                    ids[end - 1], index, term, timestamp_ms, offset + end - start - 1
-                )
+            last_id = None if ids is None else ids[end - 1]
+            self._propose_chunk(data, index, producer, last_id, timestamp_ms, offset + end - start)
             offset = Offset(offset + end - start)
             start = end
         return index, term, first
@@ -452,16 +445,29 @@ class Replica(LocalPartition):
             )
         except subentry.SubEntryError as error:
             raise InvalidArgument(f"not a sub-entry: {error}") from error
+        last_id = None if ids is None else ids[0]
+        self._propose_chunk(data, index, producer, last_id, timestamp_ms, header.end_offset)
+        return index, term, first
+
+    def _propose_chunk(  # noqa: PLR0917 (the chunk and what a named producer's state needs)
+        self,
+        data: bytes,
+        index: int,
+        producer: bytes | None,
+        last_id: int | None,
+        timestamp_ms: int,
+        end: int,
+    ) -> None:
+        """Propose one encoded chunk as Raft entry `index`; a named producer's state (its last
+        id, the chunk's end offset) is remembered as proposed."""
+        term = self.raft.term
         result = self.raft.propose(data)
         if not isinstance(result, Proposed):
             raise result.error()
         assert (result.index, result.term) == (index, term), (result, index, term)
         if producer is not None:
-            assert ids is not None
-            self._proposed[producer] = ProducerState(
-                ids[0], index, term, timestamp_ms, header.end_offset - 1
-            )
-        return index, term, first
+            assert last_id is not None
+            self._proposed[producer] = ProducerState(last_id, index, term, timestamp_ms, end - 1)
 
     def _next_offset(self) -> Offset:
         """End offset of the last entry in the core's log (barriers move no offset)."""
