@@ -67,6 +67,8 @@ REROUTE_TIMEOUT_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RESUBSCRIBE_DELAY_S = 0.2
+LEADER_WAIT_S = 5.0
+"""How long an operation at a partition's leader waits for the table to name a live one."""
 RETRY_SAME_ROUTE_S = 1.0
 """A refusal with nothing stored under an unchanged route is retried after this long."""
 COUNT_CHECK_S = 30.0
@@ -530,10 +532,20 @@ class _PartitionBase:
     # (`_keep_counted`), and before any other operation of the link is sent there.
 
     async def _leader_session(self) -> NodeSession:
-        route = self.broker.route(self.key)
-        if route is None or route.leader is None or not route.leader_alive:
-            raise Unavailable(f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry")
-        return await self.broker.sessions.connected(route.leader)
+        """The session to the leader the table names; a partition between leaders for a
+        moment (an election, a late heartbeat in the metadata) is waited for, up to
+        LEADER_WAIT_S, before the operation is refused (retryable)."""
+        deadline = self.loop.time() + LEADER_WAIT_S
+        while True:
+            route = self.broker.route(self.key)
+            if route is not None and route.leader is not None and route.leader_alive:
+                return await self.broker.sessions.connected(route.leader)
+            left = deadline - self.loop.time()
+            if left <= 0:
+                raise Unavailable(
+                    f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry"
+                )
+            await self.broker.wait_change(left)
 
     async def _request(
         self, session: NodeSession, op: int, name: bytes, offset: int, member: int = 0

@@ -285,3 +285,35 @@ def test_a_filtered_subscription_is_sent_only_chunks_that_may_match(tmp_path: Pa
         reader.detach()
 
     run(tmp_path, scenario)
+
+
+def test_an_operation_at_the_leader_waits_a_moment_for_the_table_to_name_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition between leaders for a moment (an election, a late heartbeat: the table's
+    leader not alive) does not fail a claim at once: it waits for the table to name a live
+    leader, up to LEADER_WAIT_S, then refuses as retryable (found by CI: a docs example's
+    attach right after the stream was created)."""
+    monkeypatch.setattr(remote, "LEADER_WAIT_S", 0.5)
+
+    def leader_alive(broker: ProxyBroker, alive: bool) -> None:
+        routes = broker.table.routes
+        route = routes.partitions[KEY]
+        partitions = dict(routes.partitions) | {KEY: replace(route, leader_alive=alive)}
+        broker.version += 1
+        broker.table.update(replace(routes, version=broker.version, partitions=partitions))
+
+    async def scenario(broker: ProxyBroker) -> None:
+        name = committed_name("g").encode()
+        leader_alive(broker, False)
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        with pytest.raises(Unavailable, match="has no leader; retry"):
+            await reader.claim(name, 1)
+        claim = asyncio.ensure_future(reader.claim(name, 1))
+        await asyncio.sleep(0.2)
+        assert not claim.done()
+        leader_alive(broker, True)
+        assert (await claim).active
+
+    run(tmp_path, scenario)
