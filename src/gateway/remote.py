@@ -276,14 +276,12 @@ class NodeSession:
             reader = self.readers.get(sub)
             if reader is not None:
                 reader.started(sub, start)
-        elif kind == wire.PONG:
-            pass  # `heard` is all a pong is for
         elif kind == wire.ENDED:
             sub, error = wire.decode_ended(body)
             reader = self.readers.pop(sub, None)
             if reader is not None:
                 reader.ended(sub, error)
-        else:
+        elif kind != wire.PONG:  # a pong only refreshes `heard`, done for every frame
             raise frames.CodecError(f"unexpected frame kind {kind}")
 
     def _lost(self) -> None:

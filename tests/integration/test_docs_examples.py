@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from spate.client import Consumer
-from support.amqp_clients import JS_DIR
+from support.amqp_clients import run_example
 from support.cluster import Cluster
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
@@ -28,20 +26,7 @@ def test_every_example_in_docs_client_runs(cluster: Cluster) -> None:
     cluster.cli("stream", "create", "jobs", "--partitions", "4")
     gateway = cluster.state["gateways"][0]
     env = {**os.environ, "SPATE_URL": f"amqp://{gateway['amqp']}"}
-    outputs = []
-    for language, code in examples():
-        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
-        done = subprocess.run(
-            command,
-            cwd=JS_DIR if language == "js" else None,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
-        outputs.append(done.stdout)
+    outputs = [run_example(language, code, env) for language, code in examples()]
     assert outputs[0].startswith("0 "), outputs[0]  # the first event's offset
     assert outputs[2].strip() == "holding [0, 1, 2, 3]", outputs[2]
     assert "accepted after 1 redirect(s)" in outputs[3]

@@ -322,20 +322,26 @@ def run_doc_examples(tag: str, host: str, port: int) -> list[str]:
     pattern = re.compile(rf"```(python|js) {re.escape(tag)}\n(.*?)```", re.DOTALL)
     found = pattern.findall(AMQP_DOC.read_text())
     assert [language for language, _ in found] == ["python", "js"], found
-    outputs = []
-    for language, text in found:
-        code = text.replace("127.0.0.1:5672", f"{host}:{port}").replace(
-            "port: 5672", f"port: {port}"
+    return [
+        run_example(
+            language,
+            text.replace("127.0.0.1:5672", f"{host}:{port}").replace("port: 5672", f"port: {port}"),
         )
-        command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
-        done = subprocess.run(
-            command,
-            cwd=JS_DIR if language == "js" else None,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
-        outputs.append(done.stdout)
-    return outputs
+        for language, text in found
+    ]
+
+
+def run_example(language: str, code: str, env: dict[str, str] | None = None) -> str:
+    """Run a documented python or js example as written; it must exit 0. Its output."""
+    command = [sys.executable, "-c", code] if language == "python" else ["node", "-e", code]
+    done = subprocess.run(
+        command,
+        cwd=JS_DIR if language == "js" else None,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{language} example failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout

@@ -239,10 +239,7 @@ class MemoryPartition(LocalPartition):
             section = (
                 None
                 if isinstance(chunk.records, subentry.SubEntryRecords)
-                else filtering.build(
-                    [filtering.filter_value(r) for r in chunk.records],
-                    filtering.SIZE_BYTES_DEFAULT,
-                )
+                else filtering.section(chunk.records, filtering.SIZE_BYTES_DEFAULT)
             )  # the Bloom filter the node stores with each chunk (ADR 0016; none for sub-entries)
             chosen = None if section is None else filtering.decode(section, 0, len(section))[0]
             out.append(

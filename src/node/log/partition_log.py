@@ -352,9 +352,7 @@ class PartitionLog:
         epoch: int,
         producer: bytes | None = None,
     ) -> None:
-        values = filtering.build(
-            [filtering.filter_value(r) for r in records], self._config.filter_size_bytes
-        )
+        values = filtering.section(records, self._config.filter_size_bytes)
         data, header = chunk.encode_chunk_buffer(
             records, self.end_offset, timestamp_ms, epoch, producer=producer, filter_section=values
         )

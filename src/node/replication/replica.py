@@ -419,9 +419,8 @@ class Replica(LocalPartition):
 
     def _filter_section(self, records: Sequence[bytes]) -> bytes | None:
         """The chunk's Bloom filter of filter values (ADR 0016); None when no record has one
-        (a substring search per record on streams nobody filters)."""
-        values = [filtering.filter_value(r) for r in records]
-        return filtering.build(values, self.store.config.filter_size_bytes)
+        (one substring search of the chunk on streams nobody filters; `filtering.section`)."""
+        return filtering.section(records, self.store.config.filter_size_bytes)
 
     def _propose_sub_entry(
         self,
