@@ -432,25 +432,20 @@ def encode_data(body: bytes) -> bytes:
 class SubEntryBatch:
     """Several messages sent as one sub-entry (ADR 0017, docs/amqp.md "Sub-entries"): the
     encoded AMQP messages, compressed together with `compression` (none, gzip, snappy, lz4,
-    zstd). The broker stores it as one entry; each message keeps an offset of its own.
-    `filter_values` (one string or None per message) travel outside the compressed data."""
+    zstd). The broker stores it as one entry; each message keeps an offset of its own. A
+    message's filter value is its own `x-stream-filter-value` annotation, as when sent singly
+    (the broker builds the stored entry's Bloom filter from them)."""
 
     messages: Sequence[bytes]
     compression: str = "none"
-    filter_values: Sequence[str | None] | None = None
 
     def envelope(self, publishing_id: int | None = None) -> bytes:
         """The message to transfer: message annotations {x-opt-spate-sub-entry: true,
-        [x-opt-publishing-id: ulong], [x-opt-spate-filter-values: [...]]} and one data
-        section holding the sub-entry."""
+        [x-opt-publishing-id: ulong]} and one data section holding the sub-entry."""
         blob = subentry.encode(self.messages, self.compression)
         annotations: dict[Any, Any] = {amqp.Symbol("x-opt-spate-sub-entry"): True}
         if publishing_id is not None:
             annotations[amqp.Symbol("x-opt-publishing-id")] = amqp.ULong(publishing_id)
-        if self.filter_values is not None:
-            if len(self.filter_values) != len(self.messages):
-                raise ValueError("one filter value (or None) per message")
-            annotations[amqp.Symbol("x-opt-spate-filter-values")] = list(self.filter_values)
         return amqp.encode(amqp.Described(amqp.ULong(0x72), annotations)) + amqp.encode(
             amqp.Described(amqp.ULong(0x75), bytes(blob))
         )

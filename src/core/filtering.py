@@ -195,6 +195,14 @@ def build(values: Sequence[str | None], size_bytes: int) -> bytes | None:
     return bytes((size_bytes, hashes, int(unfiltered))) + bytes(array)
 
 
+def sub_entry_section(values: Sequence[str | None], size_bytes: int) -> bytes:
+    """The filter section of a sub-entry chunk whose messages have these filter values (ADR
+    0017): always one, so that a filtered read can pass over it; with no value at all it is
+    the empty section (3 bytes: no Bloom bits, every message unfiltered). A sub-entry chunk
+    without a section (its values unknown) is read by every filtered read."""
+    return build(values, size_bytes) or bytes((0, 0, 1))
+
+
 def decode(buffer: bytes | memoryview, start: int, end: int) -> tuple[ChunkFilter, int]:
     """The section at `start` (bounded by `end`) and its length in bytes."""
     if end - start < SECTION_HEAD_BYTES:

@@ -74,9 +74,21 @@ class SubEntryHeader:
 
 class SubEntry(bytes):
     """A sub-entry's bytes (header and data), marked as such for `Partition.append`: an append
-    is either plain records or exactly one SubEntry, which becomes one sub-entry chunk."""
+    is either plain records or exactly one SubEntry, which becomes one sub-entry chunk.
 
-    __slots__ = ()
+    `filter_values` are its messages' filter values for the chunk's Bloom filter (ADR 0016):
+    the distinct values, plus None when some message has none; the gateway reads them from the
+    inner messages as it checks them, and they travel beside the bytes (wire APPEND), so the
+    node never decompresses. None: not known, and the chunk gets no filter section (every
+    filtered read then reads it)."""
+
+    filter_values: tuple[str | None, ...] | None = None
+
+    @classmethod
+    def with_values(cls, blob: bytes, values: tuple[str | None, ...] | None) -> SubEntry:
+        entry = cls(blob)
+        entry.filter_values = values
+        return entry
 
 
 def parse_header(blob: bytes | memoryview) -> SubEntryHeader:

@@ -11,7 +11,9 @@ kind  name        direction  body
  20   APPEND      g -> n     request u64 | group | epoch u64 (0: any) | count u32 |
                              producer str16 ("": none) | (id u64)* if producer |
                              (length u32 | record)*   (count bit 31 set: one record, a
-                             sub-entry, ADR 0017; count is then 1 | SUB_ENTRY_FLAG)
+                             sub-entry, ADR 0017; count is then 1 | SUB_ENTRY_FLAG; with
+                             bit 30 too, its filter values follow: count u16 | (0 u8 |
+                             1 u8 value str16)*, the chunk's Bloom filter's, ADR 0016)
  21   APPENDED    n -> g     request u64 | first_offset u64
  22   SUBSCRIBE   g -> n     sub u32 | group | credit u32 | count u8 | spec* |
                              [unfiltered u8 | count u16 | value str16 * count] (the link's
@@ -117,6 +119,9 @@ from spate.core.subentry import SubEntry, SubEntryError, SubEntryRecords, parse_
 APPEND, APPENDED, SUBSCRIBE, STARTED, RECORDS = 20, 21, 22, 23, 24
 SUB_ENTRY_FLAG = 1 << 31
 """APPEND's count with this bit: the one record is a sub-entry (ADR 0017)."""
+SUB_ENTRY_VALUES_FLAG = 1 << 30
+"""With SUB_ENTRY_FLAG: the sub-entry's filter values follow its bytes (`SubEntry.filter_values`:
+u16 count, then per value u8 0 (none) or u8 1 and a str16)."""
 CREDIT, UNSUBSCRIBE, ENDED, INFO, STREAM, REPLY, FAILED = 25, 26, 27, 28, 29, 30, 31
 PRODUCER = 32
 CONSUMER = 33
@@ -234,15 +239,41 @@ def encode_append(
     producer: PublishingIds | None = None,
 ) -> bytes:
     count = len(records)
+    trailer = b""
     if count == 1 and isinstance(records[0], SubEntry):
         count |= SUB_ENTRY_FLAG
+        if records[0].filter_values is not None:
+            count |= SUB_ENTRY_VALUES_FLAG
+            trailer = _encode_values(records[0].filter_values)
     head = _APPEND_HEAD.pack(request, epoch, count)
     if producer is None:
-        return frame(APPEND, group(key), head, b"\0\0", *_records(records))
+        return frame(APPEND, group(key), head, b"\0\0", *_records(records), trailer)
     assert len(producer.ids) == len(records)
     name = _U16.pack(len(producer.name)) + producer.name
     ids = struct.pack(f">{len(records)}Q", *producer.ids)
-    return frame(APPEND, group(key), head, name, ids, *_records(records))
+    return frame(APPEND, group(key), head, name, ids, *_records(records), trailer)
+
+
+def _encode_values(values: Sequence[str | None]) -> bytes:
+    parts = [_U16.pack(len(values))]
+    for value in values:
+        parts.append(b"\0" if value is None else b"\1" + str16(value))
+    return b"".join(parts)
+
+
+def _decode_values(reader: Reader) -> tuple[str | None, ...]:
+    (count,) = reader.unpack(_U16)
+    values: list[str | None] = []
+    for _ in range(count):
+        if not reader.take(1)[0]:
+            values.append(None)
+            continue
+        (length,) = reader.unpack(_U16)
+        try:
+            values.append(bytes(reader.take(length)).decode())
+        except UnicodeDecodeError as error:
+            raise CodecError(f"a filter value is not UTF-8: {error}") from error
+    return tuple(values)
 
 
 def decode_append(
@@ -251,9 +282,14 @@ def decode_append(
     reader = Reader(body)
     key = reader.group()
     request, epoch, count = reader.unpack(_APPEND_HEAD)
-    sub_entry = count == 1 | SUB_ENTRY_FLAG
+    sub_entry = count & SUB_ENTRY_FLAG
+    with_values = count & SUB_ENTRY_VALUES_FLAG
     if sub_entry:
+        if count & ~(SUB_ENTRY_FLAG | SUB_ENTRY_VALUES_FLAG) != 1:
+            raise CodecError("a sub-entry append holds exactly one record")
         count = 1
+    elif with_values:
+        raise CodecError("filter values without a sub-entry")
     (length,) = reader.unpack(_U16)
     producer = None
     if length:
@@ -261,9 +297,10 @@ def decode_append(
         ids = struct.unpack(f">{count}Q", reader.take(8 * count))
         producer = PublishingIds(name, ids)
     records = _unrecords(reader, count)
-    reader.done()
     if sub_entry:
-        records = [SubEntry(records[0])]
+        values = _decode_values(reader) if with_values else None
+        records = [SubEntry.with_values(records[0], values)]
+    reader.done()
     return request, key, epoch, records, producer
 
 

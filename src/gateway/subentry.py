@@ -2,10 +2,10 @@
 
 A producer sends a sub-entry (spate.core.subentry's layout) as one message whose body is
 exactly one `data` section holding its bytes, with the message annotation
-`x-opt-spate-sub-entry` = true. Optional annotations of the envelope: `x-opt-publishing-id`
-(ulong: the whole batch's id on a named producer link, ADR 0011) and
-`x-opt-spate-filter-values` (a list with one string or null per message, outside the compressed
-data, for the chunk's filter). The envelope's other sections are not stored.
+`x-opt-spate-sub-entry` = true. Optional annotation of the envelope: `x-opt-publishing-id`
+(ulong: the whole batch's id on a named producer link, ADR 0011). The envelope's other sections
+are not stored. The inner messages' own `x-stream-filter-value` annotations, read here as they
+are checked, become the stored chunk's Bloom filter (`SubEntry.filter_values`, ADR 0016).
 
 `parse` checks everything before anything is stored: the envelope, the sub-entry header, the
 data decompressing to exactly the declared size, the count, and every inner message being a
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spate.core import subentry
+from spate.core import filtering, subentry
 from spate.gateway import codec, sections
 from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD
 
 MARKER_ANNOTATION = "x-opt-spate-sub-entry"
-FILTER_VALUES_ANNOTATION = "x-opt-spate-filter-values"
+RETIRED_FILTER_VALUES_ANNOTATION = "x-opt-spate-filter-values"
+"""Once an envelope's list of filter values; refused now, so that a message's filter value has
+one source only: its own `x-stream-filter-value`."""
 PUBLISHING_ID_ANNOTATION = "x-opt-publishing-id"
 MARKER_BYTES = b"\xa3" + bytes((len(MARKER_ANNOTATION),)) + MARKER_ANNOTATION.encode()
 """The marker key as a sym8: a message without these bytes is no sub-entry (one C-speed `in`
@@ -63,8 +65,6 @@ class Envelope:
     codec: str
     uncompressed_length: int
     publishing_id: int | None
-    filter_values: list[str | None]
-    """One per message (None: the message has none); all None when the envelope has none."""
     messages: list[bytes]
     """The messages, unpacked and checked."""
 
@@ -117,17 +117,29 @@ def parse(stored: bytes) -> Envelope | None:
         raise Refused(INVALID_FIELD, f"sub-entry refused: {err}") from err
     except subentry.SubEntryError as err:
         raise Refused(DECODE_ERROR, f"corrupt sub-entry: {err}") from err
+    if RETIRED_FILTER_VALUES_ANNOTATION in annotations:
+        raise Refused(
+            INVALID_FIELD,
+            f"'{RETIRED_FILTER_VALUES_ANNOTATION}' is not accepted: give each inner message its "
+            f"own '{filtering.FILTER_VALUE_ANNOTATION}' annotation",
+        )
     for index, message in enumerate(messages):
         _check_message(index, message)
     return Envelope(
-        subentry.SubEntry(body),
+        subentry.SubEntry.with_values(body, chunk_values(messages)),
         header.count,
         header.codec_name,
         header.uncompressed_length,
         publishing_id,
-        _filter_values(annotations.get(FILTER_VALUES_ANNOTATION), header.count),
         messages,
     )
+
+
+def chunk_values(messages: list[bytes]) -> tuple[str | None, ...]:
+    """The inner messages' distinct filter values, plus None when some message has none (what
+    the chunk's Bloom filter needs; a value is at most filtering.VALUE_BYTES_MAX bytes)."""
+    values = {filtering.filter_value(m) for m in messages}
+    return tuple(sorted(values, key=lambda v: (v is not None, v or "")))
 
 
 def _check_message(index: int, message: bytes) -> None:
@@ -143,16 +155,3 @@ def _check_message(index: int, message: bytes) -> None:
         raise Refused(
             INVALID_FIELD, f"sub-entry message {index} has delivery annotations; none are allowed"
         )
-
-
-def _filter_values(value: object, count: int) -> list[str | None]:
-    if value is None:
-        return [None] * count
-    if not isinstance(value, list) or len(value) != count:
-        raise Refused(
-            INVALID_FIELD,
-            f"'{FILTER_VALUES_ANNOTATION}' must be a list of {count} values, one per message",
-        )
-    if not all(v is None or isinstance(v, str) for v in value):
-        raise Refused(INVALID_FIELD, f"'{FILTER_VALUES_ANNOTATION}' values must be strings or null")
-    return list(value)

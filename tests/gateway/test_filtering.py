@@ -274,10 +274,11 @@ def test_spate_client_consumers_filter_by_value_and_sql(
 def test_filters_see_inside_compressed_sub_entries(
     gateway: RunningGateway, make_stream: Callable[..., str]
 ) -> None:
-    """Issue 11: filtering stays correct over sub-entries (ADR 0017). A sub-entry chunk has no
-    Bloom filter, so filtered reads never pass over it; its messages are unpacked and chosen
-    one by one (by value and by SQL), and a filtered link asking for sub-entries as is gets
-    its messages one by one too (whole, it would see the others)."""
+    """Issue 11: filtering stays correct over sub-entries (ADR 0017). A sub-entry chunk's Bloom
+    filter holds its inner messages' values (tests/gateway/test_remote.py shows the node passing
+    over those that cannot match); the messages of those read are unpacked and chosen one by one
+    (by value and by SQL), and a filtered link asking for sub-entries as is gets its messages
+    one by one too (whole, it would see the others)."""
     from spate.client import Consumer, Producer
 
     stream = make_stream()

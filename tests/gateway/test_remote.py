@@ -287,6 +287,37 @@ def test_a_filtered_subscription_is_sent_only_chunks_that_may_match(tmp_path: Pa
     run(tmp_path, scenario)
 
 
+def test_sub_entry_chunks_carry_their_filter_values_over_the_wire(tmp_path: Path) -> None:
+    """ADR 0016/0017: a sub-entry's filter values travel beside it on APPEND (the gateway read
+    them from its inner messages); the node builds the chunk's Bloom filter from them, and a
+    filtered subscription is pushed only the sub-entries that may match."""
+    from proton import Message, symbol
+    from spate.core import subentry
+
+    def batch(value: str, k: int) -> subentry.SubEntry:
+        messages = [
+            Message(body=10 * k + i, annotations={symbol("x-stream-filter-value"): value}).encode()
+            for i in range(10)
+        ]
+        return subentry.SubEntry.with_values(bytes(subentry.encode(messages, "lz4")), (value,))
+
+    async def scenario(broker: ProxyBroker) -> None:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        for k in range(5):
+            await writer.append([batch(f"c{k}", k)])
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        await reader.begin([OffsetSpec.first()], ValueFilter(frozenset({"c1", "c3"})))
+        while reader.end_offset() < 50:
+            await asyncio.sleep(0.01)
+        views = reader.read(Offset(0), 1 << 20)
+        got = [(int(v.first_offset), len(v.records)) for v in views if v.records]
+        assert got == [(10, 10), (30, 10)]
+        reader.detach()
+
+    run(tmp_path, scenario)
+
+
 def test_an_operation_at_the_leader_waits_a_moment_for_the_table_to_name_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

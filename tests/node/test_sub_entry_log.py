@@ -1,11 +1,13 @@
 """Sub-entry chunks in the partition log (ADR 0017): stored byte for byte, one offset per message
 inside, read lazily, and everything per message (offsets, indexes, counts, count retention,
-recovery, truncation, producer state) as if the messages had been appended singly."""
+recovery, truncation, producer state) as if the messages had been appended singly; a sub-entry
+chunk's Bloom filter (ADR 0016) lets a filtered read pass over it as over any chunk."""
 
 from __future__ import annotations
 
 import pytest
-from spate.core import limits, subentry, wire
+from proton import Message, symbol
+from spate.core import filtering, limits, subentry, wire
 from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import InvalidArgument
 from spate.core.ids import Offset, PartitionId, StreamName
@@ -134,6 +136,80 @@ def test_the_append_wire_carries_the_sub_entry_flag() -> None:
     plain = wire.encode_append(2, key, 0, [bytes(blob)])  # the same bytes, unflagged
     _, _, _, records, _ = wire.decode_append(memoryview(plain)[5:])
     assert not isinstance(records[0], subentry.SubEntry)
+
+
+def test_the_append_wire_carries_a_sub_entry_s_filter_values() -> None:
+    key = (StreamName("s"), PartitionId(0))
+    for values in (None, (), (None,), (None, "eu", "ünïcode"), ("x" * 65535,)):
+        blob = subentry.SubEntry.with_values(batch(0), values)
+        for producer in (None, PublishingIds(b"p", (3,))):
+            frame = wire.encode_append(1, key, 0, [blob], producer)
+            _, _, _, records, got = wire.decode_append(memoryview(frame)[5:])
+            assert isinstance(records[0], subentry.SubEntry) and records[0] == blob
+            assert records[0].filter_values == values and got == producer
+    frame = bytearray(wire.encode_append(1, key, 0, [subentry.SubEntry.with_values(batch(0), ())]))
+    with pytest.raises(wire.CodecError):  # the values cut off
+        wire.decode_append(memoryview(frame)[5:-1])
+    plain = bytearray(wire.encode_append(2, key, 0, [b"r"]))
+    plain[5 + 4 + 1 + 2 + 16 : 5 + 4 + 1 + 2 + 16 + 4] = (1 | wire.SUB_ENTRY_VALUES_FLAG).to_bytes(
+        4, "big"
+    )
+    with pytest.raises(wire.CodecError, match="without a sub-entry"):
+        wire.decode_append(memoryview(plain)[5:])
+
+
+def tagged(start: int, values: list[str | None], codec: str = "zstd") -> subentry.SubEntry:
+    """A sub-entry whose message i has filter value values[i] (None: none), with those values
+    beside it as the gateway sends them."""
+    messages = [
+        Message(
+            body=f"m{start + i}",
+            annotations=None if v is None else {symbol("x-stream-filter-value"): v},
+        ).encode()
+        for i, v in enumerate(values)
+    ]
+    blob = subentry.encode(messages, codec)
+    distinct = {filtering.filter_value(m) for m in messages}
+    return subentry.SubEntry.with_values(bytes(blob), tuple(distinct))
+
+
+def test_a_filtered_read_passes_over_sub_entry_chunks_whose_bloom_filter_rules_them_out(
+    disk: DiskUnderTest,
+) -> None:
+    log = PartitionLog.open(disk.storage, LogConfig(segment_bytes=100_000))
+    log.append([tagged(0, ["eu", "eu", "us"])], 1000)  # 0-2
+    log.append([tagged(3, ["apac", None])], 1001)  # 3-4
+    log.append([tagged(5, [None, None])], 1002)  # 5-6: the empty section
+    unknown = subentry.SubEntry(bytes(tagged(7, ["eu"])))  # 7: values unknown, no section
+    log.append([unknown], 1003)
+    log.append([record(8)], 1004)  # 8: a plain chunk, unfiltered
+    log.sync()
+
+    def chunks(where: filtering.ValueFilter) -> list[tuple[int, int]]:
+        views = log.read(Offset(0), 1_000_000, where=where.chunk_may_match)
+        return [(v.first_offset, len(v.records)) for v in views]
+
+    # 5-6 and 8 are ruled out (every message unfiltered); 7 is read: nothing is known of it
+    assert chunks(filtering.ValueFilter(frozenset({"eu"}))) == [(0, 3), (7, 1), (9, 0)]
+    assert chunks(filtering.ValueFilter(frozenset({"apac"}))) == [(3, 2), (7, 1), (9, 0)]
+    assert chunks(filtering.ValueFilter(frozenset({"apac"}), match_unfiltered=True)) == [
+        (3, 2),
+        (5, 2),
+        (7, 1),
+        (8, 1),
+    ]
+    log.close()
+    reopened = PartitionLog.open(disk.restart(), LogConfig(segment_bytes=100_000))
+    assert [
+        (v.first_offset, v.filter)
+        for v in reopened.read(Offset(0), 1_000_000)
+        if v.first_offset in (5, 7)
+    ] == [(5, filtering.ChunkFilter(b"", 0, True)), (7, None)]
+    assert [bytes(r) for v in reopened.read(Offset(0), 1_000_000) for r in v.records][:3] == [
+        Message(body="m0", annotations={symbol("x-stream-filter-value"): "eu"}).encode(),
+        Message(body="m1", annotations={symbol("x-stream-filter-value"): "eu"}).encode(),
+        Message(body="m2", annotations={symbol("x-stream-filter-value"): "us"}).encode(),
+    ]
 
 
 def test_unpack_never_allocates_more_than_the_header_declares() -> None:

@@ -56,7 +56,10 @@ it: after the producer section (with FLAG_PRODUCER), the payload is one sub-entr
 spate.core.subentry's layout (11-byte header: codec, count, lengths; then the data, possibly
 compressed), with no record-length prefix, and `record_count` is the sub-entry's message count:
 message i has offset first_offset + i as in any chunk, so indexes, retention and replication
-need nothing new. The log never decompresses it; readers get a `SubEntryRecords`.
+need nothing new. The log never decompresses it; readers get a `SubEntryRecords`. Its filter
+section (FLAG_FILTER, between the producer section and the sub-entry) is built from the values
+the gateway read from the inner messages; a sub-entry chunk without one is read by every
+filtered read (a plain chunk without one holds only unfiltered messages).
 
 A barrier chunk (record_count 0, payload_length 0) is the empty entry a new Raft leader appends
 at the start of its term: it carries the term (epoch) and Raft index into storage and holds no
@@ -322,13 +325,16 @@ def encode_sub_entry_chunk(
     raft_index: int = 0,
     *,
     producer: bytes | None = None,
+    filter_section: bytes | None = None,
 ) -> tuple[bytes, ChunkHeader]:
     """A sub-entry chunk holding `blob` (checked with subentry.parse_header: its header only)
-    byte for byte; `producer` as in encode_chunk."""
+    byte for byte; `producer` and `filter_section` as in encode_chunk."""
     assert first_offset >= 0 and epoch >= 0 and raft_index >= 0
     count = subentry.parse_header(blob).count
-    flags = 0 if producer is None else FLAG_PRODUCER
-    payload = bytes(blob) if producer is None else producer + bytes(blob)
+    flags = (0 if producer is None else FLAG_PRODUCER) | (
+        0 if filter_section is None else FLAG_FILTER
+    )
+    payload = b"".join((producer or b"", filter_section or b"", blob))
     head = (CHUNK_TYPE_SUB_ENTRY, flags, count, first_offset, timestamp_ms, epoch, raft_index)
     data, crc = _sealed(head, payload)
     header = ChunkHeader(

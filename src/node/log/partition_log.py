@@ -314,8 +314,16 @@ class PartitionLog:
         if count == 1 and isinstance(records[0], subentry.SubEntry):
             section = None if producer is None else encode_section(producer[0], producer[1][-1])
             try:
+                values = records[0].filter_values
                 data, header = chunk.encode_sub_entry_chunk(
-                    records[0], first, timestamp_ms, epoch, producer=section
+                    records[0],
+                    first,
+                    timestamp_ms,
+                    epoch,
+                    producer=section,
+                    filter_section=None
+                    if values is None
+                    else filtering.sub_entry_section(values, config.filter_size_bytes),
                 )
             except subentry.SubEntryError as error:
                 raise InvalidArgument(f"not a sub-entry: {error}") from error
@@ -548,7 +556,7 @@ class PartitionLog:
                     wanted = (
                         where is None
                         or not header.record_count
-                        or header.chunk_type == chunk.CHUNK_TYPE_SUB_ENTRY  # no Bloom filter
+                        or (section is None and header.chunk_type == chunk.CHUNK_TYPE_SUB_ENTRY)
                         or where(section)
                     )
                     records = chunk.slice_records(buffer, at, header) if wanted else []

@@ -422,6 +422,13 @@ class Replica(LocalPartition):
         (one substring search of the chunk on streams nobody filters; `filtering.section`)."""
         return filtering.section(records, self.store.config.filter_size_bytes)
 
+    def _sub_entry_filter(self, blob: subentry.SubEntry) -> bytes | None:
+        """A sub-entry chunk's filter section, from the values the gateway read (None: unknown,
+        and the chunk gets none)."""
+        if blob.filter_values is None:
+            return None
+        return filtering.sub_entry_section(blob.filter_values, self.store.config.filter_size_bytes)
+
     def _propose_sub_entry(
         self,
         blob: subentry.SubEntry,
@@ -440,7 +447,13 @@ class Replica(LocalPartition):
             section = producer_codec.encode_section(producer, ids[0])
         try:
             data, header = chunk_codec.encode_sub_entry_chunk(
-                blob, first, timestamp_ms, term, index, producer=section
+                blob,
+                first,
+                timestamp_ms,
+                term,
+                index,
+                producer=section,
+                filter_section=self._sub_entry_filter(blob),
             )
         except subentry.SubEntryError as error:
             raise InvalidArgument(f"not a sub-entry: {error}") from error
