@@ -181,6 +181,7 @@ _SHELL_BUGS = {
     "offset-query-uncommitted": ShellBugs(offset_query_uncommitted=True),
     "store-committed-end": ShellBugs(store_committed_end=True),
     "filter-misses-last": ShellBugs(filter_misses_last=True),
+    "sub-entry-first-value": ShellBugs(sub_entry_first_value=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

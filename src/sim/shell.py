@@ -42,7 +42,9 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
   `offset-table`: each replica's table entry is the last store its log holds (the committed
   history, then its own uncommitted chunks);
 - filtering (ADR 0016): on even seeds most records carry an `x-stream-filter-value`, so
-  chunks carry Bloom filters; `filter-complete`: after every restart and at the end, a read
+  chunks carry Bloom filters; on seeds divisible by 4 every third publishing id is a
+  compressed sub-entry of 2-4 records (ADR 0017: one chunk, one id, an offset per record, its
+  filter values beside it); `filter-complete`: after every restart and at the end, a read
   that passes over chunks by filter value (skip marks included) misses no record holding that
   value, on every replica;
 - `liveness`: after healing, every group acknowledges a new append and every replica (wiped
@@ -57,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spate.core import filtering, frames
+from spate.core import filtering, frames, subentry
 from spate.core.backend import ConsumerOffset, OffsetSpec, PublishingIds
 from spate.core.errors import BrokerError, NotLeader
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
@@ -121,6 +123,9 @@ class ShellBugs:
     filter_misses_last: bool = False
     """The leader builds a chunk's Bloom filter without its last record's value (an
     off-by-one in the builder): filtered reads pass over chunks holding that value."""
+    sub_entry_first_value: bool = False
+    """The gateway sends a sub-entry's first message's filter value only, not every message's
+    (ADR 0017): the chunk's Bloom filter lacks the others."""
 
 
 NO_BUGS = ShellBugs()
@@ -150,6 +155,10 @@ class ShellOptions:
     """Records carry `x-stream-filter-value` (ADR 0016): on even seeds. Not drawn from the
     seed's generator, so odd seeds keep the histories they had before filtering existed (the
     seeds pinned by tests/sim/test_shell_sim.py among them)."""
+    sub_entries: bool = False
+    """Every third publishing id is a compressed sub-entry of 2-4 records (ADR 0017) with their
+    filter values beside it, as the gateway sends them: on seeds divisible by 4 (not drawn
+    from the generator either)."""
 
     @staticmethod
     def draw(
@@ -175,6 +184,7 @@ class ShellOptions:
             consume_ms=rng.choice((20, 60, 200)),
             steps=steps,
             filter_values=seed % 2 == 0,
+            sub_entries=seed % 4 == 0,
         )
 
     def log_config(self) -> LogConfig:
@@ -231,6 +241,11 @@ class _SimReplica(Replica):
         if self.sim.options.bugs.filter_misses_last:
             records = records[:-1]
         return super()._filter_section(records)
+
+    def _sub_entry_filter(self, blob: subentry.SubEntry) -> bytes | None:
+        if self.sim.options.bugs.filter_misses_last and blob.filter_values:
+            blob = subentry.SubEntry.with_values(blob, blob.filter_values[:-1])
+        return super()._sub_entry_filter(blob)
 
     def _producer_state(self, name: bytes) -> ProducerState | None:
         if self.sim.options.bugs.dedup_forgets_proposals:
@@ -477,7 +492,10 @@ class ShellCluster(SimLoop[_Event]):
             header, records = chunk_codec.decode_chunk(payload)
             if header.flags & chunk_codec.FLAG_TRACKING:
                 continue  # a consumer's stored offset (checked by _check_offsets)
-            ids = [int(bytes(r).rsplit(b"p", 1)[1]) for r in records]
+            # "g<group>p<id>" or, inside a sub-entry (one id for all), "g<group>p<id>.<i>"
+            ids = list(
+                dict.fromkeys(int(bytes(r).rsplit(b"p", 1)[1].split(b".")[0]) for r in records)
+            )
             if header.flags & chunk_codec.FLAG_PRODUCER:
                 assert chunk_codec.producer_section(payload, 0, header)[:2] == (name, ids[-1])
             for publishing_id in ids:
@@ -751,8 +769,8 @@ class ShellCluster(SimLoop[_Event]):
         else:
             publishing_id = self._next_id[group]
             self._next_id[group] += 1
-        annotation = _filter_annotation(publishing_id) if self.options.filter_values else b""
-        record = annotation + f"g{group}p{publishing_id}".encode()
+        inner = _records(group, publishing_id, self.options)
+        record = inner[0]
         term = replica.raft.term
         proposal: dict[str, int | bytes] = {}
 
@@ -773,12 +791,20 @@ class ShellCluster(SimLoop[_Event]):
             assert isinstance(index, int) and isinstance(payload, bytes)
             self._record(f"ack g{group} {record!r} at offset {outcome} index {index}")
             self.checker.acknowledged(group, index, term, payload)
-            self.acked[group].append(_Ack(index, term, payload, outcome, record))
+            for i, each in enumerate(inner):  # a sub-entry's records have an offset each
+                self.acked[group].append(_Ack(index, term, payload, Offset(outcome + i), each))
             if not self.faults and self._acked_after[group] is None:
                 self._acked_after[group] = index
 
+        records: list[bytes] = inner
+        if len(inner) > 1:
+            blob = subentry.encode(inner, subentry.CODEC_NAMES[publishing_id % 5])
+            values = tuple({filtering.filter_value(r) for r in inner})
+            if self.options.bugs.sub_entry_first_value:
+                values = (filtering.filter_value(inner[0]),)
+            records = [subentry.SubEntry.with_values(bytes(blob), values)]
         index = replica.propose(
-            [record], done, PublishingIds(_producer_name(group), [publishing_id])
+            records, done, PublishingIds(_producer_name(group), [publishing_id])
         )
         if index is not None:
             proposal["index"] = index
@@ -1087,6 +1113,19 @@ def _tail(replica: Replica, base: int) -> list[bytes]:
 
 
 FILTER_VALUES = ("v0", "v1", "v2")
+
+
+def _records(group: int, publishing_id: int, options: ShellOptions) -> list[bytes]:
+    """What the client appends under `publishing_id` (the same for a resend): one record, or
+    the 2-4 records of a sub-entry (every third id with `sub_entries`), each with its filter
+    annotation when the seed has them."""
+    count = 2 + publishing_id % 3 if options.sub_entries and publishing_id % 3 == 2 else 1
+    out = []
+    for i in range(count):
+        annotation = _filter_annotation(publishing_id + i) if options.filter_values else b""
+        suffix = f".{i}" if count > 1 else ""
+        out.append(annotation + f"g{group}p{publishing_id}{suffix}".encode())
+    return out
 
 
 def _filter_annotation(publishing_id: int) -> bytes:

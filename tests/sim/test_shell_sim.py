@@ -122,6 +122,13 @@ def test_a_bloom_filter_missing_a_value_is_caught() -> None:
     assert any(f.startswith("filter-complete:") for f in failures), failures
 
 
+def test_a_sub_entry_bloom_filter_missing_values_is_caught() -> None:
+    """ADR 0017: a gateway that sends a sub-entry's first filter value only makes the chunk's
+    Bloom filter lack the others (seeds divisible by 4 append sub-entries)."""
+    failures = _failures(ShellBugs(sub_entry_first_value=True))
+    assert any(f.startswith("filter-complete:") for f in failures), failures
+
+
 def test_retention_without_its_floor_is_caught() -> None:
     failures = _failures(ShellBugs(retention_without_floor=True))
     assert any(f.startswith("retention-floor:") for f in failures), failures
