@@ -145,7 +145,8 @@ class Cluster:
     def amqp(self, node_id: str) -> tuple[str, str]:
         return split_hostport(str(self.node(node_id)["amqp"]))
 
-    def create_stream(self, name: str, replicas: int, partitions: int = 1) -> None:
+    def create_stream(self, name: str, replicas: int, partitions: int = 1, *options: str) -> None:
+        """`options`: more `spate stream create` flags, e.g. "--filter-size-bytes", "64"."""
         run(
             [
                 str(SPATE),
@@ -158,6 +159,7 @@ class Cluster:
                 str(partitions),
                 "--admin",
                 self.admin,
+                *options,
             ],
             CLI_TIMEOUT_S,
         )

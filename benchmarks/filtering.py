@@ -4,7 +4,7 @@ gateway: consume 1 of V filter values from a stream of N messages, against an un
 of the same stream, in the same run.
 
   python benchmarks/filtering.py [--count 1000000] [--values 100] [--batch 1000] [--runs 3]
-                                 [--size-bytes 16] [--out F]
+                                 [--size-bytes 16] [--sub-entry-size 0] [--out F]
 
 The stream (3 replicas) gets N messages of ~100 B JSON, each with `x-stream-filter-value`
 "v<(k // batch) % V>" — producers that publish runs of one value (a region's feed), so that a
@@ -16,7 +16,9 @@ transfers not decoded). Per read: wall time until the last expected message, mes
 bytes (whole transfers) the client received, and bytes the gateway process read
 (`/proc/PID/io` rchar: what the node sent it) and the leader node read (rchar: segment bytes
 read, plus small requests). Medians and ratios at the end, with the
-load average.
+load average. `--sub-entry-size S` publishes the messages S at a time as zstd sub-entries
+(ADR 0017; a sub-entry chunk's Bloom filter holds its inner messages' values) instead of one by
+one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from loadclient import emit, loadavg, log
 from proton import Message, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container, Filter
+from spate.client.core import SubEntryBatch
 
 from cluster import Cluster
 
@@ -55,18 +58,29 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
     def on_sendable(self, event: Any) -> None:
         self.pump(event.sender)
 
+    def message(self, k: int) -> Message:
+        value = f"v{(k // self.a.batch) % self.a.values}"
+        body = json.dumps({"id": k, "region": value, "pad": "x" * 40})
+        return Message(body=body, annotations={VALUE: value})
+
     def pump(self, sender: Any) -> None:
         a = self.a
+        size = max(1, a.sub_entry_size)
         while sender.credit and self.sent < a.count and self.sent - self.accepted < 5000:
             k = self.sent
-            value = f"v{(k // a.batch) % a.values}"
-            body = json.dumps({"id": k, "region": value, "pad": "x" * 40})
-            sender.send(Message(body=body, annotations={VALUE: value}))
-            self.sent += 1
+            if a.sub_entry_size:
+                inner = [self.message(i).encode() for i in range(k, min(k + size, a.count))]
+                envelope = Message()
+                envelope.decode(SubEntryBatch(inner, "zstd").envelope())
+                sender.send(envelope)
+                self.sent += len(inner)
+            else:
+                sender.send(self.message(k))
+                self.sent += 1
 
     def on_accepted(self, event: Any) -> None:
-        self.accepted += 1
-        if self.accepted == self.a.count:
+        self.accepted += max(1, self.a.sub_entry_size)
+        if self.accepted >= self.a.count:
             event.connection.close()
         elif self.accepted % 1000 == 0:
             self.pump(event.link)  # the window has room again
@@ -135,12 +149,13 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--size-bytes", type=int, default=16)
+    p.add_argument("--sub-entry-size", type=int, default=0)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     rows: list[dict[str, Any]] = []
     with Cluster(3) as c:
         stream = "filtering"
-        c.create_stream(stream, replicas=3)
+        c.create_stream(stream, 3, 1, "--filter-size-bytes", str(a.size_bytes))
         leader = c.leaders(stream)[0]
         status = c.refresh()
         gateway = status["gateways"][0]
@@ -157,6 +172,7 @@ def main() -> int:
                 expect = wanted if values else a.count
                 row = read_once(url, stream, expect, values, pids) | {"run": run}
                 row |= {"count": a.count, "values": a.values, "batch": a.batch}
+                row |= {"sub_entry_size": a.sub_entry_size}
                 emit(row, a.out)
                 rows.append(row)
     summary: dict[str, Any] = {"summary": True, "loadavg": loadavg()}
