@@ -29,15 +29,16 @@ test: install
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 check: install
-	$(VENV)/bin/ruff check src tests benchmarks tools
-	$(VENV)/bin/ruff format --check src tests benchmarks tools
+	$(VENV)/bin/ruff check src tests benchmarks tools chaos
+	$(VENV)/bin/ruff format --check src tests benchmarks tools chaos
 	@mkdir -p build/typing && ln -sfn ../../src build/typing/spate
 	MYPYPATH=build/typing $(VENV)/bin/mypy -p spate
+	$(VENV)/bin/mypy chaos
 	$(VENV)/bin/lint-imports
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) tools/gen_proto.py --check
 
 fmt: install
-	$(VENV)/bin/ruff format src tests benchmarks tools
+	$(VENV)/bin/ruff format src tests benchmarks tools chaos
 	$(VENV)/bin/ruff check --fix src tests benchmarks tools
 
 bench: install
