@@ -3,10 +3,13 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 SEEDS  ?= 200
+SCHEDULE ?= standard
+SEED   ?= 1
+MINUTES ?=
 MODEL  ?= all
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test check fmt bench sim install proto clean help
+.PHONY: demo test check fmt bench sim chaos install proto clean help
 
 help:
 	@echo "make demo   - install, start a local Spate cluster, publish and consume over AMQP 1.0"
@@ -15,6 +18,7 @@ help:
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
 	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core|metadata|groups)"
+	@echo "make chaos  - a chaos run as root: SCHEDULE (standard, 10 min) with SEED=1; report in chaos/reports/"
 
 install:
 	@bash tools/bootstrap.sh
@@ -33,7 +37,7 @@ check: install
 	$(VENV)/bin/ruff format --check src tests benchmarks tools chaos
 	@mkdir -p build/typing && ln -sfn ../../src build/typing/spate
 	MYPYPATH=build/typing $(VENV)/bin/mypy -p spate
-	$(VENV)/bin/mypy chaos
+	MYPYPATH=build/typing $(VENV)/bin/mypy chaos
 	$(VENV)/bin/lint-imports
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) tools/gen_proto.py --check
 
@@ -46,6 +50,9 @@ bench: install
 
 sim: install
 	$(PY) -m spate.sim --model $(MODEL) --seeds $(SEEDS)
+
+chaos: install
+	$(PY) -m chaos run --schedule $(SCHEDULE) --seed $(SEED) $(if $(MINUTES),--minutes $(MINUTES))
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/api/v1 tests/js/node_modules

@@ -1,0 +1,253 @@
+"""The history checker (issue 13): pure, over the operations a chaos run recorded.
+
+A history is a list of operations (JSON lines in `history.jsonl`), each
+
+    {"process": "p3", "type": "invoke" | "ok" | "fail" | "info", "f": "send" | "read",
+     "value": ..., "time": seconds since the run started}
+
+- `send`: value {"partition": p, "value": "p3-17"} — one producer process publishes to one
+  partition, its values numbered 0, 1, 2... in the order it sends them. `ok`: the broker said
+  `accepted` (a majority has it on disk); `fail`: it said definitely not (rejected, or refused
+  before sending); `info`: unknown (timeout, lost connection) — it may or may not be stored.
+- `read`: an `ok` read carries {"partition": p, "offset": o, "value": v} for one delivered
+  message; `process` names the consumer (a live consumer "c1", the final reader "final").
+
+The final reader reads every partition from its first offset to its end after the faults are
+healed; that read is the truth of what the cluster holds. Anomalies, per partition (Jepsen's
+queue checkers, Redpanda's [B2] and NATS's [B12] in ../shared/research/anchors.md):
+
+| kind          | meaning                                                                   |
+|---------------|---------------------------------------------------------------------------|
+| lost          | a send acknowledged `ok` is not in the final read                          |
+| duplicate     | a value stored more than once (deduplication is on: never allowed)         |
+| reordered     | two values of one producer stored in the other order than they were sent   |
+| unexpected    | a value read that no process ever sent                                     |
+| failed-stored | a send answered `fail` (definitely not stored) is stored after all         |
+| offset-gap    | the final read's offsets are not consecutive from the first               |
+| read-backwards | a consumer was delivered an offset at or below one it had before          |
+| read-skip     | a consumer was delivered an offset more than one past its previous one     |
+| read-mismatch | a consumer read a value at an offset where the final read has another      |
+| diverged      | two replicas' final reads of a partition differ (when given per replica)  |
+
+`info` sends found stored are counted as "recovered", not anomalies; `info` sends not found
+are "indeterminate-lost" (allowed: the client never heard `accepted`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ANOMALY_KINDS = (
+    "lost",
+    "duplicate",
+    "reordered",
+    "unexpected",
+    "failed-stored",
+    "offset-gap",
+    "read-backwards",
+    "read-skip",
+    "read-mismatch",
+    "diverged",
+)
+EXAMPLES_MAX = 10
+"""Examples kept per anomaly kind and partition (the counts are exact)."""
+
+
+@dataclass
+class PartitionResult:
+    partition: int
+    acknowledged: int = 0
+    stored: int = 0
+    recovered: int = 0
+    indeterminate_lost: int = 0
+    failed: int = 0
+    reads: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, kind: str, example: str) -> None:
+        assert kind in ANOMALY_KINDS, kind
+        self.anomalies[kind] = self.anomalies.get(kind, 0) + 1
+        shown = self.examples.setdefault(kind, [])
+        if len(shown) < EXAMPLES_MAX:
+            shown.append(example)
+
+    @property
+    def valid(self) -> bool:
+        return not self.anomalies
+
+
+@dataclass
+class Verdict:
+    partitions: dict[int, PartitionResult]
+
+    @property
+    def valid(self) -> bool:
+        return all(p.valid for p in self.partitions.values())
+
+    def totals(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for result in self.partitions.values():
+            total.update(result.anomalies)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "valid": self.valid,
+            "anomalies": dict(self.totals()),
+            "partitions": {
+                str(p): {
+                    "acknowledged": r.acknowledged,
+                    "stored": r.stored,
+                    "recovered": r.recovered,
+                    "indeterminate_lost": r.indeterminate_lost,
+                    "failed": r.failed,
+                    "reads": r.reads,
+                    "anomalies": r.anomalies,
+                    "examples": r.examples,
+                }
+                for p, r in sorted(self.partitions.items())
+            },
+        }
+
+
+def sequence_of(value: str) -> tuple[str, int]:
+    """("p3", 17) for "p3-17": the producer and its sequence number."""
+    producer, _, number = value.rpartition("-")
+    return producer, int(number)
+
+
+def check(
+    history: Iterable[Mapping[str, Any]],
+    replicas: Mapping[str, Mapping[int, Sequence[tuple[int, str]]]] | None = None,
+) -> Verdict:
+    """The verdict over a history (see the module). `replicas` optionally gives each replica's
+    own final read, node -> partition -> [(offset, value)], for the divergence check."""
+    outcome: dict[str, str] = {}  # value -> ok | fail | info
+    partition_of: dict[str, int] = {}
+    final: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    live: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+    for op in history:
+        f, kind, value = op.get("f"), op.get("type"), op.get("value")
+        if f == "send" and isinstance(value, Mapping):
+            v = str(value["value"])
+            partition_of[v] = int(value["partition"])
+            if kind in ("ok", "fail", "info"):
+                outcome[v] = str(kind)
+            elif kind == "invoke":
+                outcome.setdefault(v, "info")  # no completion recorded: unknown
+        elif f == "read" and kind == "ok" and isinstance(value, Mapping):
+            entry = (int(value["offset"]), str(value["value"]))
+            partition = int(value["partition"])
+            if op.get("process") == "final":
+                final[partition].append(entry)
+            else:
+                live[(str(op.get("process")), partition)].append(entry)
+    partitions = set(final) | set(partition_of.values()) | {p for _, p in live}
+    results = {p: PartitionResult(p) for p in sorted(partitions)}
+    for v, kind in outcome.items():
+        result = results[partition_of[v]]
+        if kind == "ok":
+            result.acknowledged += 1
+        elif kind == "fail":
+            result.failed += 1
+    for partition, result in results.items():  # one never read back lost everything sent
+        _check_final(result, final.get(partition, []), outcome, partition_of)
+    for (process, partition), entries in live.items():
+        _check_live(results[partition], process, entries, dict(final.get(partition, [])))
+    if replicas:
+        _check_replicas(results, replicas, final)
+    return Verdict(results)
+
+
+def _values(entries: Sequence[tuple[int, str]]) -> list[str]:
+    return [v for _, v in entries]
+
+
+def _check_final(
+    result: PartitionResult,
+    entries: list[tuple[int, str]],
+    outcome: Mapping[str, str],
+    partition_of: Mapping[str, int],
+) -> None:
+    entries = sorted(entries)
+    result.stored = len(entries)
+    offsets = [o for o, _ in entries]
+    for before, after in itertools.pairwise(offsets):
+        if after != before + 1:
+            result.add("offset-gap", f"offset {before} then {after}")
+    counts = Counter(_values(entries))
+    first_offset: dict[str, int] = {}
+    for offset, value in entries:
+        first_offset.setdefault(value, offset)
+        kind = outcome.get(value)
+        if kind is None:
+            result.add("unexpected", f"{value!r} at offset {offset} was never sent")
+        elif partition_of.get(value) != result.partition:
+            result.add("unexpected", f"{value!r} at offset {offset} was sent to another partition")
+    for value, count in counts.items():
+        if count > 1:
+            result.add("duplicate", f"{value!r} stored {count} times")
+    for value, kind in outcome.items():
+        if partition_of[value] != result.partition:
+            continue
+        if value in first_offset:
+            if kind == "info":
+                result.recovered += 1
+            elif kind == "fail":
+                result.add("failed-stored", f"{value!r} was refused but is stored")
+        elif kind == "ok":
+            result.add("lost", f"{value!r} was acknowledged and is not stored")
+        elif kind == "info":
+            result.indeterminate_lost += 1
+    by_producer: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for value, offset in first_offset.items():
+        if value in outcome:
+            producer, number = sequence_of(value)
+            by_producer[producer].append((number, offset, value))
+    for items in by_producer.values():
+        items.sort()
+        for (_, o1, v1), (_, o2, v2) in itertools.pairwise(items):
+            if o2 < o1:
+                result.add("reordered", f"{v2!r} (sent after {v1!r}) at offset {o2} < {o1}")
+
+
+def _check_live(
+    result: PartitionResult, process: str, entries: list[tuple[int, str]], truth: dict[int, str]
+) -> None:
+    result.reads += len(entries)
+    previous: int | None = None
+    for offset, value in entries:
+        if previous is not None:
+            if offset <= previous:
+                result.add("read-backwards", f"{process} got offset {offset} after {previous}")
+            elif offset > previous + 1:
+                result.add("read-skip", f"{process} got offset {offset} after {previous}")
+        previous = offset if previous is None else max(previous, offset)
+        stored = truth.get(offset)
+        if stored is not None and stored != value:
+            result.add(
+                "read-mismatch", f"{process} read {value!r} at offset {offset}; stored: {stored!r}"
+            )
+
+
+def _check_replicas(
+    results: dict[int, PartitionResult],
+    replicas: Mapping[str, Mapping[int, Sequence[tuple[int, str]]]],
+    final: Mapping[int, list[tuple[int, str]]],
+) -> None:
+    for node, partitions in replicas.items():
+        for partition, entries in partitions.items():
+            truth = dict(final.get(partition, []))
+            mine = dict(entries)
+            differ = [o for o in sorted(set(truth) & set(mine)) if truth[o] != mine[o]]
+            if differ:
+                results.setdefault(partition, PartitionResult(partition)).add(
+                    "diverged",
+                    f"{node} holds {mine[differ[0]]!r} at offset {differ[0]}; "
+                    f"the final read {truth[differ[0]]!r}",
+                )

@@ -1,0 +1,245 @@
+"""A Spate cluster for chaos runs: three nodes and a proxy gateway, each a real process in its
+own network namespace (chaos.netns) with its own address, so that network faults cut exactly
+the links between hosts; process faults (kill -9, SIGSTOP/SIGCONT, restart) by PID.
+
+The harness process stays in the root namespace, which reaches every host over the bridge;
+clients (the workload) connect from there to the gateway's and the nodes' advertised addresses.
+Every process is started by this module and stopped by its PID on close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.netns import Host, Network
+
+AMQP_PORT, ADMIN_PORT, METADATA_PORT, REPLICATION_PORT = 5672, 7600, 7700, 7800
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+CLI_TIMEOUT_S = 60.0
+GATEWAY_REFRESH_MS = 500
+
+
+@dataclass(eq=False)
+class Process:
+    name: str
+    host: Host
+    argv: list[str]
+    data_dir: Path
+    ready_file: str
+    proc: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None or self.proc.poll() is not None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+@dataclass(eq=False)
+class ChaosCluster:
+    root: Path
+    nodes: int = 3
+    network: Network = field(default_factory=Network)
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        hosts = [self.network.add_host(f"n{i + 1}") for i in range(self.nodes)]
+        for i, host in enumerate(hosts):
+            peers = [f"{h.address}:{METADATA_PORT}" for h in hosts if h is not host]
+            name = f"n{i + 1}"
+            argv = [
+                sys.executable,
+                "-m",
+                "spate.cli.main",
+                "node",
+                "run",
+                "--node-id",
+                name,
+                "--data-dir",
+                str(self.root / name),
+                "--host",
+                host.address,
+                "--amqp-port",
+                str(AMQP_PORT),
+                "--admin-port",
+                str(ADMIN_PORT),
+                "--metadata-port",
+                str(METADATA_PORT),
+                "--replication-port",
+                str(REPLICATION_PORT),
+                "--metadata-peers",
+                ",".join(peers),
+            ]
+            self.processes[name] = Process(name, host, argv, self.root / name, "node.json")
+        gateway = self.network.add_host("g1")
+        argv = [
+            sys.executable,
+            "-m",
+            "spate.cli.main",
+            "gateway",
+            "run",
+            "--gateway-id",
+            "g1",
+            "--admin",
+            self.admin,
+            "--data-dir",
+            str(self.root / "g1"),
+            "--host",
+            gateway.address,
+            "--port",
+            str(AMQP_PORT),
+            "--refresh-ms",
+            str(GATEWAY_REFRESH_MS),
+        ]
+        self.processes["g1"] = Process("g1", gateway, argv, self.root / "g1", "gateway.json")
+
+    # -- addresses
+
+    @property
+    def admin(self) -> str:
+        return ",".join(f"{self.host(n).address}:{ADMIN_PORT}" for n in self.node_names)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [n for n in self.processes if n.startswith("n")]
+
+    def host(self, name: str) -> Host:
+        return self.processes[name].host
+
+    def url(self, name: str = "g1") -> str:
+        return f"amqp://{self.host(name).address}:{AMQP_PORT}"
+
+    # -- processes
+
+    def start(self, name: str | None = None) -> None:
+        """Start one process (or every one not running) and wait until each is ready."""
+        names = [name] if name else list(self.processes)
+        started = []
+        for each in names:
+            process = self.processes[each]
+            if process.running:
+                continue
+            process.data_dir.mkdir(parents=True, exist_ok=True)
+            (process.data_dir / process.ready_file).unlink(missing_ok=True)
+            env = dict(os.environ, SPATE_METADATA_PASSWORD=self.secret, PYTHONUNBUFFERED="1")
+            with open(process.data_dir / "process.log", "ab") as log:
+                process.proc = process.host.popen(
+                    process.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+            process.paused = False
+            started.append(process)
+        for process in started:
+            self._wait_ready(process)
+
+    def _wait_ready(self, process: Process) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        path = process.data_dir / process.ready_file
+        while time.monotonic() < deadline:
+            assert process.proc is not None
+            if process.proc.poll() is not None:
+                raise RuntimeError(f"{process.name} exited during start: {self.log_tail(process)}")
+            try:
+                if json.loads(path.read_text()).get("pid") == process.proc.pid:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{process.name} not ready in {START_TIMEOUT_S:.0f} s")
+
+    def log_tail(self, process: Process, lines: int = 15) -> str:
+        try:
+            text = (process.data_dir / "process.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def kill9(self, name: str) -> None:
+        process = self.processes[name]
+        if process.proc is not None and process.running:
+            process.proc.send_signal(signal.SIGKILL)
+            process.proc.wait(STOP_TIMEOUT_S)
+        process.paused = False
+
+    def pause(self, name: str) -> None:
+        process = self.processes[name]
+        if process.proc is not None and process.running:
+            process.proc.send_signal(signal.SIGSTOP)
+            process.paused = True
+
+    def resume(self, name: str) -> None:
+        process = self.processes[name]
+        if process.proc is not None and process.running:
+            process.proc.send_signal(signal.SIGCONT)
+        process.paused = False
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            if process.proc is not None and process.running:
+                if process.paused:
+                    process.proc.send_signal(signal.SIGCONT)
+                process.proc.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            if process.proc is not None:
+                try:
+                    process.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    process.proc.kill()
+                    process.proc.wait(STOP_TIMEOUT_S)
+        self.network.close()
+
+    def __enter__(self) -> ChaosCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the admin API, through the CLI
+
+    def cli(self, *args: str) -> Any:
+        """`spate ARGS --admin NODE --output json`, parsed: tried on each running, unpaused
+        node in turn while the answer is "unavailable" (exit 5: that node is cut off or has no
+        metadata leader)."""
+        live = [
+            n for n in self.node_names if self.processes[n].running and not self.processes[n].paused
+        ]
+        error = "no node is running"
+        for name in live or self.node_names:
+            admin = f"{self.host(name).address}:{ADMIN_PORT}"
+            command = [sys.executable, "-m", "spate.cli.main", *args]
+            done = subprocess.run(
+                [*command, "--admin", admin, "--output", "json", "--timeout", "5"],
+                capture_output=True,
+                text=True,
+                timeout=CLI_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode == 0:
+                return json.loads(done.stdout) if done.stdout.strip() else None
+            error = f"spate {' '.join(args)} at {name}: exit {done.returncode}: {done.stderr}"
+            if done.returncode != 5:
+                break
+        raise RuntimeError(error)
+
+    def leaders(self, stream: str) -> dict[int, str | None]:
+        parts = self.cli("partition", "list", stream)["partitions"]
+        return {int(p["partition"]): p["leader"] for p in parts}

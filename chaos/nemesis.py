@@ -1,0 +1,195 @@
+"""Fault schedules (issue 13): which faults a run injects, when, and for how long. The plan is
+pure (a seeded random.Random makes it; the same seed gives the same plan, printed for replay);
+`Nemesis` carries it out on a ChaosCluster and records each fault in the history as
+`{"process": "nemesis", "type": "info", "f": "start" | "stop", "value": {...}}`.
+
+| fault           | what is done                                                         |
+|-----------------|----------------------------------------------------------------------|
+| kill            | kill -9 one node; restarted when the fault ends                      |
+| pause           | SIGSTOP a partition's leader (longer than election and session       |
+|                 | timeouts), SIGCONT when it ends                                      |
+| partition-leader | isolate a partition's leader from every other host (nftables)       |
+| partition-halves | cut the hosts into two sides (the gateway on one of them)           |
+| partition-one-way | one node stops receiving from another                              |
+| loss            | one node drops 30 % of the packets it receives                        |
+| kill-gateway    | kill -9 the gateway; restarted when the fault ends                    |
+| pause-kill      | NATS's schedule (anchors B.2): pause a node, kill another, resume the |
+|                 | first, restart the second                                             |
+
+Schedules name a mix of kinds; each fault lasts `duration_s` drawn from the schedule's range,
+with a quiet gap after it, so the cluster heals between faults (RabbitMQ's CI: 20 s healthy,
+then a 10-30 s partition).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.cluster import ChaosCluster
+from chaos.workload import History
+
+KINDS = (
+    "kill",
+    "pause",
+    "partition-leader",
+    "partition-halves",
+    "partition-one-way",
+    "loss",
+    "kill-gateway",
+    "pause-kill",
+)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    kinds: tuple[str, ...]
+    duration_s: tuple[float, float]
+    gap_s: tuple[float, float]
+    minutes: float
+    """The default length of a run of this schedule."""
+
+
+SCHEDULES = {
+    "standard": Schedule("standard", KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
+    "ci": Schedule(
+        "ci", ("kill", "pause", "partition-leader", "loss", "kill-gateway"), (6, 10), (4, 6), 3.0
+    ),
+    "partitions": Schedule(
+        "partitions",
+        ("partition-leader", "partition-halves", "partition-one-way", "loss"),
+        (10.0, 30.0),
+        (10.0, 20.0),
+        10.0,
+    ),
+    "processes": Schedule(
+        "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    kind: str
+    duration_s: float
+    pick: int
+    """Which node or partition (an index taken modulo what exists when the fault starts)."""
+
+
+def plan(schedule: Schedule, seed: int, seconds: float) -> list[Fault]:
+    """The faults of a run: starting after a healthy first gap, none ending past `seconds`."""
+    rng = random.Random(f"chaos/{schedule.name}/{seed}")
+    faults: list[Fault] = []
+    at = rng.uniform(*schedule.gap_s)
+    while True:
+        duration = rng.uniform(*schedule.duration_s)
+        if at + duration > seconds:
+            return faults
+        faults.append(
+            Fault(
+                round(at, 3), rng.choice(schedule.kinds), round(duration, 3), rng.randrange(1 << 30)
+            )
+        )
+        at += duration + rng.uniform(*schedule.gap_s)
+
+
+class Nemesis:
+    def __init__(
+        self, cluster: ChaosCluster, history: History, stream: str, faults: list[Fault]
+    ) -> None:
+        self.cluster, self.history, self.stream, self.faults = cluster, history, stream, faults
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
+        self.errors: list[str] = []
+        self.injected = 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(120)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        for fault in self.faults:
+            if self.stopping.wait(max(0.0, started + fault.at_s - time.monotonic())):
+                return
+            try:
+                undo = self._inject(fault)
+            except Exception as error:  # reported in the summary; the run goes on
+                self.errors.append(f"{fault.kind} at {fault.at_s}s: {error}")
+                continue
+            self.injected += 1
+            self.stopping.wait(fault.duration_s)
+            try:
+                undo()
+            finally:
+                self.history.record("nemesis", "info", "stop", {"kind": fault.kind})
+
+    def _leader(self, pick: int) -> str:
+        leaders = {p: n for p, n in self.cluster.leaders(self.stream).items() if n}
+        if not leaders:
+            return self.cluster.node_names[pick % len(self.cluster.node_names)]
+        partitions = sorted(leaders)
+        return str(leaders[partitions[pick % len(partitions)]])
+
+    def _inject(self, fault: Fault) -> Any:
+        c, net = self.cluster, self.cluster.network
+        nodes = c.node_names
+        node = nodes[fault.pick % len(nodes)]
+        detail: dict[str, Any] = {"kind": fault.kind, "duration_s": fault.duration_s}
+        undo: Any
+        if fault.kind == "kill":
+            c.kill9(node)
+            detail["node"] = node
+            undo = lambda: c.start(node)  # noqa: E731
+        elif fault.kind == "kill-gateway":
+            c.kill9("g1")
+            undo = lambda: c.start("g1")  # noqa: E731
+        elif fault.kind == "pause":
+            leader = self._leader(fault.pick)
+            c.pause(leader)
+            detail["node"] = leader
+            undo = lambda: c.resume(leader)  # noqa: E731
+        elif fault.kind == "partition-leader":
+            leader = self._leader(fault.pick)
+            net.isolate(c.host(leader))
+            detail["node"] = leader
+            undo = net.heal
+        elif fault.kind == "partition-halves":
+            hosts = [*nodes, "g1"]
+            random.Random(fault.pick).shuffle(hosts)
+            side = hosts[: len(hosts) // 2]
+            for a in side:
+                for b in hosts:
+                    if b not in side:
+                        net.cut(c.host(a), c.host(b))
+            detail["sides"] = [sorted(side), sorted(h for h in hosts if h not in side)]
+            undo = net.heal
+        elif fault.kind == "partition-one-way":
+            other = nodes[(fault.pick + 1) % len(nodes)]
+            net.cut(c.host(node), c.host(other), both=False)
+            detail["from"], detail["to"] = node, other
+            undo = net.heal
+        elif fault.kind == "loss":
+            net.loss(c.host(node), 30)
+            detail["node"] = node
+            undo = net.heal
+        elif fault.kind == "pause-kill":
+            crasher = nodes[(fault.pick + 1) % len(nodes)]
+            c.pause(node)
+            time.sleep(min(3.0, fault.duration_s / 3))
+            c.kill9(crasher)
+            c.resume(node)
+            detail["paused"], detail["killed"] = node, crasher
+            undo = lambda: c.start(crasher)  # noqa: E731
+        else:
+            raise ValueError(f"unknown fault kind {fault.kind!r}")
+        self.history.record("nemesis", "info", "start", detail)
+        return undo

@@ -1,0 +1,249 @@
+"""One chaos run (issue 13): a three-node cluster and a gateway in network namespaces, the
+workload, a fault schedule, then a heal, the final reads, the checker and the report.
+
+    python -m chaos run [--schedule standard] [--seed S] [--minutes M] [--out chaos/reports]
+
+Writes `<out>/<run-id>/`: `history.jsonl` (every operation), `verdict.json` (the checker's),
+`summary.md` (verdict, counts, anomalies, the fault timeline, the replay command) and
+`timeline.png` (acknowledged sends per second and their latency, faults shaded). The last line
+printed is the verdict; the exit code is 0 only when the history is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chaos import checker
+from chaos.cluster import ChaosCluster
+from chaos.nemesis import SCHEDULES, Fault, Nemesis, plan
+from chaos.workload import History, Workload, read_partition
+
+STREAM = "chaos"
+PARTITIONS = 3
+PRODUCERS = 6
+HEAL_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    verdict: checker.Verdict
+    faults: list[Fault]
+    harness_errors: list[str]
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict.valid and not self.harness_errors
+
+
+def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) -> Outcome:
+    schedule = SCHEDULES[schedule_name]
+    seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
+    seconds = 60.0 * (minutes if minutes is not None else schedule.minutes)
+    run_id = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{schedule.name}-s{seed}"
+    run_dir = out / run_id
+    run_dir.mkdir(parents=True)
+    faults = plan(schedule, seed, seconds)
+    replay = (
+        f"python -m chaos run --schedule {schedule.name} --seed {seed} --minutes {seconds / 60:g}"
+    )
+    print(f"chaos: run {run_id}: {len(faults)} faults over {seconds:.0f} s; replay: {replay}")
+    data = Path(tempfile.mkdtemp(prefix="spate-chaos-"))
+    history = History(run_dir / "history.jsonl")
+    errors: list[str] = []
+    try:
+        with ChaosCluster(data) as cluster:
+            cluster.start()
+            cluster.cli(
+                "stream", "create", STREAM, "--partitions", str(PARTITIONS), "--replicas", "3"
+            )
+            _wait_for_leaders(cluster)
+            node_urls = [cluster.url(n) for n in cluster.node_names]
+            workload = Workload(
+                history, cluster.url("g1"), node_urls, STREAM, PARTITIONS, PRODUCERS
+            )
+            nemesis = Nemesis(cluster, history, STREAM, faults)
+            workload.start()
+            nemesis.start()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+                elapsed = time.monotonic() - history.started
+                print(f"chaos: {elapsed:5.0f} s, {_acked(history)} acknowledged", flush=True)
+            nemesis.stop()
+            workload.stop()
+            errors += workload.errors + nemesis.errors
+            _heal(cluster)
+            history.record("final", "info", "heal", None)
+            replicas = _final_reads(cluster, history)
+    finally:
+        history.close()
+        shutil.rmtree(data, ignore_errors=True)
+    verdict = checker.check(history.ops, replicas)
+    outcome = Outcome(run_dir, verdict, faults, errors)
+    _report(outcome, history.ops, schedule.name, seed, replay)
+    return outcome
+
+
+def _acked(history: History) -> int:
+    return sum(1 for op in history.ops if op["f"] == "send" and op["type"] == "ok")
+
+
+def _wait_for_leaders(cluster: ChaosCluster) -> None:
+    deadline = time.monotonic() + HEAL_TIMEOUT_S
+    while True:
+        try:
+            leaders = cluster.leaders(STREAM)
+            if len(leaders) == PARTITIONS and all(leaders.values()):
+                return
+        except RuntimeError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the partitions of {STREAM} have no leaders after the heal")
+        time.sleep(0.5)
+
+
+def _heal(cluster: ChaosCluster) -> None:
+    cluster.network.heal()
+    for name, process in cluster.processes.items():
+        if process.paused:
+            cluster.resume(name)
+    cluster.start()
+    _wait_for_leaders(cluster)
+
+
+def _final_reads(
+    cluster: ChaosCluster, history: History
+) -> dict[str, dict[int, list[tuple[int, str]]]]:
+    """The whole of every partition through the gateway (the truth the checker uses), then
+    each node's own copy (for divergence)."""
+    described = cluster.cli("stream", "describe", STREAM)
+    ends = {int(p["partition"]): int(p["end_offset"] or 0) for p in described["partitions"]}
+    for partition, end in sorted(ends.items()):
+        for offset, value in read_partition(cluster.url("g1"), STREAM, partition, end):
+            history.record(
+                "final", "ok", "read", {"partition": partition, "offset": offset, "value": value}
+            )
+    replicas: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(dict)
+    for node in cluster.node_names:
+        for partition, end in ends.items():
+            replicas[node][partition] = read_partition(cluster.url(node), STREAM, partition, end)
+    return replicas
+
+
+def _report(
+    outcome: Outcome, ops: list[dict[str, Any]], schedule: str, seed: int, replay: str
+) -> None:
+    run_dir, verdict = outcome.run_dir, outcome.verdict
+    (run_dir / "verdict.json").write_text(
+        json.dumps(verdict.to_json() | {"harness_errors": outcome.harness_errors}, indent=2)
+    )
+    spans = _fault_spans(ops)
+    _plot(ops, spans, run_dir / "timeline.png")
+    totals = verdict.totals()
+    lines = [
+        f"# Chaos run {run_dir.name}",
+        "",
+        f"**Verdict: {'valid' if outcome.valid else 'INVALID'}** — schedule `{schedule}`, "
+        f"seed {seed}.",
+        f"Replay: `{replay}`",
+        "",
+        "| partition | acknowledged | stored | recovered (unknown, stored) "
+        "| unknown, not stored | refused | live reads | anomalies |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p, r in sorted(verdict.partitions.items()):
+        anomalies = ", ".join(f"{k} {v}" for k, v in sorted(r.anomalies.items())) or "none"
+        lines.append(
+            f"| {p} | {r.acknowledged} | {r.stored} | {r.recovered} | {r.indeterminate_lost} "
+            f"| {r.failed} | {r.reads} | {anomalies} |"
+        )
+    lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
+    for p, r in sorted(verdict.partitions.items()):
+        for kind, examples in sorted(r.examples.items()):
+            lines.append(f"- partition {p}, {kind}: " + "; ".join(examples[:3]))
+    if outcome.harness_errors:
+        lines += ["", "Harness errors (the run is not valid with these):"]
+        lines += [f"- {e}" for e in outcome.harness_errors]
+    lines += ["", "## Faults", "", "| start (s) | end (s) | fault |", "|---|---|---|"]
+    for start, end, detail in spans:
+        lines.append(f"| {start:.1f} | {end:.1f} | {json.dumps(detail, sort_keys=True)} |")
+    lines += ["", "![timeline](timeline.png)", ""]
+    (run_dir / "summary.md").write_text("\n".join(lines))
+
+
+def _fault_spans(ops: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
+    spans: list[tuple[float, float, dict[str, Any]]] = []
+    open_at: tuple[float, dict[str, Any]] | None = None
+    for op in ops:
+        if op["process"] != "nemesis":
+            continue
+        if op["f"] == "start":
+            open_at = (op["time"], op["value"])
+        elif op["f"] == "stop" and open_at is not None:
+            spans.append((open_at[0], op["time"], open_at[1]))
+            open_at = None
+    return spans
+
+
+def _plot(
+    ops: list[dict[str, Any]], spans: list[tuple[float, float, dict[str, Any]]], path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    invoked: dict[tuple[str, str], float] = {}
+    per_second: dict[int, int] = defaultdict(int)
+    latency: dict[int, list[float]] = defaultdict(list)
+    for op in ops:
+        if op["f"] != "send":
+            continue
+        key = (op["process"], op["value"]["value"])
+        if op["type"] == "invoke":
+            invoked[key] = op["time"]
+        elif op["type"] == "ok" and key in invoked:
+            second = int(op["time"])
+            per_second[second] += 1
+            latency[second].append(1000 * (op["time"] - invoked[key]))
+    end = max([*per_second, *(int(e) for _, e, _ in spans), 1])
+    xs = list(range(end + 1))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    top.plot(xs, [per_second.get(x, 0) for x in xs], color="tab:blue", linewidth=1)
+    top.set_ylabel("acknowledged sends / s")
+    p99 = [
+        statistics.quantiles(latency[x], n=100)[98]
+        if len(latency[x]) > 1
+        else (latency[x][0] if latency[x] else float("nan"))
+        for x in xs
+    ]
+    bottom.plot(xs, p99, color="tab:red", linewidth=1)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("send latency p99 (ms)")
+    bottom.set_xlabel("seconds since the start")
+    for start, stop, detail in spans:
+        for axis in (top, bottom):
+            axis.axvspan(start, stop, color="tab:orange", alpha=0.2)
+        top.text(
+            start,
+            top.get_ylim()[1] * 0.95,
+            str(detail.get("kind")),
+            fontsize=7,
+            rotation=90,
+            va="top",
+        )
+    fig.suptitle(f"chaos run {path.parent.name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,206 @@
+"""The chaos workload (issue 13): producers and consumers on a real cluster, every operation
+recorded in the history (chaos.checker's format) as it happens.
+
+- Producer process `p<i>` publishes to partition i % P of the stream, through the gateway or
+  (every third producer) directly to the nodes, with deduplication on: producer name `p<i>`,
+  value `p<i>-<n>` with the explicit publishing id n + 1, one message at a time, each waiting
+  for its confirm. `ok` = accepted; `fail` = refused and not retryable (definitely not stored);
+  `info` = no answer (timeout, lost connection): after one, the producer reconnects and goes on
+  with the next number (a later resend of the same value would carry the same id).
+- Consumer process `c<p>` reads partition p from its first offset through the gateway, live,
+  reconnecting and resuming after its last offset; each delivery is a `read` `ok`.
+- `final_read` reads every partition whole after the faults are healed, from the gateway
+  (process "final") and from each node directly (the per-replica reads for `diverged`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from spate.client import Consumer, Producer
+from spate.client.errors import ConnectionLost, PublishRefused, is_retryable_outcome
+
+SEND_TIMEOUT_S = 5.0
+RECONNECT_TIMEOUT_S = 10.0
+READ_IDLE_S = 3.0
+FINAL_READ_TIMEOUT_S = 120.0
+
+
+class History:
+    """Operations in the order they happened, appended to a JSON-lines file as they come."""
+
+    def __init__(self, path: Path) -> None:
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._file: TextIO = path.open("w")
+        self.ops: list[dict[str, Any]] = []
+
+    def record(self, process: str, kind: str, f: str, value: Any = None) -> dict[str, Any]:
+        op = {
+            "process": process,
+            "type": kind,
+            "f": f,
+            "value": value,
+            "time": round(time.monotonic() - self.started, 6),
+        }
+        with self._lock:
+            self.ops.append(op)
+            self._file.write(json.dumps(op) + "\n")
+        return op
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class Workload:
+    def __init__(  # noqa: PLR0917 (the run's settings, named at the one call)
+        self,
+        history: History,
+        gateway_url: str,
+        node_urls: list[str],
+        stream: str,
+        partitions: int,
+        producers: int,
+    ) -> None:
+        self.history = history
+        self.gateway_url, self.node_urls = gateway_url, node_urls
+        self.stream, self.partitions, self.producers = stream, partitions, producers
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+
+    def start(self) -> None:
+        for i in range(self.producers):
+            self._spawn(f"p{i}", functools.partial(self._produce, i))
+        for p in range(self.partitions):
+            self._spawn(f"c{p}", functools.partial(self._consume, p))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(SEND_TIMEOUT_S + RECONNECT_TIMEOUT_S + 30)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                target()
+            except Exception as error:  # a bug in the harness: reported, never hidden
+                self.errors.append(f"{name}: {type(error).__name__}: {error}")
+                raise
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _urls(self, i: int) -> list[str]:
+        return self.node_urls if i % 3 == 2 else [self.gateway_url]
+
+    def _produce(self, i: int) -> None:
+        process, partition = f"p{i}", i % self.partitions
+        producer: Producer | None = None
+        n = 0
+        while not self.stopping.is_set():
+            if producer is None:
+                try:
+                    producer = Producer(
+                        self._urls(i),
+                        self.stream,
+                        partition=partition,
+                        name=process,
+                        timeout_s=SEND_TIMEOUT_S,
+                        reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+                    )
+                except (OSError, TimeoutError, Exception):  # no cluster to talk to yet
+                    time.sleep(0.5)
+                    continue
+            text = f"{process}-{n}"
+            value = {"partition": partition, "value": text}
+            self.history.record(process, "invoke", "send", value)
+            try:
+                producer.send(text.encode(), publishing_id=n + 1)
+                self.history.record(process, "ok", "send", value)
+            except PublishRefused as refused:
+                retryable = is_retryable_outcome(refused.condition, refused.info)
+                self.history.record(process, "info" if retryable else "fail", "send", value)
+                _closed(producer)
+                producer = None
+            except (ConnectionLost, TimeoutError, OSError):
+                self.history.record(process, "info", "send", value)
+                _closed(producer)
+                producer = None
+            n += 1
+        if producer is not None:
+            _closed(producer)
+
+    def _consume(self, partition: int) -> None:
+        process = f"c{partition}"
+        consumer: Consumer | None = None
+        start: Any = "first"
+        while not self.stopping.is_set():
+            if consumer is None:
+                try:
+                    consumer = Consumer(
+                        [self.gateway_url],
+                        self.stream,
+                        start=start,
+                        partition=partition,
+                        timeout_s=SEND_TIMEOUT_S,
+                        reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+                    )
+                except Exception:  # attach failed during a fault: try again
+                    time.sleep(0.5)
+                    continue
+            try:
+                event = consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            except Exception:  # gave up reconnecting: a new consumer after the last offset
+                _closed(consumer)
+                consumer = None
+                continue
+            value = {"partition": partition, "offset": event.offset, "value": _body(event)}
+            self.history.record(process, "ok", "read", value)
+            start = event.offset + 1
+        if consumer is not None:
+            _closed(consumer)
+
+
+def _body(event: Any) -> str:
+    body = event.message.body
+    return bytes(body).decode() if isinstance(body, bytes | memoryview) else str(body)
+
+
+def _closed(client: Any) -> None:
+    """Close a client that may be broken (nothing more to do with it either way); None, so that
+    `client = _closed(client)` forgets it."""
+    with contextlib.suppress(Exception):
+        client.close()
+
+
+def read_partition(url: str, stream: str, partition: int, end: int) -> list[tuple[int, str]]:
+    """Offsets [first, end) of one partition as served at `url` (a gateway or one node)."""
+    out: list[tuple[int, str]] = []
+    if end <= 0:
+        return out
+    deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
+    consumer = Consumer(url, stream, start="first", partition=partition, timeout_s=SEND_TIMEOUT_S)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                event = consumer.receive(timeout=READ_IDLE_S)
+            except TimeoutError:
+                break
+            out.append((event.offset, _body(event)))
+            if event.offset >= end - 1:
+                break
+    finally:
+        _closed(consumer)
+    return out

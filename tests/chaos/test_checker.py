@@ -1,0 +1,90 @@
+"""chaos.checker: each anomaly kind is found in a history made to have it, and a clean history
+(with indeterminate sends both stored and not) is valid. Histories as a run writes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chaos.checker import check
+
+
+def send(process: str, partition: int, value: str, outcome: str) -> list[dict[str, Any]]:
+    v = {"partition": partition, "value": value}
+    return [
+        {"process": process, "type": "invoke", "f": "send", "value": v, "time": 0.0},
+        {"process": process, "type": outcome, "f": "send", "value": v, "time": 0.1},
+    ]
+
+
+def read(process: str, partition: int, offset: int, value: str) -> dict[str, Any]:
+    return {
+        "process": process,
+        "type": "ok",
+        "f": "read",
+        "value": {"partition": partition, "offset": offset, "value": value},
+        "time": 1.0,
+    }
+
+
+def clean() -> list[dict[str, Any]]:
+    ops = []
+    for n in range(5):
+        ops += send("p0", 0, f"p0-{n}", "ok")
+    ops += send("p0", 0, "p0-5", "info")  # stored: recovered
+    ops += send("p0", 0, "p0-6", "info")  # not stored: allowed
+    ops += send("p0", 0, "p0-7", "fail")
+    ops += [read("final", 0, o, f"p0-{o}") for o in range(6)]
+    ops += [read("c1", 0, o, f"p0-{o}") for o in range(4)]
+    return ops
+
+
+def test_a_clean_history_is_valid_and_counted() -> None:
+    verdict = check(clean())
+    assert verdict.valid, verdict.to_json()
+    result = verdict.partitions[0]
+    assert (result.acknowledged, result.stored, result.recovered) == (5, 6, 1)
+    assert (result.indeterminate_lost, result.failed, result.reads) == (1, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [
+        (
+            lambda ops: [
+                o for o in ops if o["value"].get("offset") != 2 or o["process"] != "final"
+            ],
+            "lost",
+        ),
+        (lambda ops: [*ops, read("final", 0, 6, "p0-1")], "duplicate"),
+        (lambda ops: [*ops, read("final", 0, 6, "p9-1")], "unexpected"),
+        (lambda ops: [*ops, read("final", 0, 6, "p0-7")], "failed-stored"),
+        (lambda ops: [*ops, read("final", 0, 7, "p0-6")], "offset-gap"),
+        (lambda ops: [*ops, read("c1", 0, 1, "p0-1")], "read-backwards"),
+        (lambda ops: [*ops, read("c1", 0, 5, "p0-5")], "read-skip"),
+        (lambda ops: [*ops, read("c2", 0, 0, "p0-3")], "read-mismatch"),
+    ],
+)
+def test_each_anomaly_is_found(change: Any, kind: str) -> None:
+    verdict = check(change(clean()))
+    assert not verdict.valid
+    assert kind in verdict.totals(), verdict.to_json()
+    assert verdict.partitions[0].examples[kind]
+
+
+def test_reordering_within_one_producer_is_found() -> None:
+    ops = send("p1", 2, "p1-0", "ok") + send("p1", 2, "p1-1", "ok")
+    ops += [read("final", 2, 0, "p1-1"), read("final", 2, 1, "p1-0")]
+    verdict = check(ops)
+    assert verdict.totals() == {"reordered": 1}
+
+
+def test_a_partition_never_read_back_lost_its_acknowledged_sends() -> None:
+    verdict = check(send("p2", 3, "p2-0", "ok"))
+    assert verdict.totals() == {"lost": 1}
+
+
+def test_replicas_that_disagree_are_reported() -> None:
+    verdict = check(clean(), {"n2": {0: [(0, "p0-0"), (1, "p0-9")]}})
+    assert verdict.totals() == {"diverged": 1}
