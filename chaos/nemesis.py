@@ -15,6 +15,10 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 | kill-gateway    | kill -9 the gateway; restarted when the fault ends                    |
 | pause-kill      | NATS's schedule (anchors B.2): pause a node, kill another, resume the |
 |                 | first, restart the second                                             |
+| disk-truncate   | kill -9 a node, cut the last 1-200 bytes off one partition's active   |
+|                 | segment (a torn write), restart it                                    |
+| disk-bitflip    | kill -9 a node, flip one byte inside one of its segment files, restart |
+| disk-index      | kill -9 a node, delete one of its segment index files, restart        |
 
 Schedules name a mix of kinds; each fault lasts `duration_s` drawn from the schedule's range,
 with a quiet gap after it, so the cluster heals between faults (RabbitMQ's CI: 20 s healthy,
@@ -27,6 +31,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chaos.cluster import ChaosCluster
@@ -41,7 +46,11 @@ KINDS = (
     "loss",
     "kill-gateway",
     "pause-kill",
+    "disk-truncate",
+    "disk-bitflip",
+    "disk-index",
 )
+DISK_KINDS = ("disk-truncate", "disk-bitflip", "disk-index")
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ SCHEDULES = {
         (10.0, 20.0),
         10.0,
     ),
+    "disks": Schedule("disks", (*DISK_KINDS, "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
     "processes": Schedule(
         "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
     ),
@@ -189,7 +199,49 @@ class Nemesis:
             c.resume(node)
             detail["paused"], detail["killed"] = node, crasher
             undo = lambda: c.start(crasher)  # noqa: E731
+        elif fault.kind in DISK_KINDS:
+            c.kill9(node)
+            detail["node"] = node
+            detail["damage"] = damage(c.processes[node].data_dir, fault.kind, fault.pick)
+            undo = lambda: c.start(node)  # noqa: E731
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
         self.history.record("nemesis", "info", "start", detail)
         return undo
+
+
+def damage(data_dir: Path, kind: str, pick: int) -> str:
+    """Damage a stopped node's partition files as `kind` says; what was done, for the report."""
+    rng = random.Random(pick)
+    logs = sorted(data_dir.glob("partitions/*/*/log"))
+    if not logs:
+        return "no partition files yet"
+    log = logs[rng.randrange(len(logs))]
+    segments = sorted(log.glob("*.segment"))
+    if kind == "disk-index":
+        indexes = sorted(log.glob("*.index"))
+        if not indexes:
+            return f"{log}: no index file"
+        victim = indexes[rng.randrange(len(indexes))]
+        victim.unlink()
+        return f"deleted {victim.relative_to(data_dir)}"
+    if not segments:
+        return f"{log}: no segment"
+    if kind == "disk-truncate":
+        victim = segments[-1]
+        size = victim.stat().st_size
+        cut = min(size, rng.randint(1, 200))
+        with victim.open("r+b") as f:
+            f.truncate(size - cut)
+        return f"cut {cut} bytes off {victim.relative_to(data_dir)} ({size} bytes)"
+    victim = segments[rng.randrange(len(segments))]
+    size = victim.stat().st_size
+    if size == 0:
+        return f"{victim.relative_to(data_dir)} is empty"
+    at = rng.randrange(size)
+    with victim.open("r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+    return f"flipped a bit of byte {at} of {victim.relative_to(data_dir)} ({size} bytes)"
