@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spate.client import Consumer, Producer
-from spate.client.errors import ConnectionLost, PublishRefused, is_retryable_outcome
+from spate.client.errors import (
+    AttachRefused,
+    ConnectionLost,
+    PublishRefused,
+    is_retryable_outcome,
+)
 
 SEND_TIMEOUT_S = 5.0
 RECONNECT_TIMEOUT_S = 10.0
@@ -132,7 +137,8 @@ class Workload:
                 self.history.record(process, "info" if retryable else "fail", "send", value)
                 _closed(producer)
                 producer = None
-            except (ConnectionLost, TimeoutError, OSError):
+            except (AttachRefused, ConnectionLost, TimeoutError, OSError):
+                # no answer, or the resend's re-attach was refused until the client gave up
                 self.history.record(process, "info", "send", value)
                 _closed(producer)
                 producer = None
