@@ -180,8 +180,8 @@ class Workload:
 
 
 def _body(event: Any) -> str:
-    body = event.message.body
-    return bytes(body).decode() if isinstance(body, bytes | memoryview) else str(body)
+    body = event.body  # a copy (the decoded message's memoryview lives only as long as it)
+    return body.decode() if isinstance(body, bytes) else str(body)
 
 
 def _closed(client: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -426,3 +427,45 @@ def test_single_active_consumer_fails_over_between_processes_and_across_a_leader
     finally:
         for member in members:
             member.stop()
+
+
+def test_a_producer_on_a_paused_leader_gives_it_up_and_publishes_elsewhere(
+    cluster3: Cluster,
+) -> None:
+    """The client asks for an AMQP idle timeout (engine.idle_timeout_s): a leader paused with
+    SIGSTOP keeps its TCP connections open but sends nothing, and the client gives it up after
+    twice that and reconnects to another node, which redirects it to the new leader. Before,
+    the send waited for as long as the pause lasted (found by the chaos suite)."""
+    import signal
+
+    from spate.client import engine
+
+    cluster3.cli("stream", "create", "paused", "--replicas", "3")
+    leader = cluster3.leader_of("paused")
+    urls = cluster3.urls()
+    leader_url = urls[cluster3.index_of(leader)]
+    producer = Producer(
+        [leader_url, *(u for u in urls if u != leader_url)],
+        "paused",
+        name="pausing",
+        timeout_s=5,
+        reconnect_timeout_s=60,
+    )
+    pid = cluster3.node_pid(cluster3.index_of(leader))
+    try:
+        producer.send(b"before", publishing_id=1)
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        producer.send(b"during", publishing_id=2)  # never returns while paused, without it
+        waited = time.monotonic() - started
+        assert producer.reconnects >= 1
+        print(f"published {waited:.1f} s after the pause (idle timeout {engine.idle_timeout_s} s)")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        producer.close()
+    consumer = Consumer(urls, "paused", start="first", timeout_s=10)
+    try:
+        got = [consumer.receive(timeout=20).body for _ in range(2)]
+    finally:
+        consumer.close()
+    assert got == [b"before", b"during"]
