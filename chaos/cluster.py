@@ -55,6 +55,14 @@ class ChaosCluster:
     network: Network = field(default_factory=Network)
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
     processes: dict[str, Process] = field(default_factory=dict)
+    proxied: bool = False
+    """Route every node-to-node link (replication and metadata), every gateway-to-node link
+    and the clients' gateway link through Toxiproxy-style proxies (chaos.toxiproxy), so that
+    faults can be put on one link: latency, bandwidth, resets, slicing, black holes."""
+    proxies: dict[str, str] = field(default_factory=dict)
+    """Proxy name -> its listen address; names are `<from>-<to>-<port>` and `client-g1`."""
+    _toxiproxy: Any = None
+    _toxiproxy_exit: Any = None
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -107,6 +115,54 @@ class ChaosCluster:
             str(GATEWAY_REFRESH_MS),
         ]
         self.processes["g1"] = Process("g1", gateway, argv, self.root / "g1", "gateway.json")
+        if self.proxied:
+            self._route_through_proxies()
+
+    def _route_through_proxies(self) -> None:
+        """A proxy per (from, to, port) in the root namespace on the bridge's address, and a
+        DNAT rule in the `from` host's namespace sending its connections to `to:port` there:
+        nothing in Spate's configuration changes (the nodes still dial each other's advertised
+        addresses), yet each direction of each link can be degraded alone."""
+        import requests
+
+        from chaos.toxiproxy import running
+
+        self._toxiproxy_exit = running(host=self.network.gateway, port=0, seed=0)
+        self._toxiproxy = self._toxiproxy_exit.__enter__()
+        api = self._toxiproxy.url
+        links = [
+            (a, b, port)
+            for a in self.node_names
+            for b in self.node_names
+            if a != b
+            for port in (REPLICATION_PORT, METADATA_PORT)
+        ] + [("g1", b, REPLICATION_PORT) for b in self.node_names]
+        for a, b, port in links:
+            name = f"{a}-{b}-{port}"
+            upstream = f"{self.host(b).address}:{port}"
+            listen = f"{self.network.gateway}:0"
+            answer = requests.post(
+                f"{api}/proxies", json={"name": name, "listen": listen, "upstream": upstream}
+            )
+            answer.raise_for_status()
+            self.proxies[name] = answer.json()["listen"]
+            proxy_port = self.proxies[name].rsplit(":", 1)[1]
+            self.host(a).nat(self.host(b).address, port, f"{self.network.gateway}:{proxy_port}")
+        answer = requests.post(
+            f"{api}/proxies",
+            json={
+                "name": "client-g1",
+                "listen": f"{self.network.gateway}:0",
+                "upstream": f"{self.host('g1').address}:{AMQP_PORT}",
+            },
+        )
+        answer.raise_for_status()
+        self.proxies["client-g1"] = answer.json()["listen"]
+
+    @property
+    def toxiproxy_url(self) -> str:
+        assert self._toxiproxy is not None, "the cluster was made without proxied=True"
+        return str(self._toxiproxy.url)
 
     # -- addresses
 
@@ -122,6 +178,8 @@ class ChaosCluster:
         return self.processes[name].host
 
     def url(self, name: str = "g1") -> str:
+        if name == "g1" and "client-g1" in self.proxies:
+            return f"amqp://{self.proxies['client-g1']}"
         return f"amqp://{self.host(name).address}:{AMQP_PORT}"
 
     # -- processes
@@ -205,6 +263,8 @@ class ChaosCluster:
                 except subprocess.TimeoutExpired:
                     process.proc.kill()
                     process.proc.wait(STOP_TIMEOUT_S)
+        if self._toxiproxy_exit is not None:
+            self._toxiproxy_exit.__exit__(None, None, None)
         self.network.close()
 
     def __enter__(self) -> ChaosCluster:

@@ -19,6 +19,14 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 |                 | segment (a torn write), restart it                                    |
 | disk-bitflip    | kill -9 a node, flip one byte inside one of its segment files, restart |
 | disk-index      | kill -9 a node, delete one of its segment index files, restart        |
+| link-latency    | (proxied) 200 ± 100 ms each way on the replication links of two nodes  |
+| link-bandwidth  | (proxied) 20 KB/s each way on the replication links of two nodes       |
+| link-reset      | (proxied) the replication links of two nodes reset after 500 ms, again |
+|                 | and again                                                             |
+| link-slicer     | (proxied) replication bytes of two nodes cut into ~64-byte pieces      |
+| link-blackhole  | (proxied) every link into and out of one node holds its bytes         |
+| client-latency  | (proxied) 100 ± 50 ms each way between the clients and the gateway    |
+| client-reset    | (proxied) the clients' gateway connections reset after 2 s, repeatedly |
 
 Schedules name a mix of kinds; each fault lasts `duration_s` drawn from the schedule's range,
 with a quiet gap after it, so the cluster heals between faults (RabbitMQ's CI: 20 s healthy,
@@ -51,6 +59,16 @@ KINDS = (
     "disk-index",
 )
 DISK_KINDS = ("disk-truncate", "disk-bitflip", "disk-index")
+LINK_KINDS = (
+    "link-latency",
+    "link-bandwidth",
+    "link-reset",
+    "link-slicer",
+    "link-blackhole",
+    "client-latency",
+    "client-reset",
+)
+"""Faults on one link, through the proxies: the schedule's cluster runs with proxied=True."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +82,23 @@ class Schedule:
 
 
 SCHEDULES = {
-    "standard": Schedule("standard", KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
+    "standard": Schedule("standard", KINDS + LINK_KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
     "ci": Schedule(
-        "ci", ("kill", "pause", "partition-leader", "loss", "kill-gateway"), (6, 10), (4, 6), 3.0
+        "ci",
+        (
+            "kill",
+            "pause",
+            "partition-leader",
+            "loss",
+            "kill-gateway",
+            "disk-truncate",
+            "link-latency",
+            "link-blackhole",
+            "client-reset",
+        ),
+        (6, 10),
+        (4, 6),
+        3.0,
     ),
     "partitions": Schedule(
         "partitions",
@@ -75,11 +107,16 @@ SCHEDULES = {
         (10.0, 20.0),
         10.0,
     ),
+    "links": Schedule("links", LINK_KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
     "disks": Schedule("disks", (*DISK_KINDS, "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
     "processes": Schedule(
         "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
     ),
 }
+
+
+def needs_proxies(schedule: Schedule) -> bool:
+    return any(kind in LINK_KINDS for kind in schedule.kinds)
 
 
 @dataclass(frozen=True)
@@ -199,6 +236,9 @@ class Nemesis:
             c.resume(node)
             detail["paused"], detail["killed"] = node, crasher
             undo = lambda: c.start(crasher)  # noqa: E731
+        elif fault.kind in LINK_KINDS:
+            detail |= self._toxics(fault, node, nodes[(fault.pick + 1) % len(nodes)])
+            undo = self._clear_toxics
         elif fault.kind in DISK_KINDS:
             c.kill9(node)
             detail["node"] = node
@@ -208,6 +248,38 @@ class Nemesis:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
         self.history.record("nemesis", "info", "start", detail)
         return undo
+
+    def _toxics(self, fault: Fault, a: str, b: str) -> dict[str, Any]:
+        """Put the fault's toxics on its links (both directions of each)."""
+        import requests
+
+        api = self.cluster.toxiproxy_url
+        attributes: dict[str, Any]
+        if fault.kind.startswith("client-"):
+            names = ["client-g1"]
+        elif fault.kind == "link-blackhole":
+            names = [n for n in self.cluster.proxies if a in n.split("-")[:2]]
+        else:
+            names = [f"{a}-{b}-7800", f"{b}-{a}-7800"]
+        kind, attributes = {
+            "link-latency": ("latency", {"latency": 200, "jitter": 100}),
+            "link-bandwidth": ("bandwidth", {"rate": 20}),
+            "link-reset": ("reset_peer", {"timeout": 500}),
+            "link-slicer": ("slicer", {"average_size": 64, "size_variation": 32, "delay": 200}),
+            "link-blackhole": ("timeout", {"timeout": 0}),
+            "client-latency": ("latency", {"latency": 100, "jitter": 50}),
+            "client-reset": ("reset_peer", {"timeout": 2000}),
+        }[fault.kind]
+        for name in names:
+            for stream in ("downstream", "upstream"):
+                toxic = {"type": kind, "stream": stream, "attributes": attributes}
+                requests.post(f"{api}/proxies/{name}/toxics", json=toxic, timeout=10)
+        return {"links": names, "toxic": kind, "attributes": attributes}
+
+    def _clear_toxics(self) -> None:
+        import requests
+
+        requests.post(f"{self.cluster.toxiproxy_url}/reset", timeout=10)
 
 
 def damage(data_dir: Path, kind: str, pick: int) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 HOSTS_MAX = 200
 COMMAND_TIMEOUT_S = 30.0
 _TABLE = "spate_chaos"
+_NAT = "spate_chaos_nat"
 
 
 class NetworkError(RuntimeError):
@@ -58,6 +59,7 @@ class Host:
     namespace: str
     address: str
     veth: str
+    _nat_ready: bool = False
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """A process inside this host's namespace (it sees only eth0 and lo)."""
@@ -65,6 +67,17 @@ class Host:
 
     def run(self, argv: Sequence[str], check: bool = True) -> str:
         return run(argv, namespace=self.namespace, check=check)
+
+    def nat(self, address: str, port: int, to: str) -> None:
+        """Connections this host opens to `address:port` go to `to` (host:port) instead (a
+        DNAT rule on its output: how chaos.cluster puts a proxy on a link)."""
+        if not self._nat_ready:
+            self.run(["nft", "add", "table", "ip", _NAT])
+            rule = f"add chain ip {_NAT} output {{ type nat hook output priority -100 ; }}"
+            self.run(["nft", *rule.split()])
+            self._nat_ready = True
+        rule = f"add rule ip {_NAT} output ip daddr {address} tcp dport {port} dnat to {to}"
+        self.run(["nft", *rule.split()])
 
 
 @dataclass(eq=False)
