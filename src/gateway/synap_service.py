@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from spate.core import limits
 from spate.core.backend import Broker, OffsetSpec, Partition
-from spate.core.coordinator import Assignment, GroupSettings
+from spate.core.coordinator import Assignment, GroupCoordinator, GroupSettings
 from spate.core.errors import (
     AlreadyExists,
     BrokerError,
@@ -275,6 +275,7 @@ class SynapService:
         self._stream_ready: asyncio.Future[None] | None = None
         self._round_robin: dict[str, itertools.count[int]] = {}
         self.members: dict[str, _Member] = {}
+        self._coordinators: dict[StreamName, GroupCoordinator] = {}
         self._cleanup: asyncio.Task[None] | None = None
 
     # -- life
@@ -505,7 +506,8 @@ class SynapService:
         connection = subscriber.connection
         try:
             for event in await self._read_room(tail, subscriber.room, positions):
-                if not connection.push(json.dumps(event, ensure_ascii=False)):
+                pushed = {k: event[k] for k in ("event_id", "offset", "type", "data", "room")}
+                if not connection.push(json.dumps(pushed, ensure_ascii=False)):
                     self.drop(subscriber, "fell behind during its replay")
                     return
         except BrokerError as error:
@@ -847,6 +849,14 @@ class SynapService:
         await self.admin.refresh()
         return {"success": True, "group_id": group, "topic": topic}
 
+    def _coordinator(self, stream: StreamName) -> GroupCoordinator:
+        """One per stream for the service's life: a remote one knows the session each of its
+        members joined over."""
+        coordinator = self._coordinators.get(stream)
+        if coordinator is None:
+            coordinator = self._coordinators[stream] = self.broker.group_coordinator(stream)
+        return coordinator
+
     async def _definition(self, group: str) -> GroupDefinition:
         definition = await self.admin.find_group(group)
         if definition is None:
@@ -884,14 +894,14 @@ class SynapService:
             )
         if len(self.members) >= limits.synap_members_max:
             raise SynapError("ResourceLimitExceeded", "too many members on this gateway", 429)
-        coordinator = self.broker.group_coordinator(definition.stream)
+        coordinator = self._coordinator(definition.stream)
         member = await coordinator.join(group, settings)
         member_id = str(uuid.uuid4())
         self.members[member_id] = _Member(definition.stream, group, member)
         return {"member_id": member_id, "group_id": group}
 
     async def _sync(self, member: _Member) -> Assignment:
-        coordinator = self.broker.group_coordinator(member.stream)
+        coordinator = self._coordinator(member.stream)
         try:
             assignment = await coordinator.sync(member.group, member.member, None, 0)
             if assignment.release:
@@ -938,7 +948,7 @@ class SynapService:
         self, payload: dict[str, Any], connection: Connection | None
     ) -> dict[str, Any]:
         member_id, member = self._member(payload)
-        await self.broker.group_coordinator(member.stream).leave(member.group, member.member)
+        await self._coordinator(member.stream).leave(member.group, member.member)
         del self.members[member_id]
         return {"success": True, "member_id": member_id}
 
@@ -998,7 +1008,7 @@ class SynapService:
         group = synap.name(payload, "group")
         definition = await self._definition(group)
         config = await self._topic_config(definition.stream)
-        view = await self.broker.group_coordinator(definition.stream).describe(group)
+        view = await self._coordinator(definition.stream).describe(group)
         committed = await self.admin.committed(definition.stream, group)
         return {
             "group_id": group,
