@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.core import limits
-from spate.core.errors import InvalidArgument
+from spate.core.backend import OffsetSpec, OffsetSpecKind
+from spate.core.errors import InvalidArgument, ResourceLimitExceeded
 from spate.core.superstreams import hash_partition
 from spate.gateway import codec
 from spate.gateway.codec import Described, Symbol, ULong
@@ -220,6 +221,97 @@ def decode_event(record: bytes | memoryview) -> RoomEvent | None:
     )
 
 
+SECTION_HEADER = 0x70
+SECTION_DELIVERY_ANNOTATIONS = 0x71
+
+
+def room_of(record: bytes | memoryview) -> tuple[str, int] | None:
+    """(room, hint) of a stored room event, reading only the sections up to its message
+    annotations (the AMQP consumer's per-record test); None for any other record."""
+    i = 0
+    try:
+        for _ in range(3):  # header, delivery annotations, message annotations
+            if i >= len(record):
+                return None
+            section, i = codec.decode_at(record, i)
+            if not isinstance(section, Described):
+                return None
+            if section.descriptor == SECTION_MESSAGE_ANNOTATIONS:
+                annotations = section.value
+                if not isinstance(annotations, dict):
+                    return None
+                room = annotations.get(FILTER_KEY)
+                hint = annotations.get(HINT_KEY, 0)
+                if not isinstance(room, str) or not room or not isinstance(hint, int) or hint < 0:
+                    return None
+                return room, hint
+            if section.descriptor not in (SECTION_HEADER, SECTION_DELIVERY_ANNOTATIONS):
+                return None
+    except codec.DecodeError:
+        return None
+    return None
+
+
+def amqp_event(room: str, message: bytes, *, hint: int, event_id: str) -> bytes:
+    """The record of a room event an AMQP client sent to `$rooms/<room>`: its message as
+    sent (delivery annotations already cut by the gateway), with the room and the HINT set in
+    its message annotations (its own annotations kept) and `event_id` added to its
+    application properties unless it has one (the message-id when that is a string, else
+    `event_id`). Synap reads it like its own: `event_type` is the application property of
+    that name ("" without), `data` the body (data sections holding JSON are that JSON).
+    Raises codec.DecodeError for bytes that are not a message's sections."""
+    assert hint >= 0
+    parts: list[tuple[int, Any, bytes | memoryview]] = []
+    i = 0
+    for _ in range(SECTIONS_MAX):
+        if i >= len(message):
+            break
+        start = i
+        section, i = codec.decode_at(message, i)
+        if not isinstance(section, Described) or not isinstance(section.descriptor, int):
+            raise codec.DecodeError("a message section must be a described value")
+        parts.append((int(section.descriptor), section.value, message[start:i]))
+    else:
+        if i < len(message):
+            raise codec.DecodeError(f"more than {SECTIONS_MAX} sections")
+    codes = [code for code, _, _ in parts]
+    annotations: dict[Any, Any] = {}
+    application: dict[Any, Any] = {}
+    message_id: Any = None
+    for code, value, _ in parts:
+        if code == SECTION_MESSAGE_ANNOTATIONS and isinstance(value, dict):
+            annotations = dict(value)
+        elif code == SECTION_APPLICATION_PROPERTIES and isinstance(value, dict):
+            application = dict(value)
+        elif code == SECTION_PROPERTIES and isinstance(value, list) and value:
+            message_id = value[0]
+    annotations[FILTER_KEY] = room
+    annotations[HINT_KEY] = hint
+    if "event_id" not in application:
+        application["event_id"] = message_id if isinstance(message_id, str) else event_id
+    out: list[bytes | memoryview] = []
+    for code, _, raw in parts:
+        if code == SECTION_HEADER:
+            out.append(raw)
+    out.append(codec.encode(Described(ULong(SECTION_MESSAGE_ANNOTATIONS), annotations)))
+    for code, _, raw in parts:
+        if code == SECTION_PROPERTIES:
+            out.append(raw)
+    out.append(codec.encode(Described(ULong(SECTION_APPLICATION_PROPERTIES), application)))
+    for code, _, raw in parts:
+        if code not in (
+            SECTION_HEADER,
+            SECTION_DELIVERY_ANNOTATIONS,
+            SECTION_MESSAGE_ANNOTATIONS,
+            SECTION_PROPERTIES,
+            SECTION_APPLICATION_PROPERTIES,
+        ):
+            out.append(raw)
+    if not any(c in (SECTION_DATA, SECTION_SEQUENCE, SECTION_VALUE) for c in codes):
+        raise codec.DecodeError("a message needs a body (data, amqp-sequence or amqp-value)")
+    return b"".join(out)
+
+
 def body_json(body: Any) -> Any:
     """A stored body as JSON: data sections holding JSON are that JSON, other bytes text (or
     a list of byte values when not UTF-8); AMQP values as they are, made JSON-safe."""
@@ -348,6 +440,37 @@ class RoomIndex:
             for room_offset in range(first, last + 1)
         ]
 
+    def state(self, room: str) -> tuple[int, int] | None:
+        """(next room offset, last event's timestamp) of a room the index holds."""
+        state = self.rooms.get(room)
+        return None if state is None else (state.next, state.last_ms)
+
+    def seed(self, room: str, next_offset: int, last_ms: int, applied: int) -> None:
+        """Start a one-room index where another index stands: the room's next event gets
+        `next_offset` unless it comes more than the inactive timeout after `last_ms`; records
+        before partition offset `applied` are behind it (an AMQP reader's own index, which
+        then numbers the room's events as the tail's does: the same function of the log)."""
+        assert next_offset >= 0 and applied >= 0
+        state = self.rooms[room] = _Room(next_offset, last_ms)
+        state.first = next_offset
+        self.applied = applied
+
+    def position(self, room: str, room_offset: int) -> tuple[int, int]:
+        """(partition offset, timestamp ms) of a kept event."""
+        state = self.rooms[room]
+        k = room_offset - state.first
+        assert 0 <= k < len(state.entries) // 2, (room_offset, state.first)
+        return state.entries[2 * k], state.entries[2 * k + 1]
+
+    def first_at(self, room: str, timestamp_ms: int, now_ms: int) -> int:
+        """The room offset of the first kept event stored at or after `timestamp_ms` (the
+        next offset when none is)."""
+        window = self.window(room, now_ms)
+        for room_offset in range(window.oldest, window.newest + 1):
+            if self.position(room, room_offset)[1] >= timestamp_ms:
+                return room_offset
+        return window.newest + 1
+
     def forget_idle(self, now_ms: int, idle_ms: int, keep: set[str]) -> int:
         """Drop rooms idle longer than `idle_ms` that are not in `keep` (003 "Room
         Cleanup"); how many were dropped."""
@@ -391,6 +514,33 @@ def start_offset(window: Window, from_offset: int | None, replay: bool | None) -
     return max(from_offset, window.oldest)
 
 
+def amqp_start(index: RoomIndex, room: str, specs: tuple[OffsetSpec, ...], now_ms: int) -> int:
+    """Where an AMQP reader of `$rooms/<room>` starts, in room offsets: as for streams
+    (docs/amqp.md "Consuming"), within the room's ring (max events, max age): `first` the
+    oldest kept event, `last` the newest, `next` (also with no spec) the next one, an offset
+    clamped to the kept range, `-N` N before the end, a timestamp the first kept event stored
+    at or after it; several specs: the largest (all must hold, 000 §5.2.1)."""
+    window = index.window(room, now_ms)
+    end = window.newest + 1
+    starts = []
+    for spec in specs or (OffsetSpec.next(),):
+        kind = spec.kind
+        if kind is OffsetSpecKind.FIRST:
+            starts.append(window.oldest)
+        elif kind is OffsetSpecKind.LAST:
+            starts.append(window.newest if window.newest >= window.oldest else end)
+        elif kind is OffsetSpecKind.NEXT:
+            starts.append(end)
+        elif kind is OffsetSpecKind.OFFSET:
+            starts.append(min(max(spec.value, window.oldest), end))
+        elif kind is OffsetSpecKind.RELATIVE:
+            starts.append(max(window.oldest, end - spec.value))
+        else:
+            assert kind is OffsetSpecKind.TIMESTAMP
+            starts.append(index.first_at(room, spec.value, now_ms))
+    return max(starts)
+
+
 class OffsetOutOfRange(InvalidArgument):
     """003 `OffsetOutOfRange { requested, oldest, newest }`."""
 
@@ -401,3 +551,8 @@ class OffsetOutOfRange(InvalidArgument):
         )
         self.requested = requested
         self.window = window
+
+
+class RoomLimitExceeded(ResourceLimitExceeded):
+    """003 `RoomLimitExceeded`: a new room past `max_rooms` (Synap 429; AMQP
+    amqp:resource-limit-exceeded)."""

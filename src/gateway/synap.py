@@ -16,7 +16,7 @@ from typing import Any
 
 from spate.core import limits
 from spate.core.errors import BrokerError, ErrorCode
-from spate.gateway.rooms import OffsetOutOfRange
+from spate.gateway.rooms import OffsetOutOfRange, RoomLimitExceeded
 
 ROOM_COMMANDS = ("stream.publish", "stream.subscribe", "stream.unsubscribe", "stream.history")
 TOPIC_COMMANDS = ("topic.create", "topic.publish", "topic.consume", "topic.stats")
@@ -82,6 +82,8 @@ _BROKER_ERRORS: dict[ErrorCode, tuple[str, int]] = {
 
 
 def error_of(error: BrokerError) -> SynapError:
+    if isinstance(error, RoomLimitExceeded):
+        return SynapError("RoomLimitExceeded", error.message, 429, retryable=True)
     if isinstance(error, OffsetOutOfRange):
         return SynapError(
             "OffsetOutOfRange",

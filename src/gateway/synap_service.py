@@ -18,9 +18,9 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from spate.core import limits
 from spate.core.backend import Broker, OffsetSpec, Partition
@@ -29,7 +29,9 @@ from spate.core.errors import (
     AlreadyExists,
     BrokerError,
     InvalidArgument,
+    MessageSizeExceeded,
     NotFound,
+    NotImplementedFeature,
     Unavailable,
 )
 from spate.core.filtering import ValueFilter
@@ -37,7 +39,7 @@ from spate.core.groups import COMMITTED_PREFIX, GroupDefinition
 from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import Retention, StreamConfig
 from spate.core.superstreams import hash_partition
-from spate.gateway import codec, rooms, synap
+from spate.gateway import codec, links, rooms, synap
 from spate.gateway.codec import Described, Symbol, ULong
 from spate.gateway.rooms import RoomIndex, RoomsConfig
 from spate.gateway.synap import SynapError
@@ -143,9 +145,75 @@ class _Tail:
         self.recent: dict[int, int] = {}
         self._recent_order: deque[int] = deque()
         self.inflight: dict[str, int] = {}
+        """Room -> its events appended here and not yet durable (their hints count them)."""
         self.writer: Partition | None = None
+        self.queue: deque[tuple[list[bytes], asyncio.Future[int]]] = deque()
+        """Publishes waiting for the next append (`append`)."""
+        self.appending: asyncio.Task[None] | None = None
+        self.readers: dict[str, int] = {}
+        """Room -> AMQP links reading it here (cleanup keeps the room, as for subscribers)."""
         self.failure: BrokerError | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"rooms-{partition}")
+
+    def append(self, records: list[bytes]) -> asyncio.Future[int]:
+        """The partition offset of `records[0]` once they are durable. Group commit: one
+        append to the partition is in flight at a time; the publishes that arrive meanwhile
+        (Synap's and AMQP's, any room of the partition) go together into the next one, up to
+        a chunk's limits — a room's publish costs one majority fsync shared by all of them
+        (ADR 0018 "Publish"; benchmarks/RESULTS.md §17)."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.queue.append((records, future))
+        if self.appending is None or self.appending.done():
+            self.appending = asyncio.get_running_loop().create_task(
+                self._append_queued(), name=f"rooms-append-{self.partition}"
+            )
+        return future
+
+    async def _append_queued(self) -> None:
+        service = self.service
+        while self.queue:
+            batch: list[bytes] = []
+            waiting: list[tuple[int, asyncio.Future[int]]] = []
+            size = 0
+            while self.queue:
+                records, future = self.queue[0]
+                grown = size + sum(len(r) for r in records)
+                if batch and (
+                    len(batch) + len(records) > limits.chunk_records_max
+                    or grown > limits.chunk_bytes_max
+                ):
+                    break
+                self.queue.popleft()
+                waiting.append((len(batch), future))
+                batch += records
+                size = grown
+            if self.writer is None:
+                self.writer = service.broker.partition(
+                    StreamName(service.rooms.stream), self.partition, write=True
+                )
+            try:
+                first = int(await self.writer.append(batch))
+            except BrokerError as error:
+                for _, future in waiting:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            except asyncio.CancelledError:
+                for _, future in waiting:
+                    future.cancel()
+                raise
+            for at, future in waiting:
+                if not future.done():
+                    future.set_result(first + at)
+
+    def done(self, room: str, count: int) -> None:
+        """`count` of the room's appended events are durable (or failed): hints stop counting
+        them."""
+        left = self.inflight[room] - count
+        if left:
+            self.inflight[room] = left
+        else:
+            del self.inflight[room]
 
     async def _run(self) -> None:
         service = self.service
@@ -235,6 +303,69 @@ class _Tail:
         return found
 
 
+class _CountedReader:
+    """A room reader of an AMQP link (a Partition): the room counts it as a subscriber
+    (cleanup keeps the room) until the link lets it go."""
+
+    def __init__(self, reader: Partition, gone: Callable[[], None]) -> None:
+        self._reader = reader
+        self._gone: Callable[[], None] | None = gone
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+    def detach(self) -> None:
+        if self._gone is not None:
+            self._gone()
+            self._gone = None
+        self._reader.detach()
+
+
+class _RoomTarget:
+    """An AMQP sender's room (a Partition to the producer part): `append` takes the messages
+    as sent and stores them as the room's events through the partition's group commit."""
+
+    def __init__(self, service: SynapService, tail: _Tail, room: str) -> None:
+        self.service = service
+        self.tail = tail
+        self.room = room
+        self.stream = StreamName(service.rooms.stream)
+        self.partition = tail.partition
+
+    def append(self, records: Sequence[bytes], producer: Any = None) -> Awaitable[Offset]:
+        assert producer is None  # named producers are refused on rooms (links)
+        tail, room = self.tail, self.room
+        hint = tail.index.hint(room, self.service.clock_ms()) + tail.inflight.get(room, 0)
+        events = []
+        for k, message in enumerate(records):
+            try:
+                event = rooms.amqp_event(
+                    room, message, hint=hint + k, event_id="evt_" + uuid.uuid4().hex
+                )
+            except codec.DecodeError as error:
+                raise InvalidArgument(f"a message to a room must have a body: {error}") from None
+            if len(event) > limits.message_bytes_max:
+                raise MessageSizeExceeded(
+                    f"with the room's annotations a message is larger than "
+                    f"{limits.message_bytes_max} bytes"
+                )
+            events.append(event)
+        tail.inflight[room] = tail.inflight.get(room, 0) + len(events)
+        return self._stored(events)
+
+    async def _stored(self, events: list[bytes]) -> Offset:
+        try:
+            return Offset(await self.tail.append(events))
+        finally:
+            self.tail.done(self.room, len(events))
+
+    def detach(self) -> None:
+        pass  # the tail's writer is shared; it lives as long as the service
+
+    async def describe(self) -> Any:
+        raise NotImplementedFeature("a room has no partition to describe")
+
+
 def event_json(event: rooms.RoomEvent, room_offset: int) -> str:
     """A pushed event (003 "Event Stream (WebSocket)"), plus the room it belongs to."""
     return json.dumps(
@@ -285,6 +416,7 @@ class SynapService:
 
     async def close(self) -> None:
         tasks = [t.task for t in self.tails.values()]
+        tasks += [t.appending for t in self.tails.values() if t.appending is not None]
         if self._cleanup is not None:
             tasks.append(self._cleanup)
         for task in tasks:
@@ -309,13 +441,15 @@ class SynapService:
         dropped = 0
         for tail in self.tails.values():
             dropped += tail.index.forget_idle(
-                now, self.rooms.inactive_timeout_ms + margin_ms, set(tail.subscribers)
+                now,
+                self.rooms.inactive_timeout_ms + margin_ms,
+                set(tail.subscribers) | set(tail.readers),
             )
         return dropped
 
     def room_count(self) -> int:
         return sum(
-            len(t.index) + sum(1 for r in t.subscribers if not t.index.known(r))
+            len(t.index) + sum(1 for r in {*t.subscribers, *t.readers} if not t.index.known(r))
             for t in self.tails.values()
         )
 
@@ -402,15 +536,12 @@ class SynapService:
         return tail
 
     def _check_room_limit(self, tail: _Tail, room: str) -> None:
-        if tail.index.known(room) or room in tail.subscribers:
+        if tail.index.known(room) or room in tail.subscribers or room in tail.readers:
             return
         if self.room_count() >= self.rooms.max_rooms:
-            raise SynapError(
-                "RoomLimitExceeded",
+            raise rooms.RoomLimitExceeded(
                 f"this gateway holds {self.rooms.max_rooms} rooms (max_rooms); a new room can "
-                "be made once idle ones are cleaned up",
-                429,
-                retryable=True,
+                "be made once idle ones are cleaned up"
             )
 
     async def _stream_publish(
@@ -440,20 +571,12 @@ class SynapService:
             raise SynapError(
                 "MessageTooLarge", f"an event is at most {limits.message_bytes_max} bytes", 413
             )
-        if tail.writer is None:
-            tail.writer = self.broker.partition(
-                StreamName(self.rooms.stream), tail.partition, write=True
-            )
         tail.inflight[room] = inflight + 1
         try:
-            offset = await tail.writer.append([record])
+            offset = await tail.append([record])
         finally:
-            left = tail.inflight[room] - 1
-            if left:
-                tail.inflight[room] = left
-            else:
-                del tail.inflight[room]
-        room_offset = await tail.room_offset_of(int(offset))
+            tail.done(room, 1)
+        room_offset = await tail.room_offset_of(offset)
         return {
             "event_id": event_id,
             "offset": room_offset,
@@ -579,7 +702,7 @@ class SynapService:
         )
         assert limit is not None
         tail = await self._tail(room)
-        if not tail.index.known(room) and room not in tail.subscribers:
+        if not tail.index.known(room) and room not in tail.subscribers | tail.readers.keys():
             raise SynapError(
                 "RoomNotFound", f"room {room!r} does not exist (no event, no subscriber)", 404
             )
@@ -654,6 +777,53 @@ class SynapService:
             reader.remove_listener(wake.set)
             reader.detach()
         return out
+
+    # -- rooms over AMQP (`$rooms/<room>`, spate.gateway.links.Rooms)
+
+    async def room_start(self, room: str, specs: tuple[OffsetSpec, ...]) -> links.RoomStart:
+        tail = await self._tail(room)
+        self._check_room_limit(tail, room)
+        now = self.clock_ms()
+        start = rooms.amqp_start(tail.index, room, specs, now)
+        mine = RoomIndex(1, self.rooms.retention_ms, self.rooms.inactive_timeout_ms)
+        window = tail.index.window(room, now)
+        if start <= window.newest:  # from a kept event: number on from it
+            partition_offset, timestamp_ms = tail.index.position(room, start)
+            mine.seed(room, start, timestamp_ms, partition_offset)
+        else:  # live: from where the tail stands, as the tail would number the next events
+            partition_offset = tail.position
+            state = tail.index.state(room)
+            if state is not None:
+                mine.seed(room, state[0], state[1], partition_offset)
+            elif partition_offset > 0:
+                mine.skip(partition_offset - 1)
+        tail.readers[room] = tail.readers.get(room, 0) + 1
+        reader = self.broker.partition(StreamName(self.rooms.stream), tail.partition, write=False)
+        try:
+            began = await self.begin(
+                reader,
+                [OffsetSpec.offset(partition_offset)],
+                ValueFilter(frozenset({room}), False),
+            )
+        except BaseException:
+            reader.detach()
+            self._reader_gone(tail, room)
+            raise
+        assert began <= partition_offset, (began, partition_offset)
+        counted = _CountedReader(reader, lambda: self._reader_gone(tail, room))
+        return links.RoomStart(cast(Partition, counted), partition_offset, mine, start)
+
+    def _reader_gone(self, tail: _Tail, room: str) -> None:
+        left = tail.readers[room] - 1
+        if left:
+            tail.readers[room] = left
+        else:
+            del tail.readers[room]
+
+    async def room_target(self, room: str) -> Partition:
+        tail = await self._tail(room)
+        self._check_room_limit(tail, room)
+        return cast(Partition, _RoomTarget(self, tail, room))
 
     @staticmethod
     def _room(payload: dict[str, Any]) -> str:

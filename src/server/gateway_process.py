@@ -167,6 +167,10 @@ class GatewayProcess:
         redirect = RedirectBroker(self.table, relay=modes.get("proxy"))
         redirect.require_groups = settings.require_defined_groups
         modes["redirect"] = redirect
+        self.rooms: SynapService | None = None
+        """Rooms (ADR 0018), in proxy mode: `$rooms/<room>` over AMQP, and the Synap API."""
+        if "proxy" in modes:
+            self.rooms = SynapService(modes["proxy"], GrpcAdmin(self), settings.rooms)
         self.server = GatewayServer(
             modes[settings.mode],
             ListenerConfig(
@@ -181,11 +185,12 @@ class GatewayProcess:
                 offset_commit_ms=settings.offset_commit_ms,
             ),
             modes,
+            rooms=self.rooms,
         )
         self.synap: SynapServer | None = None
         if settings.synap_port is not None:
-            service = SynapService(modes["proxy"], GrpcAdmin(self), settings.rooms)
-            self.synap = SynapServer(service, settings.host, settings.synap_port)
+            assert self.rooms is not None  # validate: the Synap API needs proxy mode
+            self.synap = SynapServer(self.rooms, settings.host, settings.synap_port)
         self._task: asyncio.Task[None] | None = None
         self._reading: asyncio.Future[bool] | None = None
         """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
@@ -195,7 +200,9 @@ class GatewayProcess:
         await self._refresh_once(self.settings.admin)  # serve with routes from the start
         port = await self.server.start()
         if self.synap is not None:
-            await self.synap.start()
+            await self.synap.start()  # starts the rooms service too
+        elif self.rooms is not None:
+            self.rooms.start()
         self._task = asyncio.get_running_loop().create_task(self._refresh(), name="routes")
         self.endpoints = {
             "gateway_id": self.settings.gateway_id,
@@ -254,7 +261,9 @@ class GatewayProcess:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self.synap is not None:
-            await self.synap.close()
+            await self.synap.close()  # closes the rooms service too
+        elif self.rooms is not None:
+            await self.rooms.close()
         await self.server.close()
         if self.sessions is not None:
             await self.sessions.close()

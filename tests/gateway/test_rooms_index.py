@@ -151,3 +151,100 @@ def test_requests_and_the_error_table() -> None:
     with pytest.raises(SynapError):
         synap.retention({"retention_policy": {"type": "Size"}})
     assert json.dumps(SynapError("RoomNotFound", "m", 404, room="r").answer())
+
+
+def test_an_amqp_readers_seeded_index_numbers_events_as_the_tail_does() -> None:
+    """The soundness of `$rooms/<room>` readers (ADR 0018): a one-room index seeded where the
+    tail's index stands — at any kept event, or live at the tail's position — gives every
+    later event of the room the tail's room offset, across other rooms' records, hints of
+    new rooms and the inactive-timeout restart at 0."""
+    import random
+
+    rng = random.Random(7)
+    records = []
+    now = 1_000_000
+    for p in range(400):
+        now += rng.choice((1, 5, 50)) if rng.random() > 0.02 else 2 * HOUR_MS
+        records.append((p, rng.choice("aab c"), now, rng.choice((0, 0, 3))))
+    tail = index(max_events=1000)
+    numbered = []
+    for p, room, ts, hint in records:
+        numbered.append(tail.apply(room, p, ts, hint))
+    for cut in range(0, 400, 7):
+        # live: the tail has applied records [0, cut)
+        before = index(max_events=1000)
+        for p, room, ts, hint in records[:cut]:
+            before.apply(room, p, ts, hint)
+        mine = index(max_events=1)
+        state = before.state("a")
+        if state is not None:
+            mine.seed("a", state[0], state[1], cut)
+        elif cut:
+            mine.skip(cut - 1)
+        for (p, room, ts, hint), expected in zip(records[cut:], numbered[cut:], strict=True):
+            if room == "a":
+                assert mine.apply("a", p, ts, hint) == expected, (cut, p)
+            else:
+                mine.skip(p)
+    # from a kept event: seeded with its offset and timestamp
+    kept = [
+        (p, ts, n) for (p, room, ts, _), n in zip(records, numbered, strict=True) if room == "a"
+    ]
+    for p0, ts0, n0 in kept[::5]:
+        mine = index(max_events=1)
+        mine.seed("a", n0, ts0, p0)
+        for (p, room, ts, hint), expected in zip(records[p0:], numbered[p0:], strict=True):
+            if room == "a":
+                assert mine.apply("a", p, ts, hint) == expected
+
+
+def test_amqp_start_specs_resolve_in_room_offsets_within_the_ring() -> None:
+    from spate.core.backend import OffsetSpec
+
+    ix = index(max_events=5, retention_ms=HOUR_MS)
+    for p in range(10):
+        ix.apply("r", p, 1000 + 10 * p, 0)
+    now = 2000
+
+    def start(*specs: OffsetSpec) -> int:
+        return rooms.amqp_start(ix, "r", specs, now)
+
+    assert start(OffsetSpec.first()) == 5
+    assert start(OffsetSpec.last()) == 9
+    assert start(OffsetSpec.next()) == start() == 10
+    assert start(OffsetSpec.offset(2)) == 5 and start(OffsetSpec.offset(99)) == 10
+    assert start(OffsetSpec.relative(2)) == 8 and start(OffsetSpec.relative(50)) == 5
+    assert start(OffsetSpec.timestamp(1071)) == 8
+    assert start(OffsetSpec.first(), OffsetSpec.offset(7)) == 7  # the largest wins
+    assert rooms.amqp_start(ix, "r", (OffsetSpec.first(),), 1090 + HOUR_MS + 1) == 10
+    assert rooms.amqp_start(ix, "new", (OffsetSpec.first(),), now) == 0
+
+
+def test_amqp_event_keeps_the_message_and_adds_the_room() -> None:
+    from spate.gateway import codec
+    from spate.gateway.codec import Described, Symbol, ULong
+
+    message = b"".join(
+        codec.encode(Described(ULong(code), value))
+        for code, value in (
+            (0x72, {Symbol("mine"): 1}),
+            (0x73, ["id-7"]),
+            (0x74, {"event_type": "chat"}),
+            (0x77, "hello"),
+        )
+    )
+    record = rooms.amqp_event("lobby", message, hint=4, event_id="evt_x")
+    assert rooms.room_of(record) == ("lobby", 4)
+    event = rooms.decode_event(record)
+    assert event is not None
+    assert (event.room, event.hint, event.event_id, event.event_type, event.data) == (
+        "lobby",
+        4,
+        "id-7",
+        "chat",
+        "hello",
+    )
+    assert rooms.decode_sections(record).annotations[Symbol("mine")] == 1
+    assert rooms.room_of(message) is None
+    with pytest.raises(codec.DecodeError):
+        rooms.amqp_event("lobby", codec.encode(Described(ULong(0x74), {})), hint=0, event_id="e")
