@@ -118,6 +118,9 @@ room_inactive_timeout_ms_default = 24 * 3600 * 1000
 """003 `room_inactive_timeout_hours`: a room idle this long is a new room at its next event."""
 room_cleanup_interval_ms_default = 60 * 60 * 1000
 """003 `room_cleanup_interval_mins`."""
+room_appends_inflight_max = 4
+"""Appends to one `spate.rooms` partition a gateway has in flight; room publishes arriving
+meanwhile wait and go together into the next (group commit, ADR 0018)."""
 room_subscribers_max_default = 10_000
 """003 `max_subscribers_per_room` (per gateway)."""
 room_history_limit_default = 100

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -149,29 +150,28 @@ class _Tail:
         self.writer: Partition | None = None
         self.queue: deque[tuple[list[bytes], asyncio.Future[int]]] = deque()
         """Publishes waiting for the next append (`append`)."""
-        self.appending: asyncio.Task[None] | None = None
+        self.appends: set[asyncio.Future[Offset]] = set()
+        """Appends in flight (at most `limits.room_appends_inflight_max`)."""
         self.readers: dict[str, int] = {}
         """Room -> AMQP links reading it here (cleanup keeps the room, as for subscribers)."""
         self.failure: BrokerError | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"rooms-{partition}")
 
     def append(self, records: list[bytes]) -> asyncio.Future[int]:
-        """The partition offset of `records[0]` once they are durable. Group commit: one
-        append to the partition is in flight at a time; the publishes that arrive meanwhile
-        (Synap's and AMQP's, any room of the partition) go together into the next one, up to
-        a chunk's limits — a room's publish costs one majority fsync shared by all of them
-        (ADR 0018 "Publish"; benchmarks/RESULTS.md §17)."""
+        """The partition offset of `records[0]` once they are durable. Group commit: at most
+        `limits.room_appends_inflight_max` appends to the partition are in flight; the
+        publishes that arrive meanwhile (Synap's and AMQP's, any room of the partition) go
+        together into the next one, up to a chunk's limits, so a publish under load shares
+        its majority fsync with the others (ADR 0018 "Publish"; benchmarks/RESULTS.md §17).
+        Appends are issued in order on one writer (the log keeps their order)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.queue.append((records, future))
-        if self.appending is None or self.appending.done():
-            self.appending = asyncio.get_running_loop().create_task(
-                self._append_queued(), name=f"rooms-append-{self.partition}"
-            )
+        self._issue()
         return future
 
-    async def _append_queued(self) -> None:
+    def _issue(self) -> None:
         service = self.service
-        while self.queue:
+        while self.queue and len(self.appends) < limits.room_appends_inflight_max:
             batch: list[bytes] = []
             waiting: list[tuple[int, asyncio.Future[int]]] = []
             size = 0
@@ -184,27 +184,41 @@ class _Tail:
                 ):
                     break
                 self.queue.popleft()
-                waiting.append((len(batch), future))
-                batch += records
-                size = grown
+                if not future.done():  # a cancelled publish is not stored
+                    waiting.append((len(batch), future))
+                    batch += records
+                    size = grown
+            if not batch:
+                continue
             if self.writer is None:
                 self.writer = service.broker.partition(
                     StreamName(service.rooms.stream), self.partition, write=True
                 )
             try:
-                first = int(await self.writer.append(batch))
+                appended = asyncio.ensure_future(self.writer.append(batch))
             except BrokerError as error:
                 for _, future in waiting:
-                    if not future.done():
-                        future.set_exception(error)
+                    future.set_exception(error)
                 continue
-            except asyncio.CancelledError:
-                for _, future in waiting:
-                    future.cancel()
-                raise
-            for at, future in waiting:
-                if not future.done():
-                    future.set_result(first + at)
+            self.appends.add(appended)
+            appended.add_done_callback(functools.partial(self._appended, waiting))
+
+    def _appended(
+        self, waiting: list[tuple[int, asyncio.Future[int]]], appended: asyncio.Future[Offset]
+    ) -> None:
+        self.appends.discard(appended)
+        error = None if appended.cancelled() else appended.exception()
+        for at, future in waiting:
+            if future.done():
+                continue
+            if appended.cancelled():
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(int(appended.result()) + at)
+        if not appended.cancelled():
+            self._issue()
 
     def done(self, room: str, count: int) -> None:
         """`count` of the room's appended events are durable (or failed): hints stop counting
@@ -415,8 +429,9 @@ class SynapService:
         self._cleanup = asyncio.get_running_loop().create_task(self._clean(), name="room-cleanup")
 
     async def close(self) -> None:
-        tasks = [t.task for t in self.tails.values()]
-        tasks += [t.appending for t in self.tails.values() if t.appending is not None]
+        tasks: list[asyncio.Future[Any]] = [t.task for t in self.tails.values()]
+        for tail in self.tails.values():
+            tasks += tail.appends
         if self._cleanup is not None:
             tasks.append(self._cleanup)
         for task in tasks:

@@ -345,3 +345,52 @@ def test_the_docs_examples_run_as_written(rooms: Rooms) -> None:
     python, js = run_doc_examples("rooms", rooms.gateway.host, rooms.gateway.port)
     assert python.split("\n")[:3] == ["0 hello", "1 hi", "2 bye"]
     assert js.split("\n")[:2] == ["1 hi", "2 bye"]
+
+
+def test_the_cleanup_timer_forgets_idle_rooms_but_not_watched_ones(
+    start_rooms: Callable[..., Rooms],
+) -> None:
+    """003 "Room Cleanup", by the service's own timer (inactive timeout 300 ms, a tick every
+    100 ms; a room is forgotten idle past the timeout plus its clock margin, 300 ms more): an
+    idle room without subscribers disappears (history: RoomNotFound; its next event starts
+    a new room at offset 0); a room with a Synap subscriber and one with an AMQP reader
+    stay, events and all."""
+    from spate.gateway.synap import SynapError
+    from spate.gateway.synap_service import Connection
+
+    rooms = start_rooms(inactive_timeout_ms=300, cleanup_interval_ms=100)
+    idle, watched, read = unique("idle"), unique("watched"), unique("read")
+    pushed: list[str] = []
+
+    async def collect(text: str) -> None:
+        pushed.append(text)
+
+    connection = rooms.loop_thread.run(lambda: Connection(collect))
+    answer = rooms.loop_thread.call(
+        rooms.service.handle("stream.subscribe", {"room": watched}, connection)
+    )
+    assert answer["success"]
+    with blocking(rooms.gateway) as conn:
+        reader = conn.create_receiver(f"$rooms/{read}", name=unique("rx"), credit=10)
+        for room in (idle, watched, read):
+            for k in range(3):
+                published = rooms.synap("stream.publish", room=room, event_type="t", data=k)
+                assert published["offset"] == k
+        assert room_offsets(receive(reader, 3)) == [0, 1, 2]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                rooms.synap("stream.history", room=idle)
+            except SynapError as error:
+                assert error.code == "RoomNotFound"
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"room {idle!r} was not cleaned up in 10 s")
+        time.sleep(0.3)  # a few more ticks
+        for room in (watched, read):
+            history = rooms.synap("stream.history", room=room)
+            assert [e["offset"] for e in history["events"]] == [0, 1, 2], room
+        assert rooms.loop_thread.run(rooms.service.room_count) == 2  # watched and read
+    assert rooms.synap("stream.publish", room=idle, event_type="t", data="again")["offset"] == 0
+    rooms.loop_thread.call(connection.close())
