@@ -4,13 +4,17 @@ cluster holding many rooms.
     python benchmarks/rooms.py memory [--rooms 1000,10000,100000]
     python benchmarks/rooms.py fanout [--subscribers 100] [--events 2000] [--nodes 3]
     python benchmarks/rooms.py many [--rooms 100000] [--nodes 3] [--concurrency 64]
+    python benchmarks/rooms.py publish [--events 2000] [--concurrency 64] [--nodes 3]
 
 `memory` measures `RoomIndex` with tracemalloc (one event per room, names `room-<i>`).
 `fanout` starts `spate dev up`, subscribes N WebSocket clients to one room and publishes
 events from one more (in a window of 64 outstanding publishes); it prints the delivered
 events/s over all subscribers and the publish-to-delivery latency percentiles (the publisher
 puts its send time in the event). `many` publishes one event to each of N rooms and prints
-the RSS of every node and the gateway.
+the RSS of every node and the gateway. `publish` sends N publishes to one room over HTTP (W
+outstanding, no subscriber) and prints publishes/s, the publish round trip's p50/p99 and the
+CPU milliseconds each node and the gateway spent per publish (from /proc: a figure the
+machine's load does not scale the way it scales the rates).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def memory(counts: list[int]) -> None:
             f"memory: {min(count, 10_000)} rooms, 10 events each: "
             f"{used / min(count, 10_000):.0f} B/room"
         )
+
+
+RETRIES_MAX = 10
+"""Tries of one publish in `many` (a retryable refusal, a leader change, is resent)."""
 
 
 def _spate(*args: str) -> Any:
@@ -129,33 +137,99 @@ async def _many(url: str, rooms: int, concurrency: int) -> None:
 
     http = "http://" + url.removeprefix("ws://")
     window = asyncio.Semaphore(concurrency)
+    retried = 0
+    created = 0
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(i: int) -> None:
+            nonlocal retried, created
+            async with window:
+                body = {
+                    "command": "stream.publish",
+                    "payload": {"room": f"room-{i}", "event_type": "t", "data": i},
+                }
+                for _ in range(RETRIES_MAX):
+                    async with session.post(http, json=body) as response:
+                        answer = await response.json()
+                    if "error" not in answer:
+                        break
+                    assert answer.get("retryable"), answer  # e.g. a leader change: resend
+                    retried += 1
+                    await asyncio.sleep(0.5)
+                else:
+                    raise AssertionError(f"room-{i}: {RETRIES_MAX} tries failed: {answer}")
+                created += 1
+                if created % 10_000 == 0:
+                    print(
+                        f"many: {created} rooms after {time.perf_counter() - started:.0f} s",
+                        flush=True,
+                    )
+
+        await asyncio.gather(*(one(i) for i in range(rooms)))
+        print(
+            f"many: {rooms} rooms created in {time.perf_counter() - started:.1f} s "
+            f"({retried} retryable refusals resent)",
+            flush=True,
+        )
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+async def _publish(url: str, events: int, concurrency: int, pids: dict[str, int]) -> None:
+    import aiohttp
+
+    http = "http://" + url.removeprefix("ws://")
+    window = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one(i: int) -> None:
             async with window:
                 body = {
                     "command": "stream.publish",
-                    "payload": {"room": f"room-{i}", "event_type": "t", "data": i},
+                    "payload": {"room": "bench", "event_type": "t", "data": i},
                 }
+                sent = time.perf_counter()
                 async with session.post(http, json=body) as response:
                     answer = await response.json()
                     assert "error" not in answer, answer
+                latencies.append(time.perf_counter() - sent)
 
+        await asyncio.gather(*(one(-1 - i) for i in range(concurrency)))  # warm up
+        latencies.clear()
+        before = {name: _cpu_ticks(pid) for name, pid in pids.items()}
         started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(rooms)))
-        print(f"many: {rooms} rooms created in {time.perf_counter() - started:.1f} s")
+        await asyncio.gather(*(one(i) for i in range(events)))
+        elapsed = time.perf_counter() - started
+        after = {name: _cpu_ticks(pid) for name, pid in pids.items()}
+    latencies.sort()
+    n = len(latencies)
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    cpu = ", ".join(
+        f"{name} {(after[name] - before[name]) * tick_ms / events:.2f}" for name in pids
+    )
+    print(
+        f"publish: {events} to one room, {concurrency} outstanding: {events / elapsed:.0f} "
+        f"publishes/s; round trip p50 {latencies[n // 2] * 1000:.0f} ms p99 "
+        f"{latencies[int(n * 0.99)] * 1000:.0f} ms; CPU ms per publish: {cpu}"
+    )
 
 
-def cluster(nodes: int, run: Any) -> None:
+def cluster(nodes: int, run: Any, with_pids: bool = False) -> None:
     with tempfile.TemporaryDirectory() as data:
         state = _spate("dev", "up", "--nodes", str(nodes), "--data-dir", data)
         try:
             gateway = state["gateways"][0]
             before = {p["node_id"]: _rss_mb(p["pid"]) for p in state["processes"]}
-            asyncio.run(run(gateway["synap"]))
+            pids = {p["node_id"]: p["pid"] for p in state["processes"]}
+            asyncio.run(run(gateway["synap"], pids) if with_pids else run(gateway["synap"]))
             after = {p["node_id"]: _rss_mb(p["pid"]) for p in state["processes"]}
             for name, rss in after.items():
-                print(f"rss {name}: {before[name]:.0f} MB -> {rss:.0f} MB")
+                print(f"rss {name}: {before[name]:.0f} MB -> {rss:.0f} MB", flush=True)
         finally:
             subprocess.run(
                 [sys.executable, "-m", "spate.cli.main", "dev", "down", "--data-dir", data],
@@ -166,7 +240,7 @@ def cluster(nodes: int, run: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("memory", "fanout", "many"))
+    parser.add_argument("what", choices=("memory", "fanout", "many", "publish"))
     parser.add_argument("--rooms", default="1000,10000,100000")
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--events", type=int, default=2000)
@@ -176,6 +250,12 @@ def main() -> None:
     print(f"load average: {os.getloadavg()}")
     if args.what == "memory":
         memory([int(c) for c in args.rooms.split(",")])
+    elif args.what == "publish":
+        cluster(
+            args.nodes,
+            lambda url, pids: _publish(url, args.events, args.concurrency, pids),
+            with_pids=True,
+        )
     elif args.what == "fanout":
         cluster(args.nodes, lambda url: _fanout(url, args.subscribers, args.events))
     else:

@@ -595,7 +595,9 @@ class SynapService:
         return {
             "event_id": event_id,
             "offset": room_offset,
-            "subscribers_notified": len(tail.subscribers.get(room, ())),
+            # this gateway's WebSocket subscribers and AMQP readers of the room; other
+            # gateways' are not counted (each fans out to its own; ADR 0018 "Known limits")
+            "subscribers_notified": len(tail.subscribers.get(room, ())) + tail.readers.get(room, 0),
         }
 
     async def _stream_subscribe(

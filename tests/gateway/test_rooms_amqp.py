@@ -154,6 +154,7 @@ def test_proton_publishes_and_reads_a_room_in_room_offsets_across_synap(rooms: R
 
         answer = rooms.synap("stream.publish", room=room, event_type="joined", data={"user": "ana"})
         assert answer["offset"] == 4
+        assert answer["subscribers_notified"] == 2  # the two AMQP readers here
         for receiver in (live, everything):
             (message,) = receive(receiver, 1)
             assert room_offsets([message]) == [4]

@@ -135,6 +135,59 @@ def test_room_broadcast_replay_history_and_errors(ws_url: str) -> None:
     run(go())
 
 
+def test_a_room_over_amqp_and_synap_on_the_real_gateway(cluster: Cluster, ws_url: str) -> None:
+    """The gateway process serves `$rooms/<room>` on its AMQP port next to Synap: a WebSocket
+    subscriber gets what a python-qpid-proton sender sent, an AMQP reader gets Synap's
+    events, all with the same room offsets; history has both."""
+    from proton import Message, symbol
+    from proton.reactor import Filter
+    from proton.utils import BlockingConnection
+
+    amqp = "amqp://" + cluster.state["gateways"][0]["amqp"]
+    room = f"bridge-{os.getpid()}"
+
+    def amqp_send() -> None:
+        conn = BlockingConnection(amqp, timeout=WAIT_S)
+        try:
+            sender = conn.create_sender(f"$rooms/{room}")
+            sender.send(Message(body="from amqp", properties={"event_type": "move"}))
+        finally:
+            conn.close()
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+            assert (await answer(ws, "stream.subscribe", room=room))["success"]
+            first = await post(
+                session, ws_url, "stream.publish", room=room, event_type="hi", data={"n": 0}
+            )
+            assert first["offset"] == 0
+            await asyncio.to_thread(amqp_send)
+            got = [await ws.receive_json(timeout=WAIT_S) for _ in range(2)]
+            assert [(e["offset"], e["type"], e["data"]) for e in got] == [
+                (0, "hi", {"n": 0}),
+                (1, "move", "from amqp"),
+            ]
+            history = await post(session, ws_url, "stream.history", room=room)
+            assert [e["offset"] for e in history["events"]] == [0, 1]
+
+    run(go())
+    conn = BlockingConnection(amqp, timeout=WAIT_S)
+    try:
+        receiver = conn.create_receiver(
+            f"$rooms/{room}",
+            credit=10,
+            options=Filter({symbol("rabbitmq:stream-offset-spec"): "first"}),
+        )
+        messages = [receiver.receive(timeout=WAIT_S) for _ in range(2)]
+        receiver.accept()
+    finally:
+        conn.close()
+    offsets = [int(m.instructions[symbol("event-streams-offset")]) for m in messages]
+    assert offsets == [0, 1]
+    assert [m.properties["event_type"] for m in messages] == ["hi", "move"]
+    assert messages[0].body == b'{"n":0}' and messages[1].body == "from amqp"
+
+
 def test_one_room_a_hundred_subscribers(ws_url: str) -> None:
     """003 Performance Tests: subscriber scaling (100+ per room); every subscriber gets every
     event in order."""
