@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spate.core import limits
+from spate.gateway.rooms import RoomsConfig
 
 
 def register(subparsers: Any) -> None:
@@ -68,6 +69,25 @@ def register(subparsers: Any) -> None:
         help="refuse an attach naming a consumer group not defined with `spate group create` "
         "(amqp:not-found; default: a group is created on its first attach)",
     )
+    run.add_argument(
+        "--synap-port",
+        type=int,
+        help="serve the Synap command API (003 rooms, topics and consumer groups as JSON over "
+        "WebSocket and HTTP, docs/synap-api.md) on this port at /synap (0 = any free port; "
+        "default: not served; proxy mode only)",
+    )
+    rooms = RoomsConfig()
+    for flag, attr, what in (
+        ("--rooms-partitions", "partitions", "partitions of the spate.rooms stream (on creation)"),
+        ("--room-max-events", "max_events", "events a room's history keeps at most"),
+        ("--room-retention-ms", "retention_ms", "age past which a room's events leave its history"),
+        ("--max-rooms", "max_rooms", "rooms this gateway holds before refusing new ones"),
+        ("--room-inactive-timeout-ms", "inactive_timeout_ms", "a room idle this long is removed"),
+        ("--room-cleanup-interval-ms", "cleanup_interval_ms", "how often idle rooms are removed"),
+        ("--room-max-subscribers", "max_subscribers", "subscribers per room on this gateway"),
+    ):
+        default = getattr(rooms, attr)
+        run.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     run.set_defaults(run=_run)
 
 
@@ -90,6 +110,16 @@ def _run(args: argparse.Namespace) -> int:
         offset_commit_ms=args.offset_commit_ms,
         require_defined_groups=args.require_defined_groups,
         secret=os.environ.get("SPATE_METADATA_PASSWORD", ""),
+        synap_port=args.synap_port,
+        rooms=RoomsConfig(
+            partitions=args.rooms_partitions,
+            retention_ms=args.room_retention_ms,
+            max_events=args.room_max_events,
+            max_rooms=args.max_rooms,
+            inactive_timeout_ms=args.room_inactive_timeout_ms,
+            cleanup_interval_ms=args.room_cleanup_interval_ms,
+            max_subscribers=args.room_max_subscribers,
+        ),
     )
     settings.validate()
     return main_run(settings)

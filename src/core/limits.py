@@ -103,3 +103,37 @@ assert group_session_timeout_ms_min <= group_session_timeout_ms_default
 assert group_session_timeout_ms_default <= group_session_timeout_ms_max
 assert group_rebalance_delay_ms_default <= group_rebalance_delay_ms_max
 assert group_sync_wait_ms_max <= group_session_timeout_ms_max
+
+# Rooms and the Synap command API (ADR 0018, 003 "Configuration")
+rooms_partitions_default = 8
+"""Partitions of the internal `spate.rooms` stream that every room hashes onto."""
+room_name_bytes_max = 256
+room_events_max_default = 100_000
+"""003 `max_events_per_room`: a room's history never holds more (the oldest go first)."""
+room_retention_ms_default = 24 * 3600 * 1000
+"""003 `retention_hours`: a room's history never holds older events."""
+rooms_max_default = 100_000
+"""003 `max_rooms`: rooms this gateway knows (by events or subscribers) before refusing new ones."""
+room_inactive_timeout_ms_default = 24 * 3600 * 1000
+"""003 `room_inactive_timeout_hours`: a room idle this long is a new room at its next event."""
+room_cleanup_interval_ms_default = 60 * 60 * 1000
+"""003 `room_cleanup_interval_mins`."""
+room_appends_inflight_max = 4
+"""Appends to one `spate.rooms` partition a gateway has in flight; room publishes arriving
+meanwhile wait and go together into the next (group commit, ADR 0018)."""
+room_subscribers_max_default = 10_000
+"""003 `max_subscribers_per_room` (per gateway)."""
+room_history_limit_default = 100
+room_history_limit_max = 10_000
+"""Events one `stream.history` answers at most (003: default 100)."""
+subscriber_queue_events_max = 10_000
+"""Events waiting to be sent to one WebSocket subscriber; past it the subscriber is dropped
+(BroadcastFailed) rather than growing the gateway."""
+synap_command_bytes_max = 1024 * 1024
+"""Largest JSON command a Synap client may send (WebSocket message or HTTP body)."""
+topic_consume_limit_max = 10_000
+synap_members_max = 100_000
+"""Consumer-group members one gateway tracks for Synap (member id -> coordinator member)."""
+
+assert room_history_limit_default <= room_history_limit_max
+assert synap_command_bytes_max <= message_bytes_max

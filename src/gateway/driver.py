@@ -46,7 +46,7 @@ from proton import (
 )
 from spate.core import limits
 from spate.core.backend import Broker, Partition
-from spate.core.errors import BrokerError, InvalidArgument
+from spate.core.errors import BrokerError, InvalidArgument, NotFound
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.gateway import inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
@@ -116,6 +116,8 @@ class Context:
     modes: dict[str, Broker] = field(default_factory=dict)
     """A gateway's brokers by mode ("proxy", "redirect"): a client picks one per connection or
     per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
+    rooms: links.Rooms | None = None
+    """A gateway's rooms (ADR 0018): `$rooms/<room>` links; None on a node (not found)."""
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_interval_ms: int = limits.offset_commit_interval_ms
     """A named consumer's offset is stored after this many done deliveries or this long after
@@ -502,7 +504,18 @@ class AmqpConnection(asyncio.Protocol):
         error: AmqpError | None = None
         try:
             broker = self._broker_for(properties)
-            if link.is_receiver:
+            if parsed.room is not None:
+                rooms_host = self.ctx.rooms
+                if rooms_host is None:
+                    raise NotFound(
+                        f"{address!r}: rooms are served by gateways (spate gateway), not here"
+                    )
+                if link.is_receiver:
+                    plan = await links.plan_room_producer(rooms_host, parsed, properties)
+                else:
+                    filters = filter_map(link.remote_source.filter)
+                    plan = await links.plan_room_consumer(rooms_host, parsed, properties, filters)
+            elif link.is_receiver:
                 plan = await links.plan_producer(broker, parsed, properties)
                 if plan.bound is not None:  # requested, or chosen by us (000 §4.1)
                     answer = await _bound_properties(plan.bound, plan.targets[plan.bound])

@@ -2,16 +2,18 @@
 consumer sends next. The driver feeds these from proton events and acts on the results.
 
 Addresses: `<stream>` is the event log node; `<stream>/$info` its runtime-information source
-(000 §6). Anything else starting with `$` or holding a `/` is an unknown node (amqp:not-found).
+(000 §6); `$rooms/<room>` a room (ADR 0018), served by a gateway's `Rooms` (`plan_room_producer`,
+`plan_room_consumer`, `RoomCursor`). Anything else starting with `$` or holding a `/` is an
+unknown node (amqp:not-found).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from spate.core import groups, limits
 from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
@@ -30,9 +32,12 @@ from spate.core.ids import Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.subentry import SubEntryRecords
 from spate.core.superstreams import SuperStream
+from spate.gateway import rooms
 from spate.gateway.filters import MessageFilter, StartSelection, chunk_filter_of, parse_filters
 
 INFO_NODE = "$info"
+ROOMS_NODE = "$rooms"
+"""`$rooms/<room>`: a room's address (ADR 0018)."""
 PARTITION_PROPERTY = "event-streams-partition"
 TARGET_PARTITION_ANNOTATION = "event-streams-target-partition"
 PRODUCER_NAME_PROPERTY = "spate:producer-name"
@@ -74,15 +79,27 @@ assert limits.message_bytes_max <= CONSUMER_READ_BYTES
 class Address:
     stream: StreamName
     info: bool
+    room: str | None = None
+    """`$rooms/<room>`: the room (`stream` is then the rooms stream's name)."""
 
 
 def parse_address(address: str | None, *, terminus: str) -> Address:
-    """`orders` or `orders/$info`; raises NotFound / InvalidArgument with a readable reason."""
+    """`orders`, `orders/$info` or `$rooms/<room>`; raises NotFound / InvalidArgument with a
+    readable reason."""
     if not address:
         raise InvalidArgument(
             f"the {terminus} has no address: name a stream (e.g. 'orders') "
             "or its runtime information ('orders/$info')"
         )
+    if address.startswith(ROOMS_NODE + "/"):
+        room = address[len(ROOMS_NODE) + 1 :]
+        try:
+            rooms.validate_room(room)
+        except InvalidArgument as error:
+            raise InvalidArgument(
+                f"{address!r} is no room's address ('$rooms/<room>'): {error.message}"
+            ) from None
+        return Address(StreamName(rooms.ROOMS_STREAM), False, room)
     if "/" in address:
         stream, _, node = address.partition("/")
         if node == INFO_NODE and stream and not stream.startswith("$"):
@@ -819,3 +836,145 @@ async def plan_info(broker: Broker, address: Address) -> StreamName:
         raise AssertionError("plan_info needs an $info address")
     await broker.lookup(address.stream)
     return address.stream
+
+
+# Rooms (ADR 0018) --------------------------------------------------------------------------------
+
+ROOM_READS_PER_TAKE_MAX = 64
+"""Reads of the rooms partition one `RoomCursor.take` makes to find its room's next events
+(other rooms' chunks mostly arrive as skip marks: the node's Bloom filter passes them over)."""
+ROOM_REFUSED_PROPERTIES = (
+    PARTITION_PROPERTY,
+    PRODUCER_NAME_PROPERTY,
+    CONSUMER_NAME_PROPERTY,
+    SINGLE_ACTIVE_PROPERTY,
+    CONSUMER_GROUP_PROPERTY,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoomStart:
+    """What a gateway's `Rooms` answers a room reader: its reader of the room's partition,
+    begun at `partition_offset` with the room as its value filter, and a one-room index
+    seeded to number the room's events from there as the gateway's tail does."""
+
+    reader: Partition
+    partition_offset: int
+    index: rooms.RoomIndex
+    room_offset: int
+    """The room offset the reader starts at (echoed nowhere; for tests and logs)."""
+
+
+class Rooms(Protocol):
+    """A gateway's rooms (spate.gateway.synap_service.SynapService)."""
+
+    def room_start(self, room: str, specs: tuple[OffsetSpec, ...]) -> Awaitable[RoomStart]:
+        """A reader of the room from where the specs say (auto-creates the room)."""
+        ...
+
+    def room_target(self, room: str) -> Awaitable[Partition]:
+        """A Partition whose `append` takes AMQP messages (delivery annotations cut) and
+        stores them as the room's events (`rooms.amqp_event`), batched with the room
+        partition's other publishes (auto-creates the room)."""
+        ...
+
+
+@dataclass
+class RoomCursor(Cursor):
+    """A `$rooms/<room>` reader: runs carry ROOM offsets (consecutive within the room), so the
+    consumer's hot path puts the room's offsets in `event-streams-offset`. `next_offset` is
+    the partition offset it reads from; `index` numbers the room's events."""
+
+    room: str = ""
+    index: rooms.RoomIndex | None = None
+
+    def take(
+        self, count: int, chosen: MessageFilter | None = None, whole: bool = False
+    ) -> list[Run]:
+        assert chosen is None and self.index is not None
+        pending = self.pending
+        reads = 0
+        while not pending and self.next_offset < self.partition.end_offset():
+            reads += 1
+            if reads > ROOM_READS_PER_TAKE_MAX:
+                break
+            start = int(self.next_offset)
+            chunks = self.partition.read(self.next_offset, CONSUMER_READ_BYTES)
+            if not chunks:
+                break
+            for chunk in chunks:
+                first = int(chunk.first_offset)
+                records = chunk.records
+                if not records:  # a skip mark
+                    start = max(start, first)
+                    continue
+                run: Run | None = None
+                run_records: list[bytes | memoryview] = []
+                for i, record in enumerate(records):
+                    offset = first + i
+                    if offset < start:
+                        continue
+                    found = rooms.room_of(record)
+                    if found is None or found[0] != self.room:
+                        self.index.skip(offset)
+                        continue
+                    room_offset = self.index.apply(self.room, offset, chunk.timestamp_ms, found[1])
+                    if run is None or run.first_offset + len(run_records) != room_offset:
+                        run_records = []
+                        run = Run(self, room_offset, chunk.timestamp_ms, run_records)
+                        pending.append(run)
+                    run_records.append(record)
+                start = max(start, first + len(records))
+            self.next_offset = Offset(start)
+        out: list[Run] = []
+        while pending and count > 0:
+            run = pending[0]
+            if len(run.records) <= count:
+                out.append(pending.popleft())
+                count -= len(run.records)
+            else:
+                out.append(Run(self, run.first_offset, run.timestamp_ms, run.records[:count]))
+                run.records = run.records[count:]
+                run.first_offset += count
+                count = 0
+        return out
+
+
+def _room_properties(properties: dict[Any, Any], address: Address) -> None:
+    for key in ROOM_REFUSED_PROPERTIES:
+        if key in properties:
+            raise InvalidArgument(
+                f"'{key}' does not apply to a room: '$rooms/{address.room}' is one ordered "
+                "stream of events (ADR 0018)"
+            )
+
+
+async def plan_room_producer(
+    host: Rooms, address: Address, properties: dict[Any, Any]
+) -> ProducerPlan:
+    """A sender to `$rooms/<room>`: one target (the room's), bound nowhere (no partition is
+    echoed: a room has none)."""
+    assert address.room is not None
+    _room_properties(properties, address)
+    target = await host.room_target(address.room)
+    return ProducerPlan(address.stream, 1, None, {PartitionId(0): target})
+
+
+async def plan_room_consumer(
+    host: Rooms, address: Address, properties: dict[Any, Any], filters: dict[Any, Any] | None
+) -> ConsumerPlan:
+    """A receiver from `$rooms/<room>`: start filters as for streams, in room offsets;
+    filters that choose messages (values, SQL predicates) are refused."""
+    assert address.room is not None
+    _room_properties(properties, address)
+    selection = parse_filters(filters)
+    if selection.filter is not None:
+        raise InvalidArgument(
+            f"'$rooms/{address.room}' takes start filters only (first, last, next, an offset, "
+            "-N, a timestamp): a room is already one room's events"
+        )
+    start = await host.room_start(address.room, selection.specs)
+    cursor = RoomCursor(
+        start.reader, "0", Offset(start.partition_offset), room=address.room, index=start.index
+    )
+    return ConsumerPlan(address.stream, None, [cursor], selection, tag_source_partition=False)

@@ -13,6 +13,7 @@ from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
 from spate.gateway.auth import Users
 from spate.gateway.driver import AmqpConnection, Context
+from spate.gateway.links import Rooms
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,16 @@ def check_offset_commits(messages: int, interval_ms: int) -> None:
 
 class GatewayServer:
     def __init__(
-        self, broker: Broker, config: ListenerConfig, modes: dict[str, Broker] | None = None
+        self,
+        broker: Broker,
+        config: ListenerConfig,
+        modes: dict[str, Broker] | None = None,
+        rooms: Rooms | None = None,
     ) -> None:
         config.validate()
         self.broker = broker
+        self.rooms = rooms
+        """A gateway's rooms (ADR 0018): serves `$rooms/<room>` links."""
         self.modes = modes or {}
         """Gateways: the broker of each mode a client may ask for (`spate:gateway-mode`)."""
         self.config = config
@@ -76,6 +83,7 @@ class GatewayServer:
         self._context = Context(
             broker=self.broker,
             modes=self.modes,
+            rooms=self.rooms,
             node_id=self.config.node_id,
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,

@@ -49,6 +49,8 @@ class GatewayPlan:
     gateway_id: str
     amqp_port: int
     mode: str = "proxy"
+    synap_port: int = 0
+    """The Synap API's port (ADR 0018; 0 in plans written before it: any free port)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,12 @@ class DevCluster:
             "version": 1,
             "nodes": [n.to_json() for n in plan],
             "gateways": [
-                {"gateway_id": g.gateway_id, "amqp_port": g.amqp_port, "mode": g.mode}
+                {
+                    "gateway_id": g.gateway_id,
+                    "amqp_port": g.amqp_port,
+                    "mode": g.mode,
+                    "synap_port": g.synap_port,
+                }
                 for g in gateways
             ],
         }
@@ -246,6 +253,7 @@ class DevCluster:
             str(gateway_refresh_ms),
             "--mode",
             gateway.mode,
+            *(["--synap-port", str(gateway.synap_port)] if gateway.mode == "proxy" else []),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
@@ -318,11 +326,13 @@ class DevCluster:
         if not 0 <= gateways <= gateways_max:
             raise InvalidArgument(f"--gateways must be between 0 and {gateways_max}")
         gateway_plan = self._load_gateways()
-        taken |= {g.amqp_port for g in gateway_plan}
+        taken |= {g.amqp_port for g in gateway_plan} | {g.synap_port for g in gateway_plan}
         while len(gateway_plan) < gateways:
             port = _free_port(taken)
             taken.add(port)
-            gateway_plan.append(GatewayPlan(f"g{len(gateway_plan) + 1}", port))
+            synap_port = _free_port(taken)
+            taken.add(synap_port)
+            gateway_plan.append(GatewayPlan(f"g{len(gateway_plan) + 1}", port, "proxy", synap_port))
         self._save_plan(plan, gateway_plan)
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for node in plan:
@@ -413,6 +423,8 @@ class DevCluster:
                     "running": pid is not None,
                     "ready": bool(live and live.get("pid") == pid),
                     "amqp": f"{HOST}:{gateway.amqp_port}",
+                    "synap": (live or {}).get("synap")
+                    or (f"ws://{HOST}:{gateway.synap_port}/synap" if gateway.synap_port else None),
                     "data_dir": str(self._node_dir(gateway.gateway_id)),
                     "log": str(self._node_dir(gateway.gateway_id) / "node.log"),
                 }

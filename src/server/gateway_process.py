@@ -34,11 +34,22 @@ from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
 from spate.core import limits
 from spate.core.backend import Broker
-from spate.core.errors import InvalidArgument
+from spate.core.errors import (
+    AlreadyExists,
+    BrokerError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.core.streams import StreamConfig
 from spate.gateway.remote import RemoteBroker, Sessions
+from spate.gateway.rooms import RoomsConfig
 from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
+from spate.gateway.synap_http import SynapServer
+from spate.gateway.synap_service import SynapService
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,9 @@ class GatewaySettings:
     """Refuse attaches naming a consumer group not defined in the metadata service (ADR 0015)."""
     secret: str = field(default="", repr=False)
     """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
+    synap_port: int | None = None
+    """The Synap command API's port (ADR 0018; 0: any free port; None: not served)."""
+    rooms: RoomsConfig = field(default_factory=RoomsConfig)
 
     def validate(self) -> None:
         if not self.admin:
@@ -83,6 +97,9 @@ class GatewaySettings:
             )
         if self.refresh_ms <= 0:
             raise InvalidArgument(f"--refresh-ms must be positive, got {self.refresh_ms}")
+        if self.synap_port is not None and self.mode != "proxy":
+            raise InvalidArgument("the Synap API (--synap-port) is served in proxy mode only")
+        self.rooms.check()
 
 
 async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
@@ -150,6 +167,10 @@ class GatewayProcess:
         redirect = RedirectBroker(self.table, relay=modes.get("proxy"))
         redirect.require_groups = settings.require_defined_groups
         modes["redirect"] = redirect
+        self.rooms: SynapService | None = None
+        """Rooms (ADR 0018), in proxy mode: `$rooms/<room>` over AMQP, and the Synap API."""
+        if "proxy" in modes:
+            self.rooms = SynapService(modes["proxy"], GrpcAdmin(self), settings.rooms)
         self.server = GatewayServer(
             modes[settings.mode],
             ListenerConfig(
@@ -164,7 +185,12 @@ class GatewayProcess:
                 offset_commit_ms=settings.offset_commit_ms,
             ),
             modes,
+            rooms=self.rooms,
         )
+        self.synap: SynapServer | None = None
+        if settings.synap_port is not None:
+            assert self.rooms is not None  # validate: the Synap API needs proxy mode
+            self.synap = SynapServer(self.rooms, settings.host, settings.synap_port)
         self._task: asyncio.Task[None] | None = None
         self._reading: asyncio.Future[bool] | None = None
         """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
@@ -173,6 +199,10 @@ class GatewayProcess:
     async def start(self) -> dict[str, Any]:
         await self._refresh_once(self.settings.admin)  # serve with routes from the start
         port = await self.server.start()
+        if self.synap is not None:
+            await self.synap.start()  # starts the rooms service too
+        elif self.rooms is not None:
+            self.rooms.start()
         self._task = asyncio.get_running_loop().create_task(self._refresh(), name="routes")
         self.endpoints = {
             "gateway_id": self.settings.gateway_id,
@@ -180,6 +210,7 @@ class GatewayProcess:
             "pid": os.getpid(),
             "amqp": f"{self.settings.host}:{port}",
             "mode": self.settings.mode,
+            **({"synap": self.synap.url} if self.synap is not None else {}),
             "started_at_ms": int(time.time() * 1000),
         }
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -229,10 +260,84 @@ class GatewayProcess:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.synap is not None:
+            await self.synap.close()  # closes the rooms service too
+        elif self.rooms is not None:
+            await self.rooms.close()
         await self.server.close()
         if self.sessions is not None:
             await self.sessions.close()
         (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+
+
+_GRPC_ERRORS: dict[grpc.StatusCode, type[BrokerError]] = {
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+}
+
+
+class GrpcAdmin:
+    """The Synap service's metadata requests (spate.gateway.synap_service.Admin) over the
+    nodes' admin API, tried in turn."""
+
+    def __init__(self, gateway: GatewayProcess) -> None:
+        self.gateway = gateway
+
+    async def _call(self, method: str, request: Any) -> Any:
+        error: BrokerError = Unavailable("no node's admin API answered; retry")
+        for admin in self.gateway.settings.admin:
+            try:
+                async with grpc.aio.insecure_channel(admin) as channel:
+                    stub = pb_grpc.AdminStub(channel)
+                    return await getattr(stub, method)(request, timeout=admin_timeout_s)
+            except grpc.aio.AioRpcError as failure:
+                kind = _GRPC_ERRORS.get(failure.code())
+                if kind is not None:
+                    raise kind(failure.details() or str(failure.code())) from None
+                error = Unavailable(f"{admin}: {failure.details()}")
+        raise error
+
+    async def create_stream(self, config: StreamConfig) -> None:
+        message = convert.stream_config_message(config)
+        if config.replicas <= 0:
+            message.ClearField("replicas")  # the server's default: min(3, nodes)
+        await self._call("CreateStream", pb.CreateStreamRequest(stream=message))
+
+    async def create_group(self, definition: GroupDefinition) -> None:
+        await self._call(
+            "CreateConsumerGroup",
+            pb.CreateConsumerGroupRequest(
+                stream=definition.stream,
+                name=definition.name,
+                strategy=definition.strategy.value,
+                session_timeout_ms=definition.session_timeout_ms,
+                rebalance_delay_ms=definition.rebalance_delay_ms,
+            ),
+        )
+
+    async def find_group(self, group: str) -> GroupDefinition | None:
+        for (_, name), definition in self.gateway.table.routes.groups.items():
+            if name == group:
+                return definition
+        answer = await self._call("ListConsumerGroups", pb.ListConsumerGroupsRequest())
+        for summary in answer.groups:
+            if summary.name == group and summary.HasField("definition"):
+                return convert.consumer_group(summary.definition)
+        return None
+
+    async def committed(self, stream: str, group: str) -> dict[int, int]:
+        answer = await self._call(
+            "DescribeConsumerGroup", pb.DescribeConsumerGroupRequest(stream=stream, name=group)
+        )
+        return {
+            int(p.partition): int(p.committed_offset)
+            for p in answer.partitions
+            if p.HasField("committed_offset")
+        }
+
+    async def refresh(self) -> object:
+        return await self.gateway._refresh_now()
 
 
 async def run_gateway(settings: GatewaySettings) -> None:
