@@ -27,6 +27,7 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 CLI_TIMEOUT_S = 60.0
 GATEWAY_REFRESH_MS = 500
+START_MARK = "=== chaos: started at"
 
 
 @dataclass(eq=False)
@@ -63,9 +64,25 @@ class ChaosCluster:
     """Proxy name -> its listen address; names are `<from>-<to>-<port>` and `client-g1`."""
     _toxiproxy: Any = None
     _toxiproxy_exit: Any = None
+    tmpfs_bytes: int = 0
+    """> 0: each node's data directory is a tmpfs of this size (mounted here, root), so that a
+    fault can fill it (`fill_disk`); fsync costs nothing there, which changes no outcome of the
+    process faults (a killed process loses nothing the kernel holds)."""
+    _mounted: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.tmpfs_bytes:
+            for i in range(self.nodes):
+                mount = self.root / f"n{i + 1}"
+                mount.mkdir(parents=True, exist_ok=True)
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", f"size={self.tmpfs_bytes}", "tmpfs", str(mount)],
+                    check=True,
+                    capture_output=True,
+                    timeout=CLI_TIMEOUT_S,
+                )
+                self._mounted.append(mount)
         hosts = [self.network.add_host(f"n{i + 1}") for i in range(self.nodes)]
         for i, host in enumerate(hosts):
             peers = [f"{h.address}:{METADATA_PORT}" for h in hosts if h is not host]
@@ -196,6 +213,8 @@ class ChaosCluster:
             (process.data_dir / process.ready_file).unlink(missing_ok=True)
             env = dict(os.environ, SPATE_METADATA_PASSWORD=self.secret, PYTHONUNBUFFERED="1")
             with open(process.data_dir / "process.log", "ab") as log:
+                log.write(f"{START_MARK} {time.time():.3f}\n".encode())
+                log.flush()
                 process.proc = process.host.popen(
                     process.argv,
                     stdout=log,
@@ -224,12 +243,14 @@ class ChaosCluster:
             time.sleep(0.05)
         raise RuntimeError(f"{process.name} not ready in {START_TIMEOUT_S:.0f} s")
 
-    def log_tail(self, process: Process, lines: int = 15) -> str:
+    def log_tail(self, process: Process, lines: int = 30) -> str:
+        """The last lines its latest start wrote."""
         try:
             text = (process.data_dir / "process.log").read_text(errors="replace")
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        latest = text.rsplit(START_MARK, 1)[-1]
+        return "\n".join(latest.splitlines()[-lines:])
 
     def kill9(self, name: str) -> None:
         process = self.processes[name]
@@ -265,7 +286,35 @@ class ChaosCluster:
                     process.proc.wait(STOP_TIMEOUT_S)
         if self._toxiproxy_exit is not None:
             self._toxiproxy_exit.__exit__(None, None, None)
+        for mount in self._mounted:
+            subprocess.run(["umount", str(mount)], check=False, capture_output=True, timeout=60)
         self.network.close()
+
+    FILLER = "chaos-filler"
+
+    def fill_disk(self, name: str) -> int:
+        """Fill node `name`'s tmpfs data directory to the last byte; the bytes written."""
+        assert self.tmpfs_bytes, "the cluster was made without tmpfs_bytes"
+        path = self.processes[name].data_dir / self.FILLER
+        written = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for size in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
+                block = bytes(size)
+                while True:
+                    try:
+                        done = os.write(fd, block)
+                    except OSError:  # ENOSPC: on to smaller writes
+                        break
+                    written += done
+                    if done < size:
+                        break
+        finally:
+            os.close(fd)
+        return written
+
+    def free_disk(self, name: str) -> None:
+        (self.processes[name].data_dir / self.FILLER).unlink(missing_ok=True)
 
     def __enter__(self) -> ChaosCluster:
         return self

@@ -19,6 +19,9 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 |                 | segment (a torn write), restart it                                    |
 | disk-bitflip    | kill -9 a node, flip one byte inside one of its segment files, restart |
 | disk-index      | kill -9 a node, delete one of its segment index files, restart        |
+| disk-full       | (tmpfs) fill a node's data directory; when the fault ends, free it and |
+|                 | restart the node (a replica whose write failed stops: fail-stop, as    |
+|                 | after any disk error, since the page cache can no longer be trusted)   |
 | link-latency    | (proxied) 200 ± 100 ms each way on the replication links of two nodes  |
 | link-bandwidth  | (proxied) 20 KB/s each way on the replication links of two nodes       |
 | link-reset      | (proxied) the replication links of two nodes reset after 500 ms, again |
@@ -108,7 +111,7 @@ SCHEDULES = {
         10.0,
     ),
     "links": Schedule("links", LINK_KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
-    "disks": Schedule("disks", (*DISK_KINDS, "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
+    "disks": Schedule("disks", (*DISK_KINDS, "disk-full", "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
     "processes": Schedule(
         "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
     ),
@@ -117,6 +120,14 @@ SCHEDULES = {
 
 def needs_proxies(schedule: Schedule) -> bool:
     return any(kind in LINK_KINDS for kind in schedule.kinds)
+
+
+TMPFS_BYTES = 512 << 20
+
+
+def tmpfs_bytes(schedule: Schedule) -> int:
+    """The nodes' data directories are tmpfs of this size when the schedule fills disks."""
+    return TMPFS_BYTES if "disk-full" in schedule.kinds else 0
 
 
 @dataclass(frozen=True)
@@ -239,6 +250,14 @@ class Nemesis:
         elif fault.kind in LINK_KINDS:
             detail |= self._toxics(fault, node, nodes[(fault.pick + 1) % len(nodes)])
             undo = self._clear_toxics
+        elif fault.kind == "disk-full":
+            detail["node"], detail["filled_bytes"] = node, c.fill_disk(node)
+
+            def undo() -> None:
+                c.free_disk(node)
+                c.kill9(node)  # its failed replicas stay stopped until it restarts
+                c.start(node)
+
         elif fault.kind in DISK_KINDS:
             c.kill9(node)
             detail["node"] = node

@@ -25,7 +25,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.cluster import ChaosCluster
-from chaos.nemesis import SCHEDULES, Fault, Nemesis, needs_proxies, plan
+from chaos.nemesis import SCHEDULES, Fault, Nemesis, needs_proxies, plan, tmpfs_bytes
 from chaos.workload import History, Workload, read_partition
 
 STREAM = "chaos"
@@ -62,7 +62,9 @@ def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) 
     history = History(run_dir / "history.jsonl")
     errors: list[str] = []
     try:
-        with ChaosCluster(data, proxied=needs_proxies(schedule)) as cluster:
+        with ChaosCluster(
+            data, proxied=needs_proxies(schedule), tmpfs_bytes=tmpfs_bytes(schedule)
+        ) as cluster:
             cluster.start()
             cluster.cli(
                 "stream", "create", STREAM, "--partitions", str(PARTITIONS), "--replicas", "3"
