@@ -28,6 +28,8 @@ queue checkers, Redpanda's [B2] and NATS's [B12] in ../shared/research/anchors.m
 | read-skip     | a consumer was delivered an offset more than one past its previous one     |
 | read-mismatch | a consumer read a value at an offset where the final read has another      |
 | diverged      | two replicas' final reads of a partition differ (when given per replica)  |
+| timestamp-backwards | a message's timestamp is below the one before it in the final read  |
+|               | (append times never go back, whatever a leader's clock says)              |
 
 `info` sends found stored are counted as "recovered", not anomalies; `info` sends not found
 are "indeterminate-lost" (allowed: the client never heard `accepted`).
@@ -52,6 +54,7 @@ ANOMALY_KINDS = (
     "read-skip",
     "read-mismatch",
     "diverged",
+    "timestamp-backwards",
 )
 EXAMPLES_MAX = 10
 """Examples kept per anomaly kind and partition (the counts are exact)."""
@@ -130,6 +133,7 @@ def check(
     outcome: dict[str, str] = {}  # value -> ok | fail | info
     partition_of: dict[str, int] = {}
     final: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    stamps: dict[int, list[tuple[int, int]]] = defaultdict(list)
     live: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
     for op in history:
         f, kind, value = op.get("f"), op.get("type"), op.get("value")
@@ -145,6 +149,8 @@ def check(
             partition = int(value["partition"])
             if op.get("process") == "final":
                 final[partition].append(entry)
+                if "timestamp" in value:
+                    stamps[partition].append((entry[0], int(value["timestamp"])))
             else:
                 live[(str(op.get("process")), partition)].append(entry)
     partitions = set(final) | set(partition_of.values()) | {p for _, p in live}
@@ -159,6 +165,13 @@ def check(
         _check_final(result, final.get(partition, []), outcome, partition_of)
     for (process, partition), entries in live.items():
         _check_live(results[partition], process, entries, dict(final.get(partition, [])))
+    for partition, times in stamps.items():
+        times.sort()
+        for (o1, t1), (o2, t2) in itertools.pairwise(times):
+            if t2 < t1:
+                results[partition].add(
+                    "timestamp-backwards", f"offset {o2} at {t2} ms after offset {o1} at {t1} ms"
+                )
     if replicas:
         _check_replicas(results, replicas, final)
     return Verdict(results)

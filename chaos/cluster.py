@@ -39,6 +39,8 @@ class Process:
     ready_file: str
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for its next start (a clock fault's $SPATE_CLOCK_OFFSET_MS)."""
 
     @property
     def pid(self) -> int | None:
@@ -212,6 +214,7 @@ class ChaosCluster:
             process.data_dir.mkdir(parents=True, exist_ok=True)
             (process.data_dir / process.ready_file).unlink(missing_ok=True)
             env = dict(os.environ, SPATE_METADATA_PASSWORD=self.secret, PYTHONUNBUFFERED="1")
+            env |= process.env
             with open(process.data_dir / "process.log", "ab") as log:
                 log.write(f"{START_MARK} {time.time():.3f}\n".encode())
                 log.flush()

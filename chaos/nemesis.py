@@ -22,6 +22,8 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 | disk-full       | (tmpfs) fill a node's data directory; when the fault ends, free it and |
 |                 | restart the node (a replica whose write failed stops: fail-stop, as    |
 |                 | after any disk error, since the page cache can no longer be trusted)   |
+| clock-skew      | restart one node with its wall clock an hour ahead and another an hour |
+|                 | behind ($SPATE_CLOCK_OFFSET_MS); restart both when the fault ends     |
 | link-latency    | (proxied) 200 ± 100 ms each way on the replication links of two nodes  |
 | link-bandwidth  | (proxied) 20 KB/s each way on the replication links of two nodes       |
 | link-reset      | (proxied) the replication links of two nodes reset after 500 ms, again |
@@ -60,6 +62,7 @@ KINDS = (
     "disk-truncate",
     "disk-bitflip",
     "disk-index",
+    "clock-skew",
 )
 DISK_KINDS = ("disk-truncate", "disk-bitflip", "disk-index")
 LINK_KINDS = (
@@ -95,6 +98,7 @@ SCHEDULES = {
             "loss",
             "kill-gateway",
             "disk-truncate",
+            "clock-skew",
             "link-latency",
             "link-blackhole",
             "client-reset",
@@ -111,6 +115,7 @@ SCHEDULES = {
         10.0,
     ),
     "links": Schedule("links", LINK_KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
+    "clocks": Schedule("clocks", ("clock-skew", "pause", "kill"), (8.0, 15.0), (4.0, 8.0), 5.0),
     "disks": Schedule("disks", (*DISK_KINDS, "disk-full", "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
     "processes": Schedule(
         "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
@@ -250,6 +255,28 @@ class Nemesis:
         elif fault.kind in LINK_KINDS:
             detail |= self._toxics(fault, node, nodes[(fault.pick + 1) % len(nodes)])
             undo = self._clear_toxics
+        elif fault.kind == "clock-skew":
+            # Two nodes, one an hour ahead and one an hour behind, restarted one after the
+            # other: whoever leads next stamps with its own clock (and the kills move leaders).
+            skewed = {node: 3_600_000, nodes[(fault.pick + 1) % len(nodes)]: -3_600_000}
+            for name, offset_ms in skewed.items():
+                c.kill9(name)
+                c.processes[name].env["SPATE_CLOCK_OFFSET_MS"] = str(offset_ms)
+                c.start(name)
+            # the third node now leads everything: pause it past an election so that the
+            # skewed ones take over
+            third = next(n for n in nodes if n not in skewed)
+            c.pause(third)
+            time.sleep(3.0)
+            c.resume(third)
+            detail["offsets_ms"] = skewed
+
+            def undo() -> None:
+                for name in skewed:
+                    c.kill9(name)
+                    c.processes[name].env.pop("SPATE_CLOCK_OFFSET_MS", None)
+                    c.start(name)
+
         elif fault.kind == "disk-full":
             detail["node"], detail["filled_bytes"] = node, c.fill_disk(node)
 

@@ -132,14 +132,14 @@ def _final_reads(
     described = cluster.cli("stream", "describe", STREAM)
     ends = {int(p["partition"]): int(p["end_offset"] or 0) for p in described["partitions"]}
     for partition, end in sorted(ends.items()):
-        for offset, value in read_partition(cluster.url("g1"), STREAM, partition, end):
-            history.record(
-                "final", "ok", "read", {"partition": partition, "offset": offset, "value": value}
-            )
+        for offset, value, stamp in read_partition(cluster.url("g1"), STREAM, partition, end):
+            read = {"partition": partition, "offset": offset, "value": value, "timestamp": stamp}
+            history.record("final", "ok", "read", read)
     replicas: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(dict)
     for node in cluster.node_names:
         for partition, end in ends.items():
-            replicas[node][partition] = read_partition(cluster.url(node), STREAM, partition, end)
+            entries = read_partition(cluster.url(node), STREAM, partition, end)
+            replicas[node][partition] = [(o, v) for o, v, _ in entries]
     return replicas
 
 

@@ -191,9 +191,10 @@ def _closed(client: Any) -> None:
         client.close()
 
 
-def read_partition(url: str, stream: str, partition: int, end: int) -> list[tuple[int, str]]:
-    """Offsets [first, end) of one partition as served at `url` (a gateway or one node)."""
-    out: list[tuple[int, str]] = []
+def read_partition(url: str, stream: str, partition: int, end: int) -> list[tuple[int, str, int]]:
+    """Offsets [first, end) of one partition as served at `url` (a gateway or one node):
+    (offset, value, timestamp_ms)."""
+    out: list[tuple[int, str, int]] = []
     if end <= 0:
         return out
     deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
@@ -204,7 +205,7 @@ def read_partition(url: str, stream: str, partition: int, end: int) -> list[tupl
                 event = consumer.receive(timeout=READ_IDLE_S)
             except TimeoutError:
                 break
-            out.append((event.offset, _body(event)))
+            out.append((event.offset, _body(event), event.timestamp_ms))
             if event.offset >= end - 1:
                 break
     finally:

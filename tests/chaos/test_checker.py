@@ -85,6 +85,17 @@ def test_a_partition_never_read_back_lost_its_acknowledged_sends() -> None:
     assert verdict.totals() == {"lost": 1}
 
 
+def test_timestamps_going_back_in_the_final_read_are_found() -> None:
+    ops = send("p1", 0, "p1-0", "ok") + send("p1", 0, "p1-1", "ok")
+    for offset, stamp in ((0, 2000), (1, 1000)):
+        op = read("final", 0, offset, f"p1-{offset}")
+        op["value"]["timestamp"] = stamp
+        ops.append(op)
+    assert check(ops).totals() == {"timestamp-backwards": 1}
+    ops[-1]["value"]["timestamp"] = 2000  # equal is fine: one chunk, one time
+    assert check(ops).valid
+
+
 def test_replicas_that_disagree_are_reported() -> None:
     verdict = check(clean(), {"n2": {0: [(0, "p0-0"), (1, "p0-9")]}})
     assert verdict.totals() == {"diverged": 1}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import ssl
 import time
@@ -40,6 +41,25 @@ log = logging.getLogger(__name__)
 
 TICK_MS_DEFAULT = 50
 """Raft tick; with the default election timeout of 10 ticks a leader is replaced in 0.5-1 s."""
+
+
+CLOCK_OFFSET_ENV = "SPATE_CLOCK_OFFSET_MS"
+"""Fault injection (the chaos suite's clock faults): milliseconds added to this node's wall
+clock, which stamps chunks (message timestamps) and drives time-based retention. Unset or 0 in
+production."""
+
+
+def skewed_wall_clock() -> Callable[[], int]:
+    """The node's wall clock, skewed by $SPATE_CLOCK_OFFSET_MS when set."""
+    raw = os.environ.get(CLOCK_OFFSET_ENV, "").strip()
+    try:
+        offset_ms = int(raw or 0)
+    except ValueError:
+        raise InvalidArgument(f"${CLOCK_OFFSET_ENV} must be an integer, got {raw!r}") from None
+    if not offset_ms:
+        return wall_clock_ms
+    log.warning("this node's wall clock is skewed by %d ms ($%s)", offset_ms, CLOCK_OFFSET_ENV)
+    return lambda: wall_clock_ms() + offset_ms
 
 
 class ReplicationHost:
@@ -65,12 +85,13 @@ class ReplicationHost:
         self.raft_config = raft_config or RaftConfig()
         self._rng = random.Random(rng_seed)
         self._wake = asyncio.Event()
+        self._wall_ms = skewed_wall_clock()
         self.driver: ReplicationDriver[ReplicatedPartition] = ReplicationDriver(
             node_id,
             send=self._send,
             wake=self._wake.set,
             monotonic_ms=monotonic_clock_ms,
-            wall_ms=wall_clock_ms,
+            wall_ms=self._wall_ms,
             request_id_base=random.SystemRandom().getrandbits(62) + 1,
         )
         self.transport = Transport(
@@ -157,6 +178,7 @@ class ReplicationHost:
             raft_config=self.raft_config,
             rng=random.Random(self._rng.getrandbits(64)),
             wake=self._wake.set,
+            clock_ms=self._wall_ms,
         )
         self.driver.add(group)
         for peer in group.raft.peers:
