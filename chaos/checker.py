@@ -31,6 +31,19 @@ queue checkers, Redpanda's [B2] and NATS's [B12] in ../shared/research/anchors.m
 | timestamp-backwards | a message's timestamp is below the one before it in the final read  |
 |               | (append times never go back, whatever a leader's clock says)              |
 
+The metadata service (partition -1 in the verdict, "metadata" in reports): process "admin"
+creates streams with new names, lists them and deletes them, each through any node's admin API
+(`f` "create" / "delete" with the name as value, "list" with the names seen as value). Each name
+is created and deleted once, so linearizability reduces to real-time order per name:
+
+| kind              | meaning                                                              |
+|-------------------|----------------------------------------------------------------------|
+| admin-missing     | a list that began after a create was acknowledged, and ended before  |
+|                   | its delete began, does not show the stream                            |
+| admin-resurrected | a list that began after a delete was acknowledged shows the stream    |
+| admin-premature   | a list that ended before the create began shows the stream            |
+| admin-phantom     | a stream whose create was refused (definitely not made) shows up      |
+
 `info` sends found stored are counted as "recovered", not anomalies; `info` sends not found
 are "indeterminate-lost" (allowed: the client never heard `accepted`).
 """
@@ -55,7 +68,13 @@ ANOMALY_KINDS = (
     "read-mismatch",
     "diverged",
     "timestamp-backwards",
+    "admin-missing",
+    "admin-resurrected",
+    "admin-premature",
+    "admin-phantom",
 )
+METADATA = -1
+"""The verdict's key for the metadata service's result."""
 EXAMPLES_MAX = 10
 """Examples kept per anomaly kind and partition (the counts are exact)."""
 
@@ -130,12 +149,13 @@ def check(
 ) -> Verdict:
     """The verdict over a history (see the module). `replicas` optionally gives each replica's
     own final read, node -> partition -> [(offset, value)], for the divergence check."""
+    ops = list(history)
     outcome: dict[str, str] = {}  # value -> ok | fail | info
     partition_of: dict[str, int] = {}
     final: dict[int, list[tuple[int, str]]] = defaultdict(list)
     stamps: dict[int, list[tuple[int, int]]] = defaultdict(list)
     live: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
-    for op in history:
+    for op in ops:
         f, kind, value = op.get("f"), op.get("type"), op.get("value")
         if f == "send" and isinstance(value, Mapping):
             v = str(value["value"])
@@ -174,7 +194,78 @@ def check(
                 )
     if replicas:
         _check_replicas(results, replicas, final)
+    admin = [op for op in ops if op.get("process") == "admin"]
+    if admin:
+        results[METADATA] = check_admin(admin)
     return Verdict(results)
+
+
+@dataclass
+class _AdminOp:
+    invoked: float
+    completed: float | None = None
+    outcome: str = "info"
+    value: Any = None
+
+
+def check_admin(ops: Sequence[Mapping[str, Any]]) -> PartitionResult:
+    """The metadata service's checks (module docstring) over the admin process's operations,
+    which run one at a time: an invoke, then its completion."""
+    result = PartitionResult(METADATA)
+    creates: dict[str, _AdminOp] = {}
+    deletes: dict[str, _AdminOp] = {}
+    lists: list[_AdminOp] = []
+    current: tuple[str, _AdminOp] | None = None
+    for op in ops:
+        f, kind, time = str(op.get("f")), op.get("type"), float(op.get("time", 0.0))
+        if kind == "invoke":
+            current = (f, _AdminOp(time, value=op.get("value")))
+            if f == "create":
+                creates[str(op.get("value"))] = current[1]
+            elif f == "delete":
+                deletes[str(op.get("value"))] = current[1]
+            continue
+        if current is None or current[0] != f:
+            continue
+        one = current[1]
+        one.completed, one.outcome = time, str(kind)
+        if f == "list" and kind == "ok":
+            one.value = set(op.get("value") or [])
+            lists.append(one)
+        current = None
+    result.acknowledged = sum(1 for c in creates.values() if c.outcome == "ok")
+    result.failed = sum(1 for c in creates.values() if c.outcome == "fail")
+    result.reads = len(lists)
+    for name, create in creates.items():
+        delete = deletes.get(name)
+        for seen in lists:
+            assert seen.completed is not None
+            has = name in seen.value
+            if create.outcome == "fail" and has:
+                result.add(
+                    "admin-phantom", f"{name} listed at {seen.invoked:.2f}s; its create failed"
+                )
+            if has and seen.completed < create.invoked:
+                result.add("admin-premature", f"{name} listed before its create began")
+            if (
+                create.outcome == "ok"
+                and create.completed is not None
+                and seen.invoked > create.completed
+                and (delete is None or seen.completed < delete.invoked)
+                and not has
+            ):
+                result.add("admin-missing", f"{name} missing from a list at {seen.invoked:.2f}s")
+            if (
+                delete is not None
+                and delete.outcome == "ok"
+                and delete.completed is not None
+                and seen.invoked > delete.completed
+                and has
+            ):
+                result.add(
+                    "admin-resurrected", f"{name} listed at {seen.invoked:.2f}s after its delete"
+                )
+    return result
 
 
 def _values(entries: Sequence[tuple[int, str]]) -> list[str]:

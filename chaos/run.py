@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checker
-from chaos.cluster import ChaosCluster
+from chaos.cluster import ADMIN_PORT, ChaosCluster
 from chaos.nemesis import SCHEDULES, Fault, Nemesis, needs_proxies, plan, tmpfs_bytes
 from chaos.workload import History, Workload, read_partition
 
@@ -71,8 +71,9 @@ def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) 
             )
             _wait_for_leaders(cluster)
             node_urls = [cluster.url(n) for n in cluster.node_names]
+            admin = [f"{cluster.host(n).address}:{ADMIN_PORT}" for n in cluster.node_names]
             workload = Workload(
-                history, cluster.url("g1"), node_urls, STREAM, PARTITIONS, PRODUCERS
+                history, cluster.url("g1"), node_urls, STREAM, PARTITIONS, PRODUCERS, admin
             )
             nemesis = Nemesis(cluster, history, STREAM, faults)
             workload.start()
@@ -165,11 +166,21 @@ def _report(
         "|---|---|---|---|---|---|---|---|",
     ]
     for p, r in sorted(verdict.partitions.items()):
+        if p == checker.METADATA:
+            continue
         anomalies = ", ".join(f"{k} {v}" for k, v in sorted(r.anomalies.items())) or "none"
         lines.append(
             f"| {p} | {r.acknowledged} | {r.stored} | {r.recovered} | {r.indeterminate_lost} "
             f"| {r.failed} | {r.reads} | {anomalies} |"
         )
+    meta = verdict.partitions.get(checker.METADATA)
+    if meta is not None:
+        anomalies = ", ".join(f"{k} {v}" for k, v in sorted(meta.anomalies.items())) or "none"
+        lines += [
+            "",
+            f"Metadata service: {meta.acknowledged} streams created, {meta.failed} creates "
+            f"refused, {meta.reads} lists checked against them; anomalies: {anomalies}.",
+        ]
     lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
     for p, r in sorted(verdict.partitions.items()):
         for kind, examples in sorted(r.examples.items()):

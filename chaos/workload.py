@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -74,9 +76,11 @@ class Workload:
         stream: str,
         partitions: int,
         producers: int,
+        admin_addresses: list[str] | None = None,
     ) -> None:
         self.history = history
         self.gateway_url, self.node_urls = gateway_url, node_urls
+        self.admin_addresses = admin_addresses or []
         self.stream, self.partitions, self.producers = stream, partitions, producers
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -87,6 +91,8 @@ class Workload:
             self._spawn(f"p{i}", functools.partial(self._produce, i))
         for p in range(self.partitions):
             self._spawn(f"c{p}", functools.partial(self._consume, p))
+        if self.admin_addresses:
+            self._spawn("admin", self._administer)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -177,6 +183,51 @@ class Workload:
             start = event.offset + 1
         if consumer is not None:
             _closed(consumer)
+
+    def _administer(self) -> None:
+        """The metadata workload (chaos.checker's admin checks): create a stream with a new
+        name, list, delete it, list; each call through the next node's admin API in turn."""
+        k = turn = 0
+        while not self.stopping.is_set():
+            name = f"m{k}"
+            for f, args in (
+                ("create", ["stream", "create", name, "--partitions", "1", "--replicas", "1"]),
+                ("list", ["stream", "list"]),
+                ("delete", ["stream", "delete", name]),
+                ("list", ["stream", "list"]),
+            ):
+                if self.stopping.is_set():
+                    return
+                address = self.admin_addresses[turn % len(self.admin_addresses)]
+                turn += 1
+                self.history.record("admin", "invoke", f, None if f == "list" else name)
+                code, out = _cli(args, address)
+                if code == 0 and f == "list":
+                    names = [s["name"] for s in json.loads(out)["streams"]]
+                    self.history.record("admin", "ok", f, names)
+                elif code == 0:
+                    self.history.record("admin", "ok", f, name)
+                else:
+                    # invalid, not found, already exists: definitely not done; else unknown
+                    definite = code in (2, 3, 4)
+                    value = None if f == "list" else name
+                    self.history.record("admin", "fail" if definite else "info", f, value)
+            k += 1
+
+
+def _cli(args: list[str], address: str) -> tuple[int, str]:
+    command = [sys.executable, "-m", "spate.cli.main", *args, "--admin", address]
+    try:
+        done = subprocess.run(
+            [*command, "--output", "json", "--timeout", "5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, ""
+    return done.returncode, done.stdout
 
 
 def _body(event: Any) -> str:

@@ -99,3 +99,50 @@ def test_timestamps_going_back_in_the_final_read_are_found() -> None:
 def test_replicas_that_disagree_are_reported() -> None:
     verdict = check(clean(), {"n2": {0: [(0, "p0-0"), (1, "p0-9")]}})
     assert verdict.totals() == {"diverged": 1}
+
+
+def admin(f: str, kind: str, value: Any, time: float) -> dict[str, Any]:
+    return {"process": "admin", "type": kind, "f": f, "value": value, "time": time}
+
+
+def admin_history(listed_after_delete: list[str]) -> list[dict[str, Any]]:
+    return [
+        admin("create", "invoke", "m0", 0.0),
+        admin("create", "ok", "m0", 1.0),
+        admin("list", "invoke", None, 1.5),
+        admin("list", "ok", ["chaos", "m0"], 2.0),
+        admin("delete", "invoke", "m0", 3.0),
+        admin("delete", "ok", "m0", 4.0),
+        admin("list", "invoke", None, 4.5),
+        admin("list", "ok", listed_after_delete, 5.0),
+        admin("create", "invoke", "m1", 6.0),
+        admin("create", "fail", "m1", 7.0),
+    ]
+
+
+def test_a_linearizable_admin_history_is_valid() -> None:
+    verdict = check(admin_history(["chaos"]))
+    assert verdict.valid, verdict.to_json()
+    meta = verdict.partitions[-1]
+    assert (meta.acknowledged, meta.failed, meta.reads) == (1, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [
+        (lambda ops: admin_history(["chaos", "m0"]), "admin-resurrected"),
+        (lambda ops: [*ops[:3], admin("list", "ok", ["chaos"], 2.0), *ops[4:]], "admin-missing"),
+        (
+            lambda ops: [
+                admin("list", "invoke", None, -1.0),
+                admin("list", "ok", ["m0"], -0.5),
+                *ops,
+            ],
+            "admin-premature",
+        ),
+        (lambda ops: admin_history(["chaos", "m1"]), "admin-phantom"),
+    ],
+)
+def test_each_admin_anomaly_is_found(change: Any, kind: str) -> None:
+    verdict = check(change(admin_history(["chaos"])))
+    assert kind in verdict.totals(), verdict.to_json()
