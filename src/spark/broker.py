@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
@@ -172,10 +174,23 @@ class Columns:
     """Which columns a read produces, in order, and which sections that needs decoded."""
 
     names: tuple[str, ...]
+    nullable: tuple[bool, ...]
+    """As the schema Spark planned with says (Arrow batches must match it exactly)."""
 
     @property
     def decode(self) -> bool:
         return bool({"key", "value", "properties", "application_properties"} & set(self.names))
+
+
+def _test_mode(marker: str | None) -> str | None:
+    """Tests only (option _testFailMarker): what the marker file says (`exit`, `hang`, or
+    `raise` when empty), None when there is no marker file."""
+    if marker is None:
+        return None
+    try:
+        return Path(marker).read_text().strip() or "raise"
+    except FileNotFoundError:
+        return None
 
 
 def _fail_once(marker: str | None) -> bool:
@@ -442,12 +457,22 @@ class PartitionWriter:
             raise self.errors[0]
 
     def send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
-        self.loop.run_until_complete(self._send(rows))
-        if self.fail_marker is not None and self.row > 0 and os.path.exists(self.fail_marker):
-            self.flush()
-            if _fail_once(self.fail_marker):
+        mode = _test_mode(self.fail_marker)
+        if mode is None:
+            self.loop.run_until_complete(self._send(rows))
+            return
+        # Tests only: store half of these rows for sure, then die or hang mid-task.
+        half = max(1, len(rows) // 2)
+        self.loop.run_until_complete(self._send(rows[:half]))
+        self.flush()
+        if _fail_once(self.fail_marker):
+            assert self.fail_marker is not None
+            if mode == "exit":
                 log.warning("test: killing this Python worker after %d rows", self.row)
-                os._exit(17)  # the worker dies mid-task, as a killed executor would
+                os._exit(17)  # the worker dies mid-task, as on a killed executor
+            Path(self.fail_marker + ".hung").touch()
+            time.sleep(limits.test_hang_s)  # until the test stops the query
+        self.loop.run_until_complete(self._send(rows[half:]))
 
     def flush(self) -> None:
         async def all_confirmed() -> None:

@@ -23,3 +23,5 @@ limits.producer_name_bytes_max in spate.core)."""
 reconnect_timeout_s = 60.0
 """How long a task's consumer or producer keeps reconnecting after losing its link (a leader
 killed: a new one is elected within ~2 s)."""
+test_hang_s = 300.0
+"""Tests only: how long a writer told to hang (option _testFailMarker) waits to be stopped."""

@@ -154,8 +154,8 @@ def parse_endpoints(text: str | None) -> tuple[str, ...]:
             "of any Spate nodes or gateways"
         )
     urls = []
-    for item in text.split(","):
-        item = item.strip()
+    for raw in text.split(","):
+        item = raw.strip()
         if not item:
             continue
         url = item if "://" in item else f"amqp://{item}"
@@ -178,7 +178,9 @@ def _connection(options: Mapping[str, str]) -> Connection:
     if (user is None) != (password is None):
         raise OptionError("options username and password go together (SASL PLAIN)")
     timeout_ms = _int(options, "timeoutMs", 100, 3_600_000) or limits.timeout_ms_default
-    return Connection(parse_endpoints(_get(options, "endpoints")), user, password, timeout_ms / 1000)
+    return Connection(
+        parse_endpoints(_get(options, "endpoints")), user, password, timeout_ms / 1000
+    )
 
 
 def _unknown(options: Mapping[str, str], known: frozenset[str], what: str) -> None:

@@ -44,7 +44,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
 from spate.client.messages import MessageParts
 from spate.spark import broker, planning
 from spate.spark.options import (
@@ -107,15 +106,19 @@ def _columns(schema: StructType) -> broker.Columns:
                 f"not {f.dataType.simpleString()}"
             )
         names.append(f.name)
-    return broker.Columns(tuple(names))
+    return broker.Columns(tuple(names), tuple(f.nullable for f in schema.fields))
 
 
 def _arrow_schema(columns: broker.Columns) -> pa.Schema:
-    nullable = {f.name: f.nullable for f in SCHEMA.fields}
-    return pa.schema([pa.field(n, ARROW_TYPES[n], nullable[n]) for n in columns.names])
+    return pa.schema(
+        [
+            pa.field(n, ARROW_TYPES[n], nullable)
+            for n, nullable in zip(columns.names, columns.nullable, strict=True)
+        ]
+    )
 
 
-class SpatePartition(InputPartition):  # type: ignore[misc]
+class SpatePartition(InputPartition):
     """One Spark task: a planned range. Picklable (plain data)."""
 
     def __init__(self, r: Range) -> None:
@@ -168,7 +171,7 @@ def _losses(start: Offsets, meta: Metadata, options: ReadOptions) -> Offsets:
     return moved
 
 
-class SpateDataSource(DataSource):  # type: ignore[misc]
+class SpateDataSource(DataSource):
     """`spark.read / readStream / write / writeStream .format("spate")` (docs/spark.md)."""
 
     @classmethod
@@ -193,7 +196,7 @@ class SpateDataSource(DataSource):  # type: ignore[misc]
         return SpateStreamWriter(options, _write_plan(options, schema, overwrite))
 
 
-class SpateBatchReader(DataSourceReader):  # type: ignore[misc]
+class SpateBatchReader(DataSourceReader):
     """A bounded read of the retained log, planned once: [startingOffsets | startingTimestamp,
     endingOffsets | endingTimestamp) per partition."""
 
@@ -213,8 +216,7 @@ class SpateBatchReader(DataSourceReader):  # type: ignore[misc]
         for key, offset in end.items():
             if offset > meta[key].end:
                 raise OptionError(
-                    f"option endingOffsets: {key[0]}/{key[1]} ends at {meta[key].end}, "
-                    f"not {offset}"
+                    f"option endingOffsets: {key[0]}/{key[1]} ends at {meta[key].end}, not {offset}"
                 )
         start = _losses(start, meta, options)
         self.ranges = planning.ranges(
@@ -227,11 +229,12 @@ class SpateBatchReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> Sequence[SpatePartition]:
         return [SpatePartition(r) for r in self.ranges]
 
-    def read(self, partition: SpatePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SpatePartition), partition
         return _read(self.options, self.columns, partition)
 
 
-class SpateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class SpateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of per-partition offset ranges; Spark checkpoints the offsets."""
 
     def __init__(self, options: ReadOptions, columns: broker.Columns) -> None:
@@ -291,7 +294,8 @@ class SpateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         )
         return [SpatePartition(r) for r in ranges]
 
-    def read(self, partition: SpatePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SpatePartition), partition
         return _read(self.options, self.columns, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -348,7 +352,7 @@ def _write_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> W
 
 
 @dataclass
-class Published(WriterCommitMessage):  # type: ignore[misc]
+class Published(WriterCommitMessage):
     spark_partition: int
     producer: str
     rows: int
@@ -412,7 +416,7 @@ def _write(
     return Published(spark_partition, name, written.rows, written.skipped)
 
 
-class SpateBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class SpateBatchWriter(DataSourceArrowWriter):
     """`df.write.format("spate").mode("append")`: each task's producer is named
     `<producerName | spark>:<write id>:<Spark partition>` (write id fixed at planning), ids =
     row index + 1; a retried task sends the same names and ids, and the broker stores each row
@@ -428,12 +432,14 @@ class SpateBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         name = f"{prefix}:{self.plan.write_id}:{spark_partition}"
         return _write(self.options, self.plan, iterator, name=name, id_base=0)
 
-    def commit(self, messages: list[Published | None]) -> None:
-        rows = sum(m.rows for m in messages if m is not None)
-        skipped = sum(m.skipped for m in messages if m is not None)
-        log.info("spate: batch write %s: %d rows, %d repeats skipped", self.plan.write_id, rows, skipped)
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [m for m in messages if isinstance(m, Published)]
+        rows, skipped = sum(m.rows for m in done), sum(m.skipped for m in done)
+        log.info(
+            "spate: batch write %s: %d rows, %d repeats skipped", self.plan.write_id, rows, skipped
+        )
 
-    def abort(self, messages: list[Published | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning(
             "spate: batch write %s aborted: what its tasks stored stays (a stream is "
             "append-only); rerunning the same write is not deduplicated (a new write id)",
@@ -441,7 +447,7 @@ class SpateBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         )
 
 
-class SpateStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class SpateStreamWriter(DataSourceStreamArrowWriter):
     """`writeStream.format("spate")`: each task's producer is named
     `<producerName | spark>:<query id>:<Spark partition>`; its publishing ids are
     (batch id << 32) + row index + 1, so they grow from one micro-batch to the next and a
@@ -454,7 +460,7 @@ class SpateStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         ctx = TaskContext.get()
         assert ctx is not None, "a streaming write runs in a Spark task"
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId"))
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
         query_id = ctx.getLocalProperty("sql.streaming.queryId") or self.plan.write_id
         prefix = self.options.producer_name or "spark"
         name = f"{prefix}:{query_id}:{ctx.partitionId()}"
@@ -470,13 +476,12 @@ class SpateStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         published.batch_id = batch_id
         return published
 
-    def commit(self, messages: list[Published | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         return None
 
-    def abort(self, messages: list[Published | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
             "spate: micro-batch %d aborted; Spark replays it and the broker drops the rows "
             "already stored",
             batchId,
         )
-
