@@ -278,10 +278,10 @@ class RangeReader:
                     )
                     waiter.cancel()
                     done.cancel()
-                    if done in finished and not done.cancelled() and done.exception():
+                    if done in finished and not state["done"]:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: reading offsets "
-                            f"[{state['next']}, {r.end}) failed: {done.exception()}"
+                            f"[{state['next']}, {r.end}) failed: {done.exception() or 'closed'}"
                         )
                     if not finished and not buffer:
                         raise ReadFailed(

@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 from spate.client.messages import MessageParts
 from support.cluster import Cluster
-from support.spark import endpoints, new_stream, publish, read_all, wait_for
+from support.spark import (
+    endpoints,
+    first_offset,
+    new_stream,
+    publish,
+    read_all,
+    run_available_now,
+    start_query,
+    wait_for,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -152,8 +161,13 @@ def test_pipeline_survives_worker_kill_and_query_stop(
 
     checkpoint, marker = tmp_path / "checkpoint", tmp_path / "marker"
     more(30)
-    q = _pipeline(spark, spark_cluster, source, sink, checkpoint).trigger(availableNow=True).start()
-    q.awaitTermination(120)
+    q = run_available_now(
+        lambda: (
+            _pipeline(spark, spark_cluster, source, sink, checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
     assert q.exception() is None
     assert [p["numInputRows"] for p in q.recentProgress] == [40, 40, 10]
     _expect_exactly_once(spark_cluster, sink, sent)
@@ -161,12 +175,13 @@ def test_pipeline_survives_worker_kill_and_query_stop(
     # 1. a writer's Python worker dies half-way through its rows; Spark retries the task
     more(20)
     marker.write_text("exit")
-    q = (
-        _pipeline(spark, spark_cluster, source, sink, checkpoint, _testFailMarker=str(marker))
-        .trigger(availableNow=True)
-        .start()
+    q = run_available_now(
+        lambda: (
+            _pipeline(spark, spark_cluster, source, sink, checkpoint, _testFailMarker=str(marker))
+            .trigger(availableNow=True)
+            .start()
+        )
     )
-    q.awaitTermination(120)
     assert q.exception() is None
     assert not marker.exists(), "the injected failure did not happen"
     _expect_exactly_once(spark_cluster, sink, sent)
@@ -174,15 +189,25 @@ def test_pipeline_survives_worker_kill_and_query_stop(
     # 2. the query is stopped while a writer is half-way through a micro-batch, then restarted
     more(20)
     marker.write_text("hang")
-    q = _pipeline(
-        spark, spark_cluster, source, sink, checkpoint, _testFailMarker=str(marker)
-    ).start()
-    wait_for(lambda: Path(f"{marker}.hung").exists(), 120, "a writer half-way through a batch", q)
+    hung = Path(f"{marker}.hung")
+    q = start_query(
+        lambda: _pipeline(
+            spark, spark_cluster, source, sink, checkpoint, _testFailMarker=str(marker)
+        ).start(),
+        ready=hung.exists,
+    )
+    wait_for(hung.exists, 120, "a writer half-way through a batch", q)
     stored_mid_batch = sum(len(b) for b in read_all(spark_cluster, sink, 2).values())
     q.stop()
-    assert stored_mid_batch > 90 + 0, "the stopped batch had written part of its rows"
-    q = _pipeline(spark, spark_cluster, source, sink, checkpoint).trigger(availableNow=True).start()
-    q.awaitTermination(120)
+    # 150 rows were stored before this run; the stopped micro-batch had stored part of its 60
+    assert 150 < stored_mid_batch < 210, stored_mid_batch
+    q = run_available_now(
+        lambda: (
+            _pipeline(spark, spark_cluster, source, sink, checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
     assert q.exception() is None
     _expect_exactly_once(spark_cluster, sink, sent)
 
@@ -196,10 +221,12 @@ def test_leader_killed_during_query(spark: Any, spark_cluster: Cluster, tmp_path
         sent.extend(bodies)
     leader = spark_cluster.leader_of(source, 0)
     victim = spark_cluster.index_of(leader)
-    q = (
-        _pipeline(spark, spark_cluster, source, sink, tmp_path / "checkpoint", per_trigger=1000)
-        .trigger(processingTime="200 milliseconds")
-        .start()
+    q = start_query(
+        lambda: (
+            _pipeline(spark, spark_cluster, source, sink, tmp_path / "checkpoint", per_trigger=1000)
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
     )
     try:
         wait_for(lambda: len(q.recentProgress) >= 1, 120, "a first micro-batch", q)
@@ -232,17 +259,17 @@ def test_fail_on_data_loss_both_ways(spark: Any, spark_cluster: Cluster, tmp_pat
         )
         if fail_on_data_loss is not None:
             frame = frame.option("failOnDataLoss", fail_on_data_loss)
-        q = (
-            frame.load()
-            .select("offset", "value")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
+        return run_available_now(
+            lambda: (
+                frame.load()
+                .select("offset", "value")
+                .writeStream.format("parquet")
+                .option("path", str(out))
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)
+                .start()
+            )
         )
-        q.awaitTermination(120)
-        return q
 
     assert run(tmp_path / "ck", tmp_path / "out", None).exception() is None
     # the query is stopped at offset 10; 400 more messages of 1 KB make ~7 segments, and
@@ -251,9 +278,8 @@ def test_fail_on_data_loss_both_ways(spark: Any, spark_cluster: Cluster, tmp_pat
     first: dict[str, int] = {}
 
     def retention_ran() -> bool:
-        row = reader(spark, spark_cluster, s).load().selectExpr("min(offset) as m").first()
-        first["offset"] = row["m"]
-        return bool(row["m"] and row["m"] > 10)
+        first["offset"] = first_offset(spark_cluster, s)
+        return first["offset"] > 10
 
     wait_for(retention_ran, 60, "retention to delete the first segments")
     shutil.copytree(tmp_path / "ck", tmp_path / "ck2")

@@ -77,6 +77,15 @@ def read_all(cluster: Cluster, stream: str, partitions: int) -> dict[int, list[b
     return asyncio.run(run())
 
 
+def first_offset(cluster: Cluster, stream: str, partition: int = 0) -> int:
+    """The partition's first retained offset, from `$info`."""
+    from spate.client.aio import runtime_information
+
+    info = asyncio.run(runtime_information(gateway_url(cluster), stream))
+    entry = next(e for e in info["partitions"] if int(str(e["partition"])) == partition)
+    return int(str(entry["earliest-offset"]))
+
+
 def wait_for(predicate: Any, timeout_s: float, what: str, query: Any = None) -> None:
     """Poll `predicate`; with a streaming `query`, fail at once with its error if it dies."""
     deadline = time.monotonic() + timeout_s
@@ -85,3 +94,36 @@ def wait_for(predicate: Any, timeout_s: float, what: str, query: Any = None) -> 
             raise AssertionError(f"the query failed while waiting for {what}: {query.exception()}")
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(0.2)
+
+
+CONNECT_BACK = "Python worker failed to connect back"
+"""Spark gives each fresh Python process it starts for a query (planning, the driver-side
+source runner) a hard-coded 10 s to connect back (PythonWorkerFactory). Such a process imports
+pyspark from pyspark.zip, without bytecode: 1.9 CPU-s here (0.5 s from site-packages), which at
+a load average of 12-15 on 2 cores (other test suites on the shared machine) passed 10 s."""
+
+
+def start_query(factory: Any, ready: Any = None, attempts: int = 3, timeout_s: float = 180) -> Any:
+    """Start a streaming query and wait until it made progress, ended, or `ready()`; a query
+    that failed before its first micro-batch because a Python process did not connect back in
+    time is started again (nothing was read or written: same checkpoint). Any other failure,
+    and this one after progress, is the test's."""
+    for attempt in range(attempts):
+        query = factory()
+        deadline = time.monotonic() + timeout_s
+        while query.isActive and not query.recentProgress and not (ready and ready()):
+            assert time.monotonic() < deadline, "the query made no progress"
+            time.sleep(0.2)
+        error = query.exception() if not query.isActive else None
+        retry = error is not None and CONNECT_BACK in str(error) and not query.recentProgress
+        if retry and attempt + 1 < attempts:
+            continue
+        return query
+    raise AssertionError("unreachable")
+
+
+def run_available_now(factory: Any, timeout_s: float = 180) -> Any:
+    """`start_query`, then wait for a Trigger.AvailableNow query to end."""
+    query = start_query(factory, timeout_s=timeout_s)
+    query.awaitTermination(timeout_s)
+    return query
