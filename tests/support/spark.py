@@ -125,5 +125,9 @@ def start_query(factory: Any, ready: Any = None, attempts: int = 3, timeout_s: f
 def run_available_now(factory: Any, timeout_s: float = 180) -> Any:
     """`start_query`, then wait for a Trigger.AvailableNow query to end."""
     query = start_query(factory, timeout_s=timeout_s)
-    query.awaitTermination(timeout_s)
+    try:
+        query.awaitTermination(timeout_s)
+    except Exception:  # it ended with an error: the caller reads query.exception()
+        if query.exception() is None:
+            raise
     return query
