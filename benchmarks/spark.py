@@ -60,11 +60,15 @@ def tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         out.append(p)
-        try:
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        try:  # a child belongs to the thread that forked it (the JVM forks from many)
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
         except OSError:
             continue
-        todo += [int(c) for c in children]
+        for task in tasks:
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
     return out
 
 
