@@ -14,6 +14,8 @@ for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+# Java 17 runs Spark for the connector's tests (tests/spark, spate.spark)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}"
@@ -29,8 +31,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.spate-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
-  echo "bootstrap: pip install -e .[dev] (python-qpid-proton compiles from source, ~40 s)"
-  "$VENV/bin/pip" install -q -e '.[dev]'
+  echo "bootstrap: pip install -e .[dev,spark] (python-qpid-proton compiles from source, ~40 s;"
+  echo "bootstrap: pyspark is a 435 MiB sdist, ~45 s more on a cold cache)"
+  "$VENV/bin/pip" install -q -e '.[dev,spark]'
   touch "$stamp"
 fi
 if ! "$VENV/bin/python" -c 'import proton, sys; sys.exit(0 if proton.SSL.present() else 1)'; then

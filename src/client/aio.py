@@ -50,11 +50,18 @@ from spate.client.core import (
 )
 from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed
 from spate.client.event import Event
+from spate.client.messages import MessageParts
 from spate.core.ids import offset_from_symbol
 from spate.gateway import sections
 from spate.gateway import subentry as sub_entries
 
-__all__ = ["AsyncConsumer", "AsyncProducer", "AttachRefused", "encode_data"]
+__all__ = [
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AttachRefused",
+    "encode_data",
+    "runtime_information",
+]
 
 P_PARTITION = "event-streams-partition"
 P_GROUP = "event-streams-consumer-group"
@@ -77,8 +84,9 @@ _DA_SOURCE = "event-streams-source-partition"
 _DA_ASSOCIATED = "event-streams-associated-partitions-changed"
 _DA_ACTIVE = "spate:active"
 
-Body = bytes | bytearray | eng.Message | SubEntryBatch
-"""A body (framed as one data section) or a `proton.Message` (encoded by proton)."""
+Body = bytes | bytearray | eng.Message | SubEntryBatch | MessageParts
+"""A body (framed as one data section), a `proton.Message` (encoded by proton), a sub-entry
+batch or `MessageParts` (encoded without proton)."""
 Settle = Callable[[BaseException | None], None]
 Token = asyncio.Future[None] | Settle
 Handler = Callable[[int, int, Any], None]
@@ -93,7 +101,7 @@ def _now_ms() -> int:
 def encode(body: Body) -> bytes:
     if isinstance(body, bytes | bytearray):
         return encode_data(bytes(body))
-    if isinstance(body, SubEntryBatch):
+    if isinstance(body, SubEntryBatch | MessageParts):
         return body.envelope()
     return eng.encode_message(body)
 
@@ -378,10 +386,50 @@ def _with_publishing_id(body: Body, publishing_id: int) -> bytes:
     """The message with its publishing id in the message annotations."""
     if isinstance(body, bytes | bytearray):
         return _MA_PUBLISHING_ID + publishing_id.to_bytes(8, "big") + encode_data(bytes(body))
-    if isinstance(body, SubEntryBatch):
+    if isinstance(body, SubEntryBatch | MessageParts):
         return body.envelope(publishing_id)
     eng.annotate(body, A_PUBLISHING_ID, publishing_id)
     return eng.encode_message(body)
+
+
+async def runtime_information(
+    url: str | Sequence[str],
+    stream: str,
+    *,
+    timeout_s: float = 30.0,
+    user: str | None = None,
+    password: str | None = None,
+) -> dict[str, Any]:
+    """One `STREAM/$info` message (000 §6, docs/amqp.md "Runtime information"): the map with
+    `partitions`, a list of {partition, earliest-offset, latest-offset, end-offset, ...} (offset
+    symbols, as the broker sends them). `url`: nodes or gateways tried in turn. Raises
+    `AttachRefused` (an unknown stream: `amqp:not-found`), `ConnectionLost` or `TimeoutError`."""
+    urls = [url] if isinstance(url, str) else list(url)
+    connector = Connector(urls, 0, int(timeout_s * 1000))
+    spec = eng.LinkSpec(f"spate-info-{uuid.uuid4().hex[:12]}", f"{stream}/$info", start="next")
+    engine, link = await _connect(connector, lambda: spec, timeout_s, user, password)
+    try:
+        receiver = eng.ReceiverLink(engine, link)
+        got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def on_message(raw: bytes) -> None:
+            if not got.done():
+                got.set_result(raw)
+
+        def on_lost(error: BaseException) -> None:
+            if not got.done():
+                got.set_exception(ConnectionLost(f"{stream}/$info: {error}"))
+
+        receiver.on_message = on_message
+        receiver.on_lost = on_lost
+        receiver.flow(1)
+        raw = await asyncio.wait_for(got, timeout_s)
+    finally:
+        engine.close()
+    body = eng.decode_message(raw).body
+    if not isinstance(body, dict):
+        raise ConnectionLost(f"{stream}/$info answered a {type(body).__name__}, not a map")
+    return {str(k): v for k, v in body.items()}
 
 
 def _settle(token: Token, error: BaseException | None) -> None:

@@ -1,0 +1,495 @@
+"""The connector's I/O: Spate through spate.client.aio, from blocking code (Spark's Python
+workers call plain functions). Each call runs its own event loop and closes every connection
+it opened: nothing here survives pickling, and nothing is opened before it is needed.
+
+- `metadata`: each stream's partitions, first and end offsets (`STREAM/$info`).
+- `offsets_at`: the first offset at or after a timestamp, per partition.
+- `RangeReader`: a task's read of [start, end) of one partition, as Arrow record batches.
+- `PartitionWriter`: a task's rows to a stream, each destination partition through a named
+  producer (deduplication, ADR 0011), so a retried task stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
+from spate.client.errors import AttachRefused
+from spate.client.messages import MessageParts, read_parts
+from spate.core.ids import offset_from_symbol
+from spate.core.superstreams import hash_partition
+from spate.spark import limits
+from spate.spark.options import Connection, OptionError
+from spate.spark.planning import Key, Loss, Metadata, Offsets, PartitionState, Range
+
+log = logging.getLogger("spate.spark")
+T = TypeVar("T")
+superstream_partitions_max = 1024
+
+
+class DataLoss(RuntimeError):
+    """Retention removed offsets a query still needed (failOnDataLoss=true)."""
+
+
+class ReadFailed(RuntimeError):
+    """A task could not read its planned range (the message names partition and offsets)."""
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+def _offset(symbol: Any) -> int | None:
+    return None if symbol is None else offset_from_symbol(str(symbol))
+
+
+def _state(entry: dict[str, Any]) -> PartitionState:
+    first, end = _offset(entry.get("earliest-offset")), _offset(entry.get("end-offset"))
+    if end is None:
+        latest = _offset(entry.get("latest-offset"))
+        end = 0 if latest is None else latest + 1
+    stamp = entry.get("last-timestamp")
+    return PartitionState(
+        first=end if first is None else first,
+        end=end,
+        last_timestamp_ms=None if stamp is None else int(stamp),
+    )
+
+
+async def _metadata(connection: Connection, streams: tuple[str, ...]) -> Metadata:
+    answers = await asyncio.gather(
+        *(
+            runtime_information(
+                list(connection.urls),
+                stream,
+                timeout_s=connection.timeout_s,
+                user=connection.user,
+                password=connection.password,
+            )
+            for stream in streams
+        )
+    )
+    out: Metadata = {}
+    for stream, info in zip(streams, answers, strict=True):
+        for entry in info["partitions"]:
+            if entry.get("available") is False:
+                raise ReadFailed(
+                    f"stream {stream!r} partition {entry['partition']} is not available at "
+                    f"{info.get('node')} (leader {entry.get('leader')}); try again"
+                )
+            out[(stream, int(str(entry["partition"])))] = _state(entry)
+    return out
+
+
+def metadata(connection: Connection, streams: tuple[str, ...]) -> Metadata:
+    """Every partition of `streams` with its retained range. Unknown streams raise
+    `OptionError` with the broker's reason."""
+    try:
+        return _run(_metadata(connection, streams))
+    except AttachRefused as refused:
+        raise OptionError(f"option stream: {refused}") from None
+
+
+def super_stream_partitions(connection: Connection, name: str) -> tuple[str, ...]:
+    """The partition streams of a super stream created by partition count (`NAME-0` ..
+    `NAME-(N-1)`); one made with binding keys is read by listing its streams in `stream`."""
+
+    async def probe() -> tuple[str, ...]:
+        try:
+            await runtime_information(
+                list(connection.urls), name, timeout_s=connection.timeout_s,
+                user=connection.user, password=connection.password,
+            )  # fmt: skip
+        except AttachRefused as refused:
+            if "super stream" not in str(refused):
+                raise OptionError(f"option superStream: {refused}") from None
+        else:
+            raise OptionError(f"option superStream: {name!r} is a stream; use option stream")
+        found: list[str] = []
+        for index in range(superstream_partitions_max):
+            try:
+                await runtime_information(
+                    list(connection.urls), f"{name}-{index}", timeout_s=connection.timeout_s,
+                    user=connection.user, password=connection.password,
+                )  # fmt: skip
+            except AttachRefused:
+                break
+            found.append(f"{name}-{index}")
+        if not found:
+            raise OptionError(
+                f"option superStream: {name!r} has no partition streams named {name}-0, "
+                f"{name}-1, ... (made with binding keys? list them in option stream)"
+            )
+        return tuple(found)
+
+    return _run(probe())
+
+
+def offsets_at(connection: Connection, meta: Metadata, timestamp_ms: int) -> Offsets:
+    """Per partition, the first offset whose append time is at or after `timestamp_ms`; the
+    partition's end when every message is older (Kafka's startingTimestamp with the
+    `latest` strategy)."""
+
+    async def one(key: Key, state: PartitionState) -> int:
+        if state.first == state.end or (state.last_timestamp_ms or 0) < timestamp_ms:
+            return state.end
+        consumer = await AsyncConsumer.connect(
+            list(connection.urls),
+            key[0],
+            partition=key[1],
+            start=datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC),
+            credit=1,
+            timeout_s=connection.timeout_s,
+            user=connection.user,
+            password=connection.password,
+        )
+        try:
+            event = await consumer.receive(timeout=connection.timeout_s)
+        finally:
+            await consumer.close()
+        return event.offset
+
+    async def every() -> Offsets:
+        keys = sorted(meta)
+        found = await asyncio.gather(*(one(key, meta[key]) for key in keys))
+        return dict(zip(keys, found, strict=True))
+
+    return _run(every())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns a read produces, in order, and which sections that needs decoded."""
+
+    names: tuple[str, ...]
+    nullable: tuple[bool, ...]
+    """As the schema Spark planned with says (Arrow batches must match it exactly)."""
+
+    @property
+    def decode(self) -> bool:
+        return bool({"key", "value", "properties", "application_properties"} & set(self.names))
+
+
+def _test_mode(marker: str | None) -> str | None:
+    """Tests only (option _testFailMarker): what the marker file says (`exit`, `hang`, or
+    `raise` when empty), None when there is no marker file."""
+    if marker is None:
+        return None
+    try:
+        return Path(marker).read_text().strip() or "raise"
+    except FileNotFoundError:
+        return None
+
+
+def _fail_once(marker: str | None) -> bool:
+    """Tests only (option _testFailMarker): True the first time, if the marker file exists."""
+    if marker is None:
+        return False
+    try:
+        os.remove(marker)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class RangeReader:
+    """Reads [start, end) of one partition on an executor and yields Arrow record batches of
+    `columns`. One consumer link, `credit` messages in flight; it follows the partition across
+    a leader change (the client reconnects and resumes after the last offset it handed out).
+
+    A first offset above `start` means retention removed [start, first): `DataLoss` when
+    `fail_on_data_loss`, else a warning and the rest is read."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        r: Range,
+        columns: Columns,
+        *,
+        credit: int,
+        fail_on_data_loss: bool,
+        fail_marker: str | None = None,
+    ) -> None:
+        self.connection, self.range, self.columns = connection, r, columns
+        self.credit = max(1, min(credit, r.count))
+        self.fail_on_data_loss = fail_on_data_loss
+        self.fail_marker = fail_marker
+        self.skipped: list[Loss] = []
+
+    def batches(self, make: Callable[[dict[str, list[Any]]], Any]) -> Iterator[Any]:
+        """`make(columns)` turns the column lists into one record batch."""
+        r = self.range
+        loop = asyncio.new_event_loop()
+        buffer: list[tuple[int, int, bytes]] = []
+        wake = asyncio.Event()
+        state = {"next": r.start, "done": r.count == 0}
+
+        def handler(offset: int, stamp: int, raw: Any) -> None:
+            if state["done"] or offset < state["next"]:
+                return
+            buffer.append((offset, stamp, raw))
+            state["next"] = offset + 1
+            if offset + 1 >= r.end:
+                state["done"] = True
+                wake.set()
+            elif len(buffer) >= limits.rows_per_batch:
+                wake.set()
+
+        consumer: AsyncConsumer | None = None
+        try:
+            consumer = loop.run_until_complete(
+                AsyncConsumer.connect(
+                    list(self.connection.urls),
+                    r.stream,
+                    partition=r.partition,
+                    start=r.start,
+                    credit=self.credit,
+                    handler=handler,
+                    timeout_s=self.connection.timeout_s,
+                    reconnect_timeout_s=limits.reconnect_timeout_s,
+                    user=self.connection.user,
+                    password=self.connection.password,
+                )
+            )
+            expected = r.start
+            while True:
+                if not state["done"] and len(buffer) < limits.rows_per_batch:
+                    wake.clear()
+                    waiter = loop.create_task(wake.wait())
+                    done = loop.create_task(consumer.wait())
+                    finished, _ = loop.run_until_complete(
+                        asyncio.wait(
+                            {waiter, done},
+                            timeout=self.connection.timeout_s,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    )
+                    waiter.cancel()
+                    done.cancel()
+                    if done in finished and not state["done"]:
+                        raise ReadFailed(
+                            f"stream {r.stream!r} partition {r.partition}: reading offsets "
+                            f"[{state['next']}, {r.end}) failed: {done.exception() or 'closed'}"
+                        )
+                    if not finished and not buffer:
+                        raise ReadFailed(
+                            f"stream {r.stream!r} partition {r.partition}: no message at offset "
+                            f"{state['next']} within {self.connection.timeout_s:g} s (planned "
+                            f"range [{r.start}, {r.end}))"
+                        )
+                if not buffer:
+                    if state["done"]:
+                        break
+                    continue
+                chunk, buffer[:] = list(buffer), []
+                first = chunk[0][0]
+                if first > expected:
+                    self._lost(Loss(r.stream, r.partition, expected, first))
+                expected = chunk[-1][0] + 1
+                if _fail_once(self.fail_marker):
+                    raise ReadFailed(f"injected read failure (test) at offset {first}")
+                yield make(self._columns(chunk))
+        finally:
+            if consumer is not None:
+                loop.run_until_complete(consumer.close())
+            loop.close()
+
+    def _lost(self, loss: Loss) -> None:
+        if self.fail_on_data_loss:
+            raise DataLoss(
+                loss.describe() + ". Set failOnDataLoss=false to skip lost offsets with a warning."
+            )
+        log.warning("skipping lost offsets (failOnDataLoss=false): %s", loss.describe())
+        self.skipped.append(loss)
+
+    def _columns(self, chunk: list[tuple[int, int, bytes]]) -> dict[str, list[Any]]:
+        names = self.columns.names
+        out: dict[str, list[Any]] = {name: [] for name in names}
+        r = self.range
+        if "offset" in out:
+            out["offset"] = [offset for offset, _, _ in chunk]
+        if "timestamp" in out:
+            out["timestamp"] = [stamp * 1000 for _, stamp, _ in chunk]  # Arrow µs
+        if "stream" in out:
+            out["stream"] = [r.stream] * len(chunk)
+        if "partition" in out:
+            out["partition"] = [r.partition] * len(chunk)
+        if not self.columns.decode:
+            return out
+        want_key = "key" in out
+        want_value = "value" in out
+        want_props = "properties" in out
+        want_app = "application_properties" in out
+        for _, _, raw in chunk:
+            parts = read_parts(
+                raw,
+                body=want_value,
+                annotations=want_key,
+                properties=want_props,
+                application_properties=want_app,
+            )
+            if want_key:
+                out["key"].append(parts.group_key)
+            if want_value:
+                out["value"].append(parts.body)
+            if want_props:
+                out["properties"].append(parts.properties)
+            if want_app:
+                out["application_properties"].append(parts.application_properties)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass
+class Written:
+    """What one writing task did: rows sent and stored, rows the broker already had (a retried
+    task's repeats), per destination partition."""
+
+    rows: int = 0
+    skipped: int = 0
+    """Rows whose publishing id was at or below the name's last stored id (not sent again)."""
+
+
+ID_EPOCH_SHIFT = 32
+"""A streaming task's publishing ids are (epoch << 32) + row index + 1: increasing across the
+micro-batches of one (query, Spark partition) producer name, equal for a retry."""
+rows_per_task_max = 2**ID_EPOCH_SHIFT - 2
+
+
+class PartitionWriter:
+    """One writing task: rows go to their partition (explicit, by key hash as the broker
+    routes keys, else spread), each partition through a producer named `name` whose
+    publishing ids are `id_base` + row index + 1."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        stream: str,
+        partitions: int,
+        *,
+        name: str,
+        id_base: int,
+        spread_from: int,
+        window: int,
+        fail_marker: str | None = None,
+    ) -> None:
+        assert partitions > 0 and window > 0 and id_base >= 0
+        self.connection, self.stream, self.partitions = connection, stream, partitions
+        self.name, self.id_base, self.spread_from, self.window = name, id_base, spread_from, window
+        self.fail_marker = fail_marker
+        self.loop = asyncio.new_event_loop()
+        self.producers: dict[int, AsyncProducer] = {}
+        self.last_ids: dict[int, int] = {}
+        self.errors: list[BaseException] = []
+        self.row = 0
+        self.written = Written()
+
+    def _partition(self, explicit: int | None, key: str | None) -> int:
+        if explicit is not None:
+            if not 0 <= explicit < self.partitions:
+                raise ValueError(
+                    f"column partition: {explicit} is not a partition of stream "
+                    f"{self.stream!r} (0..{self.partitions - 1})"
+                )
+            return explicit
+        if key is not None:
+            return hash_partition(key, self.partitions)
+        return (self.spread_from + self.row) % self.partitions
+
+    async def _producer(self, partition: int) -> AsyncProducer:
+        producer = self.producers.get(partition)
+        if producer is None:
+            producer = await AsyncProducer.connect(
+                list(self.connection.urls),
+                self.stream,
+                partition=partition,
+                window=self.window,
+                timeout_s=self.connection.timeout_s,
+                reconnect_timeout_s=limits.reconnect_timeout_s,
+                user=self.connection.user,
+                password=self.connection.password,
+                name=self.name,
+            )
+            self.producers[partition] = producer
+            last = producer.last_publishing_id()
+            self.last_ids[partition] = -1 if last is None else last
+        return producer
+
+    def _failed(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.errors.append(error)
+
+    async def _send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
+        for explicit, message in rows:
+            if self.row >= rows_per_task_max:
+                raise ValueError(f"a writing task holds more than {rows_per_task_max} rows")
+            partition = self._partition(explicit, message.group_key)
+            publishing_id = self.id_base + self.row + 1
+            self.row += 1
+            producer = await self._producer(partition)
+            if publishing_id <= self.last_ids[partition]:
+                self.written.skipped += 1
+                continue
+            if producer.has_room():
+                producer.send_nowait(message, self._failed, publishing_id=publishing_id)
+            else:  # waits for room in the window
+                future = await producer.send(message, publishing_id)
+                future.add_done_callback(
+                    lambda f: self._failed(None if f.cancelled() else f.exception())
+                )
+            self.written.rows += 1
+        if self.errors:
+            raise self.errors[0]
+
+    def send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
+        mode = _test_mode(self.fail_marker)
+        if mode is None:
+            self.loop.run_until_complete(self._send(rows))
+            return
+        # Tests only: store half of these rows for sure, then die or hang mid-task.
+        half = max(1, len(rows) // 2)
+        self.loop.run_until_complete(self._send(rows[:half]))
+        self.flush()
+        if _fail_once(self.fail_marker):
+            assert self.fail_marker is not None
+            if mode == "exit":
+                log.warning("test: killing this Python worker after %d rows", self.row)
+                os._exit(17)  # the worker dies mid-task, as on a killed executor
+            Path(self.fail_marker + ".hung").touch()
+            time.sleep(limits.test_hang_s)  # until the test stops the query
+        self.loop.run_until_complete(self._send(rows[half:]))
+
+    def flush(self) -> None:
+        async def all_confirmed() -> None:
+            await asyncio.gather(*(p.flush() for p in self.producers.values()))
+
+        self.loop.run_until_complete(all_confirmed())
+        if self.errors:
+            raise self.errors[0]
+
+    def close(self) -> Written:
+        try:
+            self.flush()
+        finally:
+
+            async def close_all() -> None:
+                await asyncio.gather(*(p.close() for p in self.producers.values()))
+
+            self.loop.run_until_complete(close_all())
+            self.loop.close()
+        return self.written

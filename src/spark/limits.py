@@ -1,0 +1,27 @@
+"""The connector's limits and defaults, each named once with its unit."""
+
+endpoints_max = 64
+timeout_ms_default = 30_000
+"""Each connect/attach and each wait for the next message of a planned range."""
+credit_default = 10_000
+"""Messages in flight to one reading task (link credit). research/proton.md: windows of
+5,000 and more keep a consumer link streaming; the node refills at half."""
+credit_max = 100_000
+rows_per_batch = 8_192
+"""Rows per Arrow record batch a reading task yields to Spark."""
+metadata_refresh_ms_default = 250
+"""The driver-side runner caches `$info` this long: with the default trigger Spark polls
+`latestOffset` ~25 times a second per idle query (research/pyspark.md §3)."""
+tasks_per_batch_max = 10_000
+"""Input partitions one planned read may have (each costs ~35-55 ms of Spark overhead)."""
+window_default = 10_000
+"""Unconfirmed messages per destination partition of a writing task."""
+window_max = 100_000
+producer_prefix_bytes_max = 128
+"""The option producerName; the derived name adds at most 86 bytes (a 256-byte name limit,
+limits.producer_name_bytes_max in spate.core)."""
+reconnect_timeout_s = 60.0
+"""How long a task's consumer or producer keeps reconnecting after losing its link (a leader
+killed: a new one is elected within ~2 s)."""
+test_hang_s = 300.0
+"""Tests only: how long a writer told to hang (option _testFailMarker) waits to be stopped."""

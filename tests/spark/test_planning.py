@@ -1,0 +1,171 @@
+"""The connector's pure parts, no Spark and no broker: options, offset planning, and the
+section codec checked against proton (the real encoder and decoder)."""
+
+from __future__ import annotations
+
+import pytest
+from proton import Message, symbol
+from spate.client.messages import MessageParts, read_parts
+from spate.spark import planning
+from spate.spark.options import OptionError, read_options, write_options
+from spate.spark.planning import Loss, PartitionState, Range
+
+EP = {"endpoints": "127.0.0.1:5672", "stream": "orders"}
+
+
+def test_options_arrive_lower_cased_and_parse() -> None:
+    options = read_options(
+        {
+            "endpoints": "amqp://a:1, b:2",
+            "stream": "orders,refunds",
+            "startingoffsets": '{"orders": {"0": 23, "1": -2}}',
+            "maxmessagespertrigger": "100",
+            "failondataloss": "false",
+        },
+        streaming=True,
+    )
+    assert options.connection.urls == ("amqp://a:1", "amqp://b:2")
+    assert options.streams == ("orders", "refunds")
+    assert options.starting == {"orders": {"0": 23, "1": -2}}
+    assert options.max_messages_per_trigger == 100
+    assert options.fail_on_data_loss is False
+    assert read_options(EP, streaming=True).starting == "latest"
+    assert read_options(EP, streaming=False).starting == "earliest"
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "named"),
+    [
+        ({**EP, "startingoffset": "earliest"}, True, "'startingoffset'"),
+        ({**EP, "endingoffsets": "latest"}, True, "endingOffsets"),
+        ({**EP, "maxmessagespertrigger": "5"}, False, "maxMessagesPerTrigger"),
+        (
+            {**EP, "startingoffsets": "earliest", "startingtimestamp": "5"},
+            True,
+            "startingTimestamp",
+        ),
+        ({**EP, "startingoffsets": "latest"}, False, "startingOffsets"),
+        ({**EP, "startingoffsets": '{"other": {"0": 1}}'}, True, "startingOffsets"),
+        ({**EP, "startingoffsets": "{oops"}, True, "startingOffsets"),
+        ({**EP, "maxmessagespertrigger": "0"}, True, "maxMessagesPerTrigger"),
+        ({**EP, "failondataloss": "maybe"}, True, "failOnDataLoss"),
+        ({"stream": "orders"}, True, "endpoints"),
+        ({**EP, "endpoints": "amqps://h:5671"}, True, "endpoints"),
+        ({**EP, "superstream": "x"}, True, "superStream"),
+        ({**EP, "username": "u"}, True, "username"),
+    ],
+)
+def test_bad_options_fail_naming_the_option(
+    options: dict[str, str], streaming: bool, named: str
+) -> None:
+    with pytest.raises(OptionError, match=named):
+        read_options(options, streaming=streaming)
+
+
+def test_write_options() -> None:
+    assert write_options({**EP, "producername": "job"}).producer_name == "job"
+    with pytest.raises(OptionError, match="'startingoffsets'"):
+        write_options({**EP, "startingoffsets": "earliest"})
+    with pytest.raises(OptionError, match="stream"):
+        write_options({"endpoints": "h:1", "stream": "a,b"})
+
+
+META = {
+    ("s", 0): PartitionState(first=0, end=10, last_timestamp_ms=None),
+    ("s", 1): PartitionState(first=5, end=8, last_timestamp_ms=None),
+}
+
+
+def test_resolve_like_kafka() -> None:
+    assert planning.resolve("earliest", META, name="x", default=-2) == {("s", 0): 0, ("s", 1): 5}
+    assert planning.resolve("latest", META, name="x", default=-2) == {("s", 0): 10, ("s", 1): 8}
+    assert planning.resolve({"s": {"0": 3, "1": -1}}, META, name="x", default=-2) == {
+        ("s", 0): 3,
+        ("s", 1): 8,
+    }
+    assert planning.resolve({"s": {"0": -1}}, META, name="x", default=-2)[("s", 1)] == 5
+    with pytest.raises(OptionError, match="no partition 7"):
+        planning.resolve({"s": {"7": 1}}, META, name="x", default=-2)
+    assert planning.to_json({("s", 1): 4, ("s", 0): 2}) == {"s": {"0": 2, "1": 4}}
+    assert planning.from_json({"s": {"0": 2}}) == {("s", 0): 2}
+
+
+def test_rate_limit_shares_the_budget_by_backlog() -> None:
+    start = {("s", 0): 0, ("s", 1): 0, ("s", 2): 10}
+    latest = {("s", 0): 30, ("s", 1): 10, ("s", 2): 10}
+    end = planning.limit(start, latest, 8)
+    assert sum(end[k] - start[k] for k in start) == 8
+    assert end == {("s", 0): 6, ("s", 1): 2, ("s", 2): 10}
+    assert planning.limit(start, latest, None) == latest
+    assert planning.limit(start, latest, 1000) == latest
+    # never backwards, even if the broker reports less (a follower behind)
+    assert planning.limit({("s", 0): 5}, {("s", 0): 3}, None) == {("s", 0): 5}
+
+
+def test_new_partitions_start_at_their_first_offset() -> None:
+    assert planning.with_new_partitions({("s", 0): 7}, META) == {("s", 0): 7, ("s", 1): 5}
+
+
+def test_losses_name_the_partition_and_range() -> None:
+    (loss,) = planning.losses({("s", 0): 0, ("s", 1): 2}, META)
+    assert loss == Loss("s", 1, 2, 5)
+    assert "partition 1 of stream 's': offsets [2, 5) were deleted" in loss.describe()
+
+
+def test_ranges_split_lagging_partitions() -> None:
+    start = {("s", 0): 0, ("s", 1): 0}
+    end = {("s", 0): 100, ("s", 1): 3}
+    assert planning.ranges(start, end) == [Range("s", 0, 0, 100), Range("s", 1, 0, 3)]
+    split = planning.ranges(start, end, max_records_per_partition=40)
+    assert split == [
+        Range("s", 0, 0, 34),
+        Range("s", 0, 34, 67),
+        Range("s", 0, 67, 100),
+        Range("s", 1, 0, 3),
+    ]
+    several = planning.ranges(start, end, min_partitions=5)
+    assert len(several) == 5
+    assert sum(r.count for r in several) == 103
+    assert [r for r in several if r.partition == 1] == [Range("s", 1, 0, 3)]
+    # empty ranges make no task; a range is never split below one message
+    assert planning.ranges({("s", 0): 5}, {("s", 0): 5}) == []
+    assert len(planning.ranges({("s", 0): 0}, {("s", 0): 2}, min_partitions=9)) == 2
+
+
+def test_sections_match_proton_both_ways() -> None:
+    """What MessageParts builds, proton reads back; what proton builds, read_parts reads."""
+    built = MessageParts(
+        b"\x00body",
+        "customer-7",
+        {"message-id": "m1", "subject": "s", "content-type": "text/plain", "creation-time": "5"},
+        {"region": "emea"},
+    ).envelope(41)
+    decoded = Message()
+    decoded.decode(built)
+    assert bytes(decoded.body) == b"\x00body"
+    assert decoded.annotations == {
+        symbol("event-streams-group-key"): "customer-7",
+        symbol("x-opt-publishing-id"): 41,
+    }
+    assert (decoded.id, decoded.subject, decoded.content_type) == ("m1", "s", "text/plain")
+    assert decoded.properties == {"region": "emea"}
+
+    message = Message(
+        body="text body",
+        id=7,
+        subject="hello",
+        creation_time=1.5,
+        properties={"n": 3, "ok": True},
+        annotations={symbol("event-streams-group-key"): "k"},
+    )
+    parts = read_parts(
+        message.encode(), annotations=True, properties=True, application_properties=True
+    )
+    assert parts.body == b"text body"
+    assert parts.group_key == b"k"
+    assert parts.properties == {"message-id": "7", "subject": "hello", "creation-time": "1500"}
+    assert parts.application_properties == {"n": "3", "ok": "true"}
+    # only what is asked for is decoded
+    assert read_parts(message.encode()).properties is None
+    big = Message(body=b"x" * 70_000, inferred=True).encode()
+    assert read_parts(big).body == b"x" * 70_000
