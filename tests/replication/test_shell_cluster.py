@@ -13,6 +13,7 @@ import logging
 import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from spate.core.backend import OffsetSpec
@@ -344,6 +345,26 @@ async def _home_disbands_when_its_leader_steps_down(cluster: Cluster) -> None:
 
 
 def test_a_new_leader_grants_group_claims_only_once_settled(tmp_path: Path) -> None:
+    run(_new_leader_settles_before_claims, tmp_path)
+
+
+def test_a_leader_whose_new_term_is_not_yet_on_disk_is_settling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window the parallel suite found under load: a replica's Raft role is leader as soon
+    as it wins, but `report_leader` (which records when it began to lead) runs only after the
+    new term's fsync. A claim in between must wait like any other: made deterministic here by
+    holding report_leader back 0.5 s, as a slow disk does (before the fix the claim was granted
+    at once: `settling()` compared against the previous leadership's tick)."""
+    original = ReplicatedPartition.report_leader
+
+    def slow(self: ReplicatedPartition, ready: Any) -> None:
+        if ready.leader_change is not None and self.is_leader:
+            asyncio.get_running_loop().call_later(0.5, original, self, ready)
+            return
+        original(self, ready)
+
+    monkeypatch.setattr(ReplicatedPartition, "report_leader", slow)
     run(_new_leader_settles_before_claims, tmp_path)
 
 

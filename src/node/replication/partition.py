@@ -27,7 +27,7 @@ from spate.core.backend import (
 )
 from spate.core.coordination import Coordinators
 from spate.core.errors import BrokerError, FailedPrecondition, NotLeader
-from spate.core.ids import LeaderEpoch, Offset
+from spate.core.ids import LeaderEpoch, Offset, Term
 from spate.node.replication.messages import Ready
 from spate.node.replication.replica import Replica
 
@@ -64,6 +64,11 @@ class ReplicatedPartition(Replica):
         self._coordinators_epoch: LeaderEpoch | None = None
         self._led_since = 0
         """The tick (`_ticks`) at which this replica last became the leader."""
+        self._led_term: Term | None = None
+        """The term of that leadership: a leader whose term is not this one became leader
+        after `report_leader` last ran (its new term's fsync is still pending), so it has just
+        started to lead and is settling (found by the parallel test suite: between the role
+        change and report_leader, a stale `_led_since` let a claim skip the settle wait)."""
 
     def group_coordinators(self, partitions: int) -> Coordinators:
         """The stream's consumer groups, homed here (partition 0, at its leader; ADR 0015).
@@ -164,11 +169,11 @@ class ReplicatedPartition(Replica):
         """This replica leads, and became leader less than `settle_ticks` ago, with entries
         before its own first one: a leader that found the log empty has no holder before it to
         wait out (nothing was ever committed, so no holder could have received anything)."""
-        return (
-            self.is_leader
-            and self.raft.barrier > 1
-            and self._ticks - self._led_since < self.settle_ticks()
-        )
+        if not self.is_leader or self.raft.barrier <= 1:
+            return False
+        if self._led_term != self.raft.term:
+            return True  # leading since this term began; report_leader has not run yet
+        return self._ticks - self._led_since < self.settle_ticks()
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
@@ -223,7 +228,7 @@ class ReplicatedPartition(Replica):
     def report_leader(self, ready: Ready) -> None:
         super().report_leader(ready)
         if ready.leader_change is not None and self.is_leader:
-            self._led_since = self._ticks
+            self._led_since, self._led_term = self._ticks, self.raft.term
         if ready.leader_change is not None and not self.is_leader:
             self._disband_coordinators()
             self._dismiss(f"{self.stream}/{self.partition} has a new leader")
