@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ports import free_port
 
 SPATE = str(Path(sys.executable).with_name("spate"))
 HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
@@ -285,9 +285,7 @@ def test_invalid_arguments_are_refused_before_any_call(admin: str) -> None:
 
 
 def test_unreachable_admin_says_what_to_do() -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on (this xdist worker's own: none will)
     message = fails(5, "stream", "list", "--admin", f"127.0.0.1:{port}")
     assert message.startswith(f"spate: cannot reach the admin API at 127.0.0.1:{port}")
     assert "spate dev up" in message and "--admin" in message
