@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 from support.ports import free_port
 
+# One admin host serves the whole module (`admin`, scope="module"): its tests go to one xdist
+# worker, so the host starts once and they meet the registry state they would meet serially.
+pytestmark = pytest.mark.xdist_group("cli-admin-host")
+
 SPATE = str(Path(sys.executable).with_name("spate"))
 HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
 
@@ -220,8 +224,9 @@ def test_partition_list_in_both_formats(admin: str) -> None:
     assert lines[0].split() == ["STREAM", "PARTITION", "REPLICAS", "LEADER", "EPOCH"]
     row = lines[1 + mine["partition"]].split()
     assert row == ["placed", str(mine["partition"]), ",".join(mine["replicas"]), "n1", "1"]
+    ok("stream", "create", "placed-too", "--admin", admin)  # not another test's stream
     every = ok_json("partition", "list", "--admin", admin)["partitions"]
-    assert {p["stream"] for p in every} >= {"placed", "described"}
+    assert {p["stream"] for p in every} >= {"placed", "placed-too"}
     assert fails(3, "partition", "list", "ghost", "--admin", admin) == (
         "spate: stream 'ghost' does not exist\n"
     )
