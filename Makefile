@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 help:
 	@echo "make demo   - install, start a local Spate cluster, publish and consume over AMQP 1.0"
-	@echo "make test   - install and run the test suite"
+	@echo "make test   - install and run the test suite (TEST_WORKERS=2 processes)"
 	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
@@ -29,8 +29,12 @@ proto: install
 demo: install
 	@$(PY) -m spate.cli.demo
 
+# Two pytest-xdist workers: most tests wait on real processes and timers, so two run in about
+# half the time on CI's two cores. loadgroup keeps each `xdist_group` (the Spark stage's one
+# JVM) on one worker. `make test TEST_WORKERS=0` runs serially; PYTEST_ARGS comes last and wins.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 check: install
 	$(VENV)/bin/ruff check src tests benchmarks tools chaos

@@ -25,7 +25,9 @@ fi
 command -v "${CC:-gcc}" >/dev/null || { echo "build.sh: ${CC:-gcc} not found: apt-get install gcc" >&2; exit 1; }
 mkdir -p "$OUT"
 if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ] || [ "$0" -nt "$BIN" ]; then
-    "${CC:-gcc}" -O2 -g -Wall -Wextra -Werror -std=gnu11 -o "$BIN.tmp" "$SRC" -lqpid-proton -lm
-    mv -f "$BIN.tmp" "$BIN"
+    # A temporary name of this build's own: two builds at once (two pytest-xdist workers, or
+    # `make bench` beside `make test`) must not write one file, and the rename is atomic.
+    "${CC:-gcc}" -O2 -g -Wall -Wextra -Werror -std=gnu11 -o "$BIN.tmp.$$" "$SRC" -lqpid-proton -lm
+    mv -f "$BIN.tmp.$$" "$BIN"
 fi
 echo "$BIN"

@@ -42,6 +42,11 @@ node_start_timeout_s = 60.0
 node_stop_timeout_s = 15.0
 dev_port_min, dev_port_max = 20_000, 32_000
 """Dev cluster ports come from here, below Linux's default ephemeral range (32768-60999)."""
+DEV_PORTS_ENV = "SPATE_DEV_PORTS"
+"""`LOW-HIGH` (HIGH excluded): draw dev cluster ports from this range instead. Two clusters
+brought up at once on one machine can draw the same free port (each probes it free, then the
+first node to bind takes it from the other): give each its own range. The test suite gives each
+pytest-xdist worker its own slice of dev_port_min..dev_port_max (tests/conftest.py)."""
 
 
 @dataclass(frozen=True)
@@ -83,15 +88,26 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _dev_port_range() -> tuple[int, int]:
+    """[low, high) to draw dev cluster ports from: $SPATE_DEV_PORTS, else the default range."""
+    spec = os.environ.get(DEV_PORTS_ENV, "")
+    if not spec:
+        return dev_port_min, dev_port_max
+    low, dash, high = spec.partition("-")
+    if not (dash and low.isdigit() and high.isdigit() and 0 < int(low) < int(high) <= 65_536):
+        raise InvalidArgument(f"{DEV_PORTS_ENV}={spec!r}: expected LOW-HIGH, e.g. 20000-26000")
+    return int(low), int(high)
+
+
 def _free_port(taken: Collection[int] = ()) -> int:
     """A port free now and outside the kernel's ephemeral range, so no outgoing connection can
     take it between this choice and the node binding it (the ports are fixed for restarts),
     and not one of `taken` (the plan's other ports: a port free now is free for every draw
-    until a node binds it, so two listeners of one plan could get the same one)."""
+    until a node binds it, so two listeners of one plan could get the same one), drawn from
+    _dev_port_range()."""
     low, high = _ephemeral_range()
-    candidates = [
-        p for p in range(dev_port_min, dev_port_max) if not low <= p <= high and p not in taken
-    ]
+    first, end = _dev_port_range()
+    candidates = [p for p in range(first, end) if not low <= p <= high and p not in taken]
     for port in random.sample(candidates, k=min(len(candidates), 200)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -99,7 +115,7 @@ def _free_port(taken: Collection[int] = ()) -> int:
             except OSError:
                 continue
             return port
-    raise Unavailable(f"no free port between {dev_port_min} and {dev_port_max} on {HOST}")
+    raise Unavailable(f"no free port between {first} and {end} on {HOST}")
 
 
 class DevCluster:

@@ -24,6 +24,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "benchmarks" / "clients" / "build.sh"
 SPATE = Path(sys.executable).parent / "spate"
+# One build and one node serve the whole module (scope="module"): its tests go to one xdist
+# worker, so gcc and `spate dev up` run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("load-client")
+
 STEP_TIMEOUT_S = 120.0
 CLIENT_TIMEOUT_S = 30
 N = 2000

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 
 from spate.cluster.admin.providers import ProcessFacts
@@ -37,15 +36,21 @@ from spate.cluster.metadata.state import MetadataView
 from spate.core.backend import ConsumerOffset, PartitionInfo
 from spate.core.errors import NotFound, Unavailable
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
+from spate.server.devcluster import _free_port
 
 log = logging.getLogger("admin_host")
 
 
+_drawn: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A port for a listener named before it binds, drawn like `spate dev up` draws them: from
+    $SPATE_DEV_PORTS (each pytest-xdist worker has its own slice, tests/conftest.py) and never
+    twice in this process."""
+    port = _free_port(_drawn)
+    _drawn.add(port)
+    return port
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ports import free_port
+
+# One admin host serves the whole module (`admin`, scope="module"): its tests go to one xdist
+# worker, so the host starts once and they meet the registry state they would meet serially.
+pytestmark = pytest.mark.xdist_group("cli-admin-host")
 
 SPATE = str(Path(sys.executable).with_name("spate"))
 HOST_SCRIPT = Path(__file__).with_name("admin_host.py")
@@ -220,8 +224,9 @@ def test_partition_list_in_both_formats(admin: str) -> None:
     assert lines[0].split() == ["STREAM", "PARTITION", "REPLICAS", "LEADER", "EPOCH"]
     row = lines[1 + mine["partition"]].split()
     assert row == ["placed", str(mine["partition"]), ",".join(mine["replicas"]), "n1", "1"]
+    ok("stream", "create", "placed-too", "--admin", admin)  # not another test's stream
     every = ok_json("partition", "list", "--admin", admin)["partitions"]
-    assert {p["stream"] for p in every} >= {"placed", "described"}
+    assert {p["stream"] for p in every} >= {"placed", "placed-too"}
     assert fails(3, "partition", "list", "ghost", "--admin", admin) == (
         "spate: stream 'ghost' does not exist\n"
     )
@@ -285,9 +290,7 @@ def test_invalid_arguments_are_refused_before_any_call(admin: str) -> None:
 
 
 def test_unreachable_admin_says_what_to_do() -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on (this xdist worker's own: none will)
     message = fails(5, "stream", "list", "--admin", f"127.0.0.1:{port}")
     assert message.startswith(f"spate: cannot reach the admin API at 127.0.0.1:{port}")
     assert "spate dev up" in message and "--admin" in message

@@ -4,7 +4,8 @@
 //   {op: "publish", address, bodies: [str] | {prefix, count}, properties?, first_publishing_id?}
 //       group_keys?: [str|null] (message k's event-streams-group-key annotation), message_ids?: [str|null],
 //       filter_values?: [str|null] (x-stream-filter-value), application_properties?: [{k: v}|null]
-//       -> outcomes: ["accepted"|condition], attach_properties (the broker's attach properties);
+//       -> outcomes: ["accepted"|condition] (outcomes[k] is message k's, whatever order the
+//       broker settled them in), attach_properties (the broker's attach properties);
 //       with first_publishing_id, message k carries x-opt-publishing-id (ulong) = first + k;
 //       window: at most this many unconfirmed; hold_after: send only the first n and never end
 //       (the test kills the process); progress_every: a line {progress: {sent, outcomes,
@@ -132,19 +133,20 @@ function runStep(i) {
     const sender = connection.open_sender({ name, target: { address: step.address }, properties: linkProps(step.properties) });
     out.outcomes = [];
     let sent = 0;
-    const done = () => { if (out.outcomes.length === step.bodies.length) { sender.close(); next(); } };
+    let settled = 0; // out.outcomes fills by message index, not in settlement order
+    const done = () => { if (settled === step.bodies.length) { sender.close(); next(); } };
     sender.on("sender_open", (ctx) => {
       out.attach_properties = attachProperties(ctx.sender);
     });
     const limit = step.hold_after === undefined ? step.bodies.length : step.hold_after;
     let accepted = 0;
     const progress = (force) => {
-      if (force || (step.progress_every && out.outcomes.length % step.progress_every === 0)) {
-        process.stdout.write(JSON.stringify({ progress: { sent, outcomes: out.outcomes.length, accepted } }) + "\n");
+      if (force || (step.progress_every && settled % step.progress_every === 0)) {
+        process.stdout.write(JSON.stringify({ progress: { sent, outcomes: settled, accepted } }) + "\n");
       }
     };
     const pump = () => {
-      while (sender.sendable() && sent < limit && !(sent - out.outcomes.length >= step.window)) {
+      while (sender.sendable() && sent < limit && !(sent - settled >= step.window)) {
         const message = step.sub_entries
           ? { body: rhea.message.data_section(Buffer.from(step.sub_entries[sent], "hex")),
               message_annotations: { "x-opt-spate-sub-entry": true } }
@@ -167,15 +169,19 @@ function runStep(i) {
         if (step.application_properties && step.application_properties[sent]) {
           message.application_properties = step.application_properties[sent];
         }
-        sender.send(message);
+        sender.send(message).spate_index = sent;
         sent++;
         if (sent === step.hold_after) progress(true); // holding: the step never ends
       }
     };
-    const outcome = (value) => { out.outcomes.push(value); progress(false); pump(); done(); };
+    const outcome = (delivery, value) => {
+      out.outcomes[delivery.spate_index] = value;
+      settled++;
+      progress(false); pump(); done();
+    };
     sender.on("sendable", pump);
-    sender.on("accepted", () => { accepted++; outcome("accepted"); });
-    sender.on("rejected", (ctx) => { outcome(errorOf(ctx.delivery.remote_state.error)); });
+    sender.on("accepted", (ctx) => { accepted++; outcome(ctx.delivery, "accepted"); });
+    sender.on("rejected", (ctx) => { outcome(ctx.delivery, errorOf(ctx.delivery.remote_state.error)); });
     sender.on("sender_error", (ctx) => { out.error = errorOf(ctx.sender.error); next(); });
   } else if (step.op === "consume") {
     const receiver = connection.open_receiver({

@@ -345,7 +345,19 @@ async def _home_disbands_when_its_leader_steps_down(cluster: Cluster) -> None:
 
 
 def test_a_new_leader_grants_group_claims_only_once_settled(tmp_path: Path) -> None:
-    run(_new_leader_settles_before_claims, tmp_path)
+    # The scenario needs two windows it can only observe in wall time: the partition's first
+    # leader must still be its first (barrier 1) when the test looks, and the new leader must
+    # still be settling (one election timeout and a margin) when the test claims. The host's
+    # ticker catches up after a stall, so a stall of the process longer than a window closes
+    # it. With the default 10 ticks (200-400 ms) a run with two xdist workers at load 8 found
+    # barrier 2; with 50 ticks a run at load 15-18 found the new leader already settled. 100
+    # ticks (2-4 s) leaves both windows open through multi-second stalls; the assertions are
+    # unchanged.
+    run(
+        _new_leader_settles_before_claims,
+        tmp_path,
+        raft_config=RaftConfig(election_timeout_ticks=100),
+    )
 
 
 def test_a_leader_whose_new_term_is_not_yet_on_disk_is_settling(
