@@ -64,29 +64,44 @@ def _state(entry: dict[str, Any]) -> PartitionState:
     )
 
 
+UNAVAILABLE_RETRY_S = 0.2
+
+
 async def _metadata(connection: Connection, streams: tuple[str, ...]) -> Metadata:
-    answers = await asyncio.gather(
-        *(
-            runtime_information(
-                list(connection.urls),
-                stream,
-                timeout_s=connection.timeout_s,
-                user=connection.user,
-                password=connection.password,
-            )
-            for stream in streams
-        )
-    )
-    out: Metadata = {}
-    for stream, info in zip(streams, answers, strict=True):
-        for entry in info["partitions"]:
-            if entry.get("available") is False:
-                raise ReadFailed(
-                    f"stream {stream!r} partition {entry['partition']} is not available at "
-                    f"{info.get('node')} (leader {entry.get('leader')}); try again"
+    """Every partition's retained range; a partition without a live leader (an election, or a
+    stream created a moment ago whose leader the gateway has not learnt yet) is asked again
+    until `connection.timeout_s` has passed (found by CI: a write planned right after its
+    stream was created failed at once)."""
+    deadline = asyncio.get_running_loop().time() + connection.timeout_s
+    while True:
+        answers = await asyncio.gather(
+            *(
+                runtime_information(
+                    list(connection.urls),
+                    stream,
+                    timeout_s=connection.timeout_s,
+                    user=connection.user,
+                    password=connection.password,
                 )
-            out[(stream, int(str(entry["partition"])))] = _state(entry)
-    return out
+                for stream in streams
+            )
+        )
+        out: Metadata = {}
+        missing: list[str] = []
+        for stream, info in zip(streams, answers, strict=True):
+            for entry in info["partitions"]:
+                if entry.get("available") is False:
+                    missing.append(
+                        f"stream {stream!r} partition {entry['partition']} is not available at "
+                        f"{info.get('node')} (leader {entry.get('leader')}); try again"
+                    )
+                    continue
+                out[(stream, int(str(entry["partition"])))] = _state(entry)
+        if not missing:
+            return out
+        if asyncio.get_running_loop().time() >= deadline:
+            raise ReadFailed(f"after {connection.timeout_s:g} s: {missing[0]}")
+        await asyncio.sleep(UNAVAILABLE_RETRY_S)
 
 
 def metadata(connection: Connection, streams: tuple[str, ...]) -> Metadata:
