@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from spate.server.devcluster import _free_port, dev_port_max, dev_port_min
+from spate.server.devcluster import _dev_port_range, _free_port
 
 
 def worker_port_range(worker: str, count: str) -> tuple[int, int]:
-    """[low, high) for xdist worker `gwN` of `count` workers; the whole range outside xdist."""
+    """[low, high) for xdist worker `gwN` of `count` workers; the whole range outside xdist.
+
+    The range split is $SPATE_DEV_PORTS when set (two test runs side by side on one machine,
+    e.g. in two worktrees, each set their own), else the default dev range."""
+    dev_low, dev_high = _dev_port_range()
     if not worker.startswith("gw") or not count:
-        return dev_port_min, dev_port_max
+        return dev_low, dev_high
     index, workers = int(worker.removeprefix("gw")), int(count)
     assert 0 <= index < workers, (worker, count)
-    width = (dev_port_max - dev_port_min) // workers
+    width = (dev_high - dev_low) // workers
     assert width >= 500, f"{workers} workers leave too few ports each ({width})"
-    low = dev_port_min + index * width
+    low = dev_low + index * width
     return low, low + width
 
 
