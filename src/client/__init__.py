@@ -22,6 +22,7 @@ from spate.client.blocking import Consumer, GroupConsumer, Producer
 from spate.client.core import SubEntryBatch
 from spate.client.errors import (
     AttachRefused,
+    AuthenticationFailed,
     ConnectionLost,
     ConsumerClosed,
     PublishRefused,
@@ -31,6 +32,7 @@ from spate.client.offsets import offset_filter
 
 __all__ = [
     "AttachRefused",
+    "AuthenticationFailed",
     "ConnectionLost",
     "Consumer",
     "ConsumerClosed",

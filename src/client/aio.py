@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -106,24 +107,45 @@ def encode(body: Body) -> bytes:
     return eng.encode_message(body)
 
 
+def tls_context(connector: Connector, tls: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """The context for the `amqps://` dials: `tls` (e.g. with a private CA or a client
+    certificate), else the system's default (public CAs, host names checked). Raises
+    ValueError for `tls` with no `amqps://` URL: it would silently go unused."""
+    if tls is not None and not connector.tls:
+        raise ValueError("tls= applies to amqps:// URLs, and none was given: use amqps://HOST:PORT")
+    if tls is None and connector.tls:
+        return ssl.create_default_context()
+    return tls
+
+
 async def _connect(
     connector: Connector,
     spec: Callable[[], eng.LinkSpec],
     timeout_s: float,
     user: str | None,
     password: str | None,
+    *,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[eng.Engine, Any]:
-    """Dial and attach as `connector` decides (URLs in turn, redirects, backoff, give up)."""
+    """Dial and attach as `connector` decides (URLs in turn, redirects, backoff, give up).
+    `tls`: the context for `amqps://` dials (`tls_context`). A certificate the context does
+    not trust is raised at once: retrying cannot change it."""
     dial = connector.next_dial()
     while True:
         link_spec = spec()
         step: Dial | GiveUp | Any
+        context = tls if dial.tls else None
+        if dial.tls and context is None:
+            context = ssl.create_default_context()
         try:
             attached = await asyncio.wait_for(
-                eng.attach(dial.host, dial.port, link_spec, user, password), timeout_s
+                eng.attach(dial.host, dial.port, link_spec, user, password, tls=context),
+                timeout_s,
             )
         except AttachRefused as refused:
             step = connector.on_refused(dial, refused, _now_ms())
+        except ssl.SSLCertVerificationError:
+            raise
         except OSError as error:  # refused, reset, timed out (TimeoutError is an OSError)
             step = connector.on_failed(error, _now_ms())
         else:
@@ -158,6 +180,7 @@ class AsyncProducer:
         user: str | None = None,
         password: str | None = None,
         name: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> AsyncProducer:
         """`url`: one node or gateway, or several tried in turn. `window`: unconfirmed
         messages `send` allows. `timeout_s` bounds each attempt to connect and attach (and
@@ -165,13 +188,20 @@ class AsyncProducer:
         reconnecting, for that long after a failure. `name` turns on deduplication
         (`spate:producer-name`): each message gets a publishing id (the next after
         `last_publishing_id()`, or the one `send` is given), and what a reconnect resends is
-        stored once."""
+        stored once. `amqps://` URLs connect over TLS: `tls` is the context to use (a private
+        CA, a client certificate), the system's default when None."""
         self = cls(url, stream, partition, window, timeout_s, reconnect_timeout_s, user, password)
+        self._tls = tls_context(self._connector, tls)
         if name is not None:
             self._spec.properties[P_PRODUCER_NAME] = name
             self._name = name
         engine, link = await _connect(
-            self._connector, lambda: self._spec, timeout_s, self._user, self._password
+            self._connector,
+            lambda: self._spec,
+            timeout_s,
+            self._user,
+            self._password,
+            tls=self._tls,
         )
         self._use(engine, link)
         return self
@@ -196,6 +226,7 @@ class AsyncProducer:
         self._spec = eng.LinkSpec(f"spate-producer-{uuid.uuid4().hex[:12]}", stream, properties)
         self._timeout_s = timeout_s
         self._user, self._password = user, password
+        self._tls: ssl.SSLContext | None = None
         self._loop = asyncio.get_running_loop()
         self._room = asyncio.Event()
         self._room.set()
@@ -355,7 +386,12 @@ class AsyncProducer:
         self._engine.close()
         try:
             engine, link = await _connect(
-                self._connector, lambda: self._spec, self._timeout_s, self._user, self._password
+                self._connector,
+                lambda: self._spec,
+                self._timeout_s,
+                self._user,
+                self._password,
+                tls=self._tls,
             )
         except asyncio.CancelledError:
             raise
@@ -399,15 +435,19 @@ async def runtime_information(
     timeout_s: float = 30.0,
     user: str | None = None,
     password: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> dict[str, Any]:
     """One `STREAM/$info` message (000 §6, docs/amqp.md "Runtime information"): the map with
     `partitions`, a list of {partition, earliest-offset, latest-offset, end-offset, ...} (offset
-    symbols, as the broker sends them). `url`: nodes or gateways tried in turn. Raises
+    symbols, as the broker sends them). `url`: nodes or gateways tried in turn (`tls` as for
+    AsyncProducer.connect). Raises
     `AttachRefused` (an unknown stream: `amqp:not-found`), `ConnectionLost` or `TimeoutError`."""
     urls = [url] if isinstance(url, str) else list(url)
     connector = Connector(urls, 0, int(timeout_s * 1000))
     spec = eng.LinkSpec(f"spate-info-{uuid.uuid4().hex[:12]}", f"{stream}/$info", start="next")
-    engine, link = await _connect(connector, lambda: spec, timeout_s, user, password)
+    engine, link = await _connect(
+        connector, lambda: spec, timeout_s, user, password, tls=tls_context(connector, tls)
+    )
     try:
         receiver = eng.ReceiverLink(engine, link)
         got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -475,6 +515,7 @@ class AsyncConsumer:
         match_unfiltered: bool = False,
         sql: str | None = None,
         sub_entries: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> AsyncConsumer:
         """`start`: first, last, next, stored, an offset, -N or a datetime (default: `stored`
         for a named consumer, else `next`). `credit`: messages in flight to this consumer plus
@@ -505,7 +546,7 @@ class AsyncConsumer:
         (`spate:sub-entries`, ADR 0017): each arrives compressed in one delivery and is unpacked
         here into its messages' events (offset = the first's + index; `raw` is the message
         without delivery annotations); `credit` then counts deliveries, each up to 10,000
-        messages."""
+        messages. `tls`: as for AsyncProducer.connect."""
         filters = eng.selection_filters(filter_values, match_unfiltered, sql)
         if commit not in ("auto", "manual"):
             raise ValueError(f"commit must be 'auto' or 'manual', not {commit!r}")
@@ -529,6 +570,7 @@ class AsyncConsumer:
             start = "next" if name is None and group is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
+        self._tls = tls_context(self._connector, tls)
         self._handler, self._decode, self._sink = handler, decode, sink
         self._filters = filters
         if sub_entries:
@@ -550,7 +592,7 @@ class AsyncConsumer:
                 if strategy is not None:
                     self._properties[P_STRATEGY] = strategy
         engine, link = await _connect(
-            self._connector, self._spec, timeout_s, self._user, self._password
+            self._connector, self._spec, timeout_s, self._user, self._password, tls=self._tls
         )
         self._use(engine, link)
         return self
@@ -577,6 +619,7 @@ class AsyncConsumer:
         self._timeout_s, self._reconnecting_allowed = timeout_s, reconnect_timeout_s > 0
         self._user: str | None = None
         self._password: str | None = None
+        self._tls: ssl.SSLContext | None = None
         self._handler: Handler | None = None
         self._decode = False
         self._sub_entries = False
@@ -804,7 +847,12 @@ class AsyncConsumer:
         self._engine.close()
         try:
             engine, link = await _connect(
-                self._connector, self._spec, self._timeout_s, self._user, self._password
+                self._connector,
+                self._spec,
+                self._timeout_s,
+                self._user,
+                self._password,
+                tls=self._tls,
             )
         except asyncio.CancelledError:
             raise

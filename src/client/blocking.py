@@ -21,6 +21,7 @@ import asyncio
 import collections
 import concurrent.futures
 import queue
+import ssl
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from types import TracebackType
@@ -92,8 +93,10 @@ class Producer:
         user: str | None = None,
         password: str | None = None,
         name: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """`name` turns on deduplication (see AsyncProducer.connect)."""
+        """`name` turns on deduplication; `amqps://` URLs connect over TLS with `tls` (the
+        system's default context when None) — see AsyncProducer.connect."""
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a producer needs at least one URL"
         self._named = name is not None
@@ -117,6 +120,7 @@ class Producer:
                 user=user,
                 password=password,
                 name=name,
+                tls=tls,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )
@@ -330,9 +334,11 @@ class Consumer:
         match_unfiltered: bool = False,
         sql: str | None = None,
         sub_entries: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """As AsyncConsumer.connect; `sub_entries` receives stored sub-entries compressed, one
-        delivery each, and unpacks them here (ADR 0017)."""
+        delivery each, and unpacks them here (ADR 0017); `tls` is the context for `amqps://`
+        URLs."""
         urls = [url] if isinstance(url, str) else list(url)
         assert urls, "a consumer needs at least one URL"
         self._thread = _LoopThread.get()
@@ -365,6 +371,7 @@ class Consumer:
                 match_unfiltered=match_unfiltered,
                 sql=sql,
                 sub_entries=sub_entries,
+                tls=tls,
             ),
             _connect_bound_s(len(urls), timeout_s, reconnect_timeout_s),
         )

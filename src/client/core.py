@@ -115,6 +115,16 @@ def start_spec(start: Start) -> StartSpec:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """A configured URL: `amqp://host:port` (5672 by default), `amqps://host:port` (TLS, 5671
+    by default), or `host:port` (plain)."""
+
+    host: str
+    port: int
+    tls: bool = False
+
+
+@dataclass(frozen=True)
 class Dial:
     """Open a connection to host:port and attach the link."""
 
@@ -122,6 +132,9 @@ class Dial:
     port: int
     hops: int
     """Redirects followed to get here from a configured URL."""
+    tls: bool = False
+    """Over TLS: the configured URL was `amqps://`, and a redirect keeps it (a cluster serves
+    AMQP over TLS on every listener or on none)."""
 
 
 @dataclass(frozen=True)
@@ -136,9 +149,17 @@ class GiveUp:
     error: BaseException
 
 
-def parse_url(url: str) -> tuple[str, int]:
+def parse_url(url: str) -> Endpoint:
+    """Raises ValueError for a scheme other than amqp / amqps, or a malformed port."""
     parts = urlsplit(url if "://" in url else f"amqp://{url}")
-    return parts.hostname or "127.0.0.1", parts.port or 5672
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"{url!r}: the scheme must be amqp:// or amqps:// (TLS)")
+    tls = parts.scheme == "amqps"
+    try:
+        port = parts.port
+    except ValueError as error:
+        raise ValueError(f"{url!r}: {error}") from None
+    return Endpoint(parts.hostname or "127.0.0.1", port or (5671 if tls else 5672), tls)
 
 
 class Connector:
@@ -159,10 +180,15 @@ class Connector:
         self._failures = 0
         self._first_failure_ms: int | None = None
 
+    @property
+    def tls(self) -> bool:
+        """Some configured URL is `amqps://`."""
+        return any(endpoint.tls for endpoint in self.urls)
+
     def next_dial(self) -> Dial:
-        host, port = self.urls[self._turn % len(self.urls)]
+        endpoint = self.urls[self._turn % len(self.urls)]
         self._turn += 1
-        return Dial(host, port, 0)
+        return Dial(endpoint.host, endpoint.port, 0, endpoint.tls)
 
     def on_attached(self) -> None:
         self._failures = 0
@@ -172,7 +198,7 @@ class Connector:
         if refused.condition == REDIRECT:
             host, port = refused.info.get("network-host"), refused.info.get("port")
             if dial.hops < redirect_hops_max and host is not None and port is not None:
-                return Dial(str(host), int(port), dial.hops + 1)
+                return Dial(str(host), int(port), dial.hops + 1, dial.tls)
             return self._failed(refused, now_ms, self.retryable_timeout_ms)
         if is_retryable(refused.condition, refused.info):
             return self._failed(refused, now_ms, self.retryable_timeout_ms)

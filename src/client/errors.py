@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 REDIRECT = "amqp:link:redirect"
+UNAUTHORIZED = "amqp:unauthorized-access"
 RETRYABLE = "spate:retryable"
 """Key of a refusal's info map the broker sets when trying again later can succeed (an
 election, a leader change); docs/amqp.md."""
@@ -40,6 +41,11 @@ class AttachRefused(Exception):
         super().__init__(f"attach refused: {condition}: {description}")
         self.condition, self.description = condition, description
         self.info: dict[str, Any] = info or {}
+
+
+class AuthenticationFailed(AttachRefused):
+    """SASL refused the credentials (`amqp:unauthorized-access`): the connection was closed
+    before any link; retrying with the same credentials cannot succeed, so no client retries."""
 
 
 class ConnectionLost(ConnectionError):

@@ -14,6 +14,7 @@ from spate.client.core import (
     Connector,
     ConsumerCore,
     Dial,
+    Endpoint,
     Failed,
     GiveUp,
     Outcome,
@@ -24,6 +25,7 @@ from spate.client.core import (
     backoff_max_ms,
     backoff_min_ms,
     encode_data,
+    parse_url,
     redirect_hops_max,
     start_spec,
 )
@@ -326,3 +328,25 @@ def test_start_specs() -> None:
 def test_data_sections_are_framed_by_length() -> None:
     assert encode_data(b"ab") == b"\x00\x53\x75\xa0\x02ab"
     assert encode_data(b"x" * 256)[:8] == b"\x00\x53\x75\xb0\x00\x00\x01\x00"
+
+
+def test_amqps_urls_dial_over_tls_and_a_redirect_keeps_it() -> None:
+    """amqps:// (default port 5671) dials over TLS; the redirect it gets names only a host and
+    port (amqp:link:redirect info), and the client keeps TLS for it: a cluster serves AMQP over
+    TLS on every listener or on none."""
+    assert parse_url("amqps://gw.example") == Endpoint("gw.example", 5671, True)
+    assert parse_url("amqp://gw.example") == Endpoint("gw.example", 5672, False)
+    assert parse_url("n1:7000") == Endpoint("n1", 7000, False)
+    for bad in ("http://n1:80", "amqps://n1:notaport"):
+        with pytest.raises(ValueError, match="amqp"):
+            parse_url(bad)
+    connector = Connector(["amqp://plain:1", "amqps://secure:2"], reconnect_timeout_ms=0)
+    assert connector.tls
+    assert connector.next_dial() == Dial("plain", 1, 0, tls=False)
+    dial = connector.next_dial()
+    assert dial == Dial("secure", 2, 0, tls=True)
+    step = connector.on_refused(
+        dial, refused("amqp:link:redirect", **{"network-host": "n3", "port": 3}), 0
+    )
+    assert step == Dial("n3", 3, 1, tls=True)
+    assert not Connector(["amqp://a:1"], reconnect_timeout_ms=0).tls

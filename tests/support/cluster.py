@@ -121,3 +121,59 @@ def running_cluster(data_dir: Path, nodes: int = 1) -> Iterator[Cluster]:
         yield cluster
     finally:
         spate("dev", "down", "--data-dir", str(data_dir), check=False)
+
+
+@dataclass(frozen=True)
+class TlsGateway:
+    """A gateway process serving AMQP over TLS (SASL PLAIN, anonymous refused) in front of a
+    dev cluster, as an operator terminating TLS at the gateway tier runs it."""
+
+    url: str
+    """amqps://localhost:PORT (the certificate names localhost and 127.0.0.1)."""
+    ca: Path
+    """The self-signed certificate to trust."""
+    user: str
+    password: str
+
+
+@contextmanager
+def tls_gateway(cluster: Cluster, directory: Path) -> Iterator[TlsGateway]:
+    """Start `spate gateway run --tls-cert --tls-key --users-file --no-anonymous` (proxy
+    mode, the cluster's secret) on a free port; SIGTERM it afterwards."""
+    from support.amqp_clients import self_signed_cert
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = self_signed_cert(directory)
+    users, user, password = directory / "users.json", "spark", "s3cret-pass"
+    subprocess.run(
+        [sys.executable, "-m", "spate.cli.main", "user", "add", user, "--users-file", str(users),
+         "--password-stdin"],
+        input=password, text=True, check=True, capture_output=True,
+    )  # fmt: skip
+    admins = ",".join(n["admin"] for n in cluster.state["nodes"])
+    secret = (cluster.data_dir / "secret").read_text().strip()
+    data = directory / "gateway"
+    with open(directory / "gateway.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spate.cli.main", "gateway", "run", "--gateway-id", "tls",
+             "--admin", admins, "--data-dir", str(data), "--port", "0", "--refresh-ms", "200",
+             "--tls-cert", str(cert), "--tls-key", str(key), "--users-file", str(users),
+             "--no-anonymous"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(os.environ, SPATE_METADATA_PASSWORD=secret),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (data / "gateway.json").exists():
+            assert process.poll() is None, (directory / "gateway.log").read_text()
+            assert time.monotonic() < deadline, "the TLS gateway did not start"
+            time.sleep(0.1)
+        port = json.loads((data / "gateway.json").read_text())["amqp"].rsplit(":", 1)[1]
+        yield TlsGateway(f"amqps://localhost:{port}", cert, user, password)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
