@@ -82,6 +82,7 @@ async def _metadata(connection: Connection, streams: tuple[str, ...]) -> Metadat
                     timeout_s=connection.timeout_s,
                     user=connection.user,
                     password=connection.password,
+                    tls=connection.ssl_context(),
                 )
                 for stream in streams
             )
@@ -122,6 +123,7 @@ def super_stream_partitions(connection: Connection, name: str) -> tuple[str, ...
             await runtime_information(
                 list(connection.urls), name, timeout_s=connection.timeout_s,
                 user=connection.user, password=connection.password,
+                tls=connection.ssl_context(),
             )  # fmt: skip
         except AttachRefused as refused:
             if "super stream" not in str(refused):
@@ -134,6 +136,7 @@ def super_stream_partitions(connection: Connection, name: str) -> tuple[str, ...
                 await runtime_information(
                     list(connection.urls), f"{name}-{index}", timeout_s=connection.timeout_s,
                     user=connection.user, password=connection.password,
+                    tls=connection.ssl_context(),
                 )  # fmt: skip
             except AttachRefused:
                 break
@@ -165,6 +168,7 @@ def offsets_at(connection: Connection, meta: Metadata, timestamp_ms: int) -> Off
             timeout_s=connection.timeout_s,
             user=connection.user,
             password=connection.password,
+            tls=connection.ssl_context(),
         )
         try:
             event = await consumer.receive(timeout=connection.timeout_s)
@@ -276,6 +280,7 @@ class RangeReader:
                     reconnect_timeout_s=limits.reconnect_timeout_s,
                     user=self.connection.user,
                     password=self.connection.password,
+                    tls=self.connection.ssl_context(),
                 )
             )
             expected = r.start
@@ -438,6 +443,7 @@ class PartitionWriter:
                 reconnect_timeout_s=limits.reconnect_timeout_s,
                 user=self.connection.user,
                 password=self.connection.password,
+                tls=self.connection.ssl_context(),
                 name=self.name,
             )
             self.producers[partition] = producer

@@ -10,7 +10,9 @@ Names follow Spark's Kafka source where they mean the same (docs/spark.md has th
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +33,19 @@ LATEST = -1
 OffsetSpec = str | dict[str, dict[str, int]]
 """`earliest`, `latest`, or {stream: {partition: offset | EARLIEST | LATEST}}."""
 
-_COMMON = frozenset({"endpoints", "username", "password", "timeoutms", "_testfailmarker"})
+_COMMON = frozenset(
+    {
+        "endpoints",
+        "username",
+        "password",
+        "timeoutms",
+        "tlscafile",
+        "tlscertfile",
+        "tlskeyfile",
+        "tlshostnameverification",
+        "_testfailmarker",
+    }
+)
 _READ = _COMMON | {
     "stream",
     "superstream",
@@ -56,6 +70,10 @@ _NAMES = {
         "username",
         "password",
         "timeoutMs",
+        "tlsCaFile",
+        "tlsCertFile",
+        "tlsKeyFile",
+        "tlsHostnameVerification",
         "stream",
         "superStream",
         "startingOffsets",
@@ -81,6 +99,40 @@ def spelled(key: str) -> str:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """How `amqps://` endpoints are verified. Paths, not an `ssl.SSLContext`: the options are
+    pickled to the executors, which build the context (`ssl_context`) — so the files must be
+    readable at the same path on every executor, like Kafka's truststore location."""
+
+    ca_file: str | None
+    """PEM CAs to trust (None: the system's)."""
+    cert_file: str | None
+    """A client certificate (PEM) for listeners that ask for one, with `key_file`."""
+    key_file: str | None
+    check_hostname: bool
+
+
+@functools.cache
+def ssl_context(tls: Tls) -> ssl.SSLContext:
+    """The context for `tls`, built once per process. Raises OptionError naming the option
+    whose file cannot be read or used."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise OptionError(f"option tlsCaFile: {tls.ca_file!r}: {error}") from None
+    if tls.cert_file is not None:
+        try:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise OptionError(
+                f"options tlsCertFile/tlsKeyFile: {tls.cert_file!r}, {tls.key_file!r}: {error}"
+            ) from None
+    if not tls.check_hostname:
+        context.check_hostname = False
+    return context
+
+
+@dataclass(frozen=True)
 class Connection:
     """Where and how to connect: every endpoint as an AMQP URL, tried in turn."""
 
@@ -88,6 +140,11 @@ class Connection:
     user: str | None
     password: str | None
     timeout_s: float
+    tls: Tls | None = None
+    """Set when an endpoint is `amqps://`."""
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else ssl_context(self.tls)
 
 
 @dataclass(frozen=True)
@@ -147,11 +204,12 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def parse_endpoints(text: str | None) -> tuple[str, ...]:
-    """`host:port` or `amqp://host:port`, comma-separated, to AMQP URLs."""
+    """`host:port`, `amqp://host:port` or `amqps://host:port` (TLS), comma-separated, to AMQP
+    URLs."""
     if not text or not text.strip():
         raise OptionError(
-            "option endpoints is required: comma-separated host:port or amqp://host:port "
-            "of any Spate nodes or gateways"
+            "option endpoints is required: comma-separated host:port, amqp://host:port or "
+            "amqps://host:port (TLS) of any Spate nodes or gateways"
         )
     urls = []
     for raw in text.split(","):
@@ -160,14 +218,16 @@ def parse_endpoints(text: str | None) -> tuple[str, ...]:
             continue
         url = item if "://" in item else f"amqp://{item}"
         parts = urlsplit(url)
-        if parts.scheme == "amqps":
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname or port is None:
             raise OptionError(
-                f"option endpoints: {item!r}: TLS (amqps) is not supported by the connector yet "
-                "(docs/spark.md, Limits)"
+                f"option endpoints: {item!r} is not host:port, amqp://host:port or "
+                "amqps://host:port"
             )
-        if parts.scheme != "amqp" or not parts.hostname or parts.port is None:
-            raise OptionError(f"option endpoints: {item!r} is not host:port or amqp://host:port")
-        urls.append(f"amqp://{parts.hostname}:{parts.port}")
+        urls.append(f"{parts.scheme}://{parts.hostname}:{port}")
     if len(urls) > limits.endpoints_max:
         raise OptionError(f"option endpoints: more than {limits.endpoints_max} endpoints")
     return tuple(urls)
@@ -178,9 +238,30 @@ def _connection(options: Mapping[str, str]) -> Connection:
     if (user is None) != (password is None):
         raise OptionError("options username and password go together (SASL PLAIN)")
     timeout_ms = _int(options, "timeoutMs", 100, 3_600_000) or limits.timeout_ms_default
-    return Connection(
-        parse_endpoints(_get(options, "endpoints")), user, password, timeout_ms / 1000
-    )
+    urls = parse_endpoints(_get(options, "endpoints"))
+    return Connection(urls, user, password, timeout_ms / 1000, _tls(options, urls))
+
+
+def _tls(options: Mapping[str, str], urls: tuple[str, ...]) -> Tls | None:
+    """Checked at planning (the files are read here, as the executors will)."""
+    ca, cert, key = (_get(options, n) for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile"))
+    check_hostname = _bool(options, "tlsHostnameVerification", True)
+    given = [
+        name
+        for name, value in (("tlsCaFile", ca), ("tlsCertFile", cert), ("tlsKeyFile", key))
+        if value is not None
+    ] + ([] if _get(options, "tlsHostnameVerification") is None else ["tlsHostnameVerification"])
+    if not any(url.startswith("amqps://") for url in urls):
+        if given:
+            raise OptionError(
+                f"option {given[0]} is for amqps:// endpoints, and option endpoints has none"
+            )
+        return None
+    if (cert is None) != (key is None):
+        raise OptionError("options tlsCertFile and tlsKeyFile go together (a client certificate)")
+    tls = Tls(ca, cert, key, check_hostname)
+    ssl_context(tls)
+    return tls
 
 
 def _unknown(options: Mapping[str, str], known: frozenset[str], what: str) -> None:

@@ -3,12 +3,16 @@ section codec checked against proton (the real encoder and decoder)."""
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 import pytest
 from proton import Message, symbol
 from spate.client.messages import MessageParts, read_parts
 from spate.spark import planning
 from spate.spark.options import OptionError, read_options, write_options
 from spate.spark.planning import Loss, PartitionState, Range
+from support.amqp_clients import self_signed_cert
 
 EP = {"endpoints": "127.0.0.1:5672", "stream": "orders"}
 
@@ -50,7 +54,15 @@ def test_options_arrive_lower_cased_and_parse() -> None:
         ({**EP, "maxmessagespertrigger": "0"}, True, "maxMessagesPerTrigger"),
         ({**EP, "failondataloss": "maybe"}, True, "failOnDataLoss"),
         ({"stream": "orders"}, True, "endpoints"),
-        ({**EP, "endpoints": "amqps://h:5671"}, True, "endpoints"),
+        ({**EP, "endpoints": "https://h:5671"}, True, "endpoints"),
+        ({**EP, "tlscafile": "/etc/ssl/certs/ca-certificates.crt"}, True, "tlsCaFile"),
+        ({**EP, "endpoints": "amqps://h:5671", "tlscafile": "/nonexistent.pem"}, True, "tlsCaFile"),
+        ({**EP, "endpoints": "amqps://h:5671", "tlscertfile": "c.pem"}, True, "tlsKeyFile"),
+        (
+            {**EP, "endpoints": "amqps://h:5671", "tlshostnameverification": "no"},
+            True,
+            "tlsHostnameVerification",
+        ),
         ({**EP, "superstream": "x"}, True, "superStream"),
         ({**EP, "username": "u"}, True, "username"),
     ],
@@ -60,6 +72,24 @@ def test_bad_options_fail_naming_the_option(
 ) -> None:
     with pytest.raises(OptionError, match=named):
         read_options(options, streaming=streaming)
+
+
+def test_amqps_endpoints_carry_what_the_executors_need_to_verify(tmp_path: Path) -> None:
+    """Paths, not a context, travel to the executors (a context does not pickle); the
+    context is built and checked at planning, and once per process."""
+    cert, _ = self_signed_cert(tmp_path)
+    options = read_options(
+        {**EP, "endpoints": "amqps://gw:5671,h2:7", "tlscafile": str(cert)}, streaming=True
+    )
+    connection = pickle.loads(pickle.dumps(options.connection))
+    assert connection.urls == ("amqps://gw:5671", "amqp://h2:7")
+    assert connection.tls is not None and connection.tls.ca_file == str(cert)
+    context = connection.ssl_context()
+    assert context is not None and context.check_hostname
+    assert connection.ssl_context() is context
+    plain = read_options({**EP, "endpoints": "amqps://gw:5671"}, streaming=False).connection
+    assert plain.tls is not None and plain.tls.ca_file is None  # the system's CAs
+    assert read_options(EP, streaming=True).connection.ssl_context() is None
 
 
 def test_write_options() -> None:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from spate.client.messages import MessageParts
 from spate.core.superstreams import hash_partition
-from support.cluster import Cluster
+from support.cluster import Cluster, tls_gateway
 from support.spark import (
     endpoints,
     first_offset,
@@ -316,3 +316,34 @@ def test_batch_write_exactly_once_after_worker_kill(
     # one key, one partition: the broker's own routing of a group key (MurmurHash3 modulo 3)
     for partition, bodies in stored.items():
         assert {hash_partition(str(int(b) % 5), 3) for b in bodies} <= {partition}
+
+
+def test_write_and_read_through_a_tls_gateway_with_credentials(
+    spark: Any, spark_cluster: Cluster, tmp_path: Path
+) -> None:
+    """amqps:// endpoints with tlsCaFile, username and password: a batch write and a batch read
+    through a gateway that terminates TLS and refuses anonymous clients; and the same read with
+    a wrong password fails with SASL's refusal, not a hang."""
+    s = new_stream(spark_cluster, 2)
+    with tls_gateway(spark_cluster, tmp_path / "tls") as gw:
+
+        def secured(io: Any) -> Any:
+            return (
+                io.format("spate")
+                .option("endpoints", gw.url)
+                .option("tlsCaFile", str(gw.ca))
+                .option("username", gw.user)
+                .option("password", gw.password)
+                .option("stream", s)
+            )
+
+        rows = spark.range(0, 300, 1, 2).selectExpr("cast(id as string) as value")
+        secured(rows.write).mode("append").save()
+        got = secured(spark.read).load().select("value").collect()
+        assert sorted(int(r.value) for r in got) == list(range(300))
+        with pytest.raises(Exception, match="unauthorized-access"):
+            secured(spark.read).option("password", "wrong").option(
+                "timeoutMs", "5000"
+            ).load().collect()
+    stored = read_all(spark_cluster, s, 2)  # and the plain listeners hold the same rows
+    assert sorted(int(b) for bodies in stored.values() for b in bodies) == list(range(300))
