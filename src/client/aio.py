@@ -671,6 +671,7 @@ class AsyncConsumer:
             start=self._core.resume_start(),
             filters=self._filters,
             confirm_commits=self._manual,
+            presettled=self.name is None,
         )
 
     @property

@@ -283,6 +283,10 @@ class LinkSpec:
     confirm_commits: bool = False
     """A receiver in rcv-settle-mode second (002 §2.7.3 receiver-settle-mode): it accepts
     without settling and the broker settles once it has stored the offset (ADR 0012)."""
+    presettled: bool = False
+    """A receiver asking for deliveries sent settled (snd-settle-mode settled, 002 §2.7.3):
+    an unnamed consumer's accept stores nothing, so nothing is sent back per delivery (no
+    disposition frames either way; the link's credit still bounds what is in flight)."""
 
     @property
     def is_sender(self) -> bool:
@@ -435,7 +439,8 @@ class ReceiverLink(_AttachedLink):
             raw = ffi.unpack(self._buffer, max(got, 0))
             lib.pn_link_advance(lp)
             if not hold:
-                lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+                if not lib.pn_delivery_settled(current):  # sent settled: nothing to answer
+                    lib.pn_delivery_update(current, lib.PN_ACCEPTED)
                 lib.pn_delivery_settle(current)
                 self.on_message(raw)
                 continue
@@ -499,6 +504,8 @@ async def attach(
             Filter(start_filter).apply(link)
         if spec.confirm_commits:
             link.rcv_settle_mode = Link.RCV_SECOND
+        if spec.presettled:
+            link.snd_settle_mode = Link.SND_SETTLED
     if spec.properties:
         link.properties = {symbol(k): v for k, v in spec.properties.items()}
     link.open()
