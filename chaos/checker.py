@@ -31,6 +31,21 @@ queue checkers, Redpanda's [B2] and NATS's [B12] in ../shared/research/anchors.m
 | timestamp-backwards | a message's timestamp is below the one before it in the final read  |
 |               | (append times never go back, whatever a leader's clock says)              |
 
+Consumer groups (group `chaos`; its members `g<p>a`, `g<p>b` take partition p over from each
+other with ever greater epochs): `grant` (invoke {partition, epoch}; ok {partition, epoch,
+stored}: the group's committed offset the attach reply carried), `group-read` (ok {partition,
+offset, value, epoch}) and `commit` (invoke/ok/info {partition, epoch, offset}).
+
+| kind          | meaning                                                                   |
+|---------------|---------------------------------------------------------------------------|
+| fenced-commit | a commit acknowledged although it began after a greater epoch had been    |
+|               | granted the partition (a displaced member must be fenced)                 |
+| commit-lost   | a grant reports a committed offset below one acknowledged before it began |
+| group-skip    | a member's first read after its grant is past the committed offset + 1    |
+|               | (messages no member of the group is given)                                |
+| read-mismatch | (as above) a member read a value at an offset where the final read has   |
+|               | another                                                                   |
+
 The metadata service (partition -1 in the verdict, "metadata" in reports): process "admin"
 creates streams with new names, lists them and deletes them, each through any node's admin API
 (`f` "create" / "delete" with the name as value, "list" with the names seen as value). Each name
@@ -68,6 +83,9 @@ ANOMALY_KINDS = (
     "read-mismatch",
     "diverged",
     "timestamp-backwards",
+    "fenced-commit",
+    "commit-lost",
+    "group-skip",
     "admin-missing",
     "admin-resurrected",
     "admin-premature",
@@ -194,6 +212,9 @@ def check(
                 )
     if replicas:
         _check_replicas(results, replicas, final)
+    group_ops = [op for op in ops if op.get("f") in ("grant", "group-read", "commit")]
+    if group_ops:
+        check_groups(group_ops, final, results)
     admin = [op for op in ops if op.get("process") == "admin"]
     if admin:
         results[METADATA] = check_admin(admin)
@@ -266,6 +287,112 @@ def check_admin(ops: Sequence[Mapping[str, Any]]) -> PartitionResult:
                     "admin-resurrected", f"{name} listed at {seen.invoked:.2f}s after its delete"
                 )
     return result
+
+
+@dataclass
+class _Timed:
+    """One group operation: invoked and (if it completed) its completion."""
+
+    process: str
+    invoked: float
+    value: Mapping[str, Any]
+    completed: float | None = None
+    outcome: str = "info"
+    result: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _pair(ops: Sequence[Mapping[str, Any]], f: str) -> list[_Timed]:
+    """Each process's invokes of `f` matched with their completions (one at a time each)."""
+    done: list[_Timed] = []
+    open_: dict[str, _Timed] = {}
+    for op in ops:
+        if op.get("f") != f:
+            continue
+        process, kind, time = str(op.get("process")), op.get("type"), float(op["time"])
+        value = op.get("value") or {}
+        if kind == "invoke":
+            open_[process] = _Timed(process, time, value)
+            done.append(open_[process])
+        elif process in open_:
+            one = open_.pop(process)
+            one.completed, one.outcome, one.result = time, str(kind), value
+    return done
+
+
+def check_groups(
+    ops: Sequence[Mapping[str, Any]],
+    final: Mapping[int, list[tuple[int, str]]],
+    results: dict[int, PartitionResult],
+) -> None:
+    """The consumer-group checks (module docstring), per partition."""
+    grants = [g for g in _pair(ops, "grant") if g.outcome == "ok"]
+    commits = [c for c in _pair(ops, "commit") if c.outcome == "ok"]
+
+    def result(partition: int) -> PartitionResult:
+        return results.setdefault(partition, PartitionResult(partition))
+
+    for commit in commits:
+        partition, epoch = int(commit.value["partition"]), int(commit.value["epoch"])
+        for grant in grants:
+            if (
+                int(grant.value["partition"]) == partition
+                and int(grant.value["epoch"]) > epoch
+                and grant.completed is not None
+                and grant.completed < commit.invoked
+            ):
+                result(partition).add(
+                    "fenced-commit",
+                    f"{commit.process} (epoch {epoch}) committed offset "
+                    f"{commit.result.get('offset')} at {commit.invoked:.2f}s, after epoch "
+                    f"{grant.value['epoch']} was granted at {grant.completed:.2f}s",
+                )
+                break
+    for grant in grants:
+        partition, stored = int(grant.value["partition"]), grant.result.get("stored")
+        before = [
+            int(c.result["offset"])
+            for c in commits
+            if int(c.value["partition"]) == partition
+            and c.completed is not None
+            and c.completed < grant.invoked
+            and c.result.get("offset") is not None
+        ]
+        if before and (stored is None or int(stored) < max(before)):
+            result(partition).add(
+                "commit-lost",
+                f"epoch {grant.value['epoch']} granted at {grant.invoked:.2f}s with committed "
+                f"offset {stored}; {max(before)} had been committed",
+            )
+    first_read: dict[tuple[str, int], tuple[int, float]] = {}
+    reads: dict[tuple[str, int, int], list[tuple[int, str]]] = defaultdict(list)
+    for op in ops:
+        value = op.get("value") or {}
+        if op.get("f") == "group-read" and op.get("type") == "ok":
+            key = (str(op.get("process")), int(value["epoch"]))
+            first_read.setdefault(key, (int(value["offset"]), float(op["time"])))
+            reads[(*key, int(value["partition"]))].append(
+                (int(value["offset"]), str(value["value"]))
+            )
+    for grant in grants:
+        key = (grant.process, int(grant.value["epoch"]))
+        stored = grant.result.get("stored")
+        if key in first_read and stored is not None and first_read[key][0] > int(stored) + 1:
+            result(int(grant.value["partition"])).add(
+                "group-skip",
+                f"{grant.process} (epoch {key[1]}) granted with committed offset {stored} first "
+                f"read offset {first_read[key][0]}",
+            )
+    for (process, epoch, partition), entries in reads.items():
+        truth = dict(final.get(partition, []))
+        result(partition).reads += len(entries)
+        for offset, value in entries:
+            stored_value = truth.get(offset)
+            if stored_value is not None and stored_value != value:
+                result(partition).add(
+                    "read-mismatch",
+                    f"{process} (epoch {epoch}) read {value!r} at offset {offset}; "
+                    f"stored: {stored_value!r}",
+                )
 
 
 def _values(entries: Sequence[tuple[int, str]]) -> list[str]:

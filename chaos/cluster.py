@@ -1,4 +1,4 @@
-"""A Spate cluster for chaos runs: three nodes and a proxy gateway, each a real process in its
+"""A Spate cluster for chaos runs: three nodes and two proxy gateways, each a real process in its
 own network namespace (chaos.netns) with its own address, so that network faults cut exactly
 the links between hosts; process faults (kill -9, SIGSTOP/SIGCONT, restart) by PID.
 
@@ -27,6 +27,8 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 CLI_TIMEOUT_S = 60.0
 GATEWAY_REFRESH_MS = 500
+GATEWAYS = ("g1", "g2")
+"""Two gateways: clients list both, and fail over from one killed or cut off to the other."""
 START_MARK = "=== chaos: started at"
 
 
@@ -113,27 +115,28 @@ class ChaosCluster:
                 ",".join(peers),
             ]
             self.processes[name] = Process(name, host, argv, self.root / name, "node.json")
-        gateway = self.network.add_host("g1")
-        argv = [
-            sys.executable,
-            "-m",
-            "spate.cli.main",
-            "gateway",
-            "run",
-            "--gateway-id",
-            "g1",
-            "--admin",
-            self.admin,
-            "--data-dir",
-            str(self.root / "g1"),
-            "--host",
-            gateway.address,
-            "--port",
-            str(AMQP_PORT),
-            "--refresh-ms",
-            str(GATEWAY_REFRESH_MS),
-        ]
-        self.processes["g1"] = Process("g1", gateway, argv, self.root / "g1", "gateway.json")
+        for name in GATEWAYS:
+            gateway = self.network.add_host(name)
+            argv = [
+                sys.executable,
+                "-m",
+                "spate.cli.main",
+                "gateway",
+                "run",
+                "--gateway-id",
+                name,
+                "--admin",
+                self.admin,
+                "--data-dir",
+                str(self.root / name),
+                "--host",
+                gateway.address,
+                "--port",
+                str(AMQP_PORT),
+                "--refresh-ms",
+                str(GATEWAY_REFRESH_MS),
+            ]
+            self.processes[name] = Process(name, gateway, argv, self.root / name, "gateway.json")
         if self.proxied:
             self._route_through_proxies()
 
@@ -155,7 +158,7 @@ class ChaosCluster:
             for b in self.node_names
             if a != b
             for port in (REPLICATION_PORT, METADATA_PORT)
-        ] + [("g1", b, REPLICATION_PORT) for b in self.node_names]
+        ] + [(g, b, REPLICATION_PORT) for g in GATEWAYS for b in self.node_names]
         for a, b, port in links:
             name = f"{a}-{b}-{port}"
             upstream = f"{self.host(b).address}:{port}"
@@ -167,16 +170,17 @@ class ChaosCluster:
             self.proxies[name] = answer.json()["listen"]
             proxy_port = self.proxies[name].rsplit(":", 1)[1]
             self.host(a).nat(self.host(b).address, port, f"{self.network.gateway}:{proxy_port}")
-        answer = requests.post(
-            f"{api}/proxies",
-            json={
-                "name": "client-g1",
-                "listen": f"{self.network.gateway}:0",
-                "upstream": f"{self.host('g1').address}:{AMQP_PORT}",
-            },
-        )
-        answer.raise_for_status()
-        self.proxies["client-g1"] = answer.json()["listen"]
+        for gateway in GATEWAYS:
+            answer = requests.post(
+                f"{api}/proxies",
+                json={
+                    "name": f"client-{gateway}",
+                    "listen": f"{self.network.gateway}:0",
+                    "upstream": f"{self.host(gateway).address}:{AMQP_PORT}",
+                },
+            )
+            answer.raise_for_status()
+            self.proxies[f"client-{gateway}"] = answer.json()["listen"]
 
     @property
     def toxiproxy_url(self) -> str:
@@ -196,9 +200,15 @@ class ChaosCluster:
     def host(self, name: str) -> Host:
         return self.processes[name].host
 
+    @property
+    def gateway_names(self) -> list[str]:
+        return [n for n in self.processes if n.startswith("g")]
+
     def url(self, name: str = "g1") -> str:
-        if name == "g1" and "client-g1" in self.proxies:
-            return f"amqp://{self.proxies['client-g1']}"
+        """A process's AMQP URL as the clients reach it (a gateway's through its client proxy
+        when the cluster is proxied)."""
+        if f"client-{name}" in self.proxies:
+            return f"amqp://{self.proxies[f'client-{name}']}"
         return f"amqp://{self.host(name).address}:{AMQP_PORT}"
 
     # -- processes

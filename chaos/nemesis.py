@@ -9,10 +9,10 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 | pause           | SIGSTOP a partition's leader (longer than election and session       |
 |                 | timeouts), SIGCONT when it ends                                      |
 | partition-leader | isolate a partition's leader from every other host (nftables)       |
-| partition-halves | cut the hosts into two sides (the gateway on one of them)           |
+| partition-halves | cut the hosts into two sides (the gateways among them)              |
 | partition-one-way | one node stops receiving from another                              |
 | loss            | one node drops 30 % of the packets it receives                        |
-| kill-gateway    | kill -9 the gateway; restarted when the fault ends                    |
+| kill-gateway    | kill -9 one gateway (clients fail over to the other); restarted after |
 | pause-kill      | NATS's schedule (anchors B.2): pause a node, kill another, resume the |
 |                 | first, restart the second                                             |
 | disk-truncate   | kill -9 a node, cut the last 1-200 bytes off one partition's active   |
@@ -30,7 +30,7 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 |                 | and again                                                             |
 | link-slicer     | (proxied) replication bytes of two nodes cut into ~64-byte pieces      |
 | link-blackhole  | (proxied) every link into and out of one node holds its bytes         |
-| client-latency  | (proxied) 100 ± 50 ms each way between the clients and the gateway    |
+| client-latency  | (proxied) 100 ± 50 ms each way between the clients and the gateways   |
 | client-reset    | (proxied) the clients' gateway connections reset after 2 s, repeatedly |
 
 Schedules name a mix of kinds; each fault lasts `duration_s` drawn from the schedule's range,
@@ -213,8 +213,10 @@ class Nemesis:
             detail["node"] = node
             undo = lambda: c.start(node)  # noqa: E731
         elif fault.kind == "kill-gateway":
-            c.kill9("g1")
-            undo = lambda: c.start("g1")  # noqa: E731
+            gateway = c.gateway_names[fault.pick % len(c.gateway_names)]
+            c.kill9(gateway)
+            detail["node"] = gateway
+            undo = lambda: c.start(gateway)  # noqa: E731
         elif fault.kind == "pause":
             leader = self._leader(fault.pick)
             c.pause(leader)
@@ -226,7 +228,7 @@ class Nemesis:
             detail["node"] = leader
             undo = net.heal
         elif fault.kind == "partition-halves":
-            hosts = [*nodes, "g1"]
+            hosts = [*nodes, *c.gateway_names]
             random.Random(fault.pick).shuffle(hosts)
             side = hosts[: len(hosts) // 2]
             for a in side:
@@ -302,7 +304,7 @@ class Nemesis:
         api = self.cluster.toxiproxy_url
         attributes: dict[str, Any]
         if fault.kind.startswith("client-"):
-            names = ["client-g1"]
+            names = [f"client-{g}" for g in self.cluster.gateway_names]
         elif fault.kind == "link-blackhole":
             names = [n for n in self.cluster.proxies if a in n.split("-")[:2]]
         else:

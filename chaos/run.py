@@ -17,7 +17,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,8 +72,9 @@ def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) 
             _wait_for_leaders(cluster)
             node_urls = [cluster.url(n) for n in cluster.node_names]
             admin = [f"{cluster.host(n).address}:{ADMIN_PORT}" for n in cluster.node_names]
+            gateway_urls = [cluster.url(g) for g in cluster.gateway_names]
             workload = Workload(
-                history, cluster.url("g1"), node_urls, STREAM, PARTITIONS, PRODUCERS, admin
+                history, gateway_urls, node_urls, STREAM, PARTITIONS, PRODUCERS, admin
             )
             nemesis = Nemesis(cluster, history, STREAM, faults)
             workload.start()
@@ -180,6 +181,20 @@ def _report(
             "",
             f"Metadata service: {meta.acknowledged} streams created, {meta.failed} creates "
             f"refused, {meta.reads} lists checked against them; anomalies: {anomalies}.",
+        ]
+    group = Counter(
+        (str(op["f"]), str(op["type"]))
+        for op in ops
+        if op.get("f") in ("grant", "commit", "group-read") and op.get("type") != "invoke"
+    )
+    if group:
+        lines += [
+            "",
+            f"Consumer group `chaos`: {group['grant', 'ok']} grants (epochs taken over), "
+            f"{group['grant', 'fail']} refused, {group['grant', 'info']} unknown; "
+            f"{group['group-read', 'ok']} reads; {group['commit', 'ok']} commits acknowledged, "
+            f"{group['commit', 'info']} unknown (the member was displaced or cut off first); "
+            "checked for fenced-commit, commit-lost, group-skip and read-mismatch (above).",
         ]
     lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
     for p, r in sorted(verdict.partitions.items()):

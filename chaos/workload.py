@@ -1,14 +1,19 @@
 """The chaos workload (issue 13): producers and consumers on a real cluster, every operation
 recorded in the history (chaos.checker's format) as it happens.
 
-- Producer process `p<i>` publishes to partition i % P of the stream, through the gateway or
-  (every third producer) directly to the nodes, with deduplication on: producer name `p<i>`,
+- Producer process `p<i>` publishes to partition i % P of the stream, through the gateways (both
+  listed, the first in turn: it fails over to the other) or (every third producer) directly to
+  the nodes, with deduplication on: producer name `p<i>`,
   value `p<i>-<n>` with the explicit publishing id n + 1, one message at a time, each waiting
   for its confirm. `ok` = accepted; `fail` = refused and not retryable (definitely not stored);
   `info` = no answer (timeout, lost connection): after one, the producer reconnects and goes on
   with the next number (a later resend of the same value would carry the same id).
-- Consumer process `c<p>` reads partition p from its first offset through the gateway, live,
+- Consumer process `c<p>` reads partition p from its first offset through the gateways, live,
   reconnecting and resuming after its last offset; each delivery is a `read` `ok`.
+- Consumer-group members `g<p>a` and `g<p>b` (group `chaos`) take partition p from each other
+  in turn, each time with the next epoch (`grant`: invoke {partition, epoch}; ok {partition,
+  epoch, stored}), read it (`group-read`) and commit by hand every few messages (`commit`
+  {partition, epoch, offset}): the checker's fenced-commit, commit-lost and group-skip.
 - `final_read` reads every partition whole after the faults are healed, from the gateway
   (process "final") and from each node directly (the per-replica reads for `diverged`).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -34,6 +40,8 @@ from spate.client.errors import (
     is_retryable_outcome,
 )
 
+GROUP = "chaos"
+GROUP_COMMIT_EVERY = 10
 SEND_TIMEOUT_S = 5.0
 RECONNECT_TIMEOUT_S = 10.0
 READ_IDLE_S = 3.0
@@ -71,7 +79,7 @@ class Workload:
     def __init__(  # noqa: PLR0917 (the run's settings, named at the one call)
         self,
         history: History,
-        gateway_url: str,
+        gateway_urls: list[str],
         node_urls: list[str],
         stream: str,
         partitions: int,
@@ -79,18 +87,23 @@ class Workload:
         admin_addresses: list[str] | None = None,
     ) -> None:
         self.history = history
-        self.gateway_url, self.node_urls = gateway_url, node_urls
+        self.gateway_urls, self.node_urls = gateway_urls, node_urls
         self.admin_addresses = admin_addresses or []
         self.stream, self.partitions, self.producers = stream, partitions, producers
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self._epochs = dict.fromkeys(range(partitions), 0)
+        self._epoch_lock = threading.Lock()
 
     def start(self) -> None:
         for i in range(self.producers):
             self._spawn(f"p{i}", functools.partial(self._produce, i))
         for p in range(self.partitions):
             self._spawn(f"c{p}", functools.partial(self._consume, p))
+        for p in range(self.partitions):
+            for slot in "ab":
+                self._spawn(f"g{p}{slot}", functools.partial(self._group_member, p, slot))
         if self.admin_addresses:
             self._spawn("admin", self._administer)
 
@@ -112,7 +125,12 @@ class Workload:
         thread.start()
 
     def _urls(self, i: int) -> list[str]:
-        return self.node_urls if i % 3 == 2 else [self.gateway_url]
+        return self.node_urls if i % 3 == 2 else self._gateways(i)
+
+    def _gateways(self, i: int) -> list[str]:
+        """Every gateway, the i-th (in turn) first."""
+        first = i % len(self.gateway_urls)
+        return self.gateway_urls[first:] + self.gateway_urls[:first]
 
     def _produce(self, i: int) -> None:
         process, partition = f"p{i}", i % self.partitions
@@ -160,7 +178,7 @@ class Workload:
             if consumer is None:
                 try:
                     consumer = Consumer(
-                        [self.gateway_url],
+                        self._gateways(partition),
                         self.stream,
                         start=start,
                         partition=partition,
@@ -183,6 +201,85 @@ class Workload:
             start = event.offset + 1
         if consumer is not None:
             _closed(consumer)
+
+    def _group_member(self, partition: int, slot: str) -> None:
+        """Hold partition `partition` for group `chaos` a few seconds at a time, taking it over
+        from the other slot's member with the next epoch; read, and commit every few
+        messages and before letting go. A member displaced (or cut off) ends with an error
+        from `receive` or `commit`, and comes back with a newer epoch."""
+        process = f"g{partition}{slot}"
+        rng = random.Random(f"{process}")
+        while not self.stopping.is_set():
+            with self._epoch_lock:  # the invoke is recorded in epoch order
+                self._epochs[partition] += 1
+                epoch = self._epochs[partition]
+                self.history.record(
+                    process, "invoke", "grant", {"partition": partition, "epoch": epoch}
+                )
+            try:
+                consumer = Consumer(
+                    self._gateways(partition + (slot == "b")),
+                    self.stream,
+                    partition=partition,
+                    group=GROUP,
+                    epoch=epoch,
+                    commit="manual",
+                    timeout_s=SEND_TIMEOUT_S,
+                    reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+                )
+            except AttachRefused as refused:  # locked by a newer epoch, or stale: not granted
+                self.history.record(
+                    process, "fail", "grant", {"partition": partition, "epoch": epoch,
+                                               "condition": refused.condition},
+                )  # fmt: skip
+                self.stopping.wait(rng.uniform(0.2, 1.0))
+                continue
+            except Exception:  # no answer: granted or not
+                unknown = {"partition": partition, "epoch": epoch}
+                self.history.record(process, "info", "grant", unknown)
+                self.stopping.wait(rng.uniform(0.2, 1.0))
+                continue
+            granted = {"partition": partition, "epoch": epoch, "stored": consumer.stored_offset}
+            self.history.record(process, "ok", "grant", granted)
+            self._hold(process, consumer, partition, epoch, time.monotonic() + rng.uniform(2, 6))
+            _closed(consumer)
+            self.stopping.wait(rng.uniform(0.0, 1.0))
+
+    def _hold(
+        self, process: str, consumer: Consumer, partition: int, epoch: int, until: float
+    ) -> None:
+        last: int | None = None
+        taken = 0
+        while not self.stopping.is_set() and time.monotonic() < until:
+            try:
+                event = consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            except Exception:  # displaced, or gave up reconnecting
+                return
+            value = {"partition": partition, "offset": event.offset, "value": _body(event),
+                     "epoch": epoch}  # fmt: skip
+            self.history.record(process, "ok", "group-read", value)
+            last, taken = event.offset, taken + 1
+            if taken % GROUP_COMMIT_EVERY == 0 and not self._commit(
+                process, consumer, partition, epoch, last
+            ):
+                return
+        if last is not None:
+            self._commit(process, consumer, partition, epoch, last)
+
+    def _commit(
+        self, process: str, consumer: Consumer, partition: int, epoch: int, offset: int
+    ) -> bool:
+        value = {"partition": partition, "epoch": epoch, "offset": offset}
+        self.history.record(process, "invoke", "commit", value)
+        try:
+            stored = consumer.commit()
+        except Exception:  # the link went away first: stored or not
+            self.history.record(process, "info", "commit", value)
+            return False
+        self.history.record(process, "ok", "commit", {**value, "offset": stored})
+        return True
 
     def _administer(self) -> None:
         """The metadata workload (chaos.checker's admin checks): create a stream with a new
