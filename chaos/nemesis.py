@@ -12,6 +12,8 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 | partition-halves | cut the hosts into two sides (the gateways among them)              |
 | partition-one-way | one node stops receiving from another                              |
 | loss            | one node drops 30 % of the packets it receives                        |
+| netem           | what one node sends is delayed 40 ± 30 ms, 5 % lost, 5 % doubled, 25 % |
+|                 | sent at once (reordered): chaos.netem on an NFQUEUE (no tc netem here) |
 | kill-gateway    | kill -9 one gateway (clients fail over to the other); restarted after |
 | pause-kill      | NATS's schedule (anchors B.2): pause a node, kill another, resume the |
 |                 | first, restart the second                                             |
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.cluster import ChaosCluster
+from chaos.netem import Impairment
 from chaos.workload import History
 
 KINDS = (
@@ -57,6 +60,7 @@ KINDS = (
     "partition-halves",
     "partition-one-way",
     "loss",
+    "netem",
     "kill-gateway",
     "pause-kill",
     "disk-truncate",
@@ -65,6 +69,8 @@ KINDS = (
     "clock-skew",
 )
 DISK_KINDS = ("disk-truncate", "disk-bitflip", "disk-index")
+NETEM = Impairment(delay_ms=40, jitter_ms=30, loss=5, duplicate=5, reorder=25)
+"""The `netem` fault: what one node sends, delayed, jittered, lost, doubled and reordered."""
 LINK_KINDS = (
     "link-latency",
     "link-bandwidth",
@@ -96,6 +102,7 @@ SCHEDULES = {
             "pause",
             "partition-leader",
             "loss",
+            "netem",
             "kill-gateway",
             "disk-truncate",
             "clock-skew",
@@ -109,7 +116,7 @@ SCHEDULES = {
     ),
     "partitions": Schedule(
         "partitions",
-        ("partition-leader", "partition-halves", "partition-one-way", "loss"),
+        ("partition-leader", "partition-halves", "partition-one-way", "loss", "netem"),
         (10.0, 30.0),
         (10.0, 20.0),
         10.0,
@@ -245,6 +252,10 @@ class Nemesis:
         elif fault.kind == "loss":
             net.loss(c.host(node), 30)
             detail["node"] = node
+            undo = net.heal
+        elif fault.kind == "netem":
+            net.netem(c.host(node), NETEM, seed=fault.pick)
+            detail["node"], detail["impairment"] = node, vars(NETEM)
             undo = net.heal
         elif fault.kind == "pause-kill":
             crasher = nodes[(fault.pick + 1) % len(nodes)]

@@ -19,8 +19,10 @@ concurrent runs never collide (the bridge's name is claimed first); everything i
 close, and `sweep(prefix)` removes what a killed run left.
 
 `tc netem` (delay, reordering, duplication) is not available on these machines' kernels
-("Specified qdisc kind is unknown"): delay and jitter come from Toxiproxy-style proxies
-(chaos.toxiproxy) instead; loss is nftables' `numgen random`.
+("Specified qdisc kind is unknown"): `netem(host, Impairment(...))` does the same in user space
+on an NFQUEUE (chaos.netem: delay, jitter, loss, duplication, reordering of what the host
+sends); TCP-level delay and jitter per link also come from Toxiproxy-style proxies
+(chaos.toxiproxy); `loss` here is nftables' `numgen random` on what a host receives.
 """
 
 from __future__ import annotations
@@ -28,14 +30,20 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from chaos.netem import MARK, Impairment
 
 HOSTS_MAX = 200
 COMMAND_TIMEOUT_S = 30.0
 _TABLE = "spate_chaos"
 _NAT = "spate_chaos_nat"
+_ROOT = Path(__file__).resolve().parents[1]
+"""Where `python -m chaos.netem` is found."""
 
 
 class NetworkError(RuntimeError):
@@ -60,6 +68,8 @@ class Host:
     address: str
     veth: str
     _nat_ready: bool = False
+    impairer: subprocess.Popen[str] | None = None
+    """The chaos.netem process impairing this host's egress, while `netem` is on."""
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """A process inside this host's namespace (it sees only eth0 and lo)."""
@@ -166,13 +176,49 @@ class Network:
         rule = f"add rule inet {_TABLE} input iifname eth0 {chance}drop"
         host.run(["nft", *rule.split()])
 
+    def netem(self, host: Host, impairment: Impairment, seed: int = 0) -> None:
+        """What `host` sends (to every other host) is delayed, lost, duplicated and reordered
+        as `impairment` says, until healed (chaos.netem; one impairment per host at a time)."""
+        if host.impairer is not None:
+            raise NetworkError(f"{host.name} is already impaired: heal it first")
+        queue = 100 + len(host.name) + sum(map(ord, host.name)) % 1000
+        process = host.popen(
+            [sys.executable, "-m", "chaos.netem", f"--queue={queue}", f"--seed={seed}",
+             *impairment.argv()],
+            stdout=subprocess.PIPE, text=True, cwd=str(_ROOT),
+        )  # fmt: skip
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            process.kill()
+            process.wait()
+            raise NetworkError(f"chaos.netem did not start in {host.name} (exit {process.poll()})")
+        host.impairer = process
+        host.run(
+            ["iptables", "-t", "mangle", "-A", "OUTPUT", "-o", "eth0", "-m", "mark", "!",
+             "--mark", str(MARK), "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
+        )  # fmt: skip
+
+    def _unimpair(self, host: Host) -> None:
+        if host.impairer is None:
+            return
+        host.run(["iptables", "-t", "mangle", "-F", "OUTPUT"], check=False)
+        host.impairer.terminate()
+        try:
+            host.impairer.wait(COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            host.impairer.kill()
+            host.impairer.wait()
+        host.impairer = None
+
     def heal(self, host: Host | None = None) -> None:
         """Every fault removed; or only those touching `host`: its own rules, and the other
         hosts' rules against its address."""
         if host is None:
             for each in self.hosts.values():
                 each.run(["nft", "flush", "chain", "inet", _TABLE, "input"])
+                self._unimpair(each)
             return
+        self._unimpair(host)
         host.run(["nft", "flush", "chain", "inet", _TABLE, "input"])
         for other in self.hosts.values():
             listing = other.run(["nft", "-a", "list", "chain", "inet", _TABLE, "input"])
@@ -182,6 +228,8 @@ class Network:
                     other.run(["nft", "delete", "rule", "inet", _TABLE, "input", "handle", handle])
 
     def close(self) -> None:
+        for host in self.hosts.values():
+            self._unimpair(host)
         sweep(self.prefix)
         self.hosts.clear()
 

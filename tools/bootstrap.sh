@@ -9,8 +9,9 @@ VENV=.venv
 
 need_apt=()
 # libqpid-proton11-dev + gcc: the C load client used by benchmarks/ and tests/benchmarks/;
-# iproute2 + nftables: the chaos suite's network namespaces and cuts (chaos/netns.py)
-for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables; do
+# iproute2 + nftables + iptables: the chaos suite's network namespaces, cuts (chaos/netns.py) and
+# NFQUEUE rules for its user-space netem (chaos/netem.py)
+for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables iptables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
