@@ -6,6 +6,7 @@
   probe the same port free and the second node to bind it would fail, or a node restarted on
   its fixed port would find it taken by the other worker's cluster.
 - The simulator sweeps run first (longest first), so they do not end the run on one worker.
+- Hypothesis runs without its per-example deadline (tests never fail on timing).
 - Tests marked `spark` share one JVM SparkSession per worker: they all go to one worker
   (`xdist_group("spark")`), so only one JVM runs.
 """
@@ -16,7 +17,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support.ports import worker_port_range
+
+# Tests never fail on timing: hypothesis's default 200 ms deadline per example and its "too
+# slow" health check did, on a loaded 2-core machine (tests/cluster/test_metadata_codec.py).
+settings.register_profile(
+    "spate", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("spate")
 
 SPARK_GROUP = "spark"
 SIM_TESTS = Path(__file__).parent / "sim"

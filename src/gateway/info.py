@@ -9,6 +9,13 @@ The message is one `amqp-value` section holding a map (string keys):
         last-timestamp: timestamp | null    messages: long    bytes: long
         leader: str | null           available: bool (false: served by another node; then
                                      only partition, leader and available are meaningful)
+
+A super stream's `$info` (ADR 0014) names its partition streams instead, each a stream with its
+own `$info`:
+
+    super-stream: str        partition-count: long      node: str     routing: "hash" | "key"
+    partition-streams: list of str, in partition order
+    binding-keys: list of str (binding-keys[i] binds partition-streams[i])
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from spate.core.backend import Broker
-from spate.core.errors import NotLeader, Unavailable
+from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import Offset, PartitionId, StreamName, offset_to_symbol
 from spate.gateway import codec
 from spate.gateway.links import partition_symbol
@@ -35,7 +42,21 @@ def _ts(value: int | None) -> codec.Timestamp | None:
 
 
 async def runtime_information(broker: Broker, stream: StreamName, node: str) -> dict[str, Any]:
-    config = await broker.lookup(stream)
+    try:
+        config = await broker.lookup(stream)
+    except NotFound as unknown:
+        try:
+            topology = await broker.super_stream(stream)
+        except BrokerError:
+            raise unknown from None
+        return {
+            "super-stream": stream,
+            "partition-count": len(topology.partitions),
+            "node": node,
+            "routing": topology.routing.value,
+            "partition-streams": [str(p) for p in topology.partitions],
+            "binding-keys": list(topology.binding_keys),
+        }
     partitions: list[dict[str, Any]] = []
     for p in range(config.partitions):
         pid = PartitionId(p)

@@ -832,9 +832,16 @@ async def start_when_active(plan: ConsumerPlan, now: Attached) -> None:
 
 
 async def plan_info(broker: Broker, address: Address) -> StreamName:
+    """A stream's or a super stream's `$info` (NotFound for neither)."""
     if not address.info:
         raise AssertionError("plan_info needs an $info address")
-    await broker.lookup(address.stream)
+    try:
+        await broker.lookup(address.stream)
+    except NotFound as unknown:
+        try:
+            await broker.super_stream(address.stream)
+        except BrokerError:
+            raise unknown from None
     return address.stream
 
 

@@ -115,40 +115,24 @@ def metadata(connection: Connection, streams: tuple[str, ...]) -> Metadata:
 
 
 def super_stream_partitions(connection: Connection, name: str) -> tuple[str, ...]:
-    """The partition streams of a super stream created by partition count (`NAME-0` ..
-    `NAME-(N-1)`); one made with binding keys is read by listing its streams in `stream`."""
+    """The partition streams of a super stream, in partition order, from its `$info` (made
+    with a partition count, `NAME-0` ..; with binding keys, `NAME-<key>` ..)."""
 
-    async def probe() -> tuple[str, ...]:
+    async def ask() -> tuple[str, ...]:
         try:
-            await runtime_information(
+            info = await runtime_information(
                 list(connection.urls), name, timeout_s=connection.timeout_s,
                 user=connection.user, password=connection.password,
                 tls=connection.ssl_context(),
             )  # fmt: skip
         except AttachRefused as refused:
-            if "super stream" not in str(refused):
-                raise OptionError(f"option superStream: {refused}") from None
-        else:
+            raise OptionError(f"option superStream: {refused}") from None
+        streams = info.get("partition-streams")
+        if streams is None:
             raise OptionError(f"option superStream: {name!r} is a stream; use option stream")
-        found: list[str] = []
-        for index in range(superstream_partitions_max):
-            try:
-                await runtime_information(
-                    list(connection.urls), f"{name}-{index}", timeout_s=connection.timeout_s,
-                    user=connection.user, password=connection.password,
-                    tls=connection.ssl_context(),
-                )  # fmt: skip
-            except AttachRefused:
-                break
-            found.append(f"{name}-{index}")
-        if not found:
-            raise OptionError(
-                f"option superStream: {name!r} has no partition streams named {name}-0, "
-                f"{name}-1, ... (made with binding keys? list them in option stream)"
-            )
-        return tuple(found)
+        return tuple(str(stream) for stream in streams)
 
-    return _run(probe())
+    return _run(ask())
 
 
 def offsets_at(connection: Connection, meta: Metadata, timestamp_ms: int) -> Offsets:

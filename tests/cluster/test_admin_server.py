@@ -271,6 +271,17 @@ def test_no_metadata_leader_is_unavailable(tmp_path: Path, free_port: Callable[[
             ErrorCode.UNAVAILABLE,
             "metadata service has no leader",
         )
+        # Definitions are not read from a replica that cannot reach a quorum: its copy may
+        # be stale (chaos: a deleted stream listed again). Health still is.
+        for read in (
+            stub.ListStreams(pb.ListStreamsRequest()),
+            stub.DescribeStream(pb.DescribeStreamRequest(name="orders")),
+            stub.ListSuperStreams(pb.ListSuperStreamsRequest()),
+            stub.ListPartitions(pb.ListPartitionsRequest()),
+        ):
+            await expect_error(
+                read, grpc.StatusCode.UNAVAILABLE, ErrorCode.UNAVAILABLE, "no metadata quorum"
+            )
         cluster = await stub.ClusterStatus(pb.ClusterStatusRequest())
         assert cluster.metadata.leader == "" and not cluster.metadata.has_quorum
         assert len(cluster.metadata.voters) == 3

@@ -458,3 +458,27 @@ def test_spate_client_publishes_to_a_super_stream_by_message_id_or_group_key(
             producer.send(b"no key")
     assert stream_bodies(gateway, topology.partitions[2], 1) == ["by-id"]
     assert stream_bodies(gateway, topology.partitions[0], 1) == ["by-key"]
+
+
+def test_a_super_streams_info_names_its_partition_streams(
+    gateway: RunningGateway, make_super: Callable[..., SuperStream]
+) -> None:
+    """`<super stream>/$info`: the partition streams in partition order with their binding
+    keys and the routing — how a reader (the Spark connector's superStream option) finds
+    partition streams named by binding keys. Each is then an ordinary stream with its own
+    `$info`."""
+    by_keys = make_super(binding_keys=("amer", "emea", "apac"))
+    by_count = make_super(partitions=2)
+    with blocking(gateway) as conn:
+        for topology, routing in ((by_keys, "key"), (by_count, "hash")):
+            receiver = conn.create_receiver(f"{topology.name}/$info", name=unique("i"), credit=1)
+            body = receiver.receive(timeout=10).body
+            receiver.accept()
+            assert body["super-stream"] == topology.name
+            assert body["routing"] == routing
+            assert body["partition-streams"] == list(topology.partitions)
+            assert body["binding-keys"] == list(topology.binding_keys)
+            assert body["partition-count"] == len(topology.partitions)
+        assert by_keys.partitions[1] == f"{by_keys.name}-emea"
+        partition = conn.create_receiver(f"{by_keys.partitions[1]}/$info", name=unique("i"))
+        assert partition.receive(timeout=10).body["stream"] == by_keys.partitions[1]

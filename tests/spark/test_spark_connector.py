@@ -11,17 +11,20 @@ import collections
 import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from spate.client import Producer
 from spate.client.messages import MessageParts
 from spate.core.superstreams import hash_partition
 from support.cluster import Cluster, tls_gateway
 from support.spark import (
     endpoints,
     first_offset,
+    gateway_url,
     new_stream,
     publish,
     read_all,
@@ -347,3 +350,36 @@ def test_write_and_read_through_a_tls_gateway_with_credentials(
             ).load().collect()
     stored = read_all(spark_cluster, s, 2)  # and the plain listeners hold the same rows
     assert sorted(int(b) for bodies in stored.values() for b in bodies) == list(range(300))
+
+
+def test_batch_read_of_super_streams_by_binding_keys_and_by_count(
+    spark: Any, spark_cluster: Cluster
+) -> None:
+    """superStream finds the partition streams from the super stream's `$info`: named by
+    binding keys (`NAME-amer`, ...) or by index (`NAME-0`, ...)."""
+    keyed, counted = (f"ss{uuid.uuid4().hex[:8]}" for _ in range(2))
+    spark_cluster.cli("superstream", "create", keyed, "--binding-keys", "amer,emea,apac")
+    spark_cluster.cli("superstream", "create", counted, "--partitions", "2")
+    sent: dict[str, list[tuple[str, str]]] = {keyed: [], counted: []}
+    with Producer(gateway_url(spark_cluster), keyed) as producer:
+        for i, region in enumerate(["amer", "emea", "apac", "emea"] * 5):
+            producer.send(MessageParts(f"k{i}".encode(), region))
+            sent[keyed].append((f"{keyed}-{region}", f"k{i}"))
+    with Producer(gateway_url(spark_cluster), counted) as producer:
+        for i in range(20):
+            producer.send(MessageParts(f"c{i}".encode(), f"key{i}"))
+            sent[counted].append((f"{counted}-{hash_partition(f'key{i}', 2)}", f"c{i}"))
+    for name, expected in sent.items():
+        rows = (
+            spark.read.format("spate")
+            .option("endpoints", endpoints(spark_cluster))
+            .option("superStream", name)
+            .load()
+            .selectExpr("stream", "cast(value as string) as value")
+            .collect()
+        )
+        assert sorted((r.stream, r.value) for r in rows) == sorted(expected)
+    with pytest.raises(Exception, match="is a stream; use option stream"):
+        spark.read.format("spate").option("endpoints", endpoints(spark_cluster)).option(
+            "superStream", f"{keyed}-emea"
+        ).load().collect()
