@@ -30,6 +30,13 @@ GATEWAY_REFRESH_MS = 500
 GATEWAYS = ("g1", "g2")
 """Two gateways: clients list both, and fail over from one killed or cut off to the other."""
 START_MARK = "=== chaos: started at"
+START_ATTEMPTS = 3
+
+
+class ExitedDuringStart(RuntimeError):
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name} exited during start: {why}")
+        self.name, self.why = name, why
 
 
 @dataclass(eq=False)
@@ -73,6 +80,8 @@ class ChaosCluster:
     fault can fill it (`fill_disk`); fsync costs nothing there, which changes no outcome of the
     process faults (a killed process loses nothing the kernel holds)."""
     _mounted: list[Path] = field(default_factory=list)
+    start_retries: list[str] = field(default_factory=list)
+    """Processes started again after exiting while starting (`start`), for the report."""
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -214,7 +223,21 @@ class ChaosCluster:
     # -- processes
 
     def start(self, name: str | None = None) -> None:
-        """Start one process (or every one not running) and wait until each is ready."""
+        """Start one process (or every one not running) and wait until each is ready. A
+        process that exits while starting (e.g. a node that found no metadata leader within its
+        ready timeout) is started again, up to START_ATTEMPTS times, as a supervisor (systemd's
+        Restart=on-failure) would; each retry is noted in `start_retries` for the report."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start(name)
+                return
+            except ExitedDuringStart as exited:
+                if attempt == START_ATTEMPTS:
+                    raise
+                self.start_retries.append(f"{exited.name} (attempt {attempt}): {exited.why}")
+                time.sleep(1.0)
+
+    def _start(self, name: str | None) -> None:
         names = [name] if name else list(self.processes)
         started = []
         for each in names:
@@ -247,7 +270,7 @@ class ChaosCluster:
         while time.monotonic() < deadline:
             assert process.proc is not None
             if process.proc.poll() is not None:
-                raise RuntimeError(f"{process.name} exited during start: {self.log_tail(process)}")
+                raise ExitedDuringStart(process.name, self.log_tail(process, lines=3))
             try:
                 if json.loads(path.read_text()).get("pid") == process.proc.pid:
                     return
@@ -255,6 +278,15 @@ class ChaosCluster:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"{process.name} not ready in {START_TIMEOUT_S:.0f} s")
+
+    def save_logs(self, into: Path) -> None:
+        """Copy every process's log (all its starts) to `into` (the run's report keeps them:
+        the data directories are removed with the cluster)."""
+        into.mkdir(parents=True, exist_ok=True)
+        for process in self.processes.values():
+            source = process.data_dir / "process.log"
+            if source.exists():
+                (into / f"{process.name}.log").write_bytes(source.read_bytes())
 
     def log_tail(self, process: Process, lines: int = 30) -> str:
         """The last lines its latest start wrote."""

@@ -203,7 +203,12 @@ class Nemesis:
                 self.history.record("nemesis", "info", "stop", {"kind": fault.kind})
 
     def _leader(self, pick: int) -> str:
-        leaders = {p: n for p, n in self.cluster.leaders(self.stream).items() if n}
+        """A partition leader (by `pick`); a node by `pick` when none is known, or when no
+        node can say (no metadata quorum at the moment: definitions are not read stale)."""
+        try:
+            leaders = {p: n for p, n in self.cluster.leaders(self.stream).items() if n}
+        except RuntimeError:
+            leaders = {}
         if not leaders:
             return self.cluster.node_names[pick % len(self.cluster.node_names)]
         partitions = sorted(leaders)

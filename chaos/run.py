@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ class Outcome:
     verdict: checker.Verdict
     faults: list[Fault]
     harness_errors: list[str]
+    start_retries: list[str] = field(default_factory=list)
+    """Processes that exited while (re)starting and were started again (liveness, noted)."""
 
     @property
     def valid(self) -> bool:
@@ -61,42 +63,54 @@ def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) 
     data = Path(tempfile.mkdtemp(prefix="spate-chaos-"))
     history = History(run_dir / "history.jsonl")
     errors: list[str] = []
+    retries: list[str] = []
     try:
         with ChaosCluster(
             data, proxied=needs_proxies(schedule), tmpfs_bytes=tmpfs_bytes(schedule)
         ) as cluster:
-            cluster.start()
-            cluster.cli(
-                "stream", "create", STREAM, "--partitions", str(PARTITIONS), "--replicas", "3"
-            )
-            _wait_for_leaders(cluster)
-            node_urls = [cluster.url(n) for n in cluster.node_names]
-            admin = [f"{cluster.host(n).address}:{ADMIN_PORT}" for n in cluster.node_names]
-            gateway_urls = [cluster.url(g) for g in cluster.gateway_names]
-            workload = Workload(
-                history, gateway_urls, node_urls, STREAM, PARTITIONS, PRODUCERS, admin
-            )
-            nemesis = Nemesis(cluster, history, STREAM, faults)
-            workload.start()
-            nemesis.start()
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-                elapsed = time.monotonic() - history.started
-                print(f"chaos: {elapsed:5.0f} s, {_acked(history)} acknowledged", flush=True)
-            nemesis.stop()
-            workload.stop()
-            errors += workload.errors + nemesis.errors
-            _heal(cluster)
-            history.record("final", "info", "heal", None)
-            replicas = _final_reads(cluster, history)
+            try:
+                replicas = _exercise(cluster, history, faults, seconds, errors)
+            finally:
+                cluster.save_logs(run_dir / "logs")
+                retries = list(cluster.start_retries)
     finally:
         history.close()
         shutil.rmtree(data, ignore_errors=True)
     verdict = checker.check(history.ops, replicas)
-    outcome = Outcome(run_dir, verdict, faults, errors)
+    outcome = Outcome(run_dir, verdict, faults, errors, retries)
     _report(outcome, history.ops, schedule.name, seed, replay)
     return outcome
+
+
+def _exercise(
+    cluster: ChaosCluster,
+    history: History,
+    faults: list[Fault],
+    seconds: float,
+    errors: list[str],
+) -> dict[str, dict[int, list[tuple[int, str]]]]:
+    """Start the cluster and the workload, inject the faults, heal, read everything back."""
+    cluster.start()
+    cluster.cli("stream", "create", STREAM, "--partitions", str(PARTITIONS), "--replicas", "3")
+    _wait_for_leaders(cluster)
+    node_urls = [cluster.url(n) for n in cluster.node_names]
+    admin = [f"{cluster.host(n).address}:{ADMIN_PORT}" for n in cluster.node_names]
+    gateway_urls = [cluster.url(g) for g in cluster.gateway_names]
+    workload = Workload(history, gateway_urls, node_urls, STREAM, PARTITIONS, PRODUCERS, admin)
+    nemesis = Nemesis(cluster, history, STREAM, faults)
+    workload.start()
+    nemesis.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        elapsed = time.monotonic() - history.started
+        print(f"chaos: {elapsed:5.0f} s, {_acked(history)} acknowledged", flush=True)
+    nemesis.stop()
+    workload.stop()
+    errors += workload.errors + nemesis.errors
+    _heal(cluster)
+    history.record("final", "info", "heal", None)
+    return _final_reads(cluster, history)
 
 
 def _acked(history: History) -> int:
@@ -200,13 +214,16 @@ def _report(
     for p, r in sorted(verdict.partitions.items()):
         for kind, examples in sorted(r.examples.items()):
             lines.append(f"- partition {p}, {kind}: " + "; ".join(examples[:3]))
+    if outcome.start_retries:
+        lines += ["", "Started again after exiting while starting (a supervisor would have):"]
+        lines += [f"- {r}" for r in outcome.start_retries]
     if outcome.harness_errors:
         lines += ["", "Harness errors (the run is not valid with these):"]
         lines += [f"- {e}" for e in outcome.harness_errors]
     lines += ["", "## Faults", "", "| start (s) | end (s) | fault |", "|---|---|---|"]
     for start, end, detail in spans:
         lines.append(f"| {start:.1f} | {end:.1f} | {json.dumps(detail, sort_keys=True)} |")
-    lines += ["", "![timeline](timeline.png)", ""]
+    lines += ["", "![timeline](timeline.png)", "", "Process logs: `logs/`.", ""]
     (run_dir / "summary.md").write_text("\n".join(lines))
 
 
