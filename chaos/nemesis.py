@@ -11,6 +11,7 @@ pure (a seeded random.Random makes it; the same seed gives the same plan, printe
 | partition-leader | isolate a partition's leader from every other host (nftables)       |
 | partition-halves | cut the hosts into two sides (the gateways among them)              |
 | partition-one-way | one node stops receiving from another                              |
+| partition-bridge | two nodes cut from each other, the third seeing both (Jepsen's bridge) |
 | loss            | one node drops 30 % of the packets it receives                        |
 | netem           | what one node sends is delayed 40 ± 30 ms, 5 % lost, 5 % doubled, 25 % |
 |                 | sent at once (reordered): chaos.netem on an NFQUEUE (no tc netem here) |
@@ -59,6 +60,7 @@ KINDS = (
     "partition-leader",
     "partition-halves",
     "partition-one-way",
+    "partition-bridge",
     "loss",
     "netem",
     "kill-gateway",
@@ -116,7 +118,14 @@ SCHEDULES = {
     ),
     "partitions": Schedule(
         "partitions",
-        ("partition-leader", "partition-halves", "partition-one-way", "loss", "netem"),
+        (
+            "partition-leader",
+            "partition-halves",
+            "partition-one-way",
+            "partition-bridge",
+            "loss",
+            "netem",
+        ),
         (10.0, 30.0),
         (10.0, 20.0),
         10.0,
@@ -253,6 +262,16 @@ class Nemesis:
             other = nodes[(fault.pick + 1) % len(nodes)]
             net.cut(c.host(node), c.host(other), both=False)
             detail["from"], detail["to"] = node, other
+            undo = net.heal
+        elif fault.kind == "partition-bridge":
+            # Jepsen's bridge: two sides that cannot see each other, and one node (`node`)
+            # that sees both — a majority each way, through it.
+            others = [n for n in nodes if n != node]
+            left, right = others[: len(others) // 2], others[len(others) // 2 :]
+            for a in left:
+                for b in right:
+                    net.cut(c.host(a), c.host(b))
+            detail["bridge"], detail["sides"] = node, [left, right]
             undo = net.heal
         elif fault.kind == "loss":
             net.loss(c.host(node), 30)
