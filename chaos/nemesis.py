@@ -54,15 +54,19 @@ from chaos.cluster import ChaosCluster
 from chaos.netem import Impairment
 from chaos.workload import History
 
-KINDS = (
-    "kill",
-    "pause",
+NETWORK_KINDS = (
     "partition-leader",
     "partition-halves",
     "partition-one-way",
     "partition-bridge",
     "loss",
     "netem",
+)
+"""Faults of the network between hosts (nftables, NFQUEUE): the `partitions` schedule."""
+KINDS = (
+    "kill",
+    "pause",
+    *NETWORK_KINDS,
     "kill-gateway",
     "pause-kill",
     "disk-truncate",
@@ -118,14 +122,7 @@ SCHEDULES = {
     ),
     "partitions": Schedule(
         "partitions",
-        (
-            "partition-leader",
-            "partition-halves",
-            "partition-one-way",
-            "partition-bridge",
-            "loss",
-            "netem",
-        ),
+        NETWORK_KINDS,
         (10.0, 30.0),
         (10.0, 20.0),
         10.0,
