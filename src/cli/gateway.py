@@ -76,6 +76,19 @@ def register(subparsers: Any) -> None:
         "WebSocket and HTTP, docs/synap-api.md) on this port at /synap (0 = any free port; "
         "default: not served; proxy mode only)",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics over HTTP on this port (0 = any free port; default: "
+        "not served)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text (default) or JSON lines with gateway, stream, partition and "
+        "link ids",
+    )
     rooms = RoomsConfig()
     for flag, attr, what in (
         ("--rooms-partitions", "partitions", "partitions of the spate.rooms stream (on creation)"),
@@ -111,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         require_defined_groups=args.require_defined_groups,
         secret=os.environ.get("SPATE_METADATA_PASSWORD", ""),
         synap_port=args.synap_port,
+        metrics_port=args.metrics_port,
+        log_format=args.log_format,
         rooms=RoomsConfig(
             partitions=args.rooms_partitions,
             retention_ms=args.room_retention_ms,

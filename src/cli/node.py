@@ -44,6 +44,16 @@ def register(subparsers: Any) -> None:
         "--replication-port", type=int, help="node-to-node replication port (default 7800)"
     )
     run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus /metrics HTTP port (default 7900; 0 = any free)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as text (default) or JSON lines with node, stream, partition and link ids",
+    )
+    run.add_argument(
         "--metadata-peers", help="other metadata voters as host:port,host:port (default: none)"
     )
     run.add_argument(
@@ -91,6 +101,8 @@ def _run(args: argparse.Namespace) -> int:
         "admin_port": args.admin_port,
         "metadata_port": args.metadata_port,
         "replication_port": args.replication_port,
+        "metrics_port": args.metrics_port,
+        "log_format": args.log_format,
         "metadata_peers": args.metadata_peers,
         "users_file": args.users_file,
         "tls_cert": args.tls_cert,

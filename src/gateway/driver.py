@@ -61,6 +61,7 @@ from spate.gateway.errors import (
 )
 from spate.gateway.producer import ProducerLink, ProducerPart, detach_all
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
+from spate.gateway.stats import ListenerSnapshot, ListenerStats
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class Context:
     per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
     rooms: links.Rooms | None = None
     """A gateway's rooms (ADR 0018): `$rooms/<room>` links; None on a node (not found)."""
+    stats: ListenerStats = field(default_factory=ListenerStats)
+    """Counters for /metrics (ADR 0023)."""
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_interval_ms: int = limits.offset_commit_interval_ms
     """A named consumer's offset is stored after this many done deliveries or this long after
@@ -150,7 +153,7 @@ class AmqpConnection(asyncio.Protocol):
         self.guard = inbound.InboundGuard()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        self.producer = ProducerPart(self, ctx.recv_buffer)
+        self.producer = ProducerPart(self, ctx.recv_buffer, ctx.stats)
         """Links the client sends on (spate.gateway.producer)."""
         self.consumer = ConsumerPart(self, ctx)
         """Links the client receives on: consumers and `$info` (spate.gateway.consumer)."""
@@ -163,9 +166,11 @@ class AmqpConnection(asyncio.Protocol):
         self.sock = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         if len(self.ctx.connections) >= limits.connections_max:
             log.warning("refusing connection: %d connections open", limits.connections_max)
+            self.ctx.stats.connections_refused += 1
             self.sock.abort()
             self.closed = True
             return
+        self.ctx.stats.connections_accepted += 1
         self.ctx.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -231,6 +236,8 @@ class AmqpConnection(asyncio.Protocol):
             and await self.ctx.authenticate_plain(request.user, request.password)
         ):
             user = request.user
+        if user is None:
+            self.ctx.stats.authentication_failures += 1
         if not self.closed:
             self._sasl_actions(self.sasl.outcome(user))
 
@@ -614,6 +621,8 @@ class AmqpConnection(asyncio.Protocol):
         link.open()
         link.condition = Condition(error.condition, error.description, info or None)
         link.close()
+        refused = self.ctx.stats.links_refused
+        refused[error.condition] = refused.get(error.condition, 0) + 1
         log.info(
             "refused link %r to %r: %s %s", link.name, address, error.condition, error.description
         )
@@ -698,3 +707,33 @@ def _partitions_of(
 def _wrap_event(ev: Any) -> Any:
     """proton's Event wrapper for a control event (typed Any: proton's stubs are partial)."""
     return cast(Any, Event).wrap(ev)
+
+
+def snapshot(ctx: Context) -> ListenerSnapshot:
+    """Connections, links and credit of one listener, for a /metrics scrape (O(links))."""
+    producers = consumers = infos = attaching = 0
+    producer_credit = consumer_credit = unconfirmed = 0
+    credit = lib.pn_link_credit
+    for connection in ctx.connections:
+        producer_part, consumer_part = connection.producer, connection.consumer
+        producers += len(producer_part.links)
+        consumers += len(consumer_part.links)
+        infos += len(consumer_part.infos)
+        attaching += len(connection.attaching)
+        unconfirmed += producer_part.unconfirmed
+        for producer in producer_part.links.values():
+            if not producer.closed:
+                producer_credit += credit(producer.pointer)
+        for consumer in consumer_part.links.values():
+            if not consumer.closed:
+                consumer_credit += credit(consumer.pointer)
+    return ListenerSnapshot(
+        connections=len(ctx.connections),
+        producer_links=producers,
+        consumer_links=consumers,
+        info_links=infos,
+        attaching_links=attaching,
+        producer_credit=producer_credit,
+        consumer_credit=consumer_credit,
+        unconfirmed=unconfirmed,
+    )

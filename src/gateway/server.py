@@ -12,8 +12,9 @@ from spate.core import limits
 from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
 from spate.gateway.auth import Users
-from spate.gateway.driver import AmqpConnection, Context
+from spate.gateway.driver import AmqpConnection, Context, snapshot
 from spate.gateway.links import Rooms
+from spate.gateway.stats import ListenerSnapshot, ListenerStats
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,12 @@ class GatewayServer:
         port = int(self._server.sockets[0].getsockname()[1])
         log.info("AMQP listener on %s:%d (tls=%s)", self.config.host, port, tls is not None)
         return port
+
+    def stats(self) -> tuple[ListenerStats, ListenerSnapshot]:
+        """The listener's counters and its live connections, links and credit (/metrics)."""
+        if self._context is None:
+            return ListenerStats(), ListenerSnapshot(0, 0, 0, 0, 0, 0, 0, 0)
+        return self._context.stats, snapshot(self._context)
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""

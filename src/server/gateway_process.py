@@ -50,6 +50,8 @@ from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
+from spate.server import logs, metrics
+from spate.server.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,10 @@ class GatewaySettings:
     synap_port: int | None = None
     """The Synap command API's port (ADR 0018; 0: any free port; None: not served)."""
     rooms: RoomsConfig = field(default_factory=RoomsConfig)
+    metrics_port: int | None = None
+    """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port; None: not served)."""
+    log_format: str = "text"
+    """`text` or `json` (JSON lines, spate.server.logs)."""
 
     def validate(self) -> None:
         if not self.admin:
@@ -95,6 +101,10 @@ class GatewaySettings:
                 "proxy mode talks to the nodes with the cluster secret: set "
                 "SPATE_METADATA_PASSWORD (the nodes' metadata password), or use --mode redirect"
             )
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument(f"--log-format must be text or json, got {self.log_format!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise InvalidArgument(f"--metrics-port must be 0-65535, got {self.metrics_port}")
         if self.refresh_ms <= 0:
             raise InvalidArgument(f"--refresh-ms must be positive, got {self.refresh_ms}")
         if self.synap_port is not None and self.mode != "proxy":
@@ -191,6 +201,23 @@ class GatewayProcess:
         if settings.synap_port is not None:
             assert self.rooms is not None  # validate: the Synap API needs proxy mode
             self.synap = SynapServer(self.rooms, settings.host, settings.synap_port)
+        self.refresh_failures = 0
+        """Route refreshes in which no node's admin API answered (/metrics)."""
+        self.metrics: MetricsServer | None = None
+        if settings.metrics_port is not None:
+            self.metrics = MetricsServer(
+                metrics.registry(
+                    [
+                        metrics.BuildCollector(settings.gateway_id, "gateway"),
+                        metrics.ListenerCollector(settings.gateway_id, self.server),
+                        metrics.GatewayCollector(
+                            settings.gateway_id, self.table, lambda: self.refresh_failures
+                        ),
+                    ]
+                ),
+                settings.host,
+                settings.metrics_port,
+            )
         self._task: asyncio.Task[None] | None = None
         self._reading: asyncio.Future[bool] | None = None
         """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
@@ -204,6 +231,10 @@ class GatewayProcess:
         elif self.rooms is not None:
             self.rooms.start()
         self._task = asyncio.get_running_loop().create_task(self._refresh(), name="routes")
+        metrics_url = None
+        if self.metrics is not None:
+            metrics_port = await self.metrics.start()
+            metrics_url = f"http://{self.settings.host}:{metrics_port}{metrics.METRICS_PATH}"
         self.endpoints = {
             "gateway_id": self.settings.gateway_id,
             "role": "gateway",
@@ -211,6 +242,7 @@ class GatewayProcess:
             "amqp": f"{self.settings.host}:{port}",
             "mode": self.settings.mode,
             **({"synap": self.synap.url} if self.synap is not None else {}),
+            **({"metrics": metrics_url} if metrics_url is not None else {}),
             "started_at_ms": int(time.time() * 1000),
         }
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +284,7 @@ class GatewayProcess:
             if routes is not None:
                 self.table.update(routes)
                 return True
+        self.refresh_failures += 1
         return False
 
     async def stop(self) -> None:
@@ -260,6 +293,8 @@ class GatewayProcess:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.metrics is not None:
+            await self.metrics.close()
         if self.synap is not None:
             await self.synap.close()  # closes the rooms service too
         elif self.rooms is not None:
@@ -357,9 +392,8 @@ async def run_gateway(settings: GatewaySettings) -> None:
 def main_run(settings: GatewaySettings) -> int:
     import uvloop
 
-    logging.basicConfig(
-        level=os.environ.get("SPATE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logs.configure(
+        settings.log_format, settings.gateway_id, os.environ.get("SPATE_LOG_LEVEL", "INFO")
     )
     uvloop.run(run_gateway(settings))
     return 0

@@ -32,6 +32,8 @@ from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 from spate.node.wire_server import WireServer
+from spate.server import logs, metrics
+from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
 from spate.server.settings import NodeSettings, advertised_host
 
@@ -56,6 +58,7 @@ class NodeEndpoints:
     admin: str
     metadata: str
     replication: str
+    metrics: str
     started_at_ms: int
 
     def to_json(self) -> dict[str, Any]:
@@ -67,6 +70,7 @@ class NodeEndpoints:
             "admin": self.admin,
             "metadata": self.metadata,
             "replication": self.replication,
+            "metrics": self.metrics,
             "started_at_ms": self.started_at_ms,
         }
 
@@ -134,6 +138,17 @@ class NodeProcess:
             host=settings.host,
             port=settings.admin_port,
         )
+        self.metrics = MetricsServer(
+            metrics.registry(
+                [
+                    metrics.BuildCollector(settings.node_id, "node"),
+                    metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
+                    metrics.ListenerCollector(settings.node_id, self.gateway),
+                ]
+            ),
+            settings.host,
+            settings.metrics_port,
+        )
         self.endpoints: NodeEndpoints | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reports: set[asyncio.Task[None]] = set()
@@ -178,6 +193,7 @@ class NodeProcess:
                     "admin": e.admin,
                     "metadata": e.metadata,
                     "replication": e.replication,
+                    "metrics": e.metrics,
                 },
                 partitions=len(hosted),
                 streams=len({a.config.name for a in hosted}),
@@ -195,6 +211,7 @@ class NodeProcess:
         self.replication.add_leader_listener(self._on_leader)
         amqp_port = await self.gateway.start()
         admin_port = await self.admin.start()
+        metrics_port = await self.metrics.start()
         host = advertised_host(settings)
         self.endpoints = NodeEndpoints(
             node_id=settings.node_id,
@@ -203,6 +220,7 @@ class NodeProcess:
             admin=f"{host}:{admin_port}",
             metadata=f"{host}:{settings.metadata_port}",
             replication=f"{host}:{replication_port}",
+            metrics=f"http://{host}:{metrics_port}{metrics.METRICS_PATH}",
             started_at_ms=int(time.time() * 1000),
         )
         await self._register()
@@ -308,6 +326,7 @@ class NodeProcess:
         for task in [*self._tasks, *self._reports]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.metrics.close()
         await self.admin.stop()
         await self.gateway.close()
         await self.relay_sessions.close()
@@ -334,9 +353,6 @@ async def run_node(settings: NodeSettings) -> None:
 def main_run(settings: NodeSettings) -> int:
     import uvloop  # the one place the node's event loop is chosen
 
-    logging.basicConfig(
-        level=os.environ.get("SPATE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_format, settings.node_id, os.environ.get("SPATE_LOG_LEVEL", "INFO"))
     uvloop.run(run_node(settings))
     return 0

@@ -12,6 +12,7 @@ from spate.core.errors import InvalidArgument
 
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class NodeSettings:
     metadata_port: int = 7700
     replication_port: int = 7800
     """Node-to-node partition replication (Raft) listener."""
+    metrics_port: int = 7900
+    """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port)."""
+    log_format: str = "text"
+    """`text` (one line per record) or `json` (JSON lines with node, stream, partition and
+    link ids as fields; spate.server.logs)."""
     metadata_peers: tuple[str, ...] = ()
     """Other metadata voters as host:port (empty: this node is the only voter)."""
     metadata_password: str = field(default="", repr=False)
@@ -56,6 +62,10 @@ class NodeSettings:
             raise InvalidArgument(
                 "the metadata service needs a password: set metadata_password in the config file "
                 "or the SPATE_METADATA_PASSWORD environment variable"
+            )
+        if self.log_format not in LOG_FORMATS:
+            raise InvalidArgument(
+                f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
