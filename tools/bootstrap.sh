@@ -10,7 +10,9 @@ VENV=.venv
 need_apt=()
 # libqpid-proton11-dev + gcc: the C load client used by benchmarks/ and tests/benchmarks/;
 # iproute2 + nftables: the chaos suite's network namespaces and cuts (chaos/netns.py)
-for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables; do
+# prometheus: promtool and the server, which tests/integration/test_metrics.py runs against a
+# dev cluster (the scrape config in deploy/prometheus/)
+for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)

@@ -624,7 +624,12 @@ class AmqpConnection(asyncio.Protocol):
         refused = self.ctx.stats.links_refused
         refused[error.condition] = refused.get(error.condition, 0) + 1
         log.info(
-            "refused link %r to %r: %s %s", link.name, address, error.condition, error.description
+            "refused link %r to %r: %s %s",
+            link.name,
+            address,
+            error.condition,
+            error.description,
+            extra={"link": link.name, "user": self.user, "condition": error.condition},
         )
 
     def end_producer(self, producer: ProducerLink, error: AmqpError) -> None:
@@ -632,7 +637,12 @@ class AmqpConnection(asyncio.Protocol):
         if producer.closed:
             return
         self._forget_key(producer.pointer)
-        log.info("ending producer link %r: %s", producer.link.name, error.description)
+        log.info(
+            "ending producer link %r: %s",
+            producer.link.name,
+            error.description,
+            extra={"link": producer.link.name, "condition": error.condition},
+        )
         producer.link.condition = Condition(error.condition, error.description)
         producer.link.close()
         self.schedule_pump()
@@ -642,7 +652,12 @@ class AmqpConnection(asyncio.Protocol):
         if consumer.closed:
             return
         self._forget_key(consumer.pointer)
-        log.info("ending consumer link %r: %s", consumer.link.name, error.description)
+        log.info(
+            "ending consumer link %r: %s",
+            consumer.link.name,
+            error.description,
+            extra={"link": consumer.link.name, "condition": error.condition},
+        )
         consumer.link.condition = Condition(error.condition, error.description)
         consumer.link.close()
         self.schedule_pump()

@@ -317,7 +317,11 @@ class NodeProcess:
             await self.metadata.report_leader(stream, partition, self.node_id, epoch)
         except BrokerError as error:
             log.warning(
-                "could not report leadership of %s/%d: %s", stream, partition, error.message
+                "could not report leadership of %s/%d: %s",
+                stream,
+                partition,
+                error.message,
+                extra={"stream": stream, "partition": partition},
             )
 
     async def stop(self) -> None:

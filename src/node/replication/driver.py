@@ -281,6 +281,7 @@ class ReplicationDriver(Generic[R]):
                     group.stream,
                     group.partition,
                     index,
+                    extra={"stream": group.stream, "partition": group.partition},
                 )
         now_ms = self._monotonic_ms()
         if now_ms >= self._retention_due_ms:
@@ -311,6 +312,7 @@ class ReplicationDriver(Generic[R]):
             group.stream,
             group.partition,
             reason,
+            extra={"stream": group.stream, "partition": group.partition},
         )
         group.fail(reason)
 
@@ -434,6 +436,11 @@ class ReplicationDriver(Generic[R]):
             transfer.group.partition,
             transfer.fetch.leader,
             reason,
+            extra={
+                "stream": transfer.group.stream,
+                "partition": transfer.group.partition,
+                "peer": transfer.fetch.leader,
+            },
         )
         if not transfer.group.closed:
             transfer.group.raft.snapshot_failed(transfer.fetch.leader)  # no-op on a follower
