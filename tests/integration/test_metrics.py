@@ -4,7 +4,8 @@ traffic through the gateway with a named consumer and a consumer group, then
   carries the series the issue names;
 - Debian's Prometheus server, run with the shipped scrape config (deploy/prometheus/) and the
   targets written by deploy/prometheus/targets.py from `spate dev status`, scrapes them all and
-  answers the consumer and group lag through its HTTP API.
+  answers the consumer and group lag through its HTTP API, and every query of the shipped
+  Grafana dashboard (deploy/grafana/) runs there and names only series the processes serve.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+GRAFANA_DASHBOARD = ROOT / "deploy" / "grafana" / "spate-dashboard.json"
 PUBLISHED = 100
 CONSUMED = 40
 """The named consumer and the group each finish this many of the PUBLISHED messages."""
@@ -187,6 +189,26 @@ def test_prometheus_scrapes_the_cluster_with_the_shipped_config(
         assert [(r["metric"], r["value"][1]) for r in group] == [
             ({"group": "audit"}, str(PUBLISHED - CONSUMED))
         ]
+        # the shipped Grafana dashboard: every query runs, and names only series that exist
+        scraped = {
+            name
+            for process in traffic.state["processes"]
+            for name in re.findall(r"^(spate_\w+)", _scrape(process["metrics"]), re.M)
+        }
+        dashboard = json.loads((GRAFANA_DASHBOARD).read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        assert len(exprs) >= 20
+        for expr in exprs:
+            _query(base, expr)  # a syntax error or unknown function fails the query
+            for name in re.findall(r"\bspate_\w+", expr):
+                assert name in scraped, f"the dashboard uses {name}, which no process serves"
+        lag_panel = next(
+            t["expr"]
+            for p in dashboard["panels"]
+            for t in p.get("targets", [])
+            if "spate_consumer_lag_messages" in t["expr"]
+        )
+        assert _query(base, lag_panel)[0]["value"][1] == str(PUBLISHED - CONSUMED)
     finally:
         server.terminate()
         try:
