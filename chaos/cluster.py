@@ -111,6 +111,8 @@ class ChaosCluster:
                 str(REPLICATION_PORT),
                 "--metadata-peers",
                 ",".join(peers),
+                # the harness (clients, admin) calls from the root namespace, not loopback
+                "--allow-remote-anonymous",
             ]
             self.processes[name] = Process(name, host, argv, self.root / name, "node.json")
         gateway = self.network.add_host("g1")
@@ -132,6 +134,7 @@ class ChaosCluster:
             str(AMQP_PORT),
             "--refresh-ms",
             str(GATEWAY_REFRESH_MS),
+            "--allow-remote-anonymous",
         ]
         self.processes["g1"] = Process("g1", gateway, argv, self.root / "g1", "gateway.json")
         if self.proxied:

@@ -47,6 +47,11 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--users-file", type=Path, help="JSON users file for SASL PLAIN")
     run.add_argument("--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS")
+    run.add_argument(
+        "--allow-remote-anonymous",
+        action="store_true",
+        help="accept SASL ANONYMOUS from other hosts too (default: from loopback only)",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     run.add_argument(
@@ -115,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
         port=args.port,
         refresh_ms=args.refresh_ms,
         allow_anonymous=not args.no_anonymous,
+        allow_remote_anonymous=args.allow_remote_anonymous,
+        admin_token=os.environ.get("SPATE_ADMIN_TOKEN", ""),
         users_file=args.users_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

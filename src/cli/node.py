@@ -64,6 +64,18 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS (needs --users-file)"
     )
+    run.add_argument(
+        "--allow-remote-anonymous",
+        action="store_true",
+        help="accept SASL ANONYMOUS and admin calls without a token from other hosts too "
+        "(default: from loopback only)",
+    )
+    run.add_argument(
+        "--admin-require-token",
+        action="store_true",
+        help="every admin call needs a user's token ($SPATE_ADMIN_TOKEN on the CLI; "
+        "needs --users-file)",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     run.add_argument(
@@ -108,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "allow_anonymous": False if args.no_anonymous else None,
+        "allow_remote_anonymous": True if args.allow_remote_anonymous else None,
+        "admin_require_token": True if args.admin_require_token else None,
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,
         "require_defined_groups": True if args.require_defined_groups else None,

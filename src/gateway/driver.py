@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from spate.core import limits
 from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, NotFound
 from spate.core.ids import MemberId, PartitionId, StreamName
+from spate.core.permissions import ANONYMOUS, Permission, UserStore
 from spate.gateway import inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
 from spate.gateway.errors import (
@@ -119,6 +121,10 @@ class Context:
     per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
     rooms: links.Rooms | None = None
     """A gateway's rooms (ADR 0018): `$rooms/<room>` links; None on a node (not found)."""
+    permissions: UserStore | None = None
+    """Who may write to and read from which stream (ADR 0023); None: everyone everything."""
+    anonymous_remote: bool = True
+    """SASL ANONYMOUS from a non-loopback peer (else only from 127.0.0.0/8 and ::1)."""
     stats: ListenerStats = field(default_factory=ListenerStats)
     """Counters for /metrics (ADR 0023)."""
     offset_commit_messages: int = limits.offset_commit_messages
@@ -227,7 +233,14 @@ class AmqpConnection(asyncio.Protocol):
     async def _authenticate(self, request: Authenticate) -> None:
         user: str | None = None
         if request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
-            user = "anonymous"
+            if self.ctx.anonymous_remote or self._from_loopback():
+                user = ANONYMOUS
+            else:
+                log.warning(
+                    "refusing SASL ANONYMOUS from %s: anonymous access is for loopback "
+                    "clients only (allow_remote_anonymous is off)",
+                    self._peer(),
+                )
         elif (
             request.mechanism == "PLAIN"
             and self.ctx.authenticate_plain is not None
@@ -240,6 +253,16 @@ class AmqpConnection(asyncio.Protocol):
             self.ctx.stats.authentication_failures += 1
         if not self.closed:
             self._sasl_actions(self.sasl.outcome(user))
+
+    def _peer(self) -> str:
+        peer = self.sock.get_extra_info("peername") if self.sock is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+    def _from_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self._peer()).is_loopback
+        except ValueError:
+            return False  # not an IP peer (a Unix socket is not served): refuse
 
     def own(self, future: asyncio.Future[Any]) -> None:
         self._tasks.add(future)
@@ -510,6 +533,7 @@ class AmqpConnection(asyncio.Protocol):
         answer: dict[symbol, Any] | None = None
         error: AmqpError | None = None
         try:
+            self._authorize(link, parsed)
             broker = self._broker_for(properties)
             if parsed.room is not None:
                 rooms_host = self.ctx.rooms
@@ -575,6 +599,17 @@ class AmqpConnection(asyncio.Protocol):
             assert plan is not None
             self.consumer.open_info(link, plan)
         self.schedule_pump()
+
+    def _authorize(self, link: Link, parsed: links.Address) -> None:
+        """The user's write permission on a producer's stream, read on a consumer's (and
+        `$info`'s); a room is named `$rooms/<room>` (ADR 0023)."""
+        store = self.ctx.permissions
+        if store is None:
+            return
+        user = self.user or ANONYMOUS
+        name = f"{links.ROOMS_NODE}/{parsed.room}" if parsed.room is not None else parsed.stream
+        permission = Permission.WRITE if link.is_receiver else Permission.READ
+        store.grants_of(user).check(user, permission, name)
 
     def _release(self, plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None) -> None:
         """A planned link that will not open: let go of its partitions (and a named consumer's

@@ -30,6 +30,9 @@ class ListenerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     """PEM files; both set: the listener speaks TLS only (terminated by asyncio)."""
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS from non-loopback clients too (ADR 0023: off, so no credential-free
+    access reaches a listener bound to a real interface unless asked for)."""
     idle_timeout_s: float | None = None
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_ms: int = limits.offset_commit_interval_ms
@@ -89,6 +92,8 @@ class GatewayServer:
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,
             idle_timeout_s=self.config.idle_timeout_s,
+            permissions=users.store if users is not None else None,
+            anonymous_remote=self.config.allow_remote_anonymous,
             offset_commit_messages=self.config.offset_commit_messages,
             offset_commit_interval_ms=self.config.offset_commit_ms,
         )

@@ -72,6 +72,10 @@ class GatewaySettings:
     port: int = 5672
     refresh_ms: int = refresh_ms_default
     allow_anonymous: bool = True
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS from non-loopback clients too (ADR 0023; default: loopback only)."""
+    admin_token: str = field(default="", repr=False)
+    """Token for the nodes' admin API when they require one ($SPATE_ADMIN_TOKEN)."""
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -110,6 +114,23 @@ class GatewaySettings:
         if self.synap_port is not None and self.mode != "proxy":
             raise InvalidArgument("the Synap API (--synap-port) is served in proxy mode only")
         self.rooms.check()
+
+
+def admin_channel(address: str, token: str) -> grpc.aio.Channel:
+    """A channel to a node's admin API that sends the token, if any, with every call."""
+    if not token:
+        return grpc.aio.insecure_channel(address)
+    interceptor: Any = _TokenInterceptor(token)
+    return grpc.aio.insecure_channel(address, interceptors=[interceptor])
+
+
+class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, token: str) -> None:
+        self.metadata = (("authorization", f"Bearer {token}"),)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = tuple(details.metadata or ()) + self.metadata
+        return await continuation(details._replace(metadata=metadata), request)
 
 
 async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
@@ -188,6 +209,7 @@ class GatewayProcess:
                 port=settings.port,
                 node_id=settings.gateway_id,
                 allow_anonymous=settings.allow_anonymous,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
@@ -276,7 +298,7 @@ class GatewayProcess:
     async def _refresh_once(self, admins: Sequence[str]) -> bool:
         for admin in admins:
             try:
-                async with grpc.aio.insecure_channel(admin) as channel:
+                async with admin_channel(admin, self.settings.admin_token) as channel:
                     routes = await read_routes(channel)
             except grpc.aio.AioRpcError as error:
                 log.info("routes from %s unavailable: %s", admin, error.details())
@@ -323,7 +345,7 @@ class GrpcAdmin:
         error: BrokerError = Unavailable("no node's admin API answered; retry")
         for admin in self.gateway.settings.admin:
             try:
-                async with grpc.aio.insecure_channel(admin) as channel:
+                async with admin_channel(admin, self.gateway.settings.admin_token) as channel:
                     stub = pb_grpc.AdminStub(channel)
                     return await getattr(stub, method)(request, timeout=admin_timeout_s)
             except grpc.aio.AioRpcError as failure:

@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.cluster.admin.auth import AdminAuth
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
 from spate.core.errors import BrokerError, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.gateway.auth import Users
 from spate.gateway.remote import RemoteBroker, Sessions
 from spate.gateway.routes import Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
@@ -121,6 +123,7 @@ class NodeProcess:
                 port=settings.amqp_port,
                 node_id=settings.node_id,
                 allow_anonymous=settings.allow_anonymous,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
@@ -137,6 +140,11 @@ class NodeProcess:
             coordinators=self.front,
             host=settings.host,
             port=settings.admin_port,
+            auth=AdminAuth(
+                Users.load(settings.users_file).store if settings.users_file else None,
+                require_token=settings.admin_require_token,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
+            ),
         )
         self.metrics = MetricsServer(
             metrics.registry(

@@ -43,6 +43,11 @@ class NodeSettings:
     metadata_password: str = field(default="", repr=False)
     """Shared secret of the metadata Raft group (pysyncobj encrypts and authenticates with it)."""
     allow_anonymous: bool = True
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS and token-less admin calls from non-loopback clients too (ADR 0023). Off:
+    a node bound to a real interface serves nobody without credentials but its own host."""
+    admin_require_token: bool = False
+    """Every admin call needs `authorization: Bearer <token>` of a user in the users file."""
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -84,6 +89,11 @@ class NodeSettings:
         if self.advertise_amqp_port is not None and not 0 < self.advertise_amqp_port < 65536:
             raise InvalidArgument(
                 f"--advertise-amqp-port must be 1-65535, got {self.advertise_amqp_port}"
+            )
+        if self.admin_require_token and self.users_file is None:
+            raise InvalidArgument(
+                "admin_require_token needs a users file (users_file) with tokens "
+                "(`spate user add NAME --token`)"
             )
         if not self.allow_anonymous and self.users_file is None:
             raise InvalidArgument(
