@@ -52,6 +52,7 @@ from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
 from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
+from spate.server.settings import check_fields, read_table
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,10 @@ admin_timeout_s = 5.0
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    gateway_id: str
     admin: tuple[str, ...]
     """Admin endpoints (host:port) of nodes to read the routes from, tried in turn."""
     data_dir: Path
+    gateway_id: str = "g1"
     host: str = "127.0.0.1"
     port: int = 5672
     refresh_ms: int = refresh_ms_default
@@ -131,6 +132,36 @@ class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[t
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         metadata = tuple(details.metadata or ()) + self.metadata
         return await continuation(details._replace(metadata=metadata), request)
+
+
+def load_gateway_settings(
+    config_file: Path | None, overrides: dict[str, Any], rooms: dict[str, Any] | None = None
+) -> GatewaySettings:
+    """Defaults < TOML file (table [gateway], with [gateway.rooms]) < non-None overrides (the
+    command line; `rooms` are its room flags), validated with errors naming the field."""
+    where = f"config file {config_file} [gateway]" if config_file is not None else "settings"
+    table = read_table(config_file, "gateway")
+    rooms_table = table.pop("rooms", {})
+    if not isinstance(rooms_table, dict):
+        raise InvalidArgument(f"{where}: rooms must be a table ([gateway.rooms])")
+    values = check_fields(table, GatewaySettings, where)
+    values.update(
+        check_fields(
+            {k: v for k, v in overrides.items() if v is not None}, GatewaySettings, "command line"
+        )
+    )
+    room_values = check_fields(rooms_table, RoomsConfig, f"{where} rooms")
+    room_values.update({k: v for k, v in (rooms or {}).items() if v is not None})
+    values["rooms"] = RoomsConfig(**room_values)
+    for required in ("admin", "data_dir"):
+        if required not in values:
+            raise InvalidArgument(
+                f"a gateway needs {required} (--{required.replace('_', '-')} or {required} in "
+                "the config file)"
+            )
+    settings = GatewaySettings(**values)
+    settings.validate()
+    return settings
 
 
 async def read_routes(channel: grpc.aio.Channel) -> Routes | None:

@@ -101,29 +101,93 @@ class NodeSettings:
             )
 
 
-def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
-    """Defaults < TOML file (table [node] or top level) < non-None overrides."""
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            raw = tomllib.loads(config_file.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise InvalidArgument(f"cannot read config file {config_file}: {error}") from error
-        values.update(raw.get("node", raw))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in fields(NodeSettings)}
-    unknown = sorted(set(values) - known)
+def read_table(config_file: Path | None, table: str) -> dict[str, Any]:
+    """The `[table]` of a TOML config file (the whole file when it has no such table and no
+    other known table), or {} without a file. One file may hold both `[node]` and `[gateway]`
+    (a host running both reads one file)."""
+    if config_file is None:
+        return {}
+    try:
+        raw = tomllib.loads(config_file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise InvalidArgument(f"cannot read config file {config_file}: {error}") from error
+    if table in raw:
+        section = raw[table]
+        if not isinstance(section, dict):
+            raise InvalidArgument(f"config file {config_file}: [{table}] must be a table")
+        return dict(section)
+    if any(name in raw for name in CONFIG_TABLES):
+        raise InvalidArgument(
+            f"config file {config_file} has no [{table}] table (it has "
+            f"{', '.join(f'[{t}]' for t in CONFIG_TABLES if t in raw)})"
+        )
+    return dict(raw)
+
+
+CONFIG_TABLES = ("node", "gateway")
+
+
+def check_fields(values: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
+    """Refuse unknown names and values of the wrong type, naming the field; returns `values`
+    with paths as Path and lists as tuples. `cls` is a dataclass whose annotations are the
+    strings `int`, `str`, `bool`, `Path`, `X | None`, `tuple[str, ...]` (and nested tables
+    handled by the caller)."""
+    known = {f.name: str(f.type) for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
     if unknown:
         raise InvalidArgument(
-            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    for key in ("data_dir", "users_file", "tls_cert", "tls_key"):
-        if values.get(key) is not None:
-            values[key] = Path(values[key])
-    if "metadata_peers" in values:
-        peers = values["metadata_peers"]
-        values["metadata_peers"] = tuple(peers.split(",") if isinstance(peers, str) else peers)
-        values["metadata_peers"] = tuple(p for p in values["metadata_peers"] if p)
+    out: dict[str, Any] = {}
+    for name, given in values.items():
+        value = given
+        kind = known[name]
+        optional = kind.endswith(" | None")
+        base = kind.removesuffix(" | None")
+        if value is None and optional:
+            out[name] = None
+            continue
+        if base == "bool":
+            ok = isinstance(value, bool)
+        elif base == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif base == "str":
+            ok = isinstance(value, str)
+        elif base == "Path":
+            ok = isinstance(value, str | Path) and str(value) != ""
+            value = Path(value) if ok else value
+        elif base == "tuple[str, ...]":
+            if isinstance(value, str):
+                value = [part for part in value.split(",") if part]
+            ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+            value = tuple(value) if ok else value
+        else:
+            ok = True  # a nested table: checked by the caller
+        if not ok:
+            expected = {
+                "bool": "true or false",
+                "int": "an integer",
+                "str": "a string",
+                "Path": "a path (a non-empty string)",
+                "tuple[str, ...]": 'a list of strings (["host:port", ...])',
+            }.get(base, base)
+            raise InvalidArgument(f"{where}: {name} must be {expected}, got {value!r}")
+        out[name] = value
+    for name, value in out.items():
+        if name.endswith("_port") and isinstance(value, int) and not 0 <= value < 65536:
+            raise InvalidArgument(f"{where}: {name} must be 0-65535, got {value}")
+    return out
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
+    """Defaults < TOML file (table [node] or top level) < non-None overrides."""
+    where = f"config file {config_file} [node]" if config_file is not None else "settings"
+    values = check_fields(read_table(config_file, "node"), NodeSettings, where)
+    values.update(
+        check_fields(
+            {k: v for k, v in overrides.items() if v is not None}, NodeSettings, "command line"
+        )
+    )
     if "node_id" not in values or "data_dir" not in values:
         raise InvalidArgument(
             "a node needs --node-id and --data-dir (or node_id/data_dir in the config file)"
