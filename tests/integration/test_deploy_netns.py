@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chaos.netns import Host, Network
 from proton import ConnectionException
 from proton.utils import BlockingConnection
-
 from spate.client.blocking import Consumer, Producer
+
+from chaos.netns import Host, Network
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ class Deployment:
         self.env = dict(
             os.environ, SPATE_METADATA_PASSWORD=SECRET, SPATE_ADMIN_TOKEN=self.admin_token
         )
-        for i, host in enumerate(self.hosts, start=1):
+        for i in range(1, len(self.hosts) + 1):
             text = (CONFIGS / f"n{i}.toml").read_text()
             for j, other in enumerate(self.hosts, start=1):
                 text = text.replace(f"10.0.0.{j}", other.address)
