@@ -65,6 +65,16 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    for name, what in (
+        ("cert", "this process's certificate (PEM)"),
+        ("key", "its private key (PEM)"),
+        ("ca", "the cluster CA every peer's certificate must chain to (PEM)"),
+    ):
+        run.add_argument(
+            f"--cluster-tls-{name}",
+            type=Path,
+            help=f"mutual TLS on the replication port (nodes and gateways): {what}",
+        )
     run.add_argument(
         "--offset-commit-messages",
         type=int,
@@ -125,6 +135,9 @@ def _run(args: argparse.Namespace) -> int:
         "users_file": args.users_file,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
+        "cluster_tls_cert": args.cluster_tls_cert,
+        "cluster_tls_key": args.cluster_tls_key,
+        "cluster_tls_ca": args.cluster_tls_ca,
         "mode": args.mode,
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,

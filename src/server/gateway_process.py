@@ -53,6 +53,7 @@ from spate.gateway.synap_service import SynapService
 from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.settings import check_fields, read_table
+from spate.server.tls import check_all_or_none, cluster_contexts
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ class GatewaySettings:
     synap_port: int | None = None
     """The Synap command API's port (ADR 0018; 0: any free port; None: not served)."""
     rooms: RoomsConfig = field(default_factory=RoomsConfig)
+    cluster_tls_cert: Path | None = None
+    cluster_tls_key: Path | None = None
+    cluster_tls_ca: Path | None = None
+    """Mutual TLS to the nodes' replication port (proxy mode's wire sessions), as the nodes'
+    settings of the same names (spate.server.tls)."""
     metrics_port: int | None = None
     """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port; None: not served)."""
     log_format: str = "text"
@@ -106,6 +112,7 @@ class GatewaySettings:
                 "proxy mode talks to the nodes with the cluster secret: set "
                 "SPATE_METADATA_PASSWORD (the nodes' metadata password), or use --mode redirect"
             )
+        check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
         if self.log_format not in ("text", "json"):
             raise InvalidArgument(f"--log-format must be text or json, got {self.log_format!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
@@ -221,7 +228,12 @@ class GatewayProcess:
         modes: dict[str, Broker] = {}
         self.sessions: Sessions | None = None
         if settings.secret:
-            self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
+            ssl_client = None
+            if settings.cluster_tls_cert and settings.cluster_tls_key and settings.cluster_tls_ca:
+                _, ssl_client = cluster_contexts(
+                    settings.cluster_tls_cert, settings.cluster_tls_key, settings.cluster_tls_ca
+                )
+            self.sessions = Sessions(settings.gateway_id, settings.secret, self.table, ssl_client)
             proxy = RemoteBroker(self.table, self.sessions, self._refresh_now)
             proxy.groups_required = settings.require_defined_groups
             modes["proxy"] = proxy

@@ -38,6 +38,7 @@ from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
 from spate.server.settings import NodeSettings, advertised_host
+from spate.server.tls import cluster_contexts
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,11 @@ class NodeProcess:
             peer_addresses=list(settings.metadata_peers),
             password=settings.metadata_password,
         )
+        ssl_server = ssl_client = None
+        if settings.cluster_tls_cert and settings.cluster_tls_key and settings.cluster_tls_ca:
+            ssl_server, ssl_client = cluster_contexts(
+                settings.cluster_tls_cert, settings.cluster_tls_key, settings.cluster_tls_ca
+            )
         self.replication = ReplicationHost(
             self.node_id,
             settings.data_dir,
@@ -96,6 +102,8 @@ class NodeProcess:
             port=settings.replication_port,
             secret=settings.metadata_password,
             peers=self._replication_address,
+            ssl_server=ssl_server,
+            ssl_client=ssl_client,
         )
         self.manager = PartitionManager(self.replication)
         self.broker = LocalBroker(
@@ -111,7 +119,7 @@ class NodeProcess:
         self.routes = RoutingTable()
         """The cluster as this node's metadata replica sees it, for relayed links."""
         self.relay_sessions = Sessions(
-            f"{settings.node_id}/relay", settings.metadata_password, self.routes
+            f"{settings.node_id}/relay", settings.metadata_password, self.routes, ssl_client
         )
         self.front = NodeFront(
             self.broker, RemoteBroker(self.routes, self.relay_sessions), self._update_routes

@@ -9,6 +9,7 @@ from typing import Any
 
 from spate.core import limits
 from spate.core.errors import InvalidArgument
+from spate.server.tls import check_all_or_none
 
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -51,6 +52,12 @@ class NodeSettings:
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    cluster_tls_cert: Path | None = None
+    cluster_tls_key: Path | None = None
+    cluster_tls_ca: Path | None = None
+    """Mutual TLS on the replication port (node-to-node Raft and gateways' wire sessions;
+    spate.server.tls): this node's certificate and key, and the cluster CA every peer's
+    certificate must chain to. All three or none."""
     retention_interval_ms: int = 60_000
     offset_commit_messages: int = limits.offset_commit_messages
     """Named consumers: store the offset after at most this many finished messages..."""
@@ -68,6 +75,7 @@ class NodeSettings:
                 "the metadata service needs a password: set metadata_password in the config file "
                 "or the SPATE_METADATA_PASSWORD environment variable"
             )
+        check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
         if self.log_format not in LOG_FORMATS:
             raise InvalidArgument(
                 f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"

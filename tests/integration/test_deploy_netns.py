@@ -9,14 +9,18 @@ and write/read on `orders`). The client, in the root namespace, reaches the clus
 through the advertised addresses: it creates the stream with the admin token, publishes and
 consumes through the gateway, then host 3 is stopped (its node terminated, its network cut)
 and the cluster keeps serving: more publishes confirmed, every message read back in order.
-Anonymous access from the client's (non-loopback) address is refused.
+Anonymous access from the client's (non-loopback) address is refused, and nodes and the
+gateway talk over mutual TLS on the replication port (the configs' cluster_tls_* files).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +31,7 @@ import pytest
 from proton import ConnectionException
 from proton.utils import BlockingConnection
 from spate.client.blocking import Consumer, Producer
+from support.amqp_clients import self_signed_cert
 
 from chaos.netns import Host, Network
 
@@ -63,6 +68,10 @@ class Deployment:
         self.starting: dict[str, Path] = {}
         """Processes started since the last `wait_ready`, with their ready files."""
         users = root / "users.json"
+        tls = root / "tls"
+        tls.mkdir()
+        cert, key = self_signed_cert(tls)  # the cluster CA and every host's certificate
+        self.cert, self.key = cert, key
         self.admin_token = _cli(
             "user", "add", "admin", "--users-file", str(users), "--no-password", "--token"
         ).strip()
@@ -90,6 +99,9 @@ class Deployment:
                 text = text.replace(f"10.0.0.{j}", other.address)
             text = text.replace("/var/lib/spate", str(root / "data"))
             text = text.replace("/etc/spate/users.json", str(users))
+            text = text.replace("/etc/spate/tls/host.pem", str(cert))
+            text = text.replace("/etc/spate/tls/host.key", str(key))
+            text = text.replace("/etc/spate/tls/ca.pem", str(cert))
             (root / f"n{i}.toml").write_text(text)
         self.gateway_amqp = f"{self.hosts[0].address}:5673"
 
@@ -167,6 +179,30 @@ def test_three_hosts_from_the_config_files_survive_losing_one(deployment: Deploy
     )
     gateway = d.wait_ready()["g1"]
     assert gateway["amqp"] == d.gateway_amqp
+
+    # the replication port speaks TLS only: a plain TCP peer gets no handshake challenge, and
+    # a TLS peer without a certificate of the cluster CA is cut off
+    with socket.create_connection((d.hosts[1].address, 7800), timeout=5) as plain:
+        plain.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            plain.recv(64)
+    anonymous = ssl.create_default_context()
+    anonymous.check_hostname, anonymous.verify_mode = False, ssl.CERT_NONE
+    anonymous.minimum_version = ssl.TLSVersion.TLSv1_3
+    with (
+        socket.create_connection((d.hosts[1].address, 7800), timeout=5) as raw,
+        anonymous.wrap_socket(raw) as tls,  # a TLS server: our half of the handshake completes
+    ):
+        with contextlib.suppress(ssl.SSLError, ConnectionError):  # the alert: cert required
+            assert tls.recv(64) == b"", "a peer without a certificate was served"
+    member = ssl.create_default_context(cafile=str(d.cert))
+    member.check_hostname = False
+    member.load_cert_chain(d.cert, d.key)
+    with (
+        socket.create_connection((d.hosts[1].address, 7800), timeout=5) as raw,
+        member.wrap_socket(raw) as tls,
+    ):
+        assert tls.recv(64)  # the transport's CHALLENGE: a cluster member gets as far as that
 
     admin = f"{d.hosts[0].address}:7600"
     _cli(
