@@ -116,3 +116,23 @@ def test_the_shipped_three_host_configs_load(name: str) -> None:
     if name == "n1":
         gateway = load_gateway_settings(path, {"secret": "s"})
         assert len(gateway.admin) == 3
+
+
+def test_every_field_is_documented_in_deploy_md() -> None:
+    from dataclasses import fields
+
+    from spate.gateway.rooms import RoomsConfig
+    from spate.server.gateway_process import GatewaySettings
+    from spate.server.settings import NodeSettings
+
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    for cls, heading in (
+        (NodeSettings, "### `[node]`"),
+        (GatewaySettings, "### `[gateway]`"),
+        (RoomsConfig, "### `[gateway.rooms]`"),
+    ):
+        section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+        missing = [
+            f.name for f in fields(cls) if f.name != "rooms" and f"`{f.name}`" not in section
+        ]
+        assert not missing, f"docs/deploy.md {heading} does not document {missing}"
