@@ -182,7 +182,8 @@ def check_fields(values: dict[str, Any], cls: type, where: str) -> dict[str, Any
             raise InvalidArgument(f"{where}: {name} must be {expected}, got {value!r}")
         out[name] = value
     for name, value in out.items():
-        if name.endswith("_port") and isinstance(value, int) and not 0 <= value < 65536:
+        listening = name.endswith("_port") and not name.startswith("advertise_")
+        if listening and isinstance(value, int) and not 0 <= value < 65536:
             raise InvalidArgument(f"{where}: {name} must be 0-65535, got {value}")
     return out
 
