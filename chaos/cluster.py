@@ -122,6 +122,8 @@ class ChaosCluster:
                 str(REPLICATION_PORT),
                 "--metadata-peers",
                 ",".join(peers),
+                # the harness (clients, admin) calls from the root namespace, not loopback
+                "--allow-remote-anonymous",
             ]
             self.processes[name] = Process(name, host, argv, self.root / name, "node.json")
         for name in GATEWAYS:
@@ -144,6 +146,7 @@ class ChaosCluster:
                 str(AMQP_PORT),
                 "--refresh-ms",
                 str(GATEWAY_REFRESH_MS),
+                "--allow-remote-anonymous",
             ]
             self.processes[name] = Process(name, gateway, argv, self.root / name, "gateway.json")
         if self.proxied:

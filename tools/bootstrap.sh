@@ -11,7 +11,9 @@ need_apt=()
 # libqpid-proton11-dev + gcc: the C load client used by benchmarks/ and tests/benchmarks/;
 # iproute2 + nftables + iptables: the chaos suite's network namespaces, cuts (chaos/netns.py) and
 # NFQUEUE rules for its user-space netem (chaos/netem.py)
-for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables iptables; do
+# prometheus: promtool and the server, which tests/integration/test_metrics.py runs against a
+# dev cluster (the scrape config in deploy/prometheus/)
+for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables iptables prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)

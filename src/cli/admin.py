@@ -1291,10 +1291,12 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
     address = resolve_admin(args.admin)
     if args.timeout <= 0:
         raise InvalidArgument(f"--timeout must be positive, got {args.timeout:g}")
+    token = os.environ.get("SPATE_ADMIN_TOKEN")  # ADR 0023: nodes may require one
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
     with grpc.insecure_channel(address) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=args.timeout)
+            return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise _failure(error, address, args.timeout) from None
 

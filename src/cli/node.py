@@ -44,6 +44,16 @@ def register(subparsers: Any) -> None:
         "--replication-port", type=int, help="node-to-node replication port (default 7800)"
     )
     run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus /metrics HTTP port (default 7900; 0 = any free)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as text (default) or JSON lines with node, stream, partition and link ids",
+    )
+    run.add_argument(
         "--metadata-peers", help="other metadata voters as host:port,host:port (default: none)"
     )
     run.add_argument(
@@ -54,8 +64,30 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS (needs --users-file)"
     )
+    run.add_argument(
+        "--allow-remote-anonymous",
+        action="store_true",
+        help="accept SASL ANONYMOUS and admin calls without a token from other hosts too "
+        "(default: from loopback only)",
+    )
+    run.add_argument(
+        "--admin-require-token",
+        action="store_true",
+        help="every admin call needs a user's token ($SPATE_ADMIN_TOKEN on the CLI; "
+        "needs --users-file)",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    for name, what in (
+        ("cert", "this process's certificate (PEM)"),
+        ("key", "its private key (PEM)"),
+        ("ca", "the cluster CA every peer's certificate must chain to (PEM)"),
+    ):
+        run.add_argument(
+            f"--cluster-tls-{name}",
+            type=Path,
+            help=f"mutual TLS on the replication port (nodes and gateways): {what}",
+        )
     run.add_argument(
         "--offset-commit-messages",
         type=int,
@@ -91,11 +123,18 @@ def _run(args: argparse.Namespace) -> int:
         "admin_port": args.admin_port,
         "metadata_port": args.metadata_port,
         "replication_port": args.replication_port,
+        "metrics_port": args.metrics_port,
+        "log_format": args.log_format,
         "metadata_peers": args.metadata_peers,
         "users_file": args.users_file,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
+        "cluster_tls_cert": args.cluster_tls_cert,
+        "cluster_tls_key": args.cluster_tls_key,
+        "cluster_tls_ca": args.cluster_tls_ca,
         "allow_anonymous": False if args.no_anonymous else None,
+        "allow_remote_anonymous": True if args.allow_remote_anonymous else None,
+        "admin_require_token": True if args.admin_require_token else None,
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,
         "require_defined_groups": True if args.require_defined_groups else None,

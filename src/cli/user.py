@@ -6,11 +6,13 @@ import argparse
 import getpass
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from spate.core.errors import InvalidArgument
+from spate.core.permissions import FULL, Grants, Permission, UserStore, token_hash
 from spate.gateway.auth import hash_password
 
 
@@ -25,8 +27,10 @@ def register(subparsers: Any) -> None:
     add = commands.add_parser(
         "add",
         help="add or change a user in a users file",
-        description="Add NAME to the users file (created if missing) or "
-        "change its password. Nodes read the file at start.",
+        description="Add NAME to the users file (created if missing), or change its password, "
+        "permissions or token. Nodes and gateways read the file at start (restart them to "
+        "apply a change). Example: spate user add billing --users-file users.json "
+        "--write '^orders$' --read '^(orders|audit)$' --configure '' --password-stdin",
     )
     add.add_argument("name", help="user name")
     add.add_argument("--users-file", type=Path, required=True, help="the JSON users file")
@@ -34,6 +38,28 @@ def register(subparsers: Any) -> None:
         "--password-stdin",
         action="store_true",
         help="read the password from standard input instead of prompting",
+    )
+    add.add_argument(
+        "--no-password",
+        action="store_true",
+        help="no password (a user that only calls the admin API with a token)",
+    )
+    for permission, what in (
+        ("configure", "create/delete streams, super streams and groups, reset offsets"),
+        ("write", "publish"),
+        ("read", "consume, read $info, describe"),
+    ):
+        add.add_argument(
+            f"--{permission}",
+            metavar="REGEX",
+            help=f"streams the user may {what}: a regular expression matched against the whole "
+            "name (default '.*' for a new user; '' grants nothing)",
+        )
+    add.add_argument(
+        "--token",
+        action="store_true",
+        help="make a new admin API token for the user: its SHA-256 goes into the file, the "
+        "token itself is printed once (use it as $SPATE_ADMIN_TOKEN)",
     )
     add.set_defaults(run=_add)
     hash_cmd = commands.add_parser(
@@ -71,11 +97,35 @@ def _add(args: argparse.Namespace) -> int:
             raise InvalidArgument(f"{path} is not a JSON users file: {error}") from error
         if not isinstance(document.get("users"), dict):
             raise InvalidArgument(f'{path} has no "users" object')
-    document["users"][args.name] = hash_password(_password(args.password_stdin))
+    old = document["users"].get(args.name)
+    entry: dict[str, Any] = (
+        dict(old)
+        if isinstance(old, dict)
+        else {"password": old, **FULL.to_json()}
+        if isinstance(old, str)
+        else dict(FULL.to_json())
+    )
+    if args.no_password:
+        entry.pop("password", None)
+    else:
+        entry["password"] = hash_password(_password(args.password_stdin))
+    for permission in Permission:
+        value = getattr(args, permission.value)
+        if value is not None:
+            entry[permission.value] = value
+    token = None
+    if args.token:
+        token = secrets.token_urlsafe(32)
+        entry["token_sha256"] = token_hash(token)
+    Grants.parse(args.name, entry)  # a pattern that does not compile is refused here
+    document["users"][args.name] = entry
+    UserStore.parse(document, str(path))
     tmp = path.with_suffix(path.suffix + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(document, f, indent=2)
     tmp.replace(path)
-    print(f"user {args.name!r} saved in {path}")
+    print(f"user {args.name!r} saved in {path}", file=sys.stderr)
+    if token is not None:
+        print(token)  # stdout: `SPATE_ADMIN_TOKEN=$(spate user add ... --token)`
     return 0

@@ -22,6 +22,7 @@ class ErrorCode(Enum):
     INVALID_ARGUMENT = "invalid-argument"
     MESSAGE_SIZE_EXCEEDED = "message-size-exceeded"
     UNAUTHORIZED = "unauthorized"
+    UNAUTHENTICATED = "unauthenticated"
     NOT_LEADER = "not-leader"
     UNAVAILABLE = "unavailable"
     RESOURCE_LIMIT = "resource-limit-exceeded"
@@ -62,6 +63,12 @@ class MessageSizeExceeded(BrokerError):
 
 class Unauthorized(BrokerError):
     code, blame = ErrorCode.UNAUTHORIZED, Blame.CLIENT
+
+
+class Unauthenticated(BrokerError):
+    """No identity, or one that does not check out (a missing or unknown admin token)."""
+
+    code, blame = ErrorCode.UNAUTHENTICATED, Blame.CLIENT
 
 
 class NotImplementedFeature(BrokerError):

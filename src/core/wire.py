@@ -189,6 +189,7 @@ _ERRORS: dict[errors.ErrorCode, type[errors.BrokerError]] = {
         errors.InvalidArgument,
         errors.MessageSizeExceeded,
         errors.Unauthorized,
+        errors.Unauthenticated,
         errors.NotImplementedFeature,
         errors.ResourceLimitExceeded,
         errors.NoPartitionFree,

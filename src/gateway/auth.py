@@ -1,6 +1,8 @@
 """Users for SASL PLAIN: a JSON file of salted, hashed passwords.
 
-File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}}`. Each hash is
+File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}}`, or per user an
+object with the hash as `password` and the user's permissions (spate.core.permissions). Each
+hash is
 `hashlib.scrypt(password, salt, n, r, p, dklen=32)` with a per-user random 16-byte salt; the
 parameters travel in the string so they can be raised later without breaking old entries.
 Create entries with `hash_password("secret")` (or `python -m spate.gateway.auth <password>`).
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spate.core.errors import InvalidArgument
+from spate.core.permissions import UserStore
 
 SCRYPT_N = 2**14
 SCRYPT_R = 8
@@ -25,7 +28,6 @@ SCRYPT_P = 1
 SALT_BYTES = 16
 HASH_BYTES = 32
 SCRYPT_MAXMEM_BYTES = 64 * 1024 * 1024
-USERS_MAX = 100_000
 PASSWORD_BYTES_MAX = 1024
 
 
@@ -63,7 +65,14 @@ def verify_password(password: str, encoded: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Users:
-    hashes: dict[str, str]
+    """A users file (spate.core.permissions.UserStore has the layout): passwords for SASL
+    PLAIN, and each user's grants."""
+
+    store: UserStore
+
+    @property
+    def hashes(self) -> dict[str, str]:
+        return self.store.passwords
 
     @staticmethod
     def load(path: Path) -> Users:
@@ -72,16 +81,10 @@ class Users:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise InvalidArgument(f"cannot read users file {path}: {err}") from err
-        users = doc.get("users") if isinstance(doc, dict) else None
-        if not isinstance(users, dict) or len(users) > USERS_MAX:
-            raise InvalidArgument(f'users file {path}: expected {{"users": {{name: hash}}}}')
-        for name, encoded in users.items():
-            if not isinstance(encoded, str) or not encoded.startswith("scrypt$"):
-                raise InvalidArgument(f"users file {path}: user {name!r} has no scrypt hash")
-        return Users(dict(users))
+        return Users(UserStore.parse(doc, str(path)))
 
     def check(self, user: str, password: str) -> bool:
-        encoded = self.hashes.get(user)
+        encoded = self.store.passwords.get(user)
         if encoded is None:
             return False
         return verify_password(password, encoded)

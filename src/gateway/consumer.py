@@ -38,6 +38,7 @@ from spate.gateway import codec, info, links, sections
 from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
+from spate.gateway.stats import ListenerStats
 from spate.gateway.tracking import OffsetTracker
 
 log = logging.getLogger(__name__)
@@ -644,6 +645,7 @@ class ConsumerPart:
         tag_view, tag_value = self._tag_view, self._tag_value
         pack_tag = _TAG.pack_into
         parts = sections.delivery_annotation_parts
+        stats: ListenerStats = self.ctx.stats
         for consumer in self.links.values():
             if consumer.closed:
                 continue
@@ -689,6 +691,8 @@ class ConsumerPart:
                     advance(lp)
                     if presettled:
                         settle(delivery)
+                stats.messages_out += len(outs)  # once per run (ADR 0023)
+                stats.bytes_out += sum(map(len, outs))
                 sent += len(run.records)
                 runs_sent.append(run)
             if consumer.tracker is not None and sent:
@@ -718,6 +722,9 @@ class ConsumerPart:
         lib.pn_link_advance(consumer.pointer)
         if consumer.presettled:
             lib.pn_delivery_settle(delivery)
+        stats: ListenerStats = self.ctx.stats
+        stats.messages_out += 1
+        stats.bytes_out += len(out)
         return tag
 
     def _send_member(self, consumer: ConsumerLink, room: int) -> int:
@@ -753,6 +760,9 @@ class ConsumerPart:
                 if presettled:
                     lib.pn_delivery_settle(delivery)
             track.next_tag = sequence
+            stats: ListenerStats = self.ctx.stats  # once per run (ADR 0023)
+            stats.messages_out += len(outs)
+            stats.bytes_out += sum(map(len, outs))
             if presettled:  # at most once: done as it is sent
                 track.tracker.done_through(sequence - 1, now_ms)
             sent += len(outs)

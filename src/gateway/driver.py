@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from spate.core import limits
 from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, NotFound
 from spate.core.ids import MemberId, PartitionId, StreamName
+from spate.core.permissions import ANONYMOUS, Permission, UserStore
 from spate.gateway import inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
 from spate.gateway.errors import (
@@ -61,6 +63,7 @@ from spate.gateway.errors import (
 )
 from spate.gateway.producer import ProducerLink, ProducerPart, detach_all
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
+from spate.gateway.stats import ListenerSnapshot, ListenerStats
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,12 @@ class Context:
     per link with the `spate:gateway-mode` property; empty on a node (which serves locally)."""
     rooms: links.Rooms | None = None
     """A gateway's rooms (ADR 0018): `$rooms/<room>` links; None on a node (not found)."""
+    permissions: UserStore | None = None
+    """Who may write to and read from which stream (ADR 0023); None: everyone everything."""
+    anonymous_remote: bool = True
+    """SASL ANONYMOUS from a non-loopback peer (else only from 127.0.0.0/8 and ::1)."""
+    stats: ListenerStats = field(default_factory=ListenerStats)
+    """Counters for /metrics (ADR 0023)."""
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_interval_ms: int = limits.offset_commit_interval_ms
     """A named consumer's offset is stored after this many done deliveries or this long after
@@ -150,7 +159,7 @@ class AmqpConnection(asyncio.Protocol):
         self.guard = inbound.InboundGuard()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        self.producer = ProducerPart(self, ctx.recv_buffer)
+        self.producer = ProducerPart(self, ctx.recv_buffer, ctx.stats)
         """Links the client sends on (spate.gateway.producer)."""
         self.consumer = ConsumerPart(self, ctx)
         """Links the client receives on: consumers and `$info` (spate.gateway.consumer)."""
@@ -163,9 +172,11 @@ class AmqpConnection(asyncio.Protocol):
         self.sock = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         if len(self.ctx.connections) >= limits.connections_max:
             log.warning("refusing connection: %d connections open", limits.connections_max)
+            self.ctx.stats.connections_refused += 1
             self.sock.abort()
             self.closed = True
             return
+        self.ctx.stats.connections_accepted += 1
         self.ctx.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -222,7 +233,14 @@ class AmqpConnection(asyncio.Protocol):
     async def _authenticate(self, request: Authenticate) -> None:
         user: str | None = None
         if request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
-            user = "anonymous"
+            if self.ctx.anonymous_remote or self._from_loopback():
+                user = ANONYMOUS
+            else:
+                log.warning(
+                    "refusing SASL ANONYMOUS from %s: anonymous access is for loopback "
+                    "clients only (allow_remote_anonymous is off)",
+                    self._peer(),
+                )
         elif (
             request.mechanism == "PLAIN"
             and self.ctx.authenticate_plain is not None
@@ -231,8 +249,20 @@ class AmqpConnection(asyncio.Protocol):
             and await self.ctx.authenticate_plain(request.user, request.password)
         ):
             user = request.user
+        if user is None:
+            self.ctx.stats.authentication_failures += 1
         if not self.closed:
             self._sasl_actions(self.sasl.outcome(user))
+
+    def _peer(self) -> str:
+        peer = self.sock.get_extra_info("peername") if self.sock is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+    def _from_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self._peer()).is_loopback
+        except ValueError:
+            return False  # not an IP peer (a Unix socket is not served): refuse
 
     def own(self, future: asyncio.Future[Any]) -> None:
         self._tasks.add(future)
@@ -503,6 +533,7 @@ class AmqpConnection(asyncio.Protocol):
         answer: dict[symbol, Any] | None = None
         error: AmqpError | None = None
         try:
+            self._authorize(link, parsed)
             broker = self._broker_for(properties)
             if parsed.room is not None:
                 rooms_host = self.ctx.rooms
@@ -569,6 +600,17 @@ class AmqpConnection(asyncio.Protocol):
             self.consumer.open_info(link, plan)
         self.schedule_pump()
 
+    def _authorize(self, link: Link, parsed: links.Address) -> None:
+        """The user's write permission on a producer's stream, read on a consumer's (and
+        `$info`'s); a room is named `$rooms/<room>` (ADR 0023)."""
+        store = self.ctx.permissions
+        if store is None:
+            return
+        user = self.user or ANONYMOUS
+        name = f"{links.ROOMS_NODE}/{parsed.room}" if parsed.room is not None else parsed.stream
+        permission = Permission.WRITE if link.is_receiver else Permission.READ
+        store.grants_of(user).check(user, permission, name)
+
     def _release(self, plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None) -> None:
         """A planned link that will not open: let go of its partitions (and a named consumer's
         place at the leader)."""
@@ -614,8 +656,15 @@ class AmqpConnection(asyncio.Protocol):
         link.open()
         link.condition = Condition(error.condition, error.description, info or None)
         link.close()
+        refused = self.ctx.stats.links_refused
+        refused[error.condition] = refused.get(error.condition, 0) + 1
         log.info(
-            "refused link %r to %r: %s %s", link.name, address, error.condition, error.description
+            "refused link %r to %r: %s %s",
+            link.name,
+            address,
+            error.condition,
+            error.description,
+            extra={"link": link.name, "user": self.user, "condition": error.condition},
         )
 
     def end_producer(self, producer: ProducerLink, error: AmqpError) -> None:
@@ -623,7 +672,12 @@ class AmqpConnection(asyncio.Protocol):
         if producer.closed:
             return
         self._forget_key(producer.pointer)
-        log.info("ending producer link %r: %s", producer.link.name, error.description)
+        log.info(
+            "ending producer link %r: %s",
+            producer.link.name,
+            error.description,
+            extra={"link": producer.link.name, "condition": error.condition},
+        )
         producer.link.condition = Condition(error.condition, error.description)
         producer.link.close()
         self.schedule_pump()
@@ -633,7 +687,12 @@ class AmqpConnection(asyncio.Protocol):
         if consumer.closed:
             return
         self._forget_key(consumer.pointer)
-        log.info("ending consumer link %r: %s", consumer.link.name, error.description)
+        log.info(
+            "ending consumer link %r: %s",
+            consumer.link.name,
+            error.description,
+            extra={"link": consumer.link.name, "condition": error.condition},
+        )
         consumer.link.condition = Condition(error.condition, error.description)
         consumer.link.close()
         self.schedule_pump()
@@ -698,3 +757,33 @@ def _partitions_of(
 def _wrap_event(ev: Any) -> Any:
     """proton's Event wrapper for a control event (typed Any: proton's stubs are partial)."""
     return cast(Any, Event).wrap(ev)
+
+
+def snapshot(ctx: Context) -> ListenerSnapshot:
+    """Connections, links and credit of one listener, for a /metrics scrape (O(links))."""
+    producers = consumers = infos = attaching = 0
+    producer_credit = consumer_credit = unconfirmed = 0
+    credit = lib.pn_link_credit
+    for connection in ctx.connections:
+        producer_part, consumer_part = connection.producer, connection.consumer
+        producers += len(producer_part.links)
+        consumers += len(consumer_part.links)
+        infos += len(consumer_part.infos)
+        attaching += len(connection.attaching)
+        unconfirmed += producer_part.unconfirmed
+        for producer in producer_part.links.values():
+            if not producer.closed:
+                producer_credit += credit(producer.pointer)
+        for consumer in consumer_part.links.values():
+            if not consumer.closed:
+                consumer_credit += credit(consumer.pointer)
+    return ListenerSnapshot(
+        connections=len(ctx.connections),
+        producer_links=producers,
+        consumer_links=consumers,
+        info_links=infos,
+        attaching_links=attaching,
+        producer_credit=producer_credit,
+        consumer_credit=consumer_credit,
+        unconfirmed=unconfirmed,
+    )

@@ -9,6 +9,7 @@ AMQP conditions (002 / AMQP 1.0 §2.8.15-2.8.18) used by the gateway:
 | INVALID_ARGUMENT      | amqp:invalid-field              | attach refused; transfer reject |
 | MESSAGE_SIZE_EXCEEDED | amqp:link:message-size-exceeded | transfer rejected, link usable  |
 | UNAUTHORIZED          | amqp:unauthorized-access        | attach refused                  |
+| UNAUTHENTICATED       | amqp:unauthorized-access        | attach refused                  |
 | NOT_LEADER            | amqp:link:redirect              | attach + detach with info map   |
 |   (leader unknown)    | amqp:resource-locked            | retry later                     |
 | UNAVAILABLE           | amqp:resource-locked            | transfer rejected / attach      |
@@ -52,6 +53,7 @@ CONDITIONS: dict[ErrorCode, str] = {
     ErrorCode.INVALID_ARGUMENT: INVALID_FIELD,
     ErrorCode.MESSAGE_SIZE_EXCEEDED: MESSAGE_SIZE_EXCEEDED,
     ErrorCode.UNAUTHORIZED: UNAUTHORIZED_ACCESS,
+    ErrorCode.UNAUTHENTICATED: UNAUTHORIZED_ACCESS,
     ErrorCode.NOT_LEADER: REDIRECT,
     ErrorCode.UNAVAILABLE: RESOURCE_LOCKED,
     ErrorCode.RESOURCE_LIMIT: RESOURCE_LIMIT_EXCEEDED,

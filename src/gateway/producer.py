@@ -44,6 +44,7 @@ from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routin
 from spate.gateway import links, sections
 from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
+from spate.gateway.stats import ListenerStats
 
 log = logging.getLogger(__name__)
 ACCEPTED = lib.PN_ACCEPTED
@@ -114,9 +115,11 @@ class ProducerLink:
 
 
 class ProducerPart:
-    def __init__(self, host: Host, recv_buffer: Any) -> None:
+    def __init__(self, host: Host, recv_buffer: Any, stats: ListenerStats | None = None) -> None:
         self.host = host
         self.recv_buffer = recv_buffer
+        self.stats = stats or ListenerStats()
+        """The listener's counters (shared by its connections; ADR 0023)."""
         self.links: dict[Any, ProducerLink] = {}
         """By the C link pointer (cffi pointers hash and compare by address), so the hot path
         looks a link up by `pn_delivery_link(...)` without converting it to an int."""
@@ -601,6 +604,9 @@ class ProducerPart:
         except BrokerError as err:
             self._appended(producer, deliveries, err)
             return
+        stats = self.stats  # once per chunk: the lengths are summed in C
+        stats.messages_in += len(records)
+        stats.bytes_in += sum(map(len, records))
         if named is not None and isinstance(pending, asyncio.Future) and pending.done():
             refusal = None if pending.cancelled() else pending.exception()
             if refusal is not None:  # refused at once: end the link before the next append

@@ -12,8 +12,9 @@ from spate.core import limits
 from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
 from spate.gateway.auth import Users
-from spate.gateway.driver import AmqpConnection, Context
+from spate.gateway.driver import AmqpConnection, Context, snapshot
 from spate.gateway.links import Rooms
+from spate.gateway.stats import ListenerSnapshot, ListenerStats
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ class ListenerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     """PEM files; both set: the listener speaks TLS only (terminated by asyncio)."""
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS from non-loopback clients too (ADR 0023: off, so no credential-free
+    access reaches a listener bound to a real interface unless asked for)."""
     idle_timeout_s: float | None = None
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_ms: int = limits.offset_commit_interval_ms
@@ -88,6 +92,8 @@ class GatewayServer:
             allow_anonymous=self.config.allow_anonymous,
             authenticate_plain=check_plain if users is not None else None,
             idle_timeout_s=self.config.idle_timeout_s,
+            permissions=users.store if users is not None else None,
+            anonymous_remote=self.config.allow_remote_anonymous,
             offset_commit_messages=self.config.offset_commit_messages,
             offset_commit_interval_ms=self.config.offset_commit_ms,
         )
@@ -107,6 +113,12 @@ class GatewayServer:
         port = int(self._server.sockets[0].getsockname()[1])
         log.info("AMQP listener on %s:%d (tls=%s)", self.config.host, port, tls is not None)
         return port
+
+    def stats(self) -> tuple[ListenerStats, ListenerSnapshot]:
+        """The listener's counters and its live connections, links and credit (/metrics)."""
+        if self._context is None:
+            return ListenerStats(), ListenerSnapshot(0, 0, 0, 0, 0, 0, 0, 0)
+        return self._context.stats, snapshot(self._context)
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""

@@ -69,6 +69,7 @@ _BROKER_ERRORS: dict[ErrorCode, tuple[str, int]] = {
     ErrorCode.INVALID_ARGUMENT: ("InvalidRequest", 400),
     ErrorCode.MESSAGE_SIZE_EXCEEDED: ("MessageTooLarge", 413),
     ErrorCode.UNAUTHORIZED: ("Unauthorized", 401),
+    ErrorCode.UNAUTHENTICATED: ("Unauthorized", 401),
     ErrorCode.NOT_IMPLEMENTED: ("NotImplemented", 501),
     ErrorCode.FAILED_PRECONDITION: ("FailedPrecondition", 409),
     ErrorCode.RESOURCE_LIMIT: ("ResourceLimitExceeded", 429),

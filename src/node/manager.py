@@ -77,7 +77,11 @@ class PartitionManager:
             for key in [k for k in self._open if k not in wanted]:
                 del self._open[key]
                 await self.host.close_partition(*key, delete=True)
-                log.info("no longer hosting %s/%d: replica closed and deleted", *key)
+                log.info(
+                    "no longer hosting %s/%d: replica closed and deleted",
+                    *key,
+                    extra={"stream": key[0], "partition": key[1]},
+                )
             for key, assignment in wanted.items():
                 if key in self._open:
                     continue
@@ -89,7 +93,12 @@ class PartitionManager:
                     LogConfig.from_stream(config),
                 )
                 self._open[key] = assignment
-                log.info("hosting %s/%d with replicas %s", *key, ",".join(assignment.replicas))
+                log.info(
+                    "hosting %s/%d with replicas %s",
+                    *key,
+                    ",".join(assignment.replicas),
+                    extra={"stream": key[0], "partition": key[1]},
+                )
 
     async def close(self) -> None:
         async with self._lock:

@@ -56,6 +56,8 @@ class GatewayPlan:
     mode: str = "proxy"
     synap_port: int = 0
     """The Synap API's port (ADR 0018; 0 in plans written before it: any free port)."""
+    metrics_port: int = 0
+    """Prometheus /metrics (ADR 0023; 0 in plans written before it: one is drawn on load)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,18 @@ class NodePlan:
     admin_port: int
     metadata_port: int
     replication_port: int
+    metrics_port: int = 0
+    """Prometheus /metrics (ADR 0023; 0 in plans written before it: one is drawn on load)."""
 
     @property
-    def ports(self) -> tuple[int, int, int, int]:
-        return (self.amqp_port, self.admin_port, self.metadata_port, self.replication_port)
+    def ports(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.amqp_port,
+            self.admin_port,
+            self.metadata_port,
+            self.replication_port,
+            self.metrics_port,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +87,7 @@ class NodePlan:
             "admin_port": self.admin_port,
             "metadata_port": self.metadata_port,
             "replication_port": self.replication_port,
+            "metrics_port": self.metrics_port,
         }
 
 
@@ -139,6 +150,9 @@ class DevCluster:
             if "replication_port" not in node:
                 node["replication_port"] = _free_port(taken)
                 taken.add(node["replication_port"])
+            if not node.get("metrics_port"):  # written before nodes served /metrics
+                node["metrics_port"] = _free_port(taken)
+                taken.add(node["metrics_port"])
             plan.append(NodePlan(**node))
         return plan
 
@@ -146,7 +160,16 @@ class DevCluster:
         path = self.dir / CLUSTER_FILE
         if not path.exists():
             return []
-        return [GatewayPlan(**g) for g in json.loads(path.read_text()).get("gateways", [])]
+        raw = json.loads(path.read_text())
+        taken = {v for n in raw["nodes"] for k, v in n.items() if k.endswith("_port")}
+        taken |= {v for g in raw.get("gateways", []) for k, v in g.items() if k.endswith("_port")}
+        gateways = []
+        for gateway in raw.get("gateways", []):
+            if not gateway.get("metrics_port"):  # written before gateways served /metrics
+                gateway["metrics_port"] = _free_port(taken)
+                taken.add(gateway["metrics_port"])
+            gateways.append(GatewayPlan(**gateway))
+        return gateways
 
     def _save_plan(self, plan: list[NodePlan], gateways: list[GatewayPlan] | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -161,6 +184,7 @@ class DevCluster:
                     "amqp_port": g.amqp_port,
                     "mode": g.mode,
                     "synap_port": g.synap_port,
+                    "metrics_port": g.metrics_port,
                 }
                 for g in gateways
             ],
@@ -228,6 +252,8 @@ class DevCluster:
             str(node.metadata_port),
             "--replication-port",
             str(node.replication_port),
+            "--metrics-port",
+            str(node.metrics_port),
             "--metadata-peers",
             ",".join(peers),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
@@ -270,6 +296,8 @@ class DevCluster:
             "--mode",
             gateway.mode,
             *(["--synap-port", str(gateway.synap_port)] if gateway.mode == "proxy" else []),
+            "--metrics-port",
+            str(gateway.metrics_port),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
@@ -335,20 +363,26 @@ class DevCluster:
         taken = {port for node in plan for port in node.ports}
         while len(plan) < nodes:
             ports = []
-            for _ in range(4):
+            for _ in range(5):
                 ports.append(_free_port(taken))
                 taken.add(ports[-1])
             plan.append(NodePlan(f"n{len(plan) + 1}", *ports))
         if not 0 <= gateways <= gateways_max:
             raise InvalidArgument(f"--gateways must be between 0 and {gateways_max}")
         gateway_plan = self._load_gateways()
-        taken |= {g.amqp_port for g in gateway_plan} | {g.synap_port for g in gateway_plan}
+        taken |= {
+            port for g in gateway_plan for port in (g.amqp_port, g.synap_port, g.metrics_port)
+        }
         while len(gateway_plan) < gateways:
             port = _free_port(taken)
             taken.add(port)
             synap_port = _free_port(taken)
             taken.add(synap_port)
-            gateway_plan.append(GatewayPlan(f"g{len(gateway_plan) + 1}", port, "proxy", synap_port))
+            metrics_port = _free_port(taken)
+            taken.add(metrics_port)
+            gateway_plan.append(
+                GatewayPlan(f"g{len(gateway_plan) + 1}", port, "proxy", synap_port, metrics_port)
+            )
         self._save_plan(plan, gateway_plan)
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
         for node in plan:
@@ -413,6 +447,7 @@ class DevCluster:
                 "admin": f"{HOST}:{node.admin_port}",
                 "metadata": f"{HOST}:{node.metadata_port}",
                 "replication": f"{HOST}:{node.replication_port}",
+                "metrics": f"http://{HOST}:{node.metrics_port}/metrics",
                 "data_dir": str(self._node_dir(node.node_id)),
                 "log": str(self._node_dir(node.node_id) / "node.log"),
             }
@@ -441,6 +476,7 @@ class DevCluster:
                     "amqp": f"{HOST}:{gateway.amqp_port}",
                     "synap": (live or {}).get("synap")
                     or (f"ws://{HOST}:{gateway.synap_port}/synap" if gateway.synap_port else None),
+                    "metrics": f"http://{HOST}:{gateway.metrics_port}/metrics",
                     "data_dir": str(self._node_dir(gateway.gateway_id)),
                     "log": str(self._node_dir(gateway.gateway_id) / "node.log"),
                 }

@@ -50,6 +50,10 @@ from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
+from spate.server import logs, metrics
+from spate.server.metrics import MetricsServer
+from spate.server.settings import check_fields, read_table
+from spate.server.tls import check_all_or_none, cluster_contexts
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +66,18 @@ admin_timeout_s = 5.0
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    gateway_id: str
     admin: tuple[str, ...]
     """Admin endpoints (host:port) of nodes to read the routes from, tried in turn."""
     data_dir: Path
+    gateway_id: str = "g1"
     host: str = "127.0.0.1"
     port: int = 5672
     refresh_ms: int = refresh_ms_default
     allow_anonymous: bool = True
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS from non-loopback clients too (ADR 0023; default: loopback only)."""
+    admin_token: str = field(default="", repr=False)
+    """Token for the nodes' admin API when they require one ($SPATE_ADMIN_TOKEN)."""
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -84,6 +92,15 @@ class GatewaySettings:
     synap_port: int | None = None
     """The Synap command API's port (ADR 0018; 0: any free port; None: not served)."""
     rooms: RoomsConfig = field(default_factory=RoomsConfig)
+    cluster_tls_cert: Path | None = None
+    cluster_tls_key: Path | None = None
+    cluster_tls_ca: Path | None = None
+    """Mutual TLS to the nodes' replication port (proxy mode's wire sessions), as the nodes'
+    settings of the same names (spate.server.tls)."""
+    metrics_port: int | None = None
+    """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port; None: not served)."""
+    log_format: str = "text"
+    """`text` or `json` (JSON lines, spate.server.logs)."""
 
     def validate(self) -> None:
         if not self.admin:
@@ -95,11 +112,63 @@ class GatewaySettings:
                 "proxy mode talks to the nodes with the cluster secret: set "
                 "SPATE_METADATA_PASSWORD (the nodes' metadata password), or use --mode redirect"
             )
+        check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument(f"--log-format must be text or json, got {self.log_format!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise InvalidArgument(f"--metrics-port must be 0-65535, got {self.metrics_port}")
         if self.refresh_ms <= 0:
             raise InvalidArgument(f"--refresh-ms must be positive, got {self.refresh_ms}")
         if self.synap_port is not None and self.mode != "proxy":
             raise InvalidArgument("the Synap API (--synap-port) is served in proxy mode only")
         self.rooms.check()
+
+
+def admin_channel(address: str, token: str) -> grpc.aio.Channel:
+    """A channel to a node's admin API that sends the token, if any, with every call."""
+    if not token:
+        return grpc.aio.insecure_channel(address)
+    interceptor: Any = _TokenInterceptor(token)
+    return grpc.aio.insecure_channel(address, interceptors=[interceptor])
+
+
+class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, token: str) -> None:
+        self.metadata = (("authorization", f"Bearer {token}"),)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = tuple(details.metadata or ()) + self.metadata
+        return await continuation(details._replace(metadata=metadata), request)
+
+
+def load_gateway_settings(
+    config_file: Path | None, overrides: dict[str, Any], rooms: dict[str, Any] | None = None
+) -> GatewaySettings:
+    """Defaults < TOML file (table [gateway], with [gateway.rooms]) < non-None overrides (the
+    command line; `rooms` are its room flags), validated with errors naming the field."""
+    where = f"config file {config_file} [gateway]" if config_file is not None else "settings"
+    table = read_table(config_file, "gateway")
+    rooms_table = table.pop("rooms", {})
+    if not isinstance(rooms_table, dict):
+        raise InvalidArgument(f"{where}: rooms must be a table ([gateway.rooms])")
+    values = check_fields(table, GatewaySettings, where)
+    values.update(
+        check_fields(
+            {k: v for k, v in overrides.items() if v is not None}, GatewaySettings, "command line"
+        )
+    )
+    room_values = check_fields(rooms_table, RoomsConfig, f"{where} rooms")
+    room_values.update({k: v for k, v in (rooms or {}).items() if v is not None})
+    values["rooms"] = RoomsConfig(**room_values)
+    for required in ("admin", "data_dir"):
+        if required not in values:
+            raise InvalidArgument(
+                f"a gateway needs {required} (--{required.replace('_', '-')} or {required} in "
+                "the config file)"
+            )
+    settings = GatewaySettings(**values)
+    settings.validate()
+    return settings
 
 
 async def read_routes(channel: grpc.aio.Channel) -> Routes | None:
@@ -159,7 +228,12 @@ class GatewayProcess:
         modes: dict[str, Broker] = {}
         self.sessions: Sessions | None = None
         if settings.secret:
-            self.sessions = Sessions(settings.gateway_id, settings.secret, self.table)
+            ssl_client = None
+            if settings.cluster_tls_cert and settings.cluster_tls_key and settings.cluster_tls_ca:
+                _, ssl_client = cluster_contexts(
+                    settings.cluster_tls_cert, settings.cluster_tls_key, settings.cluster_tls_ca
+                )
+            self.sessions = Sessions(settings.gateway_id, settings.secret, self.table, ssl_client)
             proxy = RemoteBroker(self.table, self.sessions, self._refresh_now)
             proxy.groups_required = settings.require_defined_groups
             modes["proxy"] = proxy
@@ -178,6 +252,7 @@ class GatewayProcess:
                 port=settings.port,
                 node_id=settings.gateway_id,
                 allow_anonymous=settings.allow_anonymous,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
@@ -191,6 +266,23 @@ class GatewayProcess:
         if settings.synap_port is not None:
             assert self.rooms is not None  # validate: the Synap API needs proxy mode
             self.synap = SynapServer(self.rooms, settings.host, settings.synap_port)
+        self.refresh_failures = 0
+        """Route refreshes in which no node's admin API answered (/metrics)."""
+        self.metrics: MetricsServer | None = None
+        if settings.metrics_port is not None:
+            self.metrics = MetricsServer(
+                metrics.registry(
+                    [
+                        metrics.BuildCollector(settings.gateway_id, "gateway"),
+                        metrics.ListenerCollector(settings.gateway_id, self.server),
+                        metrics.GatewayCollector(
+                            settings.gateway_id, self.table, lambda: self.refresh_failures
+                        ),
+                    ]
+                ),
+                settings.host,
+                settings.metrics_port,
+            )
         self._task: asyncio.Task[None] | None = None
         self._reading: asyncio.Future[bool] | None = None
         """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
@@ -204,6 +296,10 @@ class GatewayProcess:
         elif self.rooms is not None:
             self.rooms.start()
         self._task = asyncio.get_running_loop().create_task(self._refresh(), name="routes")
+        metrics_url = None
+        if self.metrics is not None:
+            metrics_port = await self.metrics.start()
+            metrics_url = f"http://{self.settings.host}:{metrics_port}{metrics.METRICS_PATH}"
         self.endpoints = {
             "gateway_id": self.settings.gateway_id,
             "role": "gateway",
@@ -211,6 +307,7 @@ class GatewayProcess:
             "amqp": f"{self.settings.host}:{port}",
             "mode": self.settings.mode,
             **({"synap": self.synap.url} if self.synap is not None else {}),
+            **({"metrics": metrics_url} if metrics_url is not None else {}),
             "started_at_ms": int(time.time() * 1000),
         }
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +341,7 @@ class GatewayProcess:
     async def _refresh_once(self, admins: Sequence[str]) -> bool:
         for admin in admins:
             try:
-                async with grpc.aio.insecure_channel(admin) as channel:
+                async with admin_channel(admin, self.settings.admin_token) as channel:
                     routes = await read_routes(channel)
             except grpc.aio.AioRpcError as error:
                 log.info("routes from %s unavailable: %s", admin, error.details())
@@ -252,6 +349,7 @@ class GatewayProcess:
             if routes is not None:
                 self.table.update(routes)
                 return True
+        self.refresh_failures += 1
         return False
 
     async def stop(self) -> None:
@@ -260,6 +358,8 @@ class GatewayProcess:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.metrics is not None:
+            await self.metrics.close()
         if self.synap is not None:
             await self.synap.close()  # closes the rooms service too
         elif self.rooms is not None:
@@ -288,7 +388,7 @@ class GrpcAdmin:
         error: BrokerError = Unavailable("no node's admin API answered; retry")
         for admin in self.gateway.settings.admin:
             try:
-                async with grpc.aio.insecure_channel(admin) as channel:
+                async with admin_channel(admin, self.gateway.settings.admin_token) as channel:
                     stub = pb_grpc.AdminStub(channel)
                     return await getattr(stub, method)(request, timeout=admin_timeout_s)
             except grpc.aio.AioRpcError as failure:
@@ -357,9 +457,8 @@ async def run_gateway(settings: GatewaySettings) -> None:
 def main_run(settings: GatewaySettings) -> int:
     import uvloop
 
-    logging.basicConfig(
-        level=os.environ.get("SPATE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logs.configure(
+        settings.log_format, settings.gateway_id, os.environ.get("SPATE_LOG_LEVEL", "INFO")
     )
     uvloop.run(run_gateway(settings))
     return 0

@@ -20,20 +20,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.cluster.admin.auth import AdminAuth
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
 from spate.core.errors import BrokerError, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
+from spate.gateway.auth import Users
 from spate.gateway.remote import RemoteBroker, Sessions
 from spate.gateway.routes import Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 from spate.node.wire_server import WireServer
+from spate.server import logs, metrics
+from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
 from spate.server.settings import NodeSettings, advertised_host
+from spate.server.tls import cluster_contexts
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ class NodeEndpoints:
     admin: str
     metadata: str
     replication: str
+    metrics: str
     started_at_ms: int
 
     def to_json(self) -> dict[str, Any]:
@@ -67,6 +73,7 @@ class NodeEndpoints:
             "admin": self.admin,
             "metadata": self.metadata,
             "replication": self.replication,
+            "metrics": self.metrics,
             "started_at_ms": self.started_at_ms,
         }
 
@@ -83,6 +90,11 @@ class NodeProcess:
             peer_addresses=list(settings.metadata_peers),
             password=settings.metadata_password,
         )
+        ssl_server = ssl_client = None
+        if settings.cluster_tls_cert and settings.cluster_tls_key and settings.cluster_tls_ca:
+            ssl_server, ssl_client = cluster_contexts(
+                settings.cluster_tls_cert, settings.cluster_tls_key, settings.cluster_tls_ca
+            )
         self.replication = ReplicationHost(
             self.node_id,
             settings.data_dir,
@@ -90,6 +102,8 @@ class NodeProcess:
             port=settings.replication_port,
             secret=settings.metadata_password,
             peers=self._replication_address,
+            ssl_server=ssl_server,
+            ssl_client=ssl_client,
         )
         self.manager = PartitionManager(self.replication)
         self.broker = LocalBroker(
@@ -105,7 +119,7 @@ class NodeProcess:
         self.routes = RoutingTable()
         """The cluster as this node's metadata replica sees it, for relayed links."""
         self.relay_sessions = Sessions(
-            f"{settings.node_id}/relay", settings.metadata_password, self.routes
+            f"{settings.node_id}/relay", settings.metadata_password, self.routes, ssl_client
         )
         self.front = NodeFront(
             self.broker, RemoteBroker(self.routes, self.relay_sessions), self._update_routes
@@ -117,6 +131,7 @@ class NodeProcess:
                 port=settings.amqp_port,
                 node_id=settings.node_id,
                 allow_anonymous=settings.allow_anonymous,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
                 users_file=settings.users_file,
                 tls_cert=settings.tls_cert,
                 tls_key=settings.tls_key,
@@ -133,6 +148,22 @@ class NodeProcess:
             coordinators=self.front,
             host=settings.host,
             port=settings.admin_port,
+            auth=AdminAuth(
+                Users.load(settings.users_file).store if settings.users_file else None,
+                require_token=settings.admin_require_token,
+                allow_remote_anonymous=settings.allow_remote_anonymous,
+            ),
+        )
+        self.metrics = MetricsServer(
+            metrics.registry(
+                [
+                    metrics.BuildCollector(settings.node_id, "node"),
+                    metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
+                    metrics.ListenerCollector(settings.node_id, self.gateway),
+                ]
+            ),
+            settings.host,
+            settings.metrics_port,
         )
         self.endpoints: NodeEndpoints | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -178,6 +209,7 @@ class NodeProcess:
                     "admin": e.admin,
                     "metadata": e.metadata,
                     "replication": e.replication,
+                    "metrics": e.metrics,
                 },
                 partitions=len(hosted),
                 streams=len({a.config.name for a in hosted}),
@@ -195,6 +227,7 @@ class NodeProcess:
         self.replication.add_leader_listener(self._on_leader)
         amqp_port = await self.gateway.start()
         admin_port = await self.admin.start()
+        metrics_port = await self.metrics.start()
         host = advertised_host(settings)
         self.endpoints = NodeEndpoints(
             node_id=settings.node_id,
@@ -203,6 +236,7 @@ class NodeProcess:
             admin=f"{host}:{admin_port}",
             metadata=f"{host}:{settings.metadata_port}",
             replication=f"{host}:{replication_port}",
+            metrics=f"http://{host}:{metrics_port}{metrics.METRICS_PATH}",
             started_at_ms=int(time.time() * 1000),
         )
         await self._register()
@@ -299,7 +333,11 @@ class NodeProcess:
             await self.metadata.report_leader(stream, partition, self.node_id, epoch)
         except BrokerError as error:
             log.warning(
-                "could not report leadership of %s/%d: %s", stream, partition, error.message
+                "could not report leadership of %s/%d: %s",
+                stream,
+                partition,
+                error.message,
+                extra={"stream": stream, "partition": partition},
             )
 
     async def stop(self) -> None:
@@ -308,6 +346,7 @@ class NodeProcess:
         for task in [*self._tasks, *self._reports]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.metrics.close()
         await self.admin.stop()
         await self.gateway.close()
         await self.relay_sessions.close()
@@ -334,9 +373,6 @@ async def run_node(settings: NodeSettings) -> None:
 def main_run(settings: NodeSettings) -> int:
     import uvloop  # the one place the node's event loop is chosen
 
-    logging.basicConfig(
-        level=os.environ.get("SPATE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_format, settings.node_id, os.environ.get("SPATE_LOG_LEVEL", "INFO"))
     uvloop.run(run_node(settings))
     return 0

@@ -9,9 +9,11 @@ from typing import Any
 
 from spate.core import limits
 from spate.core.errors import InvalidArgument
+from spate.server.tls import check_all_or_none
 
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -32,14 +34,30 @@ class NodeSettings:
     metadata_port: int = 7700
     replication_port: int = 7800
     """Node-to-node partition replication (Raft) listener."""
+    metrics_port: int = 7900
+    """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port)."""
+    log_format: str = "text"
+    """`text` (one line per record) or `json` (JSON lines with node, stream, partition and
+    link ids as fields; spate.server.logs)."""
     metadata_peers: tuple[str, ...] = ()
     """Other metadata voters as host:port (empty: this node is the only voter)."""
     metadata_password: str = field(default="", repr=False)
     """Shared secret of the metadata Raft group (pysyncobj encrypts and authenticates with it)."""
     allow_anonymous: bool = True
+    allow_remote_anonymous: bool = False
+    """SASL ANONYMOUS and token-less admin calls from non-loopback clients too (ADR 0023). Off:
+    a node bound to a real interface serves nobody without credentials but its own host."""
+    admin_require_token: bool = False
+    """Every admin call needs `authorization: Bearer <token>` of a user in the users file."""
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    cluster_tls_cert: Path | None = None
+    cluster_tls_key: Path | None = None
+    cluster_tls_ca: Path | None = None
+    """Mutual TLS on the replication port (node-to-node Raft and gateways' wire sessions;
+    spate.server.tls): this node's certificate and key, and the cluster CA every peer's
+    certificate must chain to. All three or none."""
     retention_interval_ms: int = 60_000
     offset_commit_messages: int = limits.offset_commit_messages
     """Named consumers: store the offset after at most this many finished messages..."""
@@ -56,6 +74,11 @@ class NodeSettings:
             raise InvalidArgument(
                 "the metadata service needs a password: set metadata_password in the config file "
                 "or the SPATE_METADATA_PASSWORD environment variable"
+            )
+        check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
+        if self.log_format not in LOG_FORMATS:
+            raise InvalidArgument(
+                f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("TLS needs both a certificate (--tls-cert) and a key (--tls-key)")
@@ -75,35 +98,105 @@ class NodeSettings:
             raise InvalidArgument(
                 f"--advertise-amqp-port must be 1-65535, got {self.advertise_amqp_port}"
             )
+        if self.admin_require_token and self.users_file is None:
+            raise InvalidArgument(
+                "admin_require_token needs a users file (users_file) with tokens "
+                "(`spate user add NAME --token`)"
+            )
         if not self.allow_anonymous and self.users_file is None:
             raise InvalidArgument(
                 "anonymous access is off but no users file is given (--users-file)"
             )
 
 
-def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
-    """Defaults < TOML file (table [node] or top level) < non-None overrides."""
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            raw = tomllib.loads(config_file.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise InvalidArgument(f"cannot read config file {config_file}: {error}") from error
-        values.update(raw.get("node", raw))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in fields(NodeSettings)}
-    unknown = sorted(set(values) - known)
+def read_table(config_file: Path | None, table: str) -> dict[str, Any]:
+    """The `[table]` of a TOML config file (the whole file when it has no such table and no
+    other known table), or {} without a file. One file may hold both `[node]` and `[gateway]`
+    (a host running both reads one file)."""
+    if config_file is None:
+        return {}
+    try:
+        raw = tomllib.loads(config_file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise InvalidArgument(f"cannot read config file {config_file}: {error}") from error
+    if table in raw:
+        section = raw[table]
+        if not isinstance(section, dict):
+            raise InvalidArgument(f"config file {config_file}: [{table}] must be a table")
+        return dict(section)
+    if any(name in raw for name in CONFIG_TABLES):
+        raise InvalidArgument(
+            f"config file {config_file} has no [{table}] table (it has "
+            f"{', '.join(f'[{t}]' for t in CONFIG_TABLES if t in raw)})"
+        )
+    return dict(raw)
+
+
+CONFIG_TABLES = ("node", "gateway")
+
+
+def check_fields(values: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
+    """Refuse unknown names and values of the wrong type, naming the field; returns `values`
+    with paths as Path and lists as tuples. `cls` is a dataclass whose annotations are the
+    strings `int`, `str`, `bool`, `Path`, `X | None`, `tuple[str, ...]` (and nested tables
+    handled by the caller)."""
+    known = {f.name: str(f.type) for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
     if unknown:
         raise InvalidArgument(
-            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    for key in ("data_dir", "users_file", "tls_cert", "tls_key"):
-        if values.get(key) is not None:
-            values[key] = Path(values[key])
-    if "metadata_peers" in values:
-        peers = values["metadata_peers"]
-        values["metadata_peers"] = tuple(peers.split(",") if isinstance(peers, str) else peers)
-        values["metadata_peers"] = tuple(p for p in values["metadata_peers"] if p)
+    out: dict[str, Any] = {}
+    for name, given in values.items():
+        value = given
+        kind = known[name]
+        optional = kind.endswith(" | None")
+        base = kind.removesuffix(" | None")
+        if value is None and optional:
+            out[name] = None
+            continue
+        if base == "bool":
+            ok = isinstance(value, bool)
+        elif base == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif base == "str":
+            ok = isinstance(value, str)
+        elif base == "Path":
+            ok = isinstance(value, str | Path) and str(value) != ""
+            value = Path(value) if ok else value
+        elif base == "tuple[str, ...]":
+            if isinstance(value, str):
+                value = [part for part in value.split(",") if part]
+            ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+            value = tuple(value) if ok else value
+        else:
+            ok = True  # a nested table: checked by the caller
+        if not ok:
+            expected = {
+                "bool": "true or false",
+                "int": "an integer",
+                "str": "a string",
+                "Path": "a path (a non-empty string)",
+                "tuple[str, ...]": 'a list of strings (["host:port", ...])',
+            }.get(base, base)
+            raise InvalidArgument(f"{where}: {name} must be {expected}, got {value!r}")
+        out[name] = value
+    for name, value in out.items():
+        listening = name.endswith("_port") and not name.startswith("advertise_")
+        if listening and isinstance(value, int) and not 0 <= value < 65536:
+            raise InvalidArgument(f"{where}: {name} must be 0-65535, got {value}")
+    return out
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSettings:
+    """Defaults < TOML file (table [node] or top level) < non-None overrides."""
+    where = f"config file {config_file} [node]" if config_file is not None else "settings"
+    values = check_fields(read_table(config_file, "node"), NodeSettings, where)
+    values.update(
+        check_fields(
+            {k: v for k, v in overrides.items() if v is not None}, NodeSettings, "command line"
+        )
+    )
     if "node_id" not in values or "data_dir" not in values:
         raise InvalidArgument(
             "a node needs --node-id and --data-dir (or node_id/data_dir in the config file)"

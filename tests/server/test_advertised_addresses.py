@@ -79,6 +79,8 @@ def test_a_node_bound_to_every_interface_registers_its_advertised_endpoints(
             str(metadata_port),
             "--replication-port",
             "0",
+            "--metrics-port",
+            "0",
         ],
         env=env,
         stdout=subprocess.DEVNULL,

@@ -22,6 +22,7 @@ GRPC_STATUS: Mapping[ErrorCode, grpc.StatusCode] = MappingProxyType(
         ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
         ErrorCode.MESSAGE_SIZE_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
         ErrorCode.UNAUTHORIZED: grpc.StatusCode.PERMISSION_DENIED,
+        ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
         ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
         ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
         ErrorCode.RESOURCE_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert, group_stats
+from spate.cluster.admin.auth import AdminAuth
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
 from spate.cluster.admin.providers import (
     ConsumersProvider,
@@ -66,8 +67,11 @@ class AdminServer:
         producers: ProducersProvider | None = None,
         consumers: ConsumersProvider | None = None,
         coordinators: CoordinatorsProvider | None = None,
+        auth: AdminAuth | None = None,
     ) -> None:
         self.metadata = metadata
+        self.auth = auth or AdminAuth(allow_remote_anonymous=True)
+        """Who may call and what they may do (ADR 0023; default: open, as before)."""
         self.host = host
         self.port = port
         self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
@@ -77,7 +81,7 @@ class AdminServer:
     async def start(self) -> int:
         """Listen and serve; returns the bound port. Raises Unavailable if it cannot listen."""
         assert self._server is None, "started twice"
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[self.auth.interceptor()])
         pb_grpc.add_AdminServicer_to_server(self._servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -120,8 +124,11 @@ class _AdminServicer(pb_grpc.AdminServicer):
         producers: ProducersProvider | None,
         consumers: ConsumersProvider | None = None,
         coordinators: CoordinatorsProvider | None = None,
+        auth: AdminAuth | None = None,
     ) -> None:
         self.metadata = metadata
+        self.auth = auth or AdminAuth(allow_remote_anonymous=True)
+        """Who may call and what they may do (ADR 0023; default: open, as before)."""
         self.stats = stats
         self.status = status
         self.producers = producers

@@ -42,6 +42,7 @@ from typing import Generic, TypeVar
 
 from spate.core import frames
 from spate.core.errors import BrokerError, NotFound
+from spate.core.histogram import Histogram
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.node.replication import catchup, codec, limits
 from spate.node.replication.messages import Message, Ready, SnapshotRequest
@@ -116,6 +117,10 @@ class ReplicationDriver(Generic[R]):
         self._retention_due_ms = 0.0
         self.batches = 0
         self.fsyncs = 0
+        self.append_seconds = Histogram()
+        """Every local leader's appends, proposed to committed (ADR 0023: /metrics)."""
+        self.fsync_seconds = Histogram()
+        """Wall time of each batch's fsyncs (`run_syncs`), observed by the shell that ran it."""
 
     # -- replicas
 
@@ -128,6 +133,7 @@ class ReplicationDriver(Generic[R]):
                 listener(group.stream, group.partition, leader, epoch)
 
         group.leader_listeners.append(report)
+        group.append_seconds = self.append_seconds
         group.set_wake(functools.partial(self._wake_group, key, group))
         self.groups[key] = group
         if not group.raft.peers or (group.replicas[0] == self.node_id and group.raft.term == 0):
@@ -275,6 +281,7 @@ class ReplicationDriver(Generic[R]):
                     group.stream,
                     group.partition,
                     index,
+                    extra={"stream": group.stream, "partition": group.partition},
                 )
         now_ms = self._monotonic_ms()
         if now_ms >= self._retention_due_ms:
@@ -305,6 +312,7 @@ class ReplicationDriver(Generic[R]):
             group.stream,
             group.partition,
             reason,
+            extra={"stream": group.stream, "partition": group.partition},
         )
         group.fail(reason)
 
@@ -428,6 +436,11 @@ class ReplicationDriver(Generic[R]):
             transfer.group.partition,
             transfer.fetch.leader,
             reason,
+            extra={
+                "stream": transfer.group.stream,
+                "partition": transfer.group.partition,
+                "peer": transfer.fetch.leader,
+            },
         )
         if not transfer.group.closed:
             transfer.group.raft.snapshot_failed(transfer.fetch.leader)  # no-op on a follower

@@ -225,10 +225,10 @@ class ReplicationHost:
             if batch is None:
                 continue
             self.transport.flush()
-            failures = (
-                await loop.run_in_executor(self._executor, driver.run_syncs, batch)
-                if batch.syncs
-                else {}
-            )
+            failures: dict[ReplicatedPartition, str] = {}
+            if batch.syncs:
+                started = time.perf_counter()
+                failures = await loop.run_in_executor(self._executor, driver.run_syncs, batch)
+                driver.fsync_seconds.observe(time.perf_counter() - started)
             driver.finish_batch(batch, failures)
             self.transport.flush()

@@ -52,6 +52,7 @@ from spate.core.errors import (
     Unavailable,
 )
 from spate.core.filtering import ChunkFilter
+from spate.core.histogram import Histogram
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName, Term
 from spate.node.log import chunk as chunk_codec
 from spate.node.log import producers as producer_codec
@@ -92,6 +93,7 @@ class _Pending:
     first_offset: Offset
     done: AppendDone
     deadline_ms: float
+    proposed_ms: float
 
 
 def wall_clock_ms() -> int:
@@ -153,6 +155,20 @@ class Replica(LocalPartition):
         self.catching_up = False
         self.install: tuple[list[tuple[str, int]], int, Term] | None = None
         self.closed = False
+        # Counters for /metrics (ADR 0023), read at scrape time; updated once per append and
+        # per read, never per message.
+        self.messages_in = 0
+        """Messages this replica proposed as leader (appends accepted for replication)."""
+        self.bytes_in = 0
+        """Bytes of the chunks it proposed (headers included)."""
+        self.messages_out = 0
+        """Messages handed to readers (consumer links and gateway sessions), skips excluded."""
+        self.bytes_out = 0
+        """Bytes of those messages as stored (a sub-entry counts its compressed size)."""
+        self.leader_changes = 0
+        """Leader changes this replica reported (an election won or a new leader heard)."""
+        self.append_seconds: Histogram | None = None
+        """Proposed-to-committed time of this leader's appends; the driver shares one per node."""
 
     # -- Partition protocol
 
@@ -197,11 +213,12 @@ class Replica(LocalPartition):
         except BrokerError as error:
             done(error)
             return None
-        deadline_ms = self._monotonic_ms() + limits.append_commit_timeout_ms
+        now_ms = self._monotonic_ms()
+        deadline_ms = now_ms + limits.append_commit_timeout_ms
         stale = self._pending.pop(last_index, None)
         if stale is not None:
             stale.done(Unavailable("the entry was overwritten; retry"))
-        self._pending[last_index] = _Pending(term, first, done, deadline_ms)
+        self._pending[last_index] = _Pending(term, first, done, deadline_ms, now_ms)
         self._wake()
         return last_index
 
@@ -308,11 +325,12 @@ class Replica(LocalPartition):
             return
         for name, offset in entries:
             self._proposed_offsets[name] = TrackedOffset(offset, index, term, timestamp_ms)
-        deadline_ms = self._monotonic_ms() + limits.append_commit_timeout_ms
+        now_ms = self._monotonic_ms()
+        deadline_ms = now_ms + limits.append_commit_timeout_ms
         stale = self._pending.pop(index, None)
         if stale is not None:
             stale.done(Unavailable("the entry was overwritten; retry"))
-        self._pending[index] = _Pending(term, end, done, deadline_ms)
+        self._pending[index] = _Pending(term, end, done, deadline_ms, now_ms)
         self._wake()
 
     def _tracked(self, name: bytes) -> TrackedOffset | None:
@@ -413,6 +431,7 @@ class Replica(LocalPartition):
             )
             last_id = None if ids is None else ids[end - 1]
             self._propose_chunk(data, index, producer, last_id, timestamp_ms, offset + end - start)
+            self.messages_in += end - start
             offset = Offset(offset + end - start)
             start = end
         return index, term, first
@@ -459,6 +478,7 @@ class Replica(LocalPartition):
             raise InvalidArgument(f"not a sub-entry: {error}") from error
         last_id = None if ids is None else ids[0]
         self._propose_chunk(data, index, producer, last_id, timestamp_ms, header.end_offset)
+        self.messages_in += header.end_offset - first
         return index, term, first
 
     def _propose_chunk(  # noqa: PLR0917 (the chunk and what a named producer's state needs)
@@ -477,6 +497,7 @@ class Replica(LocalPartition):
         if not isinstance(result, Proposed):
             raise result.error()
         assert (result.index, result.term) == (index, term), (result, index, term)
+        self.bytes_in += len(data)
         if producer is not None:
             assert last_id is not None
             self._proposed[producer] = ProducerState(last_id, index, term, timestamp_ms, end - 1)
@@ -500,7 +521,11 @@ class Replica(LocalPartition):
         where: Callable[[ChunkFilter | None], bool] | None = None,
     ) -> list[ChunkView]:
         """Committed chunks (PartitionLog.read; `where`: a consumer's filter, ADR 0016)."""
-        return self.store.log.read(start, max_bytes, end=self._committed_end, where=where)
+        views = self.store.log.read(start, max_bytes, end=self._committed_end, where=where)
+        for view in views:  # per chunk, not per message (stored_bytes never unpacks)
+            self.messages_out += len(view.records)
+            self.bytes_out += subentry.stored_bytes(view.records)
+        return views
 
     def resolve(self, spec: OffsetSpec) -> Offset:
         return self.store.log.resolve(spec, end=self._committed_end)
@@ -649,6 +674,7 @@ class Replica(LocalPartition):
         """Step 4 of a Ready (after its sync: a new term is on disk before it is announced)."""
         if ready.leader_change is not None:
             change = ready.leader_change
+            self.leader_changes += 1
             if change.leader is not None:
                 self._heard_leader = True
             for listener in list(self.leader_listeners):
@@ -662,6 +688,8 @@ class Replica(LocalPartition):
         if pending is None:
             return
         if pending.term == entry.term:
+            if self.append_seconds is not None:
+                self.append_seconds.observe((self._monotonic_ms() - pending.proposed_ms) / 1000)
             pending.done(pending.first_offset)
         else:
             pending.done(
