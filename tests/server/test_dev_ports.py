@@ -46,8 +46,17 @@ def test_a_malformed_spate_dev_ports_is_refused(monkeypatch: pytest.MonkeyPatch,
         devcluster._free_port()
 
 
-def test_each_xdist_worker_gets_its_own_slice_of_the_dev_ports() -> None:
+def test_each_xdist_worker_gets_its_own_slice_of_the_dev_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(devcluster.DEV_PORTS_ENV, raising=False)  # tests/conftest.py sets it
     slices = [worker_port_range(f"gw{i}", "4") for i in range(4)]
     assert slices[0][0] == devcluster.dev_port_min and slices[-1][1] <= devcluster.dev_port_max
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(slices))
     assert worker_port_range("", "") == (devcluster.dev_port_min, devcluster.dev_port_max)
+    # two test runs side by side (worktrees) each give their own range: it is split instead
+    monkeypatch.setenv(devcluster.DEV_PORTS_ENV, "24000-26000")
+    assert [worker_port_range(f"gw{i}", "2") for i in range(2)] == [
+        (24000, 25000),
+        (25000, 26000),
+    ]
