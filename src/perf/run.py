@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from multiprocessing.connection import Connection, wait
 from typing import Any, TextIO
 from urllib.parse import urlsplit
@@ -277,7 +278,13 @@ class Coordinator:
             self.log_file = open(o.histogram_file, "w")  # noqa: SIM115 - closed in finally
             self.log = HistogramLogWriter(self.log_file)
             self.log.output_comment("spate perf publish-to-consume latency, values in us")
-            self.log.output_start_time(time.time() * 1000)
+            self.log.output_log_format_version()
+            # hdrh 0.10.8's output_start_time is broken (datetime.iso_format): written here
+            now = datetime.now(UTC)
+            self.log_file.write(
+                f"#[StartTime: {now.timestamp():.3f} (seconds since epoch), "
+                f"{now.isoformat(' ', 'seconds')}]\n"
+            )
             self.log.output_legend()
         self.start_ns = time.monotonic_ns()
         try:
