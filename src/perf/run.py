@@ -38,6 +38,8 @@ LATENCY_MAX_US = 3_600_000_000
 """The histograms' range: 1 µs to an hour (longer is recorded as an hour)."""
 LATENCY_DIGITS = 3
 REPORT_INTERVAL_S = 1.0
+POLL_S = 0.02
+"""How often the coordinator looks for workers that finished between reports."""
 PROBE_TIMEOUT_S = 5.0
 READY_GRACE_S = 30.0
 """Allowance on top of --timeout for worker processes to start (imports) and attach."""
@@ -126,6 +128,9 @@ class Coordinator:
         self.start_ns = 0
         self.targets: tuple[str, ...] = ()
         self.warnings: list[str] = []
+        self.logged_until_s = 0.0
+        self.phases: dict[str, float] = {}
+        """Setup time: streams created, worker processes started and attached (seconds)."""
         self.created: list[tuple[str, bool]] = []
         """(name, is a super stream) of what this run created."""
 
@@ -268,8 +273,10 @@ class Coordinator:
 
     def run(self) -> dict[str, Any]:
         s, o = self.settings, self.options
+        began = time.monotonic()
         probe(s.urls)
         partitions_of, keys_of = self.prepare_streams()
+        self.phases["streams_s"] = round(time.monotonic() - began, 3)
         for warning in self.warnings:
             print(f"spate perf: warning: {warning}", file=self.err)
         self.warnings.clear()
@@ -290,6 +297,7 @@ class Coordinator:
         try:
             self.spawn(plans)
             self.wait_ready()
+            self.phases["attach_s"] = round(time.monotonic() - began - self.phases["streams_s"], 3)
             return self._measure()
         finally:
             self._shutdown()
@@ -313,28 +321,22 @@ class Coordinator:
         tick = 0
         shortfall: str | None = None
         while True:
-            next_tick = started + (tick + 1) * REPORT_INTERVAL_S
-            while time.monotonic() < next_tick:
-                self.poll_done()
-                time.sleep(min(0.05, max(0.0, next_tick - time.monotonic())))
-            tick += 1
-            self.ask_all(("report",), "report")
+            self.poll_done()
             now = time.monotonic()
             sums = self.sums()
-            self._live_line(tick, before)
-            before = {i: h.last for i, h in enumerate(self.handles)}
             if not stopped_producers and all(h.done for h in producers):
                 stopped_producers = True
-                if producers:
+                if producers and not sums.failed:
                     expected = self._expected(sums)
                     for h in consumers:
                         h.conn.send(("expect", expected))
                 expecting_since = now
-            if stopped_producers and sums.failed:
-                break  # the summary's errors say which; the consumers cannot get them all
-            if stopped_producers and not producers and s.time_s is not None:
+            if not producers:
+                assert s.time_s is not None, "validated: consumers alone run for --time"
                 if now - started >= s.time_s:
                     break
+            elif stopped_producers and sums.failed:
+                break  # the summary's errors say which; the consumers cannot get them all
             elif stopped_producers and all(h.done for h in consumers):
                 break
             elif expecting_since is not None and now - expecting_since > s.drain_timeout_s:
@@ -344,7 +346,17 @@ class Coordinator:
                     f"--drain-timeout {s.drain_timeout_s:g} s"
                 )
                 break
+            if now >= started + (tick + 1) * REPORT_INTERVAL_S:
+                tick += 1
+                self.ask_all(("report",), "report")
+                self._live_line(time.monotonic() - started, before)
+                before = {i: h.last for i, h in enumerate(self.handles)}
+                continue
+            time.sleep(POLL_S)
         self.ask_all(("stop",), "final")
+        elapsed = time.monotonic() - started
+        if tick == 0 or elapsed - self.logged_until_s >= POLL_S * 5:
+            self._live_line(elapsed, before)  # the last, partial interval
         sums = self.sums()
         return self._summary(sums, started_ns, shortfall, cpu_start)
 
@@ -358,7 +370,7 @@ class Coordinator:
     def _expected_total(self, sums: worker.Report) -> int:
         return sum(self._expected(sums).values())
 
-    def _live_line(self, tick: int, before: dict[int, worker.Report]) -> None:
+    def _live_line(self, elapsed_s: float, before: dict[int, worker.Report]) -> None:
         """Rates per worker over its own report times (a worker busy with a burst answers
         late; its rate is still its count over its own interval), summed."""
         rates = {"published": 0.0, "confirmed": 0.0, "consumed": 0.0}
@@ -371,16 +383,20 @@ class Coordinator:
                 rates[name] += (getattr(new, name) - getattr(old, name)) / span_s
         lat = percentiles_ms(self.interval)
         line = (
-            f"{tick:>3} s  published {rates['published']:>9,.0f} msg/s, "
+            f"{elapsed_s:5.1f} s  published {rates['published']:>9,.0f} msg/s, "
             f"confirmed {rates['confirmed']:>9,.0f} msg/s, "
             f"consumed {rates['consumed']:>9,.0f} msg/s, " + _latency_text(lat)
         )
         print(line, file=self.live, flush=True)
         if self.log is not None and self.interval.get_total_count():
             self.log.output_interval_histogram(
-                self.interval, tick - 1, tick, max_value_unit_ratio=1000.0
+                self.interval,
+                self.logged_until_s,
+                elapsed_s,
+                max_value_unit_ratio=1000.0,
             )
         self.interval.reset()
+        self.logged_until_s = elapsed_s
 
     def _summary(
         self, sums: worker.Report, started_ns: int, shortfall: str | None, cpu_start: Any
@@ -389,9 +405,11 @@ class Coordinator:
             span = (last_ns - started_ns) / 1e9
             return count / span if count and span > 0 else 0.0
 
+        def cpu_s(role: str) -> float:
+            return sum(h.last.cpu_s for h in self.handles if h.plan.role == role)
+
         def cpu_us(role: str, count: int) -> float | None:
-            cpu = sum(h.last.cpu_s for h in self.handles if h.plan.role == role)
-            return round(cpu * 1e6 / count, 2) if count else None
+            return round(cpu_s(role) * 1e6 / count, 2) if count else None
 
         s = self.settings
         failures = [w for w in self.warnings if w]
@@ -409,8 +427,13 @@ class Coordinator:
             "latency_ms": percentiles_ms(self.total),
             "latency_samples": self.total.get_total_count(),
             "duration_s": round((time.monotonic_ns() - started_ns) / 1e9, 3),
+            "setup_s": self.phases,
             "cpu_us_per_published": cpu_us("producers", sums.published),
             "cpu_us_per_consumed": cpu_us("consumers", sums.consumed),
+            "cpu_s": {
+                "producers": round(cpu_s("producers"), 3),
+                "consumers": round(cpu_s("consumers"), 3),
+            },
             "coordinator_cpu_s": round(
                 coordinator.user + coordinator.system - cpu_start.user - cpu_start.system, 3
             ),
@@ -460,7 +483,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         ),
         f"  perf's own CPU: {cpu(summary['cpu_us_per_published'])} us per published message, "
         f"{cpu(summary['cpu_us_per_consumed'])} us per consumed message "
-        f"({summary['processes']} worker processes), load average "
+        f"({summary['processes']} worker processes, CPU {summary['cpu_s']['producers']:.2f} s "
+        f"producing, {summary['cpu_s']['consumers']:.2f} s consuming in "
+        f"{summary['duration_s']:.1f} s), load average "
         + "/".join(f"{x:.2f}" for x in summary["load_average"]),
     ]
     lines.extend(f"  error: {e}" for e in summary["errors"])
