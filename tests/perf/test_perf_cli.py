@@ -59,7 +59,7 @@ def assert_latency_ordered(summary: dict[str, Any]) -> None:
     lat = summary["latency_ms"]
     values = [lat[k] for k in ("min", "p50", "p75", "p95", "p99", "max")]
     assert all(isinstance(v, float) for v in values), lat
-    assert 0 < values[0], lat
+    assert values[0] > 0, lat
     assert values == sorted(values), lat
 
 
