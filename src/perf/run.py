@@ -38,6 +38,8 @@ LATENCY_MAX_US = 3_600_000_000
 """The histograms' range: 1 µs to an hour (longer is recorded as an hour)."""
 LATENCY_DIGITS = 3
 REPORT_INTERVAL_S = 1.0
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, after the summary (the shell's code for SIGINT)."""
 POLL_S = 0.02
 """How often the coordinator looks for workers that finished between reports."""
 PROBE_TIMEOUT_S = 5.0
@@ -45,6 +47,12 @@ READY_GRACE_S = 30.0
 """Allowance on top of --timeout for worker processes to start (imports) and attach."""
 ANSWER_TIMEOUT_S = 30.0
 """How long a worker may take to answer one request before the run is declared stuck."""
+
+
+class _Shortfall(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class PerfFailed(Exception):
@@ -129,6 +137,9 @@ class Coordinator:
         self.targets: tuple[str, ...] = ()
         self.warnings: list[str] = []
         self.logged_until_s = 0.0
+        self.before: dict[int, worker.Report] = {}
+        """Each worker's report at the last line printed."""
+        self.interrupted = False
         self.phases: dict[str, float] = {}
         """Setup time: streams created, worker processes started and attached (seconds)."""
         self.created: list[tuple[str, bool]] = []
@@ -307,7 +318,6 @@ class Coordinator:
                 self.delete_streams()
 
     def _measure(self) -> dict[str, Any]:
-        s = self.settings
         for h in self.handles:
             h.conn.send(("start",))
         started = time.monotonic()
@@ -316,10 +326,34 @@ class Coordinator:
         producers = [h for h in self.handles if h.plan.role == "producers"]
         consumers = [h for h in self.handles if h.plan.role == "consumers"]
         before = {i: worker.Report(at_ns=started_ns) for i in range(len(self.handles))}
+        tick = 0
+        shortfall: str | None = None
+        try:
+            tick = self._loop(started, producers, consumers, before)
+        except _Shortfall as short:
+            shortfall = short.message
+        except KeyboardInterrupt:  # Ctrl-C: stop, and summarise what was done (the workers
+            self.interrupted = True  # ignore SIGINT: the coordinator stops them)
+        self.ask_all(("stop",), "final")
+        elapsed = time.monotonic() - started
+        if tick == 0 or elapsed - self.logged_until_s >= POLL_S * 5:
+            self._live_line(elapsed, self.before)  # the last, partial interval
+        sums = self.sums()
+        return self._summary(sums, started_ns, shortfall, cpu_start)
+
+    def _loop(
+        self,
+        started: float,
+        producers: list[_Handle],
+        consumers: list[_Handle],
+        before: dict[int, worker.Report],
+    ) -> int:
+        """Report every second until the run is over; returns the reports taken."""
+        s = self.settings
+        self.before = before
         expecting_since: float | None = None
         stopped_producers = False
         tick = 0
-        shortfall: str | None = None
         while True:
             self.poll_done()
             now = time.monotonic()
@@ -340,25 +374,19 @@ class Coordinator:
             elif stopped_producers and all(h.done for h in consumers):
                 break
             elif expecting_since is not None and now - expecting_since > s.drain_timeout_s:
-                shortfall = (
+                raise _Shortfall(
                     f"consumers received {sums.consumed_run:,} of the "
                     f"{self._expected_total(sums):,} messages published in this run within "
                     f"--drain-timeout {s.drain_timeout_s:g} s"
                 )
-                break
             if now >= started + (tick + 1) * REPORT_INTERVAL_S:
                 tick += 1
                 self.ask_all(("report",), "report")
-                self._live_line(time.monotonic() - started, before)
-                before = {i: h.last for i, h in enumerate(self.handles)}
+                self._live_line(time.monotonic() - started, self.before)
+                self.before = {i: h.last for i, h in enumerate(self.handles)}
                 continue
             time.sleep(POLL_S)
-        self.ask_all(("stop",), "final")
-        elapsed = time.monotonic() - started
-        if tick == 0 or elapsed - self.logged_until_s >= POLL_S * 5:
-            self._live_line(elapsed, before)  # the last, partial interval
-        sums = self.sums()
-        return self._summary(sums, started_ns, shortfall, cpu_start)
+        return tick
 
     def _expected(self, sums: worker.Report) -> dict[int, int]:
         return {
@@ -412,7 +440,8 @@ class Coordinator:
             return round(cpu_s(role) * 1e6 / count, 2) if count else None
 
         s = self.settings
-        failures = [w for w in self.warnings if w]
+        failures = list(dict.fromkeys(w for w in self.warnings if w))  # a worker's error
+        # comes with its "done" and again with its "final" report
         coordinator = os.times()
         return {
             "published": sums.published,
@@ -449,6 +478,7 @@ class Coordinator:
             "urls": list(s.urls),
             "load_average": list(os.getloadavg()),
             "errors": failures + ([shortfall] if shortfall else []),
+            "interrupted": self.interrupted,
         }
 
     def _shutdown(self) -> None:
@@ -504,4 +534,6 @@ def run(settings: Settings, options: Options, out: TextIO = sys.stdout) -> int:
         print(json.dumps(summary), file=out, flush=True)
     else:
         print(summary_text(summary), file=out, flush=True)
+    if summary["interrupted"]:
+        return EXIT_INTERRUPTED
     return 0 if not summary["errors"] else 1

@@ -9,6 +9,7 @@ finish sooner than its count allows), which load can only make safer.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -182,6 +183,31 @@ def test_tls_and_credentials_through_a_tls_gateway(cluster: Cluster, tmp_path: P
         )  # fmt: skip
         assert wrong.returncode == 5, wrong.stderr
         assert "could not attach" in wrong.stderr
+
+
+def test_ctrl_c_stops_the_run_and_prints_the_summary(cluster: Cluster) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spate.cli.main", "perf", "--url", cluster.amqp_url(0),
+         "--admin", cluster.admin, "--time", "60", "--rate", "500", "--stream", "perf-ctrl-c",
+         "--output", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()  # the first live line: the run is under way
+        assert " s  published " in first, first
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True
+    assert summary["errors"] == []  # the producer waited for its confirms before closing
+    assert 0 < summary["published"] == summary["confirmed"]
+    assert summary["duration_s"] < 60
 
 
 @pytest.mark.parametrize(
