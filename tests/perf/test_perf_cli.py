@@ -253,6 +253,25 @@ def test_unreachable_url_fails_at_once_with_the_url() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_stream_setup_failures_say_why(cluster: Cluster) -> None:
+    url = cluster.amqp_url(0)
+    no_admin = perf("--url", url, "--admin", "127.0.0.1:1", "--count", "10", check=False)
+    assert no_admin.returncode == 5, no_admin.stderr
+    assert "cannot reach the admin API at 127.0.0.1:1" in no_admin.stderr
+    bad_name = perf(
+        "--url", url, "--admin", cluster.admin, "--count", "10", "--stream", "bad name!",
+        check=False,
+    )  # fmt: skip
+    assert bad_name.returncode == 2, bad_name.stderr
+    assert "invalid stream name 'bad name!'" in bad_name.stderr
+    too_many = perf(
+        "--url", url, "--admin", cluster.admin, "--count", "10", "--stream", "perf-r5",
+        "--replicas", "5", check=False,
+    )  # fmt: skip
+    assert too_many.returncode == 2, too_many.stderr
+    assert "needs 5 replicas but the cluster has 3" in too_many.stderr
+
+
 def test_help_shows_an_example() -> None:
     proc = perf("--help")
     assert "spate perf --url amqp://" in proc.stdout
