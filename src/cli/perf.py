@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         metavar="URL",
         help="amqp://HOST:PORT or amqps://HOST:PORT of a node or gateway; repeat it (or give "
-        "a comma-separated list) for several endpoints: clients spread over them and fail over "
-        "in turn (default amqp://127.0.0.1:5672)",
+        "a comma-separated list) for several endpoints: clients spread over them, and try them "
+        "in turn to connect (default amqp://127.0.0.1:5672)",
     )
     c.add_argument(
         "--admin",
@@ -69,6 +69,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=30.0,
         metavar="S",
         help="seconds to connect and attach each client (default 30)",
+    )
+    c.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="reconnect (to the URLs in turn) for up to S seconds after a client loses its "
+        "connection; producers resend what was unconfirmed (default 0: a lost connection ends "
+        "the run with an error)",
     )
     w = p.add_argument_group("workload")
     w.add_argument("--producers", type=int, default=1, metavar="N", help="default 1")
@@ -234,6 +243,7 @@ def _run(args: argparse.Namespace) -> int:
         ca_file=args.ca_file,
         timeout_s=args.timeout,
         drain_timeout_s=args.drain_timeout,
+        reconnect_timeout_s=args.reconnect_timeout,
     )
     settings.validate()
     retention = Retention(

@@ -87,6 +87,9 @@ class Settings:
     ca_file: str | None = None
     timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
+    reconnect_timeout_s: float = 0.0
+    """> 0: clients reconnect (over the URLs in turn) for that long after a failure; producers
+    resend what was unconfirmed (at least once: a message may then be stored twice)."""
 
     def validate(self) -> None:
         """Raise InvalidArgument naming the flag for a value that cannot work."""
@@ -128,6 +131,10 @@ class Settings:
             raise InvalidArgument(f"--rate must be positive, got {self.rate:g}")
         if not self.drain_timeout_s > 0:
             raise InvalidArgument(f"--drain-timeout must be positive, got {self.drain_timeout_s:g}")
+        if self.reconnect_timeout_s < 0:
+            raise InvalidArgument(
+                f"--reconnect-timeout must be 0 (off) or more, got {self.reconnect_timeout_s:g}"
+            )
         if not self.timeout_s > 0:
             raise InvalidArgument(f"--timeout must be positive, got {self.timeout_s:g}")
         if (self.user is None) != (self.password is None):

@@ -185,7 +185,23 @@ class _Consumer:
                 self.done.set()
 
     async def wait(self) -> None:
-        await self.done.wait()
+        """Until every expected message arrived; raises, naming the consumer, when one of its
+        links stopped first (a lost connection without --reconnect-timeout)."""
+        done = asyncio.ensure_future(self.done.wait())
+        links = [asyncio.ensure_future(client.wait()) for client in self.clients]
+        try:
+            finished, _ = await asyncio.wait([done, *links], return_when=asyncio.FIRST_COMPLETED)
+            if done not in finished:
+                stopped = next(iter(finished))
+                error = stopped.exception()
+                raise ConnectionError(
+                    f"consumer {self.plan.index} ({self.plan.target}) stopped after "
+                    f"{self.consumed_run:,} of this run's messages: "
+                    + (_describe(error) if error is not None else "its link closed")
+                )
+        finally:
+            for future in (done, *links):
+                future.cancel()
 
     def expect(self, count: int) -> None:
         self.expected = count
@@ -240,6 +256,7 @@ class Worker:
                 p.target,
                 window=s.confirm_window,
                 timeout_s=s.timeout_s,
+                reconnect_timeout_s=s.reconnect_timeout_s,
                 user=s.user,
                 password=s.password,
                 tls=tls,
@@ -257,6 +274,7 @@ class Worker:
                         credit=s.credit,
                         handler=consumer.on_message,
                         timeout_s=s.timeout_s,
+                        reconnect_timeout_s=s.reconnect_timeout_s,
                         user=s.user,
                         password=s.password,
                         tls=tls,

@@ -210,6 +210,33 @@ def test_ctrl_c_stops_the_run_and_prints_the_summary(cluster: Cluster) -> None:
     assert summary["duration_s"] < 60
 
 
+def test_a_leader_killed_mid_run_is_survived_with_reconnect_timeout(cluster: Cluster) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spate.cli.main", "perf", "--url", ",".join(cluster.urls()),
+         "--admin", cluster.admin, "--count", "3000", "--rate", "300", "--stream",
+         "perf-failover", "--replicas", "3", "--reconnect-timeout", "60", "--output", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    killed = None
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert " s  published " in first, first + process.stderr.read()
+        killed = cluster.index_of(cluster.leader_of("perf-failover"))
+        cluster.kill9(killed)  # the producer's link is at the leader
+        out, err = process.communicate(timeout=150)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if killed is not None:
+            cluster.up(3)  # the module's other tests want three nodes
+    assert process.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["published"] == summary["confirmed"] == 3000
+    assert summary["consumed_this_run"] >= 3000  # at least once: a resend may be stored twice
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
