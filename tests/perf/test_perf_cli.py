@@ -92,8 +92,12 @@ def test_json_summary_counts_add_up(cluster: Cluster, tmp_path: Path) -> None:
 def test_text_output_has_live_lines_and_a_summary(cluster: Cluster) -> None:
     proc = perf(
         "--url", cluster.amqp_url(1), "--admin", cluster.admin, "--count", "2000",
-        "--stream", "perf-text",
+        "--stream", "perf-text", "--max-bytes", "1GB", "--max-age", "6h", "--replicas", "2",
     )  # fmt: skip
+    created = cluster.cli_json("stream", "describe", "perf-text")["stream"]
+    assert created["retention"]["max_bytes"] == 1_000_000_000
+    assert created["retention"]["max_age_ms"] == 6 * 3600 * 1000
+    assert created["replicas"] == 2
     lines = proc.stdout.strip().splitlines()
     live = [line for line in lines if " s  published " in line]
     assert live, proc.stdout
@@ -161,7 +165,13 @@ def test_time_limited_run_consumes_what_was_published(cluster: Cluster) -> None:
 
 def test_offset_first_reads_what_was_there_and_counts_this_run_apart(cluster: Cluster) -> None:
     perf_json(cluster, "--count", "500", "--stream", "perf-offset")
-    summary = perf_json(cluster, "--count", "300", "--stream", "perf-offset", "--offset", "first")
+    proc = perf(
+        "--url", cluster.amqp_url(0), "--admin", cluster.admin, "--count", "300",
+        "--stream", "perf-offset", "--offset", "first", "--max-age", "1h", "--output", "json",
+    )  # fmt: skip
+    # the stream exists: used as it is, with a warning that its retention is not the one asked
+    assert "stream 'perf-offset' exists with retention" in proc.stderr, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["consumed"] == 800  # the 500 already there, then this run's 300
     assert summary["consumed_this_run"] == summary["latency_samples"] == 300
 
