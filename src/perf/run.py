@@ -283,8 +283,23 @@ class Coordinator:
         return total
 
     def run(self) -> dict[str, Any]:
-        s, o = self.settings, self.options
+        o = self.options
         began = time.monotonic()
+        if o.histogram_file:
+            try:
+                self.log_file = open(o.histogram_file, "w")  # noqa: SIM115 - closed in finally
+            except OSError as error:
+                raise InvalidArgument(
+                    f"--histogram-file: cannot write {o.histogram_file}: {error.strerror or error}"
+                ) from None
+        try:
+            return self._run(began)
+        finally:
+            if self.log_file is not None:
+                self.log_file.close()
+
+    def _run(self, began: float) -> dict[str, Any]:
+        s, o = self.settings, self.options
         probe(s.urls)
         partitions_of, keys_of = self.prepare_streams()
         self.phases["streams_s"] = round(time.monotonic() - began, 3)
@@ -292,8 +307,7 @@ class Coordinator:
             print(f"spate perf: warning: {warning}", file=self.err)
         self.warnings.clear()
         plans = planning.assign(s, self.targets, partitions_of, keys_of)
-        if o.histogram_file:
-            self.log_file = open(o.histogram_file, "w")  # noqa: SIM115 - closed in finally
+        if self.log_file is not None:
             self.log = HistogramLogWriter(self.log_file)
             self.log.output_comment("spate perf publish-to-consume latency, values in us")
             self.log.output_log_format_version()
@@ -312,8 +326,6 @@ class Coordinator:
             return self._measure()
         finally:
             self._shutdown()
-            if self.log_file is not None:
-                self.log_file.close()
             if o.delete_streams and self.created:
                 self.delete_streams()
 

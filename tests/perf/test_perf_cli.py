@@ -263,6 +263,7 @@ def test_a_leader_killed_mid_run_is_survived_with_reconnect_timeout(cluster: Clu
         (["--count", "5", "--stream-count", "x"], "--stream-count: expected N or A-B"),
         (["--count", "5", "--max-bytes", "lots"], "--max-bytes"),
         (["--count", "five"], "invalid int value"),
+        (["--count", "5", "--histogram-file", "/nonexistent/h.hlog"], "--histogram-file: cannot"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_reason(
