@@ -28,12 +28,12 @@ examples:
 
 --output json: the last line of stdout is one JSON object: published_per_s, confirmed_per_s,
 consumed_per_s, latency_ms {min, p50, p75, p95, p99, max}, published, confirmed, failed,
-consumed, expected_consumed, cpu_us_per_published, cpu_us_per_consumed, load_average, errors;
-the live lines go to stderr.
+consumed, expected_consumed, cpu_us_per_published, cpu_us_per_consumed, load_average, errors,
+interrupted (docs/cli.md lists them all); the live lines go to stderr.
 
 exit codes: 0 every message confirmed and consumed, 1 the run completed with errors (listed),
 2 invalid argument, 5 nothing listening at a URL or the admin API, or a client could not
-attach."""
+attach, 130 Ctrl-C (after the summary of what was done)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
