@@ -165,13 +165,21 @@ class Coordinator:
                 )
                 self.targets = (s.super_stream,)
             else:
+                self.targets = s.streams
                 for name in s.streams:
-                    created, warning = admin.ensure_stream(name, o.replicas, o.retention)
+                    try:
+                        created, warning = admin.ensure_stream(name, o.replicas, o.retention)
+                    except Unavailable as unreachable:
+                        # streams made beforehand need no admin API: attach to them as they are
+                        # (a missing one then fails its attach with amqp:not-found)
+                        self.warnings.append(
+                            f"{unreachable.message}; using the streams as they are"
+                        )
+                        break
                     if created:
                         self.created.append((name, False))
                     if warning:
                         self.warnings.append(warning)
-                self.targets = s.streams
         finally:
             admin.close()
         return partitions_of, keys_of

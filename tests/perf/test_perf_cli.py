@@ -293,9 +293,19 @@ def test_unreachable_url_fails_at_once_with_the_url() -> None:
 
 def test_stream_setup_failures_say_why(cluster: Cluster) -> None:
     url = cluster.amqp_url(0)
-    no_admin = perf("--url", url, "--admin", "127.0.0.1:1", "--count", "10", check=False)
-    assert no_admin.returncode == 5, no_admin.stderr
-    assert "cannot reach the admin API at 127.0.0.1:1" in no_admin.stderr
+    # no admin API: streams that exist are used as they are; a missing one fails its attach
+    cluster.cli("stream", "create", "perf-made-before", "--replicas", "3")
+    made = perf(
+        "--url", url, "--admin", "127.0.0.1:1", "--count", "10", "--stream", "perf-made-before",
+    )  # fmt: skip
+    assert "cannot reach the admin API at 127.0.0.1:1" in made.stderr
+    missing = perf(
+        "--url", url, "--admin", "127.0.0.1:1", "--count", "10", "--stream", "perf-missing",
+        check=False,
+    )  # fmt: skip
+    assert missing.returncode == 5, missing.stderr
+    assert "cannot reach the admin API at 127.0.0.1:1" in missing.stderr
+    assert "stream 'perf-missing' does not exist" in missing.stderr
     bad_name = perf(
         "--url", url, "--admin", cluster.admin, "--count", "10", "--stream", "bad name!",
         check=False,
