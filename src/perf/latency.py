@@ -7,7 +7,7 @@ so a second's 100,000 latencies cost a sort and a few hundred bisects. Buckets a
 (log-linear): values in microseconds keep their top `SUB_BUCKET_BITS` bits, so a bucket is at
 most 1/128 (0.8%) of its value wide; every value below 256 µs is its own bucket.
 
-The coordinator records the (lowest value, count) pairs into an HdrHistogram
+The conductor records the (lowest value, count) pairs into an HdrHistogram
 (`hdrh.histogram.HdrHistogram.record_value(value, count)`), which keeps the whole run, answers
 percentiles and writes the standard interval log (`--histogram-file`).
 """

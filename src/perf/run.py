@@ -1,4 +1,4 @@
-"""The coordinator of a `spate perf` run: streams, worker processes, one line a second, summary.
+"""The conductor of a `spate perf` run: streams, worker processes, one line a second, summary.
 
     check the URLs answer (TCP) -> create or find the streams (admin API) -> start the worker
     processes (spawn), wait until every client attached -> "start" -> every second: ask each
@@ -41,7 +41,7 @@ REPORT_INTERVAL_S = 1.0
 EXIT_INTERRUPTED = 130
 """Ctrl-C, after the summary (the shell's code for SIGINT)."""
 POLL_S = 0.02
-"""How often the coordinator looks for workers that finished between reports."""
+"""How often the conductor looks for workers that finished between reports."""
 PROBE_TIMEOUT_S = 5.0
 READY_GRACE_S = 30.0
 """Allowance on top of --timeout for worker processes to start (imports) and attach."""
@@ -124,7 +124,7 @@ def _latency_text(lat: dict[str, float | None]) -> str:
     return "latency min/p50/p75/p95/p99 " + "/".join(_ms(lat[k]) for k in keys) + " ms"
 
 
-class Coordinator:
+class Conductor:
     def __init__(self, settings: Settings, options: Options, out: TextIO, err: TextIO) -> None:
         self.settings, self.options, self.out, self.err = settings, options, out, err
         self.live = err if options.output == "json" else out
@@ -353,7 +353,7 @@ class Coordinator:
         except _Shortfall as short:
             shortfall = short.message
         except KeyboardInterrupt:  # Ctrl-C: stop, and summarise what was done (the workers
-            self.interrupted = True  # ignore SIGINT: the coordinator stops them)
+            self.interrupted = True  # ignore SIGINT: the conductor stops them)
         self.ask_all(("stop",), "final")
         elapsed = time.monotonic() - started
         if tick == 0 or elapsed - self.logged_until_s >= POLL_S * 5:
@@ -462,7 +462,7 @@ class Coordinator:
         s = self.settings
         failures = list(dict.fromkeys(w for w in self.warnings if w))  # a worker's error
         # comes with its "done" and again with its "final" report
-        coordinator = os.times()
+        conductor = os.times()
         return {
             "published": sums.published,
             "confirmed": sums.confirmed,
@@ -483,8 +483,8 @@ class Coordinator:
                 "producers": round(cpu_s("producers"), 3),
                 "consumers": round(cpu_s("consumers"), 3),
             },
-            "coordinator_cpu_s": round(
-                coordinator.user + coordinator.system - cpu_start.user - cpu_start.system, 3
+            "conductor_cpu_s": round(
+                conductor.user + conductor.system - cpu_start.user - cpu_start.system, 3
             ),
             "producers": s.producers,
             "consumers": s.consumers,
@@ -548,8 +548,8 @@ def run(settings: Settings, options: Options, out: TextIO = sys.stdout) -> int:
     settings.validate()
     if options.super_stream_partitions < 1:
         raise InvalidArgument("--super-stream-partitions must be at least 1")
-    coordinator = Coordinator(settings, options, out, sys.stderr)
-    summary = coordinator.run()
+    conductor = Conductor(settings, options, out, sys.stderr)
+    summary = conductor.run()
     if options.output == "json":
         print(json.dumps(summary), file=out, flush=True)
     else:

@@ -1,9 +1,9 @@
 """A `spate perf` worker process: producers only, or consumers only, on one asyncio loop.
 
-The coordinator (`spate.perf.run`) starts it with a `WorkerPlan` and a pipe, and talks to it
+The conductor (`spate.perf.run`) starts it with a `WorkerPlan` and a pipe, and talks to it
 with small tuples:
 
-    coordinator -> worker        worker -> coordinator
+    conductor -> worker        worker -> conductor
     ("start",)                   ("ready", None)      every client attached
     ("report",)                  ("failed", text)     could not attach, or a client failed
     ("expect", {consumer: n})    ("report", Report)   the answer to ("report",)
@@ -348,7 +348,7 @@ def _describe(error: BaseException) -> str:
 
 def main(plan: WorkerPlan, settings: Settings, conn: Connection, start_ns: int) -> None:
     """The process's entry point (multiprocessing spawn target). Ctrl-C reaches the whole
-    process group: the worker ignores it, and the coordinator stops it and sums up."""
+    process group: the worker ignores it, and the conductor stops it and sums up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop  # the node's loop too; the client's engine runs on either
