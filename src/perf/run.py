@@ -87,8 +87,10 @@ class _Handle:
     final: bool = False
 
 
-def probe(urls: tuple[str, ...]) -> None:
-    """Fail fast, with the URL, when nothing listens at an endpoint."""
+def probe(urls: tuple[str, ...]) -> list[str]:
+    """Fail fast, with the URLs, when nothing listens at any endpoint; returns a warning for
+    each one that does not answer while others do (clients try the URLs in turn)."""
+    failures: list[str] = []
     for url in urls:
         parts = urlsplit(url)
         host = parts.hostname or "localhost"
@@ -97,10 +99,13 @@ def probe(urls: tuple[str, ...]) -> None:
             with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
                 pass
         except OSError as error:
-            raise Unavailable(
-                f"cannot connect to {url}: {error.strerror or error}. Is a cluster running? "
-                "Start one with `spate dev up`, or point --url at a node or gateway"
-            ) from None
+            failures.append(f"cannot connect to {url}: {error.strerror or error}")
+    if len(failures) == len(urls):
+        raise Unavailable(
+            "; ".join(failures) + ". Is a cluster running? Start one with `spate dev up`, or "
+            "point --url at a node or gateway"
+        )
+    return [f"{failure} (the other URLs answer)" for failure in failures]
 
 
 def percentiles_ms(histogram: HdrHistogram) -> dict[str, float | None]:
@@ -308,7 +313,7 @@ class Conductor:
 
     def _run(self, began: float) -> dict[str, Any]:
         s, o = self.settings, self.options
-        probe(s.urls)
+        self.warnings.extend(probe(s.urls))
         partitions_of, keys_of = self.prepare_streams()
         self.phases["streams_s"] = round(time.monotonic() - began, 3)
         for warning in self.warnings:

@@ -281,10 +281,15 @@ def test_bad_arguments_exit_2_with_the_reason(
     assert stderr.startswith("spate: "), stderr
 
 
-def test_unreachable_url_fails_at_once_with_the_url() -> None:
+def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens once it is closed
+        port: int = probe.getsockname()[1]  # nothing listens once it is closed
+    return port
+
+
+def test_unreachable_url_fails_at_once_with_the_url() -> None:
+    port = closed_port()
     proc = perf("--url", f"amqp://127.0.0.1:{port}", "--count", "10", check=False)
     assert proc.returncode == 5, proc.stderr
     assert f"cannot connect to amqp://127.0.0.1:{port}" in proc.stderr
@@ -295,10 +300,13 @@ def test_stream_setup_failures_say_why(cluster: Cluster) -> None:
     url = cluster.amqp_url(0)
     # no admin API: streams that exist are used as they are; a missing one fails its attach
     cluster.cli("stream", "create", "perf-made-before", "--replicas", "3")
+    # (and a URL that does not answer is passed over when another does)
     made = perf(
-        "--url", url, "--admin", "127.0.0.1:1", "--count", "10", "--stream", "perf-made-before",
+        "--url", f"amqp://127.0.0.1:{closed_port()},{url}", "--admin", "127.0.0.1:1",
+        "--count", "10", "--stream", "perf-made-before",
     )  # fmt: skip
     assert "cannot reach the admin API at 127.0.0.1:1" in made.stderr
+    assert "(the other URLs answer)" in made.stderr
     missing = perf(
         "--url", url, "--admin", "127.0.0.1:1", "--count", "10", "--stream", "perf-missing",
         check=False,
