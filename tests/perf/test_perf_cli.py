@@ -161,6 +161,12 @@ def test_time_limited_run_consumes_what_was_published(cluster: Cluster) -> None:
     assert 1 <= summary["published"] <= 200 * 2 + 1
     assert summary["confirmed"] == summary["published"]
     assert summary["consumed"] == 2 * summary["published"]
+    # consumers alone read for --time: what is there, none of it this run's
+    reader = perf_json(
+        cluster, "--producers", "0", "--time", "3", "--offset", "first", "--stream", "perf-time"
+    )
+    assert 0 < reader["consumed"] <= summary["published"]
+    assert reader["consumed_this_run"] == reader["latency_samples"] == reader["published"] == 0
 
 
 def test_offset_first_reads_what_was_there_and_counts_this_run_apart(cluster: Cluster) -> None:
