@@ -295,7 +295,7 @@ class Worker:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.conn.fileno(), lambda: self.inbox.put_nowait(self.conn.recv()))
+        loop.add_reader(self.conn.fileno(), self._readable)
         try:
             await self.attach()
         except Exception as error:  # every way of failing to attach ends the run: say which
@@ -317,7 +317,15 @@ class Worker:
                 assert kind == "stop", message
                 break
         await self.close()
-        self.conn.send(("final", self.report()))
+        with contextlib.suppress(OSError):  # the conductor is gone: nobody to tell
+            self.conn.send(("final", self.report()))
+
+    def _readable(self) -> None:
+        try:
+            self.inbox.put_nowait(self.conn.recv())
+        except (EOFError, OSError):  # the conductor is gone (killed): stop, do not spin
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
+            self.inbox.put_nowait(("stop",))
 
     def _start(self) -> None:
         self.cpu_at_start = _cpu_s()

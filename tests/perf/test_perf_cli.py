@@ -9,10 +9,12 @@ finish sooner than its count allows), which load can only make safer.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,6 +253,49 @@ def test_a_leader_killed_mid_run_is_survived_with_reconnect_timeout(cluster: Clu
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["published"] == summary["confirmed"] == 3000
     assert summary["consumed_this_run"] >= 3000  # at least once: a resend may be stored twice
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_workers_stop_when_perf_itself_is_killed(cluster: Cluster) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spate.cli.main", "perf", "--url", cluster.amqp_url(0),
+         "--admin", cluster.admin, "--time", "60", "--rate", "200", "--stream", "perf-orphans",
+         "--output", "json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    first = process.stderr.readline()
+    assert " s  published " in first, first
+    children = children_of(process.pid)
+    assert len(children) >= 2, children  # the two workers (and multiprocessing's tracker)
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and not zombie(pid)]
+        time.sleep(0.1)
+    for pid in alive:  # do not leave them behind even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert alive == [], "worker processes outlived perf"
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize(
