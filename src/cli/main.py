@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spate.cli.dev",
     "spate.cli.gateway",
     "spate.cli.node",
+    "spate.cli.perf",
     "spate.cli.user",
 )
 

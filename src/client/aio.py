@@ -286,6 +286,15 @@ class AsyncProducer:
         self._submit_body(body, future, publishing_id)
         return future
 
+    def send_encoded_nowait(self, data: bytes, settle: Settle) -> None:
+        """The bulk path (`spate perf`): `data` already encoded as a producer transfers it
+        (`encode(body)`, or bytes built the same way; one object may be sent many times),
+        queued now even past the window; `settle(None | error)` runs once on its outcome. No
+        future per message. Unnamed producers only: a named one numbers each message."""
+        if self._name is not None:
+            raise ValueError("send_encoded_nowait is for unnamed producers (no name=...)")
+        self._submit(data, settle)
+
     def _submit_body(self, body: Body, token: Token, publishing_id: int | None) -> None:
         """Encode (with the publishing id of a named producer) and submit."""
         if self._name is None:

@@ -70,6 +70,32 @@ def test_callbacks_report_each_outcome_once() -> None:
     run(scenario)
 
 
+def test_encoded_messages_settle_through_their_callback() -> None:
+    """The bulk path (spate perf): one encoded object sent many times, one outcome each."""
+
+    async def scenario(broker: MemoryBroker, url: str) -> None:
+        producer = await AsyncProducer.connect(url, "orders")
+        outcomes: list[Any] = []
+        data = encode_data(b"same bytes")
+        for _ in range(40):
+            producer.send_encoded_nowait(data, outcomes.append)
+        producer.send_encoded_nowait(encode_data(b"x" * (1024 * 1024 + 1)), outcomes.append)
+        await producer.flush()
+        assert outcomes[:40] == [None] * 40
+        assert isinstance(outcomes[40], PublishRefused)
+        consumer = await AsyncConsumer.connect(url, "orders", start="first")
+        events = [await consumer.receive(10) for _ in range(40)]
+        assert {e.body for e in events} == {b"same bytes"}
+        await producer.close()
+        await consumer.close()
+        named = await AsyncProducer.connect(url, "orders", name="numbered")
+        with pytest.raises(ValueError, match="unnamed producers"):
+            named.send_encoded_nowait(data, outcomes.append)
+        await named.close()
+
+    run(scenario)
+
+
 def test_a_refused_message_fails_its_future_and_the_producer_goes_on() -> None:
     async def scenario(broker: MemoryBroker, url: str) -> None:
         producer = await AsyncProducer.connect(url, "orders")
