@@ -1,6 +1,8 @@
 """Users for SASL PLAIN: a JSON file of salted, hashed passwords.
 
-File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}}`. Each hash is
+File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}, "sas_keys":
+{"RootManageSharedAccessKey": "<key>"}}` (`sas_keys` optional: the Event Hubs dialect's shared
+access keys, ADR 0021). Each hash is
 `hashlib.scrypt(password, salt, n, r, p, dklen=32)` with a per-user random 16-byte salt; the
 parameters travel in the string so they can be raised later without breaking old entries.
 Create entries with `hash_password("secret")` (or `python -m spate.gateway.auth <password>`).
@@ -14,7 +16,7 @@ import hmac
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spate.core.errors import InvalidArgument
@@ -64,6 +66,9 @@ def verify_password(password: str, encoded: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Users:
     hashes: dict[str, str]
+    sas_keys: dict[str, str] = field(default_factory=dict)
+    """Shared access keys (name -> key) of the Event Hubs dialect (ADR 0021): tokens put on
+    `$cbs` must be signed by one. Kept as they are: the listener needs them to check an HMAC."""
 
     @staticmethod
     def load(path: Path) -> Users:
@@ -78,7 +83,15 @@ class Users:
         for name, encoded in users.items():
             if not isinstance(encoded, str) or not encoded.startswith("scrypt$"):
                 raise InvalidArgument(f"users file {path}: user {name!r} has no scrypt hash")
-        return Users(dict(users))
+        keys = doc.get("sas_keys", {})
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and len(v) >= 16
+            for k, v in keys.items()
+        ):
+            raise InvalidArgument(
+                f'users file {path}: "sas_keys" must map key names to keys of 16+ characters'
+            )
+        return Users(dict(users), dict(keys))
 
     def check(self, user: str, password: str) -> bool:
         encoded = self.hashes.get(user)

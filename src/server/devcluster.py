@@ -119,8 +119,16 @@ def _free_port(taken: Collection[int] = ()) -> int:
 
 
 class DevCluster:
-    def __init__(self, data_dir: Path, *, require_defined_groups: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        require_defined_groups: bool = False,
+        node_args: tuple[str, ...] = (),
+    ) -> None:
         self.dir = data_dir.resolve()
+        self.node_args = node_args
+        """More `spate node run` flags for the nodes `up` starts (e.g. `--dialect eventhubs`)."""
         self.require_defined_groups = require_defined_groups
         """Processes started by `up` get `--require-defined-groups` (running ones keep theirs)."""
 
@@ -231,6 +239,7 @@ class DevCluster:
             "--metadata-peers",
             ",".join(peers),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
+            *self.node_args,
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(node_dir / "node.log", "ab") as log_file:

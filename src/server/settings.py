@@ -45,6 +45,8 @@ class NodeSettings:
     """Named consumers: store the offset after at most this many finished messages..."""
     offset_commit_ms: int = limits.offset_commit_interval_ms
     """...or this long after the first one not stored (ADR 0012)."""
+    dialects: tuple[str, ...] = ()
+    """Vendor dialects the AMQP listener speaks besides Spate's own ("eventhubs", ADR 0021)."""
     require_defined_groups: bool = False
     """Consumer groups (ADR 0015): refuse an attach naming a group that is not defined in the
     metadata service (`spate group create`) instead of creating it on first attach."""
@@ -100,6 +102,9 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSe
     for key in ("data_dir", "users_file", "tls_cert", "tls_key"):
         if values.get(key) is not None:
             values[key] = Path(values[key])
+    if "dialects" in values:
+        dialects = values["dialects"]
+        values["dialects"] = tuple(dialects.split(",") if isinstance(dialects, str) else dialects)
     if "metadata_peers" in values:
         peers = values["metadata_peers"]
         values["metadata_peers"] = tuple(peers.split(",") if isinstance(peers, str) else peers)
