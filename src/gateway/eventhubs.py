@@ -4,18 +4,16 @@ Applications written for Azure Event Hubs (`azure-eventhub`, `@azure/event-hubs`
 with a few conventions of their own. This module maps them onto Spate's model; the driver calls
 it only on listeners configured with the dialect (`ListenerConfig.dialects`):
 
-| Event Hubs | Spate |
-|---|---|
-| event hub `<hub>` | stream `<hub>` |
-| partition id `"3"` | partition 3 (`event-streams-partition`) |
-| sequence number | offset |
-| offset (a string) | the offset in decimal |
-| enqueued time | the chunk's append time (ms) |
-| consumer group `<cg>` with an owner level (`com.microsoft:epoch`) | consumer group `eventhubs:<cg>` with that epoch (ADR 0015) |
-| consumer group without an owner level | a plain consumer (Event Hubs lets several read) |
-| batch transfer (message-format 0x80013700) | its inner messages, each one record, appended together |
-| `$cbs` put-token (SAS) | checked against the listener's SAS keys (users file) |
-| `$management` READ | the stream's partitions and their offsets |
+- event hub -> stream; partition id "3" -> partition 3; sequence number -> offset; offset (a
+  string) -> the offset in decimal; enqueued time -> the chunk's append time;
+- a receiver with an owner level (`com.microsoft:epoch`) in consumer group `<cg>` -> a member
+  of Spate consumer group `eventhubs:<cg>` with that epoch (ADR 0015); without one, a plain
+  consumer (Event Hubs lets several read a partition);
+- a batch transfer (message-format 0x80013700) -> its inner messages, consecutive records;
+- `$cbs` put-token (SAS) -> checked against the listener's SAS keys (users file);
+- `$management` READ -> the stream's partitions and their offsets.
+
+The full table is in docs/event-hubs.md.
 
 Addresses: `<hub>`, `<hub>/Partitions/<n>`, `<hub>/ConsumerGroups/<cg>/Partitions/<n>`, each
 optionally prefixed by `amqps://<host>/` (or `amqp://`, `sb://`); `$cbs`, `$management`.
@@ -408,7 +406,7 @@ class FramePadder:
             at = 8
             self.started = True
         while n - at >= 8:
-            size, doff, kind, channel = _HEAD.unpack_from(buf, at)
+            size, doff, kind, _ = _HEAD.unpack_from(buf, at)
             if n - at < size:
                 break
             out.append(self._pad(buf, at, size, doff, kind))

@@ -7,12 +7,11 @@ receiver whose target is the request's reply-to (else the node's only receiver),
 `correlation-id` = the request's `message-id` and `status-code` / `status-description`
 application properties (the AMQP management convention both SDKs read).
 
-| node | operation | answer |
-|---|---|---|
-| `$cbs` | `put-token` (`type` servicebus.windows.net:sastoken, body the token) | 202 Accepted and the grant noted on the connection; 401 with the reason when the listener has SAS keys and the token is not signed by one, or has expired |
-| `$management` | `READ`, `type` com.microsoft:eventhub | 200 and `{name, created_at, partition_count, partition_ids}` |
-| `$management` | `READ`, `type` com.microsoft:partition, `partition` | 200 and `{name, partition, begin_sequence_number, last_enqueued_sequence_number, last_enqueued_offset, last_enqueued_time_utc, is_partition_empty}` |
-| either | anything else | 400 / 404 / 501 with the reason |
+- `$cbs` `put-token` (a SAS token): 202, the grant noted on the connection; 401 with the
+  reason when the listener has SAS keys and no key signed it, or it expired;
+- `$management` `READ` of `com.microsoft:eventhub` (partition ids, created at) or
+  `com.microsoft:partition` (begin/last sequence number, last offset and time, empty): 200;
+- anything else: 400 / 404 / 501 with the reason.
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cproton_ffi import ffi, lib
-from proton import Link, Message
+from proton import Link, Message, symbol, timestamp
 from spate.core.backend import Broker
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import PartitionId, StreamName
-from spate.gateway import eventhubs
+from spate.gateway import codec, eventhubs
 
 log = logging.getLogger(__name__)
 REQUEST_CREDIT = 100
@@ -208,10 +207,6 @@ class RequestNodes:
 
 def _proton_body(body: Any) -> Any:
     """Our codec's values (Timestamp, Symbol) as proton's, for Message.encode."""
-    from proton import symbol, timestamp
-
-    from spate.gateway import codec
-
     if isinstance(body, dict):
         return {_proton_body(k): _proton_body(v) for k, v in body.items()}
     if isinstance(body, list):

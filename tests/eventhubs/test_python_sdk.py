@@ -1,0 +1,219 @@
+"""azure-eventhub (PyPI, 5.15.1, its pure-Python AMQP stack) against a real Spate node with the
+Event Hubs dialect (ADR 0021): the only change to the application is its connection string."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerClient
+from azure.eventhub.exceptions import AuthenticationError, EventHubError
+from proton import Message, symbol
+from proton.utils import BlockingConnection
+from support.amqp_clients import offset_filter, partition_option, receive, unique
+from support.eventhubs import Hubs, run_sample
+
+from spate.core.superstreams import hash_partition
+
+SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
+"""The SDK's own samples, from its PyPI sdist (tools/bootstrap.sh puts them there)."""
+
+
+def collect(
+    conn_str: str,
+    hub: str,
+    count: int,
+    timeout_s: float = 30,
+    **receive_kwargs: Any,
+) -> list[tuple[str, EventData]]:
+    """Receive until `count` events arrived (the SDK's documented `receive` with `on_event`)."""
+    got: list[tuple[str, EventData]] = []
+    errors: list[BaseException] = []
+    client = EventHubConsumerClient.from_connection_string(
+        conn_str, consumer_group="$Default", eventhub_name=hub
+    )
+    done = threading.Event()
+
+    def on_event(context: Any, event: EventData) -> None:
+        got.append((context.partition_id, event))
+        if len(got) >= count:
+            done.set()
+
+    def on_error(context: Any, error: BaseException) -> None:
+        errors.append(error)
+
+    worker = threading.Thread(
+        target=client.receive,
+        kwargs={"on_event": on_event, "on_error": on_error, **receive_kwargs},
+        daemon=True,
+    )
+    worker.start()
+    done.wait(timeout_s)
+    client.close()
+    worker.join(10)
+    assert len(got) >= count, f"got {len(got)} of {count} events; errors {errors!r}"
+    return got
+
+
+def send(conn_str: str, hub: str, bodies: list[str], **batch_kwargs: Any) -> None:
+    producer = EventHubProducerClient.from_connection_string(conn_str, eventhub_name=hub)
+    with producer:
+        batch = producer.create_batch(**batch_kwargs)
+        for body in bodies:
+            batch.add(EventData(body))
+        producer.send_batch(batch)
+
+
+def test_the_sdks_send_sample_runs_unchanged_and_its_events_arrive(hubs: Hubs) -> None:
+    sample = SAMPLES / "send.py"
+    assert sample.exists(), f"{sample} is missing: run tools/bootstrap.sh (make install)"
+    hub = hubs.create(unique("send-sample"), partitions=2)
+    env = dict(os.environ, EVENT_HUB_CONN_STR=hubs.conn_str(), EVENT_HUB_NAME=hub)
+    out = run_sample(sample, env)
+    assert "Send messages in" in out
+    client = EventHubConsumerClient.from_connection_string(
+        hubs.conn_str(), consumer_group="$Default", eventhub_name=hub
+    )
+    with client:
+        stored = [client.get_partition_properties(p) for p in client.get_partition_ids()]
+    total = sum(p["last_enqueued_sequence_number"] + 1 for p in stored)
+    assert total >= 17  # 1 + the size-limited batch (1+) + 1 + 1 + 1 + 10 + 3
+    events = collect(hubs.conn_str(), hub, total, starting_position="-1")
+    assert len(events) == total
+    bodies = [e.body_as_str() for _, e in events]
+    assert bodies.count("Single message") == 1
+    assert sorted(b for b in bodies if b.startswith("Event Data")) == sorted(
+        f"Event Data {i}" for i in range(10)
+    )
+    keyed = [(p, e) for p, e in events if e.body_as_str().startswith("Message will be sent to a")]
+    assert keyed[0][0] == str(hash_partition("pkey", 2))
+    assert keyed[0][1].partition_key == b"pkey"  # the SDK hands it out as bytes
+    by_id = [p for p, e in events if e.body_as_str().endswith("target-id partition")]
+    assert by_id == ["0"]
+    props = next(e for _, e in events if e.body_as_str() == "Message with properties")
+    assert props.properties == {b"prop_key": b"prop_value"}
+    for partition, event in events:  # sequence numbers are offsets; offsets their decimal
+        assert event.offset == str(event.sequence_number)
+        assert event.enqueued_time is not None
+
+
+def test_receive_from_start_offset_sequence_number_and_enqueued_time(hubs: Hubs) -> None:
+    hub = hubs.create(unique("positions"), partitions=1)
+    conn = hubs.conn_str()
+    send(conn, hub, [f"a{i}" for i in range(5)])
+    time.sleep(0.05)
+    middle = datetime.datetime.now(datetime.UTC)
+    time.sleep(0.05)
+    send(conn, hub, [f"b{i}" for i in range(5)])
+
+    def bodies(count: int, **kwargs: Any) -> list[str]:
+        return [e.body_as_str() for _, e in collect(conn, hub, count, partition_id="0", **kwargs)]
+
+    assert bodies(10, starting_position="-1") == [f"a{i}" for i in range(5)] + [
+        f"b{i}" for i in range(5)
+    ]
+    assert bodies(6, starting_position="3") == ["a4", *[f"b{i}" for i in range(5)]]
+    assert bodies(7, starting_position=3, starting_position_inclusive=True)[0] == "a3"
+    assert bodies(6, starting_position=3)[0] == "a4"
+    assert bodies(5, starting_position=middle) == [f"b{i}" for i in range(5)]
+
+
+def test_hub_and_partition_properties(hubs: Hubs) -> None:
+    hub = hubs.create(unique("props"), partitions=3)
+    conn = hubs.conn_str()
+    send(conn, hub, ["x", "y"], partition_id="1")
+    client = EventHubConsumerClient.from_connection_string(
+        conn, consumer_group="$Default", eventhub_name=hub
+    )
+    with client:
+        assert client.get_partition_ids() == ["0", "1", "2"]
+        properties = client.get_eventhub_properties()
+        assert properties["eventhub_name"] == hub
+        one = client.get_partition_properties("1")
+        empty = client.get_partition_properties("2")
+    assert one["beginning_sequence_number"] == 0
+    assert one["last_enqueued_sequence_number"] == 1
+    assert one["last_enqueued_offset"] == "1"
+    assert one["is_empty"] is False
+    assert empty["is_empty"] is True
+
+
+def test_a_higher_owner_level_takes_the_partition_from_the_older_receiver(hubs: Hubs) -> None:
+    hub = hubs.create(unique("epochs"), partitions=1)
+    conn = hubs.conn_str()
+    send(conn, hub, ["e0", "e1"])
+    errors: list[BaseException] = []
+    first = EventHubConsumerClient.from_connection_string(
+        conn, consumer_group="$Default", eventhub_name=hub
+    )
+    seen = threading.Event()
+    worker = threading.Thread(
+        target=first.receive,
+        kwargs={
+            "on_event": lambda ctx, ev: seen.set(),
+            "on_error": lambda ctx, err: errors.append(err),
+            "partition_id": "0",
+            "owner_level": 1,
+            "starting_position": "-1",
+        },
+        daemon=True,
+    )
+    worker.start()
+    assert seen.wait(20), "the first receiver got nothing"
+    got = collect(conn, hub, 2, partition_id="0", owner_level=2, starting_position="-1")
+    assert [e.body_as_str() for _, e in got] == ["e0", "e1"]
+    deadline = time.monotonic() + 20
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first.close()
+    worker.join(10)
+    assert errors, "the older receiver was not told"
+    # the condition Event Hubs uses, on Spate's consumer group for the Event Hubs one
+    assert "amqp:link:stolen" in str(errors[0])
+    assert "consumer group 'eventhubs:$Default'" in str(errors[0])
+
+
+def test_a_token_signed_with_another_key_is_refused(hubs: Hubs) -> None:
+    hub = hubs.create(unique("auth"), partitions=1)
+    producer = EventHubProducerClient.from_connection_string(
+        hubs.conn_str(key="not-the-key-not-the-key"), eventhub_name=hub, retry_total=0
+    )
+    with pytest.raises((AuthenticationError, EventHubError)) as refused, producer:
+        producer.get_partition_ids()
+    assert "InvalidSignature" in str(refused.value) or "401" in str(refused.value)
+
+
+def test_events_from_the_sdk_read_by_proton_and_back(hubs: Hubs) -> None:
+    hub = hubs.create(unique("interop"), partitions=2)
+    conn = hubs.conn_str()
+    send(conn, hub, ["from-sdk-0", "from-sdk-1"], partition_id="1")
+    url = f"amqp://{hubs.host}:{hubs.port}"
+    proton_conn = BlockingConnection(url, timeout=10)
+    try:
+        receiver = proton_conn.create_receiver(
+            hub,
+            name=unique("rx"),
+            options=[offset_filter("first"), partition_option("1")],
+        )
+        got = receive(receiver, 2)
+        assert [m.body for m in got] == [b"from-sdk-0", b"from-sdk-1"]
+        offsets = [got[i].instructions[symbol("event-streams-offset")] for i in range(2)]
+        assert offsets == [f"{i:020d}" for i in range(2)]
+        sender = proton_conn.create_sender(hub, name=unique("tx"), options=partition_option("0"))
+        sender.send(
+            Message(body="from-proton", annotations={symbol("x-opt-partition-key"): "k"})
+        )
+    finally:
+        proton_conn.close()
+    events = collect(conn, hub, 1, partition_id="0", starting_position="-1")
+    event = events[0][1]
+    assert event.body_as_str() == "from-proton"
+    assert event.sequence_number == 0
+    assert event.offset == "0"
+    assert event.partition_key == b"k"
+    assert event.enqueued_time is not None
