@@ -79,9 +79,11 @@ class HubAddress:
 _PATH = re.compile(r"^(?:(?:amqps?|sb)://[^/]*/)?(.*)$", re.IGNORECASE)
 
 
-def parse_address(address: str | None) -> HubAddress | None:
+def parse_address(address: str | None, *, bare: bool = False) -> HubAddress | None:
     """The Event Hubs form of `address`, or None when it is not one (Spate's own forms:
-    `<stream>`, `<stream>/$info`, `$rooms/<room>`, which the caller parses)."""
+    `<stream>`, `<stream>/$info`, `$rooms/<room>`, which the caller parses). A bare `<hub>`
+    (no `amqps://host/` prefix) is Spate's stream address too: it is a hub only with `bare`
+    (the connection is an Event Hubs client's: it put a token on `$cbs`)."""
     if not address:
         return None
     match = _PATH.match(address)
@@ -103,7 +105,7 @@ def parse_address(address: str | None) -> HubAddress | None:
         return HubAddress(None, parts[0], _partition_id(parts[4], address), parts[2])
     if len(parts) == 2 and parts[1] == MANAGEMENT_NODE:
         return HubAddress(MANAGEMENT_NODE, parts[0])
-    if prefixed and len(parts) == 1 and parts[0]:
+    if (prefixed or bare) and len(parts) == 1 and parts[0] and not parts[0].startswith("$"):
         return HubAddress(None, parts[0])
     return None
 

@@ -60,6 +60,9 @@ class RequestNodes:
         self.nodes: dict[str, NodeLinks] = {}
         self.node_of: dict[Any, str] = {}
         self.grants: list[eventhubs.Grant] = []
+        self.client = False
+        """The connection put a token on `$cbs`: an Event Hubs client's, so its bare `<hub>`
+        addresses are hubs (ADR 0021)."""
         self._tag = 0
 
     def open(self, link: Link, node: str) -> None:
@@ -141,6 +144,7 @@ class RequestNodes:
         self._reply(node, request, status, description, body)
 
     def _put_token(self, props: dict[Any, Any], body: Any) -> tuple[int, str, Any]:
+        self.client = True
         operation = props.get("operation")
         if operation != "put-token":
             return 400, f"$cbs takes operation 'put-token', not {operation!r}", None

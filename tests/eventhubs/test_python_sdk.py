@@ -15,58 +15,12 @@ from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerCl
 from azure.eventhub.exceptions import AuthenticationError, EventHubError
 from proton import Message, symbol
 from proton.utils import BlockingConnection
-from support.amqp_clients import offset_filter, partition_option, receive, unique
-from support.eventhubs import Hubs, run_sample
-
 from spate.core.superstreams import hash_partition
+from support.amqp_clients import offset_filter, partition_option, receive, unique
+from support.eventhubs import FileCheckpointStore, Hubs, collect, run_sample, send
 
 SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
 """The SDK's own samples, from its PyPI sdist (tools/bootstrap.sh puts them there)."""
-
-
-def collect(
-    conn_str: str,
-    hub: str,
-    count: int,
-    timeout_s: float = 30,
-    **receive_kwargs: Any,
-) -> list[tuple[str, EventData]]:
-    """Receive until `count` events arrived (the SDK's documented `receive` with `on_event`)."""
-    got: list[tuple[str, EventData]] = []
-    errors: list[BaseException] = []
-    client = EventHubConsumerClient.from_connection_string(
-        conn_str, consumer_group="$Default", eventhub_name=hub
-    )
-    done = threading.Event()
-
-    def on_event(context: Any, event: EventData) -> None:
-        got.append((context.partition_id, event))
-        if len(got) >= count:
-            done.set()
-
-    def on_error(context: Any, error: BaseException) -> None:
-        errors.append(error)
-
-    worker = threading.Thread(
-        target=client.receive,
-        kwargs={"on_event": on_event, "on_error": on_error, **receive_kwargs},
-        daemon=True,
-    )
-    worker.start()
-    done.wait(timeout_s)
-    client.close()
-    worker.join(10)
-    assert len(got) >= count, f"got {len(got)} of {count} events; errors {errors!r}"
-    return got
-
-
-def send(conn_str: str, hub: str, bodies: list[str], **batch_kwargs: Any) -> None:
-    producer = EventHubProducerClient.from_connection_string(conn_str, eventhub_name=hub)
-    with producer:
-        batch = producer.create_batch(**batch_kwargs)
-        for body in bodies:
-            batch.add(EventData(body))
-        producer.send_batch(batch)
 
 
 def test_the_sdks_send_sample_runs_unchanged_and_its_events_arrive(hubs: Hubs) -> None:
@@ -97,7 +51,7 @@ def test_the_sdks_send_sample_runs_unchanged_and_its_events_arrive(hubs: Hubs) -
     assert by_id == ["0"]
     props = next(e for _, e in events if e.body_as_str() == "Message with properties")
     assert props.properties == {b"prop_key": b"prop_value"}
-    for partition, event in events:  # sequence numbers are offsets; offsets their decimal
+    for _, event in events:  # sequence numbers are offsets; offsets their decimal
         assert event.offset == str(event.sequence_number)
         assert event.enqueued_time is not None
 
@@ -205,9 +159,7 @@ def test_events_from_the_sdk_read_by_proton_and_back(hubs: Hubs) -> None:
         offsets = [got[i].instructions[symbol("event-streams-offset")] for i in range(2)]
         assert offsets == [f"{i:020d}" for i in range(2)]
         sender = proton_conn.create_sender(hub, name=unique("tx"), options=partition_option("0"))
-        sender.send(
-            Message(body="from-proton", annotations={symbol("x-opt-partition-key"): "k"})
-        )
+        sender.send(Message(body="from-proton", annotations={symbol("x-opt-partition-key"): "k"}))
     finally:
         proton_conn.close()
     events = collect(conn, hub, 1, partition_id="0", starting_position="-1")
@@ -217,3 +169,61 @@ def test_events_from_the_sdk_read_by_proton_and_back(hubs: Hubs) -> None:
     assert event.offset == "0"
     assert event.partition_key == b"k"
     assert event.enqueued_time is not None
+
+
+def test_the_event_processor_resumes_from_its_checkpoints(hubs: Hubs, tmp_path: Path) -> None:
+    """The SDK's EventProcessor pattern (`receive` with a checkpoint store, checkpoint per
+    event): a second processor with the same store starts after the checkpoints."""
+    hub = hubs.create(unique("processor"), partitions=2)
+    conn = hubs.conn_str()
+    store = FileCheckpointStore(tmp_path / "checkpoints.json")
+    send(conn, hub, [f"first-{i}" for i in range(3)], partition_id="0")
+    send(conn, hub, [f"first-{i}" for i in range(3, 6)], partition_id="1")
+
+    def process(count: int, **kwargs: Any) -> list[str]:
+        got: list[str] = []
+        client = EventHubConsumerClient.from_connection_string(
+            conn, consumer_group="$Default", eventhub_name=hub, checkpoint_store=store
+        )
+        done = threading.Event()
+
+        def on_event(context: Any, event: EventData) -> None:
+            got.append(event.body_as_str())
+            context.update_checkpoint(event)
+            if len(got) >= count:
+                done.set()
+
+        worker = threading.Thread(
+            target=client.receive, kwargs={"on_event": on_event, **kwargs}, daemon=True
+        )
+        worker.start()
+        done.wait(30)
+        time.sleep(0.3)  # anything beyond `count` would arrive now
+        client.close()
+        worker.join(10)
+        return got
+
+    assert sorted(process(6, starting_position="-1")) == [f"first-{i}" for i in range(6)]
+    checkpoints = store._load()["checkpoints"].values()
+    assert sorted((c["partition_id"], c["sequence_number"]) for c in checkpoints) == [
+        ("0", 2),
+        ("1", 2),
+    ]
+    send(conn, hub, ["second-0"], partition_id="0")
+    send(conn, hub, ["second-1"], partition_id="1")
+    assert sorted(process(2, starting_position="-1")) == ["second-0", "second-1"]
+
+
+def test_python_sdk_over_tls(tls_hubs: Hubs) -> None:
+    hub = tls_hubs.create(unique("tls"), partitions=1)
+    kwargs = tls_hubs.client_kwargs()
+    send(tls_hubs.conn_str(), hub, ["secure-0", "secure-1"], client_kwargs=kwargs)
+    got = collect(
+        tls_hubs.conn_str(),
+        hub,
+        2,
+        client_kwargs=kwargs,
+        partition_id="0",
+        starting_position="-1",
+    )
+    assert [e.body_as_str() for _, e in got] == ["secure-0", "secure-1"]
