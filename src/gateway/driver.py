@@ -520,9 +520,7 @@ class AmqpConnection(asyncio.Protocol):
                 return
             links.check_terminus(remote.dynamic, terminus)
             hub = (
-                eventhubs.parse_address(address, bare=self.nodes.client)
-                if self.eventhubs
-                else None
+                eventhubs.parse_address(address, bare=self.nodes.client) if self.eventhubs else None
             )
             if hub is not None and hub.node is not None:
                 self.nodes.open(link, hub.node)

@@ -127,7 +127,7 @@ class RequestNodes:
         self.own(asyncio.ensure_future(self._answer(node, request)))
 
     async def _answer(self, node: str, request: Message) -> None:
-        props = request.properties or {}
+        props: dict[Any, Any] = request.properties or {}
         try:
             if node == eventhubs.CBS_NODE:
                 status, description, body = self._put_token(props, request.body)
