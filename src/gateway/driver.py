@@ -526,7 +526,7 @@ class AmqpConnection(asyncio.Protocol):
                 self.nodes.open(link, hub.node)
                 return
             if hub is not None:
-                if not self.nodes.covers(hub.hub):
+                if not self.nodes.covers(hub.path):
                     raise Unauthorized(
                         f"no token put on $cbs covers event hub {hub.hub!r} (or it expired)"
                     )

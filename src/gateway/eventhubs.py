@@ -33,7 +33,7 @@ import hmac
 import re
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote_plus, urlsplit
 
@@ -74,6 +74,8 @@ class HubAddress:
     hub: str = ""
     partition: str | None = None
     consumer_group: str | None = None
+    path: str = field(default="", compare=False)
+    """The entity path (`hub1/ConsumerGroups/$Default/Partitions/0`): what a token must cover."""
 
 
 _PATH = re.compile(r"^(?:(?:amqps?|sb)://[^/]*/)?(.*)$", re.IGNORECASE)
@@ -91,10 +93,10 @@ def parse_address(address: str | None, *, bare: bool = False) -> HubAddress | No
     prefixed = path != address
     path = path.strip("/")
     if path in (CBS_NODE, MANAGEMENT_NODE):
-        return HubAddress(path)
+        return HubAddress(path, path=path)
     parts = path.split("/")
     if len(parts) == 3 and parts[1].lower() == "partitions":
-        return HubAddress(None, parts[0], _partition_id(parts[2], address))
+        return HubAddress(None, parts[0], _partition_id(parts[2], address), path=path)
     if (
         len(parts) == 5
         and parts[1].lower() == "consumergroups"
@@ -102,11 +104,11 @@ def parse_address(address: str | None, *, bare: bool = False) -> HubAddress | No
     ):
         if not parts[2]:
             raise NotFound(f"{address!r}: the consumer group is empty")
-        return HubAddress(None, parts[0], _partition_id(parts[4], address), parts[2])
+        return HubAddress(None, parts[0], _partition_id(parts[4], address), parts[2], path=path)
     if len(parts) == 2 and parts[1] == MANAGEMENT_NODE:
-        return HubAddress(MANAGEMENT_NODE, parts[0])
+        return HubAddress(MANAGEMENT_NODE, parts[0], path=path)
     if (prefixed or bare) and len(parts) == 1 and parts[0] and not parts[0].startswith("$"):
-        return HubAddress(None, parts[0])
+        return HubAddress(None, parts[0], path=path)
     return None
 
 
@@ -372,12 +374,18 @@ def check_sas_token(token: str, keys: dict[str, str], now_s: float | None = None
     return Grant(fields["sr"], urlsplit(fields["sr"]).path.strip("/"), expires)
 
 
-def covers(grants: list[Grant], hub: str, now_s: float) -> bool:
-    """A grant of the connection, not expired, for this hub (or the whole namespace)."""
-    return any(
-        g.expires_s + TOKEN_CLOCK_SKEW_S >= now_s and (not g.path or hub.startswith(g.path))
-        for g in grants
-    )
+def covers(grants: list[Grant], entity: str, now_s: float) -> bool:
+    """A grant of the connection, not expired, whose resource is the entity (a hub, or a
+    path under it such as `hub1/ConsumerGroups/$Default/Partitions/0`), a path above it, or
+    the whole namespace. Compared without case, like Event Hubs' entity names."""
+    wanted = entity.strip("/").lower()
+    for grant in grants:
+        if grant.expires_s + TOKEN_CLOCK_SKEW_S < now_s:
+            continue
+        scope = grant.path.lower()
+        if not scope or wanted == scope or wanted.startswith(scope + "/"):
+            return True
+    return False
 
 
 # Frames -----------------------------------------------------------------------------------------

@@ -90,9 +90,10 @@ class RequestNodes:
     def owns(self, pointer: Any) -> bool:
         return pointer in self.node_of
 
-    def covers(self, hub: str) -> bool:
-        """May this connection use `hub`? Always, unless the listener requires tokens."""
-        return not self.require_token or eventhubs.covers(self.grants, hub, time.time())
+    def covers(self, entity: str) -> bool:
+        """May this connection use `entity` (a hub's path)? Always, unless it must present
+        tokens (in by MSSBCBS or ANONYMOUS where anonymous access is off)."""
+        return not self.require_token or eventhubs.covers(self.grants, entity, time.time())
 
     # requests ------------------------------------------------------------------------------------
 
