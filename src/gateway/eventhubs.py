@@ -216,42 +216,51 @@ def annotate(stored: bytes | memoryview, offset: int, timestamp_ms: int) -> byte
     offset, offset = its decimal string, enqueued time = the chunk's time); annotations the
     message has are kept (its `x-opt-partition-key` among them)."""
     raw = bytes(stored)
-    digits = str(offset).encode()
-    ours = (
-        _K_SEQUENCE
-        + _LONG.pack(0x81, offset)
-        + _K_OFFSET
-        + b"\xa1"
-        + bytes((len(digits),))
-        + digits
-        + _K_TIME
-        + _STAMP.pack(0x83, timestamp_ms)
+    digits = b"%d" % offset
+    ours = b"".join(
+        (
+            _K_SEQUENCE,
+            _LONG.pack(0x81, offset),
+            _K_OFFSET,
+            b"\xa1",
+            bytes((len(digits),)),
+            digits,
+            _K_TIME,
+            _STAMP.pack(0x83, timestamp_ms),
+        )
     )
-    at = sections.header_end(raw)
-    count, entries, end = 6, b"", at
-    if sections.section_code(raw, at) == sections.MESSAGE_ANNOTATIONS:
-        end = codec.skip(raw, at)
-        kind = raw[at + 3]
-        if kind == 0xC1:
-            pairs, entries = raw[at + 5], raw[at + 6 : end]
-        elif kind == 0xD1:
-            pairs, entries = struct.unpack_from(">I", raw, at + 8)[0], raw[at + 12 : end]
-        else:
-            pairs, entries = 0, b""
-        if any(key in entries for key in _OURS):  # a re-sent event: ours replace its own
-            old = codec.decode(raw[at:end])
-            kept = {
-                k: v
-                for k, v in (old.value if isinstance(old.value, dict) else {}).items()
-                if str(k) not in (SEQUENCE_NUMBER, OFFSET, ENQUEUED_TIME)
-            }
-            entries = codec.encode(kept)
-            entries = entries[6:] if entries[0] == 0xD1 else entries[3:]
-            pairs = 2 * len(kept)
-        count += pairs
+    if raw.startswith(b"\x00\x53\x70\x45"):  # an empty header (what proton writes)
+        at = 4
+    elif raw.startswith(b"\x00\x53\x70\xc0"):
+        at = 5 + raw[4]
+    elif raw.startswith(b"\x00\x53\x70"):
+        at = sections.header_end(raw)
+    else:
+        at = 0
+    if not raw.startswith(_MA_HEAD, at):  # the common case: no annotations of its own
+        head = _MAP32.pack(0xD1, len(ours) + 4, 6)
+        return b"".join((raw[:at], _MA_HEAD, head, ours, raw[at:]))
+    end = codec.skip(raw, at)
+    kind = raw[at + 3]
+    if kind == 0xC1:
+        pairs, entries = raw[at + 5], raw[at + 6 : end]
+    elif kind == 0xD1:
+        pairs, entries = struct.unpack_from(">I", raw, at + 8)[0], raw[at + 12 : end]
+    else:
+        pairs, entries = 0, b""
+    if any(key in entries for key in _OURS):  # a re-sent event: ours replace its own
+        old = codec.decode(raw[at:end])
+        kept = {
+            k: v
+            for k, v in (old.value if isinstance(old.value, dict) else {}).items()
+            if str(k) not in (SEQUENCE_NUMBER, OFFSET, ENQUEUED_TIME)
+        }
+        entries = codec.encode(kept)
+        entries = entries[9:] if entries[0] == 0xD1 else entries[3:]
+        pairs = 2 * len(kept)
     body = ours + entries
-    section = _MA_HEAD + _MAP32.pack(0xD1, len(body) + 4, count) + body
-    return raw[:at] + section + raw[end:]
+    head = _MAP32.pack(0xD1, len(body) + 4, 6 + pairs)
+    return b"".join((raw[:at], _MA_HEAD, head, body, raw[end:]))
 
 
 # Batches -----------------------------------------------------------------------------------------
@@ -406,54 +415,65 @@ class FramePadder:
 
     def feed(self, data: bytes) -> bytes:
         buf = self._rest + data if self._rest else data
-        out: list[bytes] = []
+        out = bytearray()
         at, n = 0, len(buf)
         if not self.started:
             if n < 8:
                 self._rest = buf
                 return b""
-            out.append(buf[:8])
+            out += buf[:8]
             at = 8
             self.started = True
+        unpack, fields = _HEAD.unpack_from, FIELDS
         while n - at >= 8:
-            size, doff, kind, _ = _HEAD.unpack_from(buf, at)
+            size, doff, kind, _ = unpack(buf, at)
             if n - at < size:
                 break
-            out.append(self._pad(buf, at, size, doff, kind))
+            body = at + 4 * doff
+            full = fields.get(buf[body + 2]) if size - 4 * doff >= 4 and kind == 0 else None
+            if full is None or buf[body] != 0 or buf[body + 1] != 0x53:
+                out += buf[at : at + size]  # a heartbeat, or not a performative we know
+            else:
+                _pad_into(out, buf, at, size, body=body, full=full)
             at += size
         self._rest = buf[at:]
-        return b"".join(out) if len(out) != 1 else out[0]
+        return bytes(out)
 
-    @staticmethod
-    def _pad(buf: bytes, at: int, size: int, doff: int, kind: int) -> bytes:
-        body = at + 4 * doff
-        frame = buf[at : at + size]
-        if kind != 0 or size - 4 * doff < 4 or buf[body] != 0 or buf[body + 1] != 0x53:
-            return frame
-        full = FIELDS.get(buf[body + 2])
-        if full is None:
-            return frame
-        list_at = body + 3
-        code = buf[list_at]
-        if code == 0x45:
-            count, items_at = 0, list_at + 1
-            items_end = items_at
-        elif code == 0xC0:
-            count, items_at = buf[list_at + 2], list_at + 3
-            items_end = list_at + 2 + buf[list_at + 1]
-        elif code == 0xD0:
-            length, count = struct.unpack_from(">II", buf, list_at + 1)
-            items_at, items_end = list_at + 9, list_at + 5 + length
-        else:
-            return frame
-        if count >= full:
-            return frame
-        items = buf[items_at:items_end] + b"\x40" * (full - count)
-        if len(items) + 1 <= 255:
-            encoded = bytes((0xC0, len(items) + 1, full)) + items
-        else:
-            encoded = struct.pack(">BII", 0xD0, len(items) + 4, full) + items
-        rest = buf[items_end : at + size]
-        head = buf[at + 4 : body + 3]
-        new_size = 4 + len(head) + len(encoded) + len(rest)
-        return struct.pack(">I", new_size) + head + encoded + rest
+
+def _pad_into(out: bytearray, buf: bytes, at: int, size: int, *, body: int, full: int) -> None:
+    """One frame, its performative's list holding `full` fields (missing ones null)."""
+    list_at = body + 3
+    code = buf[list_at]
+    if code == 0x45:
+        count, items_at, items_end = 0, list_at + 1, list_at + 1
+    elif code == 0xC0:
+        count, items_at, items_end = buf[list_at + 2], list_at + 3, list_at + 2 + buf[list_at + 1]
+    elif code == 0xD0:
+        length, count = _COUNTS.unpack_from(buf, list_at + 1)
+        items_at, items_end = list_at + 9, list_at + 5 + length
+    else:
+        count, items_at, items_end = full, 0, 0
+    if count >= full:
+        out += buf[at : at + size]
+        return
+    missing = full - count
+    items = items_end - items_at + missing
+    if items + 1 <= 255:
+        grown = size - (items_at - list_at) + 3 + missing
+        out += _U32.pack(grown)
+        out += buf[at + 4 : list_at]
+        out += bytes((0xC0, items + 1, full))
+    else:
+        grown = size - (items_at - list_at) + 9 + missing
+        out += _U32.pack(grown)
+        out += buf[at + 4 : list_at]
+        out += _LIST32.pack(0xD0, items + 4, full)
+    out += buf[items_at:items_end]
+    out += _NULLS[:missing]
+    out += buf[items_end : at + size]
+
+
+_U32 = struct.Struct(">I")
+_COUNTS = struct.Struct(">II")
+_LIST32 = struct.Struct(">BII")
+_NULLS = b"\x40" * 16
