@@ -71,11 +71,11 @@ class Hubs:
 def running_hubs(root: Path, *, tls: bool = False) -> Iterator[Hubs]:
     """A one-node dev cluster speaking the Event Hubs dialect, with a SAS key in its users
     file (and a self-signed certificate when `tls`)."""
-    key = secrets.token_urlsafe(32)
     users = root / "users.json"
-    users.write_text(
-        json.dumps({"users": {"app": hash_password("pw")}, "sas_keys": {KEY_NAME: key}})
-    )
+    users.write_text(json.dumps({"users": {"app": hash_password("pw")}}))
+    # the key as an operator makes it: `spate user add-sas-key` prints a connection string
+    made = spate("user", "add-sas-key", KEY_NAME, "--users-file", str(users)).stdout
+    key = made.split("SharedAccessKey=")[1].split(";")[0]
     args: tuple[str, ...] = ("--dialect", "eventhubs", "--users-file", str(users))
     ca = None
     if tls:
