@@ -62,8 +62,8 @@ def register(subparsers: Any) -> None:
         "--dialect",
         action="append",
         choices=["eventhubs"],
-        help="nodes started now also speak this vendor's AMQP dialect (eventhubs: Azure Event "
-        "Hubs applications, docs/event-hubs.md); repeatable",
+        help="nodes and gateways started now also speak this vendor's AMQP dialect (eventhubs: "
+        "Azure Event Hubs applications, docs/event-hubs.md); repeatable",
     )
     up.set_defaults(run=_up)
     down = commands.add_parser(
@@ -114,6 +114,7 @@ def _up(args: argparse.Namespace) -> int:
         Path(args.data_dir),
         require_defined_groups=args.require_defined_groups,
         node_args=dialects,
+        gateway_args=dialects,
     )
     _print(cluster.up(args.nodes, args.gateways), args.output)
     return 0

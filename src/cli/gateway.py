@@ -47,6 +47,13 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--users-file", type=Path, help="JSON users file for SASL PLAIN")
     run.add_argument("--no-anonymous", action="store_true", help="refuse SASL ANONYMOUS")
+    run.add_argument(
+        "--dialect",
+        action="append",
+        choices=["eventhubs"],
+        help="also speak this vendor's AMQP dialect: eventhubs = Azure Event Hubs applications "
+        "and SDKs (docs/event-hubs.md); repeatable",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     run.add_argument(
@@ -109,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         offset_commit_messages=args.offset_commit_messages,
         offset_commit_ms=args.offset_commit_ms,
         require_defined_groups=args.require_defined_groups,
+        dialects=tuple(args.dialect or ()),
         secret=os.environ.get("SPATE_METADATA_PASSWORD", ""),
         synap_port=args.synap_port,
         rooms=RoomsConfig(

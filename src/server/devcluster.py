@@ -125,10 +125,13 @@ class DevCluster:
         *,
         require_defined_groups: bool = False,
         node_args: tuple[str, ...] = (),
+        gateway_args: tuple[str, ...] = (),
     ) -> None:
         self.dir = data_dir.resolve()
         self.node_args = node_args
         """More `spate node run` flags for the nodes `up` starts (e.g. `--dialect eventhubs`)."""
+        self.gateway_args = gateway_args
+        """More `spate gateway run` flags for the gateways `up` starts."""
         self.require_defined_groups = require_defined_groups
         """Processes started by `up` get `--require-defined-groups` (running ones keep theirs)."""
 
@@ -280,6 +283,7 @@ class DevCluster:
             gateway.mode,
             *(["--synap-port", str(gateway.synap_port)] if gateway.mode == "proxy" else []),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
+            *self.gateway_args,
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(gateway_dir / "node.log", "ab") as log_file:

@@ -79,6 +79,8 @@ class GatewaySettings:
     offset_commit_ms: int = limits.offset_commit_interval_ms
     require_defined_groups: bool = False
     """Refuse attaches naming a consumer group not defined in the metadata service (ADR 0015)."""
+    dialects: tuple[str, ...] = ()
+    """Vendor dialects the AMQP listener speaks besides Spate's own ("eventhubs", ADR 0021)."""
     secret: str = field(default="", repr=False)
     """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
     synap_port: int | None = None
@@ -183,6 +185,7 @@ class GatewayProcess:
                 tls_key=settings.tls_key,
                 offset_commit_messages=settings.offset_commit_messages,
                 offset_commit_ms=settings.offset_commit_ms,
+                dialects=settings.dialects,
             ),
             modes,
             rooms=self.rooms,

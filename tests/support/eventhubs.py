@@ -68,9 +68,12 @@ class Hubs:
 
 
 @contextmanager
-def running_hubs(root: Path, *, tls: bool = False) -> Iterator[Hubs]:
-    """A one-node dev cluster speaking the Event Hubs dialect, with a SAS key in its users
-    file (and a self-signed certificate when `tls`)."""
+def running_hubs(
+    root: Path, *, tls: bool = False, nodes: int = 1, gateways: int = 0
+) -> Iterator[Hubs]:
+    """A dev cluster speaking the Event Hubs dialect, with a SAS key in its users file (and a
+    self-signed certificate when `tls`). Clients talk to node 1, or with `gateways` to the
+    first gateway (proxy mode: the Event Hubs SDKs do not follow link redirects)."""
     users = root / "users.json"
     users.write_text(json.dumps({"users": {"app": hash_password("pw")}}))
     # the key as an operator makes it: `spate user add-sas-key` prints a connection string
@@ -83,8 +86,9 @@ def running_hubs(root: Path, *, tls: bool = False) -> Iterator[Hubs]:
         args += ("--tls-cert", str(ca), "--tls-key", str(tls_key))
     data_dir = root / "cluster"
     try:
-        state = DevCluster(data_dir, node_args=args).up(1, 0)
-        host, port = state["nodes"][0]["amqp"].split(":")
+        state = DevCluster(data_dir, node_args=args, gateway_args=args).up(nodes, gateways)
+        front = state["gateways"][0] if gateways else state["nodes"][0]
+        host, port = front["amqp"].split(":")
         yield Hubs(Cluster(data_dir, state), key, host, int(port), ca)
     finally:
         spate("dev", "down", "--data-dir", str(data_dir), check=False)
