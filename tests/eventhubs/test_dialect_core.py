@@ -179,3 +179,17 @@ def test_a_full_frame_is_written_as_it_is() -> None:
     close = _frame(0x18, b"\x40", 1)
     padder = FramePadder()
     assert padder.feed(b"AMQP\x00\x01\x00\x00" + close) == b"AMQP\x00\x01\x00\x00" + close
+
+
+def test_sasl_offers_mssbcbs_on_dialect_listeners_only() -> None:
+    from spate.gateway import sasl
+
+    plain = sasl.SaslServer(allow_anonymous=False, allow_plain=True)
+    assert plain.mechanisms == ("PLAIN",)
+    dialect = sasl.SaslServer(allow_anonymous=False, allow_plain=True, allow_cbs=True)
+    assert dialect.mechanisms == ("PLAIN", "MSSBCBS", "ANONYMOUS")
+    actions = dialect.receive(sasl.SASL_HEADER + sasl.frame(sasl.INIT, [codec.Symbol("MSSBCBS")]))
+    assert actions[-1] == sasl.Authenticate("MSSBCBS", None, None)
+    refused = sasl.SaslServer(allow_anonymous=False, allow_plain=True)
+    actions = refused.receive(sasl.SASL_HEADER + sasl.frame(sasl.INIT, [codec.Symbol("MSSBCBS")]))
+    assert actions[-1] == sasl.Authenticate("MSSBCBS", None, None)  # the shell refuses it

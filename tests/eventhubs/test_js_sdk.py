@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from spate.core.superstreams import hash_partition
@@ -81,3 +82,51 @@ def test_js_over_tls(tls_hubs: Hubs) -> None:
         custom_endpoint=f"sb://localhost:{tls_hubs.port}",
     )
     assert [e["body"] for e in received["events"]] == ["over-tls"]
+
+
+def test_a_js_receiver_with_a_higher_owner_level_takes_over_from_python(hubs: Hubs) -> None:
+    from azure.eventhub import EventHubConsumerClient
+
+    hub = hubs.create(unique("js-epoch"), partitions=1)
+    conn = hubs.conn_str()
+    run_js(conn, hub, [{"op": "send", "bodies": ["x0", "x1"], "partition_id": "0"}])
+    errors: list[BaseException] = []
+    seen = threading.Event()
+    older = EventHubConsumerClient.from_connection_string(
+        conn, consumer_group="$Default", eventhub_name=hub
+    )
+    worker = threading.Thread(
+        target=older.receive,
+        kwargs={
+            "on_event": lambda ctx, ev: seen.set(),
+            "on_error": lambda ctx, err: errors.append(err),
+            "partition_id": "0",
+            "owner_level": 1,
+            "starting_position": "-1",
+        },
+        daemon=True,
+    )
+    worker.start()
+    try:
+        assert seen.wait(20), "the Python receiver got nothing"
+        [newer] = run_js(
+            conn,
+            hub,
+            [
+                {
+                    "op": "receive",
+                    "count": 2,
+                    "partition_id": "0",
+                    "from": "earliest",
+                    "owner_level": 2,
+                }
+            ],
+        )
+        assert [e["body"] for e in newer["events"]] == ["x0", "x1"]
+        deadline = time.monotonic() + 20
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        older.close()
+        worker.join(10)
+    assert errors and "amqp:link:stolen" in str(errors[0])
