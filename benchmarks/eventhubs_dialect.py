@@ -16,7 +16,6 @@ import sys
 import timeit
 
 from proton import Message
-
 from spate.gateway import sections
 from spate.gateway.eventhubs import FramePadder, annotate
 
