@@ -13,6 +13,8 @@ from support.eventhubs import Hubs, collect, run_js, run_sample, running_hubs
 
 SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eventhubs-cluster")]
+
 
 @pytest.fixture(scope="module")
 def cluster_hubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hubs]:

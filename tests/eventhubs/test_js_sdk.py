@@ -7,9 +7,12 @@ import json
 import threading
 import time
 
+import pytest
 from spate.core.superstreams import hash_partition
 from support.amqp_clients import unique
 from support.eventhubs import Hubs, collect, run_js
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eventhubs")]
 
 
 def test_js_sends_batches_reads_properties_and_receives_from_positions(hubs: Hubs) -> None:

@@ -22,6 +22,8 @@ from support.eventhubs import FileCheckpointStore, Hubs, collect, run_sample, se
 SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
 """The SDK's own samples, from its PyPI sdist (tools/bootstrap.sh puts them there)."""
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eventhubs")]
+
 
 def test_the_sdks_send_sample_runs_unchanged_and_its_events_arrive(hubs: Hubs) -> None:
     sample = SAMPLES / "send.py"
