@@ -197,7 +197,13 @@ class RequestNodes:
         )
         answer = Message(
             correlation_id=request.id if request.id is not None else request.correlation_id,
-            properties={"status-code": status, "status-description": description},
+            # both spellings: the AMQP management draft's, and the one azure-eventhub's
+            # management link reads (it ignores the SDK's own `description_fields`)
+            properties={
+                "status-code": status,
+                "status-description": description,
+                "statusDescription": description,
+            },
             body=_proton_body(body),
         )
         self._tag += 1

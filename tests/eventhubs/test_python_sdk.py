@@ -229,3 +229,41 @@ def test_python_sdk_over_tls(tls_hubs: Hubs) -> None:
         starting_position="-1",
     )
     assert [e.body_as_str() for _, e in got] == ["secure-0", "secure-1"]
+
+
+def test_spate_client_reads_sdk_events_and_the_sdk_reads_spate_client_events(hubs: Hubs) -> None:
+    from spate.client import Consumer, Producer
+
+    hub = hubs.create(unique("spate-client"), partitions=2)
+    conn = hubs.conn_str()
+    url = f"amqp://{hubs.host}:{hubs.port}"
+    send(conn, hub, ["eh-0", "eh-1"], partition_key="tenant-9")
+    partition = hash_partition("tenant-9", 2)
+    with Consumer(url, hub, partition=partition, start="first") as consumer:
+        events = [consumer.receive(timeout=10) for _ in range(2)]
+    assert [(e.offset, e.message.body) for e in events] == [(0, b"eh-0"), (1, b"eh-1")]
+    assert events[0].message.annotations["x-opt-partition-key"] == "tenant-9"
+    assert events[0].timestamp_ms > 0
+    other = 1 - partition
+    with Producer(url, hub, partition=other) as producer:
+        producer.send_batch([b"spate-0", b"spate-1", b"spate-2"])
+    got = collect(conn, hub, 3, partition_id=str(other), starting_position="-1")
+    assert [e.body_as_str() for _, e in got] == ["spate-0", "spate-1", "spate-2"]
+    assert [e.sequence_number for _, e in got] == [0, 1, 2]
+    assert [e.offset for _, e in got] == ["0", "1", "2"]
+
+
+def test_management_reads_of_what_does_not_exist_are_refused_clearly(hubs: Hubs) -> None:
+    hub = hubs.create(unique("missing"), partitions=2)
+    client = EventHubConsumerClient.from_connection_string(
+        hubs.conn_str(), consumer_group="$Default", eventhub_name=hub, retry_total=0
+    )
+    with client, pytest.raises(EventHubError) as no_partition:
+        client.get_partition_properties("7")
+    assert "has no partition '7'" in str(no_partition.value)
+    client = EventHubConsumerClient.from_connection_string(
+        hubs.conn_str(), consumer_group="$Default", eventhub_name="no-such-hub", retry_total=0
+    )
+    with client, pytest.raises(EventHubError) as no_hub:
+        client.get_partition_ids()
+    assert "no-such-hub" in str(no_hub.value)
