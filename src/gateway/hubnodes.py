@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cproton_ffi import ffi, lib
-from proton import Link, Message, symbol, timestamp
+from proton import Link, Message, int32, symbol, timestamp
 from spate.core.backend import Broker
 from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.ids import PartitionId, StreamName
@@ -200,7 +200,7 @@ class RequestNodes:
             # both spellings: the AMQP management draft's, and the one azure-eventhub's
             # management link reads (it ignores the SDK's own `description_fields`)
             properties={
-                "status-code": status,
+                "status-code": int32(status),  # an AMQP int: uamqp reads nothing else
                 "status-description": description,
                 "statusDescription": description,
             },
