@@ -32,6 +32,8 @@ from spate.gateway import codec, eventhubs
 log = logging.getLogger(__name__)
 REQUEST_CREDIT = 100
 REQUEST_BYTES_MAX = 64 * 1024
+GRANTS_MAX = 1024
+"""Distinct token audiences one connection may hold (one per entity it uses, typically)."""
 
 
 @dataclass
@@ -59,7 +61,9 @@ class RequestNodes:
         self.own = own
         self.nodes: dict[str, NodeLinks] = {}
         self.node_of: dict[Any, str] = {}
-        self.grants: list[eventhubs.Grant] = []
+        self.grants: dict[str, eventhubs.Grant] = {}
+        """By audience: a token put again for the same resource (the SDKs refresh theirs
+        before they expire) replaces the older one, so a long connection holds a few."""
         self.client = False
         """The connection put a token on `$cbs`: an Event Hubs client's, so its bare `<hub>`
         addresses are hubs (ADR 0021)."""
@@ -93,7 +97,9 @@ class RequestNodes:
     def covers(self, entity: str) -> bool:
         """May this connection use `entity` (a hub's path)? Always, unless it must present
         tokens (in by MSSBCBS or ANONYMOUS where anonymous access is off)."""
-        return not self.require_token or eventhubs.covers(self.grants, entity, time.time())
+        return not self.require_token or eventhubs.covers(
+            list(self.grants.values()), entity, time.time()
+        )
 
     # requests ------------------------------------------------------------------------------------
 
@@ -157,7 +163,9 @@ class RequestNodes:
         if not self.keys:
             return 202, "Accepted (this listener has no SAS keys: any token is taken)", None
         grant = eventhubs.check_sas_token(str(body), self.keys)
-        self.grants.append(grant)
+        if len(self.grants) >= GRANTS_MAX and grant.audience not in self.grants:
+            return 403, f"a connection holds at most {GRANTS_MAX} tokens", None
+        self.grants[grant.audience] = grant
         return 202, "Accepted", None
 
     async def _management(self, props: dict[Any, Any]) -> tuple[int, str, Any]:
