@@ -43,7 +43,14 @@ from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
 from spate.gateway import codec, eventhubs, links, sections
 from spate.gateway import subentry as sub_entries
-from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
+from spate.gateway.errors import (
+    DECODE_ERROR,
+    INVALID_FIELD,
+    NOT_IMPLEMENTED,
+    AmqpError,
+    amqp_error,
+    plain,
+)
 
 log = logging.getLogger(__name__)
 ACCEPTED = lib.PN_ACCEPTED
@@ -152,6 +159,9 @@ class ProducerPart:
 
     def forget(self, producer: ProducerLink) -> None:
         producer.closed = True
+        batches = self.host.guard.batches
+        if batches:  # batches it will never read
+            batches.difference_update({k for k in batches if k[0] == producer.link.name})
         self._drop(producer.deliveries + [d for _, ds in producer.routed.values() for d in ds])
         producer.records, producer.deliveries, producer.ids, producer.routed = [], [], [], {}
         detach_all(producer.plan.targets.values())
@@ -172,6 +182,8 @@ class ProducerPart:
         """Read every complete delivery of a producer link (called for its current delivery)."""
         if producer.eventhubs:
             self._drain_eventhubs(producer)
+            return
+        if self.host.guard.batches and self._batch_on_spate_link(producer):
             return
         lp = producer.pointer
         buf = self.recv_buffer
@@ -293,6 +305,26 @@ class ProducerPart:
             got += 1
         if got:
             self.dirty.add(lp)
+
+    def _batch_on_spate_link(self, producer: ProducerLink) -> bool:
+        """An Event Hubs batch (format 0x80013700, let through by the guard of a dialect
+        listener) on a link that is not the dialect's: the link ends, as for any format but 0."""
+        name = producer.link.name
+        batches: set[tuple[str | None, bytes]] = self.host.guard.batches
+        mine = {key for key in batches if key[0] == name}
+        if not mine:
+            return False
+        batches.difference_update(mine)
+        self.host.end_producer(
+            producer,
+            plain(
+                NOT_IMPLEMENTED,
+                f"message-format 0x{eventhubs.BATCH_FORMAT:08x} on link {name!r}: batches are "
+                "taken on Event Hubs links ('<hub>', '<hub>/Partitions/<n>'); Spate's own "
+                "links store AMQP messages (message-format 0)",
+            ),
+        )
+        return True
 
     def _drain_eventhubs(self, producer: ProducerLink) -> None:
         """An Event Hubs link's deliveries (ADR 0021): a batch (message-format 0x80013700, noted

@@ -193,3 +193,33 @@ def test_sasl_offers_mssbcbs_on_dialect_listeners_only() -> None:
     refused = sasl.SaslServer(allow_anonymous=False, allow_plain=True)
     actions = refused.receive(sasl.SASL_HEADER + sasl.frame(sasl.INIT, [codec.Symbol("MSSBCBS")]))
     assert actions[-1] == sasl.Authenticate("MSSBCBS", None, None)  # the shell refuses it
+
+
+def test_the_inbound_guard_notes_batches_on_dialect_listeners_and_refuses_other_formats() -> None:
+    from proton import uint
+    from spate.gateway.inbound import PROTOCOL_HEADER, InboundGuard
+    from support.pump import frame
+
+    def transfer(delivery_id: int, message_format: int) -> bytes:
+        return frame(
+            "transfer",
+            [uint(0), uint(delivery_id), b"tag-%d" % delivery_id, uint(message_format), False],
+            payload=b"\x00Sw\xa1\x05hello",
+        )
+
+    stream = (
+        PROTOCOL_HEADER
+        + frame("open", ["client"])
+        + frame("begin", [None, uint(0), uint(100), uint(100)])
+        + frame("attach", ["hub-sender", uint(0), False])
+        + transfer(1, eventhubs.BATCH_FORMAT)
+        + transfer(2, 0)
+        + transfer(3, 5)
+    )
+    guard = InboundGuard(eventhubs.BATCH_FORMAT)
+    problems = [p for at in range(len(stream)) for p in guard.feed(stream[at : at + 1])]
+    assert guard.batches == {("hub-sender", b"tag-1")}
+    assert [p.kind for p in problems] == ["format"]  # format 5 is still refused
+    plain = InboundGuard()  # without the dialect a batch is refused like any other format
+    assert [p.kind for p in plain.feed(stream)] == ["format", "format"]
+    assert not plain.batches
