@@ -507,6 +507,7 @@ class AmqpConnection(asyncio.Protocol):
                 + len(self.consumer.links)
                 + len(self.consumer.infos)
                 + len(self.attaching)
+                + len(self.nodes.node_of)
                 >= LINKS_PER_CONNECTION_MAX
             ):
                 self._refuse(

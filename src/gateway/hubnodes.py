@@ -78,6 +78,8 @@ class RequestNodes:
         else:
             links.replies[link._impl] = link
         self.node_of[link._impl] = node
+        if link.is_receiver:
+            link.max_message_size = REQUEST_BYTES_MAX
         link.open()
         if link.is_receiver:
             link.flow(REQUEST_CREDIT)
@@ -104,34 +106,38 @@ class RequestNodes:
     # requests ------------------------------------------------------------------------------------
 
     def readable(self, delivery: Any) -> None:
-        """A request arrived (the dispatch loop's cold branch)."""
+        """Requests arrived on a node's link (the dispatch loop's cold branch): each complete
+        one is decoded, accepted (rejected when it is no AMQP message or too big) and
+        answered in a task."""
         lp = lib.pn_delivery_link(delivery)
         node = self.node_of.get(lp)
-        link = None if node is None else self.nodes[node].requests.get(lp)
-        if link is None or lib.pn_delivery_partial(delivery):
+        if node is None or lp not in self.nodes[node].requests:
             return
-        size = lib.pn_delivery_pending(delivery)
-        if size > REQUEST_BYTES_MAX:
+        while True:
+            current = lib.pn_link_current(lp)
+            if current == ffi.NULL or lib.pn_delivery_partial(current):
+                break
+            size = lib.pn_delivery_pending(current)
+            raw = b""
+            if size <= REQUEST_BYTES_MAX:
+                buf = ffi.new("char[]", max(size, 1))
+                raw = ffi.unpack(buf, max(lib.pn_link_recv(lp, buf, size), 0))
             lib.pn_link_advance(lp)
-            lib.pn_delivery_update(delivery, lib.PN_REJECTED)
-            lib.pn_delivery_settle(delivery)
-            return
-        buf = ffi.new("char[]", max(size, 1))
-        got = lib.pn_link_recv(lp, buf, size)
-        raw = ffi.unpack(buf, max(got, 0))
-        lib.pn_link_advance(lp)
-        lib.pn_delivery_update(delivery, lib.PN_ACCEPTED)
-        lib.pn_delivery_settle(delivery)
+            request = Message()
+            try:
+                if not raw:
+                    raise ValueError(f"empty or over {REQUEST_BYTES_MAX} bytes")
+                request.decode(raw)
+            except Exception as err:  # proton raises its own MessageException
+                log.info("refused a %s request: %s", node, err)
+                lib.pn_delivery_update(current, lib.PN_REJECTED)
+                lib.pn_delivery_settle(current)
+                continue
+            lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+            lib.pn_delivery_settle(current)
+            self.own(asyncio.ensure_future(self._answer(node, request)))
         if lib.pn_link_credit(lp) < REQUEST_CREDIT // 2:
             lib.pn_link_flow(lp, REQUEST_CREDIT - lib.pn_link_credit(lp))
-        request = Message()
-        try:
-            request.decode(raw)
-        except Exception as err:  # proton raises its own MessageException
-            log.info("undecodable %s request: %s", node, err)
-            return
-        assert node is not None
-        self.own(asyncio.ensure_future(self._answer(node, request)))
 
     async def _answer(self, node: str, request: Message) -> None:
         props: dict[Any, Any] = request.properties or {}
