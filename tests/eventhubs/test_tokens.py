@@ -1,7 +1,8 @@
 """SAS tokens on `$cbs` (ADR 0021) at a listener that lets nobody in anonymously: the SDK with
 the right key works; an expired token, a token for another hub and a link without any token
-are refused with the conditions Event Hubs uses. A real listener on 127.0.0.1 over the
-in-memory broker (the dialect is the listener's; the broker behind it does not matter)."""
+are refused with the conditions Event Hubs uses; and the batch format's refusals (rhea). Real
+listeners on 127.0.0.1 over the in-memory broker (the dialect is the listener's; the broker
+behind it does not matter)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import hashlib
 import hmac
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +24,8 @@ from spate.core.ids import StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway.auth import hash_password
 from spate.gateway.server import GatewayServer, ListenerConfig
-from support.amqp_clients import LoopThread, unique
-from support.eventhubs import KEY_NAME, collect, send
+from support.amqp_clients import LoopThread, offset_filter, receive, unique
+from support.eventhubs import JS_DIR, KEY_NAME, collect, send
 from support.memory_broker import MemoryBroker
 
 KEY = "a-shared-access-key-for-tests-0123456789"
@@ -43,6 +45,20 @@ def listener(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Me
             node_id="n1", users_file=users, allow_anonymous=False, dialects=("eventhubs",)
         ),
     )
+    port = thread.call(server.start())
+    try:
+        yield port, broker
+    finally:
+        thread.call(server.close())
+        thread.stop()
+
+
+@pytest.fixture(scope="module")
+def anonymous_listener() -> Iterator[tuple[int, MemoryBroker]]:
+    """A dialect listener that lets clients in anonymously (no SAS keys: tokens not needed)."""
+    thread = LoopThread()
+    broker = MemoryBroker("n1")
+    server = GatewayServer(broker, ListenerConfig(node_id="n1", dialects=("eventhubs",)))
     port = thread.call(server.start())
     try:
         yield port, broker
@@ -125,3 +141,36 @@ def test_a_plain_amqp_client_without_a_token_is_refused(
         conn.create_sender(hub, name=unique("tx"))
     finally:
         conn.close()
+
+
+def _raw_batch(port: int, address: str, *, batch: bool) -> dict[str, str]:
+    proc = subprocess.run(
+        ["node", str(JS_DIR / "raw_batch.js")],
+        input=json.dumps({"port": port, "address": address, "batch": batch}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    result: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_batches_go_to_event_hubs_links_only_and_must_hold_messages(
+    anonymous_listener: tuple[int, MemoryBroker],
+) -> None:
+    port, broker = anonymous_listener
+    hub = _hub(broker)
+    assert _raw_batch(port, f"amqps://127.0.0.1/{hub}", batch=True) == {"outcome": "accepted"}
+    conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10)
+    try:
+        receiver = conn.create_receiver(hub, name=unique("rx"), options=[offset_filter("first")])
+        assert [m.body for m in receive(receiver, 2)] == ["inner", "inner"]
+    finally:
+        conn.close()
+    assert _raw_batch(port, f"amqps://127.0.0.1/{hub}", batch=False) == {
+        "outcome": "rejected",
+        "condition": "amqp:decode-error",
+    }
+    # on Spate's own address (this connection put no $cbs token) a batch ends the link
+    assert _raw_batch(port, hub, batch=True) == {"link_error": "amqp:not-implemented"}
