@@ -48,7 +48,21 @@ fi
 
 PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" tools/gen_proto.py
 
-if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules/rhea ]; then
-  echo "bootstrap: npm install (rhea) in tests/js"
+# the Event Hubs SDK's own samples (tests/eventhubs run them unchanged but for the connection
+# string): they ship in its PyPI sdist, not in the wheel
+samples="$VENV/azure-eventhub-samples"
+if [ ! -f "$samples/send.py" ]; then
+  echo "bootstrap: azure-eventhub 5.15.1 samples from its sdist into $samples"
+  tmp=$(mktemp -d)
+  "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$tmp" azure-eventhub==5.15.1
+  tar xzf "$tmp"/azure_eventhub-5.15.1.tar.gz -C "$tmp"
+  mkdir -p "$samples"
+  cp "$tmp"/azure_eventhub-5.15.1/samples/sync_samples/*.py "$samples"/
+  rm -rf "$tmp"
+fi
+
+if [ -f tests/js/package.json ] && { [ ! -d tests/js/node_modules/rhea ] \
+    || [ ! -d tests/js/node_modules/@azure/event-hubs ]; }; then
+  echo "bootstrap: npm install (rhea, @azure/event-hubs) in tests/js"
   (cd tests/js && npm install --no-audit --no-fund --silent)
 fi

@@ -58,6 +58,13 @@ def register(subparsers: Any) -> None:
         help="nodes and gateways started now refuse attaches naming a consumer group not "
         "defined with `spate group create` (default: groups are created on first attach)",
     )
+    up.add_argument(
+        "--dialect",
+        action="append",
+        choices=["eventhubs"],
+        help="nodes and gateways started now also speak this vendor's AMQP dialect (eventhubs: "
+        "Azure Event Hubs applications, docs/event-hubs.md); repeatable",
+    )
     up.set_defaults(run=_up)
     down = commands.add_parser(
         "down",
@@ -102,7 +109,13 @@ def _print(result: dict[str, Any], output: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     from spate.server.devcluster import DevCluster
 
-    cluster = DevCluster(Path(args.data_dir), require_defined_groups=args.require_defined_groups)
+    dialects = tuple(arg for d in args.dialect or () for arg in ("--dialect", d))
+    cluster = DevCluster(
+        Path(args.data_dir),
+        require_defined_groups=args.require_defined_groups,
+        node_args=dialects,
+        gateway_args=dialects,
+    )
     _print(cluster.up(args.nodes, args.gateways), args.output)
     return 0
 

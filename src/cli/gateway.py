@@ -63,6 +63,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="accept SASL ANONYMOUS from other hosts too (default: from loopback only)",
     )
+    run.add_argument(
+        "--dialect",
+        action="append",
+        choices=["eventhubs"],
+        help="also speak this vendor's AMQP dialect: eventhubs = Azure Event Hubs applications "
+        "and SDKs (docs/event-hubs.md); repeatable",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     for name, what in (
@@ -142,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,
         "require_defined_groups": True if args.require_defined_groups else None,
+        "dialects": tuple(args.dialect) if args.dialect else None,
         "secret": os.environ.get("SPATE_METADATA_PASSWORD"),
         "synap_port": args.synap_port,
         "metrics_port": args.metrics_port,

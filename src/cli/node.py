@@ -101,6 +101,13 @@ def register(subparsers: Any) -> None:
         f"(default {limits.offset_commit_interval_ms})",
     )
     run.add_argument(
+        "--dialect",
+        action="append",
+        choices=["eventhubs"],
+        help="also speak this vendor's AMQP dialect on the AMQP port: eventhubs = Azure Event "
+        "Hubs applications and SDKs (docs/event-hubs.md); repeatable",
+    )
+    run.add_argument(
         "--require-defined-groups",
         action="store_true",
         help="refuse an attach naming a consumer group not defined with `spate group create` "
@@ -138,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,
         "require_defined_groups": True if args.require_defined_groups else None,
+        "dialects": tuple(args.dialect) if args.dialect else None,
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
     }
     return main_run(load_settings(args.config, overrides))

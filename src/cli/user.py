@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import json
 import os
@@ -73,6 +74,22 @@ def register(subparsers: Any) -> None:
         help="read the password from standard input instead of prompting",
     )
     hash_cmd.set_defaults(run=_hash)
+    sas = commands.add_parser(
+        "add-sas-key",
+        help="add or replace a shared access key (Event Hubs dialect)",
+        description="Generate a shared access key named NAME in the users file (created if "
+        "missing) and print an Event Hubs connection string using it. Listeners with "
+        "`--dialect eventhubs` check the SAS tokens Event Hubs clients put on $cbs against "
+        "these keys (docs/event-hubs.md). The key is stored as is: keep the file private.",
+    )
+    sas.add_argument("name", help="key name (SharedAccessKeyName in connection strings)")
+    sas.add_argument("--users-file", type=Path, required=True, help="the JSON users file")
+    sas.add_argument(
+        "--endpoint",
+        default="127.0.0.1:5672",
+        help="host:port for the printed connection string (default 127.0.0.1:5672)",
+    )
+    sas.set_defaults(run=_add_sas_key)
 
 
 def _password(from_stdin: bool) -> str:
@@ -87,8 +104,7 @@ def _hash(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add(args: argparse.Namespace) -> int:
-    path: Path = args.users_file
+def _load(path: Path) -> dict[str, Any]:
     document: dict[str, Any] = {"users": {}}
     if path.exists():
         try:
@@ -97,6 +113,39 @@ def _add(args: argparse.Namespace) -> int:
             raise InvalidArgument(f"{path} is not a JSON users file: {error}") from error
         if not isinstance(document.get("users"), dict):
             raise InvalidArgument(f'{path} has no "users" object')
+    return document
+
+
+def _save(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(document, f, indent=2)
+    tmp.replace(path)
+
+
+def _add_sas_key(args: argparse.Namespace) -> int:
+    path: Path = args.users_file
+    if not args.name or any(c in args.name for c in "&=;/ "):
+        raise InvalidArgument(f"key name {args.name!r} must not be empty or hold & = ; / or spaces")
+    document = _load(path)
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    keys = document.setdefault("sas_keys", {})
+    if not isinstance(keys, dict):
+        raise InvalidArgument(f'{path}: "sas_keys" is not an object')
+    keys[args.name] = key
+    _save(path, document)
+    print(f"key {args.name!r} saved in {path}; restart the listeners that read it")
+    print(
+        f"Endpoint=sb://{args.endpoint}/;SharedAccessKeyName={args.name};SharedAccessKey={key};"
+        "UseDevelopmentEmulator=true"
+    )
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    path: Path = args.users_file
+    document = _load(path)
     old = document["users"].get(args.name)
     entry: dict[str, Any] = (
         dict(old)
@@ -120,11 +169,7 @@ def _add(args: argparse.Namespace) -> int:
     Grants.parse(args.name, entry)  # a pattern that does not compile is refused here
     document["users"][args.name] = entry
     UserStore.parse(document, str(path))
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(document, f, indent=2)
-    tmp.replace(path)
+    _save(path, document)
     print(f"user {args.name!r} saved in {path}", file=sys.stderr)
     if token is not None:
         print(token)  # stdout: `SPATE_ADMIN_TOKEN=$(spate user add ... --token)`

@@ -1,8 +1,9 @@
 """Users for SASL PLAIN: a JSON file of salted, hashed passwords.
 
-File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}}`, or per user an
-object with the hash as `password` and the user's permissions (spate.core.permissions). Each
-hash is
+File layout: `{"users": {"alice": "scrypt$16384$8$1$<salt b64>$<hash b64>"}, "sas_keys":
+{"RootManageSharedAccessKey": "<key>"}}`, or per user an object with the hash as `password` and
+the user's permissions (spate.core.permissions); `sas_keys` (optional) are the Event Hubs
+dialect's shared access keys (ADR 0021). Each hash is
 `hashlib.scrypt(password, salt, n, r, p, dklen=32)` with a per-user random 16-byte salt; the
 parameters travel in the string so they can be raised later without breaking old entries.
 Create entries with `hash_password("secret")` (or `python -m spate.gateway.auth <password>`).
@@ -16,7 +17,7 @@ import hmac
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spate.core.errors import InvalidArgument
@@ -66,9 +67,12 @@ def verify_password(password: str, encoded: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Users:
     """A users file (spate.core.permissions.UserStore has the layout): passwords for SASL
-    PLAIN, and each user's grants."""
+    PLAIN, each user's grants, and the Event Hubs dialect's shared access keys."""
 
     store: UserStore
+    sas_keys: dict[str, str] = field(default_factory=dict)
+    """Shared access keys (name -> key) of the Event Hubs dialect (ADR 0021): tokens put on
+    `$cbs` must be signed by one. Kept as they are: the listener needs them to check an HMAC."""
 
     @property
     def hashes(self) -> dict[str, str]:
@@ -81,7 +85,15 @@ class Users:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise InvalidArgument(f"cannot read users file {path}: {err}") from err
-        return Users(UserStore.parse(doc, str(path)))
+        keys = doc.get("sas_keys", {}) if isinstance(doc, dict) else {}
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and len(v) >= 16
+            for k, v in keys.items()
+        ):
+            raise InvalidArgument(
+                f'users file {path}: "sas_keys" must map key names to keys of 16+ characters'
+            )
+        return Users(UserStore.parse(doc, str(path)), dict(keys))
 
     def check(self, user: str, password: str) -> bool:
         encoded = self.store.passwords.get(user)

@@ -34,7 +34,7 @@ from proton import Condition, Data, Link, symbol
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.subentry import SubEntryRecords
-from spate.gateway import codec, info, links, sections
+from spate.gateway import codec, eventhubs, info, links, sections
 from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
@@ -79,6 +79,9 @@ class ConsumerLink:
     sub_entries: bool = False
     """It asked for stored sub-entries as they are (`spate:sub-entries`, ADR 0017): each is
     one delivery (`_send_sub_entry`). Plain unnamed links only; others get the messages."""
+    eventhubs: bool = False
+    """A link of the Event Hubs dialect (ADR 0021): each message gets the Event Hubs message
+    annotations (`eventhubs.annotate`)."""
 
 
 @dataclass
@@ -146,7 +149,14 @@ class ConsumerPart:
         self._tag_struct = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))
         self._tag_value = self._tag_struct[0]
 
-    def open(self, link: Link, plan: links.ConsumerPlan, answer: dict[symbol, Any] | None) -> None:
+    def open(
+        self,
+        link: Link,
+        plan: links.ConsumerPlan,
+        answer: dict[symbol, Any] | None,
+        *,
+        eventhubs: bool = False,
+    ) -> None:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         link.source.filter.clear()
@@ -163,7 +173,9 @@ class ConsumerPart:
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
-        state = ConsumerLink(link, link._impl, plan, presettled, sub_entries=as_is)
+        state = ConsumerLink(
+            link, link._impl, plan, presettled, sub_entries=as_is, eventhubs=eventhubs
+        )
         self.links[link._impl] = state
         if plan.name is not None and not presettled:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
@@ -678,11 +690,15 @@ class ConsumerPart:
                     tag = self._send_sub_entry(consumer, run, tag, prefix, suffix)
                     sent += 1
                     continue
-                outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
+                records = run.records
+                if consumer.eventhubs:
+                    at, ms, annotate = run.first_offset, run.timestamp_ms, eventhubs.annotate
+                    records = [annotate(r, at + i, ms) for i, r in enumerate(records)]
+                outs = sections.splice_run(records, run.first_offset, prefix, suffix)
                 if consumer.announce:  # the first delivery since it took over says so
                     consumer.announce = False
                     first, rest = parts(run.timestamp_ms, source, active=True)
-                    outs[0] = sections.splice_run(run.records[:1], run.first_offset, first, rest)[0]
+                    outs[0] = sections.splice_run(records[:1], run.first_offset, first, rest)[0]
                 for out in outs:
                     tag += 1
                     pack_tag(tag_view, 0, tag)

@@ -47,10 +47,10 @@ from proton import (
 )
 from spate.core import limits
 from spate.core.backend import Broker, Partition
-from spate.core.errors import BrokerError, InvalidArgument, NotFound
+from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unauthorized
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.permissions import ANONYMOUS, Permission, UserStore
-from spate.gateway import inbound, links
+from spate.gateway import eventhubs, inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
 from spate.gateway.errors import (
     FRAMING_ERROR,
@@ -61,6 +61,7 @@ from spate.gateway.errors import (
     amqp_error,
     plain,
 )
+from spate.gateway.hubnodes import RequestNodes
 from spate.gateway.producer import ProducerLink, ProducerPart, detach_all
 from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
 from spate.gateway.stats import ListenerSnapshot, ListenerStats
@@ -131,15 +132,29 @@ class Context:
     offset_commit_interval_ms: int = limits.offset_commit_interval_ms
     """A named consumer's offset is stored after this many done deliveries or this long after
     the first one not stored, whichever comes first (ADR 0012)."""
+    dialects: frozenset[str] = frozenset()
+    """Vendor dialects this listener speaks besides Spate's own ("eventhubs": ADR 0021)."""
+    sas_keys: dict[str, str] = field(default_factory=dict)
+    """Event Hubs dialect: shared access keys (name -> key) that sign the tokens put on `$cbs`;
+    empty: any token is taken."""
+
+    @property
+    def eventhubs(self) -> bool:
+        return eventhubs.DIALECT in self.dialects
 
 
 class AmqpConnection(asyncio.Protocol):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.loop = asyncio.get_running_loop()
+        self.eventhubs = ctx.eventhubs
         self.sasl = SaslServer(
-            allow_anonymous=ctx.allow_anonymous, allow_plain=ctx.authenticate_plain is not None
+            allow_anonymous=ctx.allow_anonymous,
+            allow_plain=ctx.authenticate_plain is not None,
+            allow_cbs=self.eventhubs,
         )
+        self.padder = eventhubs.FramePadder() if self.eventhubs else None
+        """Event Hubs dialect: every performative written with all its fields (ADR 0021)."""
         self.user: str | None = None
         self.engine = Transport(Transport.SERVER)
         self.engine.max_frame_size = limits.frame_bytes_max
@@ -156,7 +171,7 @@ class AmqpConnection(asyncio.Protocol):
         self._pump_scheduled = False
         self._hang_up = False
         """Close the socket once proton's output is written (a framing error was answered)."""
-        self.guard = inbound.InboundGuard()
+        self.guard = inbound.InboundGuard(eventhubs.BATCH_FORMAT if self.eventhubs else None)
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self.producer = ProducerPart(self, ctx.recv_buffer, ctx.stats)
@@ -165,6 +180,14 @@ class AmqpConnection(asyncio.Protocol):
         """Links the client receives on: consumers and `$info` (spate.gateway.consumer)."""
         self.attaching: set[Any] = set()
         """Links (pointers) whose attach is being planned (the broker may answer remotely)."""
+        self.nodes = RequestNodes(
+            lambda: self._broker_for({}),
+            ctx.sas_keys,
+            bool(ctx.sas_keys),
+            self.schedule_pump,
+            self.own,
+        )
+        """Event Hubs dialect: `$cbs` and `$management` (spate.gateway.hubnodes)."""
 
     # asyncio side -------------------------------------------------------------------------------
 
@@ -225,6 +248,9 @@ class AmqpConnection(asyncio.Protocol):
             else:
                 assert isinstance(action, Done)
                 self.user = action.user
+                # a connection in by MSSBCBS (or ANONYMOUS where only tokens let one in) uses
+                # the hubs its $cbs tokens cover (ADR 0021)
+                self.nodes.require_token = action.user == "$cbs" and bool(self.ctx.sas_keys)
                 if action.rest:
                     self._feed(action.rest)
                 else:
@@ -232,15 +258,21 @@ class AmqpConnection(asyncio.Protocol):
 
     async def _authenticate(self, request: Authenticate) -> None:
         user: str | None = None
-        if request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
-            if self.ctx.anonymous_remote or self._from_loopback():
-                user = ANONYMOUS
-            else:
-                log.warning(
-                    "refusing SASL ANONYMOUS from %s: anonymous access is for loopback "
-                    "clients only (allow_remote_anonymous is off)",
-                    self._peer(),
-                )
+        anonymous_here = self.ctx.allow_anonymous and (
+            self.ctx.anonymous_remote or self._from_loopback()
+        )
+        if request.mechanism == "ANONYMOUS" and anonymous_here:
+            user = ANONYMOUS
+        elif request.mechanism in ("ANONYMOUS", "MSSBCBS") and self.eventhubs:
+            # Event Hubs clients: who it is comes with its tokens on $cbs, which every link
+            # needs (ADR 0021), from any host
+            user = "$cbs"
+        elif request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
+            log.warning(
+                "refusing SASL ANONYMOUS from %s: anonymous access is for loopback clients "
+                "only (allow_remote_anonymous is off)",
+                self._peer(),
+            )
         elif (
             request.mechanism == "PLAIN"
             and self.ctx.authenticate_plain is not None
@@ -391,8 +423,9 @@ class AmqpConnection(asyncio.Protocol):
         while True:
             pending = engine.pending()
             if pending > 0:
-                self.sock.write(engine.peek(pending) or b"")
+                out = engine.peek(pending) or b""
                 engine.pop(pending)
+                self.sock.write(out if self.padder is None else self.padder.feed(out))
                 continue
             if pending < 0 or self._hang_up:  # head closed (or given up): all is written
                 self.sock.close()
@@ -430,6 +463,8 @@ class AmqpConnection(asyncio.Protocol):
                     producer = producers.get(delivery_link(delivery))
                     if producer is not None:
                         drain(producer)
+                    elif self.eventhubs:
+                        self.nodes.readable(delivery)
                 elif (remote_state(delivery) or remote_settled(delivery)) and not is_receiver(
                     delivery_link(delivery)
                 ):  # a consumer's disposition: streams are not destructive, any outcome settles
@@ -506,6 +541,7 @@ class AmqpConnection(asyncio.Protocol):
                 + len(self.consumer.links)
                 + len(self.consumer.infos)
                 + len(self.attaching)
+                + len(self.nodes.node_of)
                 >= LINKS_PER_CONNECTION_MAX
             ):
                 self._refuse(
@@ -518,22 +554,47 @@ class AmqpConnection(asyncio.Protocol):
                 )
                 return
             links.check_terminus(remote.dynamic, terminus)
-            parsed = links.parse_address(address, terminus=terminus)
+            hub = (
+                eventhubs.parse_address(address, bare=self.nodes.client) if self.eventhubs else None
+            )
+            if hub is not None and hub.node is not None:
+                self.nodes.open(link, hub.node)
+                return
+            if hub is not None:
+                if not self.nodes.covers(hub.path):
+                    raise Unauthorized(
+                        f"no token put on $cbs covers event hub {hub.hub!r} (or it expired)"
+                    )
+                extra = eventhubs.link_properties(hub, dict(link.remote_properties or {}))
+                parsed = links.Address(StreamName(hub.hub), False)
+            else:
+                extra = None
+                parsed = links.parse_address(address, terminus=terminus)
         except BrokerError as err:
             self._refuse(link, amqp_error(err), address)
             return
         self.attaching.add(link._impl)
-        self.own(asyncio.ensure_future(self._attach(link, parsed, address)))
+        self.own(asyncio.ensure_future(self._attach(link, parsed, address, extra)))
 
-    async def _attach(self, link: Link, parsed: links.Address, address: str | None) -> None:
+    async def _attach(
+        self,
+        link: Link,
+        parsed: links.Address,
+        address: str | None,
+        hub_properties: dict[str, Any] | None = None,
+    ) -> None:
         """Plan the link with the broker (which may ask a node over the wire), then answer the
-        attach: open it, or refuse it (attach + detach) with the broker's error."""
+        attach: open it, or refuse it (attach + detach) with the broker's error.
+        `hub_properties`: an Event Hubs link's, as Spate's link properties (ADR 0021)."""
         properties = dict(link.remote_properties or {})
+        if hub_properties is not None:
+            properties.update(hub_properties)
         plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None = None
         answer: dict[symbol, Any] | None = None
         error: AmqpError | None = None
         try:
-            self._authorize(link, parsed)
+            if hub_properties is None:  # an Event Hubs link is authorized by its $cbs token
+                self._authorize(link, parsed)
             broker = self._broker_for(properties)
             if parsed.room is not None:
                 rooms_host = self.ctx.rooms
@@ -562,6 +623,8 @@ class AmqpConnection(asyncio.Protocol):
                 plan = await links.plan_info(broker, parsed)
             else:
                 filters = filter_map(link.remote_source.filter)
+                if hub_properties is not None:
+                    filters = eventhubs.start_filters(filters)
                 plan = await links.plan_consumer(broker, parsed, properties, filters)
                 if plan.bound is not None:  # requested, or chosen by us (000 §4.3)
                     answer = await _bound_properties(plan.bound, plan.cursors[0].partition)
@@ -592,9 +655,9 @@ class AmqpConnection(asyncio.Protocol):
             self._release(plan)
             self._refuse(link, error, address)
         elif isinstance(plan, links.ProducerPlan):
-            self.producer.open(link, plan, answer)
+            self.producer.open(link, plan, answer, eventhubs=hub_properties is not None)
         elif isinstance(plan, links.ConsumerPlan):
-            self.consumer.open(link, plan, answer)
+            self.consumer.open(link, plan, answer, eventhubs=hub_properties is not None)
         else:
             assert plan is not None
             self.consumer.open_info(link, plan)
@@ -725,6 +788,7 @@ class AmqpConnection(asyncio.Protocol):
         info_link = self.consumer.infos.pop(link_key, None)
         if info_link is not None:
             self.consumer.forget_info(info_link)
+        self.nodes.forget(link_key)
         return flushing
 
 

@@ -127,7 +127,12 @@ def _text(data: bytes, at: int) -> tuple[str | None, int]:
 
 
 class InboundGuard:
-    def __init__(self) -> None:
+    def __init__(self, batch_format: int | None = None) -> None:
+        self.batch_format = batch_format
+        """A message-format taken on producer links besides 0 (the Event Hubs dialect's batch,
+        0x80013700): such transfers are noted in `batches` for the producer to split."""
+        self.batches: set[tuple[str | None, bytes]] = set()
+        """(link name, delivery tag) of transfers in `batch_format` not read yet."""
         self.header_left = len(PROTOCOL_HEADER)
         self.head = b""
         """The start of a frame whose head has not fully arrived."""
@@ -297,8 +302,14 @@ class InboundGuard:
         if count < 4:
             return None
         at = _skip(data, at)  # delivery-id
+        tag_at = at
         at = _skip(data, at)  # delivery-tag
         message_format, _ = _uint(data, at)
+        if message_format and message_format == self.batch_format:
+            if data[tag_at] in (0xA0, 0xB0):
+                head = 2 if data[tag_at] == 0xA0 else 5
+                self.batches.add((name, bytes(data[tag_at + head : at])))
+            return None
         if message_format:
             return Problem(
                 start,

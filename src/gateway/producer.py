@@ -41,9 +41,16 @@ from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
 from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
-from spate.gateway import links, sections
+from spate.gateway import codec, eventhubs, links, sections
 from spate.gateway import subentry as sub_entries
-from spate.gateway.errors import DECODE_ERROR, INVALID_FIELD, AmqpError, amqp_error, plain
+from spate.gateway.errors import (
+    DECODE_ERROR,
+    INVALID_FIELD,
+    NOT_IMPLEMENTED,
+    AmqpError,
+    amqp_error,
+    plain,
+)
 from spate.gateway.stats import ListenerStats
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,8 @@ class Host(Protocol):
     """What a connection's producer and consumer parts need from the connection."""
 
     closed: bool
+    guard: Any
+    """The connection's inbound.InboundGuard (Event Hubs batches are noted there)."""
 
     def schedule_pump(self) -> None: ...
 
@@ -112,6 +121,8 @@ class ProducerLink:
     """Named links: where the message-annotations section starts in a message starting with
     `id_prefix` when the publishing id is all it holds (-1: it holds more): such messages are
     stored without it (the chunk's producer section has the id)."""
+    eventhubs: bool = False
+    """A link of the Event Hubs dialect (ADR 0021): read by `_drain_eventhubs`."""
 
 
 class ProducerPart:
@@ -128,20 +139,32 @@ class ProducerPart:
         self.unconfirmed = 0
         """Deliveries of this connection waiting for durability."""
 
-    def open(self, link: Link, plan: links.ProducerPlan, answer: dict[symbol, Any] | None) -> None:
+    def open(
+        self,
+        link: Link,
+        plan: links.ProducerPlan,
+        answer: dict[symbol, Any] | None,
+        *,
+        eventhubs: bool = False,
+    ) -> None:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if answer is not None:
             link.properties = answer
         link.max_message_size = limits.message_bytes_max
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
-        state = ProducerLink(link, link._impl, plan, presettled, name=plan.producer)
+        state = ProducerLink(
+            link, link._impl, plan, presettled, name=plan.producer, eventhubs=eventhubs
+        )
         self.links[link._impl] = state
         link.open()
         self.top_up(state)
 
     def forget(self, producer: ProducerLink) -> None:
         producer.closed = True
+        batches = self.host.guard.batches
+        if batches:  # batches it will never read
+            batches.difference_update({k for k in batches if k[0] == producer.link.name})
         self._drop(producer.deliveries + [d for _, ds in producer.routed.values() for d in ds])
         producer.records, producer.deliveries, producer.ids, producer.routed = [], [], [], {}
         detach_all(producer.plan.targets.values())
@@ -160,6 +183,11 @@ class ProducerPart:
 
     def drain(self, producer: ProducerLink) -> None:
         """Read every complete delivery of a producer link (called for its current delivery)."""
+        if producer.eventhubs:
+            self._drain_eventhubs(producer)
+            return
+        if self.host.guard.batches and self._batch_on_spate_link(producer):
+            return
         lp = producer.pointer
         buf = self.recv_buffer
         size_max = limits.message_bytes_max
@@ -278,6 +306,90 @@ class ProducerPart:
                 self.unconfirmed += 1
             records.append(raw)
             got += 1
+        if got:
+            self.dirty.add(lp)
+
+    def _batch_on_spate_link(self, producer: ProducerLink) -> bool:
+        """An Event Hubs batch (format 0x80013700, let through by the guard of a dialect
+        listener) on a link that is not the dialect's: the link ends, as for any format but 0."""
+        name = producer.link.name
+        batches: set[tuple[str | None, bytes]] = self.host.guard.batches
+        mine = {key for key in batches if key[0] == name}
+        if not mine:
+            return False
+        batches.difference_update(mine)
+        self.host.end_producer(
+            producer,
+            plain(
+                NOT_IMPLEMENTED,
+                f"message-format 0x{eventhubs.BATCH_FORMAT:08x} on link {name!r}: batches are "
+                "taken on Event Hubs links ('<hub>', '<hub>/Partitions/<n>'); Spate's own "
+                "links store AMQP messages (message-format 0)",
+            ),
+        )
+        return True
+
+    def _drain_eventhubs(self, producer: ProducerLink) -> None:
+        """An Event Hubs link's deliveries (ADR 0021): a batch (message-format 0x80013700, noted
+        by the inbound guard) is split into its messages, stored as consecutive records whose
+        last carries the delivery's outcome; on a link to the hub (no partition) a message or
+        batch with `x-opt-partition-key` goes where MurmurHash3 of the key puts it, the others
+        round-robin per pump like any agnostic link."""
+        lp, buf, size_max = producer.pointer, self.recv_buffer, limits.message_bytes_max
+        batches: set[tuple[str | None, bytes]] = self.host.guard.batches
+        plan = producer.plan
+        got = 0
+        while True:
+            cur = lib.pn_link_current(lp)
+            if cur == ffi.NULL:
+                break
+            if lib.pn_delivery_partial(cur):
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                if cur in producer.oversize or lib.pn_delivery_pending(cur) > size_max:
+                    producer.oversize.add(cur)
+                    while lib.pn_link_recv(lp, buf, size_max + 1) > 0:
+                        pass
+                break
+            size = lib.pn_link_recv(lp, buf, size_max + 1)
+            if size > size_max or cur in producer.oversize:
+                self._reject_oversize(producer, cur)
+                continue
+            if size < 0:
+                if lib.pn_delivery_aborted(cur):
+                    self._discard_aborted(producer, cur)
+                    continue
+                size = 0
+            raw = ffi.unpack(buf, size)
+            tag = lib.pn_delivery_tag(cur)
+            key = (producer.link.name, bytes(ffi.buffer(tag.start, tag.size)))
+            lib.pn_link_advance(lp)
+            got += 1
+            try:
+                if batches and key in batches:
+                    batches.discard(key)
+                    records = eventhubs.split_batch(raw)
+                else:
+                    records = [sections.scan_incoming(raw).stored]
+                hub_key = None if plan.bound is not None else eventhubs.partition_key(records[0])
+            except (sections.MalformedMessage, codec.DecodeError) as err:
+                self._reject(cur, plain(DECODE_ERROR, f"malformed message: {err}"))
+                continue
+            if producer.presettled or lib.pn_delivery_settled(cur):
+                lib.pn_delivery_settle(cur)
+                cur = None
+            else:
+                self.unconfirmed += 1
+            outcomes = [None] * (len(records) - 1) + [cur]
+            if hub_key is not None:
+                pid = PartitionId(hash_partition(hub_key, plan.partitions))
+                batch = producer.routed.setdefault(pid, ([], []))
+                batch[0].extend(records)
+                batch[1].extend(outcomes)
+            else:
+                producer.records.extend(records)
+                producer.deliveries.extend(outcomes)
         if got:
             self.dirty.add(lp)
 

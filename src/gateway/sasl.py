@@ -78,18 +78,25 @@ def frame(code: int, fields: list[object]) -> bytes:
 
 
 class SaslServer:
-    def __init__(self, *, allow_anonymous: bool, allow_plain: bool) -> None:
-        assert allow_anonymous or allow_plain, "a listener needs at least one way in"
+    def __init__(
+        self, *, allow_anonymous: bool, allow_plain: bool, allow_cbs: bool = False
+    ) -> None:
+        assert allow_anonymous or allow_plain or allow_cbs, "a listener needs a way in"
         self.allow_anonymous = allow_anonymous
         self.allow_plain = allow_plain
+        self.allow_cbs = allow_cbs
+        """MSSBCBS (the Event Hubs dialect, ADR 0021): no credentials at this stage, the
+        connection presents tokens on `$cbs`; such listeners also take ANONYMOUS that way."""
         self.stage = Stage.HEADER
         self._buf = b""
         self._user = "anonymous"
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
-        return (("PLAIN",) if self.allow_plain else ()) + (
-            ("ANONYMOUS",) if self.allow_anonymous else ()
+        return (
+            (("PLAIN",) if self.allow_plain else ())
+            + (("MSSBCBS",) if self.allow_cbs else ())
+            + (("ANONYMOUS",) if self.allow_anonymous or self.allow_cbs else ())
         )
 
     def receive(self, data: bytes) -> list[Action]:
@@ -145,8 +152,10 @@ class SaslServer:
                     return Authenticate("PLAIN", None, None)
                 return Authenticate("PLAIN", user, password)
             return Authenticate("PLAIN", None, None)
-        if mechanism == "ANONYMOUS" and self.allow_anonymous:
+        if mechanism == "ANONYMOUS" and (self.allow_anonymous or self.allow_cbs):
             return Authenticate("ANONYMOUS", None, None)
+        if mechanism == "MSSBCBS" and self.allow_cbs:
+            return Authenticate("MSSBCBS", None, None)
         return Authenticate(mechanism, None, None)
 
     def outcome(self, user: str | None) -> list[Action]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from spate.core import limits
 from spate.core.backend import Broker
 from spate.core.errors import InvalidArgument
+from spate.gateway import eventhubs
 from spate.gateway.auth import Users
 from spate.gateway.driver import AmqpConnection, Context, snapshot
 from spate.gateway.links import Rooms
@@ -37,8 +38,16 @@ class ListenerConfig:
     offset_commit_messages: int = limits.offset_commit_messages
     offset_commit_ms: int = limits.offset_commit_interval_ms
     """Named consumers' batched offset stores (ADR 0012)."""
+    dialects: tuple[str, ...] = ()
+    """Vendor dialects spoken besides Spate's own: "eventhubs" (ADR 0021, docs/event-hubs.md)."""
 
     def validate(self) -> None:
+        for dialect in self.dialects:
+            if dialect not in eventhubs.DIALECTS:
+                raise InvalidArgument(
+                    f"unknown listener dialect {dialect!r}: known are "
+                    + ", ".join(eventhubs.DIALECTS)
+                )
         if not self.allow_anonymous and self.users_file is None:
             raise InvalidArgument("the listener needs allow_anonymous or a users_file")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -96,6 +105,8 @@ class GatewayServer:
             anonymous_remote=self.config.allow_remote_anonymous,
             offset_commit_messages=self.config.offset_commit_messages,
             offset_commit_interval_ms=self.config.offset_commit_ms,
+            dialects=frozenset(self.config.dialects),
+            sas_keys=dict(users.sas_keys) if users is not None else {},
         )
         tls = None
         if self.config.tls_cert is not None and self.config.tls_key is not None:

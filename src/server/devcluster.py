@@ -130,8 +130,19 @@ def _free_port(taken: Collection[int] = ()) -> int:
 
 
 class DevCluster:
-    def __init__(self, data_dir: Path, *, require_defined_groups: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        require_defined_groups: bool = False,
+        node_args: tuple[str, ...] = (),
+        gateway_args: tuple[str, ...] = (),
+    ) -> None:
         self.dir = data_dir.resolve()
+        self.node_args = node_args
+        """More `spate node run` flags for the nodes `up` starts (e.g. `--dialect eventhubs`)."""
+        self.gateway_args = gateway_args
+        """More `spate gateway run` flags for the gateways `up` starts."""
         self.require_defined_groups = require_defined_groups
         """Processes started by `up` get `--require-defined-groups` (running ones keep theirs)."""
 
@@ -257,6 +268,7 @@ class DevCluster:
             "--metadata-peers",
             ",".join(peers),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
+            *self.node_args,
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(node_dir / "node.log", "ab") as log_file:
@@ -299,6 +311,7 @@ class DevCluster:
             "--metrics-port",
             str(gateway.metrics_port),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
+            *self.gateway_args,
         ]
         env = dict(os.environ, SPATE_METADATA_PASSWORD=self._secret())
         with open(gateway_dir / "node.log", "ab") as log_file:

@@ -52,7 +52,7 @@ from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
 from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
-from spate.server.settings import check_fields, read_table
+from spate.server.settings import DIALECTS, check_fields, read_table
 from spate.server.tls import check_all_or_none, cluster_contexts
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ class GatewaySettings:
     offset_commit_ms: int = limits.offset_commit_interval_ms
     require_defined_groups: bool = False
     """Refuse attaches naming a consumer group not defined in the metadata service (ADR 0015)."""
+    dialects: tuple[str, ...] = ()
+    """Vendor dialects the AMQP listener speaks besides Spate's own ("eventhubs", ADR 0021)."""
     secret: str = field(default="", repr=False)
     """The cluster secret (the nodes' metadata password): proxy mode opens wire sessions with it."""
     synap_port: int | None = None
@@ -103,6 +105,11 @@ class GatewaySettings:
     """`text` or `json` (JSON lines, spate.server.logs)."""
 
     def validate(self) -> None:
+        unknown = sorted(set(self.dialects) - set(DIALECTS))
+        if unknown:
+            raise InvalidArgument(
+                f"dialects: unknown {', '.join(unknown)}; known: {', '.join(DIALECTS)}"
+            )
         if not self.admin:
             raise InvalidArgument("a gateway needs at least one node admin endpoint (--admin)")
         if self.mode not in MODES:
@@ -258,6 +265,7 @@ class GatewayProcess:
                 tls_key=settings.tls_key,
                 offset_commit_messages=settings.offset_commit_messages,
                 offset_commit_ms=settings.offset_commit_ms,
+                dialects=settings.dialects,
             ),
             modes,
             rooms=self.rooms,

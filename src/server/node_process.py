@@ -137,6 +137,7 @@ class NodeProcess:
                 tls_key=settings.tls_key,
                 offset_commit_messages=settings.offset_commit_messages,
                 offset_commit_ms=settings.offset_commit_ms,
+                dialects=settings.dialects,
             ),
         )
         self.admin = AdminServer(

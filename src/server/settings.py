@@ -16,6 +16,10 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 LOG_FORMATS = ("text", "json")
 
 
+DIALECTS = ("eventhubs",)
+"""Vendor AMQP dialects a listener can speak besides Spate's own (ADR 0021)."""
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     node_id: str
@@ -63,11 +67,18 @@ class NodeSettings:
     """Named consumers: store the offset after at most this many finished messages..."""
     offset_commit_ms: int = limits.offset_commit_interval_ms
     """...or this long after the first one not stored (ADR 0012)."""
+    dialects: tuple[str, ...] = ()
+    """Vendor dialects the AMQP listener speaks besides Spate's own ("eventhubs", ADR 0021)."""
     require_defined_groups: bool = False
     """Consumer groups (ADR 0015): refuse an attach naming a group that is not defined in the
     metadata service (`spate group create`) instead of creating it on first attach."""
 
     def validate(self) -> None:
+        unknown = sorted(set(self.dialects) - set(DIALECTS))
+        if unknown:
+            raise InvalidArgument(
+                f"dialects: unknown {', '.join(unknown)}; known: {', '.join(DIALECTS)}"
+            )
         if not self.node_id or not self.node_id.replace("-", "").replace("_", "").isalnum():
             raise InvalidArgument(f"node id {self.node_id!r} must be letters, digits, '-' or '_'")
         if not self.metadata_password:
