@@ -59,7 +59,9 @@ from spate.node.log.producers import ProducerState
 from spate.node.log.tracking import ENTRIES_PER_CHUNK_MAX, NAME_BYTES_MAX, TrackedOffset
 from spate.node.replication import limits
 from spate.node.replication.messages import (
+    MEMBERSHIP_MAGIC,
     Entry,
+    Membership,
     Message,
     Proposed,
     Ready,
@@ -152,6 +154,10 @@ class Replica(LocalPartition):
         self.failure: str | None = None
         self.catching_up = False
         self.install: tuple[list[tuple[str, int]], int, Term] | None = None
+        self.install_membership: Membership | None = None
+        """The membership the leader's SnapshotNeeded named for the transfer under way."""
+        self.install_asked = 0
+        """The Raft index that SnapshotNeeded asked for (an install may go past it)."""
         self.closed = False
 
     # -- Partition protocol
@@ -487,10 +493,11 @@ class Replica(LocalPartition):
         index = log.last_index
         while index > log.snapshot.index:
             payload = log.entry(index).payload
-            if payload:
+            if payload and not payload.startswith(MEMBERSHIP_MAGIC):
                 return chunk_codec.decode_header(payload).end_offset
             index -= 1
-        # Only barriers above the snapshot point: the end is the applied end.
+        # Only barriers (and membership entries) above the snapshot point: the end is the
+        # applied end.
         return self._committed_end
 
     def read(
@@ -564,8 +571,10 @@ class Replica(LocalPartition):
                     waiting.done(Unavailable("the original's commit is late; retry"))
 
     def step(self, message: Message) -> None:
-        if message.target != self.node or message.source not in self.raft.peers:
-            return  # not for this replica (a stale or confused peer): drop it
+        if message.target != self.node or message.source == self.node:
+            return  # not for this replica (a confused peer): drop it
+        # Any authenticated node of the cluster may be a member this replica has not heard of
+        # yet (a new voter, a new leader; ADR 0022): the core decides what to do with it.
         if (
             isinstance(message, VoteRequest)
             and not message.pre_vote
@@ -655,7 +664,7 @@ class Replica(LocalPartition):
                 listener(change.leader, change.epoch)
 
     def _apply(self, entry: Entry) -> None:
-        if entry.payload:
+        if entry.payload and not entry.payload.startswith(MEMBERSHIP_MAGIC):
             header = chunk_codec.decode_header(entry.payload)
             self._committed_end = max(self._committed_end, header.end_offset)
         pending = self._pending.pop(entry.index, None)
