@@ -45,7 +45,13 @@ def register(subparsers: Any) -> None:
         "wait until each is ready, write DIR/endpoints.json and "
         "print the endpoints.",
     )
-    up.add_argument("--nodes", type=int, default=1, help="number of nodes, 1 to 3 (default: 1)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of nodes, 1 to 9 (default: 1): the first three are metadata voters, the "
+        "rest non-voting; raising it on a running three-node cluster adds nodes",
+    )
     up.add_argument(
         "--gateways",
         type=int,

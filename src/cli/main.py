@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spate.cli.gateway",
     "spate.cli.node",
     "spate.cli.user",
+    "spate.cli.ops",  # after admin and node: adds verbs to `partition` and `node`
 )
 
 EXIT_OK = 0

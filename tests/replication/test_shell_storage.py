@@ -9,7 +9,6 @@ import struct
 from pathlib import Path
 
 import crc32c
-
 from spate.core import frames
 from spate.core.backend import OffsetSpec
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term

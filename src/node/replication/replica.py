@@ -44,6 +44,7 @@ from spate.core.backend import (
 )
 from spate.core.errors import (
     BrokerError,
+    FailedPrecondition,
     InvalidArgument,
     MessageSizeExceeded,
     NotLeader,
@@ -65,6 +66,8 @@ from spate.node.replication.messages import (
     Message,
     Proposed,
     Ready,
+    Refusal,
+    RefusalReason,
     VoteRequest,
 )
 from spate.node.replication.raft import Raft, RaftConfig, Role
@@ -113,6 +116,7 @@ class Replica(LocalPartition):
         partition: PartitionId,
         replicas: Sequence[NodeId],
         store: RaftStore,
+        learners: Sequence[NodeId] = (),
         raft_config: RaftConfig,
         rng: random.Random,
         wake: Callable[[], None],
@@ -128,7 +132,7 @@ class Replica(LocalPartition):
         hard_state, snapshot, entries, committed_end = store.initial()
         self.raft = Raft(
             node,
-            replicas,
+            Membership.of(replicas, learners),
             raft_config,
             rng,
             hard_state=hard_state,
@@ -185,6 +189,52 @@ class Replica(LocalPartition):
     @property
     def is_leader(self) -> bool:
         return self.raft.role is Role.LEADER
+
+    # -- replica-set changes (ADR 0022)
+
+    def transfer_leadership(self, target: NodeId) -> BrokerError | None:
+        """On the leader: hand leadership to voter `target` (Raft's TimeoutNow); None when
+        started (or `target` leads already). FailedPrecondition naming the leader elsewhere,
+        InvalidArgument when `target` is not a voter."""
+        refusal = self.raft.transfer_leadership(target)
+        if refusal is None:
+            self._wake()
+            return None
+        return self._membership_error(refusal, f"{target} is not a voter of this partition")
+
+    def propose_membership(
+        self, voters: Sequence[NodeId], learners: Sequence[NodeId]
+    ) -> BrokerError | int:
+        """On the leader: append a membership entry; its Raft index, or why not
+        (FailedPrecondition: not the leader; Unavailable: the previous change is not committed
+        yet, retry; InvalidArgument: more than one voter changes, or it drops the leader)."""
+        if not voters or set(voters) & set(learners):
+            return InvalidArgument("voters: need at least one, none of them also a learner")
+        if len(voters) > limits.peers_max or len(voters) + len(learners) > limits.members_max:
+            return InvalidArgument(
+                f"voters: at most {limits.peers_max}, and {limits.members_max} members in all"
+            )
+        result = self.raft.propose_membership(Membership.of(voters, learners))
+        if isinstance(result, Proposed):
+            self._wake()
+            return result.index
+        return self._membership_error(
+            result,
+            "a membership change may add or remove one voter at a time and must keep the "
+            f"leader ({self.node}) a voter: transfer leadership first to remove it",
+        )
+
+    def _membership_error(self, refusal: Refusal, invalid: str) -> BrokerError:
+        match refusal.reason:
+            case RefusalReason.NOT_LEADER:
+                leader = refusal.leader or "unknown"
+                return FailedPrecondition(
+                    f"{self.node} does not lead {self._stream}/{self._partition} (leader: {leader})"
+                )
+            case RefusalReason.MEMBERSHIP_INVALID:
+                return InvalidArgument(invalid)
+            case _:
+                return refusal.error()
 
     def propose(
         self, records: Sequence[bytes], done: AppendDone, producer: PublishingIds | None = None
