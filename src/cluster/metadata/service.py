@@ -240,10 +240,11 @@ class MetadataService:
         amqp: str,
         admin: str,
         replication: str,
-        metadata: str,
+        metadata: str | None,
         now_ms: int | None = None,
     ) -> None:
-        """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time.
+        """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time;
+        `metadata` None for a non-voting node (no metadata voter to reach; ADR 0022).
 
         Call once when the node starts, before serving; then `heartbeat` every
         `limits.heartbeat_interval_ms`. Raises InvalidArgument for a bad id or endpoint.
