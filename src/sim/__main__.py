@@ -88,6 +88,7 @@ def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool
         "segments deleted by retention": result.retention_deletes,
         "offset stores acknowledged": result.offsets_acknowledged,
         "offset queries answered": result.offset_queries,
+        "membership changes": result.membership_changes,
         "simulated ms": result.time_ms,
     }
     return _Outcome(

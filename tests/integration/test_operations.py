@@ -1,7 +1,7 @@
 """Cluster operations on real processes (issue 14, ADR 0022): grow a three-node dev cluster
 to four, move a partition's replica onto the new node and drain an old one while a producer
 publishes with confirms and a consumer reads, stop the drained node; rebalance leaders on a
-skewed cluster.
+skewed cluster (every leadership on one node).
 
 BRIEF §4: zero confirmed messages lost, no reordering; publishing pauses only while a
 leadership moves (the longest pause is printed, and bounded loosely: timing is not the test).
@@ -101,20 +101,20 @@ def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
         staying = next(n for n in before if n != source)
         drained = next(n for n in before if n not in (source, staying))
         with _Traffic(cluster, "orders", cluster.urls()[cluster.index_of(staying)]) as traffic:
-            traffic.wait_for(10 * BATCH)
+            traffic.wait_for(5 * BATCH)
             moved = cluster.cli_json(
                 "partition", "move", "orders", "0", "--from", source, "--to", "n4"
             )
             assert moved["state"] == "succeeded", moved
-            traffic.wait_for(len(traffic.acked) + 10 * BATCH)
+            traffic.wait_for(len(traffic.acked) + 3 * BATCH)
             after_move = _replicas(cluster, "orders")
             assert set(after_move["replicas"]) == (set(before) - {source}) | {"n4"}
             drain = cluster.cli_json("node", "drain", drained)
             assert drain["state"] == "succeeded", drain
-            traffic.wait_for(len(traffic.acked) + 10 * BATCH)
+            traffic.wait_for(len(traffic.acked) + 3 * BATCH)
             assert drained not in _replicas(cluster, "orders")["replicas"]
             cluster.stop_node(cluster.index_of(drained))
-            traffic.wait_for(len(traffic.acked) + 10 * BATCH)
+            traffic.wait_for(len(traffic.acked) + 3 * BATCH)
         assert not traffic.failure, traffic.failure
         acked = list(traffic.acked)
         longest = max(traffic.pauses)
@@ -132,17 +132,16 @@ def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
 
 def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) -> None:
     with running_cluster(tmp_path / "skew", nodes=3) as cluster:
-        cluster.cli("stream", "create", "events", "--partitions", "6", "--replicas", "3")
-        for partition in range(6):
-            cluster.leader_of("events", partition)
+        cluster.cli("stream", "create", "events", "--partitions", "3", "--replicas", "3")
         # Skew: every leadership onto n1.
-        for partition in range(6):
+        for partition in range(3):
+            cluster.leader_of("events", partition)
             done = cluster.cli_json(
                 "partition", "transfer-leader", "events", str(partition), "--to", "n1"
             )
             assert done["state"] == "succeeded", done
         leaders = [p["leader"] for p in cluster.cli_json("partition", "list")["partitions"]]
-        assert leaders == ["n1"] * 6
+        assert leaders == ["n1"] * 3
         result = cluster.cli_json("partition", "rebalance")
         assert result["state"] == "succeeded", result
         print("\n".join(result["log"]))
@@ -151,7 +150,7 @@ def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) ->
         counts: dict[str, int] = {}
         for p in placements:
             counts[p["leader"]] = counts.get(p["leader"], 0) + 1
-        assert counts == {"n1": 2, "n2": 2, "n3": 2}
+        assert counts == {"n1": 1, "n2": 1, "n3": 1}
         # Bad requests get a clear status and exit code, and change nothing.
         missing = cluster.cli(
             "partition", "transfer-leader", "nope", "0", "--to", "n1", check=False

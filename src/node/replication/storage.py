@@ -211,7 +211,7 @@ class RaftStore:
         entries = []
         for data in self.log.chunks_from_index(commit + 1, limits.restart_window_bytes_max):
             header = chunk_codec.decode_header(data)
-            entries.append(Entry(header.raft_index, Term(header.epoch), _core_payload(data)))
+            entries.append(Entry(header.raft_index, Term(header.epoch), core_payload(data)))
         if entries and entries[-1].index != last:
             raise StorageFailure(
                 f"more than {limits.restart_window_bytes_max} bytes of uncommitted entries"
@@ -237,7 +237,7 @@ class RaftStore:
                 if header.raft_index > high:
                     return found
                 if chunk_codec.is_membership(header):
-                    found = Membership.decode(_core_payload(data))
+                    found = Membership.decode(core_payload(data))
                 index = header.raft_index + 1
         return found
 
@@ -320,7 +320,7 @@ class RaftStore:
         self.hard.close()
 
 
-def _core_payload(data: bytes) -> bytes:
+def core_payload(data: bytes) -> bytes:
     """The Raft core's payload of a stored chunk: empty for a barrier, the membership entry
     for a membership chunk, else the chunk itself."""
     header = chunk_codec.decode_header(data)
