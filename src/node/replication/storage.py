@@ -227,7 +227,10 @@ class RaftStore:
         """The last membership entry at an index in (low, high] of the stored log, if any:
         what a segment install that went past the snapshot it was asked for brought in."""
         found = None
-        index = low + 1
+        first = self.log.first_raft_index()
+        if first is None:
+            return None
+        index = max(low + 1, first)  # an install may start above `low` (retention)
         while index <= high:
             chunks = self.log.chunks_from_index(index, limits.restart_window_bytes_max)
             if not chunks:
