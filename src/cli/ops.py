@@ -103,6 +103,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "node is alive; prints the leaders per node afterwards.\n\nexample:\n  spate "
         "partition rebalance",
     )
+    rebalance.add_argument(
+        "--auto",
+        choices=("on", "off"),
+        help="instead: switch the answering node's automatic leader balancer on or off (it "
+        "starts a rebalance every --interval seconds while a partition is led elsewhere than "
+        "its preferred leader; in memory: off again when that node restarts)",
+    )
+    rebalance.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="the automatic balancer's period (default 30)",
+    )
     rebalance.set_defaults(run=_rebalance)
 
     replicas = partition.add_parser(
@@ -184,6 +198,20 @@ def _transfer(args: argparse.Namespace) -> int:
 
 
 def _rebalance(args: argparse.Namespace) -> int:
+    if args.auto is not None:
+        request = pb.SetLeaderBalancerRequest(enabled=args.auto == "on", interval_s=args.interval)
+        status = admin_call(args, "SetLeaderBalancer", request)
+        document = {
+            "enabled": status.enabled,
+            "interval_s": status.interval_s,
+            "operations": list(status.operations),
+        }
+        if args.output == "json":
+            print(output.render_json(document))
+        else:
+            state = f"on, every {status.interval_s:g} s" if status.enabled else "off"
+            print(f"automatic leader balancer: {state}")
+        return 0
     return _follow(args, admin_call(args, "RebalanceLeaders", pb.RebalanceLeadersRequest()))
 
 

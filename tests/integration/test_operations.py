@@ -151,6 +151,22 @@ def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) ->
         for p in placements:
             counts[p["leader"]] = counts.get(p["leader"], 0) + 1
         assert counts == {"n1": 1, "n2": 1, "n3": 1}
+        # The automatic balancer, switched on, undoes a skew by itself.
+        moved_away = next(p for p in placements if p["leader"] != "n1")
+        cluster.cli_json(
+            "partition", "transfer-leader", "events", str(moved_away["partition"]), "--to", "n1"
+        )
+        switched = cluster.cli_json("partition", "rebalance", "--auto", "on", "--interval", "1")
+        assert switched["enabled"] and switched["interval_s"] == 1.0
+        deadline = time.monotonic() + 60
+        while True:
+            placements = cluster.cli_json("partition", "list")["partitions"]
+            if all(p["leader"] == p["replicas"][0] for p in placements):
+                break
+            assert time.monotonic() < deadline, placements
+            time.sleep(0.5)
+        off = cluster.cli_json("partition", "rebalance", "--auto", "off")
+        assert not off["enabled"] and off["operations"], off
         # Bad requests get a clear status and exit code, and change nothing.
         missing = cluster.cli(
             "partition", "transfer-leader", "nope", "0", "--to", "n1", check=False

@@ -69,6 +69,9 @@ call_timeout_s = 3.0
 """One call to another node's admin API."""
 transfer_retry_s = 2.0
 """A leadership transfer not done after this long is asked for again."""
+balancer_interval_s_default = 30.0
+balancer_interval_s_min = 0.5
+balancer_operations_kept_max = 64
 
 
 @dataclass
@@ -162,6 +165,51 @@ class Operations:
         self._ids = itertools.count(1)
         self._operations: OrderedDict[str, Operation] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._balancer: asyncio.Task[None] | None = None
+        self.balancer_interval_s = 0.0
+        self.balancer_operations: list[str] = []
+
+    # -- the automatic leader balancer
+
+    def set_balancer(self, enabled: bool, interval_s: float) -> None:
+        """Switch the automatic leader balancer on (every `interval_s`) or off."""
+        if enabled:
+            interval_s = interval_s or balancer_interval_s_default
+            if interval_s < balancer_interval_s_min:
+                raise InvalidArgument(
+                    f"interval_s: at least {balancer_interval_s_min} s, not {interval_s:g}"
+                )
+        if self._balancer is not None:
+            self._balancer.cancel()
+            self._balancer = None
+        self.balancer_interval_s = interval_s if enabled else 0.0
+        if enabled:
+            self._balancer = asyncio.get_running_loop().create_task(
+                self._balance(interval_s), name="leader-balancer"
+            )
+            self._balancer.add_done_callback(self._tasks.discard)
+            self._tasks.add(self._balancer)
+
+    def _imbalanced(self) -> bool:
+        alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
+        return any(
+            p.replicas
+            and p.replicas[0] in alive
+            and (p.leader is None or p.leader.node != p.replicas[0])
+            for p in self.metadata.partitions()
+        )
+
+    async def _balance(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            running = any(
+                o.kind == "rebalance" and o.state == "running" for o in self._operations.values()
+            )
+            if not running and self._imbalanced():
+                operation = self.rebalance()
+                self.balancer_operations.append(operation.id)
+                del self.balancer_operations[:-balancer_operations_kept_max]
+                log.info("leader balancer: started %s", operation.id)
 
     # -- registry
 

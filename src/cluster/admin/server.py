@@ -726,6 +726,21 @@ class _AdminServicer(pb_grpc.AdminServicer):
 
         return await _answer(context, call)
 
+    async def SetLeaderBalancer(
+        self,
+        request: pb.SetLeaderBalancerRequest,
+        context: grpc.aio.ServicerContext[pb.SetLeaderBalancerRequest, pb.LeaderBalancerStatus],
+    ) -> pb.LeaderBalancerStatus:
+        async def call() -> pb.LeaderBalancerStatus:
+            self.operations.set_balancer(request.enabled, request.interval_s)
+            return pb.LeaderBalancerStatus(
+                enabled=request.enabled,
+                interval_s=self.operations.balancer_interval_s,
+                operations=self.operations.balancer_operations,
+            )
+
+        return await _answer(context, call)
+
     def _control(self) -> ReplicaControl:
         if self.replicas is None:
             raise FailedPrecondition("this process hosts no partition replicas (not a node)")
