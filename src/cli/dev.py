@@ -96,7 +96,7 @@ def _print(result: dict[str, Any], output: str) -> None:
             "ready" if n["ready"] else ("starting" if n["running"] else "stopped"),
             n["amqp"],
             n.get("admin", "-"),
-            n.get("metadata", "-"),
+            n.get("metadata", "-") if n.get("metadata_voter", True) else "(non-voting)",
         ]
         for n in result["processes"]
     ]
