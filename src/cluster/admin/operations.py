@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -112,11 +113,15 @@ class Operation:
 
 
 class Peers:
-    """Admin API stubs of the cluster's nodes, by node id (addresses from metadata)."""
+    """Admin API stubs of the cluster's nodes, by node id (addresses from metadata). Where the
+    nodes' admin API requires a token (ADR 0023), `token` (default `$SPATE_ADMIN_TOKEN`, the
+    CLI's variable) is sent as `authorization: Bearer`; it needs `configure` on `$cluster`."""
 
-    def __init__(self, metadata: MetadataService) -> None:
+    def __init__(self, metadata: MetadataService, token: str | None = None) -> None:
         self._metadata = metadata
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
+        token = os.environ.get("SPATE_ADMIN_TOKEN", "") if token is None else token
+        self._call_metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._closing: set[asyncio.Task[None]] = set()
 
     def stub(self, node: str) -> pb_grpc.AdminStub:
@@ -133,7 +138,8 @@ class Peers:
         """One call of an Admin method returning a ReplicaState at `node`; its failure as the
         BrokerError the other node raised (Unavailable when it could not be reached)."""
         try:
-            pending = cast(Awaitable[pb.ReplicaState], getattr(self.stub(node), method)(request))
+            call = getattr(self.stub(node), method)
+            pending = cast(Awaitable[pb.ReplicaState], call(request, metadata=self._call_metadata))
             return await asyncio.wait_for(pending, call_timeout_s)
         except grpc.aio.AioRpcError as error:
             trailing: Any = error.trailing_metadata() or ()
