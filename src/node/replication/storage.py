@@ -292,7 +292,11 @@ class RaftStore:
                 ready.hard_state.term,
                 ready.hard_state.vote,
             )
-            self.hard.write(ready.hard_state, sync=voted)
+            # A commit that passes a membership entry is synced too (ADR 0022): retention may
+            # delete that entry once applied, and a restart whose unsynced commit was lost
+            # would otherwise start below the retained log with the membership before it.
+            moved = old is not None and old.membership != ready.hard_state.membership
+            self.hard.write(ready.hard_state, sync=voted or moved)
         plan = log.begin_sync()
         if plan is None and not self.hard.dirty:
             return None
