@@ -45,7 +45,13 @@ def register(subparsers: Any) -> None:
         "wait until each is ready, write DIR/endpoints.json and "
         "print the endpoints.",
     )
-    up.add_argument("--nodes", type=int, default=1, help="number of nodes, 1 to 3 (default: 1)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of nodes, 1 to 9 (default: 1): the first three are metadata voters, the "
+        "rest non-voting; raising it on a running three-node cluster adds nodes",
+    )
     up.add_argument(
         "--gateways",
         type=int,
@@ -97,7 +103,7 @@ def _print(result: dict[str, Any], output: str) -> None:
             "ready" if n["ready"] else ("starting" if n["running"] else "stopped"),
             n["amqp"],
             n.get("admin", "-"),
-            n.get("metadata", "-"),
+            n.get("metadata", "-") if n.get("metadata_voter", True) else "(non-voting)",
         ]
         for n in result["processes"]
     ]

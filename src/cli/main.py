@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spate.cli.node",
     "spate.cli.perf",
     "spate.cli.user",
+    "spate.cli.ops",  # after admin and node: adds verbs to `partition` and `node`
 )
 
 EXIT_OK = 0

@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
         "--metadata-peers", help="other metadata voters as host:port,host:port (default: none)"
     )
     run.add_argument(
+        "--metadata-observer",
+        action="store_true",
+        help="join the metadata service as a non-voting replica of the voters in "
+        "--metadata-peers (a fourth node and beyond; its --metadata-port is not used)",
+    )
+    run.add_argument(
         "--users-file",
         type=Path,
         help="JSON users file for SASL PLAIN (make hashes with `spate user hash`)",
@@ -133,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         "metrics_port": args.metrics_port,
         "log_format": args.log_format,
         "metadata_peers": args.metadata_peers,
+        "metadata_voter": False if args.metadata_observer else None,
         "users_file": args.users_file,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,

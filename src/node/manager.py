@@ -34,11 +34,14 @@ PartitionKey = tuple[StreamName, PartitionId]
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """A partition this node hosts; `replicas` lists the group's voters (this node among them)."""
+    """A partition this node hosts; `replicas` lists the group's voters and `learners` the
+    replicas catching up to join (ADR 0022); this node is in one of them. They seed a new
+    replica's Raft membership only: an existing replica's log knows better."""
 
     config: StreamConfig
     partition: PartitionId
     replicas: tuple[NodeId, ...]
+    learners: tuple[NodeId, ...] = ()
 
 
 class PartitionManager:
@@ -91,6 +94,7 @@ class PartitionManager:
                     assignment.partition,
                     assignment.replicas,
                     LogConfig.from_stream(config),
+                    learners=assignment.learners,
                 )
                 self._open[key] = assignment
                 log.info(

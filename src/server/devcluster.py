@@ -38,6 +38,9 @@ gateways_max = 4
 gateway_refresh_ms = 500
 """How often a dev gateway re-reads the routes (a leader change reaches it within this)."""
 metadata_voters_max = 3
+nodes_max = 9
+"""Nodes of a dev cluster: the first three are the metadata voters, the others non-voting
+metadata replicas (ADR 0022)."""
 node_start_timeout_s = 60.0
 node_stop_timeout_s = 15.0
 dev_port_min, dev_port_max = 20_000, 32_000
@@ -242,6 +245,7 @@ class DevCluster:
         node_dir = self._node_dir(node.node_id)
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / NODE_ENDPOINTS_FILE).unlink(missing_ok=True)
+        voter = node in self._voters(plan)
         peers = [f"{HOST}:{v.metadata_port}" for v in self._voters(plan) if v != node]
         argv = [
             sys.executable,
@@ -267,6 +271,7 @@ class DevCluster:
             str(node.metrics_port),
             "--metadata-peers",
             ",".join(peers),
+            *([] if voter else ["--metadata-observer"]),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
             *self.node_args,
         ]
@@ -361,17 +366,19 @@ class DevCluster:
 
     # -- commands ---------------------------------------------------------------------------
     def up(self, nodes: int, gateways: int = 1) -> dict[str, Any]:
-        if not 1 <= nodes <= metadata_voters_max:
+        if not 1 <= nodes <= nodes_max:
             raise InvalidArgument(
-                f"--nodes must be between 1 and {metadata_voters_max}: every node is a metadata "
-                "voter, and non-voting nodes are not supported yet"
+                f"--nodes must be between 1 and {nodes_max}: the first {metadata_voters_max} "
+                "are metadata voters, the others non-voting metadata replicas"
             )
         plan = self._load_plan()
-        if plan and nodes > len(plan):
+        if plan and len(plan) < nodes and len(plan) < metadata_voters_max:
             raise InvalidArgument(
-                f"this cluster was created with {len(plan)} node(s); growing the metadata voter "
-                f"set of a running cluster is not supported yet. Use a new --data-dir, or "
-                f"`spate dev down` and delete {self.dir} first"
+                f"this cluster was created with {len(plan)} node(s): all of them are metadata "
+                f"voters, and growing the voter set of a running cluster is not supported yet. "
+                f"A cluster of {metadata_voters_max} grows by non-voting nodes (--nodes "
+                f"{metadata_voters_max + 1} and more). Use a new --data-dir, or `spate dev "
+                f"down` and delete {self.dir} first"
             )
         taken = {port for node in plan for port in node.ports}
         while len(plan) < nodes:

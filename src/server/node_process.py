@@ -37,6 +37,7 @@ from spate.node.wire_server import WireServer
 from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
+from spate.server.replica_control import LocalReplicaControl
 from spate.server.settings import NodeSettings, advertised_host
 from spate.server.tls import cluster_contexts
 
@@ -89,6 +90,7 @@ class NodeProcess:
             bind_address=f"{settings.host}:{settings.metadata_port}",
             peer_addresses=list(settings.metadata_peers),
             password=settings.metadata_password,
+            voter=settings.metadata_voter,
         )
         ssl_server = ssl_client = None
         if settings.cluster_tls_cert and settings.cluster_tls_key and settings.cluster_tls_ca:
@@ -147,6 +149,7 @@ class NodeProcess:
             producers=self.manager.producers,
             consumers=self.front,
             coordinators=self.front,
+            replicas=LocalReplicaControl(self.manager),
             host=settings.host,
             port=settings.admin_port,
             auth=AdminAuth(
@@ -235,7 +238,7 @@ class NodeProcess:
             pid=os.getpid(),
             amqp=f"{host}:{settings.advertise_amqp_port or amqp_port}",
             admin=f"{host}:{admin_port}",
-            metadata=f"{host}:{settings.metadata_port}",
+            metadata=f"{host}:{settings.metadata_port}" if settings.metadata_voter else "",
             replication=f"{host}:{replication_port}",
             metrics=f"http://{host}:{metrics_port}{metrics.METRICS_PATH}",
             started_at_ms=int(time.time() * 1000),
@@ -265,12 +268,22 @@ class NodeProcess:
         e = self.endpoints
         assert e is not None
         await self.metadata.register_node(
-            self.node_id, amqp=e.amqp, admin=e.admin, replication=e.replication, metadata=e.metadata
+            self.node_id,
+            amqp=e.amqp,
+            admin=e.admin,
+            replication=e.replication,
+            metadata=e.metadata or None,
         )
 
     async def _apply_metadata(self) -> None:
+        view = self.metadata.view()
         assignments = [
-            Assignment(a.config, a.partition, tuple(a.replicas) or (self.node_id,))
+            Assignment(
+                a.config,
+                a.partition,
+                tuple(a.replicas) or (self.node_id,),
+                view.streams[a.config.name].partitions[a.partition].learners,
+            )
             for a in self.metadata.assignments(self.node_id)
         ]
         await self.manager.apply(self.metadata.streams(), assignments)

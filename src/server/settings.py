@@ -45,6 +45,9 @@ class NodeSettings:
     link ids as fields; spate.server.logs)."""
     metadata_peers: tuple[str, ...] = ()
     """Other metadata voters as host:port (empty: this node is the only voter)."""
+    metadata_voter: bool = True
+    """False: a non-voting metadata replica (pysyncobj read-only node) that follows the voters
+    in `metadata_peers`; a cluster grows beyond its voters this way (ADR 0022)."""
     metadata_password: str = field(default="", repr=False)
     """Shared secret of the metadata Raft group (pysyncobj encrypts and authenticates with it)."""
     allow_anonymous: bool = True

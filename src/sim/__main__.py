@@ -57,6 +57,8 @@ def _run_core(seed: int, args: argparse.Namespace, bug: str | None, trace: bool)
         "elections": result.elections,
         "crashes": result.crashes,
         "snapshot transfers": result.snapshots,
+        "membership changes": result.membership_changes,
+        "leader transfers": result.transfers,
         "simulated ms": result.time_ms,
     }
     return _Outcome(
@@ -86,6 +88,7 @@ def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool
         "segments deleted by retention": result.retention_deletes,
         "offset stores acknowledged": result.offsets_acknowledged,
         "offset queries answered": result.offset_queries,
+        "membership changes": result.membership_changes,
         "simulated ms": result.time_ms,
     }
     return _Outcome(
@@ -170,6 +173,8 @@ _CORE_BUGS = {
     "ack-before-persist": Bugs(ack_before_persist=True),
     "early-append-response": Bugs(early_append_response=True),
     "forget-vote": Bugs(forget_vote=True),
+    "learners-count": Bugs(learners_count=True),
+    "membership-on-commit": Bugs(membership_on_commit=True),
 }
 _SHELL_BUGS = {
     "ack-before-fsync": ShellBugs(ack_before_fsync=True),

@@ -10,15 +10,19 @@
    applied logs are prefixes of one another;
 5. no acknowledged append lost: an acknowledged entry is in the committed history, every new
    leader's log holds the whole committed history above its snapshot (leader completeness), and
-   after every crash each acknowledged entry is still on the synced disk of a majority.
+   after every crash each acknowledged entry is still on the synced disk of a majority of the
+   voters of the group's newest committed membership, or of a membership appended after it;
+6. commit quorum (ADR 0022): whenever a leader's commit index rises, the entry there is on the
+   synced logs of a majority of the voters of the newest membership in that leader's log
+   (learners and removed replicas never count; a new membership counts from its append).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from spate.core.ids import NodeId, Term
-from spate.node.replication.messages import Entry
+from spate.node.replication.messages import Entry, Membership
 from spate.node.replication.raft import Raft, Role
 
 
@@ -36,6 +40,33 @@ class Checker:
         self.acked: list[list[tuple[int, Term, bytes]]] = [[] for _ in range(groups)]
         self._commit_seen: dict[tuple[NodeId, int], int] = {}
         self._entries: dict[tuple[int, int, Term], tuple[bytes, Term]] = {}
+        self._memberships: list[dict[int, list[Membership]]] = [{} for _ in range(groups)]
+        """Per group: every membership entry appended anywhere, by index (any term)."""
+
+    def commit_seen(self, node: NodeId, group: int) -> int:
+        return self._commit_seen.get((node, group), 0)
+
+    def commit_backed(
+        self,
+        node: NodeId,
+        group: int,
+        raft: Raft,
+        durable: Mapping[NodeId, Sequence[Entry]],
+    ) -> None:
+        """A leader's commit index rose: the entry there must be on the synced logs of a
+        majority of the voters of the newest membership in its log."""
+        commit = raft.log.committed
+        term = raft.log.term(commit)
+        voters = raft.membership.voters
+        holders = [
+            v for v in voters if len(durable[v]) >= commit and durable[v][commit - 1].term == term
+        ]
+        if len(holders) < len(voters) // 2 + 1:
+            raise InvariantViolation(
+                "commit-quorum",
+                f"leader {node} of group {group} term {raft.term} committed {term}/{commit} "
+                f"synced on {holders} only, of voters {list(voters)}",
+            )
 
     def restarted(self, node: NodeId, group: int, commit: int) -> None:
         self._commit_seen[(node, group)] = commit
@@ -91,6 +122,11 @@ class Checker:
                     f"{prev_term}; elsewhere it is {known[0]!r} after term {known[1]}",
                 )
             prev_term = entry.term
+            membership = Membership.decode(entry.payload)
+            if membership is not None:
+                seen = self._memberships[group].setdefault(entry.index, [])
+                if membership not in seen:
+                    seen.append(membership)
 
     def acknowledged(self, group: int, index: int, term: Term, payload: bytes) -> None:
         known = self.history[group].get(index)
@@ -101,22 +137,33 @@ class Checker:
             )
         self.acked[group].append((index, term, payload))
 
-    def durable(self, group: int, logs: Sequence[Sequence[Entry]]) -> None:
-        """After a crash: every acknowledged entry is on the synced log of a majority."""
-        quorum = len(logs) // 2 + 1
+    def durable(
+        self, group: int, logs: Mapping[NodeId, Sequence[Entry]], initial: Membership
+    ) -> None:
+        """After a crash: every acknowledged entry is on the synced log of a majority of the
+        voters of the newest committed membership, or of one appended after it (an entry
+        committed under a pending membership is on a majority of that one)."""
+        committed_at, committed = 0, initial
+        for index, (_, payload) in self.history[group].items():
+            membership = Membership.decode(payload)
+            if membership is not None and index > committed_at:
+                committed_at, committed = index, membership
+        candidates = [committed] + [
+            m for index, ms in self._memberships[group].items() if index > committed_at for m in ms
+        ]
         for index, term, payload in self.acked[group]:
-            holders = sum(
-                1
-                for log in logs
+            held = {
+                node
+                for node, log in logs.items()
                 if len(log) >= index
                 and log[index - 1].term == term
                 and log[index - 1].payload == payload
-            )
-            if holders < quorum:
+            }
+            if not any(len(held & set(m.voters)) >= m.quorum for m in candidates):
                 raise InvariantViolation(
                     "acknowledged-durable",
-                    f"group {group} acknowledged {term}/{index} "
-                    f"{payload!r} is synced on {holders} of {len(logs)} replicas",
+                    f"group {group} acknowledged {term}/{index} {payload!r} is synced on "
+                    f"{sorted(held)}: no majority of {[m.describe() for m in candidates]}",
                 )
 
     def _check_new_leader(self, node: NodeId, group: int, raft: Raft) -> None:

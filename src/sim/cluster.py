@@ -20,6 +20,7 @@ from spate.core.ids import NodeId, Term
 from spate.node.replication.messages import (
     AppendResponse,
     Entry,
+    Membership,
     Message,
     Proposed,
     Ready,
@@ -51,6 +52,13 @@ class Bugs:
     """Obey the send rule except for AppendResponse, which leaves at write time too."""
     forget_vote: bool = False
     """Never persist the hard state (term and vote survive no crash)."""
+    learners_count: bool = False
+    """In the core (a Raft subclass): the leader counts learners' acknowledgements towards
+    the commit quorum (ADR 0022; caught by `commit-quorum`)."""
+    membership_on_commit: bool = False
+    """In the core: the leader counts the commit quorum with the membership as of its commit
+    index, not the newest one in its log, i.e. a new membership takes effect for commits only
+    once committed under the old one (ADR 0022; caught by `commit-quorum`)."""
 
 
 NO_BUGS = Bugs()
@@ -72,6 +80,9 @@ class SimOptions:
     log_cache_bytes: int  # small values force snapshots
     steps: int
     bugs: Bugs = NO_BUGS
+    membership_ms: int = 0
+    """Mean time between replica-set operations (ADR 0022: add a learner, promote it, remove
+    a voter or a learner, transfer leadership); 0: none, every node a voter of every group."""
 
     @staticmethod
     def draw(seed: int, *, nodes: int | None = None, steps: int = 3000) -> SimOptions:
@@ -90,6 +101,8 @@ class SimOptions:
             propose_ms=rng.choice((5, 20, 60)),
             log_cache_bytes=rng.choice((0, 200, 100_000)),
             steps=steps,
+            # A separate stream, so the seeds without replica-set changes keep their runs.
+            membership_ms=random.Random(f"membership/{seed}").choice((0, 0, 40, 150)),
         )
 
 
@@ -102,6 +115,7 @@ class _Kind(Enum):
     NEMESIS = "nemesis"
     RESTART = "restart"
     HEAL = "heal"
+    MEMBERSHIP = "membership"
 
 
 @dataclass(slots=True)
@@ -143,10 +157,47 @@ class SimResult:
     elections: int
     crashes: int
     snapshots: int
+    membership_changes: int = 0
+    transfers: int = 0
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+class _LearnersCountRaft(Raft):
+    """Planted bug `learners-count`: learners' acknowledgements count for commit."""
+
+    def _maybe_commit(self) -> bool:
+        matches = sorted(
+            [self.log.stable, *(p.match for p in self._progress.values())], reverse=True
+        )
+        candidate = matches[self.quorum - 1]
+        if candidate > self.log.committed and self.log.term(candidate) == self.term:
+            return self.log.commit_to(candidate)
+        return False
+
+
+class _MembershipOnCommitRaft(Raft):
+    """Planted bug `membership-on-commit`: the commit quorum is counted with the membership as
+    of the commit index (the new one counts only once committed under the old)."""
+
+    def _maybe_commit(self) -> bool:
+        voters = self.membership_at(self.log.committed).voters
+        matches = sorted(
+            [
+                *([self.log.stable] if self.id in voters else []),
+                *(p.match for peer, p in self._progress.items() if peer in voters),
+            ],
+            reverse=True,
+        )
+        quorum = len(voters) // 2 + 1
+        if len(matches) < quorum:
+            return False
+        candidate = matches[quorum - 1]
+        if candidate > self.log.committed and self.log.term(candidate) == self.term:
+            return self.log.commit_to(candidate)
+        return False
 
 
 class SimCluster(SimLoop[_Event]):
@@ -165,6 +216,21 @@ class SimCluster(SimLoop[_Event]):
             log_cache_bytes=options.log_cache_bytes,
         )
         self.checker = Checker(options.groups)
+        self.raft_class: type[Raft] = Raft
+        if options.bugs.learners_count:
+            self.raft_class = _LearnersCountRaft
+        elif options.bugs.membership_on_commit:
+            self.raft_class = _MembershipOnCommitRaft
+        self.initial_membership = [
+            Membership.of(
+                self.ids
+                if not options.membership_ms
+                else [self.ids[(group + i) % len(self.ids)] for i in range(3)]
+            )
+            for group in range(options.groups)
+        ]
+        self.membership_changes = 0
+        self.transfers = 0
         self.nodes = {
             node: _Node(node, [_Replica(SimRaftStore()) for _ in range(options.groups)])
             for node in self.ids
@@ -186,6 +252,8 @@ class SimCluster(SimLoop[_Event]):
                 group=group,
             )
         self._schedule(options.nemesis_ms, _Kind.NEMESIS, self.ids[0])
+        if options.membership_ms:
+            self._schedule(options.membership_ms, _Kind.MEMBERSHIP, self.ids[0])
 
     # -- running
 
@@ -202,6 +270,8 @@ class SimCluster(SimLoop[_Event]):
             elections=len(self.checker.leaders),
             crashes=self.crashes,
             snapshots=self.snapshots,
+            membership_changes=self.membership_changes,
+            transfers=self.transfers,
         )
 
     def liveness_failure(self) -> str:
@@ -218,10 +288,19 @@ class SimCluster(SimLoop[_Event]):
         for group, index in enumerate(self._acked_after):
             if index is None:
                 return False
-            for node in self.ids:
+            for node in self._members(group):
                 if len(self.nodes[node].replicas[group].applied) < index:
                     return False
         return True
+
+    def _members(self, group: int) -> tuple[NodeId, ...]:
+        """The group's members as its leader sees them (a removed replica is left behind);
+        every node while no leader is known."""
+        for node in self.ids:
+            raft = self.nodes[node].replicas[group].raft
+            if raft is not None and raft.role is Role.LEADER:
+                return raft.membership.members
+        return tuple(self.ids)
 
     def step(self) -> None:
         event = self.pop()
@@ -248,7 +327,16 @@ class SimCluster(SimLoop[_Event]):
                 continue
             for group, replica in enumerate(state.replicas):
                 assert replica.raft is not None
-                self.checker.observe(node, group, replica.raft)
+                raft = replica.raft
+                before = self.checker.commit_seen(node, group)
+                self.checker.observe(node, group, raft)
+                if raft.role is Role.LEADER and raft.log.committed > before:
+                    self.checker.commit_backed(
+                        node,
+                        group,
+                        raft,
+                        {n: self.nodes[n].replicas[group].store.durable for n in self.ids},
+                    )
 
     # -- events
 
@@ -294,6 +382,14 @@ class SimCluster(SimLoop[_Event]):
                     self._restart(node)
             case _Kind.HEAL:
                 self.heal()
+            case _Kind.MEMBERSHIP:
+                if self.faults:
+                    self._change_membership()
+                    self._schedule(
+                        self.rng.randrange(1, 2 * self.options.membership_ms),
+                        _Kind.MEMBERSHIP,
+                        event.node,
+                    )
 
     def _deliver(self, node: _Node, group: int, message: Message) -> None:
         if not node.up or (message.source, message.target) in self.blocked:
@@ -444,7 +540,7 @@ class SimCluster(SimLoop[_Event]):
             replica.store.install(prefix)
             for entry in prefix[len(replica.applied) :]:
                 self._apply(node, group, entry)
-        raft.restore(index, term)
+        raft.restore(index, term, request.snapshot.membership)
         self._pump(node, group)
 
     # -- client
@@ -475,6 +571,61 @@ class SimCluster(SimLoop[_Event]):
         """What the client proposes next (state-machine simulators override it)."""
         self._client_seq += 1
         return f"g{group}c{self._client_seq}".encode()
+
+    # -- replica-set changes (ADR 0022)
+
+    def _change_membership(self) -> None:
+        """One operator step on a random group, at the node believed to lead it: add a
+        learner, promote a learner, remove a learner or a voter (never the leader), or
+        transfer leadership. The core refuses what it must (a change pending, the barrier
+        not committed); the refusal is part of the trace."""
+        group = self.rng.randrange(self.options.groups)
+        target = self._leader_hint[group]
+        if target is None or not self.nodes[target].up:
+            return
+        raft = self.nodes[target].replicas[group].raft
+        assert raft is not None
+        if raft.role is not Role.LEADER:
+            return
+        current = raft.membership
+        outsiders = [n for n in self.ids if n not in current.members]
+        others = [v for v in current.voters if v != target]
+        choice = self.rng.random()
+        new: Membership | None = None
+        if choice < 0.15 and others:
+            peer = others[self.rng.randrange(len(others))]
+            refusal = raft.transfer_leadership(peer)
+            self.transfers += refusal is None
+            self._record(f"transfer g{group} {target}->{peer}: {refusal or 'started'}")
+            self._pump(self.nodes[target], group)
+            return
+        if current.learners and choice < 0.7 and len(current.voters) < 5:
+            learner = current.learners[self.rng.randrange(len(current.learners))]
+            new = Membership.of(
+                (*current.voters, learner), [n for n in current.learners if n != learner]
+            )
+        elif current.learners and choice < 0.8:
+            learner = current.learners[self.rng.randrange(len(current.learners))]
+            new = Membership.of(current.voters, [n for n in current.learners if n != learner])
+        elif outsiders and (choice < 0.9 or len(current.voters) <= 2):
+            outsider = outsiders[self.rng.randrange(len(outsiders))]
+            new = Membership.of(current.voters, (*current.learners, outsider))
+        elif others and len(current.voters) > 2:
+            voter = others[self.rng.randrange(len(others))]
+            new = Membership.of([v for v in current.voters if v != voter], current.learners)
+        if new is None:
+            return
+        result = raft.propose_membership(new)
+        match result:
+            case Proposed():
+                self.membership_changes += 1
+                self._record(
+                    f"membership g{group} at {target} -> {result.term}/{result.index}: "
+                    f"{new.describe()}"
+                )
+                self._pump(self.nodes[target], group)
+            case Refusal():
+                self._record(f"membership g{group} at {target} refused {result.reason.value}")
 
     # -- faults
 
@@ -517,7 +668,9 @@ class SimCluster(SimLoop[_Event]):
             replica.proposals = {}
         for group in range(self.options.groups):
             self.checker.durable(
-                group, [self.nodes[n].replicas[group].store.durable for n in self.ids]
+                group,
+                {n: self.nodes[n].replicas[group].store.durable for n in self.ids},
+                self.initial_membership[group],
             )
         self._schedule(self.rng.randrange(20, 1000), _Kind.RESTART, node.id)
 
@@ -525,9 +678,9 @@ class SimCluster(SimLoop[_Event]):
         for group, replica in enumerate(node.replicas):
             hard_state, snapshot, entries = replica.store.recovered()
             rng = random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}")
-            replica.raft = Raft(
+            replica.raft = self.raft_class(
                 node.id,
-                self.ids,
+                self.initial_membership[group],
                 self.config,
                 rng,
                 hard_state=hard_state,

@@ -404,7 +404,7 @@ def run_state_machine_seed(
     bugs: MetadataBugs | None = None,
     keep_trace: bool = False,
 ) -> tuple[SimResult, StateMachineCluster]:
-    options = SimOptions.draw(seed, nodes=nodes, steps=steps)
+    options = replace(SimOptions.draw(seed, nodes=nodes, steps=steps), membership_ms=0)
     plugin = PLUGINS[model](bugs or MetadataBugs())
     cluster = StateMachineCluster(seed, options, plugin, keep_trace=keep_trace)
     return cluster.run(), cluster

@@ -24,7 +24,7 @@ from spate.core.backend import ConsumerOffset
 from spate.core.ids import NodeId, Term
 from spate.node.log import chunk as chunk_codec
 from spate.node.log.tracking import TrackedOffset
-from spate.node.replication.messages import Entry
+from spate.node.replication.messages import MEMBERSHIP_MAGIC, Entry
 from spate.sim.checker import Checker, InvariantViolation
 
 
@@ -43,8 +43,8 @@ class Store:
 
 def tracking_stores(payload: bytes | memoryview, name: bytes) -> list[int]:
     """The offsets a chunk stores for `name` (none unless it is a tracking chunk)."""
-    if not payload:
-        return []
+    if not payload or bytes(payload[:4]) == MEMBERSHIP_MAGIC:
+        return []  # a barrier, a membership entry (ADR 0022)
     header = chunk_codec.decode_header(payload)
     if not header.flags & chunk_codec.FLAG_TRACKING:
         return []

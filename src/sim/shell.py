@@ -69,10 +69,16 @@ from spate.node.log import chunk as chunk_codec
 from spate.node.log.producers import ProducerState
 from spate.node.log.tracking import OffsetTable
 from spate.node.replication.driver import Batch, ReplicationDriver
-from spate.node.replication.messages import Entry, Message, Ready, SnapshotRequest
+from spate.node.replication.messages import (
+    MEMBERSHIP_MAGIC,
+    Entry,
+    Message,
+    Ready,
+    SnapshotRequest,
+)
 from spate.node.replication.raft import RaftConfig
 from spate.node.replication.replica import AppendDone, OffsetDone, Replica
-from spate.node.replication.storage import RaftStore
+from spate.node.replication.storage import RaftStore, core_payload
 from spate.sim.checker import InvariantViolation
 from spate.sim.files import SimReplicaFiles
 from spate.sim.loop import SimLoop
@@ -155,6 +161,10 @@ class ShellOptions:
     """Records carry `x-stream-filter-value` (ADR 0016): on even seeds. Not drawn from the
     seed's generator, so odd seeds keep the histories they had before filtering existed (the
     seeds pinned by tests/sim/test_shell_sim.py among them)."""
+    membership_weight: int = 0
+    """Weight of the replica-set nemesis (ADR 0022): demote a voter to learner, promote it
+    back, transfer leadership, through `Replica.propose_membership`/`transfer_leadership`.
+    Drawn from a generator of its own, so seeds without it keep their histories."""
     sub_entries: bool = False
     """Every third publishing id is a compressed sub-entry of 2-4 records (ADR 0017) with their
     filter values beside it, as the gateway sends them: on seeds divisible by 4 (not drawn
@@ -185,6 +195,7 @@ class ShellOptions:
             steps=steps,
             filter_values=seed % 2 == 0,
             sub_entries=seed % 4 == 0,
+            membership_weight=random.Random(f"shell-membership/{seed}").choice((0, 0, 4, 8)),
         )
 
     def log_config(self) -> LogConfig:
@@ -382,6 +393,7 @@ class ShellResult:
     retention_deletes: int
     offsets_acknowledged: int
     offset_queries: int
+    membership_changes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -409,6 +421,7 @@ class ShellCluster(SimLoop[_Event]):
         self.checker = TrackingChecker(options.groups)
         self.crashes = 0
         self.wipes = 0
+        self.membership_changes = 0
         self.retention_deletes = 0
         self._rebuilding: set[tuple[NodeId, int]] = set()
         self.snapshots = 0
@@ -464,6 +477,7 @@ class ShellCluster(SimLoop[_Event]):
             retention_deletes=self.retention_deletes,
             offsets_acknowledged=sum(len(a) for a in self.store_acked),
             offset_queries=self.offset_queries,
+            membership_changes=self.membership_changes,
         )
 
     def liveness_failure(self) -> str:
@@ -487,8 +501,8 @@ class ShellCluster(SimLoop[_Event]):
         last_by_index: dict[int, int] = {}
         for index in sorted(history):
             _, payload = history[index]
-            if not payload:
-                continue
+            if not payload or payload.startswith(MEMBERSHIP_MAGIC):
+                continue  # a barrier, a membership entry (ADR 0022)
             header, records = chunk_codec.decode_chunk(payload)
             if header.flags & chunk_codec.FLAG_TRACKING:
                 continue  # a consumer's stored offset (checked by _check_offsets)
@@ -905,8 +919,18 @@ class ShellCluster(SimLoop[_Event]):
             options.wipe_weight,
             options.disk_fail_weight,
             1,
+            options.membership_weight,  # last: a zero weight leaves the other draws as they were
         ]
-        actions = ["crash", "restart", "partition", "one-way", "wipe", "disk-fail", "heal"]
+        actions = [
+            "crash",
+            "restart",
+            "partition",
+            "one-way",
+            "wipe",
+            "disk-fail",
+            "heal",
+            "membership",
+        ]
         action = self.rng.choices(actions, weights)[0]
         up = [n for n in self.replicas if self.nodes[n].up]
         self._rebuilding = {
@@ -953,6 +977,41 @@ class ShellCluster(SimLoop[_Event]):
         elif action == "heal":
             self.blocked.clear()
             self._record("heal")
+        elif action == "membership":
+            self._change_membership(self.rng.randrange(options.groups))
+
+    def _change_membership(self, group: int) -> None:
+        """ADR 0022 through the production Replica: on the group's leader, demote a follower
+        to learner (two voters and a learner: a commit still needs two of the three replicas,
+        so the shell's majority invariants hold as they are), promote the learner back, or
+        transfer leadership to the other voter."""
+        leaders = [
+            replica
+            for node in self.replicas
+            if (replica := self._replica_of(node, group)) is not None and replica.is_leader
+        ]
+        if not leaders:
+            return
+        leader = leaders[0]
+        membership = leader.raft.membership
+        voters, learners = list(membership.voters), list(membership.learners)
+        others = [v for v in voters if v != leader.node]
+        choice = self.rng.random()
+        if learners:
+            result: object = leader.propose_membership([*voters, *learners], [])
+            what = f"promote {','.join(learners)}"
+        elif choice < 0.5 and len(voters) == 3 and others:
+            demoted = others[self.rng.randrange(len(others))]
+            result = leader.propose_membership([v for v in voters if v != demoted], [demoted])
+            what = f"demote {demoted}"
+        elif others:
+            target = others[self.rng.randrange(len(others))]
+            result = leader.transfer_leadership(target)
+            what = f"transfer to {target}"
+        else:
+            return
+        self.membership_changes += 1
+        self._record(f"g{group} at {leader.node}: {what}: {result}")
 
     def _crash(self, node: _Node) -> None:
         self._record(f"crash {node.id}")
@@ -1006,7 +1065,7 @@ class ShellCluster(SimLoop[_Event]):
             if first is not None:
                 for data in log.chunks_from_index(first, 1 << 40):
                     header = chunk_codec.decode_header(data)
-                    chunks[header.raft_index] = (Term(header.epoch), data)
+                    chunks[header.raft_index] = (Term(header.epoch), core_payload(data))
             # Entries below the first retained one were applied, then deleted by retention.
             logs.append(_SyncedLog(first or 0, chunks))
         return logs
@@ -1069,7 +1128,7 @@ class ShellCluster(SimLoop[_Event]):
                         continue  # committed before this run's checker saw it applied
                     term, payload = known
                     same = header.epoch == term and (
-                        data == payload if payload else header.record_count == 0
+                        core_payload(data) == payload if payload else header.record_count == 0
                     )
                     if not same:
                         raise InvariantViolation(

@@ -5,8 +5,10 @@ core what it needs."""
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
+import crc32c
 from spate.core import frames
 from spate.core.backend import OffsetSpec
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName, Term
@@ -15,8 +17,14 @@ from spate.node.log import LogConfig
 from spate.node.log import chunk as chunk_codec
 from spate.node.replication import catchup, codec
 from spate.node.replication.files import DirectoryFiles
-from spate.node.replication.messages import Entry, HardState, Ready, SnapshotMeta
-from spate.node.replication.storage import SLOT_BYTES, HardStateFile, RaftStore
+from spate.node.replication.messages import Entry, HardState, Membership, Ready, SnapshotMeta
+from spate.node.replication.storage import (
+    SLOT2_AT,
+    SLOT2_BYTES,
+    SLOT_BYTES,
+    HardStateFile,
+    RaftStore,
+)
 
 CONFIG = LogConfig(segment_bytes=64 * 1024)
 
@@ -83,10 +91,33 @@ def test_a_torn_hard_state_slot_falls_back_to_the_other(tmp_path: Path) -> None:
     assert HardStateFile(*files.open_state()).state == HardState(Term(6), None, 12)
     # Tear the newer slot (sequence 2 lives in slot 1).
     fd = os.open(path, os.O_RDWR)
-    os.pwrite(fd, b"\xff" * 20, SLOT_BYTES + 10)
+    os.pwrite(fd, b"\xff" * 20, SLOT2_AT + SLOT2_BYTES + 10)
     os.close(fd)
-    assert os.path.getsize(path) == 2 * SLOT_BYTES
+    assert os.path.getsize(path) == SLOT2_AT + 2 * SLOT2_BYTES
     assert HardStateFile(*files.open_state()).state == HardState(Term(5), NodeId("n2"), 10)
+
+
+def test_the_hard_state_keeps_the_membership_and_reads_a_version_1_file(tmp_path: Path) -> None:
+    """ADR 0022: the membership as of the commit point survives a restart; a replica written
+    before it (64-byte slots, no membership) is read as it was."""
+    (tmp_path / "new").mkdir()
+    files = DirectoryFiles(tmp_path / "new")
+    members = Membership.of([NodeId("n1"), NodeId("n2"), NodeId("n4")], [NodeId("n5")])
+    state = HardStateFile(*files.open_state())
+    state.write(HardState(Term(3), NodeId("n1"), 7, members))
+    state.sync()
+    state.close()
+    loaded = HardStateFile(*files.open_state()).state
+    assert loaded == HardState(Term(3), NodeId("n1"), 7)
+    assert loaded is not None and loaded.membership == members
+
+    old = tmp_path / "old"
+    old.mkdir()
+    body = struct.pack(">4sIQQQB31s", b"SPHS", 0, 1, 4, 9, 2, b"n2")
+    record = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
+    (old / "raft.state").write_bytes(record + bytes(SLOT_BYTES))
+    from_v1 = HardStateFile(*DirectoryFiles(old).open_state()).state
+    assert from_v1 == HardState(Term(4), NodeId("n2"), 9) and from_v1.membership is None
 
 
 def test_segment_manifest_ends_at_the_requested_entry(tmp_path: Path) -> None:
@@ -186,3 +217,26 @@ def test_a_transfer_goes_on_when_the_leaders_retention_deletes_its_oldest_files(
     )
     leader.close()
     follower.close()
+
+
+def test_a_membership_entry_is_stored_as_a_membership_chunk_and_read_back(
+    tmp_path: Path,
+) -> None:
+    store = RaftStore(DirectoryFiles(tmp_path), CONFIG)
+    members = Membership.of([NodeId("n1"), NodeId("n2"), NodeId("n3")], [NodeId("n4")])
+    entries = (
+        entry(1, 1, 0, [b"a"]),
+        Entry(2, Term(1), members.encode()),
+        entry(3, 1, 1, [b"b"]),
+    )
+    persist(store, Ready(entries=entries, hard_state=HardState(Term(1), None, 1), must_sync=True))
+    header = store.log.header_at_index(2)
+    assert header is not None and chunk_codec.is_membership(header)
+    assert header.record_count == 0 and header.end_offset == 1  # moves no offset
+    assert store.membership_between(0, 3) == members
+    store.close()
+    again = RaftStore(DirectoryFiles(tmp_path), CONFIG)
+    _, _, tail, _ = again.initial()
+    assert [e.index for e in tail] == [2, 3]
+    assert Membership.decode(tail[0].payload) == members
+    again.close()

@@ -48,6 +48,8 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert sum(r.acknowledged for r in results) > 20 * SEEDS
     assert sum(r.offsets_acknowledged for r in results) > 10 * SEEDS
     assert sum(r.offset_queries for r in results) > 2 * SEEDS
+    # ADR 0022 on half the seeds: demotions, promotions, leadership transfers.
+    assert sum(r.membership_changes for r in results) > SEEDS
     assert {r.options.nodes for r in results} == {3, 5}
     assert {r.options.groups for r in results} == {1, 2, 3}
 

@@ -31,6 +31,10 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert sum(r.acknowledged for r in results) > 10 * SEEDS
     assert {r.options.nodes for r in results} == {3, 4, 5}
     assert {r.options.groups for r in results} == {1, 2, 3}
+    # Replica-set changes (ADR 0022) on about half the seeds: learners added and promoted,
+    # voters removed, leadership transferred, under the same faults.
+    assert sum(r.membership_changes for r in results) > 5 * SEEDS
+    assert sum(r.transfers for r in results) > SEEDS
 
 
 def test_same_seed_same_trace() -> None:
@@ -43,6 +47,11 @@ def test_same_seed_same_trace() -> None:
         second.acknowledged,
     )
     assert run_seed(12, steps=2000).trace_digest != first.trace_digest
+
+
+_DURABILITY = ("acknowledged-durable:", "commit-quorum:")
+"""An ack sent before its sync shows as an acknowledged entry on a minority of disks after a
+crash, or (sooner, since ADR 0022) as a leader committing what a majority has not synced."""
 
 
 def _run_with_bug(seed: int, bugs: Bugs) -> SimResult:
@@ -64,8 +73,8 @@ def test_ack_before_persist_is_caught() -> None:
     acknowledged entry live on only a minority of disks after a crash; the durability
     invariant reports it, while the same seeds obeying the rule are clean."""
     sweep = (_run_with_bug(s, Bugs(ack_before_persist=True)).failure or "" for s in range(30))
-    failures = until_caught(sweep, lambda f: f.startswith("acknowledged-durable:"))
-    assert any(f.startswith("acknowledged-durable:") for f in failures), failures
+    failures = until_caught(sweep, lambda f: f.startswith(_DURABILITY))
+    assert any(f.startswith(_DURABILITY) for f in failures), failures
     # The same fault mix without the bug is clean.
     clean = [_run_with_bug(s, Bugs()) for s in range(30)]
     assert [r.failure for r in clean if not r.ok] == []
@@ -76,8 +85,8 @@ def test_an_append_response_sent_before_its_sync_is_caught() -> None:
     write time) except for one message type, the follower's AppendResponse, loses
     acknowledged entries after crashes, and the checker says so."""
     sweep = (_run_with_bug(s, Bugs(early_append_response=True)).failure or "" for s in range(30))
-    failures = until_caught(sweep, lambda f: f.startswith("acknowledged-durable:"))
-    assert any(f.startswith("acknowledged-durable:") for f in failures), failures
+    failures = until_caught(sweep, lambda f: f.startswith(_DURABILITY))
+    assert any(f.startswith(_DURABILITY) for f in failures), failures
 
 
 def test_forgetting_the_vote_is_caught() -> None:
@@ -93,6 +102,38 @@ def test_forgetting_the_vote_is_caught() -> None:
     sweep = (_run_with_bug(s, Bugs(forget_vote=True)).failure or "" for s in range(30))
     failures = until_caught(sweep, lambda f: f.startswith(invariants))
     assert any(f.startswith(invariants) for f in failures), failures
+
+
+def _run_membership_with_bug(seed: int, bugs: Bugs) -> SimResult:
+    options = replace(SimOptions.draw(seed, steps=2000), bugs=bugs, membership_ms=40)
+    return SimCluster(seed, options).run()
+
+
+def test_learners_counted_for_commit_is_caught() -> None:
+    """ADR 0022: a learner's acknowledgement must not count towards the commit quorum. A core
+    that counts it commits entries held by a minority of the voters; `commit-quorum` says so,
+    and the same seeds with the production core are clean."""
+    sweep = (
+        _run_membership_with_bug(s, Bugs(learners_count=True)).failure or "" for s in range(30)
+    )
+    failures = until_caught(sweep, lambda f: f.startswith("commit-quorum:"))
+    assert any(f.startswith("commit-quorum:") for f in failures), failures
+    clean = [_run_membership_with_bug(s, Bugs()) for s in range(10)]
+    assert [r.failure for r in clean if not r.ok] == []
+    assert sum(r.membership_changes for r in clean) > 50
+
+
+def test_a_membership_used_only_once_committed_is_caught() -> None:
+    """ADR 0022: a leader counts the commit quorum with the newest membership in its log. A
+    core that waits for the new membership to commit first (counting the old one until
+    then) commits a voter-adding change on two of three old voters, a minority of the four
+    new ones: `commit-quorum`."""
+    sweep = (
+        _run_membership_with_bug(s, Bugs(membership_on_commit=True)).failure or ""
+        for s in range(60)
+    )
+    failures = until_caught(sweep, lambda f: f.startswith("commit-quorum:"))
+    assert any(f.startswith("commit-quorum:") for f in failures), failures
 
 
 def _sim(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:

@@ -55,6 +55,12 @@ RULES: Mapping[str, tuple[Permission, str] | None] = MappingProxyType(
         "DeleteConsumerGroup": (_C, "stream"),
         "ListConsumerGroups": (_R, "stream"),
         "DescribeConsumerGroup": (_R, "stream"),
+        # Cluster operations (ADR 0022): watching them and reading replica states is a read;
+        # moves, transfers, drains, removals and the balancer switch change the cluster
+        # (configure on $cluster, the default for a method not named here).
+        "GetOperation": None,
+        "ListReplicas": (_R, "stream"),
+        "GetLocalReplica": (_R, "stream"),
     }
 )
 """Method -> (permission, request field holding the stream name); None: any caller. An empty

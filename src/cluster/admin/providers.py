@@ -66,3 +66,46 @@ class CoordinatorsProvider(Protocol):
     the gateway wire (NotLeader/Unavailable/NotFound when it cannot)."""
 
     def group_coordinator(self, stream: StreamName, /) -> GroupCoordinator: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFacts:
+    """One replica of one partition as its node's Raft core sees it (ADR 0022)."""
+
+    stream: StreamName
+    partition: PartitionId
+    node: str
+    role: str  # "leader", "follower", "pre-candidate", "candidate"
+    term: int
+    leader: str | None
+    leader_epoch: int
+    commit_index: int
+    applied_index: int
+    last_index: int
+    voters: tuple[str, ...]
+    learners: tuple[str, ...]
+    membership_index: int
+    progress: Mapping[str, int] = field(default_factory=dict)
+    """On a leader: each other member's match index."""
+    transferring_to: str | None = None
+
+
+class ReplicaControl(Protocol):
+    """This node's partition replicas, for the cluster operations (ADR 0022). Every method
+    raises NotFound when the partition is not hosted here; the two actions need this replica
+    to lead (FailedPrecondition naming the leader otherwise)."""
+
+    def facts(self, stream: StreamName, partition: PartitionId, /) -> ReplicaFacts: ...
+
+    def transfer_leader(
+        self, stream: StreamName, partition: PartitionId, to: str, /
+    ) -> ReplicaFacts: ...
+
+    def change_membership(
+        self,
+        stream: StreamName,
+        partition: PartitionId,
+        voters: Sequence[str],
+        learners: Sequence[str],
+        /,
+    ) -> ReplicaFacts: ...

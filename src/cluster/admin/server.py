@@ -22,10 +22,13 @@ from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert, group_stats
 from spate.cluster.admin.auth import AdminAuth
 from spate.cluster.admin.errors import ERROR_CODE_KEY, grpc_status
+from spate.cluster.admin.operations import Operations
 from spate.cluster.admin.providers import (
     ConsumersProvider,
     CoordinatorsProvider,
     ProducersProvider,
+    ReplicaControl,
+    ReplicaFacts,
     StatsProvider,
     StatusProvider,
 )
@@ -33,7 +36,13 @@ from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import RequestId
 from spate.core import groups, limits
 from spate.core.backend import ConsumerOffset, PartitionInfo
-from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unavailable
+from spate.core.errors import (
+    BrokerError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import validate_stream_name
 from spate.core.superstreams import Routing, define
@@ -68,6 +77,7 @@ class AdminServer:
         consumers: ConsumersProvider | None = None,
         coordinators: CoordinatorsProvider | None = None,
         auth: AdminAuth | None = None,
+        replicas: ReplicaControl | None = None,
     ) -> None:
         self.metadata = metadata
         self.auth = auth or AdminAuth(allow_remote_anonymous=True)
@@ -75,6 +85,8 @@ class AdminServer:
         self.host = host
         self.port = port
         self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
+        self._servicer.replicas = replicas
+        self._servicer.operations = Operations(metadata, metadata.node_id)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -113,6 +125,7 @@ class AdminServer:
         await self._health.enter_graceful_shutdown()
         await self._server.stop(stop_grace_s)
         self._server = None
+        await self._servicer.operations.close()
 
 
 class _AdminServicer(pb_grpc.AdminServicer):
@@ -134,6 +147,8 @@ class _AdminServicer(pb_grpc.AdminServicer):
         self.producers = producers
         self.consumers = consumers
         self.coordinators = coordinators
+        self.replicas: ReplicaControl | None = None
+        self.operations: Operations = Operations(metadata)
 
     async def _hosted(
         self, stream: str, per_partition: Callable[[StreamName], Mapping[PartitionId, _T]] | None
@@ -617,6 +632,197 @@ class _AdminServicer(pb_grpc.AdminServicer):
             return answer
         except NotFound:
             return []  # defined in the metadata, not (yet) opened by this process
+
+    # Cluster operations (issue 14, ADR 0022) ---------------------------------------------
+
+    async def MovePartition(
+        self,
+        request: pb.MovePartitionRequest,
+        context: grpc.aio.ServicerContext[pb.MovePartitionRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.move(
+                request.stream, request.partition, request.from_node, request.to_node
+            ).message()
+
+        return await _answer(context, call)
+
+    async def TransferLeader(
+        self,
+        request: pb.TransferLeaderRequest,
+        context: grpc.aio.ServicerContext[pb.TransferLeaderRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.transfer_leader(
+                request.stream, request.partition, request.to_node
+            ).message()
+
+        return await _answer(context, call)
+
+    async def RebalanceLeaders(
+        self,
+        request: pb.RebalanceLeadersRequest,
+        context: grpc.aio.ServicerContext[pb.RebalanceLeadersRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.rebalance().message()
+
+        return await _answer(context, call)
+
+    async def DrainNode(
+        self,
+        request: pb.DrainNodeRequest,
+        context: grpc.aio.ServicerContext[pb.DrainNodeRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.drain(request.node).message()
+
+        return await _answer(context, call)
+
+    async def RemoveNode(
+        self,
+        request: pb.RemoveNodeRequest,
+        context: grpc.aio.ServicerContext[pb.RemoveNodeRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.remove(request.node).message()
+
+        return await _answer(context, call)
+
+    async def GetOperation(
+        self,
+        request: pb.GetOperationRequest,
+        context: grpc.aio.ServicerContext[pb.GetOperationRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            if not request.id:
+                raise InvalidArgument("id: required")
+            return self.operations.get(request.id).message()
+
+        return await _answer(context, call)
+
+    async def ListReplicas(
+        self,
+        request: pb.ListReplicasRequest,
+        context: grpc.aio.ServicerContext[pb.ListReplicasRequest, pb.ListReplicasResponse],
+    ) -> pb.ListReplicasResponse:
+        async def call() -> pb.ListReplicasResponse:
+            stream = None
+            if request.stream:
+                validate_stream_name(request.stream)
+                stream = StreamName(request.stream)
+            await self._catch_up()
+            placements = [p for p in self.metadata.partitions(stream) if p.replicas]
+            states = await asyncio.gather(
+                *(self.operations.replica_states(p.stream, p.partition) for p in placements)
+            )
+            return pb.ListReplicasResponse(
+                partitions=[
+                    pb.PartitionReplicas(
+                        stream=p.stream,
+                        partition=p.partition,
+                        replicas=p.replicas,
+                        learners=p.learners,
+                        leader=p.leader.node if p.leader is not None else "",
+                        leader_epoch=p.leader.epoch if p.leader is not None else None,
+                        states=found,
+                    )
+                    for p, found in zip(placements, states, strict=True)
+                ]
+            )
+
+        return await _answer(context, call)
+
+    async def SetLeaderBalancer(
+        self,
+        request: pb.SetLeaderBalancerRequest,
+        context: grpc.aio.ServicerContext[pb.SetLeaderBalancerRequest, pb.LeaderBalancerStatus],
+    ) -> pb.LeaderBalancerStatus:
+        async def call() -> pb.LeaderBalancerStatus:
+            self.operations.set_balancer(request.enabled, request.interval_s)
+            return pb.LeaderBalancerStatus(
+                enabled=request.enabled,
+                interval_s=self.operations.balancer_interval_s,
+                operations=self.operations.balancer_operations,
+            )
+
+        return await _answer(context, call)
+
+    def _control(self) -> ReplicaControl:
+        if self.replicas is None:
+            raise FailedPrecondition("this process hosts no partition replicas (not a node)")
+        return self.replicas
+
+    async def GetLocalReplica(
+        self,
+        request: pb.GetLocalReplicaRequest,
+        context: grpc.aio.ServicerContext[pb.GetLocalReplicaRequest, pb.ReplicaState],
+    ) -> pb.ReplicaState:
+        async def call() -> pb.ReplicaState:
+            facts = self._control().facts(
+                StreamName(request.stream), PartitionId(request.partition)
+            )
+            return _replica_state(facts)
+
+        return await _answer(context, call)
+
+    async def LocalTransferLeader(
+        self,
+        request: pb.TransferLeaderRequest,
+        context: grpc.aio.ServicerContext[pb.TransferLeaderRequest, pb.ReplicaState],
+    ) -> pb.ReplicaState:
+        async def call() -> pb.ReplicaState:
+            facts = self._control().transfer_leader(
+                StreamName(request.stream), PartitionId(request.partition), request.to_node
+            )
+            return _replica_state(facts)
+
+        return await _answer(context, call)
+
+    async def LocalChangeMembership(
+        self,
+        request: pb.LocalChangeMembershipRequest,
+        context: grpc.aio.ServicerContext[pb.LocalChangeMembershipRequest, pb.ReplicaState],
+    ) -> pb.ReplicaState:
+        async def call() -> pb.ReplicaState:
+            facts = self._control().change_membership(
+                StreamName(request.stream),
+                PartitionId(request.partition),
+                list(request.voters),
+                list(request.learners),
+            )
+            return _replica_state(facts)
+
+        return await _answer(context, call)
+
+
+def _replica_state(facts: ReplicaFacts) -> pb.ReplicaState:
+    return pb.ReplicaState(
+        stream=facts.stream,
+        partition=facts.partition,
+        node=facts.node,
+        available=True,
+        role=facts.role,
+        term=facts.term,
+        leader=facts.leader or "",
+        leader_epoch=facts.leader_epoch,
+        commit_index=facts.commit_index,
+        applied_index=facts.applied_index,
+        last_index=facts.last_index,
+        voters=facts.voters,
+        learners=facts.learners,
+        membership_index=facts.membership_index,
+        progress=[
+            pb.ReplicaProgress(node=node, match_index=match, lag=max(0, facts.last_index - match))
+            for node, match in sorted(facts.progress.items())
+        ],
+        transferring_to=facts.transferring_to or "",
+    )
 
 
 async def _answer(

@@ -25,6 +25,8 @@ Record (a command in the Raft log, or a result):
     0x08  DeleteSuperStream {"name": str, "request_id": str}
     0x09  CreateConsumerGroup {"group": GROUP, "request_id": str}   (GROUP's version 0)
     0x0a  DeleteConsumerGroup {"name": str, "request_id": str, "stream": str}
+    0x0b  SetReplicas    {"expected": [str...]|null, "learners": [str...], "partition": int,
+                          "replicas": [str...], "request_id": str, "stream": str}  (ADR 0022)
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -61,7 +63,8 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
     NODE  = {"admin": str, "amqp": str, "heartbeat_ms": int, "metadata": str|null, "node": str,
              "replication": str|null}
     STREAM = {"config": CONFIG, "created_version": int, "partitions": [PARTITION...]}
-    PARTITION = {"leader": {"epoch": int, "node": str}|null, "replicas": [str...]}
+    PARTITION = {"leader": {"epoch": int, "node": str}|null, "replicas": [str...],
+                 "learners": [str...]}   (learners: written only when not empty; ADR 0022)
     RESULT = {"applied": {"version": int}} | {"rejected": {"code": str, "message": str}}
 
     Format 1 dumps: NODE without "metadata" and "replication" (read as null), STREAM without
@@ -108,6 +111,7 @@ from spate.cluster.metadata.state import (
     ReportLeader,
     RequestId,
     Result,
+    SetReplicas,
     StreamRecord,
 )
 from spate.core import filtering, limits
@@ -134,6 +138,7 @@ TAG_CREATE_SUPER_STREAM = 0x07
 TAG_DELETE_SUPER_STREAM = 0x08
 TAG_CREATE_CONSUMER_GROUP = 0x09
 TAG_DELETE_CONSUMER_GROUP = 0x0A
+TAG_SET_REPLICAS = 0x0B
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -239,6 +244,18 @@ def encode_command(command: Command) -> bytes:
                 "epoch": command.epoch,
             },
         )
+    if isinstance(command, SetReplicas):
+        return _record(
+            TAG_SET_REPLICAS,
+            {
+                "request_id": command.request_id,
+                "stream": command.stream,
+                "partition": command.partition,
+                "replicas": list(command.replicas),
+                "learners": list(command.learners),
+                "expected": None if command.expected is None else list(command.expected),
+            },
+        )
     assert isinstance(command, Barrier), command
     return _record(TAG_BARRIER, {"request_id": command.request_id})
 
@@ -322,7 +339,26 @@ def decode_command(data: bytes) -> Command:
             StreamName(_str(fields["stream"])),
             _str(fields["name"]),
         )
+    if tag == TAG_SET_REPLICAS and version >= 0x02:
+        fields = _fields(
+            body,
+            "command",
+            {"request_id", "stream", "partition", "replicas", "learners", "expected"},
+        )
+        expected = fields["expected"]
+        return SetReplicas(
+            RequestId(_str(fields["request_id"])),
+            StreamName(_str(fields["stream"])),
+            PartitionId(_int(fields["partition"])),
+            _nodes(fields["replicas"]),
+            _nodes(fields["learners"]),
+            None if expected is None else _nodes(expected),
+        )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
+
+
+def _nodes(value: object) -> tuple[NodeId, ...]:
+    return tuple(NodeId(_str(n)) for n in _list(value))
 
 
 def encode_result(result: Result) -> bytes:
@@ -495,19 +531,25 @@ def _result(value: object) -> Result:
 
 def _partition_json(record: PartitionRecord) -> dict[str, Any]:
     leader = record.leader
-    return {
+    out: dict[str, Any] = {
         "replicas": list(record.replicas),
         "leader": None if leader is None else {"node": leader.node, "epoch": leader.epoch},
     }
+    if record.learners:
+        out["learners"] = list(record.learners)
+    return out
 
 
 def _partition(value: object) -> PartitionRecord:
-    fields = _fields(value, "partition", {"replicas", "leader"})
+    keys = {"replicas", "leader"}
+    if isinstance(value, dict) and "learners" in value:
+        keys.add("learners")
+    fields = _fields(value, "partition", keys)
     leader = None
     if fields["leader"] is not None:
         found = _fields(fields["leader"], "leader", {"node", "epoch"})
         leader = PartitionLeader(NodeId(_str(found["node"])), LeaderEpoch(_int(found["epoch"])))
-    return PartitionRecord(tuple(NodeId(_str(n)) for n in _list(fields["replicas"])), leader)
+    return PartitionRecord(_nodes(fields["replicas"]), leader, _nodes(fields.get("learners", [])))
 
 
 def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:

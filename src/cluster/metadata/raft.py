@@ -81,9 +81,15 @@ class RaftConfig:
     compaction_min_entries: int = limits.compaction_min_entries
     compaction_min_time_s: float = limits.compaction_min_time_s
     sync_journal: bool = True  # the leader fsyncs the journal before acknowledging (ADR 0006)
+    voter: bool = True
+    """False: a non-voting replica (pysyncobj's read-only node, `selfNode=None`) that dials
+    the voters in `peer_addresses`, receives the whole log and submits commands through
+    them; it binds nothing (ADR 0022)."""
 
     @property
     def voters(self) -> tuple[str, ...]:
+        if not self.voter:
+            return tuple(sorted(self.peer_addresses))
         return tuple(sorted((self.self_address, *self.peer_addresses)))
 
 
@@ -129,11 +135,12 @@ class MetadataRaft:
         config = self.config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         bind = config.bind_address or config.self_address
-        _check_bindable(bind)
+        if config.voter:
+            _check_bindable(bind)
         self._dump_expected = self.dump_path.exists()
         conf = SyncObjConf(
             password=config.password,
-            bindAddress=bind,
+            bindAddress=bind if config.voter else None,
             journalFile=str(self.journal_path),
             fullDumpFile=str(self.dump_path),
             serializer=self._write_dump,
@@ -146,7 +153,12 @@ class MetadataRaft:
             logCompactionMinTime=config.compaction_min_time_s,
             dynamicMembershipChange=False,
         )
-        self._obj = _MetadataSyncObj(self, config.self_address, list(config.peer_addresses), conf)
+        self._obj = _MetadataSyncObj(
+            self,
+            config.self_address if config.voter else None,
+            list(config.peer_addresses),
+            conf,
+        )
 
     def stop(self) -> None:
         """Blocks until the tick thread has flushed the journal and exited."""
@@ -258,7 +270,7 @@ class MetadataRaft:
 
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     def __init__(
-        self, adapter: MetadataRaft, self_address: str, peers: list[str], conf: SyncObjConf
+        self, adapter: MetadataRaft, self_address: str | None, peers: list[str], conf: SyncObjConf
     ) -> None:
         # Set before SyncObj.__init__: its tick thread may apply journal entries right away (§6.12).
         self._adapter = adapter

@@ -43,6 +43,7 @@ from spate.cluster.metadata.state import (
     ReportLeader,
     RequestId,
     Result,
+    SetReplicas,
     StreamRecord,
     assignments,
     node_statuses,
@@ -95,6 +96,7 @@ class MetadataService:
         ready_timeout_ms: int = limits.ready_timeout_ms,
         compaction_min_entries: int = limits.compaction_min_entries,
         sync_journal: bool = True,
+        voter: bool = True,
     ) -> None:
         self.node_id = node_id
         self.command_timeout_ms = command_timeout_ms
@@ -108,6 +110,7 @@ class MetadataService:
                 bind_address=bind_address,
                 compaction_min_entries=compaction_min_entries,
                 sync_journal=sync_journal,
+                voter=voter,
             ),
             self._on_change_threadsafe,
         )
@@ -237,10 +240,11 @@ class MetadataService:
         amqp: str,
         admin: str,
         replication: str,
-        metadata: str,
+        metadata: str | None,
         now_ms: int | None = None,
     ) -> None:
-        """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time.
+        """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time;
+        `metadata` None for a non-voting node (no metadata voter to reach; ADR 0022).
 
         Call once when the node starts, before serving; then `heartbeat` every
         `limits.heartbeat_interval_ms`. Raises InvalidArgument for a bad id or endpoint.
@@ -287,6 +291,30 @@ class MetadataService:
         if record is None or not 0 <= partition < len(record.partitions):
             return None  # deleted (or recreated smaller) right after the report
         return record.partitions[partition].leader
+
+    async def set_replicas(
+        self,
+        stream: StreamName,
+        partition: PartitionId,
+        replicas: Sequence[NodeId],
+        learners: Sequence[NodeId] = (),
+        *,
+        expected: Sequence[NodeId] | None = None,
+        request_id: RequestId | None = None,
+    ) -> None:
+        """Record a partition's voters (preferred leader first) and learners (ADR 0022); with
+        `expected`, only if its replicas are still those. Raises NotFound, InvalidArgument,
+        FailedPrecondition, Unavailable."""
+        await self._submit(
+            SetReplicas(
+                request_id or _new_request_id(),
+                stream,
+                partition,
+                tuple(replicas),
+                tuple(learners),
+                None if expected is None else tuple(expected),
+            )
+        )
 
     async def barrier(self) -> MetadataView:
         """Commit a no-op; afterwards this replica shows every change committed before the call."""

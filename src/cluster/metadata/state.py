@@ -55,6 +55,15 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | ReportLeader | same epoch, other node | none | R(invalid-argument) |
 | ReportLeader | bad stream/partition/node/epoch | none | R(not-found/invalid-arg.) |
 | Barrier | - | none | A |
+| SetReplicas | valid, `expected` matches (or none) | replicas, learners set; leader kept, v+1 | A |
+| SetReplicas | stream unknown / node not registered | none | R(not-found) |
+| SetReplicas | bad partition, empty/overlapping sets, too many | none | R(invalid-argument) |
+| SetReplicas | replicas not `expected` (changed meanwhile), unplaced | none | R(failed-prec.) |
+
+SetReplicas (ADR 0022) records where a partition lives while an operator's move changes its
+Raft membership: `replicas` are the voters (preferred leader first), `learners` the nodes
+catching up to join. The partition's Raft log is the authority on its membership; metadata
+follows it (nodes open replicas for both sets and close the others).
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ from typing import NamedTuple, NewType
 
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.placement import ReplicaSet, place
+from spate.core import limits as core_limits
 from spate.core.errors import (
     AlreadyExists,
     BrokerError,
@@ -104,6 +114,8 @@ class PartitionRecord:
 
     replicas: ReplicaSet  # preferred leader first; () for a stream created by a format-1 build
     leader: PartitionLeader | None = None  # None until the first report
+    learners: ReplicaSet = ()
+    """Nodes hosting a replica that catches up to join (ADR 0022), not yet voters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +180,8 @@ class MetadataView:
 
 
 class Assignment(NamedTuple):
-    """A partition a node hosts: `for config, partition, replicas in assignments(view, node)`."""
+    """A partition a node hosts: `for config, partition, replicas in assignments(view, node)`
+    (the node is in `replicas`, or a learner of the partition: `PartitionRecord.learners`)."""
 
     config: StreamConfig
     partition: PartitionId
@@ -181,6 +194,7 @@ class PartitionPlacement:
     partition: PartitionId
     replicas: ReplicaSet
     leader: PartitionLeader | None
+    learners: ReplicaSet = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +215,7 @@ def assignments(view: MetadataView, node: NodeId) -> list[Assignment]:
     for name in sorted(view.streams):
         record = view.streams[name]
         for index, partition in enumerate(record.partitions):
-            if not partition.replicas or node in partition.replicas:
+            if not partition.replicas or node in partition.replicas + partition.learners:
                 found.append(Assignment(record.config, PartitionId(index), partition.replicas))
     return found
 
@@ -215,7 +229,7 @@ def partition_placements(
         raise NotFound(f"stream {stream!r} does not exist")
     names = [stream] if stream is not None else sorted(view.streams)
     return [
-        PartitionPlacement(name, PartitionId(index), p.replicas, p.leader)
+        PartitionPlacement(name, PartitionId(index), p.replicas, p.leader, p.learners)
         for name in names
         for index, p in enumerate(view.streams[name].partitions)
     ]
@@ -229,7 +243,7 @@ def node_statuses(
     led: dict[NodeId, int] = {}
     for record in view.streams.values():
         for partition in record.partitions:
-            for node in partition.replicas:
+            for node in partition.replicas + partition.learners:
                 hosted[node] = hosted.get(node, 0) + 1
             if partition.leader is not None:
                 led[partition.leader.node] = led.get(partition.leader.node, 0) + 1
@@ -338,6 +352,19 @@ class ReportLeader:
 
 
 @dataclass(frozen=True, slots=True)
+class SetReplicas:
+    """Record a partition's replica set during a move (ADR 0022)."""
+
+    request_id: RequestId
+    stream: StreamName
+    partition: PartitionId
+    replicas: ReplicaSet
+    learners: ReplicaSet = ()
+    expected: ReplicaSet | None = None
+    """Compare-and-set: refused unless the partition's replicas are these (None: any)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Barrier:
     """Changes nothing; once applied locally, every command committed before it is visible here."""
 
@@ -356,6 +383,7 @@ Command = (
     | Heartbeat
     | ReportLeader
     | Barrier
+    | SetReplicas
 )
 
 _NOT_REMEMBERED = (Heartbeat, ReportLeader)
@@ -582,8 +610,53 @@ class MetadataState:
             return Applied(view.version)
         if isinstance(command, ReportLeader):
             return self._report_leader(command)
+        if isinstance(command, SetReplicas):
+            return self._set_replicas(command)
         assert isinstance(command, Barrier), command
         return Applied(view.version)
+
+    def _set_replicas(self, command: SetReplicas) -> Result:
+        view = self.view
+        record = view.streams.get(command.stream)
+        if record is None:
+            raise NotFound(f"stream {command.stream!r} does not exist")
+        if not 0 <= command.partition < len(record.partitions):
+            raise InvalidArgument(
+                f"partition: {command.stream!r} has partitions 0 to {len(record.partitions) - 1}"
+            )
+        current = record.partitions[command.partition]
+        if not current.replicas:
+            raise FailedPrecondition(
+                f"{command.stream!r} was created before placement existed: it has no replica set"
+            )
+        if command.expected is not None and current.replicas != command.expected:
+            raise FailedPrecondition(
+                f"{command.stream}/{command.partition} is on {','.join(current.replicas)} now, "
+                f"not {','.join(command.expected)}: another change came first"
+            )
+        members = command.replicas + command.learners
+        if not command.replicas or len(set(members)) != len(members):
+            raise InvalidArgument(
+                "replicas: need at least one, and no node twice across replicas and learners"
+            )
+        if len(command.replicas) > core_limits.replicas_max or len(members) > (
+            core_limits.replicas_max + 2
+        ):
+            raise InvalidArgument(
+                f"replicas: at most {core_limits.replicas_max} voters and 2 learners"
+            )
+        for node in members:
+            if node not in view.nodes:
+                raise NotFound(f"node {node!r} is not registered")
+        partitions = list(record.partitions)
+        partitions[command.partition] = PartitionRecord(
+            command.replicas, current.leader, command.learners
+        )
+        streams = dict(view.streams)
+        streams[command.stream] = replace(record, partitions=tuple(partitions))
+        version = view.version + 1
+        self.view = replace(view, version=version, streams=MappingProxyType(streams))
+        return Applied(version)
 
     def _check_new_stream(self, config: StreamConfig) -> None:
         if config.name in self.view.streams:
@@ -771,7 +844,7 @@ class MetadataState:
             raise InvalidArgument(f"leader epoch must not be negative, got {command.epoch}")
         where = f"{command.stream}/{command.partition}"
         partition = stream.partitions[command.partition]
-        if partition.replicas and command.leader not in partition.replicas:
+        if partition.replicas and command.leader not in partition.replicas + partition.learners:
             raise InvalidArgument(
                 f"node {command.leader!r} is not a replica of {where} "
                 f"(replicas {', '.join(partition.replicas)})"

@@ -14,7 +14,8 @@ Chunk header, 56 bytes (version 2; version 1 had no raft_index and was 48 bytes)
                              the rest of this header and the whole payload
       8    1 version         2
       9    1 chunk_type      0 = user records; 1 = CHUNK_TYPE_SUB_ENTRY, a sub-entry chunk
-                             (below; ADR 0017); other values reserved
+                             (below; ADR 0017); 2 = CHUNK_TYPE_MEMBERSHIP, a Raft membership
+                             entry (below; ADR 0022); other values reserved
      10    2 flags           bit 0: FLAG_PRODUCER, the payload starts with a producer section
                              (spate.node.log.producers); bit 1: FLAG_TRACKING, a tracking
                              chunk (spate.node.log.tracking); bit 2: FLAG_FILTER, a filter
@@ -78,6 +79,11 @@ tracking section, the stored offsets of consumer names (ADR 0012):
 
 Readers skip it like a barrier.
 
+A membership chunk (CHUNK_TYPE_MEMBERSHIP, flags 0, record_count 0) is a Raft membership entry
+(ADR 0022): its payload is `spate.node.replication.messages.Membership.encode()` (magic
+"SPCF", the voters and learners), the partition's replica set from its Raft index on. Each
+replica encodes it itself around the core's payload, like a barrier. Readers skip it.
+
 Why these choices (docs/adr/0001-log-format.md has the full comparison with Osiris chunks and
 Kafka record batches): the CRC sits right after the magic so that it covers every other header
 field (a flipped bit in first_offset or payload_length is caught, not obeyed); big-endian like
@@ -100,6 +106,7 @@ MAGIC = b"SPCK"
 VERSION = 2
 CHUNK_TYPE_RECORDS = 0
 CHUNK_TYPE_SUB_ENTRY = 1
+CHUNK_TYPE_MEMBERSHIP = 2
 FLAG_PRODUCER = 1
 FLAG_TRACKING = 2
 FLAG_FILTER = 4
@@ -212,6 +219,19 @@ def tracking_section(
         return tracking.decode_section(buffer, start, start + header.payload_length)
     except tracking.TrackingError as error:
         raise ChunkError(f"tracking chunk at offset {header.first_offset}: {error}") from error
+
+
+def encode_membership(
+    first_offset: Offset, timestamp_ms: int, epoch: int, raft_index: int, membership: bytes
+) -> bytes:
+    """A membership chunk: no records; the payload is the core's membership entry."""
+    assert first_offset >= 0 and epoch >= 0 and raft_index > 0 and membership
+    head = (CHUNK_TYPE_MEMBERSHIP, 0, 0, first_offset, timestamp_ms, epoch, raft_index)
+    return _sealed(head, membership)[0]
+
+
+def is_membership(header: ChunkHeader) -> bool:
+    return header.chunk_type == CHUNK_TYPE_MEMBERSHIP
 
 
 def is_barrier(header: ChunkHeader) -> bool:
@@ -373,7 +393,7 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
         raise ChunkError(f"bad magic {bytes(magic)!r}")
     if (
         version != VERSION
-        or chunk_type not in (CHUNK_TYPE_RECORDS, CHUNK_TYPE_SUB_ENTRY)
+        or chunk_type not in (CHUNK_TYPE_RECORDS, CHUNK_TYPE_SUB_ENTRY, CHUNK_TYPE_MEMBERSHIP)
         or flags & ~(FLAG_PRODUCER | FLAG_TRACKING | FLAG_FILTER)
         or reserved != 0
     ):
@@ -381,6 +401,9 @@ def decode_header(buffer: bytes | memoryview, position: int = 0) -> ChunkHeader:
     if chunk_type == CHUNK_TYPE_SUB_ENTRY:
         if flags & FLAG_TRACKING or count == 0 or payload_length < subentry.HEADER_BYTES:
             raise ChunkError(f"impossible sub-entry chunk: {count} records, flags {flags}")
+    elif chunk_type == CHUNK_TYPE_MEMBERSHIP:
+        if flags or count or payload_length == 0:
+            raise ChunkError(f"impossible membership chunk: {count} records, flags {flags}")
     elif flags & FLAG_TRACKING:
         if flags != FLAG_TRACKING or count or payload_length == 0:
             raise ChunkError(f"impossible tracking chunk: {count} records, flags {flags}")
@@ -419,6 +442,8 @@ def slice_records(
     """The records of the chunk at `position` as views into `buffer` (no copy, no decoding);
     a sub-entry chunk's as a `SubEntryRecords` over its sub-entry (header checked, nothing
     decompressed)."""
+    if header.chunk_type == CHUNK_TYPE_MEMBERSHIP:
+        return []  # a Raft membership entry, no records
     view = memoryview(buffer)
     cursor = position + HEADER_BYTES
     end = cursor + header.payload_length

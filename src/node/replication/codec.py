@@ -27,7 +27,8 @@ Raft message = type u8 | term u64 | source str8 | target str8 | fields:
 
 ```
 type  message            fields
- 1    VoteRequest        last_index u64 | last_term u64 | pre_vote u8
+ 1    VoteRequest        last_index u64 | last_term u64 | flags u8 (bit 0 pre_vote,
+                         bit 1 transfer: sent on the leader's TimeoutNow)
  2    VoteResponse       granted u8 | pre_vote u8
  3    Append             prev_index u64 | prev_term u64 | commit u64 | count u32 |
                          (index u64 | term u64 | length u32 | payload)*
@@ -35,7 +36,9 @@ type  message            fields
                          hint_term u64
  5    Heartbeat          commit u64
  6    HeartbeatResponse  (nothing)
- 7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64
+ 7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64 | membership length u16 |
+                         membership (messages.Membership.encode(); length 0: unknown)
+ 8    TimeoutNow         (nothing; ADR 0022)
 ```
 
 An entry's payload is the storage chunk as the leader encoded it (or empty for a barrier): it is
@@ -66,9 +69,11 @@ from spate.node.replication.messages import (
     Entry,
     Heartbeat,
     HeartbeatResponse,
+    Membership,
     Message,
     SnapshotMeta,
     SnapshotNeeded,
+    TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
@@ -107,7 +112,11 @@ def encode_raft(key: GroupKey, message: Message) -> bytes:
     match message:
         case VoteRequest():
             tail: list[bytes] = [
-                _VOTE_REQ.pack(message.last_index, message.last_term, message.pre_vote)
+                _VOTE_REQ.pack(
+                    message.last_index,
+                    message.last_term,
+                    int(message.pre_vote) | int(message.transfer) << 1,
+                )
             ]
         case VoteResponse():
             tail = [_VOTE_RESP.pack(message.granted, message.pre_vote)]
@@ -134,7 +143,15 @@ def encode_raft(key: GroupKey, message: Message) -> bytes:
         case HeartbeatResponse():
             tail = []
         case SnapshotNeeded():
-            tail = [_SNAP.pack(message.snapshot.index, message.snapshot.term)]
+            membership = message.snapshot.membership
+            encoded = b"" if membership is None else membership.encode()
+            tail = [
+                _SNAP.pack(message.snapshot.index, message.snapshot.term),
+                _U16.pack(len(encoded)),
+                encoded,
+            ]
+        case TimeoutNow():
+            tail = []
     return frame(KIND_RAFT, head, *tail)
 
 
@@ -147,8 +164,10 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
     target = NodeId(reader.str8())
     message: Message
     if kind == 1:
-        last_index, last_term, pre_vote = reader.unpack(_VOTE_REQ)
-        message = VoteRequest(term, source, target, last_index, Term(last_term), bool(pre_vote))
+        last_index, last_term, flags = reader.unpack(_VOTE_REQ)
+        message = VoteRequest(
+            term, source, target, last_index, Term(last_term), bool(flags & 1), bool(flags & 2)
+        )
     elif kind == 2:
         granted, pre_vote = reader.unpack(_VOTE_RESP)
         message = VoteResponse(term, source, target, bool(granted), bool(pre_vote))
@@ -177,11 +196,27 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
         message = HeartbeatResponse(term, source, target)
     elif kind == 7:
         index, snap_term = reader.unpack(_SNAP)
-        message = SnapshotNeeded(term, source, target, SnapshotMeta(index, Term(snap_term)))
+        encoded = bytes(reader.take(reader.unpack(_U16)[0]))
+        membership = _membership(encoded) if encoded else None
+        message = SnapshotNeeded(
+            term, source, target, SnapshotMeta(index, Term(snap_term), membership)
+        )
+    elif kind == 8:
+        message = TimeoutNow(term, source, target)
     else:
         raise CodecError(f"unknown Raft message type {kind}")
     reader.done()
     return key, message
+
+
+def _membership(encoded: bytes) -> Membership:
+    try:
+        membership = Membership.decode(encoded)
+    except (AssertionError, IndexError, UnicodeDecodeError, struct.error) as error:
+        raise CodecError(f"bad membership in SnapshotNeeded: {error!r}") from error
+    if membership is None:
+        raise CodecError("bad membership in SnapshotNeeded: no magic")
+    return membership
 
 
 _TYPE_OF: dict[type, int] = {
@@ -192,6 +227,7 @@ _TYPE_OF: dict[type, int] = {
     Heartbeat: 5,
     HeartbeatResponse: 6,
     SnapshotNeeded: 7,
+    TimeoutNow: 8,
 }
 
 

@@ -262,8 +262,9 @@ class ReplicationDriver(Generic[R]):
                     # keeps them (found by the shell simulator). Commit to it instead. A log
                     # that does not match it matches no later point either (log matching), so
                     # an installed later point (manifest_reply) never meets this case.
-                    group.raft.restore(index, term)
+                    group.raft.restore(index, term, group.install_membership)
                     continue
+                asked = min(group.install_asked, index)
                 try:
                     index, term = catchup.install(group.store, manifest, index)
                 except catchup.ShortInstall as error:
@@ -274,7 +275,12 @@ class ReplicationDriver(Generic[R]):
                     self._fail(group, f"installing segments failed: {error}")
                     continue
                 group.restored(index)
-                group.raft.restore(index, term)
+                membership = group.install_membership
+                if index > asked:
+                    # The install went past the snapshot asked for: a membership entry in
+                    # between is in force there.
+                    membership = group.store.membership_between(asked, index) or membership
+                group.raft.restore(index, term, membership)
                 log.info(
                     "%s: %s/%s caught up to Raft index %d by segment transfer",
                     self.node_id,
@@ -385,6 +391,8 @@ class ReplicationDriver(Generic[R]):
         if group.catching_up or group.install is not None:
             return
         group.catching_up = True
+        group.install_membership = request.snapshot.membership
+        group.install_asked = request.snapshot.index
         fetch = catchup.Fetch(
             group.store,
             (group.stream, group.partition),

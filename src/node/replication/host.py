@@ -155,11 +155,16 @@ class ReplicationHost:
         partition: PartitionId,
         replicas: Sequence[NodeId],
         config: LogConfig,
+        *,
+        learners: Sequence[NodeId] = (),
     ) -> ReplicatedPartition:
+        """Open (or create) this node's replica. `replicas` (the voters, preferred leader
+        first) and `learners` seed a new replica's Raft membership (ADR 0022); a replica with
+        a log takes its membership from it."""
         key = (stream, partition)
         if key in self.driver.groups:
             return self.driver.groups[key]
-        if self.node_id not in replicas:
+        if self.node_id not in (*replicas, *learners):
             raise InvalidArgument(f"{self.node_id} is not a replica of {stream}/{partition}")
         if not stream or "/" in stream or stream.startswith("."):
             raise InvalidArgument(f"cannot store a stream named {stream!r}")
@@ -174,6 +179,7 @@ class ReplicationHost:
             stream=stream,
             partition=partition,
             replicas=replicas,
+            learners=learners,
             store=store,
             raft_config=self.raft_config,
             rng=random.Random(self._rng.getrandbits(64)),

@@ -40,10 +40,14 @@ like a lossy network, which Raft tolerates)."""
 peers_max = core_limits.replicas_max
 """Voters in one group, including this node."""
 
+members_max = peers_max + 2
+"""Voters and learners in one group: a full group plus learners catching up to replace some
+(a move adds one learner at a time; ADR 0022)."""
+
 assert append_bytes_max <= log_unapplied_bytes_max
 assert entry_bytes_max <= log_unapplied_bytes_max, "one maximal entry must be proposable"
 assert apply_bytes_max <= log_unapplied_bytes_max
-assert messages_per_ready_max >= peers_max * (inflight_appends_max + 4), "a full pipeline fits"
+assert messages_per_ready_max >= members_max * (inflight_appends_max + 4), "a full pipeline fits"
 
 # -- the shell (host.py, transport.py, catchup.py, partition.py)
 

@@ -8,6 +8,8 @@ distinct from stream offsets (one entry is one chunk of many records).
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -17,6 +19,7 @@ from spate.core.errors import (
     MessageSizeExceeded,
     NotLeader,
     ResourceLimitExceeded,
+    Unavailable,
 )
 from spate.core.ids import LeaderEpoch, NodeId, Term
 from spate.node.replication import limits
@@ -42,21 +45,112 @@ class Entry:
         return f"{self.term}/{self.index}" + ("" if self.payload else "(barrier)")
 
 
+MEMBERSHIP_MAGIC = b"SPCF"
+_MEMBERSHIP_HEAD = struct.Struct(">4sBBB")
+MEMBERSHIP_VERSION = 1
+MEMBER_NAME_BYTES_MAX = 31
+"""A member's node id in a membership entry, UTF-8 (the hard-state file's vote field too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """Who replicates a group (ADR 0022): `voters` elect leaders and count for commit;
+    `learners` receive the log (and snapshots) but never vote, campaign or count. Both sorted,
+    disjoint. A membership entry's payload is `encode()`; it takes effect on every replica as
+    soon as it is in that replica's log (committed or not), and a truncation of it reverts to
+    the one before (Raft thesis §4.1).
+
+    Payload layout (big-endian): ``magic "SPCF" | version u8 (1) | voters u8 | learners u8``,
+    then each voter, then each learner, as ``length u8 | UTF-8 node id``. The magic cannot
+    begin a chunk (chunks begin with "SPCK"), so a payload is a membership entry iff it starts
+    with it."""
+
+    voters: tuple[NodeId, ...]
+    learners: tuple[NodeId, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.voters, "a group needs at least one voter"
+        assert self.voters == tuple(sorted(set(self.voters))), self.voters
+        assert self.learners == tuple(sorted(set(self.learners))), self.learners
+        assert not set(self.voters) & set(self.learners), (self.voters, self.learners)
+        assert len(self.voters) <= limits.peers_max, self.voters
+        assert len(self.voters) + len(self.learners) <= limits.members_max, self
+
+    @staticmethod
+    def of(voters: Iterable[NodeId], learners: Iterable[NodeId] = ()) -> Membership:
+        return Membership(tuple(sorted(set(voters))), tuple(sorted(set(learners))))
+
+    @property
+    def members(self) -> tuple[NodeId, ...]:
+        return tuple(sorted(self.voters + self.learners))
+
+    @property
+    def quorum(self) -> int:
+        return len(self.voters) // 2 + 1
+
+    def voter_changes(self, other: Membership) -> int:
+        """How many voters differ (added plus removed) between this membership and `other`."""
+        return len(set(self.voters) ^ set(other.voters))
+
+    def encode(self) -> bytes:
+        out = bytearray(
+            _MEMBERSHIP_HEAD.pack(
+                MEMBERSHIP_MAGIC, MEMBERSHIP_VERSION, len(self.voters), len(self.learners)
+            )
+        )
+        for node in self.voters + self.learners:
+            name = node.encode()
+            assert 0 < len(name) <= MEMBER_NAME_BYTES_MAX, node
+            out.append(len(name))
+            out += name
+        return bytes(out)
+
+    @staticmethod
+    def decode(payload: bytes) -> Membership | None:
+        """The membership a payload holds, or None when it is not a membership entry.
+        A payload that starts with the magic but does not parse is a bug: it asserts."""
+        if not payload.startswith(MEMBERSHIP_MAGIC):
+            return None
+        _, version, voters, learners = _MEMBERSHIP_HEAD.unpack_from(payload)
+        assert version == MEMBERSHIP_VERSION, version
+        position = _MEMBERSHIP_HEAD.size
+        names: list[NodeId] = []
+        for _ in range(voters + learners):
+            length = payload[position]
+            names.append(NodeId(payload[position + 1 : position + 1 + length].decode()))
+            position += 1 + length
+        assert position == len(payload), (position, len(payload))
+        return Membership(tuple(names[:voters]), tuple(names[voters:]))
+
+    def describe(self) -> str:
+        text = ",".join(self.voters)
+        return text + (f" learners {','.join(self.learners)}" if self.learners else "")
+
+
 @dataclass(frozen=True, slots=True)
 class HardState:
-    """What must be on disk (synced) before any message produced with it is sent."""
+    """What must be on disk (synced) before any message produced with it is sent.
+
+    `membership` is the group's membership as of `commit` (the last membership entry at or
+    before it), so a restart that takes the commit point as its snapshot knows the members
+    there; None: never recorded (a replica from before ADR 0022, or a new one)."""
 
     term: Term = TERM_ZERO
     vote: NodeId | None = None
     commit: int = 0
+    membership: Membership | None = field(default=None, compare=False)
+    """Not compared: it only changes with `commit`."""
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
-    """The log prefix a snapshot covers: everything up to `index`, whose entry had `term`."""
+    """The log prefix a snapshot covers: everything up to `index`, whose entry had `term`;
+    `membership` is the group's membership there when known (a leader's SnapshotNeeded always
+    carries it, so a replica restored from a snapshot knows who its peers are)."""
 
     index: int = 0
     term: Term = TERM_ZERO
+    membership: Membership | None = field(default=None, compare=False)
 
 
 HARD_STATE_EMPTY = HardState()
@@ -73,6 +167,9 @@ class VoteRequest:
     last_index: int
     last_term: Term
     pre_vote: bool
+    transfer: bool = False
+    """Sent because the leader asked for it (TimeoutNow): voters grant it even while they
+    heard from that leader within the election timeout (the check-quorum lease)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +241,16 @@ class SnapshotNeeded:
     snapshot: SnapshotMeta
 
 
+@dataclass(frozen=True, slots=True)
+class TimeoutNow:
+    """Leadership transfer: the leader has brought `target` up to date and asks it to campaign
+    now, without a pre-vote (etcd's MsgTimeoutNow)."""
+
+    term: Term
+    source: NodeId
+    target: NodeId
+
+
 Message = (
     VoteRequest
     | VoteResponse
@@ -152,6 +259,7 @@ Message = (
     | Heartbeat
     | HeartbeatResponse
     | SnapshotNeeded
+    | TimeoutNow
 )
 
 
@@ -160,6 +268,9 @@ class RefusalReason(Enum):
     EMPTY = "empty"  # empty payloads are reserved for barrier entries
     TOO_LARGE = "too-large"  # payload above limits.entry_bytes_max
     BACKPRESSURE = "backpressure"  # unapplied bytes at limits.log_unapplied_bytes_max
+    TRANSFERRING = "transferring"  # leadership is being handed to another voter
+    MEMBERSHIP_PENDING = "membership-pending"  # an earlier membership change is not committed
+    MEMBERSHIP_INVALID = "membership-invalid"  # not a single-voter change, or drops the leader
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +296,17 @@ class Refusal:
             case RefusalReason.BACKPRESSURE:
                 return ResourceLimitExceeded(
                     "the partition has too many bytes waiting to commit; retry shortly"
+                )
+            case RefusalReason.TRANSFERRING:
+                return Unavailable("the partition's leadership is moving; retry shortly")
+            case RefusalReason.MEMBERSHIP_PENDING:
+                return Unavailable(
+                    "an earlier replica-set change of this partition is not committed yet"
+                )
+            case RefusalReason.MEMBERSHIP_INVALID:
+                return InvalidArgument(
+                    "a replica-set change may add or remove one voter at a time and must keep "
+                    "the leader a voter"
                 )
 
 
@@ -283,6 +405,7 @@ def describe(message: Message) -> str:
     match message:
         case VoteRequest():
             kind = "pre" if message.pre_vote else "vote"
+            kind += " transfer" if message.transfer else ""
             return f"{head} {kind} last={message.last_term}/{message.last_index}"
         case VoteResponse():
             kind = "pre" if message.pre_vote else "vote"
@@ -306,7 +429,9 @@ def describe(message: Message) -> str:
             return head
         case SnapshotNeeded():
             return f"{head} snapshot={message.snapshot.term}/{message.snapshot.index}"
+        case TimeoutNow():
+            return head
 
 
-_LEADER_OUTPUT = (Append, Heartbeat, SnapshotNeeded)
+_LEADER_OUTPUT = (Append, Heartbeat, SnapshotNeeded, TimeoutNow)
 """Messages only a leader sends, none of which promises anything about the sender's disk."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from spate.core.ids import LeaderEpoch, NodeId, Term
@@ -37,6 +37,7 @@ from spate.node.replication import limits
 from spate.node.replication.log import RaftLog
 from spate.node.replication.messages import (
     HARD_STATE_EMPTY,
+    MEMBERSHIP_MAGIC,
     SNAPSHOT_EMPTY,
     Append,
     AppendResponse,
@@ -45,6 +46,7 @@ from spate.node.replication.messages import (
     Heartbeat,
     HeartbeatResponse,
     LeaderChange,
+    Membership,
     Message,
     Proposed,
     Ready,
@@ -53,6 +55,7 @@ from spate.node.replication.messages import (
     SnapshotMeta,
     SnapshotNeeded,
     SnapshotRequest,
+    TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
@@ -97,15 +100,31 @@ class Status:
     applied: int
     persisted: int
     last_index: int
+    membership: Membership
+    transferring_to: NodeId | None = None
 
 
 class Raft:
-    """One replica of one group. `voters` lists every member, this node included."""
+    """One replica of one group.
+
+    `voters` is the group's membership when its log says nothing else: a sequence of voters
+    (the partition's replica set as first placed) or a `Membership`. The log overrides it:
+    `snapshot.membership` (what the shell recorded at the commit point it restarts from, or a
+    leader's snapshot) and then every membership entry in `entries`, the last one winning. A
+    replica need not be a member: a learner catches up without voting, and a removed replica
+    neither campaigns nor counts (ADR 0022).
+
+    Membership changes (ADR 0022): `propose_membership(new)` on the leader appends a
+    membership entry that changes at most one voter (learners freely), only once the previous
+    membership entry and this leader's barrier are committed; every replica uses the newest
+    membership in its log, committed or not, and reverts when a truncation removes it.
+    `transfer_leadership(target)` brings a voter up to date and sends it TimeoutNow.
+    """
 
     def __init__(
         self,
         node: NodeId,
-        voters: Sequence[NodeId],
+        voters: Sequence[NodeId] | Membership,
         config: RaftConfig,
         rng: random.Random,
         *,
@@ -113,14 +132,22 @@ class Raft:
         snapshot: SnapshotMeta = SNAPSHOT_EMPTY,
         entries: Sequence[Entry] = (),
     ) -> None:
-        assert node in voters, (node, voters)
-        assert len(set(voters)) == len(voters) <= limits.peers_max, voters
+        initial = voters if isinstance(voters, Membership) else Membership.of(voters)
+        if snapshot.membership is not None:
+            initial = snapshot.membership
         self.id = node
-        self.voters = tuple(sorted(voters))
-        self.peers = tuple(v for v in self.voters if v != node)
+        self._configs: list[tuple[int, Membership]] = [(snapshot.index, initial)]
+        """Membership entries in the log above the snapshot, in index order, after the
+        membership in force at the snapshot (the first item; its index is the snapshot's)."""
+        for entry in entries:
+            membership = Membership.decode(entry.payload)
+            if membership is not None and entry.index > snapshot.index:
+                self._configs.append((entry.index, membership))
         self.config = config
         self._rng = rng
         self.log = RaftLog(snapshot, entries, hard_state.commit)
+        self._transfer_to: NodeId | None = None
+        self._transfer_elapsed = 0
         self.term = hard_state.term
         self.vote = hard_state.vote
         self.role = Role.FOLLOWER
@@ -150,8 +177,40 @@ class Raft:
     # -- reading
 
     @property
+    def membership(self) -> Membership:
+        """The membership in force here: the newest membership entry in this replica's log."""
+        return self._configs[-1][1]
+
+    @property
+    def membership_index(self) -> int:
+        """The log index of the membership entry in force (the snapshot's index for the one
+        the replica started from)."""
+        return self._configs[-1][0]
+
+    def membership_at(self, index: int) -> Membership:
+        """The membership as of log index `index` (the last membership entry at or before)."""
+        found = self._configs[0][1]
+        for at, membership in self._configs:
+            if at <= index:
+                found = membership
+        return found
+
+    @property
+    def voters(self) -> tuple[NodeId, ...]:
+        return self.membership.voters
+
+    @property
+    def peers(self) -> tuple[NodeId, ...]:
+        """Every other member, voters and learners: whom a leader replicates to."""
+        return tuple(m for m in self.membership.members if m != self.id)
+
+    @property
+    def is_voter(self) -> bool:
+        return self.id in self.membership.voters
+
+    @property
     def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
+        return self.membership.quorum
 
     def status(self) -> Status:
         return Status(
@@ -164,11 +223,23 @@ class Raft:
             self.log.applied,
             self.log.stable,
             self.log.last_index,
+            self.membership,
+            self._transfer_to,
         )
 
     def progress(self, peer: NodeId) -> Progress:
         assert self.role is Role.LEADER
         return self._progress[peer]
+
+    def match_of(self, peer: NodeId) -> int | None:
+        """On a leader: the highest index `peer` has persisted, as far as known (None: not a
+        member or not leading). What an operator's move waits on before promoting a learner."""
+        if self.role is not Role.LEADER:
+            return None
+        if peer == self.id:
+            return self.log.stable
+        progress = self._progress.get(peer)
+        return None if progress is None else progress.match
 
     # -- inputs
 
@@ -176,37 +247,129 @@ class Raft:
         if self.role is Role.LEADER:
             self._tick_leader()
             return
+        if not self.is_voter:
+            # A learner or removed replica never campaigns, but its lease (heard a leader
+            # within the election timeout) must still run out, or it would ignore a new
+            # voter's campaign for ever.
+            self._election_elapsed = min(self._election_elapsed + 1, 2 * self._timeout)
+            return
         self._election_elapsed += 1
         if self._election_elapsed >= self._timeout:
             self._election_elapsed = 0
             self.campaign()
 
-    def campaign(self) -> None:
-        """Start an election now (etcd's MsgHup); a leader ignores it."""
-        if self.role is Role.LEADER:
+    def campaign(self, *, transfer: bool = False) -> None:
+        """Start an election now (etcd's MsgHup); a leader ignores it, and so does a replica
+        that is not a voter (a learner, or a removed replica). `transfer`: the leader asked
+        (TimeoutNow), so no pre-vote and the voters waive their lease."""
+        if self.role is Role.LEADER or not self.is_voter:
             return
-        if self.config.pre_vote:
+        if self.config.pre_vote and not transfer:
             self._become_pre_candidate()
         else:
-            self._become_candidate()
+            self._become_candidate(transfer=transfer)
 
     def propose(self, payload: bytes) -> Proposed | Refusal:
         if self.role is not Role.LEADER:
             return Refusal(RefusalReason.NOT_LEADER, self.leader)
         if not payload:
             return Refusal(RefusalReason.EMPTY, self.id)
+        if Membership.decode(payload) is not None:
+            return Refusal(RefusalReason.MEMBERSHIP_INVALID, self.id)  # propose_membership
+        return self._append_proposal(payload)
+
+    def _append_proposal(self, payload: bytes) -> Proposed | Refusal:
+        if self._transfer_to is not None:
+            return Refusal(RefusalReason.TRANSFERRING, self.id)
         if len(payload) > limits.entry_bytes_max:
             return Refusal(RefusalReason.TOO_LARGE, self.id)
         if self.log.bytes_unapplied + len(payload) > limits.log_unapplied_bytes_max:
             return Refusal(RefusalReason.BACKPRESSURE, self.id)
         entry = Entry(self.log.last_index + 1, self.term, payload)
         self.log.append([entry])
+        self._note_entry(entry)
         self._entries_pending = True
         return Proposed(entry.index, entry.term)
 
+    def membership_change_refusal(self, new: Membership) -> Refusal | None:
+        """Why `propose_membership(new)` would be refused now, or None."""
+        if self.role is not Role.LEADER:
+            return Refusal(RefusalReason.NOT_LEADER, self.leader)
+        if self.membership_index > self.log.committed or self.log.committed < self.barrier:
+            # One change at a time, and none before this leader's barrier commits: a leader
+            # that has not committed in its term may not know the latest membership (the bug
+            # in single-server changes found by Ongaro, raft-dev 2015).
+            return Refusal(RefusalReason.MEMBERSHIP_PENDING, self.id)
+        if self.id not in new.voters or self.membership.voter_changes(new) > 1:
+            return Refusal(RefusalReason.MEMBERSHIP_INVALID, self.id)
+        return None
+
+    def propose_membership(self, new: Membership) -> Proposed | Refusal:
+        """Append a membership entry (leader only). Refused while the previous one is not
+        committed, before this leader's barrier commits, or when `new` changes more than one
+        voter or leaves this leader out (transfer leadership first). It takes effect here at
+        once: new members get a Progress and the next Appends; removed ones are dropped."""
+        refusal = self.membership_change_refusal(new)
+        if refusal is not None:
+            return refusal
+        return self._append_proposal(new.encode())
+
+    def transfer_leadership(self, target: NodeId) -> Refusal | None:
+        """Hand leadership to voter `target`: stop taking proposals, bring it up to date,
+        send it TimeoutNow; abandoned after one election timeout. None: started (or `target`
+        already leads); a Refusal says why not."""
+        if self.role is not Role.LEADER:
+            return Refusal(RefusalReason.NOT_LEADER, self.leader)
+        if target == self.id:
+            return None
+        if target not in self.membership.voters:
+            return Refusal(RefusalReason.MEMBERSHIP_INVALID, self.id)
+        self._transfer_to = target
+        self._transfer_elapsed = 0
+        self._maybe_send_timeout_now()
+        return None
+
+    def _maybe_send_timeout_now(self) -> None:
+        target = self._transfer_to
+        assert target is not None and self.role is Role.LEADER
+        progress = self._progress[target]
+        if progress.match == self.log.last_index:
+            self._send(TimeoutNow(self.term, self.id, target))
+        else:
+            self._send_appends(target, send_if_empty=True)
+
+    def _note_entry(self, entry: Entry) -> None:
+        """Track a membership entry appended to the log (it takes effect at once)."""
+        membership = Membership.decode(entry.payload)
+        if membership is None:
+            return
+        assert entry.index > self._configs[-1][0], (entry.index, self._configs)
+        self._configs.append((entry.index, membership))
+        self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        """Progress for new members, none for removed ones; a transfer to a voter that is no
+        longer one is abandoned."""
+        if self._transfer_to is not None and self._transfer_to not in self.membership.voters:
+            self._transfer_to = None
+        if self.role is not Role.LEADER:
+            return
+        members = set(self.peers)
+        for peer in list(self._progress):
+            if peer not in members:
+                del self._progress[peer]
+        for peer in self.peers:
+            if peer not in self._progress:
+                progress = Progress(self.log.last_index + 1, self.config.inflight_appends_max)
+                progress.recent_active = True
+                self._progress[peer] = progress
+
     def step(self, message: Message) -> None:
+        """Any sender is accepted: a replica may hear from a leader (or a new voter) before
+        the membership entry naming it reaches its own log. Responses from non-members are
+        ignored by the leader; votes from non-voters are not counted."""
         assert message.target == self.id, message
-        assert message.source in self.peers, message
+        assert message.source != self.id, message
         if message.term > self.term:
             if not self._step_higher_term(message):
                 return
@@ -227,15 +390,21 @@ class Raft:
                 self._set_leader(message.source)
                 self._handle_from_leader(message)
             case AppendResponse():
-                if self.role is Role.LEADER:
+                if self.role is Role.LEADER and message.source in self._progress:
                     self._handle_append_response(message)
             case HeartbeatResponse():
-                if self.role is Role.LEADER:
+                if self.role is Role.LEADER and message.source in self._progress:
                     self._handle_heartbeat_response(message)
+            case TimeoutNow():
+                if self.role is Role.FOLLOWER and message.source == self.leader:
+                    self.campaign(transfer=True)
 
-    def restore(self, snapshot_index: int, snapshot_term: Term) -> bool:
+    def restore(
+        self, snapshot_index: int, snapshot_term: Term, membership: Membership | None = None
+    ) -> bool:
         """The shell has fetched (and synced) the partition's data up to `snapshot_index`:
-        make it the log's new start. Returns False when the log already covers it."""
+        make it the log's new start, with `membership` (the SnapshotNeeded's) in force there.
+        Returns False when the log already covers it."""
         assert self.role is not Role.LEADER
         if snapshot_index <= self.log.committed:
             if self.leader is not None:
@@ -247,6 +416,9 @@ class Raft:
             meta = SnapshotMeta(snapshot_index, snapshot_term)
             self.log.restore(meta)
             self._snapshot_to_persist = meta
+            base = membership if membership is not None else self.membership_at(snapshot_index)
+            self._configs = [(snapshot_index, base)]
+            self._membership_changed()
         if self.leader is not None:
             self._send(AppendResponse(self.term, self.id, self.leader, snapshot_index))
         return True
@@ -339,6 +511,9 @@ class Raft:
         if ready.committed and ready.committed[-1].index > self.log.applied:
             self.log.applied_to(ready.committed[-1].index)  # unless a restore jumped past it
         self.log.compact(self.config.log_cache_bytes)
+        floor = self.log.snapshot.index
+        while len(self._configs) > 1 and self._configs[1][0] <= floor:
+            del self._configs[0]
         if self.role is Role.LEADER and self._maybe_commit():
             self._commit_pending = True
         assert self.log.bytes_unapplied <= limits.log_unapplied_bytes_max + limits.entry_bytes_max
@@ -358,6 +533,7 @@ class Raft:
         self._votes = {}
         self._progress = {}
         self._entries_pending = self._commit_pending = False
+        self._transfer_to = None
 
     def _become_follower(self, term: Term, leader: NodeId | None) -> None:
         self._reset(term)
@@ -377,11 +553,11 @@ class Raft:
         )
         self._request_votes(Term(self.term + 1), pre_vote=True)
 
-    def _become_candidate(self) -> None:
+    def _become_candidate(self, *, transfer: bool = False) -> None:
         self._reset(Term(self.term + 1))
         self.vote = self.id
         self.role = Role.CANDIDATE
-        self._request_votes(self.term, pre_vote=False)
+        self._request_votes(self.term, pre_vote=False, transfer=transfer)
 
     def _become_leader(self) -> None:
         assert self.role is Role.CANDIDATE
@@ -403,23 +579,35 @@ class Raft:
         self.leader_epoch = LeaderEpoch(self.term)
 
     def _hard_state(self) -> HardState:
-        return HardState(self.term, self.vote, self.log.committed)
+        committed = self.log.committed
+        return HardState(self.term, self.vote, committed, self.membership_at(committed))
 
     # -- elections
 
-    def _request_votes(self, term: Term, *, pre_vote: bool) -> None:
+    def _request_votes(self, term: Term, *, pre_vote: bool, transfer: bool = False) -> None:
         self._votes[self.id] = True
         if self._poll() is not None:
             return
-        for peer in self.peers:
-            self._send(
-                VoteRequest(term, self.id, peer, self.log.last_index, self.log.last_term, pre_vote)
-            )
+        for peer in self.voters:
+            if peer != self.id:
+                self._send(
+                    VoteRequest(
+                        term,
+                        self.id,
+                        peer,
+                        self.log.last_index,
+                        self.log.last_term,
+                        pre_vote,
+                        transfer,
+                    )
+                )
 
     def _poll(self) -> bool | None:
-        """Count votes; act on a decided election. Returns the outcome or None if undecided."""
-        granted = sum(1 for v in self._votes.values() if v)
-        rejected = len(self._votes) - granted
+        """Count the voters' votes; act on a decided election. Returns the outcome or None if
+        undecided."""
+        voters = self.membership.voters
+        granted = sum(1 for node, v in self._votes.items() if v and node in voters)
+        rejected = sum(1 for node, v in self._votes.items() if not v and node in voters)
         if granted >= self.quorum:
             if self.role is Role.PRE_CANDIDATE:
                 self._become_candidate()
@@ -457,6 +645,7 @@ class Raft:
         if isinstance(message, VoteRequest):
             in_lease = (
                 self.config.check_quorum
+                and not message.transfer
                 and self.leader is not None
                 and self._election_elapsed < self.config.election_timeout_ticks
             )
@@ -531,6 +720,7 @@ class Raft:
             return
         last_new = self.log.maybe_append(message.prev_index, message.prev_term, message.entries)
         if last_new is not None:
+            self._track_appended(message.prev_index, message.entries, last_new)
             self.log.commit_to(min(message.commit, last_new))
             self._send(AppendResponse(self.term, self.id, message.source, last_new))
             return
@@ -549,15 +739,44 @@ class Raft:
             )
         )
 
+    def _track_appended(self, prev_index: int, entries: Sequence[Entry], last_new: int) -> None:
+        """After an accepted Append: the log now holds `entries` at (prev_index, last_new],
+        and nothing past last_new if it truncated. Bring the membership entries in line."""
+        if not any(c[0] > prev_index for c in self._configs[1:]) and not any(
+            e.payload.startswith(MEMBERSHIP_MAGIC) for e in entries
+        ):
+            return
+        beyond = self.log.last_index if self.log.last_index > last_new else last_new
+        kept = [
+            c
+            for i, c in enumerate(self._configs)
+            if i == 0 or c[0] <= prev_index or last_new < c[0] <= beyond
+        ]
+        for entry in entries:
+            membership = Membership.decode(entry.payload)
+            if membership is not None and entry.index > kept[0][0]:
+                kept.append((entry.index, membership))
+        kept.sort(key=lambda c: c[0])
+        if kept != self._configs:
+            self._configs = kept
+            self._membership_changed()
+
     # -- leader
 
     def _tick_leader(self) -> None:
         self._heartbeat_elapsed += 1
         self._election_elapsed += 1
+        if self._transfer_to is not None:
+            self._transfer_elapsed += 1
+            if self._transfer_elapsed >= self.config.election_timeout_ticks:
+                self._transfer_to = None  # the target did not take over: lead on
         if self._election_elapsed >= self.config.election_timeout_ticks:
             self._election_elapsed = 0
             if self.config.check_quorum:
-                active = 1 + sum(1 for p in self._progress.values() if p.recent_active)
+                voters = self.membership.voters
+                active = int(self.is_voter) + sum(
+                    1 for peer, p in self._progress.items() if p.recent_active and peer in voters
+                )
                 if active < self.quorum:
                     self._become_follower(self.term, None)
                     return
@@ -601,6 +820,8 @@ class Raft:
         if self._maybe_commit():
             self._commit_pending = True
         self._send_appends(message.source, send_if_empty=was_paused)
+        if self._transfer_to == message.source:
+            self._maybe_send_timeout_now()
 
     def _handle_heartbeat_response(self, message: HeartbeatResponse) -> None:
         progress = self._progress[message.source]
@@ -608,7 +829,7 @@ class Raft:
         progress.probe_sent = False
         if progress.state is ProgressState.SNAPSHOT:
             # The SnapshotNeeded may have been lost; the follower's shell ignores duplicates.
-            self._send(SnapshotNeeded(self.term, self.id, message.source, self.log.snapshot))
+            self._send(SnapshotNeeded(self.term, self.id, message.source, self._snapshot_meta()))
             return
         if progress.state is ProgressState.REPLICATE and progress.inflights.full():
             progress.inflights.free_first()  # lost appends must not stall the pipeline
@@ -618,9 +839,16 @@ class Raft:
     def _maybe_commit(self) -> bool:
         """Commit the highest index a quorum has *persisted* (the leader's own stable index,
         never its appended one), if it is from this term (Raft §5.4.2)."""
+        voters = self.membership.voters
         matches = sorted(
-            [self.log.stable, *(p.match for p in self._progress.values())], reverse=True
+            [
+                *([self.log.stable] if self.is_voter else []),
+                *(p.match for peer, p in self._progress.items() if peer in voters),
+            ],
+            reverse=True,
         )
+        if len(matches) < self.quorum:
+            return False
         candidate = matches[self.quorum - 1]
         if candidate > self.log.committed and self.log.term(candidate) == self.term:
             return self.log.commit_to(candidate)
@@ -651,7 +879,7 @@ class Raft:
             progress.next, self.config.append_bytes_max, limits.append_entries_max
         )
         if prev_term is None or entries is None:
-            snapshot = self.log.snapshot
+            snapshot = self._snapshot_meta()
             progress.become_snapshot(snapshot.index)
             self._send(SnapshotNeeded(self.term, self.id, peer, snapshot))
             return True
@@ -662,6 +890,11 @@ class Raft:
         )
         progress.sent(entries[-1].index if entries else prev_index, len(entries))
         return True
+
+    def _snapshot_meta(self) -> SnapshotMeta:
+        """The log's snapshot marker with the membership in force there."""
+        snapshot = self.log.snapshot
+        return replace(snapshot, membership=self.membership_at(snapshot.index))
 
     def _send(self, message: Message) -> None:
         if len(self._outbox) >= limits.messages_per_ready_max:

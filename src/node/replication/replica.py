@@ -44,6 +44,7 @@ from spate.core.backend import (
 )
 from spate.core.errors import (
     BrokerError,
+    FailedPrecondition,
     InvalidArgument,
     MessageSizeExceeded,
     NotLeader,
@@ -60,10 +61,14 @@ from spate.node.log.producers import ProducerState
 from spate.node.log.tracking import ENTRIES_PER_CHUNK_MAX, NAME_BYTES_MAX, TrackedOffset
 from spate.node.replication import limits
 from spate.node.replication.messages import (
+    MEMBERSHIP_MAGIC,
     Entry,
+    Membership,
     Message,
     Proposed,
     Ready,
+    Refusal,
+    RefusalReason,
     VoteRequest,
 )
 from spate.node.replication.raft import Raft, RaftConfig, Role
@@ -113,6 +118,7 @@ class Replica(LocalPartition):
         partition: PartitionId,
         replicas: Sequence[NodeId],
         store: RaftStore,
+        learners: Sequence[NodeId] = (),
         raft_config: RaftConfig,
         rng: random.Random,
         wake: Callable[[], None],
@@ -128,7 +134,7 @@ class Replica(LocalPartition):
         hard_state, snapshot, entries, committed_end = store.initial()
         self.raft = Raft(
             node,
-            replicas,
+            Membership.of(replicas, learners),
             raft_config,
             rng,
             hard_state=hard_state,
@@ -154,6 +160,10 @@ class Replica(LocalPartition):
         self.failure: str | None = None
         self.catching_up = False
         self.install: tuple[list[tuple[str, int]], int, Term] | None = None
+        self.install_membership: Membership | None = None
+        """The membership the leader's SnapshotNeeded named for the transfer under way."""
+        self.install_asked = 0
+        """The Raft index that SnapshotNeeded asked for (an install may go past it)."""
         self.closed = False
         # Counters for /metrics (ADR 0023), read at scrape time; updated once per append and
         # per read, never per message.
@@ -195,6 +205,52 @@ class Replica(LocalPartition):
     @property
     def is_leader(self) -> bool:
         return self.raft.role is Role.LEADER
+
+    # -- replica-set changes (ADR 0022)
+
+    def transfer_leadership(self, target: NodeId) -> BrokerError | None:
+        """On the leader: hand leadership to voter `target` (Raft's TimeoutNow); None when
+        started (or `target` leads already). FailedPrecondition naming the leader elsewhere,
+        InvalidArgument when `target` is not a voter."""
+        refusal = self.raft.transfer_leadership(target)
+        if refusal is None:
+            self._wake()
+            return None
+        return self._membership_error(refusal, f"{target} is not a voter of this partition")
+
+    def propose_membership(
+        self, voters: Sequence[NodeId], learners: Sequence[NodeId]
+    ) -> BrokerError | int:
+        """On the leader: append a membership entry; its Raft index, or why not
+        (FailedPrecondition: not the leader; Unavailable: the previous change is not committed
+        yet, retry; InvalidArgument: more than one voter changes, or it drops the leader)."""
+        if not voters or set(voters) & set(learners):
+            return InvalidArgument("voters: need at least one, none of them also a learner")
+        if len(voters) > limits.peers_max or len(voters) + len(learners) > limits.members_max:
+            return InvalidArgument(
+                f"voters: at most {limits.peers_max}, and {limits.members_max} members in all"
+            )
+        result = self.raft.propose_membership(Membership.of(voters, learners))
+        if isinstance(result, Proposed):
+            self._wake()
+            return result.index
+        return self._membership_error(
+            result,
+            "a membership change may add or remove one voter at a time and must keep the "
+            f"leader ({self.node}) a voter: transfer leadership first to remove it",
+        )
+
+    def _membership_error(self, refusal: Refusal, invalid: str) -> BrokerError:
+        match refusal.reason:
+            case RefusalReason.NOT_LEADER:
+                leader = refusal.leader or "unknown"
+                return FailedPrecondition(
+                    f"{self.node} does not lead {self._stream}/{self._partition} (leader: {leader})"
+                )
+            case RefusalReason.MEMBERSHIP_INVALID:
+                return InvalidArgument(invalid)
+            case _:
+                return refusal.error()
 
     def propose(
         self, records: Sequence[bytes], done: AppendDone, producer: PublishingIds | None = None
@@ -508,10 +564,11 @@ class Replica(LocalPartition):
         index = log.last_index
         while index > log.snapshot.index:
             payload = log.entry(index).payload
-            if payload:
+            if payload and not payload.startswith(MEMBERSHIP_MAGIC):
                 return chunk_codec.decode_header(payload).end_offset
             index -= 1
-        # Only barriers above the snapshot point: the end is the applied end.
+        # Only barriers (and membership entries) above the snapshot point: the end is the
+        # applied end.
         return self._committed_end
 
     def read(
@@ -589,8 +646,10 @@ class Replica(LocalPartition):
                     waiting.done(Unavailable("the original's commit is late; retry"))
 
     def step(self, message: Message) -> None:
-        if message.target != self.node or message.source not in self.raft.peers:
-            return  # not for this replica (a stale or confused peer): drop it
+        if message.target != self.node or message.source == self.node:
+            return  # not for this replica (a confused peer): drop it
+        # Any authenticated node of the cluster may be a member this replica has not heard of
+        # yet (a new voter, a new leader; ADR 0022): the core decides what to do with it.
         if (
             isinstance(message, VoteRequest)
             and not message.pre_vote
@@ -681,7 +740,7 @@ class Replica(LocalPartition):
                 listener(change.leader, change.epoch)
 
     def _apply(self, entry: Entry) -> None:
-        if entry.payload:
+        if entry.payload and not entry.payload.startswith(MEMBERSHIP_MAGIC):
             header = chunk_codec.decode_header(entry.payload)
             self._committed_end = max(self._committed_end, header.end_offset)
         pending = self._pending.pop(entry.index, None)

@@ -32,6 +32,22 @@ a replica that forgot its vote that way, two leaders in one term: `python -m spa
 
 On open the valid slot with the highest sequence wins. No valid slot (and no file) means a new
 replica, which matters for voting (ADR 0005).
+
+Since ADR 0022 the hard state also holds the group's membership as of its commit index, so a
+restart that takes the commit point as its snapshot knows the replica set there (membership
+entries after it are read back with the uncommitted tail). Those records use two 512-byte
+slots at bytes 1024 and 1536 (version 2; the 64-byte slots above are only read, from a
+replica written before it, and never overwritten, so an upgrade cannot tear them), with the
+same scratch-slot rule; a valid version-2 slot wins over any version-1 slot:
+
+```
+ 0  4 magic "SPH2" | 4 4 crc32c of bytes 8..512 | 8 8 sequence u64 | 16 8 term u64
+24  8 commit u64   | 32 1 vote length u8 | 33 31 vote
+64  2 membership length u16 (0: not known) | 66 .. membership (Membership.encode()), zeros
+```
+
+A membership entry is stored as a membership chunk (spate.node.log.chunk, ADR 0022) that each
+replica encodes itself around the core's payload, like a barrier.
 """
 
 from __future__ import annotations
@@ -48,9 +64,11 @@ from spate.node.log.partition_log import SyncPlan
 from spate.node.replication import limits
 from spate.node.replication.files import ReplicaFiles, SlotFile
 from spate.node.replication.messages import (
+    MEMBERSHIP_MAGIC,
     SNAPSHOT_EMPTY,
     Entry,
     HardState,
+    Membership,
     Ready,
     SnapshotMeta,
 )
@@ -59,6 +77,11 @@ _SLOT = struct.Struct(">4sIQQQB31s")
 SLOT_BYTES = 64
 _MAGIC = b"SPHS"
 assert _SLOT.size == SLOT_BYTES
+_SLOT2 = struct.Struct(">4sIQQQB31sH")
+SLOT2_BYTES = 512
+SLOT2_AT = 1024
+_MAGIC2 = b"SPH2"
+assert _SLOT2.size == 66 and SLOT2_AT >= 2 * SLOT_BYTES
 
 
 class HardStateFile:
@@ -78,6 +101,30 @@ class HardStateFile:
     def _load(self) -> tuple[HardState | None, int, int]:
         best: tuple[HardState | None, int, int] = (None, 0, 1)
         for slot in (0, 1):
+            data = self._file.pread(SLOT2_AT + slot * SLOT2_BYTES, SLOT2_BYTES)
+            if len(data) != SLOT2_BYTES:
+                continue
+            magic, crc, sequence, term, commit, vote_length, vote, members = _SLOT2.unpack_from(
+                data
+            )
+            if (
+                magic != _MAGIC2
+                or crc != crc32c.crc32c(data[8:])
+                or vote_length > 31
+                or members > SLOT2_BYTES - _SLOT2.size
+            ):
+                continue
+            if best[0] is None or sequence > best[1]:
+                voted = NodeId(vote[:vote_length].decode()) if vote_length else None
+                membership = (
+                    Membership.decode(data[_SLOT2.size : _SLOT2.size + members])
+                    if members
+                    else None
+                )
+                best = (HardState(Term(term), voted, commit, membership), sequence, slot)
+        if best[0] is not None:
+            return best
+        for slot in (0, 1):
             data = self._file.pread(slot * SLOT_BYTES, SLOT_BYTES)
             if len(data) != SLOT_BYTES:
                 continue
@@ -95,11 +142,15 @@ class HardStateFile:
         a sync: a commit point lost in a crash is learned again from the leader."""
         vote = (state.vote or "").encode()
         assert len(vote) <= 31, state.vote
+        members = b"" if state.membership is None else state.membership.encode()
         self._sequence += 1
-        body = _SLOT.pack(_MAGIC, 0, self._sequence, state.term, state.commit, len(vote), vote)
+        body = _SLOT2.pack(
+            _MAGIC2, 0, self._sequence, state.term, state.commit, len(vote), vote, len(members)
+        ) + members.ljust(SLOT2_BYTES - _SLOT2.size, b"\0")
+        assert len(body) == SLOT2_BYTES, len(body)
         data = body[:4] + struct.pack(">I", crc32c.crc32c(body[8:])) + body[8:]
         self._written_slot = 1 - self._synced_slot
-        self._file.pwrite(self._written_slot * SLOT_BYTES, data)
+        self._file.pwrite(SLOT2_AT + self._written_slot * SLOT2_BYTES, data)
         self.state = state
         self.dirty = self.dirty or sync
 
@@ -155,18 +206,43 @@ class RaftStore:
             header = self.log.header_at_index(commit)
             if header is None:
                 raise StorageFailure(f"the chunk of committed Raft index {commit} is missing")
-            snapshot = SnapshotMeta(commit, Term(header.epoch))
+            snapshot = SnapshotMeta(commit, Term(header.epoch), state.membership)
             committed_end = header.end_offset
         entries = []
         for data in self.log.chunks_from_index(commit + 1, limits.restart_window_bytes_max):
             header = chunk_codec.decode_header(data)
-            payload = b"" if chunk_codec.is_barrier(header) else data
-            entries.append(Entry(header.raft_index, Term(header.epoch), payload))
+            entries.append(Entry(header.raft_index, Term(header.epoch), core_payload(data)))
         if entries and entries[-1].index != last:
             raise StorageFailure(
                 f"more than {limits.restart_window_bytes_max} bytes of uncommitted entries"
             )
-        return HardState(state.term, state.vote, commit), snapshot, entries, committed_end
+        return (
+            HardState(state.term, state.vote, commit, state.membership),
+            snapshot,
+            entries,
+            committed_end,
+        )
+
+    def membership_between(self, low: int, high: int) -> Membership | None:
+        """The last membership entry at an index in (low, high] of the stored log, if any:
+        what a segment install that went past the snapshot it was asked for brought in."""
+        found = None
+        first = self.log.first_raft_index()
+        if first is None:
+            return None
+        index = max(low + 1, first)  # an install may start above `low` (retention)
+        while index <= high:
+            chunks = self.log.chunks_from_index(index, limits.restart_window_bytes_max)
+            if not chunks:
+                break
+            for data in chunks:
+                header = chunk_codec.decode_header(data)
+                if header.raft_index > high:
+                    return found
+                if chunk_codec.is_membership(header):
+                    found = Membership.decode(core_payload(data))
+                index = header.raft_index + 1
+        return found
 
     # -- Ready
 
@@ -191,7 +267,15 @@ class RaftStore:
                 log.last_raft_index,
             )
             for entry in ready.entries:
-                if entry.payload:
+                if entry.payload.startswith(MEMBERSHIP_MAGIC):
+                    data = chunk_codec.encode_membership(
+                        log.end_offset,
+                        log.last_timestamp_ms or 0,
+                        entry.term,
+                        entry.index,
+                        entry.payload,
+                    )
+                elif entry.payload:
                     data = entry.payload
                 else:
                     data = chunk_codec.encode_barrier(
@@ -208,7 +292,11 @@ class RaftStore:
                 ready.hard_state.term,
                 ready.hard_state.vote,
             )
-            self.hard.write(ready.hard_state, sync=voted)
+            # A commit that passes a membership entry is synced too (ADR 0022): retention may
+            # delete that entry once applied, and a restart whose unsynced commit was lost
+            # would otherwise start below the retained log with the membership before it.
+            moved = old is not None and old.membership != ready.hard_state.membership
+            self.hard.write(ready.hard_state, sync=voted or moved)
         plan = log.begin_sync()
         if plan is None and not self.hard.dirty:
             return None
@@ -237,3 +325,15 @@ class RaftStore:
     def close(self) -> None:
         self.log.close()
         self.hard.close()
+
+
+def core_payload(data: bytes) -> bytes:
+    """The Raft core's payload of a stored chunk: empty for a barrier, the membership entry
+    for a membership chunk, else the chunk itself."""
+    header = chunk_codec.decode_header(data)
+    if chunk_codec.is_barrier(header):
+        return b""
+    if chunk_codec.is_membership(header):
+        start = chunk_codec.HEADER_BYTES
+        return bytes(data[start : start + header.payload_length])
+    return data
