@@ -25,7 +25,7 @@ from spate.core.streams import StreamConfig
 from spate.gateway.auth import hash_password
 from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, offset_filter, receive, unique
-from support.eventhubs import JS_DIR, KEY_NAME, collect, send
+from support.eventhubs import JS_DIR, KEY_NAME, collect, run_js, send
 from support.memory_broker import MemoryBroker
 
 KEY = "a-shared-access-key-for-tests-0123456789"
@@ -174,3 +174,17 @@ def test_batches_go_to_event_hubs_links_only_and_must_hold_messages(
     }
     # on Spate's own address (this connection put no $cbs token) a batch ends the link
     assert _raw_batch(port, hub, batch=True) == {"link_error": "amqp:not-implemented"}
+
+
+def test_the_js_sdk_is_refused_with_a_wrong_key(listener: tuple[int, MemoryBroker]) -> None:
+    """@azure/event-hubs sees the Python SDK's refusal: the $cbs put-token answered 401 with
+    the reason, surfaced as its authorization error (no retries asked); the right key sends.
+    (A `SharedAccessSignature=` connection string does not reach $cbs from this SDK: it opens
+    the connection without SASL, which Spate's listener requires — docs/event-hubs.md.)"""
+    port, broker = listener
+    hub = _hub(broker)
+    refuse = {"op": "send", "bodies": ["x"], "expect_error": True, "max_retries": 0}
+    (wrong,) = run_js(_conn(port, key="wrong-key-wrong-key-wrong"), hub, [refuse])
+    assert "InvalidSignature" in wrong["error"], wrong
+    (ok,) = run_js(_conn(port), hub, [{"op": "send", "bodies": ["signed"]}])
+    assert ok == {"sent": 1}

@@ -2,7 +2,8 @@
 // patterns, with only the connection string changed.
 // Usage: node eventhubs.js < args.json -> prints one JSON object, then exits.
 // Input: {connection_string, hub, ca?: PEM path (TLS: trusted like a custom CA), steps: [...]}
-//   {op: "send", bodies: [str], partition_id?, partition_key?} -> {sent}
+//   {op: "send", bodies: [str], partition_id?, partition_key?, max_retries?} -> {sent}
+//   any step with expect_error: true -> {error: "<code>: <message>"} instead of failing the run
 //   {op: "properties"} -> {hub: {name, partition_ids}, partitions: {id: {...}}}
 //   {op: "receive", count, partition_id?, from?: "earliest" | {offset} | {sequence_number}
 //       | {enqueued_on_ms}, owner_level?} -> events: [{partition, body, sequence_number,
@@ -29,7 +30,10 @@ function position(from) {
 
 async function step(s) {
   if (s.op === "send") {
-    const producer = new EventHubProducerClient(args.connection_string, args.hub, options);
+    const producerOptions = s.max_retries === undefined
+      ? options
+      : { ...options, retryOptions: { maxRetries: s.max_retries } };
+    const producer = new EventHubProducerClient(args.connection_string, args.hub, producerOptions);
     const batchOptions = {};
     if (s.partition_id !== undefined) batchOptions.partitionId = s.partition_id;
     if (s.partition_key !== undefined) batchOptions.partitionKey = s.partition_key;
@@ -98,7 +102,17 @@ async function step(s) {
 (async () => {
   const out = { steps: [] };
   try {
-    for (const s of args.steps) out.steps.push(await step(s));
+    for (const s of args.steps) {
+      if (!s.expect_error) {
+        out.steps.push(await step(s));
+        continue;
+      }
+      try {
+        out.steps.push(await step(s));
+      } catch (err) {
+        out.steps.push({ error: `${err && (err.code || err.name)}: ${err && err.message}` });
+      }
+    }
   } catch (err) {
     out.error = String(err && err.stack || err);
   }
