@@ -499,10 +499,9 @@ class AmqpConnection(asyncio.Protocol):
             if event.session.state & Endpoint.LOCAL_UNINIT:
                 event.session.open()
         elif kind == lib.PN_SESSION_REMOTE_CLOSE:
-            for link_key in self._links_of(event.session):
-                self._forget_key(link_key)
+            flushes = [self._forget_key(key) for key in self._links_of(event.session)]
             if event.session.state & Endpoint.LOCAL_ACTIVE:
-                event.session.close()
+                self._close_after(event.session, flushes)
         elif kind == lib.PN_CONNECTION_REMOTE_OPEN:
             conn = event.connection
             conn.container = self.ctx.node_id
@@ -510,9 +509,8 @@ class AmqpConnection(asyncio.Protocol):
             conn.properties = {symbol("product"): "spate", symbol("node"): self.ctx.node_id}
             conn.open()
         elif kind == lib.PN_CONNECTION_REMOTE_CLOSE:
-            for link_key in [*self.producer.links, *self.consumer.links, *self.consumer.infos]:
-                self._forget_key(link_key)
-            event.connection.close()
+            keys = [*self.producer.links, *self.consumer.links, *self.consumer.infos]
+            self._close_after(event.connection, [self._forget_key(key) for key in keys])
         elif kind == lib.PN_TRANSPORT_ERROR:
             log.info("AMQP transport error: %s", event.transport.condition)
 
@@ -772,6 +770,23 @@ class AmqpConnection(asyncio.Protocol):
             )
         link.close()
         self.schedule_pump()
+
+    def _close_after(self, endpoint: Any, flushes: list[asyncio.Future[Any] | None]) -> None:
+        """Answer a session's or the connection's close once the named consumers' last offsets
+        on it are stored, as a link's detach is: a client whose close returned may rely on them
+        (found by CI: a leader killed right after a consumer's connection closed lost its
+        offset, stored after the close was answered)."""
+        pending = [f for f in flushes if f is not None]
+        if not pending:
+            endpoint.close()
+            return
+
+        def close(_: object) -> None:
+            if not self.closed and endpoint.state & Endpoint.LOCAL_ACTIVE:
+                endpoint.close()
+                self.schedule_pump()
+
+        asyncio.gather(*pending, return_exceptions=True).add_done_callback(close)
 
     def _forget_link(self, link: Link) -> None:
         self._forget_key(link._impl)
