@@ -42,6 +42,8 @@ HOSTS_MAX = 200
 COMMAND_TIMEOUT_S = 30.0
 _TABLE = "spate_chaos"
 _NAT = "spate_chaos_nat"
+NETEM_QUEUE = 100
+"""The NFQUEUE number chaos.netem binds in a host's namespace."""
 _ROOT = Path(__file__).resolve().parents[1]
 """Where `python -m chaos.netem` is found."""
 
@@ -181,7 +183,7 @@ class Network:
         as `impairment` says, until healed (chaos.netem; one impairment per host at a time)."""
         if host.impairer is not None:
             raise NetworkError(f"{host.name} is already impaired: heal it first")
-        queue = 100 + len(host.name) + sum(map(ord, host.name)) % 1000
+        queue = NETEM_QUEUE  # queue numbers are per namespace: one impairment per host
         process = host.popen(
             [sys.executable, "-m", "chaos.netem", f"--queue={queue}", f"--seed={seed}",
              *impairment.argv()],
