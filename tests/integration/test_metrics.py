@@ -189,11 +189,16 @@ def test_prometheus_scrapes_the_cluster_with_the_shipped_config(
         assert [(r["metric"], r["value"][1]) for r in group] == [
             ({"group": "audit"}, str(PUBLISHED - CONSUMED))
         ]
-        # the shipped Grafana dashboard: every query runs, and names only series that exist
-        scraped = {
+        # the shipped Grafana dashboard: every query runs, and names only series some process
+        # declares (a labelled family such as links refused has no sample until a refusal
+        # happens, but its TYPE line is there; a histogram's TYPE names the base of _bucket)
+        declared = {
             name
             for process in traffic.state["processes"]
-            for name in re.findall(r"^(spate_\w+)", _scrape(process["metrics"]), re.M)
+            for name in re.findall(r"^(?:# TYPE )?(spate_\w+)", _scrape(process["metrics"]), re.M)
+        }
+        scraped = declared | {
+            f"{name}{suffix}" for name in declared for suffix in ("_bucket", "_sum", "_count")
         }
         dashboard = json.loads((GRAFANA_DASHBOARD).read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
