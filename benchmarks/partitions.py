@@ -50,8 +50,10 @@ def commit() -> str:
     return done.stdout.strip()
 
 
-def measure(c: Cluster, binary: Path, partitions: int, count: int) -> dict[str, Any]:
-    stream = f"parts-{partitions}"
+def measure(
+    c: Cluster, binary: Path, partitions: int, count: int, stream: str | None = None
+) -> dict[str, Any]:
+    stream = stream or f"parts-{partitions}"
     c.create_stream(stream, replicas=REPLICAS, partitions=partitions)
     leaders = c.leaders(stream)
     per, window = count // partitions, max(1, WINDOW // partitions)

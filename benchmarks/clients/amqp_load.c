@@ -13,6 +13,9 @@
  *   publish: [--annotate]  the same annotation without a name (a control: same bytes, no dedup)
  *   publish: [--group-keys]  a message annotation event-streams-group-key = the sequence as 10
  *           decimal digits (a super stream's routing key, ADR 0014; on a plain stream a control)
+ *   consume/latency: [--settled]  ask for deliveries sent settled (snd-settle-mode settled:
+ *           at most once, no disposition per message; the stream protocol's consumers do not
+ *           acknowledge messages either, they track offsets)
  *
  * Every run prints exactly one JSON line on stdout (field names as in
  * /work/shared/peers/benchlib.py output); diagnostics go to stderr. Exit status 0 when the run
@@ -75,6 +78,7 @@ typedef struct {
     const char *producer_name; /* --producer-name: deduplicating producer, publishing id = seq */
     int annotate;              /* --annotate: the same x-opt-publishing-id, no producer name */
     int group_keys;            /* --group-keys: event-streams-group-key = sequence, 10 digits */
+    int settled;               /* --settled: the receiver asks for pre-settled deliveries */
     const char *self_path;
     long count, size, window, credit;
     double rate, duration, timeout_s;
@@ -328,6 +332,7 @@ static void open_link(app_t *a) {
         a->link = pn_receiver(s, "amqp_load-receiver");
         pn_terminus_set_address(pn_link_source(a->link), a->address);
         set_source_filter(a, a->link);
+        if (a->settled) pn_link_set_snd_settle_mode(a->link, PN_SND_SETTLED);
     }
     set_properties(a, a->link);
     pn_link_open(a->link);
@@ -449,7 +454,7 @@ static void on_receiver_delivery(app_t *a, pn_delivery_t *d) {
     }
     a->da_offset_seen += has_off;
     a->rlen = 0;
-    pn_delivery_update(d, PN_ACCEPTED);
+    if (!pn_delivery_settled(d)) pn_delivery_update(d, PN_ACCEPTED); /* sent settled: no outcome */
     pn_delivery_settle(d);
     a->received++;
     if (a->received >= a->total) {
@@ -765,7 +770,8 @@ static void print_publish(app_t *a) {
 
 static void print_consume(app_t *a) {
     print_common(a, "w2");
-    printf(", \"count\": %ld, \"credit\": %ld, \"offset\": ", a->total, a->credit);
+    printf(", \"count\": %ld, \"credit\": %ld, \"settled\": %s, \"offset\": ", a->total,
+           a->credit, a->settled ? "true" : "false");
     json_str(stdout, a->offset);
     printf(", \"filter\": \"%s\", \"received\": %ld, \"da_offset_seen\": %ld, \"bad_body\": %ld"
            ", \"first_seq\": %llu, \"last_seq\": %llu, \"seq_breaks\": %ld",
@@ -799,6 +805,7 @@ static void usage(void) {
             "  [--count N] [--size S] [--window W] [--credit C] [--rate R] [--duration D]\n"
             "  [--offset first|last|next|INT] [--filter rabbitmq|oasis|none]\n"
             "  [--user U --password P] [--partition ID] [--producer-name NAME] [--annotate] [--group-keys]\n"
+            "  [--settled]\n"
             "  [--timeout S] [--label TEXT]\n");
     exit(2);
 }
@@ -850,6 +857,7 @@ int main(int argc, char **argv) {
         const char *o = argv[i];
         if (!strcmp(o, "--annotate")) { a.annotate = 1; continue; } /* the flags */
         if (!strcmp(o, "--group-keys")) { a.group_keys = 1; continue; }
+        if (!strcmp(o, "--settled")) { a.settled = 1; continue; }
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
         if (!strcmp(o, "--host")) a.host = v;
