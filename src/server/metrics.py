@@ -319,6 +319,27 @@ class NodeCollector(Collector):
         )
         transfers.add_metric([node], driver.transfers)
         yield transfers
+        quiet = GaugeMetricFamily(
+            "spate_replication_quiet_replicas",
+            "Local replicas whose Raft group is quiet (idle: no heartbeats, ADR 0025).",
+            labels=["node"],
+        )
+        quiet.add_metric([node], sum(1 for g in driver.groups.values() if g.raft.quiesced))
+        yield quiet
+        suspected = GaugeMetricFamily(
+            "spate_replication_peers_suspected",
+            "Peer nodes silent for an election timeout (node liveness, ADR 0025).",
+            labels=["node"],
+        )
+        suspected.add_metric([node], len(driver.suspected))
+        yield suspected
+        wakes = CounterMetricFamily(
+            "spate_replication_liveness_wakes",
+            "Quiet replicas woken because a peer node went silent or came back.",
+            labels=["node"],
+        )
+        wakes.add_metric([node], driver.wakes)
+        yield wakes
         yield from self._metadata()
 
     def _metadata(self) -> Iterator[Metric]:

@@ -85,6 +85,10 @@ from spate.sim.loop import SimLoop
 from spate.sim.offsets import Store, TrackingChecker
 
 tick_ms = 10
+IDLE_PAUSE_CHANCE = 0.03
+IDLE_PAUSE_MS = (100, 700)
+"""With quiet groups (ADR 0025), a proposal is sometimes followed by an idle stretch this long
+(10 to 70 ticks: groups quiesce after a few heartbeat rounds, node suspicion takes 10)."""
 """Simulated milliseconds per Raft tick."""
 liveness_ms_max = 20_000
 """Simulated time the healed cluster gets to elect leaders and acknowledge an append."""
@@ -416,6 +420,7 @@ class ShellCluster(SimLoop[_Event]):
             inflight_appends_max=8,
             append_bytes_max=1024,
             log_cache_bytes=options.log_cache_bytes,
+            quiesce=seed % 3 != 0,  # quiet idle groups and node liveness (ADR 0025)
         )
         self.log_config = options.log_config()
         self.checker = TrackingChecker(options.groups)
@@ -701,8 +706,12 @@ class ShellCluster(SimLoop[_Event]):
                     node.driver.finish_batch(batch, failures)
                     self._drive(node)
             case _Kind.PROPOSE:
+                pause = self.rng.randrange(1, 2 * self.options.propose_ms)
+                if self.config.quiesce and self.rng.random() < IDLE_PAUSE_CHANCE:
+                    # idle stretches, so that groups go quiet and faults meet quiet groups
+                    pause += self.rng.randrange(*IDLE_PAUSE_MS)
                 self._schedule(
-                    self.rng.randrange(1, 2 * self.options.propose_ms),
+                    pause,
                     _Kind.PROPOSE,
                     event.node,
                     group=event.group,

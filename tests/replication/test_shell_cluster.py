@@ -402,3 +402,36 @@ async def _new_leader_settles_before_claims(cluster: Cluster) -> None:
     granted = await claimed
     assert granted.active and granted.epoch == 2
     assert new._ticks - new._led_since >= new.settle_ticks()
+
+
+QUIET = RaftConfig(quiesce=True)
+
+
+def test_a_quiet_partition_survives_its_leader_s_node_going_silent(tmp_path: Path) -> None:
+    run(_quiet_partition_survives_its_leader_going_silent, tmp_path, raft_config=QUIET)
+
+
+async def _quiet_partition_survives_its_leader_going_silent(cluster: Cluster) -> None:
+    """ADR 0025 on real hosts and sockets: an idle partition goes quiet on every replica;
+    its leader's host stops; node liveness (PINGs) wakes the followers, which elect a new
+    leader that takes appends; the old node comes back, learns the leader and catches up;
+    the group goes quiet again."""
+    leader = await cluster.leader()
+    await cluster.append_retrying([b"before"])
+    await until(
+        lambda: all(p.raft.quiesced for p in cluster.parts.values()), "the group goes quiet"
+    )
+    old = leader.node
+    await cluster.stop(old)
+    await until(
+        lambda: any(p.is_leader for p in cluster.parts.values()), "the survivors elect a leader"
+    )
+    survivors = list(cluster.parts)
+    assert all(old in cluster.hosts[n].driver.suspected for n in survivors)
+    assert await cluster.append_retrying([b"after"]) == 1
+    back = await cluster.start(old)
+    await until(lambda: back.end_offset() == 2, "the old leader catches up as a follower")
+    assert not back.is_leader
+    await until(lambda: all(p.raft.quiesced for p in cluster.parts.values()), "quiet again")
+    assert not any(old in h.driver.suspected for h in cluster.hosts.values())
+    assert sorted(all_records(back)) == [b"after", b"before"]

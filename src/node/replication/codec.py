@@ -18,6 +18,7 @@ kind  name            body
  5    PIECE           request_id u64 | data (rest of the frame)
  6    FETCH_ERROR     request_id u64 | reason (UTF-8, rest of the frame)
  7    PIECE_GONE      request_id u64   (retention deleted the file since the manifest)
+ 8    PING            (nothing: node liveness, one per peer per tick; ADR 0025)
 10-13             the handshake, spate.core.frames (shared with the gateway wire)
 ```
 
@@ -34,7 +35,7 @@ type  message            fields
                          (index u64 | term u64 | length u32 | payload)*
  4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
                          hint_term u64
- 5    Heartbeat          commit u64
+ 5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0025; absent: 0)]
  6    HeartbeatResponse  (nothing)
  7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64 | membership length u16 |
                          membership (messages.Membership.encode(); length 0: unknown)
@@ -85,6 +86,7 @@ KIND_FETCH_PIECE = 4
 KIND_PIECE = 5
 KIND_FETCH_ERROR = 6
 KIND_PIECE_GONE = 7
+KIND_PING = 8
 
 _U8, _U16, _U32, _U64 = U8, U16, U32, U64
 _str8, _group = str8, group
@@ -140,6 +142,8 @@ def encode_raft(key: GroupKey, message: Message) -> bytes:
             ]
         case Heartbeat():
             tail = [_U64.pack(message.commit)]
+            if message.quiesce:
+                tail.append(_U8.pack(1))
         case HeartbeatResponse():
             tail = []
         case SnapshotNeeded():
@@ -191,7 +195,9 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
             bool(rejected & 2),
         )
     elif kind == 5:
-        message = Heartbeat(term, source, target, reader.u64())
+        commit = reader.u64()
+        quiesce = reader.at < len(reader.view) and bool(reader.unpack(_U8)[0] & 1)
+        message = Heartbeat(term, source, target, commit, quiesce)
     elif kind == 6:
         message = HeartbeatResponse(term, source, target)
     elif kind == 7:
@@ -207,6 +213,9 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
         raise CodecError(f"unknown Raft message type {kind}")
     reader.done()
     return key, message
+
+
+PING_FRAME = frame(KIND_PING)
 
 
 def _membership(encoded: bytes) -> Membership:

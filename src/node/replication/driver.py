@@ -21,6 +21,12 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; the
    shell goes again while anything woke it.
 
+Node liveness (ADR 0025): every tick a PING frame goes to each peer node of the local groups,
+and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
+for `liveness_ticks` is suspected: the quiet groups it belongs to wake (`Raft.wake`); heard
+from again, the groups led here that it belongs to wake so it learns its leader. Quiet groups
+are still ticked (cheap: their core returns at once) but are not marked for the next batch.
+
 Catch-up transfers (catchup.Fetch) run here too: one request in flight per partition, matched
 by request id, abandoned after `catchup_request_timeout_ms` (default: the limit of that name)
 without a reply (checked on tick) and resumed by the next SnapshotNeeded. Replies to the
@@ -54,6 +60,9 @@ log = logging.getLogger(__name__)
 
 RETENTION_INTERVAL_MS = 10_000
 """How often retention is applied to every replica (between batches)."""
+
+PEERS_REFRESH_TICKS = 20
+"""How often the peer nodes of the local groups are collected again (membership changes)."""
 
 LeaderListener = Callable[[StreamName, PartitionId, NodeId | None, LeaderEpoch], None]
 Send = Callable[[NodeId, bytes], bool]
@@ -93,6 +102,7 @@ class ReplicationDriver(Generic[R]):
         retention_interval_ms: int = RETENTION_INTERVAL_MS,
         catchup_request_timeout_ms: int = limits.catchup_request_timeout_ms,
         request_id_base: int = 1,
+        liveness_ticks: int = limits.liveness_ticks,
     ) -> None:
         assert retention_interval_ms > 0 and catchup_request_timeout_ms > 0
         self.node_id = node_id
@@ -121,6 +131,17 @@ class ReplicationDriver(Generic[R]):
         """Every local leader's appends, proposed to committed (ADR 0023: /metrics)."""
         self.fsync_seconds = Histogram()
         """Wall time of each batch's fsyncs (`run_syncs`), observed by the shell that ran it."""
+        assert liveness_ticks > 0
+        self.liveness_ticks = liveness_ticks
+        self._silence: dict[NodeId, int] = {}
+        """Ticks since each peer node was last heard from (ADR 0025)."""
+        self.suspected: set[NodeId] = set()
+        """Peer nodes silent for `liveness_ticks` or more."""
+        self.wakes = 0
+        """Quiet groups woken by node liveness (a figure for tests and /metrics)."""
+        self._peers: list[NodeId] = []
+        self._peers_of = -1
+        self._liveness_ticks = 0
 
     # -- replicas
 
@@ -166,16 +187,56 @@ class ReplicationDriver(Generic[R]):
     # -- time
 
     def tick(self) -> None:
-        """Every tick_ms: tick every core, time out catch-up requests."""
+        """Every tick_ms: node liveness, tick every core, time out catch-up requests."""
+        self._liveness()
         for key, group in self.groups.items():
             if group.failure is None:
+                quiet = group.raft.quiesced
                 group.tick()
-                self._dirty[key] = group
+                if not quiet:  # (a tick that quiesces leaves the quiesce heartbeats to send)
+                    self._dirty[key] = group
         now_ms = self._monotonic_ms()
         for request_id, transfer in list(self._transfers.items()):
             if transfer.deadline_ms <= now_ms:
                 self._abandon(request_id, f"{transfer.fetch.leader} did not answer")
         self.wake()
+
+    def _liveness(self) -> None:
+        self._liveness_ticks += 1
+        if self._liveness_ticks % PEERS_REFRESH_TICKS == 1 or len(self.groups) != self._peers_of:
+            peers: set[NodeId] = set()
+            for group in self.groups.values():
+                peers.update(group.raft.peers)
+            self._peers, self._peers_of = sorted(peers), len(self.groups)  # a set's order
+            # would depend on the hash seed, and the simulator must replay exactly
+        peers = self._peers
+        for peer in list(self._silence):
+            if peer not in peers:
+                del self._silence[peer]
+                self.suspected.discard(peer)
+        for peer in peers:
+            self._send_frame(peer, codec.PING_FRAME)
+            silence = self._silence.get(peer, 0) + 1
+            self._silence[peer] = silence
+            if silence >= self.liveness_ticks and peer not in self.suspected:
+                self.suspected.add(peer)
+                self._wake_groups(peer, led_here_only=False)
+
+    def _heard(self, peer: NodeId) -> None:
+        self._silence[peer] = 0
+        if peer in self.suspected:
+            self.suspected.discard(peer)
+            self._wake_groups(peer, led_here_only=True)
+
+    def _wake_groups(self, peer: NodeId, *, led_here_only: bool) -> None:
+        for key, group in self.groups.items():
+            raft = group.raft
+            if raft.quiesced and peer in raft.peers:
+                if led_here_only and raft.role is not Role.LEADER:
+                    continue
+                raft.wake()
+                self.wakes += 1
+                self._wake_group(key, group)
 
     # -- batches
 
@@ -340,6 +401,10 @@ class ReplicationDriver(Generic[R]):
             log.warning("replication: bad frame from %s: %s", peer, error)
 
     def _receive(self, peer: NodeId, kind: int, body: memoryview) -> None:
+        if peer in self._silence:
+            self._heard(peer)
+        if kind == codec.KIND_PING:
+            return
         if kind == codec.KIND_RAFT:
             key, message = codec.decode_raft(body)
             group = self.groups.get(key)

@@ -82,7 +82,7 @@ class ReplicationHost:
         self.node_id = node_id
         self.data_dir = data_dir
         self.tick_ms = tick_ms
-        self.raft_config = raft_config or RaftConfig()
+        self.raft_config = raft_config or RaftConfig(quiesce=True)  # ADR 0025
         self._rng = random.Random(rng_seed)
         self._wake = asyncio.Event()
         self._wall_ms = skewed_wall_clock()

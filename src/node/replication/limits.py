@@ -92,3 +92,7 @@ hears from a leader first (a wiped replica has forgotten its vote; ADR 0005)."""
 
 assert frame_bytes_max > catchup_piece_bytes + 64 * 1024
 assert peer_send_queue_bytes_max >= frame_bytes_max
+
+liveness_ticks = 10
+"""A peer node silent (no frame, not even a PING) for this many ticks is suspected, and the
+quiet groups it belongs to wake (ADR 0025): one election timeout at the default 10 ticks."""

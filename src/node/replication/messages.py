@@ -221,6 +221,8 @@ class Heartbeat:
     source: NodeId
     target: NodeId
     commit: int
+    quiesce: bool = False
+    """The leader goes quiet after this one (ADR 0025): stop the election timer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,10 @@ class RaftConfig:
     log_cache_bytes: int = limits.log_cache_bytes_max
     """Applied entry bytes kept in memory; 0 drops every applied, persisted entry at once
     (tests and the simulator use small values to exercise the snapshot path)."""
+    quiesce: bool = False
+    """An idle group goes quiet (ADR 0025): no heartbeats, no election timer, until `wake()`,
+    a proposal or a message. Only for shells that call `wake()` when a peer node goes silent
+    (the replication driver's node liveness); a bare core would never notice a dead leader."""
 
     def __post_init__(self) -> None:
         assert 0 < self.heartbeat_interval_ticks < self.election_timeout_ticks
@@ -172,6 +176,11 @@ class Raft:
         self._commit_pending = False
         self.appends_dropped = 0
         self.messages_dropped = 0
+        self.quiesced = False
+        """Quiet (ADR 0025): not ticking, no heartbeats; `wake()` or a message ends it."""
+        self._quiet_rounds = 0
+        self._answered: set[NodeId] = set()
+        """Peers that answered since the leader's last heartbeat round."""
         self._become_follower(self.term, None)
 
     # -- reading
@@ -244,6 +253,8 @@ class Raft:
     # -- inputs
 
     def tick(self) -> None:
+        if self.quiesced:
+            return
         if self.role is Role.LEADER:
             self._tick_leader()
             return
@@ -269,7 +280,23 @@ class Raft:
         else:
             self._become_candidate(transfer=transfer)
 
+    def wake(self) -> None:
+        """End quiet (ADR 0025): the shell suspects a peer node, or has work for the group.
+        A leader heartbeats on its next tick and restarts its check-quorum window (a quorum
+        must answer within an election timeout); a follower restarts its election timer,
+        keeping its lease on the leader for one election timeout."""
+        self._quiet_rounds = 0
+        if not self.quiesced:
+            return
+        self.quiesced = False
+        self._election_elapsed = 0
+        if self.role is Role.LEADER:
+            self._heartbeat_elapsed = self.config.heartbeat_interval_ticks - 1
+            for progress in self._progress.values():
+                progress.recent_active = False
+
     def propose(self, payload: bytes) -> Proposed | Refusal:
+        self.wake()
         if self.role is not Role.LEADER:
             return Refusal(RefusalReason.NOT_LEADER, self.leader)
         if not payload:
@@ -309,6 +336,7 @@ class Raft:
         committed, before this leader's barrier commits, or when `new` changes more than one
         voter or leaves this leader out (transfer leadership first). It takes effect here at
         once: new members get a Progress and the next Appends; removed ones are dropped."""
+        self.wake()
         refusal = self.membership_change_refusal(new)
         if refusal is not None:
             return refusal
@@ -318,6 +346,7 @@ class Raft:
         """Hand leadership to voter `target`: stop taking proposals, bring it up to date,
         send it TimeoutNow; abandoned after one election timeout. None: started (or `target`
         already leads); a Refusal says why not."""
+        self.wake()
         if self.role is not Role.LEADER:
             return Refusal(RefusalReason.NOT_LEADER, self.leader)
         if target == self.id:
@@ -370,6 +399,11 @@ class Raft:
         ignored by the leader; votes from non-voters are not counted."""
         assert message.target == self.id, message
         assert message.source != self.id, message
+        if self.quiesced and not (
+            isinstance(message, HeartbeatResponse)
+            or (isinstance(message, Heartbeat) and message.quiesce)
+        ):
+            self.wake()  # something happens: a restarted follower's pre-vote, new entries
         if message.term > self.term:
             if not self._step_higher_term(message):
                 return
@@ -534,6 +568,9 @@ class Raft:
         self._progress = {}
         self._entries_pending = self._commit_pending = False
         self._transfer_to = None
+        self.quiesced = False
+        self._quiet_rounds = 0
+        self._answered = set()
 
     def _become_follower(self, term: Term, leader: NodeId | None) -> None:
         self._reset(term)
@@ -700,6 +737,9 @@ class Raft:
                     return
                 self.log.commit_to(message.commit)
                 self._send(HeartbeatResponse(self.term, self.id, message.source))
+                if message.quiesce:  # quiet until woken (ADR 0025); the lease holds meanwhile
+                    self.quiesced = True
+                    self._election_elapsed = 0
             case SnapshotNeeded():
                 if message.snapshot.index > self.log.committed:
                     self._snapshot_request = SnapshotRequest(message.source, message.snapshot)
@@ -784,13 +824,39 @@ class Raft:
                     progress.recent_active = False
         if self._heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
             self._heartbeat_elapsed = 0
+            quiesce = self._may_quiesce()
             for peer in self.peers:
                 commit = min(self._progress[peer].match, self.log.committed)
-                self._send(Heartbeat(self.term, self.id, peer, commit))
+                self._send(Heartbeat(self.term, self.id, peer, commit, quiesce))
+            self._answered = set()
+            self.quiesced = quiesce
+
+    def _may_quiesce(self) -> bool:
+        """Two heartbeat rounds in a row with nothing to do (ADR 0025): the log committed,
+        persisted and applied to its end, no transfer, every peer answered and up to date."""
+        if not self.config.quiesce:
+            return False
+        log = self.log
+        last = log.last_index
+        idle = (
+            self._transfer_to is None
+            and not self._entries_pending
+            and not self._commit_pending
+            and log.committed == last
+            and log.stable == last
+            and log.applied == last
+            and all(
+                peer in self._answered and progress.match == last
+                for peer, progress in self._progress.items()
+            )
+        )
+        self._quiet_rounds = self._quiet_rounds + 1 if idle else 0
+        return self._quiet_rounds >= 2
 
     def _handle_append_response(self, message: AppendResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
+        self._answered.add(message.source)
         if message.lost:
             if progress.match > message.hint_index:
                 progress.forget()
@@ -826,6 +892,7 @@ class Raft:
     def _handle_heartbeat_response(self, message: HeartbeatResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
+        self._answered.add(message.source)
         progress.probe_sent = False
         if progress.state is ProgressState.SNAPSHOT:
             # The SnapshotNeeded may have been lost; the follower's shell ignores duplicates.

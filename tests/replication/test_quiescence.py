@@ -1,0 +1,125 @@
+"""Quiet groups and node liveness (ADR 0025): the Raft core's quiescence, pumped by hand
+(harness.py), and the replication driver's PING-based suspicion that wakes quiet groups."""
+
+from __future__ import annotations
+
+from replication.harness import Group
+from spate.core.ids import NodeId
+from spate.node.replication import codec
+from spate.node.replication.messages import Heartbeat, Proposed
+from spate.node.replication.raft import RaftConfig, Role
+
+QUIET = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, quiesce=True)
+
+
+def quiet_group() -> Group:
+    group = Group(3, config=QUIET)
+    group.elect("n1")
+    group.tick_all(4)  # two idle heartbeat rounds answered by both followers
+    group.stabilize()  # the answers to the quiesce heartbeat
+    return group
+
+
+def test_an_idle_group_goes_quiet_and_sends_nothing_while_quiet() -> None:
+    group = quiet_group()
+    assert all(group[n].quiesced for n in ("n1", "n2", "n3"))
+    quiesce = [line for line in group.trace if "quiesce" in line or "Heartbeat" in line]
+    assert quiesce, group.trace[-10:]
+    before = len(group.trace)
+    group.tick_all(100)  # ten election timeouts: no election, no message at all
+    assert group.trace[before:] == []
+    assert group.leaders() == [NodeId("n1")]
+    assert {group.term(n) for n in ("n1", "n2", "n3")} == {group.term("n1")}
+
+
+def test_a_bare_core_without_quiesce_keeps_heartbeating() -> None:
+    group = Group(3)  # the default config: a shell without node liveness never goes quiet
+    group.elect("n1")
+    group.tick_all(20)
+    assert not any(group[n].quiesced for n in ("n1", "n2", "n3"))
+    before = len(group.trace)
+    group.tick_all(5)
+    assert len(group.trace) > before
+
+
+def test_a_proposal_wakes_the_group_commits_everywhere_and_it_goes_quiet_again() -> None:
+    group = quiet_group()
+    result = group["n1"].propose(b"after a quiet spell")
+    assert isinstance(result, Proposed)
+    group.stabilize()
+    for node in ("n1", "n2", "n3"):
+        assert group.applied_payloads(node) == [b"after a quiet spell"]
+    group.tick_all(4)
+    assert all(group[n].quiesced for n in ("n1", "n2", "n3"))
+
+
+def test_the_leader_does_not_go_quiet_while_a_follower_does_not_answer() -> None:
+    group = Group(3, config=QUIET)
+    group.elect("n1")
+    group.cut.add(NodeId("n3"))
+    group.tick_all(30)
+    assert not group["n1"].quiesced  # n3 never answered: it must keep hearing heartbeats
+    assert group.leaders() == [NodeId("n1")]
+
+
+def test_a_lost_quiesce_heartbeat_is_repaired_by_the_followers_campaign() -> None:
+    """n3 misses the quiesce heartbeat: its election timer runs, its pre-vote wakes the
+    leader (which answers with heartbeats), and nobody's term moves."""
+    group = Group(3, config=QUIET)
+    group.elect("n1")
+    for _ in range(5):
+        group["n1"].tick()
+        group.process(NodeId("n1"))
+        group.deliver(lambda m: not (isinstance(m, Heartbeat) and m.quiesce and m.target == "n3"))
+    group.stabilize()
+    assert group["n1"].quiesced and group["n2"].quiesced and not group["n3"].quiesced
+    term = group.term("n1")
+    before = len(group.trace)
+    group.tick_all(60)
+    assert group.leaders() == [NodeId("n1")]
+    assert {group.term(n) for n in ("n1", "n2", "n3")} == {term}
+    campaign = [line for line in group.trace[before:] if line.startswith("n3->n1 VoteRequest")]
+    assert campaign and "pre" in campaign[0], group.trace[before:]
+    assert all(group[n].quiesced for n in ("n1", "n2", "n3"))
+
+
+def test_waking_followers_whose_leader_died_elects_a_new_leader() -> None:
+    """What node liveness does when the leader's node goes silent: the quiet followers are
+    woken, keep their lease for an election timeout, then elect one of them."""
+    group = quiet_group()
+    term = group.term("n1")
+    group.cut.add(NodeId("n1"))
+    group.tick_all(50)
+    roles = {n: group[n].role for n in ("n2", "n3")}
+    assert roles == {"n2": Role.FOLLOWER, "n3": Role.FOLLOWER}  # quiet: they never notice
+    group["n2"].wake()
+    group["n3"].wake()
+    group.tick_all(9)
+    assert group.leaders() == []  # the lease holds for one election timeout
+    group.tick_all(40)
+    leaders = group.leaders()
+    assert len(leaders) == 1 and leaders[0] != NodeId("n1")
+    assert group.term(leaders[0]) > term
+
+
+def test_a_woken_leader_cut_from_both_followers_steps_down_by_check_quorum() -> None:
+    group = quiet_group()
+    group.cut.update({NodeId("n2"), NodeId("n3")})
+    group["n1"].wake()
+    group.tick("n1", 9)
+    assert group["n1"].role is Role.LEADER
+    group.tick("n1", 2)
+    assert group["n1"].role is Role.FOLLOWER  # within one election timeout of waking
+
+
+def test_the_heartbeat_codec_carries_the_quiesce_flag_and_reads_old_frames() -> None:
+    key = ("s", 0)
+    for quiesce in (False, True):
+        message = Heartbeat(3, NodeId("n1"), NodeId("n2"), 7, quiesce)
+        frame = codec.encode_raft(key, message)
+        assert codec.decode_raft(memoryview(frame)[5:]) == (key, message)
+    old = codec.encode_raft(key, Heartbeat(3, NodeId("n1"), NodeId("n2"), 7))
+    assert (
+        len(old)
+        == len(codec.encode_raft(key, Heartbeat(3, NodeId("n1"), NodeId("n2"), 7, True))) - 1
+    )
