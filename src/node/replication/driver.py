@@ -204,11 +204,11 @@ class ReplicationDriver(Generic[R]):
     def _liveness(self) -> None:
         self._liveness_ticks += 1
         if self._liveness_ticks % PEERS_REFRESH_TICKS == 1 or len(self.groups) != self._peers_of:
-            peers: set[NodeId] = set()
+            found: set[NodeId] = set()
             for group in self.groups.values():
-                peers.update(group.raft.peers)
-            self._peers, self._peers_of = sorted(peers), len(self.groups)  # a set's order
-            # would depend on the hash seed, and the simulator must replay exactly
+                found.update(group.raft.peers)
+            # sorted: a set's order depends on the hash seed; the simulator replays exactly
+            self._peers, self._peers_of = sorted(found), len(self.groups)
         peers = self._peers
         for peer in list(self._silence):
             if peer not in peers:
