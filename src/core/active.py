@@ -132,13 +132,16 @@ class ActiveGroups:
         plain_links: int = 0,
         generation: int | None = None,
         stored_generation: int = 0,
+        *,
+        at_equal: bool = False,
     ) -> tuple[int, int, bool]:
         """A link claims `name`'s partition for its exclusive group: (member number, the
         granted epoch, whether it is current now). Granted when nobody holds it — with
         `epoch` if given (`Stale` below `stored_epoch`, the durable one), else the current
-        epoch — or when `epoch` is above the group's: then the member holding it (or a claim
-        still waiting for it, told False) is displaced, and the claimer becomes current once
-        the holder `stepped_down`. Otherwise `Owned`."""
+        epoch — or when `epoch` is above the group's (`at_equal`: or equal to it, Event Hubs'
+        owner-level rule): then the member holding it (or a claim still waiting for it, told
+        False) is displaced, and the claimer becomes current once the holder `stepped_down`.
+        Otherwise `Owned`."""
         if plain_links:
             raise Conflict(
                 f"{plain_links} link(s) of {_text(name)} are attached without a consumer group"
@@ -167,10 +170,11 @@ class ActiveGroups:
             granted = current if epoch is None else epoch
             self.groups[name] = Group([member], None, member, epoch=granted)
             return member, granted, True
-        if epoch is None or epoch <= current:
+        if epoch is None or epoch < current or (epoch == current and not at_equal):
             raise Owned(
-                f"{_text(name)} is owned at epoch {current}; attach with an epoch above it to "
-                "take over",
+                f"{_text(name)} is owned at epoch {current}; attach with an epoch "
+                + ("at or above" if at_equal else "above")
+                + " it to take over",
                 current,
             )
         self._displace_waiting(group)  # an earlier claim not granted yet

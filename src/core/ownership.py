@@ -83,7 +83,8 @@ def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
 ) -> Claimed:
     """Claim the partition (`where`) for the group `name` (`$group/<g>`), given the epoch and
     generation stored in its log, with `ActiveGroups.claim`; the link is counted in
-    `attached`. Raises AlreadyExists (owned, epoch not above), Unavailable (a coordinator's
+    `attached`. An Event Hubs group's claim (`groups.takes_over_at_equal_epoch`) takes over at
+    an equal epoch too. Raises AlreadyExists (owned, epoch not above), Unavailable (a coordinator's
     member from a generation below the partition's: it rejoins), FailedPrecondition (stale
     epoch, or the name is used otherwise)."""
     holder = claims.groups.active(name)
@@ -96,12 +97,14 @@ def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
             # counts of links a disbanded group had may linger here until they detach
             generation,
             stored_generation,
+            at_equal=groups.takes_over_at_equal_epoch(group_of(name)),
         )
     except Owned as owned:
+        relation = "at or above" if groups.takes_over_at_equal_epoch(group_of(name)) else "above"
         raise AlreadyExists(
             f"consumer group {group_of(name)!r} already has an active receiver on {where} "
-            f"(epoch {owned.epoch}); attach with 'event-streams-epoch' above {owned.epoch} to "
-            "take over"
+            f"(epoch {owned.epoch}); attach with 'event-streams-epoch' {relation} "
+            f"{owned.epoch} to take over"
         ) from None
     except Stale as stale:
         if generation is not None:  # a coordinator's member: retryable, it rejoins

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote_plus, urlsplit
 
+from spate.core import groups
 from spate.core.errors import InvalidArgument, NotFound
 from spate.gateway import codec, sections
 
@@ -47,7 +48,7 @@ BATCH_FORMAT = 0x80013700
 CBS_NODE = "$cbs"
 MANAGEMENT_NODE = "$management"
 EPOCH_PROPERTY = "com.microsoft:epoch"
-GROUP_PREFIX = "eventhubs:"
+GROUP_PREFIX = groups.EVENTHUBS_PREFIX
 """Spate consumer-group names of Event Hubs consumer groups with owner levels (Event Hubs'
 default group is `$Default`, and Spate reserves names starting with `$`)."""
 SEQUENCE_NUMBER = "x-opt-sequence-number"
@@ -297,6 +298,69 @@ def partition_key(stored: bytes) -> str | None:
     annotations = sections.find_message_annotations(stored) or {}
     value = annotations.get(PARTITION_KEY)
     return value if isinstance(value, str) else None
+
+
+# Partition keys ----------------------------------------------------------------------------------
+
+_M32 = 0xFFFF_FFFF
+
+
+def _rot(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & _M32
+
+
+def _lookup3(data: bytes) -> tuple[int, int]:
+    """Bob Jenkins' lookup3 `hashlittle2` with both seeds 0: (c, b), as the Event Hubs service
+    computes it (ported from azure-sdk-for-net's `PartitionResolver.ComputeHash`, which says it
+    is a direct port of the service's code)."""
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length) & _M32
+    at = 0
+    while length - at > 12:
+        a = (a + int.from_bytes(data[at : at + 4], "little")) & _M32
+        b = (b + int.from_bytes(data[at + 4 : at + 8], "little")) & _M32
+        c = (c + int.from_bytes(data[at + 8 : at + 12], "little")) & _M32
+        a = ((a - c) & _M32) ^ _rot(c, 4)
+        c = (c + b) & _M32
+        b = ((b - a) & _M32) ^ _rot(a, 6)
+        a = (a + c) & _M32
+        c = ((c - b) & _M32) ^ _rot(b, 8)
+        b = (b + a) & _M32
+        a = ((a - c) & _M32) ^ _rot(c, 16)
+        c = (c + b) & _M32
+        b = ((b - a) & _M32) ^ _rot(a, 19)
+        a = (a + c) & _M32
+        c = ((c - b) & _M32) ^ _rot(b, 4)
+        b = (b + a) & _M32
+        at += 12
+    if at == length:
+        return c, b
+    tail = data[at:] + bytes(12 - (length - at))  # the last 1..12 bytes, zero-padded
+    a = (a + int.from_bytes(tail[0:4], "little")) & _M32
+    b = (b + int.from_bytes(tail[4:8], "little")) & _M32
+    c = (c + int.from_bytes(tail[8:12], "little")) & _M32
+    c = ((c ^ b) - _rot(b, 14)) & _M32
+    a = ((a ^ c) - _rot(c, 11)) & _M32
+    b = ((b ^ a) - _rot(a, 25)) & _M32
+    c = ((c ^ b) - _rot(b, 16)) & _M32
+    a = ((a ^ c) - _rot(c, 4)) & _M32
+    b = ((b ^ a) - _rot(a, 14)) & _M32
+    c = ((c ^ b) - _rot(b, 24)) & _M32
+    return c, b
+
+
+def key_hash(key: str) -> int:
+    """Event Hubs' hash of a partition key: lookup3 of its UTF-8 bytes, the two halves xored,
+    as a signed 16-bit number (azure-sdk-for-net `PartitionResolver.GenerateHashCode`)."""
+    first, second = _lookup3(key.encode("utf-8", "surrogatepass"))
+    folded = (first ^ second) & 0xFFFF
+    return folded - 0x1_0000 if folded >= 0x8000 else folded
+
+
+def key_partition(key: str, partitions: int) -> int:
+    """The partition Event Hubs puts an event with partition key `key` on, of `partitions`
+    (`Math.Abs(hash % count)` in C#: the remainder of the magnitude)."""
+    return abs(key_hash(key)) % partitions
 
 
 # $management ------------------------------------------------------------------------------------

@@ -671,7 +671,8 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
             if not attached.active:
                 raise AlreadyExists(
                     f"consumer group {group!r} on {address.stream}/{int(bound)}: a claim "
-                    "with a greater epoch arrived while this one waited"
+                    "with a greater epoch (or, for an Event Hubs group, an equal one) arrived "
+                    "while this one waited"
                 )
         specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
         start = await part.begin(specs, chunk_filter_of(selection))

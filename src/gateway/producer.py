@@ -333,8 +333,9 @@ class ProducerPart:
         """An Event Hubs link's deliveries (ADR 0021): a batch (message-format 0x80013700, noted
         by the inbound guard) is split into its messages, stored as consecutive records whose
         last carries the delivery's outcome; on a link to the hub (no partition) a message or
-        batch with `x-opt-partition-key` goes where MurmurHash3 of the key puts it, the others
-        round-robin per pump like any agnostic link."""
+        batch with `x-opt-partition-key` goes where Event Hubs' own hash of the key puts it
+        (`eventhubs.key_partition`: the partition Azure would pick), the others round-robin per
+        pump like any agnostic link."""
         lp, buf, size_max = producer.pointer, self.recv_buffer, limits.message_bytes_max
         batches: set[tuple[str | None, bytes]] = self.host.guard.batches
         plan = producer.plan
@@ -383,7 +384,7 @@ class ProducerPart:
                 self.unconfirmed += 1
             outcomes = [None] * (len(records) - 1) + [cur]
             if hub_key is not None:
-                pid = PartitionId(hash_partition(hub_key, plan.partitions))
+                pid = PartitionId(eventhubs.key_partition(hub_key, plan.partitions))
                 batch = producer.routed.setdefault(pid, ([], []))
                 batch[0].extend(records)
                 batch[1].extend(outcomes)

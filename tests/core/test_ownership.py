@@ -51,3 +51,28 @@ def test_a_newer_generation_waits_for_the_holder_and_an_older_one_is_fenced() ->
 def test_a_stale_epoch_is_refused_even_with_no_owner() -> None:
     with pytest.raises(FailedPrecondition):
         ownership.decide_claim(_Leader(), "s/0", NAME, 3, 4)
+
+
+def test_an_event_hubs_group_is_taken_over_at_an_equal_epoch_and_never_below() -> None:
+    """Event Hubs' owner-level rule (ADR 0021): a receiver with an owner level >= the current
+    one takes over; a lower one is refused; Spate's own groups keep needing a greater epoch."""
+    hubs = b"$group/eventhubs:$Default"
+    leader = _Leader()
+    first = ownership.decide_claim(leader, "s/0", hubs, 1, 0)
+    assert (first.epoch, first.current) == (1, True)
+    assert first.stores == ((b"$epoch/eventhubs:$Default", 1),)
+    equal = ownership.decide_claim(leader, "s/0", hubs, 1, 1)
+    assert (equal.epoch, equal.current, equal.holder, equal.stores) == (1, False, first.member, ())
+    with pytest.raises(FailedPrecondition, match="stale"):  # a lower one: refused
+        ownership.decide_claim(leader, "s/0", hubs, 0, 1)
+    with pytest.raises(AlreadyExists, match="at or above 1"):  # no epoch: refused
+        ownership.decide_claim(leader, "s/0", hubs, None, 1)
+    assert leader.groups.stepped_down(hubs, first.member) == equal.member
+    ownership.release(leader, hubs, first.member)
+    with pytest.raises(FailedPrecondition, match="stale"):  # epochs never go back, owner or not
+        ownership.decide_claim(_Leader(), "s/0", hubs, 0, 1)
+    # Spate's own groups: an equal epoch is refused, as before
+    spate = _Leader()
+    ownership.decide_claim(spate, "s/0", NAME, 1, 0)
+    with pytest.raises(AlreadyExists, match="above 1"):
+        ownership.decide_claim(spate, "s/0", NAME, 1, 1)
