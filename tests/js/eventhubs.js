@@ -8,8 +8,11 @@
 //   {op: "receive", count, partition_id?, from?: "earliest" | {offset} | {sequence_number}
 //       | {enqueued_on_ms}, owner_level?} -> events: [{partition, body, sequence_number,
 //       offset, enqueued_ms, partition_key, properties}], errors: [str]
+//   {op: "key_partitions", keys: [str], partition_count} -> {key: partition index} by the SDK's
+//       own partition-key mapper (what the Event Hubs service computes)
 "use strict";
 const fs = require("fs");
+const path = require("path");
 const { EventHubProducerClient, EventHubConsumerClient, earliestEventPosition } = require("@azure/event-hubs");
 
 const args = JSON.parse(fs.readFileSync(0, "utf8"));
@@ -95,6 +98,14 @@ async function step(s) {
     });
     await client.close();
     return { events, errors };
+  }
+  if (s.op === "key_partitions") {
+    // the SDK's own port of the service's partition-key hash (its buffered producer's mapper)
+    const sdk = path.dirname(require.resolve("@azure/event-hubs"));
+    const { mapPartitionKeyToId } = require(path.join(sdk, "impl", "partitionKeyToIdMapper.js"));
+    const out = {};
+    for (const key of s.keys) out[key] = mapPartitionKeyToId(key, s.partition_count);
+    return out;
   }
   throw new Error(`unknown op ${s.op}`);
 }
