@@ -270,3 +270,36 @@ def test_management_reads_of_what_does_not_exist_are_refused_clearly(hubs: Hubs)
     with client, pytest.raises(EventHubError) as no_hub:
         client.get_partition_ids()
     assert "no-such-hub" in str(no_hub.value)
+
+
+@pytest.mark.filterwarnings("ignore:uAMQP legacy support:DeprecationWarning")
+def test_the_uamqp_transport_reads_properties_and_receives_with_an_owner_level(
+    tls_hubs: Hubs,
+) -> None:
+    """azure-eventhub's older transport (`uamqp_transport=True`, the uamqp C stack): SASL
+    MSSBCBS, the $cbs put-token, `$management` reads and an owner-level receiver with a
+    selector. It speaks TLS only (it ignores UseDevelopmentEmulator's port: custom endpoint).
+    Sending with it fails inside azure-eventhub 5.15.1 before any frame is sent
+    (docs/event-hubs.md), so the events are sent with the default transport."""
+    hub = tls_hubs.create(unique("uamqp"), partitions=2)
+    kwargs = {**tls_hubs.client_kwargs(), "uamqp_transport": True}
+    send(tls_hubs.conn_str(), hub, ["u0", "u1", "u2"], tls_hubs.client_kwargs(), partition_id="1")
+    client = EventHubConsumerClient.from_connection_string(
+        tls_hubs.conn_str(), consumer_group="$Default", eventhub_name=hub, **kwargs
+    )
+    with client:
+        assert client.get_partition_ids() == ["0", "1"]
+        assert client.get_partition_properties("1")["last_enqueued_sequence_number"] == 2
+    got = collect(
+        tls_hubs.conn_str(),
+        hub,
+        2,
+        client_kwargs=kwargs,
+        partition_id="1",
+        owner_level=1,
+        starting_position="0",  # exclusive: after offset 0
+    )
+    assert [(e.body_as_str(), e.sequence_number, e.offset) for _, e in got] == [
+        ("u1", 1, "1"),
+        ("u2", 2, "2"),
+    ]
