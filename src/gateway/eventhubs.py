@@ -127,6 +127,10 @@ def link_properties(parsed: HubAddress, remote: dict[Any, Any]) -> dict[str, Any
     if parsed.partition is not None:
         out["event-streams-partition"] = parsed.partition
     epoch = remote.get(EPOCH_PROPERTY)
+    if epoch is None and parsed.consumer_group is not None and parsed.partition is not None:
+        # a receiver without owner level: a shared member of the group (reads beside others
+        # like it, gives way to one with an owner level; ADR 0021 addendum)
+        out["event-streams-consumer-group"] = GROUP_PREFIX + parsed.consumer_group
     if epoch is not None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"'{EPOCH_PROPERTY}' must be a non-negative long, not {epoch!r}")

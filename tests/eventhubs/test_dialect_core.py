@@ -40,7 +40,13 @@ def test_owner_level_maps_onto_a_spate_consumer_group_and_epoch() -> None:
         "event-streams-consumer-group": "eventhubs:$Default",
         "event-streams-epoch": 7,
     }
-    assert eventhubs.link_properties(receiver, {}) == {"event-streams-partition": "2"}
+    # without owner level: a shared member of the group (reads beside others like it)
+    assert eventhubs.link_properties(receiver, {}) == {
+        "event-streams-partition": "2",
+        "event-streams-consumer-group": "eventhubs:$Default",
+    }
+    sender = HubAddress(None, "hub1", "2")
+    assert eventhubs.link_properties(sender, {}) == {"event-streams-partition": "2"}
     with pytest.raises(InvalidArgument):
         eventhubs.link_properties(HubAddress(None, "hub1"), {"com.microsoft:epoch": 1})
     with pytest.raises(InvalidArgument):

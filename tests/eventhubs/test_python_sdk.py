@@ -14,10 +14,10 @@ import pytest
 from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerClient
 from azure.eventhub.exceptions import AuthenticationError, EventHubError
 from proton import Message, symbol
-from proton.utils import BlockingConnection
+from proton.utils import BlockingConnection, LinkDetached
 from spate.gateway.eventhubs import key_partition
 from support.amqp_clients import offset_filter, partition_option, receive, unique
-from support.eventhubs import FileCheckpointStore, Hubs, collect, run_sample, send
+from support.eventhubs import FileCheckpointStore, Hubs, collect, run_js, run_sample, send
 
 SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
 """The SDK's own samples, from its PyPI sdist (tools/bootstrap.sh puts them there)."""
@@ -303,3 +303,89 @@ def test_the_uamqp_transport_reads_properties_and_receives_with_an_owner_level(
         ("u1", 1, "1"),
         ("u2", 2, "2"),
     ]
+
+
+def test_receivers_without_an_owner_level_give_way_to_one_with_it(hubs: Hubs) -> None:
+    """Event Hubs' mixed rules: receivers without owner level read side by side; a receiver
+    with one (here the JS SDK's) disconnects them (`amqp:link:stolen`, the SDKs' "receiver
+    disconnected"); while it holds the partition, one without is refused."""
+    from spate.gateway.eventhubs import GROUP_PREFIX
+
+    hub = hubs.create(unique("mixed"), partitions=1)
+    conn = hubs.conn_str()
+    send(conn, hub, ["m0", "m1"])
+    readers = []
+    for _ in range(2):
+        client = EventHubConsumerClient.from_connection_string(
+            conn, consumer_group="$Default", eventhub_name=hub
+        )
+        seen, errors = threading.Event(), list[BaseException]()
+        worker = threading.Thread(
+            target=client.receive,
+            kwargs={
+                "on_event": lambda ctx, ev, seen=seen: seen.set(),
+                "on_error": lambda ctx, err, errors=errors: errors.append(err),
+                "partition_id": "0",
+                "starting_position": "-1",
+            },
+            daemon=True,
+        )
+        worker.start()
+        readers.append((client, worker, seen, errors))
+    holder = None
+    try:
+        for _, _, seen, _ in readers:  # both read at once
+            assert seen.wait(20), "a receiver without owner level got nothing"
+        [newer] = run_js(
+            conn,
+            hub,
+            [
+                {
+                    "op": "receive",
+                    "count": 2,
+                    "partition_id": "0",
+                    "from": "earliest",
+                    # 1: the JS SDK sends no owner level for 0 (`if (options.ownerLevel)`)
+                    "owner_level": 1,
+                }
+            ],
+        )
+        # (the JS SDK hands a data section out as a Node Buffer)
+        assert [bytes(e["body"]["data"]) for e in newer["events"]] == [b"m0", b"m1"]
+        deadline = time.monotonic() + 20
+        while not all(errors for *_, errors in readers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for *_, errors in readers:
+            assert errors and "amqp:link:stolen" in str(errors[0]), errors
+        # an owner-level receiver holds the partition: one without is refused meanwhile
+        holder = EventHubConsumerClient.from_connection_string(
+            conn, consumer_group="$Default", eventhub_name=hub
+        )
+        held = threading.Event()
+        threading.Thread(
+            target=holder.receive,
+            kwargs={
+                "on_event": lambda ctx, ev: held.set(),
+                "partition_id": "0",
+                "owner_level": 1,
+                "starting_position": "-1",
+            },
+            daemon=True,
+        ).start()
+        assert held.wait(20)
+        plain = BlockingConnection(f"amqp://{hubs.host}:{hubs.port}", timeout=10)
+        try:
+            with pytest.raises(LinkDetached) as refused:
+                plain.create_receiver(
+                    f"{hub}/ConsumerGroups/$Default/Partitions/0", name=unique("rx")
+                )
+        finally:
+            plain.close()
+        assert "amqp:resource-locked" in str(refused.value)
+        assert f"{GROUP_PREFIX}$Default" in str(refused.value)
+    finally:
+        for client, worker, _, _ in readers:
+            client.close()
+            worker.join(10)
+        if holder is not None:
+            holder.close()
