@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -548,6 +549,7 @@ class AmqpConnection(asyncio.Protocol):
         terminus = "target" if link.is_receiver else "source"
         remote = link.remote_target if link.is_receiver else link.remote_source
         address = remote.address
+        idempotent: eventhubs.IdempotentProducer | None = None
         try:
             if (
                 len(self.producer.links)
@@ -578,7 +580,16 @@ class AmqpConnection(asyncio.Protocol):
                     raise Unauthorized(
                         f"no token put on $cbs covers event hub {hub.hub!r} (or it expired)"
                     )
-                extra = eventhubs.link_properties(hub, dict(link.remote_properties or {}))
+                hub_remote = dict(link.remote_properties or {})
+                extra = eventhubs.link_properties(hub, hub_remote)
+                desired = link.name in self.guard.idempotent
+                self.guard.idempotent.discard(link.name)
+                if link.is_receiver and desired:  # a Spate producer name (ADR 0011)
+                    idempotent = eventhubs.idempotent_producer(
+                        hub, hub_remote, secrets.randbits(48) + 1
+                    )
+                    if idempotent is not None:
+                        extra[links.PRODUCER_NAME_PROPERTY] = idempotent.name
                 parsed = links.Address(StreamName(hub.hub), False)
             else:
                 extra = None
@@ -587,7 +598,7 @@ class AmqpConnection(asyncio.Protocol):
             self._refuse(link, amqp_error(err), address)
             return
         self.attaching.add(link._impl)
-        self.own(asyncio.ensure_future(self._attach(link, parsed, address, extra)))
+        self.own(asyncio.ensure_future(self._attach(link, parsed, address, extra, idempotent)))
 
     async def _attach(
         self,
@@ -595,6 +606,7 @@ class AmqpConnection(asyncio.Protocol):
         parsed: links.Address,
         address: str | None,
         hub_properties: dict[str, Any] | None = None,
+        idempotent: eventhubs.IdempotentProducer | None = None,
     ) -> None:
         """Plan the link with the broker (which may ask a node over the wire), then answer the
         attach: open it, or refuse it (attach + detach) with the broker's error.
@@ -632,6 +644,10 @@ class AmqpConnection(asyncio.Protocol):
                         answer[symbol(links.LAST_PUBLISHING_ID_PROPERTY)] = ulong(
                             last.last_publishing_id
                         )
+                    if idempotent is not None:  # what the Event Hubs SDK continues from
+                        found = None if last is None else last.last_publishing_id
+                        for key, value in idempotent.answer(found).items():
+                            answer[symbol(key)] = value
             elif parsed.info:
                 plan = await links.plan_info(broker, parsed)
             else:

@@ -37,7 +37,7 @@ from cproton_ffi import ffi, lib
 from proton import Link, symbol
 from spate.core import limits
 from spate.core.backend import Partition, PublishingIds
-from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
+from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
 from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
@@ -374,9 +374,30 @@ class ProducerPart:
                 else:
                     records = [sections.scan_incoming(raw).stored]
                 hub_key = None if plan.bound is not None else eventhubs.partition_key(records[0])
+                ids = eventhubs.publishing_ids(records) if producer.name is not None else None
             except (sections.MalformedMessage, codec.DecodeError) as err:
                 self._reject(cur, plain(DECODE_ERROR, f"malformed message: {err}"))
                 continue
+            except InvalidArgument as err:
+                self._reject(cur, amqp_error(err))
+                continue
+            if ids is not None:  # an idempotent producer (ADR 0011 by sequence numbers)
+                if ids[0] <= producer.last_id or any(
+                    b <= a for a, b in zip(ids, ids[1:], strict=False)
+                ):
+                    self._reject(
+                        cur,
+                        amqp_error(
+                            InvalidArgument(
+                                f"producer sequence numbers {ids[0] - 1}..{ids[-1] - 1} do not "
+                                f"follow {producer.last_id - 1}, the last on this link: they "
+                                "must increase"
+                            )
+                        ),
+                    )
+                    continue
+                producer.last_id = ids[-1]
+                producer.ids.extend(ids)
             if producer.presettled or lib.pn_delivery_settled(cur):
                 lib.pn_delivery_settle(cur)
                 cur = None

@@ -289,3 +289,49 @@ def test_partition_keys_of_every_tail_length_and_beyond_ascii() -> None:
         key = "".join(chr(ord("a") + (i * 7) % 26) for i in range(length))
         assert eventhubs.key_hash(key) == generate_hash_code(key), key
     assert eventhubs.key_hash("") == 0
+
+
+def test_idempotent_producers_map_onto_spate_producer_names_and_publishing_ids() -> None:
+    partition = HubAddress(None, "hub1", "1")
+    fresh = eventhubs.idempotent_producer(partition, {}, new_id=77)
+    assert (fresh.name, fresh.epoch) == ("eventhubs:77", 0)
+    assert fresh.answer(None) == {
+        "com.microsoft:producer-id": 77,
+        "com.microsoft:producer-epoch": 0,
+        "com.microsoft:producer-sequence-number": -1,
+    }
+    resumed = eventhubs.idempotent_producer(
+        partition, {"com.microsoft:producer-id": 5, "com.microsoft:producer-epoch": 2}, new_id=77
+    )
+    assert (resumed.name, resumed.answer(4)["com.microsoft:producer-sequence-number"]) == (
+        "eventhubs:5",
+        3,  # publishing id 4 = sequence number 3
+    )
+    with pytest.raises(InvalidArgument, match="partition id"):
+        eventhubs.idempotent_producer(HubAddress(None, "hub1"), {}, new_id=1)
+    event = Message(
+        body=b"x", annotations={symbol("com.microsoft:producer-sequence-number"): 0}
+    ).encode()
+    assert eventhubs.publishing_ids([event, event]) == [1, 1]  # the caller checks the order
+    with pytest.raises(InvalidArgument, match="producer-sequence-number"):
+        eventhubs.publishing_ids([Message(body=b"x").encode()])
+
+
+def test_the_inbound_guard_notes_senders_desiring_idempotent_publishing() -> None:
+    from proton import UNDESCRIBED, Array, Data, uint
+    from spate.gateway.inbound import PROTOCOL_HEADER, InboundGuard
+    from support.pump import frame
+
+    def attach(name: str, desired: list[str]) -> bytes:
+        return frame(
+            "attach",
+            [name, uint(0), False, *[None] * 9, Array(UNDESCRIBED, Data.SYMBOL, *desired)],
+        )
+
+    guard = InboundGuard(eventhubs.BATCH_FORMAT)
+    guard.feed(PROTOCOL_HEADER + attach("tx", ["com.microsoft:idempotent-producer"]))
+    guard.feed(attach("other", ["com.microsoft:georeplication"]))
+    assert guard.idempotent == {"tx"}
+    plain = InboundGuard()
+    plain.feed(PROTOCOL_HEADER + attach("tx", ["com.microsoft:idempotent-producer"]))
+    assert plain.idempotent == set()
