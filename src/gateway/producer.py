@@ -28,6 +28,7 @@ stores it as one sub-entry chunk. A refused one is rejected alone; the link goes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -383,7 +384,7 @@ class ProducerPart:
                 continue
             if ids is not None:  # an idempotent producer (ADR 0011 by sequence numbers)
                 if ids[0] <= producer.last_id or any(
-                    b <= a for a, b in zip(ids, ids[1:], strict=False)
+                    b <= a for a, b in itertools.pairwise(ids)
                 ):
                     self._reject(
                         cur,
