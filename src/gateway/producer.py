@@ -383,9 +383,7 @@ class ProducerPart:
                 self._reject(cur, amqp_error(err))
                 continue
             if ids is not None:  # an idempotent producer (ADR 0011 by sequence numbers)
-                if ids[0] <= producer.last_id or any(
-                    b <= a for a, b in itertools.pairwise(ids)
-                ):
+                if ids[0] <= producer.last_id or any(b <= a for a, b in itertools.pairwise(ids)):
                     self._reject(
                         cur,
                         amqp_error(
