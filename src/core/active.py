@@ -22,6 +22,13 @@ with epochs: the designated member is the newest claimer, a claim is granted onl
 owns the partition or it carries an epoch above the group's, and the member it displaces steps
 down (stores what it finished) before the claimer becomes current — then leaves.
 
+Event Hubs groups (`claim(at_equal=True)`, ADR 0021 addendum) follow Event Hubs' owner-level
+rules: an equal epoch takes over too, and a claim *without* an epoch is a *shared* member
+(a receiver without owner level): any number of them receive side by side while no member
+with an epoch is there, they never commit (never current), a claim without an epoch is refused
+(`Owned`) while one with an epoch is there, and a claim with an epoch deposes every shared
+member (each steps down and leaves) before it becomes current.
+
 Node-local, like the attached-link counts of offset tracking: a new leader starts with no
 groups, and the members' links, redirected or re-routed there, join again in the order they
 arrive.
@@ -71,6 +78,13 @@ class Group:
     active consumer groups."""
     generation: int | None = None
     """Exclusive groups whose holders a coordinator assigns: the newest claim's generation."""
+    shared: list[int] = field(default_factory=list)
+    """Event Hubs groups: the members receiving without an epoch (all at once, none current;
+    also in `members`)."""
+
+    def holders(self) -> list[int]:
+        """The members with an epoch: the holder and the claims waiting for it."""
+        return [m for m in self.members if m not in self.shared]
 
     def designated(self) -> int:
         if self.epoch is not None:
@@ -132,13 +146,16 @@ class ActiveGroups:
         plain_links: int = 0,
         generation: int | None = None,
         stored_generation: int = 0,
+        *,
+        at_equal: bool = False,
     ) -> tuple[int, int, bool]:
         """A link claims `name`'s partition for its exclusive group: (member number, the
         granted epoch, whether it is current now). Granted when nobody holds it — with
         `epoch` if given (`Stale` below `stored_epoch`, the durable one), else the current
-        epoch — or when `epoch` is above the group's: then the member holding it (or a claim
-        still waiting for it, told False) is displaced, and the claimer becomes current once
-        the holder `stepped_down`. Otherwise `Owned`."""
+        epoch — or when `epoch` is above the group's (`at_equal`: or equal to it, Event Hubs'
+        owner-level rule): then the member holding it (or a claim still waiting for it, told
+        False) is displaced, and the claimer becomes current once the holder `stepped_down`.
+        Otherwise `Owned`. `at_equal` without `epoch`: a shared member (module docstring)."""
         if plain_links:
             raise Conflict(
                 f"{plain_links} link(s) of {_text(name)} are attached without a consumer group"
@@ -156,6 +173,8 @@ class ActiveGroups:
         current = stored_epoch if group is None else max(stored_epoch, group.epoch or 0)
         if generation is not None:
             return self._claim_assigned(name, group, current, generation, stored_generation)
+        if at_equal and epoch is None:
+            return self._share(name, group, current)
         if epoch is not None and epoch < stored_epoch:
             raise Stale(
                 f"epoch {epoch} is below {_text(name)}'s epoch {stored_epoch}; epochs never go "
@@ -167,20 +186,43 @@ class ActiveGroups:
             granted = current if epoch is None else epoch
             self.groups[name] = Group([member], None, member, epoch=granted)
             return member, granted, True
-        if epoch is None or epoch <= current:
+        if epoch is None or epoch < current or (epoch == current and not at_equal):
             raise Owned(
-                f"{_text(name)} is owned at epoch {current}; attach with an epoch above it to "
-                "take over",
+                f"{_text(name)} is owned at epoch {current}; attach with an epoch "
+                + ("at or above" if at_equal else "above")
+                + " it to take over",
                 current,
             )
         self._displace_waiting(group)  # an earlier claim not granted yet
         group.members.append(member)
         group.epoch = epoch
-        if group.current is None:
+        if group.shared:  # receivers without an epoch give way first (each leaves)
+            for holder in group.shared:
+                told = self.deposal.pop(holder, None)
+                if told is not None:
+                    told(True)
+        elif group.current is None:
             self._promote(group)
         else:
             self._rebalance(group)
         return member, epoch, group.current == member
+
+    def _share(self, name: bytes, group: Group | None, current: int) -> tuple[int, int, bool]:
+        """An Event Hubs receiver without an epoch: it receives beside the others like it,
+        unless a member with an epoch holds the partition or claims it."""
+        if group is not None and group.holders():
+            raise Owned(
+                f"{_text(name)} is held by a receiver with an epoch ({current}); a receiver "
+                "without one may not read it meanwhile",
+                current,
+            )
+        member = next(self.numbers)
+        if group is None:
+            self.groups[name] = Group([member], None, None, epoch=current, shared=[member])
+        else:
+            group.members.append(member)
+            group.shared.append(member)
+        return member, current, True
 
     def _claim_assigned(
         self,
@@ -258,7 +300,12 @@ class ActiveGroups:
         """Tell `watcher` once: True when the current `member` must step down, False when it
         has left (or is not current)."""
         group = self.groups.get(name)
-        if group is None or group.current != member:
+        if group is not None and member in group.shared:
+            if group.holders():  # a claim with an epoch waits for it
+                watcher(True)
+            else:
+                self.deposal[member] = watcher
+        elif group is None or group.current != member:
             watcher(False)
         elif group.stepping_down:
             watcher(True)
@@ -269,6 +316,8 @@ class ActiveGroups:
         """The current member stopped receiving and stored what it finished: the designated
         member becomes current (returned; None when nothing changed)."""
         group = self.groups.get(name)
+        if group is not None and member in group.shared:
+            return self._unshare(name, group, member)  # it is gone: it never stored
         if group is None or group.current != member:
             return None
         group.current, group.stepping_down = None, False
@@ -288,6 +337,8 @@ class ActiveGroups:
         group = self.groups.get(name)
         if group is None or member not in group.members:
             return None
+        if member in group.shared:
+            return self._unshare(name, group, member)
         group.members.remove(member)
         for watchers in (self.activation, self.deposal):
             told = watchers.pop(member, None)
@@ -302,10 +353,26 @@ class ActiveGroups:
         self._rebalance(group)
         return None
 
+    def _unshare(self, name: bytes, group: Group, member: int) -> int | None:
+        """A shared member stepped down or left: it is out of the group; once no shared
+        member is left, the member with an epoch that waited for them becomes current
+        (returned)."""
+        group.shared.remove(member)
+        group.members.remove(member)
+        told = self.deposal.pop(member, None)
+        if told is not None:
+            told(False)
+        if not group.members:
+            del self.groups[name]
+            return None
+        if not group.shared and group.current is None:
+            return self._promote(group)
+        return None
+
     def _displace_waiting(self, group: Group) -> None:
         """A newer claim displaces the claims still waiting for the holder (told False)."""
-        for waiting in group.members[1:]:
-            if waiting != group.current:
+        for waiting in group.members[1:] if not group.shared else list(group.members):
+            if waiting != group.current and waiting not in group.shared:
                 group.members.remove(waiting)
                 told = self.activation.pop(waiting, None)
                 if told is not None:

@@ -64,8 +64,9 @@ async def claim(
     except BaseException:
         release(host, name, claimed.member)
         raise
-    if claimed.holder is not None:
-        asyncio.get_running_loop().call_later(
-            TAKEOVER_S, drop_holder, host, name, claimed.holder, claimed.member
-        )
+    for holder in (claimed.holder, *claimed.shared):
+        if holder is not None:
+            asyncio.get_running_loop().call_later(
+                TAKEOVER_S, drop_holder, host, name, holder, claimed.member
+            )
     return Attached(stored, claimed.member, claimed.current, claimed.epoch)

@@ -38,6 +38,16 @@ RESERVED_PREFIX = "$"
 COMMITTED_PREFIX = "$group/"
 EPOCH_PREFIX = "$epoch/"
 GENERATION_PREFIX = "$generation/"
+EVENTHUBS_PREFIX = "eventhubs:"
+"""Groups named `eventhubs:<cg>` are Event Hubs consumer groups' owner levels (ADR 0021): a
+claim with an epoch *equal* to the owner's takes over too, as Event Hubs lets a receiver with an
+owner level >= the current one take over; every other rule of ADR 0015 holds."""
+
+
+def takes_over_at_equal_epoch(group: str) -> bool:
+    """Whether a claim for `group` whose epoch equals the owner's displaces it (Event Hubs'
+    owner-level rule) rather than being refused (ADR 0015's rule: only a greater epoch)."""
+    return group.startswith(EVENTHUBS_PREFIX)
 
 
 class Strategy(Enum):

@@ -70,6 +70,9 @@ class Claimed:
     then `$epoch/<g>`, each when the claim raised it), so neither goes back."""
     holder: int | None
     """When not current: the owner stepping down for it (its takeover is bounded)."""
+    shared: tuple[int, ...] = ()
+    """When not current in an Event Hubs group: the members without an epoch giving way for
+    it (each bounded like `holder`)."""
 
 
 def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
@@ -83,9 +86,11 @@ def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
 ) -> Claimed:
     """Claim the partition (`where`) for the group `name` (`$group/<g>`), given the epoch and
     generation stored in its log, with `ActiveGroups.claim`; the link is counted in
-    `attached`. Raises AlreadyExists (owned, epoch not above), Unavailable (a coordinator's
-    member from a generation below the partition's: it rejoins), FailedPrecondition (stale
-    epoch, or the name is used otherwise)."""
+    `attached`. An Event Hubs group's claim (`groups.takes_over_at_equal_epoch`) takes over at
+    an equal epoch too, and one without an epoch is a shared member (`ActiveGroups`).
+    Raises AlreadyExists (owned, epoch not above), Unavailable (a coordinator's member from a
+    generation below the partition's: it rejoins), FailedPrecondition (stale epoch, or the name
+    is used otherwise)."""
     holder = claims.groups.active(name)
     try:
         member, granted, current = claims.groups.claim(
@@ -96,12 +101,21 @@ def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
             # counts of links a disbanded group had may linger here until they detach
             generation,
             stored_generation,
+            at_equal=groups.takes_over_at_equal_epoch(group_of(name)),
         )
     except Owned as owned:
+        event_hubs = groups.takes_over_at_equal_epoch(group_of(name))
+        if event_hubs and epoch is None:
+            raise AlreadyExists(
+                f"consumer group {group_of(name)!r} on {where} is held by a receiver with an "
+                f"epoch (owner level {owned.epoch}): a receiver without one may not read it "
+                "meanwhile (Event Hubs' rule)"
+            ) from None
+        relation = "at or above" if event_hubs else "above"
         raise AlreadyExists(
             f"consumer group {group_of(name)!r} already has an active receiver on {where} "
-            f"(epoch {owned.epoch}); attach with 'event-streams-epoch' above {owned.epoch} to "
-            "take over"
+            f"(epoch {owned.epoch}); attach with 'event-streams-epoch' {relation} "
+            f"{owned.epoch} to take over"
         ) from None
     except Stale as stale:
         if generation is not None:  # a coordinator's member: retryable, it rejoins
@@ -122,7 +136,9 @@ def decide_claim(  # noqa: PLR0917 (the claim and what the partition stored)
         stores.append((generation_name(name), generation))
     if granted > stored_epoch:
         stores.append((epoch_name(name), granted))
-    return Claimed(member, granted, current, tuple(stores), None if current else holder)
+    group = claims.groups.groups.get(name)
+    shared = tuple(group.shared) if group is not None and not current else ()
+    return Claimed(member, granted, current, tuple(stores), None if current else holder, shared)
 
 
 def release(host: Claims, name: bytes, member: int) -> None:
@@ -139,7 +155,11 @@ def drop_holder(claims: Claims, name: bytes, holder: int, claimer: int) -> None:
     """A takeover's owner did not step down in time: drop it from the group (its stores are
     refused now; its link's detach still counts it down)."""
     group = claims.groups.groups.get(name)
-    if group is not None and group.current == holder and claimer in group.members:
+    if (
+        group is not None
+        and (group.current == holder or holder in group.shared)
+        and claimer in group.members
+    ):
         claims.groups.leave(name, holder)
 
 

@@ -177,7 +177,7 @@ class ConsumerPart:
             link, link._impl, plan, presettled, sub_entries=as_is, eventhubs=eventhubs
         )
         self.links[link._impl] = state
-        if plan.name is not None and not presettled:
+        if plan.name is not None and not presettled and not plan.shared:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
             link.rcv_settle_mode = link.remote_rcv_settle_mode
         if plan.coordinator is not None:
@@ -186,7 +186,7 @@ class ConsumerPart:
                 self._track(state, cursor)
             state.associated = sorted(links.partition_symbol(PartitionId(p)) for p in state.tracks)
             self.tracked[link._impl] = state
-        elif plan.name is not None:
+        elif plan.name is not None and not plan.shared:
             state.tracker = OffsetTracker(
                 self.ctx.offset_commit_messages, self.ctx.offset_commit_interval_ms
             )
@@ -391,6 +391,19 @@ class ConsumerPart:
             deposed = await partition.until_deposed(plan.name, plan.member)
             if deposed.active or consumer.closed or self.host.closed:
                 return  # it left
+            if plan.shared:  # it commits nothing: it stops and goes
+                self._stop_shared(consumer)
+                await partition.step_down(plan.name, plan.member, None)
+                if not consumer.closed and not self.host.closed:
+                    self.host.end_consumer(
+                        consumer,
+                        plain(
+                            STOLEN,
+                            f"{where}: a receiver with an owner level (epoch) took the "
+                            "partition; receivers without one give way (Event Hubs' rule)",
+                        ),
+                    )
+                return
             offset, covered = self._stop(consumer)
             await partition.step_down(plan.name, plan.member, offset)
             if consumer.closed or self.host.closed:
@@ -423,6 +436,13 @@ class ConsumerPart:
         if not consumer.closed and not self.host.closed:
             error = amqp_error(err)
             self.host.end_consumer(consumer, plain(error.condition, say(error.description)))
+
+    def _stop_shared(self, consumer: ConsumerLink) -> None:
+        """A shared Event Hubs receiver gives way: send nothing more."""
+        consumer.plan.active = False
+        consumer.announce = False
+        for cursor in consumer.plan.cursors:
+            cursor.pending.clear()
 
     def _stop(self, consumer: ConsumerLink) -> tuple[int | None, list[Any]]:
         """The active member steps down: send nothing more, and start afresh on what the client
@@ -476,6 +496,14 @@ class ConsumerPart:
             self.host.own(leaving)
             return leaving
         detach_all(c.partition for c in consumer.plan.cursors)
+        if consumer.plan.shared:  # nothing to store: let go of its place at the leader
+            plan = consumer.plan
+            assert plan.name is not None
+            leaving = asyncio.ensure_future(
+                plan.cursors[0].partition.consumer_detach(plan.name, None, plan.member)
+            )
+            self.host.own(leaving)
+            return leaving
         if consumer.tracker is None or consumer.plan.name is None:
             return None
         self.tracked.pop(consumer.pointer, None)

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -63,7 +64,7 @@ from spate.gateway.errors import (
 )
 from spate.gateway.hubnodes import RequestNodes
 from spate.gateway.producer import ProducerLink, ProducerPart, detach_all
-from spate.gateway.sasl import Authenticate, Close, Done, SaslServer, Send, Stage
+from spate.gateway.sasl import CBS_USER, Authenticate, Close, Done, SaslServer, Send, Stage
 from spate.gateway.stats import ListenerSnapshot, ListenerStats
 
 log = logging.getLogger(__name__)
@@ -247,10 +248,24 @@ class AmqpConnection(asyncio.Protocol):
                 self.own(asyncio.ensure_future(self._authenticate(action)))
             else:
                 assert isinstance(action, Done)
-                self.user = action.user
-                # a connection in by MSSBCBS (or ANONYMOUS where only tokens let one in) uses
-                # the hubs its $cbs tokens cover (ADR 0021)
-                self.nodes.require_token = action.user == "$cbs" and bool(self.ctx.sas_keys)
+                user = action.user
+                if not action.sasl and user == ANONYMOUS and not self._anonymous_here():
+                    if not self.eventhubs:
+                        log.warning(
+                            "refusing a connection without SASL from %s: anonymous access is "
+                            "for loopback clients only (allow_remote_anonymous is off)",
+                            self._peer(),
+                        )
+                        self.ctx.stats.authentication_failures += 1
+                        self.sock.close()
+                        self.closed = True
+                        return
+                    user = CBS_USER  # only as far as its $cbs tokens let it
+                self.user = user
+                # a connection in by MSSBCBS, without SASL, or by ANONYMOUS where only tokens
+                # let one in, uses the hubs its $cbs tokens cover (ADR 0021); its other links
+                # are refused (the user CBS_USER has no grants)
+                self.nodes.require_token = user == CBS_USER and bool(self.ctx.sas_keys)
                 if action.rest:
                     self._feed(action.rest)
                 else:
@@ -258,15 +273,12 @@ class AmqpConnection(asyncio.Protocol):
 
     async def _authenticate(self, request: Authenticate) -> None:
         user: str | None = None
-        anonymous_here = self.ctx.allow_anonymous and (
-            self.ctx.anonymous_remote or self._from_loopback()
-        )
-        if request.mechanism == "ANONYMOUS" and anonymous_here:
+        if request.mechanism == "ANONYMOUS" and self._anonymous_here():
             user = ANONYMOUS
         elif request.mechanism in ("ANONYMOUS", "MSSBCBS") and self.eventhubs:
             # Event Hubs clients: who it is comes with its tokens on $cbs, which every link
             # needs (ADR 0021), from any host
-            user = "$cbs"
+            user = CBS_USER
         elif request.mechanism == "ANONYMOUS" and self.ctx.allow_anonymous:
             log.warning(
                 "refusing SASL ANONYMOUS from %s: anonymous access is for loopback clients "
@@ -285,6 +297,10 @@ class AmqpConnection(asyncio.Protocol):
             self.ctx.stats.authentication_failures += 1
         if not self.closed:
             self._sasl_actions(self.sasl.outcome(user))
+
+    def _anonymous_here(self) -> bool:
+        """Anonymous access for this peer: allowed, and from anywhere or from loopback."""
+        return self.ctx.allow_anonymous and (self.ctx.anonymous_remote or self._from_loopback())
 
     def _peer(self) -> str:
         peer = self.sock.get_extra_info("peername") if self.sock is not None else None
@@ -533,6 +549,7 @@ class AmqpConnection(asyncio.Protocol):
         terminus = "target" if link.is_receiver else "source"
         remote = link.remote_target if link.is_receiver else link.remote_source
         address = remote.address
+        idempotent: eventhubs.IdempotentProducer | None = None
         try:
             if (
                 len(self.producer.links)
@@ -563,7 +580,16 @@ class AmqpConnection(asyncio.Protocol):
                     raise Unauthorized(
                         f"no token put on $cbs covers event hub {hub.hub!r} (or it expired)"
                     )
-                extra = eventhubs.link_properties(hub, dict(link.remote_properties or {}))
+                hub_remote = dict(link.remote_properties or {})
+                extra = eventhubs.link_properties(hub, hub_remote)
+                desired = link.name in self.guard.idempotent
+                self.guard.idempotent.discard(link.name)
+                if link.is_receiver and desired:  # a Spate producer name (ADR 0011)
+                    idempotent = eventhubs.idempotent_producer(
+                        hub, hub_remote, secrets.randbits(48) + 1
+                    )
+                    if idempotent is not None:
+                        extra[links.PRODUCER_NAME_PROPERTY] = idempotent.name
                 parsed = links.Address(StreamName(hub.hub), False)
             else:
                 extra = None
@@ -572,7 +598,7 @@ class AmqpConnection(asyncio.Protocol):
             self._refuse(link, amqp_error(err), address)
             return
         self.attaching.add(link._impl)
-        self.own(asyncio.ensure_future(self._attach(link, parsed, address, extra)))
+        self.own(asyncio.ensure_future(self._attach(link, parsed, address, extra, idempotent)))
 
     async def _attach(
         self,
@@ -580,6 +606,7 @@ class AmqpConnection(asyncio.Protocol):
         parsed: links.Address,
         address: str | None,
         hub_properties: dict[str, Any] | None = None,
+        idempotent: eventhubs.IdempotentProducer | None = None,
     ) -> None:
         """Plan the link with the broker (which may ask a node over the wire), then answer the
         attach: open it, or refuse it (attach + detach) with the broker's error.
@@ -617,6 +644,10 @@ class AmqpConnection(asyncio.Protocol):
                         answer[symbol(links.LAST_PUBLISHING_ID_PROPERTY)] = ulong(
                             last.last_publishing_id
                         )
+                    if idempotent is not None:  # what the Event Hubs SDK continues from
+                        found = None if last is None else last.last_publishing_id
+                        for key, value in idempotent.answer(found).items():
+                            answer[symbol(key)] = value
             elif parsed.info:
                 plan = await links.plan_info(broker, parsed)
             else:

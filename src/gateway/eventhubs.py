@@ -28,6 +28,7 @@ performative carries all its fields.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote_plus, urlsplit
 
+from spate.core import groups
 from spate.core.errors import InvalidArgument, NotFound
 from spate.gateway import codec, sections
 
@@ -47,7 +49,7 @@ BATCH_FORMAT = 0x80013700
 CBS_NODE = "$cbs"
 MANAGEMENT_NODE = "$management"
 EPOCH_PROPERTY = "com.microsoft:epoch"
-GROUP_PREFIX = "eventhubs:"
+GROUP_PREFIX = groups.EVENTHUBS_PREFIX
 """Spate consumer-group names of Event Hubs consumer groups with owner levels (Event Hubs'
 default group is `$Default`, and Spate reserves names starting with `$`)."""
 SEQUENCE_NUMBER = "x-opt-sequence-number"
@@ -125,6 +127,10 @@ def link_properties(parsed: HubAddress, remote: dict[Any, Any]) -> dict[str, Any
     if parsed.partition is not None:
         out["event-streams-partition"] = parsed.partition
     epoch = remote.get(EPOCH_PROPERTY)
+    if epoch is None and parsed.consumer_group is not None and parsed.partition is not None:
+        # a receiver without owner level: a shared member of the group (reads beside others
+        # like it, gives way to one with an owner level; ADR 0021 addendum)
+        out["event-streams-consumer-group"] = GROUP_PREFIX + parsed.consumer_group
     if epoch is not None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"'{EPOCH_PROPERTY}' must be a non-negative long, not {epoch!r}")
@@ -135,6 +141,76 @@ def link_properties(parsed: HubAddress, remote: dict[Any, Any]) -> dict[str, Any
             )
         out["event-streams-consumer-group"] = GROUP_PREFIX + parsed.consumer_group
         out["event-streams-epoch"] = int(epoch)
+    return out
+
+
+# Idempotent publishing ---------------------------------------------------------------------------
+
+PRODUCER_ID = "com.microsoft:producer-id"
+PRODUCER_EPOCH = "com.microsoft:producer-epoch"
+PRODUCER_SEQUENCE = "com.microsoft:producer-sequence-number"
+"""Link properties of an idempotent Event Hubs sender (`com.microsoft:idempotent-producer`);
+each event carries the same names as message annotations (its own sequence number)."""
+PRODUCER_PREFIX = "eventhubs:"
+"""Spate producer names (ADR 0011) of Event Hubs producer groups: `eventhubs:<producer id>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentProducer:
+    producer_id: int
+    epoch: int
+
+    @property
+    def name(self) -> str:
+        """Its Spate producer name (`spate:producer-name`)."""
+        return f"{PRODUCER_PREFIX}{self.producer_id}"
+
+    def answer(self, last_publishing_id: int | None) -> dict[str, Any]:
+        """The attach's answer: the producer group id, owner level and last published sequence
+        number (-1: none) the SDK continues from. Publishing ids are sequence numbers + 1 (a
+        first event's sequence number is 0; Spate's ids start above 0)."""
+        last = -1 if last_publishing_id is None else last_publishing_id - 1
+        return {
+            PRODUCER_ID: self.producer_id,
+            PRODUCER_EPOCH: self.epoch,
+            PRODUCER_SEQUENCE: last,
+        }
+
+
+def idempotent_producer(
+    parsed: HubAddress, remote: dict[Any, Any], new_id: int
+) -> IdempotentProducer:
+    """The producer of a sender that desires `com.microsoft:idempotent-producer` (the inbound
+    guard notes it: proton does not show a link's capabilities), from the
+    `com.microsoft:producer-*` properties it sends (absent or null on its first attach).
+    `new_id`: the id given to a producer that has none."""
+    if parsed.partition is None:
+        raise InvalidArgument(
+            "idempotent publishing needs a partition id ('<hub>/Partitions/<id>'): Event Hubs "
+            "keeps sequence numbers per partition"
+        )
+    producer_id, epoch = remote.get(PRODUCER_ID), remote.get(PRODUCER_EPOCH)
+    for value, what in ((producer_id, PRODUCER_ID), (epoch, PRODUCER_EPOCH)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidArgument(f"'{what}' must be an integer, not {value!r}")
+    if producer_id is None or producer_id < 0:
+        producer_id = new_id
+    return IdempotentProducer(int(producer_id), int(epoch or 0))
+
+
+def publishing_ids(records: list[bytes]) -> list[int]:
+    """Each event's publishing id (its `com.microsoft:producer-sequence-number` annotation +
+    1). Raises InvalidArgument when one has none."""
+    out = []
+    for record in records:
+        annotations = sections.find_message_annotations(record) or {}
+        sequence = annotations.get(PRODUCER_SEQUENCE)
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
+            raise InvalidArgument(
+                f"an idempotent producer's event needs a non-negative '{PRODUCER_SEQUENCE}' "
+                f"message annotation, not {sequence!r}"
+            )
+        out.append(sequence + 1)
     return out
 
 
@@ -297,6 +373,71 @@ def partition_key(stored: bytes) -> str | None:
     annotations = sections.find_message_annotations(stored) or {}
     value = annotations.get(PARTITION_KEY)
     return value if isinstance(value, str) else None
+
+
+# Partition keys ----------------------------------------------------------------------------------
+
+_M32 = 0xFFFF_FFFF
+
+
+def _rot(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & _M32
+
+
+def _lookup3(data: bytes) -> tuple[int, int]:
+    """Bob Jenkins' lookup3 `hashlittle2` with both seeds 0: (c, b), as the Event Hubs service
+    computes it (ported from azure-sdk-for-net's `PartitionResolver.ComputeHash`, which says it
+    is a direct port of the service's code)."""
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length) & _M32
+    at = 0
+    while length - at > 12:
+        a = (a + int.from_bytes(data[at : at + 4], "little")) & _M32
+        b = (b + int.from_bytes(data[at + 4 : at + 8], "little")) & _M32
+        c = (c + int.from_bytes(data[at + 8 : at + 12], "little")) & _M32
+        a = ((a - c) & _M32) ^ _rot(c, 4)
+        c = (c + b) & _M32
+        b = ((b - a) & _M32) ^ _rot(a, 6)
+        a = (a + c) & _M32
+        c = ((c - b) & _M32) ^ _rot(b, 8)
+        b = (b + a) & _M32
+        a = ((a - c) & _M32) ^ _rot(c, 16)
+        c = (c + b) & _M32
+        b = ((b - a) & _M32) ^ _rot(a, 19)
+        a = (a + c) & _M32
+        c = ((c - b) & _M32) ^ _rot(b, 4)
+        b = (b + a) & _M32
+        at += 12
+    if at == length:
+        return c, b
+    tail = data[at:] + bytes(12 - (length - at))  # the last 1..12 bytes, zero-padded
+    a = (a + int.from_bytes(tail[0:4], "little")) & _M32
+    b = (b + int.from_bytes(tail[4:8], "little")) & _M32
+    c = (c + int.from_bytes(tail[8:12], "little")) & _M32
+    c = ((c ^ b) - _rot(b, 14)) & _M32
+    a = ((a ^ c) - _rot(c, 11)) & _M32
+    b = ((b ^ a) - _rot(a, 25)) & _M32
+    c = ((c ^ b) - _rot(b, 16)) & _M32
+    a = ((a ^ c) - _rot(c, 4)) & _M32
+    b = ((b ^ a) - _rot(a, 14)) & _M32
+    c = ((c ^ b) - _rot(b, 24)) & _M32
+    return c, b
+
+
+def key_hash(key: str) -> int:
+    """Event Hubs' hash of a partition key: lookup3 of its UTF-8 bytes, the two halves xored,
+    as a signed 16-bit number (azure-sdk-for-net `PartitionResolver.GenerateHashCode`)."""
+    first, second = _lookup3(key.encode("utf-8", "surrogatepass"))
+    folded = (first ^ second) & 0xFFFF
+    return folded - 0x1_0000 if folded >= 0x8000 else folded
+
+
+@functools.lru_cache(maxsize=4096)
+def key_partition(key: str, partitions: int) -> int:
+    """The partition Event Hubs puts an event with partition key `key` on, of `partitions`
+    (`Math.Abs(hash % count)` in C#: the remainder of the magnitude). Cached: keys repeat
+    (tenants, devices), and hashing one costs ~16 µs in pure Python."""
+    return abs(key_hash(key)) % partitions
 
 
 # $management ------------------------------------------------------------------------------------

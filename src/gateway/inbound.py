@@ -29,6 +29,11 @@ PROTOCOL_HEADER = b"AMQP\x00\x01\x00\x00"
 HEAD_BYTES = 1024
 """Bytes of a frame's head decoded at most (an attach's name beyond it is not needed)."""
 ATTACH, DETACH, END, TRANSFER = 0x12, 0x16, 0x17, 0x14
+IDEMPOTENT_PRODUCER = b"com.microsoft:idempotent-producer"
+"""The Event Hubs capability an idempotent sender desires (in its attach's head: its
+desired-capabilities, after source and target)."""
+IDEMPOTENT_NOTED_MAX = 1024
+"""Links noted as idempotent and not taken yet, at most (the driver takes each at attach)."""
 PERFORMATIVES = range(0x10, 0x19)
 
 
@@ -140,6 +145,10 @@ class InboundGuard:
         """Bytes of the current frame's body still to pass over."""
         self.links: dict[tuple[int, int], tuple[str | None, bool]] = {}
         """(channel, handle) -> (link name, whether the client receives on it)."""
+        self.idempotent: set[str] = set()
+        """With `batch_format` (the Event Hubs dialect): names of links whose attach desires
+        `com.microsoft:idempotent-producer` (proton 0.40 does not show a link's capabilities),
+        until the driver takes them."""
         self.failed = False
 
     def feed(self, data: bytes) -> list[Problem]:
@@ -280,6 +289,13 @@ class InboundGuard:
             return
         if handle is not None and at < limit:
             self.links[(channel, handle)] = (name, role)
+            if (
+                self.batch_format is not None
+                and name is not None
+                and IDEMPOTENT_PRODUCER in data[at:limit]
+                and len(self.idempotent) < IDEMPOTENT_NOTED_MAX
+            ):
+                self.idempotent.add(name)
 
     def _transfer(self, data: bytes, at: int, channel: int, start: int) -> Problem | None:
         count, at = _list(data, at)

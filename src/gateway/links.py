@@ -510,6 +510,9 @@ class ConsumerPlan:
     `$group/<group>`, `member` its place at the leader)."""
     epoch: int | None = None
     """Consumer groups: the epoch the partition was granted with."""
+    shared: bool = False
+    """An Event Hubs receiver without owner level in its group (ADR 0021 addendum): it reads
+    beside others like it, commits nothing, and gives way to a receiver with an owner level."""
     coordinator: GroupCoordinator | None = None
     """A partition-agnostic group link (ADR 0015): the group's coordinator, whose member
     `member_id` it is; its cursors are the partitions it holds now."""
@@ -671,7 +674,8 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
             if not attached.active:
                 raise AlreadyExists(
                     f"consumer group {group!r} on {address.stream}/{int(bound)}: a claim "
-                    "with a greater epoch arrived while this one waited"
+                    "with a greater epoch (or, for an Event Hubs group, an equal one) arrived "
+                    "while this one waited"
                 )
         specs = selection.specs if selection.accepted_keys else resume_specs(attached.stored)
         start = await part.begin(specs, chunk_filter_of(selection))
@@ -690,6 +694,7 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
         member=attached.member,
         group=group,
         epoch=granted,
+        shared=epoch is None and groups.takes_over_at_equal_epoch(group),
     )
 
 

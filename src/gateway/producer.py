@@ -28,6 +28,7 @@ stores it as one sub-entry chunk. A refused one is rejected alone; the link goes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from cproton_ffi import ffi, lib
 from proton import Link, symbol
 from spate.core import limits
 from spate.core.backend import Partition, PublishingIds
-from spate.core.errors import BrokerError, MessageSizeExceeded, NotFound
+from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
 from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
@@ -333,8 +334,9 @@ class ProducerPart:
         """An Event Hubs link's deliveries (ADR 0021): a batch (message-format 0x80013700, noted
         by the inbound guard) is split into its messages, stored as consecutive records whose
         last carries the delivery's outcome; on a link to the hub (no partition) a message or
-        batch with `x-opt-partition-key` goes where MurmurHash3 of the key puts it, the others
-        round-robin per pump like any agnostic link."""
+        batch with `x-opt-partition-key` goes where Event Hubs' own hash of the key puts it
+        (`eventhubs.key_partition`: the partition Azure would pick), the others round-robin per
+        pump like any agnostic link."""
         lp, buf, size_max = producer.pointer, self.recv_buffer, limits.message_bytes_max
         batches: set[tuple[str | None, bytes]] = self.host.guard.batches
         plan = producer.plan
@@ -373,9 +375,28 @@ class ProducerPart:
                 else:
                     records = [sections.scan_incoming(raw).stored]
                 hub_key = None if plan.bound is not None else eventhubs.partition_key(records[0])
+                ids = eventhubs.publishing_ids(records) if producer.name is not None else None
             except (sections.MalformedMessage, codec.DecodeError) as err:
                 self._reject(cur, plain(DECODE_ERROR, f"malformed message: {err}"))
                 continue
+            except InvalidArgument as err:
+                self._reject(cur, amqp_error(err))
+                continue
+            if ids is not None:  # an idempotent producer (ADR 0011 by sequence numbers)
+                if ids[0] <= producer.last_id or any(b <= a for a, b in itertools.pairwise(ids)):
+                    self._reject(
+                        cur,
+                        amqp_error(
+                            InvalidArgument(
+                                f"producer sequence numbers {ids[0] - 1}..{ids[-1] - 1} do not "
+                                f"follow {producer.last_id - 1}, the last on this link: they "
+                                "must increase"
+                            )
+                        ),
+                    )
+                    continue
+                producer.last_id = ids[-1]
+                producer.ids.extend(ids)
             if producer.presettled or lib.pn_delivery_settled(cur):
                 lib.pn_delivery_settle(cur)
                 cur = None
@@ -383,7 +404,7 @@ class ProducerPart:
                 self.unconfirmed += 1
             outcomes = [None] * (len(records) - 1) + [cur]
             if hub_key is not None:
-                pid = PartitionId(hash_partition(hub_key, plan.partitions))
+                pid = PartitionId(eventhubs.key_partition(hub_key, plan.partitions))
                 batch = producer.routed.setdefault(pid, ([], []))
                 batch[0].extend(records)
                 batch[1].extend(outcomes)

@@ -8,6 +8,7 @@ without a SASL layer once the outcome is ok.
     ---------  ----------------------------------  ------------------------------------------
     HEADER     `AMQP 3 1 0 0`                      SASL header + sasl-mechanisms; INIT
     HEADER     `AMQP 0 1 0 0`, anonymous allowed   Done(all bytes) - plain AMQP, no SASL
+    HEADER     `AMQP 0 1 0 0`, MSSBCBS allowed     Done(all bytes, "$cbs") - tokens only
     HEADER     anything else                       our SASL header, then Close
     INIT       sasl-init(mechanism, response)      Authenticate(mech, user, password); AUTH
     INIT       another frame / oversize / garbage  Close
@@ -33,6 +34,9 @@ SASL_FRAME_BYTES_MAX = 64 * 1024
 """A sasl-init carrying PLAIN credentials is tiny; anything bigger is hostile."""
 _FRAME_HEAD = struct.Struct(">IBBH")
 MECHANISMS, INIT, OUTCOME = 0x40, 0x41, 0x44
+CBS_USER = "$cbs"
+"""Who a connection is when it came in by MSSBCBS, or without SASL on an Event Hubs dialect
+listener: the tokens it puts on `$cbs` say what it may use (ADR 0021)."""
 OUTCOME_OK, OUTCOME_AUTH = 0, 1
 
 
@@ -67,6 +71,8 @@ class Done:
 
     rest: bytes
     user: str
+    sasl: bool = True
+    """False: the client skipped SASL (a plain AMQP header)."""
 
 
 Action = Send | Close | Authenticate | Done
@@ -107,9 +113,13 @@ class SaslServer:
             if len(self._buf) < 8:
                 return out
             head, self._buf = self._buf[:8], self._buf[8:]
-            if head == AMQP_HEADER and self.allow_anonymous:
+            if head == AMQP_HEADER and (self.allow_anonymous or self.allow_cbs):
+                # no SASL: anonymous, or (Event Hubs dialect: @azure/event-hubs with a
+                # `SharedAccessSignature=` connection string) a connection whose only way
+                # further is a token put on `$cbs` (ADR 0021)
                 self.stage = Stage.DONE
-                return [Done(head + self._buf, "anonymous")]
+                user = "anonymous" if self.allow_anonymous else CBS_USER
+                return [Done(head + self._buf, user, sasl=False)]
             if head != SASL_HEADER:
                 self.stage = Stage.CLOSED
                 return [Send(SASL_HEADER), Close(f"protocol header {head!r} is not SASL 1.0")]

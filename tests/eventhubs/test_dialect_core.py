@@ -40,7 +40,13 @@ def test_owner_level_maps_onto_a_spate_consumer_group_and_epoch() -> None:
         "event-streams-consumer-group": "eventhubs:$Default",
         "event-streams-epoch": 7,
     }
-    assert eventhubs.link_properties(receiver, {}) == {"event-streams-partition": "2"}
+    # without owner level: a shared member of the group (reads beside others like it)
+    assert eventhubs.link_properties(receiver, {}) == {
+        "event-streams-partition": "2",
+        "event-streams-consumer-group": "eventhubs:$Default",
+    }
+    sender = HubAddress(None, "hub1", "2")
+    assert eventhubs.link_properties(sender, {}) == {"event-streams-partition": "2"}
     with pytest.raises(InvalidArgument):
         eventhubs.link_properties(HubAddress(None, "hub1"), {"com.microsoft:epoch": 1})
     with pytest.raises(InvalidArgument):
@@ -193,6 +199,15 @@ def test_sasl_offers_mssbcbs_on_dialect_listeners_only() -> None:
     refused = sasl.SaslServer(allow_anonymous=False, allow_plain=True)
     actions = refused.receive(sasl.SASL_HEADER + sasl.frame(sasl.INIT, [codec.Symbol("MSSBCBS")]))
     assert actions[-1] == sasl.Authenticate("MSSBCBS", None, None)  # the shell refuses it
+    # no SASL at all (@azure/event-hubs with a SharedAccessSignature= connection string): a
+    # dialect listener lets it in as far as its $cbs tokens go; others close
+    tokens_only = sasl.SaslServer(allow_anonymous=False, allow_plain=True, allow_cbs=True)
+    open_frame = b"\x00\x00\x00\x08\x02\x00\x00\x00"
+    assert tokens_only.receive(sasl.AMQP_HEADER + open_frame) == [
+        sasl.Done(sasl.AMQP_HEADER + open_frame, sasl.CBS_USER, sasl=False)
+    ]
+    closed = sasl.SaslServer(allow_anonymous=False, allow_plain=True).receive(sasl.AMQP_HEADER)
+    assert isinstance(closed[-1], sasl.Close)
 
 
 def test_the_inbound_guard_notes_batches_on_dialect_listeners_and_refuses_other_formats() -> None:
@@ -223,3 +238,100 @@ def test_the_inbound_guard_notes_batches_on_dialect_listeners_and_refuses_other_
     plain = InboundGuard()  # without the dialect a batch is refused like any other format
     assert [p.kind for p in plain.feed(stream)] == ["format", "format"]
     assert not plain.batches
+
+
+# Event Hubs' own partition-key hash: the test vectors of azure-sdk-for-net's
+# PartitionResolverTests.HashCodeAssignmentIsStable (its resolver is "a direct port of the Event
+# Hubs service code")
+_NET_HASHES = [
+    ("7", -15263),
+    ("131", 30562),
+    ("7149583486996073602", 12977),
+    ("FWfAT", -22341),
+    ("sOdeEAsyQoEuEFPGerWO", -6503),
+    (
+        "FAyAIctPeCgmiwLKbJcyswoHglHVjQdvtBowLACDNORsYvOcLddNJYDmhAVkbyLOrHTKLneMNcbgWVlasVyw"
+        "OByANjs",
+        5226,
+    ),
+    (
+        "1XYM6!(7(lF5wq4k4m*e$Nc!1ezLJv*1YK1Y-C^*&B$O)lq^iUkG(TNzXG;Zi#z2Og*Qq0#^*k):vXh$3,C7"
+        "We7%W0meJ;b3,rQCg^J;^twXgs5E$$hWKxqp",
+        23950,
+    ),
+    (
+        "E(x;RRIaQcJs*P;D&jTPau-4K04oqr:lF6Z):ERpo&;9040qyV@G1_c9mgOs-8_8/10Fwa-7b7-yP!T-!IH&9"
+        "68)FWuI;(^g$2fN;)HJ^^yTn:",
+        -29304,
+    ),
+    ("!c*_!I@1^c", 15372),
+    ("p4*!jioeO/z-!-;w:dh", -3104),
+    ("$0cb", 26269),
+    ("-4189260826195535198", 453),
+]
+
+
+@pytest.mark.parametrize(("key", "expected"), _NET_HASHES)
+def test_partition_keys_hash_as_event_hubs_does(key: str, expected: int) -> None:
+    assert eventhubs.key_hash(key) == expected
+    # C#'s Math.Abs(hash % count): the remainder keeps the hash's sign, then its magnitude
+    for count in (1, 2, 3, 4, 7, 32):
+        assert eventhubs.key_partition(key, count) == abs(expected) % count
+
+
+def test_partition_keys_of_every_tail_length_and_beyond_ascii() -> None:
+    """lookup3's tail cases (1..12 bytes left) and multi-byte UTF-8, against the released
+    Python SDK's own port (azure-eventhub's buffered producer; ASCII only: it hashes code
+    points, not UTF-8 bytes, and takes Python's floored modulo, so only the hash is compared)."""
+    from azure.eventhub._buffered_producer._partition_resolver import generate_hash_code
+
+    for length in range(1, 40):
+        key = "".join(chr(ord("a") + (i * 7) % 26) for i in range(length))
+        assert eventhubs.key_hash(key) == generate_hash_code(key), key
+    assert eventhubs.key_hash("") == 0
+
+
+def test_idempotent_producers_map_onto_spate_producer_names_and_publishing_ids() -> None:
+    partition = HubAddress(None, "hub1", "1")
+    fresh = eventhubs.idempotent_producer(partition, {}, new_id=77)
+    assert (fresh.name, fresh.epoch) == ("eventhubs:77", 0)
+    assert fresh.answer(None) == {
+        "com.microsoft:producer-id": 77,
+        "com.microsoft:producer-epoch": 0,
+        "com.microsoft:producer-sequence-number": -1,
+    }
+    resumed = eventhubs.idempotent_producer(
+        partition, {"com.microsoft:producer-id": 5, "com.microsoft:producer-epoch": 2}, new_id=77
+    )
+    assert (resumed.name, resumed.answer(4)["com.microsoft:producer-sequence-number"]) == (
+        "eventhubs:5",
+        3,  # publishing id 4 = sequence number 3
+    )
+    with pytest.raises(InvalidArgument, match="partition id"):
+        eventhubs.idempotent_producer(HubAddress(None, "hub1"), {}, new_id=1)
+    event = Message(
+        body=b"x", annotations={symbol("com.microsoft:producer-sequence-number"): 0}
+    ).encode()
+    assert eventhubs.publishing_ids([event, event]) == [1, 1]  # the caller checks the order
+    with pytest.raises(InvalidArgument, match="producer-sequence-number"):
+        eventhubs.publishing_ids([Message(body=b"x").encode()])
+
+
+def test_the_inbound_guard_notes_senders_desiring_idempotent_publishing() -> None:
+    from proton import UNDESCRIBED, Array, Data, uint
+    from spate.gateway.inbound import PROTOCOL_HEADER, InboundGuard
+    from support.pump import frame
+
+    def attach(name: str, desired: list[str]) -> bytes:
+        return frame(
+            "attach",
+            [name, uint(0), False, *[None] * 9, Array(UNDESCRIBED, Data.SYMBOL, *desired)],
+        )
+
+    guard = InboundGuard(eventhubs.BATCH_FORMAT)
+    guard.feed(PROTOCOL_HEADER + attach("tx", ["com.microsoft:idempotent-producer"]))
+    guard.feed(attach("other", ["com.microsoft:georeplication"]))
+    assert guard.idempotent == {"tx"}
+    plain = InboundGuard()
+    plain.feed(PROTOCOL_HEADER + attach("tx", ["com.microsoft:idempotent-producer"]))
+    assert plain.idempotent == set()

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 
 import pytest
-from spate.core.superstreams import hash_partition
+from spate.gateway.eventhubs import key_partition
 from support.amqp_clients import unique
-from support.eventhubs import Hubs, collect, run_js
+from support.eventhubs import JS_DIR, Hubs, collect, run_js
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eventhubs")]
 
@@ -54,15 +55,20 @@ def test_js_partition_key_and_enqueued_time_and_the_python_sdk_reads_it(hubs: Hu
     time.sleep(0.05)
     since_ms = int(time.time() * 1000)
     time.sleep(0.05)
-    [_, later] = run_js(
+    keys = ["user-7", "tenant-9", "ü-ключ", "$0cb", "7"]
+    [_, later, mapped] = run_js(
         conn,
         hub,
         [
             {"op": "send", "bodies": ["new"], "partition_key": "user-7"},
             {"op": "receive", "count": 1, "from": {"enqueued_on_ms": since_ms}},
+            {"op": "key_partitions", "keys": keys, "partition_count": 32},
         ],
     )
-    partition = str(hash_partition("user-7", 2))
+    # Event Hubs' hash of the key (the SDK's own port of the service's), not MurmurHash3
+    assert mapped == {key: key_partition(key, 32) for key in keys}
+    partition = str(key_partition("user-7", 2))
+    assert partition == "0"  # MurmurHash3 would put it on 1
     assert [(e["partition"], e["body"]) for e in later["events"]] == [(partition, "new")]
     assert later["events"][0]["partition_key"] == "user-7"
     got = [e for _, e in collect(conn, hub, 2, partition_id=partition, starting_position="-1")]
@@ -87,7 +93,7 @@ def test_js_over_tls(tls_hubs: Hubs) -> None:
     assert [e["body"] for e in received["events"]] == ["over-tls"]
 
 
-def test_a_js_receiver_with_a_higher_owner_level_takes_over_from_python(hubs: Hubs) -> None:
+def test_a_js_receiver_with_an_equal_owner_level_takes_over_from_python(hubs: Hubs) -> None:
     from azure.eventhub import EventHubConsumerClient
 
     hub = hubs.create(unique("js-epoch"), partitions=1)
@@ -121,7 +127,7 @@ def test_a_js_receiver_with_a_higher_owner_level_takes_over_from_python(hubs: Hu
                     "count": 2,
                     "partition_id": "0",
                     "from": "earliest",
-                    "owner_level": 2,
+                    "owner_level": 1,  # equal: takes over too, as on Event Hubs
                 }
             ],
         )
@@ -133,3 +139,53 @@ def test_a_js_receiver_with_a_higher_owner_level_takes_over_from_python(hubs: Hu
         older.close()
         worker.join(10)
     assert errors and "amqp:link:stolen" in str(errors[0])
+
+
+def test_idempotent_publishing_maps_onto_producer_deduplication(hubs: Hubs) -> None:
+    """@azure/event-hubs' idempotent publishing (EventHubBufferedProducerClient with
+    `enableIdempotentRetries`): the attach is answered with a producer group id and the last
+    sequence number; the events carry their sequence numbers, which are Spate publishing ids
+    (ADR 0011, `eventhubs:<id>`): a sender resuming that group (rhea, as the SDKs do after a
+    failure) learns where it stopped, and what it sends again is not stored twice."""
+    from azure.eventhub import EventHubConsumerClient
+
+    hub = hubs.create(unique("js-idempotent"), partitions=2)
+    conn = hubs.conn_str()
+    [sent] = run_js(
+        conn, hub, [{"op": "send_idempotent", "bodies": ["i0", "i1", "i2"], "partition_id": "1"}]
+    )
+    assert sent["sent"] == 3
+    assert sent["last_sequence_number"] == 2
+    producer_id = int(sent["producer_group_id"])
+    assert producer_id > 0
+    proc = subprocess.run(
+        ["node", str(JS_DIR / "raw_idempotent.js")],
+        input=json.dumps(
+            {
+                "port": hubs.port,
+                "address": f"{hub}/Partitions/1",
+                "producer_id": producer_id,
+                "first_sequence": 1,  # i1, i2 again, then i3
+                "bodies": ["i1", "i2", "i3"],
+            }
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    resumed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert resumed["attach"] == {
+        "producer_id": str(producer_id),
+        "producer_epoch": 0,
+        "last_sequence_number": 2,
+    }, resumed
+    assert resumed["outcomes"] == ["accepted"] * 3, resumed
+    client = EventHubConsumerClient.from_connection_string(
+        conn, consumer_group="$Default", eventhub_name=hub
+    )
+    with client:  # stored once each: offsets 0..3
+        assert client.get_partition_properties("1")["last_enqueued_sequence_number"] == 3
+    got = collect(conn, hub, 4, partition_id="1", starting_position="-1")
+    sequence = b"com.microsoft:producer-sequence-number"
+    assert [e.raw_amqp_message.annotations[sequence] for _, e in got] == [0, 1, 2, 3]

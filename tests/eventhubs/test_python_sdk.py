@@ -14,10 +14,10 @@ import pytest
 from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerClient
 from azure.eventhub.exceptions import AuthenticationError, EventHubError
 from proton import Message, symbol
-from proton.utils import BlockingConnection
-from spate.core.superstreams import hash_partition
+from proton.utils import BlockingConnection, LinkDetached
+from spate.gateway.eventhubs import key_partition
 from support.amqp_clients import offset_filter, partition_option, receive, unique
-from support.eventhubs import FileCheckpointStore, Hubs, collect, run_sample, send
+from support.eventhubs import FileCheckpointStore, Hubs, collect, run_js, run_sample, send
 
 SAMPLES = Path(__file__).resolve().parents[2] / ".venv" / "azure-eventhub-samples"
 """The SDK's own samples, from its PyPI sdist (tools/bootstrap.sh puts them there)."""
@@ -47,7 +47,7 @@ def test_the_sdks_send_sample_runs_unchanged_and_its_events_arrive(hubs: Hubs) -
         f"Event Data {i}" for i in range(10)
     )
     keyed = [(p, e) for p, e in events if e.body_as_str().startswith("Message will be sent to a")]
-    assert keyed[0][0] == str(hash_partition("pkey", 2))
+    assert keyed[0][0] == str(key_partition("pkey", 2))  # Event Hubs' hash of the key
     assert keyed[0][1].partition_key == b"pkey"  # the SDK hands it out as bytes
     by_id = [p for p, e in events if e.body_as_str().endswith("target-id partition")]
     assert by_id == ["0"]
@@ -99,7 +99,9 @@ def test_hub_and_partition_properties(hubs: Hubs) -> None:
     assert empty["is_empty"] is True
 
 
-def test_a_higher_owner_level_takes_the_partition_from_the_older_receiver(hubs: Hubs) -> None:
+def test_an_equal_owner_level_takes_the_partition_from_the_older_receiver(hubs: Hubs) -> None:
+    """Event Hubs' rule: a receiver with an owner level >= the current one's takes over (a
+    greater one too: tests/core/test_ownership.py, tests/gateway's consumer-group tests)."""
     hub = hubs.create(unique("epochs"), partitions=1)
     conn = hubs.conn_str()
     send(conn, hub, ["e0", "e1"])
@@ -121,7 +123,7 @@ def test_a_higher_owner_level_takes_the_partition_from_the_older_receiver(hubs: 
     )
     worker.start()
     assert seen.wait(20), "the first receiver got nothing"
-    got = collect(conn, hub, 2, partition_id="0", owner_level=2, starting_position="-1")
+    got = collect(conn, hub, 2, partition_id="0", owner_level=1, starting_position="-1")
     assert [e.body_as_str() for _, e in got] == ["e0", "e1"]
     deadline = time.monotonic() + 20
     while not errors and time.monotonic() < deadline:
@@ -238,7 +240,8 @@ def test_spate_client_reads_sdk_events_and_the_sdk_reads_spate_client_events(hub
     conn = hubs.conn_str()
     url = f"amqp://{hubs.host}:{hubs.port}"
     send(conn, hub, ["eh-0", "eh-1"], partition_key="tenant-9")
-    partition = hash_partition("tenant-9", 2)
+    partition = key_partition("tenant-9", 2)
+    assert partition == 0  # Event Hubs' hash; MurmurHash3 would put it on 1
     with Consumer(url, hub, partition=partition, start="first") as consumer:
         events = [consumer.receive(timeout=10) for _ in range(2)]
     assert [(e.offset, e.message.body) for e in events] == [(0, b"eh-0"), (1, b"eh-1")]
@@ -267,3 +270,122 @@ def test_management_reads_of_what_does_not_exist_are_refused_clearly(hubs: Hubs)
     with client, pytest.raises(EventHubError) as no_hub:
         client.get_partition_ids()
     assert "no-such-hub" in str(no_hub.value)
+
+
+@pytest.mark.filterwarnings("ignore:uAMQP legacy support:DeprecationWarning")
+def test_the_uamqp_transport_reads_properties_and_receives_with_an_owner_level(
+    tls_hubs: Hubs,
+) -> None:
+    """azure-eventhub's older transport (`uamqp_transport=True`, the uamqp C stack): SASL
+    MSSBCBS, the $cbs put-token, `$management` reads and an owner-level receiver with a
+    selector. It speaks TLS only (it ignores UseDevelopmentEmulator's port: custom endpoint).
+    Sending with it fails inside azure-eventhub 5.15.1 before any frame is sent
+    (docs/event-hubs.md), so the events are sent with the default transport."""
+    hub = tls_hubs.create(unique("uamqp"), partitions=2)
+    kwargs = {**tls_hubs.client_kwargs(), "uamqp_transport": True}
+    send(tls_hubs.conn_str(), hub, ["u0", "u1", "u2"], tls_hubs.client_kwargs(), partition_id="1")
+    client = EventHubConsumerClient.from_connection_string(
+        tls_hubs.conn_str(), consumer_group="$Default", eventhub_name=hub, **kwargs
+    )
+    with client:
+        assert client.get_partition_ids() == ["0", "1"]
+        assert client.get_partition_properties("1")["last_enqueued_sequence_number"] == 2
+    got = collect(
+        tls_hubs.conn_str(),
+        hub,
+        2,
+        client_kwargs=kwargs,
+        partition_id="1",
+        owner_level=1,
+        starting_position="0",  # exclusive: after offset 0
+    )
+    assert [(e.body_as_str(), e.sequence_number, e.offset) for _, e in got] == [
+        ("u1", 1, "1"),
+        ("u2", 2, "2"),
+    ]
+
+
+def test_receivers_without_an_owner_level_give_way_to_one_with_it(hubs: Hubs) -> None:
+    """Event Hubs' mixed rules: receivers without owner level read side by side; a receiver
+    with one (here the JS SDK's) disconnects them (`amqp:link:stolen`, the SDKs' "receiver
+    disconnected"); while it holds the partition, one without is refused."""
+    from spate.gateway.eventhubs import GROUP_PREFIX
+
+    hub = hubs.create(unique("mixed"), partitions=1)
+    conn = hubs.conn_str()
+    send(conn, hub, ["m0", "m1"])
+    readers = []
+    for _ in range(2):
+        client = EventHubConsumerClient.from_connection_string(
+            conn, consumer_group="$Default", eventhub_name=hub
+        )
+        seen, errors = threading.Event(), list[BaseException]()
+        worker = threading.Thread(
+            target=client.receive,
+            kwargs={
+                "on_event": lambda ctx, ev, seen=seen: seen.set(),
+                "on_error": lambda ctx, err, errors=errors: errors.append(err),
+                "partition_id": "0",
+                "starting_position": "-1",
+            },
+            daemon=True,
+        )
+        worker.start()
+        readers.append((client, worker, seen, errors))
+    holder = None
+    try:
+        for _, _, seen, _ in readers:  # both read at once
+            assert seen.wait(20), "a receiver without owner level got nothing"
+        [newer] = run_js(
+            conn,
+            hub,
+            [
+                {
+                    "op": "receive",
+                    "count": 2,
+                    "partition_id": "0",
+                    "from": "earliest",
+                    # 1: the JS SDK sends no owner level for 0 (`if (options.ownerLevel)`)
+                    "owner_level": 1,
+                }
+            ],
+        )
+        # (the JS SDK hands a data section out as a Node Buffer)
+        assert [bytes(e["body"]["data"]) for e in newer["events"]] == [b"m0", b"m1"]
+        deadline = time.monotonic() + 20
+        while not all(errors for *_, errors in readers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for *_, errors in readers:
+            assert errors and "amqp:link:stolen" in str(errors[0]), errors
+        # an owner-level receiver holds the partition: one without is refused meanwhile
+        holder = EventHubConsumerClient.from_connection_string(
+            conn, consumer_group="$Default", eventhub_name=hub
+        )
+        held = threading.Event()
+        threading.Thread(
+            target=holder.receive,
+            kwargs={
+                "on_event": lambda ctx, ev: held.set(),
+                "partition_id": "0",
+                "owner_level": 1,
+                "starting_position": "-1",
+            },
+            daemon=True,
+        ).start()
+        assert held.wait(20)
+        plain = BlockingConnection(f"amqp://{hubs.host}:{hubs.port}", timeout=10)
+        try:
+            with pytest.raises(LinkDetached) as refused:
+                plain.create_receiver(
+                    f"{hub}/ConsumerGroups/$Default/Partitions/0", name=unique("rx")
+                )
+        finally:
+            plain.close()
+        assert "amqp:resource-locked" in str(refused.value)
+        assert f"{GROUP_PREFIX}$Default" in str(refused.value)
+    finally:
+        for client, worker, _, _ in readers:
+            client.close()
+            worker.join(10)
+        if holder is not None:
+            holder.close()

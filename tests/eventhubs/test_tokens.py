@@ -1,6 +1,7 @@
 """SAS tokens on `$cbs` (ADR 0021) at a listener that lets nobody in anonymously: the SDK with
 the right key works; an expired token, a token for another hub and a link without any token
-are refused with the conditions Event Hubs uses; and the batch format's refusals (rhea). Real
+are refused with the conditions Event Hubs uses; a connection without SASL gets as far as
+`$cbs`; and the batch format's refusals (rhea). Real
 listeners on 127.0.0.1 over the in-memory broker (the dialect is the listener's; the broker
 behind it does not matter)."""
 
@@ -179,8 +180,9 @@ def test_batches_go_to_event_hubs_links_only_and_must_hold_messages(
 def test_the_js_sdk_is_refused_with_a_wrong_key(listener: tuple[int, MemoryBroker]) -> None:
     """@azure/event-hubs sees the Python SDK's refusal: the $cbs put-token answered 401 with
     the reason, surfaced as its authorization error (no retries asked); the right key sends.
-    (A `SharedAccessSignature=` connection string does not reach $cbs from this SDK: it opens
-    the connection without SASL, which Spate's listener requires — docs/event-hubs.md.)"""
+    With a `SharedAccessSignature=` connection string the SDK opens the connection without
+    SASL: the listener lets it in as far as `$cbs`, and its valid token lets it send and
+    receive; an expired one is refused."""
     port, broker = listener
     hub = _hub(broker)
     refuse = {"op": "send", "bodies": ["x"], "expect_error": True, "max_retries": 0}
@@ -188,3 +190,46 @@ def test_the_js_sdk_is_refused_with_a_wrong_key(listener: tuple[int, MemoryBroke
     assert "InvalidSignature" in wrong["error"], wrong
     (ok,) = run_js(_conn(port), hub, [{"op": "send", "bodies": ["signed"]}])
     assert ok == {"sent": 1}
+
+    def by_token(expires: int) -> str:
+        token = _sas(f"sb://127.0.0.1/{hub}", expires)
+        return (
+            f"Endpoint=sb://127.0.0.1:{port}/;SharedAccessSignature={token};"
+            "UseDevelopmentEmulator=true"
+        )
+
+    sent, got = run_js(
+        by_token(int(time.time()) + 3600),
+        hub,
+        [
+            {"op": "send", "bodies": ["by-token"], "partition_id": "0"},
+            {"op": "receive", "count": 2, "partition_id": "0", "from": "earliest"},
+        ],
+    )
+    assert sent == {"sent": 1}
+    assert [e["body"] for e in got["events"]] == ["signed", "by-token"]
+    (expired,) = run_js(by_token(int(time.time()) - 3600), hub, [refuse])
+    assert "ExpiredToken" in expired["error"], expired
+
+
+def test_a_connection_without_sasl_gets_no_further_than_cbs_without_a_token(
+    listener: tuple[int, MemoryBroker],
+) -> None:
+    """A dialect listener that lets nobody in anonymously takes a connection without SASL
+    (what @azure/event-hubs opens for a `SharedAccessSignature=` connection string) only as
+    far as `$cbs`: a hub, a partition, Spate's own stream address are refused until a token
+    covering them is put."""
+    port, broker = listener
+    hub = _hub(broker)
+    conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10, sasl_enabled=False)
+    try:
+        for address in (f"amqps://127.0.0.1/{hub}", f"{hub}/Partitions/0", hub):
+            with pytest.raises(LinkDetached) as refused:
+                conn.create_sender(address, name=unique("tx"))
+            assert "amqp:unauthorized-access" in str(refused.value), address
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver(f"{hub}/ConsumerGroups/$Default/Partitions/0", name=unique("rx"))
+        assert "amqp:unauthorized-access" in str(refused.value)
+        conn.create_sender("$cbs", name=unique("cbs"))  # the way in stays open
+    finally:
+        conn.close()

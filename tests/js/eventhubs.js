@@ -8,9 +8,16 @@
 //   {op: "receive", count, partition_id?, from?: "earliest" | {offset} | {sequence_number}
 //       | {enqueued_on_ms}, owner_level?} -> events: [{partition, body, sequence_number,
 //       offset, enqueued_ms, partition_key, properties}], errors: [str]
+//   {op: "send_idempotent", bodies: [str], partition_id} -> {sent, producer_group_id,
+//       last_sequence_number} (EventHubBufferedProducerClient, enableIdempotentRetries)
+//   {op: "key_partitions", keys: [str], partition_count} -> {key: partition index} by the SDK's
+//       own partition-key mapper (what the Event Hubs service computes)
 "use strict";
 const fs = require("fs");
-const { EventHubProducerClient, EventHubConsumerClient, earliestEventPosition } = require("@azure/event-hubs");
+const path = require("path");
+const {
+  EventHubProducerClient, EventHubBufferedProducerClient, EventHubConsumerClient, earliestEventPosition,
+} = require("@azure/event-hubs");
 
 const args = JSON.parse(fs.readFileSync(0, "utf8"));
 const options = {};
@@ -44,6 +51,25 @@ async function step(s) {
     await producer.sendBatch(batch);
     await producer.close();
     return { sent: s.bodies.length };
+  }
+  if (s.op === "send_idempotent") {
+    // the buffered producer's documented idempotent publishing (enableIdempotentRetries)
+    const errors = [];
+    const client = new EventHubBufferedProducerClient(args.connection_string, args.hub, {
+      ...options,
+      enableIdempotentRetries: true,
+      onSendEventsErrorHandler: (ctx) => errors.push(String(ctx.error && (ctx.error.code || ctx.error.message))),
+    });
+    await client.enqueueEvents(s.bodies.map((body) => ({ body })), { partitionId: s.partition_id });
+    await client.flush();
+    const props = await client._producer.getPartitionPublishingProperties(s.partition_id);
+    await client.close({ flush: true });
+    if (errors.length) throw new Error(`send failed: ${errors.join("; ")}`);
+    return {
+      sent: s.bodies.length,
+      producer_group_id: String(props.producerGroupId),
+      last_sequence_number: props.lastPublishedSequenceNumber,
+    };
   }
   if (s.op === "properties") {
     const client = new EventHubConsumerClient("$Default", args.connection_string, args.hub, options);
@@ -95,6 +121,14 @@ async function step(s) {
     });
     await client.close();
     return { events, errors };
+  }
+  if (s.op === "key_partitions") {
+    // the SDK's own port of the service's partition-key hash (its buffered producer's mapper)
+    const sdk = path.dirname(require.resolve("@azure/event-hubs"));
+    const { mapPartitionKeyToId } = require(path.join(sdk, "impl", "partitionKeyToIdMapper.js"));
+    const out = {};
+    for (const key of s.keys) out[key] = mapPartitionKeyToId(key, s.partition_count);
+    return out;
   }
   throw new Error(`unknown op ${s.op}`);
 }
