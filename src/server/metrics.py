@@ -321,14 +321,14 @@ class NodeCollector(Collector):
         yield transfers
         quiet = GaugeMetricFamily(
             "spate_replication_quiet_replicas",
-            "Local replicas whose Raft group is quiet (idle: no heartbeats, ADR 0025).",
+            "Local replicas whose Raft group is quiet (idle: no heartbeats, ADR 0026).",
             labels=["node"],
         )
         quiet.add_metric([node], sum(1 for g in driver.groups.values() if g.raft.quiesced))
         yield quiet
         suspected = GaugeMetricFamily(
             "spate_replication_peers_suspected",
-            "Peer nodes silent for an election timeout (node liveness, ADR 0025).",
+            "Peer nodes silent for an election timeout (node liveness, ADR 0026).",
             labels=["node"],
         )
         suspected.add_metric([node], len(driver.suspected))

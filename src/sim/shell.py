@@ -87,7 +87,7 @@ from spate.sim.offsets import Store, TrackingChecker
 tick_ms = 10
 IDLE_PAUSE_CHANCE = 0.03
 IDLE_PAUSE_MS = (100, 700)
-"""With quiet groups (ADR 0025), a proposal is sometimes followed by an idle stretch this long
+"""With quiet groups (ADR 0026), a proposal is sometimes followed by an idle stretch this long
 (10 to 70 ticks: groups quiesce after a few heartbeat rounds, node suspicion takes 10)."""
 """Simulated milliseconds per Raft tick."""
 liveness_ms_max = 20_000
@@ -420,7 +420,7 @@ class ShellCluster(SimLoop[_Event]):
             inflight_appends_max=8,
             append_bytes_max=1024,
             log_cache_bytes=options.log_cache_bytes,
-            quiesce=seed % 3 != 0,  # quiet idle groups and node liveness (ADR 0025)
+            quiesce=seed % 3 != 0,  # quiet idle groups and node liveness (ADR 0026)
         )
         self.log_config = options.log_config()
         self.checker = TrackingChecker(options.groups)

@@ -1,4 +1,4 @@
-"""Quiet groups and node liveness (ADR 0025): the Raft core's quiescence, pumped by hand
+"""Quiet groups and node liveness (ADR 0026): the Raft core's quiescence, pumped by hand
 (harness.py), and the replication driver's PING-based suspicion that wakes quiet groups."""
 
 from __future__ import annotations
@@ -53,13 +53,34 @@ def test_a_proposal_wakes_the_group_commits_everywhere_and_it_goes_quiet_again()
     assert all(group[n].quiesced for n in ("n1", "n2", "n3"))
 
 
-def test_the_leader_does_not_go_quiet_while_a_follower_does_not_answer() -> None:
+def test_the_leader_stays_awake_while_a_follower_is_behind_until_it_is_suspected() -> None:
     group = Group(3, config=QUIET)
     group.elect("n1")
     group.cut.add(NodeId("n3"))
+    assert isinstance(group["n1"].propose(b"n3 misses this"), Proposed)
     group.tick_all(30)
-    assert not group["n1"].quiesced  # n3 never answered: it must keep hearing heartbeats
+    assert not group["n1"].quiesced  # n3 lacks an entry: it must keep being sent heartbeats
     assert group.leaders() == [NodeId("n1")]
+    group["n1"].dead_peers = {NodeId("n3")}  # node liveness gives up on n3
+    group.tick_all(3)
+    assert group["n1"].quiesced
+
+
+def test_the_leader_goes_quiet_without_a_follower_node_liveness_suspects() -> None:
+    """A dead follower must not keep every partition it followed awake: once the shell's node
+    liveness suspects it, a quorum up to date is enough; with both followers suspected the
+    leader stays awake (and check-quorum deposes it)."""
+    group = Group(3, config=QUIET)
+    group.elect("n1")
+    group.cut.add(NodeId("n3"))
+    group["n1"].dead_peers = {NodeId("n3")}
+    group.tick_all(5)
+    assert group["n1"].quiesced and group["n2"].quiesced
+    group["n1"].dead_peers = {NodeId("n2"), NodeId("n3")}
+    group.cut.add(NodeId("n2"))
+    group["n1"].wake()
+    group.tick("n1", 11)
+    assert not group["n1"].quiesced and group["n1"].role is Role.FOLLOWER
 
 
 def test_a_lost_quiesce_heartbeat_is_repaired_by_the_followers_campaign() -> None:
@@ -105,6 +126,7 @@ def test_waking_followers_whose_leader_died_elects_a_new_leader() -> None:
 def test_a_woken_leader_cut_from_both_followers_steps_down_by_check_quorum() -> None:
     group = quiet_group()
     group.cut.update({NodeId("n2"), NodeId("n3")})
+    group["n1"].dead_peers = {NodeId("n2"), NodeId("n3")}  # what node liveness concludes
     group["n1"].wake()
     group.tick("n1", 9)
     assert group["n1"].role is Role.LEADER

@@ -401,7 +401,7 @@ async def _new_leader_settles_before_claims(cluster: Cluster) -> None:
     assert not claimed.done() and new.settling()
     granted = await claimed
     assert granted.active and granted.epoch == 2
-    assert new._ticks - new._led_since >= new.settle_ticks()
+    assert new.ticks - new._led_since >= new.settle_ticks()
 
 
 QUIET = RaftConfig(quiesce=True)
@@ -412,7 +412,7 @@ def test_a_quiet_partition_survives_its_leader_s_node_going_silent(tmp_path: Pat
 
 
 async def _quiet_partition_survives_its_leader_going_silent(cluster: Cluster) -> None:
-    """ADR 0025 on real hosts and sockets: an idle partition goes quiet on every replica;
+    """ADR 0026 on real hosts and sockets: an idle partition goes quiet on every replica;
     its leader's host stops; node liveness (PINGs) wakes the followers, which elect a new
     leader that takes appends; the old node comes back, learns the leader and catches up;
     the group goes quiet again."""

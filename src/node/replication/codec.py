@@ -18,7 +18,7 @@ kind  name            body
  5    PIECE           request_id u64 | data (rest of the frame)
  6    FETCH_ERROR     request_id u64 | reason (UTF-8, rest of the frame)
  7    PIECE_GONE      request_id u64   (retention deleted the file since the manifest)
- 8    PING            (nothing: node liveness, one per peer per tick; ADR 0025)
+ 8    PING            (nothing: node liveness, one per peer per tick; ADR 0026)
 10-13             the handshake, spate.core.frames (shared with the gateway wire)
 ```
 
@@ -35,7 +35,7 @@ type  message            fields
                          (index u64 | term u64 | length u32 | payload)*
  4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
                          hint_term u64
- 5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0025; absent: 0)]
+ 5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0026; absent: 0)]
  6    HeartbeatResponse  (nothing)
  7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64 | membership length u16 |
                          membership (messages.Membership.encode(); length 0: unknown)

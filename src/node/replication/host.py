@@ -82,7 +82,7 @@ class ReplicationHost:
         self.node_id = node_id
         self.data_dir = data_dir
         self.tick_ms = tick_ms
-        self.raft_config = raft_config or RaftConfig(quiesce=True)  # ADR 0025
+        self.raft_config = raft_config or RaftConfig(quiesce=True)  # ADR 0026
         self._rng = random.Random(rng_seed)
         self._wake = asyncio.Event()
         self._wall_ms = skewed_wall_clock()
@@ -218,7 +218,12 @@ class ReplicationHost:
         next_at = time.monotonic()
         while True:
             next_at += period
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            now = time.monotonic()
+            if next_at < now - period:
+                # The loop stalled: no burst of catch-up ticks. Ticks run back to back would
+                # count peers' silence before their frames, waiting in the sockets, are read.
+                next_at = now
+            await asyncio.sleep(max(0.0, next_at - now))
             self.driver.tick()
 
     async def _drive(self) -> None:

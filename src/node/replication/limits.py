@@ -95,4 +95,4 @@ assert peer_send_queue_bytes_max >= frame_bytes_max
 
 liveness_ticks = 10
 """A peer node silent (no frame, not even a PING) for this many ticks is suspected, and the
-quiet groups it belongs to wake (ADR 0025): one election timeout at the default 10 ticks."""
+quiet groups it belongs to wake (ADR 0026): one election timeout at the default 10 ticks."""

@@ -222,7 +222,7 @@ class Heartbeat:
     target: NodeId
     commit: int
     quiesce: bool = False
-    """The leader goes quiet after this one (ADR 0025): stop the election timer."""
+    """The leader goes quiet after this one (ADR 0026): stop the election timer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ class ReplicatedPartition(Replica):
         """The stream's consumer-group coordinators while this replica leads partition 0."""
         self._coordinators_epoch: LeaderEpoch | None = None
         self._led_since = 0
-        """The tick (`_ticks`) at which this replica last became the leader."""
+        """The tick (`ticks`) at which this replica last became the leader."""
         self._led_term: Term | None = None
         """The term of that leadership: a leader whose term is not this one became leader
         after `report_leader` last ran (its new term's fsync is still pending), so it has just
@@ -173,7 +173,7 @@ class ReplicatedPartition(Replica):
             return False
         if self._led_term != self.raft.term:
             return True  # leading since this term began; report_leader has not run yet
-        return self._ticks - self._led_since < self.settle_ticks()
+        return self.ticks - self._led_since < self.settle_ticks()
 
     def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
         future = self._standby()
@@ -228,7 +228,7 @@ class ReplicatedPartition(Replica):
     def report_leader(self, ready: Ready) -> None:
         super().report_leader(ready)
         if ready.leader_change is not None and self.is_leader:
-            self._led_since, self._led_term = self._ticks, self.raft.term
+            self._led_since, self._led_term = self.ticks, self.raft.term
         if ready.leader_change is not None and not self.is_leader:
             self._disband_coordinators()
             self._dismiss(f"{self.stream}/{self.partition} has a new leader")

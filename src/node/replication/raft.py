@@ -28,7 +28,7 @@ may leave before its own sync (`Ready.messages_before_sync`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Sequence, Set as AbstractSet
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -82,7 +82,7 @@ class RaftConfig:
     """Applied entry bytes kept in memory; 0 drops every applied, persisted entry at once
     (tests and the simulator use small values to exercise the snapshot path)."""
     quiesce: bool = False
-    """An idle group goes quiet (ADR 0025): no heartbeats, no election timer, until `wake()`,
+    """An idle group goes quiet (ADR 0026): no heartbeats, no election timer, until `wake()`,
     a proposal or a message. Only for shells that call `wake()` when a peer node goes silent
     (the replication driver's node liveness); a bare core would never notice a dead leader."""
 
@@ -177,10 +177,11 @@ class Raft:
         self.appends_dropped = 0
         self.messages_dropped = 0
         self.quiesced = False
-        """Quiet (ADR 0025): not ticking, no heartbeats; `wake()` or a message ends it."""
+        """Quiet (ADR 0026): not ticking, no heartbeats; `wake()` or a message ends it."""
         self._quiet_rounds = 0
-        self._answered: set[NodeId] = set()
-        """Peers that answered since the leader's last heartbeat round."""
+        self.dead_peers: AbstractSet[NodeId] = frozenset()
+        """Peers the shell's node liveness suspects (the driver shares its set): a leader may go
+        quiet without their answers, as long as a quorum is up to date (ADR 0026)."""
         self._become_follower(self.term, None)
 
     # -- reading
@@ -281,7 +282,7 @@ class Raft:
             self._become_candidate(transfer=transfer)
 
     def wake(self) -> None:
-        """End quiet (ADR 0025): the shell suspects a peer node, or has work for the group.
+        """End quiet (ADR 0026): the shell suspects a peer node, or has work for the group.
         A leader heartbeats on its next tick and restarts its check-quorum window (a quorum
         must answer within an election timeout); a follower restarts its election timer,
         keeping its lease on the leader for one election timeout."""
@@ -570,7 +571,6 @@ class Raft:
         self._transfer_to = None
         self.quiesced = False
         self._quiet_rounds = 0
-        self._answered = set()
 
     def _become_follower(self, term: Term, leader: NodeId | None) -> None:
         self._reset(term)
@@ -737,7 +737,7 @@ class Raft:
                     return
                 self.log.commit_to(message.commit)
                 self._send(HeartbeatResponse(self.term, self.id, message.source))
-                if message.quiesce:  # quiet until woken (ADR 0025); the lease holds meanwhile
+                if message.quiesce:  # quiet until woken (ADR 0026); the lease holds meanwhile
                     self.quiesced = True
                     self._election_elapsed = 0
             case SnapshotNeeded():
@@ -828,16 +828,18 @@ class Raft:
             for peer in self.peers:
                 commit = min(self._progress[peer].match, self.log.committed)
                 self._send(Heartbeat(self.term, self.id, peer, commit, quiesce))
-            self._answered = set()
             self.quiesced = quiesce
 
     def _may_quiesce(self) -> bool:
-        """Two heartbeat rounds in a row with nothing to do (ADR 0025): the log committed,
-        persisted and applied to its end, no transfer, every peer answered and up to date."""
+        """Two heartbeat rounds in a row with nothing to do (ADR 0026): the log committed,
+        persisted and applied to its end, no transfer, every peer's log acknowledged to the end
+        (a peer that misses the quiesce heartbeat campaigns, and its pre-vote wakes us; answers
+        are not awaited per round, which an overloaded node could never give)."""
         if not self.config.quiesce:
             return False
         log = self.log
         last = log.last_index
+        dead = self.dead_peers
         idle = (
             self._transfer_to is None
             and not self._entries_pending
@@ -846,17 +848,19 @@ class Raft:
             and log.stable == last
             and log.applied == last
             and all(
-                peer in self._answered and progress.match == last
-                for peer, progress in self._progress.items()
+                peer in dead or progress.match == last for peer, progress in self._progress.items()
             )
         )
+        if idle and dead:  # without the suspected peers, a quorum must be up to date
+            voters = self.membership.voters
+            live = sum(1 for v in voters if v == self.id or v not in dead)
+            idle = live >= self.quorum
         self._quiet_rounds = self._quiet_rounds + 1 if idle else 0
         return self._quiet_rounds >= 2
 
     def _handle_append_response(self, message: AppendResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
-        self._answered.add(message.source)
         if message.lost:
             if progress.match > message.hint_index:
                 progress.forget()
@@ -892,7 +896,6 @@ class Raft:
     def _handle_heartbeat_response(self, message: HeartbeatResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
-        self._answered.add(message.source)
         progress.probe_sent = False
         if progress.state is ProgressState.SNAPSHOT:
             # The SnapshotNeeded may have been lost; the follower's shell ignores duplicates.

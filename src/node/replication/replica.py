@@ -155,7 +155,8 @@ class Replica(LocalPartition):
         self._listeners: list[Callable[[], None]] = []
         self.leader_listeners: list[Callable[[NodeId | None, LeaderEpoch], None]] = []
         self.fresh = store.fresh
-        self._ticks = 0
+        self.ticks = 0
+        """Ticks since this replica opened (the driver counts a quiet group's without `tick`)."""
         self._heard_leader = False
         self.failure: str | None = None
         self.catching_up = False
@@ -627,7 +628,7 @@ class Replica(LocalPartition):
     # -- driven by the host
 
     def tick(self) -> None:
-        self._ticks += 1
+        self.ticks += 1
         self.raft.tick()
         if self._pending:
             now_ms = self._monotonic_ms()
@@ -655,7 +656,7 @@ class Replica(LocalPartition):
             and not message.pre_vote
             and self.fresh
             and not self._heard_leader
-            and self._ticks < limits.vote_embargo_ticks
+            and self.ticks < limits.vote_embargo_ticks
         ):
             return  # a new directory may be a wiped one that forgot its vote (ADR 0005)
         self.raft.step(message)
