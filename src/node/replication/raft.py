@@ -28,7 +28,8 @@ may leave before its own sync (`Ready.messages_before_sync`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence, Set as AbstractSet
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from enum import Enum
 
