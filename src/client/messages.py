@@ -184,6 +184,8 @@ class MessageParts:
     application_properties: dict[str, str] | None = None
 
     def envelope(self, publishing_id: int | None = None) -> bytes:
+        if publishing_id is None and not self.properties and not self.application_properties:
+            return encode_plain(self.body, self.group_key)
         out = bytearray()
         annotations: dict[Any, Any] = {}
         if self.group_key is not None:
@@ -210,3 +212,31 @@ class MessageParts:
             out += amqp.encode(amqp.Described(amqp.ULong(0x74), dict(self.application_properties)))
         out += amqp.encode(amqp.Described(amqp.ULong(0x75), self.body))
         return bytes(out)
+
+
+_KEY_HEAD = b"\xa3" + bytes((len(GROUP_KEY_ANNOTATION),)) + GROUP_KEY_ANNOTATION.encode()
+_MA = b"\x00\x53\x72"
+
+
+def encode_plain(body: bytes, group_key: str | None = None) -> bytes:
+    """`MessageParts(body, group_key).envelope()` without the generic encoder (the bulk path:
+    ~1 µs instead of ~30): a data section, after the group key's message annotations when
+    there is a key. Byte for byte what `envelope` builds (tests/client/test_messages.py)."""
+    data = (
+        _DATA + b"\xa0" + bytes((len(body),)) + body
+        if len(body) < 256
+        else _DATA + b"\xb0" + len(body).to_bytes(4, "big") + body
+    )
+    if group_key is None:
+        return data
+    key = group_key.encode()
+    if len(key) < 256:
+        value = b"\xa1" + bytes((len(key),)) + key
+    else:
+        value = b"\xb1" + len(key).to_bytes(4, "big") + key
+    size = 1 + len(_KEY_HEAD) + len(value)  # count byte + the pair
+    if size < 256:
+        head = _MA + b"\xc1" + bytes((size, 2))
+    else:
+        head = _MA + b"\xd1" + (size + 3).to_bytes(4, "big") + (2).to_bytes(4, "big")
+    return head + _KEY_HEAD + value + data

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
+from spate.client.core import SubEntryBatch
 from spate.client.errors import AttachRefused
-from spate.client.messages import MessageParts, read_parts
+from spate.client.messages import read_parts
 from spate.core.ids import offset_from_symbol
 from spate.core.superstreams import hash_partition
 from spate.spark import limits
 from spate.spark.options import Connection, OptionError
-from spate.spark.planning import Key, Loss, Metadata, Offsets, PartitionState, Range
+from spate.spark.planning import Chunk, Chunker, Key, Loss, Metadata, Offsets, PartitionState, Range
 
 log = logging.getLogger("spate.spark")
 T = TypeVar("T")
@@ -373,12 +374,15 @@ ID_EPOCH_SHIFT = 32
 """A streaming task's publishing ids are (epoch << 32) + row index + 1: increasing across the
 micro-batches of one (query, Spark partition) producer name, equal for a retry."""
 rows_per_task_max = 2**ID_EPOCH_SHIFT - 2
+Row = tuple[int | None, str | None, bytes]
+"""A row to write: (explicit partition, key, the encoded message)."""
 
 
 class PartitionWriter:
     """One writing task: rows go to their partition (explicit, by key hash as the broker
-    routes keys, else spread), each partition through a producer named `name` whose
-    publishing ids are `id_base` + row index + 1."""
+    routes keys, else spread), each partition through a producer named `name`; row i has the
+    publishing id `id_base` + i + 1, and rows travel in sub-entries cut by `planning.Chunker`
+    (one transfer, one id — its last row's — per chunk)."""
 
     def __init__(
         self,
@@ -391,6 +395,7 @@ class PartitionWriter:
         spread_from: int,
         window: int,
         fail_marker: str | None = None,
+        rows_per_chunk: int = limits.rows_per_sub_entry,
     ) -> None:
         assert partitions > 0 and window > 0 and id_base >= 0
         self.connection, self.stream, self.partitions = connection, stream, partitions
@@ -402,18 +407,15 @@ class PartitionWriter:
         self.errors: list[BaseException] = []
         self.row = 0
         self.written = Written()
+        self.chunker = Chunker(rows_per_chunk, limits.sub_entry_bytes)
 
-    def _partition(self, explicit: int | None, key: str | None) -> int:
-        if explicit is not None:
-            if not 0 <= explicit < self.partitions:
-                raise ValueError(
-                    f"column partition: {explicit} is not a partition of stream "
-                    f"{self.stream!r} (0..{self.partitions - 1})"
-                )
-            return explicit
-        if key is not None:
-            return hash_partition(key, self.partitions)
-        return (self.spread_from + self.row) % self.partitions
+    def _explicit(self, explicit: int) -> int:
+        if not 0 <= explicit < self.partitions:
+            raise ValueError(
+                f"column partition: {explicit} is not a partition of stream "
+                f"{self.stream!r} (0..{self.partitions - 1})"
+            )
+        return explicit
 
     async def _producer(self, partition: int) -> AsyncProducer:
         producer = self.producers.get(partition)
@@ -422,7 +424,7 @@ class PartitionWriter:
                 list(self.connection.urls),
                 self.stream,
                 partition=partition,
-                window=self.window,
+                window=max(2, self.window // self.chunker.rows_per_chunk),
                 timeout_s=self.connection.timeout_s,
                 reconnect_timeout_s=limits.reconnect_timeout_s,
                 user=self.connection.user,
@@ -439,29 +441,51 @@ class PartitionWriter:
         if error is not None:
             self.errors.append(error)
 
-    async def _send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
-        for explicit, message in rows:
-            if self.row >= rows_per_task_max:
-                raise ValueError(f"a writing task holds more than {rows_per_task_max} rows")
-            partition = self._partition(explicit, message.group_key)
-            publishing_id = self.id_base + self.row + 1
-            self.row += 1
-            producer = await self._producer(partition)
+    async def _ship(self, chunk: Chunk) -> None:
+        producer = self.producers[chunk.partition]
+        body = SubEntryBatch(chunk.messages)
+        if producer.has_room():
+            producer.send_nowait(body, self._failed, publishing_id=chunk.publishing_id)
+        else:  # waits for room in the window
+            future = await producer.send(body, chunk.publishing_id)
+            future.add_done_callback(
+                lambda f: self._failed(None if f.cancelled() else f.exception())
+            )
+
+    async def _send(self, rows: list[Row]) -> None:
+        """Rows are (explicit partition, key, the encoded message: `encode_plain` or
+        `MessageParts.envelope()`)."""
+        if self.row + len(rows) > rows_per_task_max:
+            raise ValueError(f"a writing task holds more than {rows_per_task_max} rows")
+        add, row, partitions = self.chunker.add, self.row, self.partitions
+        id_base, spread = self.id_base + 1, self.spread_from
+        for explicit, key, message in rows:
+            if explicit is not None:
+                partition = self._explicit(explicit)
+            elif key is not None:
+                partition = hash_partition(key, partitions)
+            else:
+                partition = (spread + row) % partitions
+            publishing_id = id_base + row
+            row += 1
+            if partition not in self.producers:
+                await self._producer(partition)
             if publishing_id <= self.last_ids[partition]:
                 self.written.skipped += 1
                 continue
-            if producer.has_room():
-                producer.send_nowait(message, self._failed, publishing_id=publishing_id)
-            else:  # waits for room in the window
-                future = await producer.send(message, publishing_id)
-                future.add_done_callback(
-                    lambda f: self._failed(None if f.cancelled() else f.exception())
-                )
+            chunk = add(partition, row - 1, publishing_id, message)
             self.written.rows += 1
+            if chunk is not None:
+                await self._ship(chunk)
+        self.row = row
         if self.errors:
             raise self.errors[0]
 
-    def send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
+    async def _drain(self) -> None:
+        for chunk in self.chunker.drain():
+            await self._ship(chunk)
+
+    def send(self, rows: list[Row]) -> None:
         mode = _test_mode(self.fail_marker)
         if mode is None:
             self.loop.run_until_complete(self._send(rows))
@@ -481,6 +505,7 @@ class PartitionWriter:
 
     def flush(self) -> None:
         async def all_confirmed() -> None:
+            await self._drain()
             await asyncio.gather(*(p.flush() for p in self.producers.values()))
 
         self.loop.run_until_complete(all_confirmed())
