@@ -12,6 +12,7 @@ it opened: nothing here survives pickling, and nothing is opened before it is ne
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
 from spate.client.core import SubEntryBatch
 from spate.client.errors import AttachRefused
-from spate.client.messages import read_parts
+from spate.client.messages import read_bodies, read_columns
 from spate.core.ids import offset_from_symbol
 from spate.core.superstreams import hash_partition
 from spate.spark import limits
@@ -236,19 +237,29 @@ class RangeReader:
         """`make(columns)` turns the column lists into one record batch."""
         r = self.range
         loop = asyncio.new_event_loop()
-        buffer: list[tuple[int, int, bytes]] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        raws: list[bytes] = []
         wake = asyncio.Event()
         state = {"next": r.start, "done": r.count == 0}
 
-        def handler(offset: int, stamp: int, raw: Any) -> None:
-            if state["done"] or offset < state["next"]:
+        def handler(got: list[int], got_stamps: list[int], got_raws: list[bytes]) -> None:
+            """A burst: offsets increase; keep those in [next, end)."""
+            if state["done"]:
                 return
-            buffer.append((offset, stamp, raw))
-            state["next"] = offset + 1
-            if offset + 1 >= r.end:
+            first = bisect.bisect_left(got, state["next"])
+            last = bisect.bisect_left(got, r.end, first)
+            if first == last:
+                return
+            whole = first == 0 and last == len(got)
+            offsets.extend(got if whole else got[first:last])
+            stamps.extend(got_stamps if whole else got_stamps[first:last])
+            raws.extend(got_raws if whole else got_raws[first:last])
+            state["next"] = got[last - 1] + 1
+            if state["next"] >= r.end:
                 state["done"] = True
                 wake.set()
-            elif len(buffer) >= limits.rows_per_batch:
+            elif len(offsets) >= limits.rows_per_batch:
                 wake.set()
 
         consumer: AsyncConsumer | None = None
@@ -260,7 +271,7 @@ class RangeReader:
                     partition=r.partition,
                     start=r.start,
                     credit=self.credit,
-                    handler=handler,
+                    batch_handler=handler,
                     timeout_s=self.connection.timeout_s,
                     reconnect_timeout_s=limits.reconnect_timeout_s,
                     user=self.connection.user,
@@ -270,7 +281,7 @@ class RangeReader:
             )
             expected = r.start
             while True:
-                if not state["done"] and len(buffer) < limits.rows_per_batch:
+                if not state["done"] and len(offsets) < limits.rows_per_batch:
                     wake.clear()
                     waiter = loop.create_task(wake.wait())
                     done = loop.create_task(consumer.wait())
@@ -288,24 +299,27 @@ class RangeReader:
                             f"stream {r.stream!r} partition {r.partition}: reading offsets "
                             f"[{state['next']}, {r.end}) failed: {done.exception() or 'closed'}"
                         )
-                    if not finished and not buffer:
+                    if not finished and not offsets:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: no message at offset "
                             f"{state['next']} within {self.connection.timeout_s:g} s (planned "
                             f"range [{r.start}, {r.end}))"
                         )
-                if not buffer:
+                if not offsets:
                     if state["done"]:
                         break
                     continue
-                chunk, buffer[:] = list(buffer), []
-                first = chunk[0][0]
+                taken = (offsets[:], stamps[:], raws[:])
+                offsets.clear()
+                stamps.clear()
+                raws.clear()
+                first = taken[0][0]
                 if first > expected:
                     self._lost(Loss(r.stream, r.partition, expected, first))
-                expected = chunk[-1][0] + 1
+                expected = taken[0][-1] + 1
                 if _fail_once(self.fail_marker):
                     raise ReadFailed(f"injected read failure (test) at offset {first}")
-                yield make(self._columns(chunk))
+                yield make(self._columns(*taken))
         finally:
             if consumer is not None:
                 loop.run_until_complete(consumer.close())
@@ -319,40 +333,38 @@ class RangeReader:
         log.warning("skipping lost offsets (failOnDataLoss=false): %s", loss.describe())
         self.skipped.append(loss)
 
-    def _columns(self, chunk: list[tuple[int, int, bytes]]) -> dict[str, list[Any]]:
+    def _columns(
+        self, offsets: list[int], stamps: list[int], raws: list[bytes]
+    ) -> dict[str, list[Any]]:
         names = self.columns.names
-        out: dict[str, list[Any]] = {name: [] for name in names}
+        out: dict[str, list[Any]] = {}
         r = self.range
-        if "offset" in out:
-            out["offset"] = [offset for offset, _, _ in chunk]
-        if "timestamp" in out:
-            out["timestamp"] = [stamp * 1000 for _, stamp, _ in chunk]  # Arrow µs
-        if "stream" in out:
-            out["stream"] = [r.stream] * len(chunk)
-        if "partition" in out:
-            out["partition"] = [r.partition] * len(chunk)
-        if not self.columns.decode:
+        if "offset" in names:
+            out["offset"] = offsets
+        if "timestamp" in names:
+            out["timestamp"] = [stamp * 1000 for stamp in stamps]  # Arrow µs
+        if "stream" in names:
+            out["stream"] = [r.stream] * len(offsets)
+        if "partition" in names:
+            out["partition"] = [r.partition] * len(offsets)
+        want_key = "key" in names
+        want_props = "properties" in names
+        want_app = "application_properties" in names
+        if not (want_key or want_props or want_app):
+            if "value" in names:
+                out["value"] = read_bodies(raws)
             return out
-        want_key = "key" in out
-        want_value = "value" in out
-        want_props = "properties" in out
-        want_app = "application_properties" in out
-        for _, _, raw in chunk:
-            parts = read_parts(
-                raw,
-                body=want_value,
-                annotations=want_key,
-                properties=want_props,
-                application_properties=want_app,
-            )
-            if want_key:
-                out["key"].append(parts.group_key)
-            if want_value:
-                out["value"].append(parts.body)
-            if want_props:
-                out["properties"].append(parts.properties)
-            if want_app:
-                out["application_properties"].append(parts.application_properties)
+        values, keys, props, apps = read_columns(
+            raws, properties=want_props, application_properties=want_app
+        )
+        for name, column in (
+            ("key", keys),
+            ("value", values),
+            ("properties", props),
+            ("application_properties", apps),
+        ):
+            if name in names:
+                out[name] = column
         return out
 
 

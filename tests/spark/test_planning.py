@@ -9,9 +9,17 @@ from typing import Any
 
 import pytest
 from proton import Message, symbol
-from spate.client.messages import MessageParts, encode_plain, read_parts
+from spate.client.messages import (
+    MessageDamaged,
+    MessageParts,
+    encode_plain,
+    read_bodies,
+    read_columns,
+    read_parts,
+)
 from spate.core.superstreams import GROUP_KEY_ANNOTATION
 from spate.gateway import codec as amqp
+from spate.gateway import sections
 from spate.spark import planning
 from spate.spark.options import OptionError, read_options, write_options
 from spate.spark.planning import Loss, PartitionState, Range
@@ -267,3 +275,35 @@ def test_chunks_follow_the_row_grid_and_a_retry_stores_nothing_twice() -> None:
     out = [sized.add(0, i, i + 1, b"x" * n) for i, n in enumerate((6, 6, 30, 2))]
     assert [None if c is None else len(c.messages) for c in out] == [None, None, 2, 1]
     assert [len(c.messages) for c in sized.drain()] == [1]
+
+
+def test_read_bodies_slices_what_read_parts_decodes() -> None:
+    """The reader's bulk body path gives read_parts' answer for every layout: delivered (with
+    Spate's delivery annotations) or not, short and long data, keys, other sections."""
+    messages = [
+        encode_plain(b"x" * n, k) for n in (0, 1, 100, 255, 256, 70_000) for k in (None, "k")
+    ]
+    messages += [
+        MessageParts(b"p", "k", {"subject": "s"}, {"a": "b"}).envelope(),
+        Message(body="text", inferred=False).encode(),
+        b"\x00\x53\x75\xa0",  # cut short
+    ]
+    delivered = [
+        sections.encode_delivery_annotations("00000000000000000007", 5) + m for m in messages
+    ]
+    messages.insert(-1, MessageParts(b"v", "k" * 300).envelope())  # a str32 key
+    for raws in (messages[:-1], delivered[:-1]):
+        assert read_bodies(raws) == [read_parts(r).body for r in raws]
+        for wanted in (False, True):
+            slow = [
+                read_parts(r, annotations=True, properties=wanted, application_properties=wanted)
+                for r in raws
+            ]
+            assert read_columns(raws, properties=wanted, application_properties=wanted) == (
+                [p.body for p in slow],
+                [p.group_key for p in slow],
+                [p.properties for p in slow],
+                [p.application_properties for p in slow],
+            )
+    with pytest.raises(MessageDamaged):
+        read_bodies([delivered[-1]])
