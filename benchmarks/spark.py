@@ -7,6 +7,7 @@ and CPU-seconds per million rows, against the same pipelines on Spark's file sou
 
 What runs (each pipeline once to warm up, then --runs times; the best run is reported):
   read  spate   readStream.format("spate") (availableNow, earliest) -> noop sink
+  read  spate   the same with schema "value BINARY" (only the body decoded)
   read  file    readStream.format("parquet") over the same rows      -> noop sink
   write spate   readStream parquet -> writeStream.format("spate")    (exactly-once writer)
   write file    readStream parquet -> writeStream.format("parquet")
@@ -190,9 +191,10 @@ def run_all(args: argparse.Namespace, work: Path, endpoints: str, broker_pids: l
         query.awaitTermination()
         return sum(p["numInputRows"] for p in query.recentProgress)
 
-    def spate_source() -> Any:
+    def spate_source(schema: str | None = None) -> Any:
+        reader = spark.readStream if schema is None else spark.readStream.schema(schema)
         return (
-            spark.readStream.format("spate")
+            reader.format("spate")
             .option("endpoints", endpoints)
             .option("stream", "bench-in")
             .option("startingOffsets", "earliest")
@@ -204,6 +206,13 @@ def run_all(args: argparse.Namespace, work: Path, endpoints: str, broker_pids: l
 
     timed(
         "read spate -> noop", lambda: stream(spate_source(), "noop"), rows, args.runs, broker_pids
+    )
+    timed(
+        "read spate (value only) -> noop",
+        lambda: stream(spate_source(schema="value BINARY"), "noop"),
+        rows,
+        args.runs,
+        broker_pids,
     )
     timed("read file -> noop", lambda: stream(file_source(), "noop"), rows, args.runs, [])
     timed(

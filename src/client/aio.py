@@ -90,6 +90,9 @@ Body = bytes | bytearray | eng.Message | SubEntryBatch | MessageParts
 batch or `MessageParts` (encoded without proton)."""
 Settle = Callable[[BaseException | None], None]
 Token = asyncio.Future[None] | Settle
+BatchHandler = Callable[[list[int], list[int], list[bytes]], None]
+"""`batch_handler(offsets, timestamps_ms, messages)`: the messages of one burst (what one read
+from the socket completed), as columns; messages as for `Handler`."""
 Handler = Callable[[int, int, Any], None]
 """`handler(offset, timestamp_ms, message)`: the message is the delivered bytes (the AMQP
 encoding, delivery annotations included), or a decoded `proton.Message` with `decode=True`."""
@@ -507,6 +510,7 @@ class AsyncConsumer:
         partition: int | None = None,
         credit: int = credit_default,
         handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
         decode: bool = False,
         timeout_s: float = 30.0,
         reconnect_timeout_s: float = 0.0,
@@ -531,7 +535,10 @@ class AsyncConsumer:
         those buffered for it (a handler's are taken at once).
         `handler(offset, timestamp_ms, raw_bytes)` (a `proton.Message` with `decode=True`)
         is called for each message on the loop; an exception it raises stops the consumer
-        and comes out of `wait()`. `partition` binds the link (`event-streams-partition`).
+        and comes out of `wait()`. `batch_handler(offsets, timestamps_ms, messages)` (unnamed
+        consumers, raw bytes) is called instead once per burst, with columns: one call, not
+        one per message, for bulk readers (the Spark connector). `partition` binds the link
+        (`event-streams-partition`).
 
         `name` makes it a named consumer (`spate:consumer-name`, ADR 0012): the broker stores
         the offset of what it has finished with, and a consumer attaching with that name and
@@ -575,12 +582,24 @@ class AsyncConsumer:
             )
         if sub_entries and (name is not None or group is not None):
             raise ValueError("sub_entries is for unnamed consumers (offsets tracked per message)")
+        if batch_handler is not None and (
+            handler is not None
+            or decode
+            or sink is not None
+            or name is not None
+            or group is not None
+        ):
+            raise ValueError(
+                "batch_handler is for unnamed consumers of raw messages: no handler, decode, "
+                "sink, name or group"
+            )
         if start is None:
             start = "next" if name is None and group is None else "stored"
         self = cls(url, stream, start, partition, credit, timeout_s, reconnect_timeout_s)
         self._user, self._password = user, password
         self._tls = tls_context(self._connector, tls)
         self._handler, self._decode, self._sink = handler, decode, sink
+        self._batch_handler = batch_handler
         self._filters = filters
         if sub_entries:
             self._properties[P_SUB_ENTRIES] = True
@@ -630,6 +649,10 @@ class AsyncConsumer:
         self._password: str | None = None
         self._tls: ssl.SSLContext | None = None
         self._handler: Handler | None = None
+        self._batch_handler: BatchHandler | None = None
+        self._batch: tuple[list[int], list[int], list[bytes]] | None = None
+        self._runs = sections.DeliveryRuns()
+        """While `_on_batch` runs: the columns `_hand_out` appends to."""
         self._decode = False
         self._sub_entries = False
         self._sink: Callable[[Event | BaseException], None] | None = None
@@ -706,6 +729,8 @@ class AsyncConsumer:
             self._to_commit = 0
             self._accepted = self._confirmed = 0
         self._link.on_message = self._on_message
+        if self._batch_handler is not None:
+            self._link.on_messages = self._on_batch
         self._link.on_drained = self._grant
         self._link.on_lost = self._on_lost
         self._link.on_committed = self._on_committed
@@ -740,6 +765,46 @@ class AsyncConsumer:
             return None  # a repeat after resuming: already handed out
         return self._hand_out(offset, stamp, source, raw)
 
+    def _on_batch(self, raws: list[bytes]) -> None:
+        """A burst for the batch handler: runs of deliveries in the link's usual layout read
+        in bulk (`sections.DeliveryRuns`, `ConsumerCore.on_messages`), any other delivery
+        through `_on_message`; then one handler call."""
+        if self._closed:
+            return
+        assert self._batch_handler is not None
+        offsets: list[int] = []
+        stamps: list[int] = []
+        messages: list[bytes] = []
+        self._batch = (offsets, stamps, messages)
+        runs, core, i, n = self._runs, self._core, 0, len(raws)
+        try:
+            while i < n:
+                run_offsets: list[int] = []
+                run_stamps: list[int] = []
+                j = i if self._sub_entries else runs.read_run(raws, i, run_offsets, run_stamps)
+                if j > i:
+                    keep = core.on_messages(run_offsets, runs.source)
+                    offsets.extend(run_offsets[keep:] if keep else run_offsets)
+                    stamps.extend(run_stamps[keep:] if keep else run_stamps)
+                    messages.extend(raws[i + keep : j])
+                if j < n:  # another layout: learn it, and take this one the usual way
+                    runs.learn(raws[j])
+                    self._on_message(raws[j])
+                    if self._closed:
+                        return
+                    j += 1
+                i = j
+        finally:
+            self._batch = None
+        if not offsets:
+            return
+        try:
+            self._batch_handler(offsets, stamps, messages)
+        except Exception as error:  # the application's: stop and report it from wait()
+            self._finish(error)
+            return
+        self._core.on_taken(len(offsets))
+
     def _on_sub_entry(self, raw: bytes, first: int, stamp: int, source: str | None) -> int | None:
         """A stored sub-entry delivered as is: its messages, each handed out with its offset
         (those at or below the last handed out skipped, as repeats are)."""
@@ -761,6 +826,11 @@ class AsyncConsumer:
         return handed
 
     def _hand_out(self, offset: int, stamp: int, source: str | None, raw: bytes) -> int | None:
+        if self._batch is not None:  # taken when the batch handler returns
+            self._batch[0].append(offset)
+            self._batch[1].append(stamp)
+            self._batch[2].append(raw)
+            return offset
         if self._handler is not None:
             try:
                 self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)

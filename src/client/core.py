@@ -32,6 +32,7 @@ in tests/client/test_core.py drive them without a socket.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -410,6 +411,20 @@ class ConsumerCore:
         self.buffered += 1
         self.unfinished += 1
         return True
+
+    def on_messages(self, offsets: list[int], partition: str | None) -> int:
+        """`on_message` for a run of deliveries from one partition, offsets increasing: the
+        index of the first to hand to the application (those before it are repeats)."""
+        assert offsets[0] <= offsets[-1], "a partition's deliveries come in offset order"
+        last = self.last_offsets.get(partition)
+        keep = 0 if last is None else bisect.bisect_right(offsets, last)
+        count = len(offsets) - keep
+        if count:
+            self.last_offsets[partition] = self.last_offset = offsets[-1]
+            self.partitions_seen.add(partition)
+            self.buffered += count
+            self.unfinished += count
+        return keep
 
     def on_relinked(self) -> None:
         """A new link replaced a lost one: the old link's unfinished events settle nothing."""

@@ -188,6 +188,9 @@ class Engine(asyncio.Protocol):
         """Control events (proton's wrapper)."""
         self.on_delivery: Callable[[Any], None] = lambda delivery: None
         """Delivery events on the fast path: called with the C delivery (cffi pointer)."""
+        self.on_deliveries: Callable[[], None] | None = None
+        """Set instead (receivers): called once per pump that saw delivery events, after
+        them, so a burst of deliveries is read in one call rather than one per event."""
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -228,15 +231,22 @@ class Engine(asyncio.Protocol):
         self._scheduled = False
         collector = self.collector._impl
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        batched, delivered = self.on_deliveries, False
         while True:
             ev = peek(collector)
             if ev == ffi.NULL:
                 break
             if event_type(ev) == lib.PN_DELIVERY:
-                self.on_delivery(lib.pn_event_delivery(ev))
+                if batched is None:
+                    self.on_delivery(lib.pn_event_delivery(ev))
+                else:
+                    delivered = True
             else:
                 self.on_event(cast(Any, Event).wrap(ev))
+                batched = self.on_deliveries  # an event handler may have changed it
             pop(collector)
+        if delivered and self.on_deliveries is not None:
+            self.on_deliveries()
         if self.sock is None or self.lost.done():
             return
         while True:
@@ -258,6 +268,7 @@ class Engine(asyncio.Protocol):
         """Close the connection politely and drop the socket (callbacks are detached first)."""
         self.on_event = lambda event: None
         self.on_delivery = lambda delivery: None
+        self.on_deliveries = None
         if self.lost.done():
             return
         self.connection.close()
@@ -378,8 +389,11 @@ class ReceiverLink(_AttachedLink):
         """(delivery, offset) handed to the application and not yet accepted."""
         self._committing: collections.deque[Any] = collections.deque()
         """Accepted, not settled: waiting for the broker to settle (store) them."""
+        self.on_messages: Callable[[list[bytes]], None] | None = None
+        """Set instead of `on_message` (links without `hold`): every complete delivery of a
+        pump in one call, in order."""
         self.detached: asyncio.Future[None] = engine.loop.create_future()
-        engine.on_delivery = self._on_delivery
+        engine.on_deliveries = self._on_deliveries
 
     @property
     def credit(self) -> int:
@@ -418,39 +432,48 @@ class ReceiverLink(_AttachedLink):
             self.detached.set_result(None)
         super()._on_event(event)
 
-    def _on_delivery(self, delivery: Any) -> None:
+    def _on_deliveries(self) -> None:
+        """Every complete delivery queued on the link, once per pump."""
         lp = self._lp
-        if lib.pn_delivery_link(delivery) != lp:
-            return
-        if self._committing and lib.pn_delivery_settled(delivery):
+        if self._committing:
             self._broker_settled()
-        hold = self.hold
-        while True:  # every complete delivery queued on the link
-            current = lib.pn_link_current(lp)
-            if (
-                current == ffi.NULL
-                or not lib.pn_delivery_readable(current)
-                or lib.pn_delivery_partial(current)
-            ):
+        hold, batch = self.hold, self.on_messages
+        raws: list[bytes] = []
+        current_of, readable, partial = (
+            lib.pn_link_current,
+            lib.pn_delivery_readable,
+            lib.pn_delivery_partial,
+        )
+        pending, recv, advance = lib.pn_delivery_pending, lib.pn_link_recv, lib.pn_link_advance
+        settled, settle, unpack = lib.pn_delivery_settled, lib.pn_delivery_settle, ffi.unpack
+        while True:
+            current = current_of(lp)
+            if current == ffi.NULL or not readable(current) or partial(current):
                 break
-            size = lib.pn_delivery_pending(current)
+            size = pending(current)
             if size > self._buffer_bytes:
                 self._buffer, self._buffer_bytes = ffi.new("char[]", size), size
-            got = lib.pn_link_recv(lp, self._buffer, size)
-            raw = ffi.unpack(self._buffer, max(got, 0))
-            lib.pn_link_advance(lp)
+            got = recv(lp, self._buffer, size)
+            raw = unpack(self._buffer, max(got, 0))
+            advance(lp)
             if not hold:
-                if not lib.pn_delivery_settled(current):  # sent settled: nothing to answer
+                if not settled(current):  # sent settled: nothing to answer
                     lib.pn_delivery_update(current, lib.PN_ACCEPTED)
-                lib.pn_delivery_settle(current)
-                self.on_message(raw)
+                settle(current)
+                if batch is not None:
+                    raws.append(raw)
+                else:
+                    self.on_message(raw)
                 continue
             offset = self.on_message(raw)
             if offset is None:
                 lib.pn_delivery_update(current, lib.PN_ACCEPTED)
-                lib.pn_delivery_settle(current)
+                settle(current)
             else:
                 self._held.append((current, offset))
+        if raws:
+            assert batch is not None
+            batch(raws)
         self.on_drained()
 
     def _broker_settled(self) -> None:

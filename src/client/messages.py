@@ -184,6 +184,8 @@ class MessageParts:
     application_properties: dict[str, str] | None = None
 
     def envelope(self, publishing_id: int | None = None) -> bytes:
+        if publishing_id is None and not self.properties and not self.application_properties:
+            return encode_plain(self.body, self.group_key)
         out = bytearray()
         annotations: dict[Any, Any] = {}
         if self.group_key is not None:
@@ -210,3 +212,101 @@ class MessageParts:
             out += amqp.encode(amqp.Described(amqp.ULong(0x74), dict(self.application_properties)))
         out += amqp.encode(amqp.Described(amqp.ULong(0x75), self.body))
         return bytes(out)
+
+
+_KEY_HEAD = b"\xa3" + bytes((len(GROUP_KEY_ANNOTATION),)) + GROUP_KEY_ANNOTATION.encode()
+_MA = b"\x00\x53\x72"
+
+
+def encode_plain(body: bytes, group_key: str | None = None) -> bytes:
+    """`MessageParts(body, group_key).envelope()` without the generic encoder (the bulk path:
+    ~1 µs instead of ~30): a data section, after the group key's message annotations when
+    there is a key. Byte for byte what `envelope` builds (tests/client/test_messages.py)."""
+    data = (
+        _DATA + b"\xa0" + bytes((len(body),)) + body
+        if len(body) < 256
+        else _DATA + b"\xb0" + len(body).to_bytes(4, "big") + body
+    )
+    if group_key is None:
+        return data
+    key = group_key.encode()
+    if len(key) < 256:
+        value = b"\xa1" + bytes((len(key),)) + key
+    else:
+        value = b"\xb1" + len(key).to_bytes(4, "big") + key
+    size = 1 + len(_KEY_HEAD) + len(value)  # count byte + the pair
+    if size < 256:
+        head = _MA + b"\xc1" + bytes((size, 2))
+    else:
+        head = _MA + b"\xd1" + (size + 3).to_bytes(4, "big") + (2).to_bytes(4, "big")
+    return head + _KEY_HEAD + value + data
+
+
+_DA_MAP32 = b"\x00\x53\x71\xd1"
+_DATA8 = _DATA + b"\xa0"
+
+
+def _plain_at(raw: bytes) -> int:
+    """Where the message a Spate node delivered starts: after its delivery annotations (a
+    map32 section, skipped by its size) when it begins with them."""
+    return 8 + int.from_bytes(raw[4:8], "big") if raw.startswith(_DA_MAP32) else 0
+
+
+def read_bodies(raws: list[bytes]) -> list[bytes | None]:
+    """`read_parts(raw).body` of each message, the bulk path: the layout a Spate node delivers
+    a plain producer's message in — delivery annotations (a map32) or none, then one short
+    data section — is sliced at once (~0.3 µs); any other layout goes through `read_parts`."""
+    out: list[bytes | None] = []
+    append = out.append
+    for raw in raws:
+        at = _plain_at(raw)
+        size = len(raw) - at - 5
+        if 0 <= size < 256 and raw.startswith(_DATA8, at) and raw[at + 4] == size:
+            append(raw[at + 5 :])
+        else:
+            append(read_parts(raw).body)
+    return out
+
+
+_KEYED = _MA + b"\xc1"
+_KEY_VALUE_AT = 6 + len(_KEY_HEAD)
+
+
+def read_columns(
+    raws: list[bytes], *, properties: bool, application_properties: bool
+) -> tuple[list[bytes | None], list[bytes | None], list[Any], list[Any]]:
+    """(bodies, group keys, properties, application properties) of each message, as
+    `read_parts(raw, annotations=True, ...)` gives them, the bulk path: what `encode_plain`
+    builds (a data section, after the group key's annotations or not) is sliced at once; any
+    other layout goes through `read_parts`. A column not asked for is all None."""
+    bodies: list[bytes | None] = []
+    keys: list[bytes | None] = []
+    props: list[Any] = []
+    apps: list[Any] = []
+    for raw in raws:
+        at = _plain_at(raw)
+        key = None
+        if raw.startswith(_KEYED, at) and raw[at + 5] == 2 and raw.startswith(_KEY_HEAD, at + 6):
+            end = at + 5 + raw[at + 4]
+            value_at = at + _KEY_VALUE_AT
+            if raw[value_at] == 0xA1 and value_at + 2 + raw[value_at + 1] == end:
+                key = raw[value_at + 2 : end]
+                at = end
+        size = len(raw) - at - 5
+        if 0 <= size < 256 and raw.startswith(_DATA8, at) and raw[at + 4] == size:
+            bodies.append(raw[at + 5 :])
+            keys.append(key)
+            props.append(None)
+            apps.append(None)
+            continue
+        parts = read_parts(
+            raw,
+            annotations=True,
+            properties=properties,
+            application_properties=application_properties,
+        )
+        bodies.append(parts.body)
+        keys.append(parts.group_key)
+        props.append(parts.properties)
+        apps.append(parts.application_properties)
+    return bodies, keys, props, apps

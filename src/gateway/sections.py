@@ -356,6 +356,63 @@ def read_spate_annotations(raw: bytes) -> tuple[int, int, str | None] | None:
     return int(digits), timestamp_ms, source
 
 
+_RUN_DIGITS_AT = _DA_FIXED_HEAD
+_RUN_MIDDLE = _K_TIMESTAMP + b"\x83"
+_RUN_MIDDLE_AT = _RUN_DIGITS_AT + OFFSET_SYMBOL_DIGITS
+_RUN_STAMP_AT = _RUN_MIDDLE_AT + len(_RUN_MIDDLE)
+_RUN_SOURCE_AT = _RUN_STAMP_AT + _I64.size
+
+
+class DeliveryRuns:
+    """Offsets and timestamps of a link's deliveries in bulk (a client's batch path). A link's
+    deliveries share one delivery-annotation layout — same map size and count, same source
+    partition — so once `learn` has read one by `read_spate_annotations`, `read_run` checks
+    each next delivery against the learnt bytes with two or three `startswith` and reads the
+    offset digits and the timestamp at their fixed places (~3x less work per message)."""
+
+    def __init__(self) -> None:
+        self.head: bytes | None = None
+        """The first `_DA_FIXED_HEAD` bytes of the learnt layout (section, map32 size, count,
+        offset key and symbol head); None until a delivery without a header was learnt."""
+        self.source: str | None = None
+        self._source_bytes = b""
+
+    def learn(self, raw: bytes) -> tuple[int, int, str | None] | None:
+        """`read_spate_annotations(raw)`, and its layout learnt when it has no header."""
+        fast = read_spate_annotations(raw)
+        if fast is not None and raw.startswith(_DA_DESCRIPTOR):
+            self.head = raw[:_DA_FIXED_HEAD]
+            self.source = fast[2]
+            self._source_bytes = b"" if fast[2] is None else _K_SOURCE + _sym8(fast[2])
+        return fast
+
+    def read_run(
+        self, raws: Sequence[bytes], start: int, offsets: list[int], stamps: list[int]
+    ) -> int:
+        """Append the offset and timestamp of raws[start], raws[start + 1], ... while they are
+        in the learnt layout (their source partition is `source`); the index of the first that
+        is not (len(raws): all were)."""
+        head, source, i, n = self.head, self._source_bytes, start, len(raws)
+        if head is None:
+            return start
+        unpack = _I64.unpack_from
+        while i < n:
+            raw = raws[i]
+            if not (
+                raw.startswith(head)
+                and raw.startswith(_RUN_MIDDLE, _RUN_MIDDLE_AT)
+                and raw.startswith(source, _RUN_SOURCE_AT)
+            ):
+                break
+            digits = raw[_RUN_DIGITS_AT:_RUN_MIDDLE_AT]
+            if not digits.isdigit():
+                break
+            offsets.append(int(digits))
+            stamps.append(unpack(raw, _RUN_STAMP_AT)[0])
+            i += 1
+        return i
+
+
 def splice_run(
     records: Sequence[bytes | memoryview], first_offset: int, prefix: bytes, suffix: bytes
 ) -> list[bytes]:

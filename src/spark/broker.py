@@ -12,6 +12,7 @@ it opened: nothing here survives pickling, and nothing is opened before it is ne
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
 import time
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
+from spate.client.core import SubEntryBatch
 from spate.client.errors import AttachRefused
-from spate.client.messages import MessageParts, read_parts
+from spate.client.messages import read_bodies, read_columns
 from spate.core.ids import offset_from_symbol
 from spate.core.superstreams import hash_partition
 from spate.spark import limits
 from spate.spark.options import Connection, OptionError
-from spate.spark.planning import Key, Loss, Metadata, Offsets, PartitionState, Range
+from spate.spark.planning import Chunk, Chunker, Key, Loss, Metadata, Offsets, PartitionState, Range
 
 log = logging.getLogger("spate.spark")
 T = TypeVar("T")
@@ -235,19 +237,29 @@ class RangeReader:
         """`make(columns)` turns the column lists into one record batch."""
         r = self.range
         loop = asyncio.new_event_loop()
-        buffer: list[tuple[int, int, bytes]] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        raws: list[bytes] = []
         wake = asyncio.Event()
         state = {"next": r.start, "done": r.count == 0}
 
-        def handler(offset: int, stamp: int, raw: Any) -> None:
-            if state["done"] or offset < state["next"]:
+        def handler(got: list[int], got_stamps: list[int], got_raws: list[bytes]) -> None:
+            """A burst: offsets increase; keep those in [next, end)."""
+            if state["done"]:
                 return
-            buffer.append((offset, stamp, raw))
-            state["next"] = offset + 1
-            if offset + 1 >= r.end:
+            first = bisect.bisect_left(got, state["next"])
+            last = bisect.bisect_left(got, r.end, first)
+            if first == last:
+                return
+            whole = first == 0 and last == len(got)
+            offsets.extend(got if whole else got[first:last])
+            stamps.extend(got_stamps if whole else got_stamps[first:last])
+            raws.extend(got_raws if whole else got_raws[first:last])
+            state["next"] = got[last - 1] + 1
+            if state["next"] >= r.end:
                 state["done"] = True
                 wake.set()
-            elif len(buffer) >= limits.rows_per_batch:
+            elif len(offsets) >= limits.rows_per_batch:
                 wake.set()
 
         consumer: AsyncConsumer | None = None
@@ -259,7 +271,7 @@ class RangeReader:
                     partition=r.partition,
                     start=r.start,
                     credit=self.credit,
-                    handler=handler,
+                    batch_handler=handler,
                     timeout_s=self.connection.timeout_s,
                     reconnect_timeout_s=limits.reconnect_timeout_s,
                     user=self.connection.user,
@@ -269,7 +281,7 @@ class RangeReader:
             )
             expected = r.start
             while True:
-                if not state["done"] and len(buffer) < limits.rows_per_batch:
+                if not state["done"] and len(offsets) < limits.rows_per_batch:
                     wake.clear()
                     waiter = loop.create_task(wake.wait())
                     done = loop.create_task(consumer.wait())
@@ -287,24 +299,27 @@ class RangeReader:
                             f"stream {r.stream!r} partition {r.partition}: reading offsets "
                             f"[{state['next']}, {r.end}) failed: {done.exception() or 'closed'}"
                         )
-                    if not finished and not buffer:
+                    if not finished and not offsets:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: no message at offset "
                             f"{state['next']} within {self.connection.timeout_s:g} s (planned "
                             f"range [{r.start}, {r.end}))"
                         )
-                if not buffer:
+                if not offsets:
                     if state["done"]:
                         break
                     continue
-                chunk, buffer[:] = list(buffer), []
-                first = chunk[0][0]
+                taken = (offsets[:], stamps[:], raws[:])
+                offsets.clear()
+                stamps.clear()
+                raws.clear()
+                first = taken[0][0]
                 if first > expected:
                     self._lost(Loss(r.stream, r.partition, expected, first))
-                expected = chunk[-1][0] + 1
+                expected = taken[0][-1] + 1
                 if _fail_once(self.fail_marker):
                     raise ReadFailed(f"injected read failure (test) at offset {first}")
-                yield make(self._columns(chunk))
+                yield make(self._columns(*taken))
         finally:
             if consumer is not None:
                 loop.run_until_complete(consumer.close())
@@ -318,40 +333,38 @@ class RangeReader:
         log.warning("skipping lost offsets (failOnDataLoss=false): %s", loss.describe())
         self.skipped.append(loss)
 
-    def _columns(self, chunk: list[tuple[int, int, bytes]]) -> dict[str, list[Any]]:
+    def _columns(
+        self, offsets: list[int], stamps: list[int], raws: list[bytes]
+    ) -> dict[str, list[Any]]:
         names = self.columns.names
-        out: dict[str, list[Any]] = {name: [] for name in names}
+        out: dict[str, list[Any]] = {}
         r = self.range
-        if "offset" in out:
-            out["offset"] = [offset for offset, _, _ in chunk]
-        if "timestamp" in out:
-            out["timestamp"] = [stamp * 1000 for _, stamp, _ in chunk]  # Arrow µs
-        if "stream" in out:
-            out["stream"] = [r.stream] * len(chunk)
-        if "partition" in out:
-            out["partition"] = [r.partition] * len(chunk)
-        if not self.columns.decode:
+        if "offset" in names:
+            out["offset"] = offsets
+        if "timestamp" in names:
+            out["timestamp"] = [stamp * 1000 for stamp in stamps]  # Arrow µs
+        if "stream" in names:
+            out["stream"] = [r.stream] * len(offsets)
+        if "partition" in names:
+            out["partition"] = [r.partition] * len(offsets)
+        want_key = "key" in names
+        want_props = "properties" in names
+        want_app = "application_properties" in names
+        if not (want_key or want_props or want_app):
+            if "value" in names:
+                out["value"] = read_bodies(raws)
             return out
-        want_key = "key" in out
-        want_value = "value" in out
-        want_props = "properties" in out
-        want_app = "application_properties" in out
-        for _, _, raw in chunk:
-            parts = read_parts(
-                raw,
-                body=want_value,
-                annotations=want_key,
-                properties=want_props,
-                application_properties=want_app,
-            )
-            if want_key:
-                out["key"].append(parts.group_key)
-            if want_value:
-                out["value"].append(parts.body)
-            if want_props:
-                out["properties"].append(parts.properties)
-            if want_app:
-                out["application_properties"].append(parts.application_properties)
+        values, keys, props, apps = read_columns(
+            raws, properties=want_props, application_properties=want_app
+        )
+        for name, column in (
+            ("key", keys),
+            ("value", values),
+            ("properties", props),
+            ("application_properties", apps),
+        ):
+            if name in names:
+                out[name] = column
         return out
 
 
@@ -373,12 +386,15 @@ ID_EPOCH_SHIFT = 32
 """A streaming task's publishing ids are (epoch << 32) + row index + 1: increasing across the
 micro-batches of one (query, Spark partition) producer name, equal for a retry."""
 rows_per_task_max = 2**ID_EPOCH_SHIFT - 2
+Row = tuple[int | None, str | None, bytes]
+"""A row to write: (explicit partition, key, the encoded message)."""
 
 
 class PartitionWriter:
     """One writing task: rows go to their partition (explicit, by key hash as the broker
-    routes keys, else spread), each partition through a producer named `name` whose
-    publishing ids are `id_base` + row index + 1."""
+    routes keys, else spread), each partition through a producer named `name`; row i has the
+    publishing id `id_base` + i + 1, and rows travel in sub-entries cut by `planning.Chunker`
+    (one transfer, one id — its last row's — per chunk)."""
 
     def __init__(
         self,
@@ -391,6 +407,7 @@ class PartitionWriter:
         spread_from: int,
         window: int,
         fail_marker: str | None = None,
+        rows_per_chunk: int = limits.rows_per_sub_entry,
     ) -> None:
         assert partitions > 0 and window > 0 and id_base >= 0
         self.connection, self.stream, self.partitions = connection, stream, partitions
@@ -402,18 +419,15 @@ class PartitionWriter:
         self.errors: list[BaseException] = []
         self.row = 0
         self.written = Written()
+        self.chunker = Chunker(rows_per_chunk, limits.sub_entry_bytes)
 
-    def _partition(self, explicit: int | None, key: str | None) -> int:
-        if explicit is not None:
-            if not 0 <= explicit < self.partitions:
-                raise ValueError(
-                    f"column partition: {explicit} is not a partition of stream "
-                    f"{self.stream!r} (0..{self.partitions - 1})"
-                )
-            return explicit
-        if key is not None:
-            return hash_partition(key, self.partitions)
-        return (self.spread_from + self.row) % self.partitions
+    def _explicit(self, explicit: int) -> int:
+        if not 0 <= explicit < self.partitions:
+            raise ValueError(
+                f"column partition: {explicit} is not a partition of stream "
+                f"{self.stream!r} (0..{self.partitions - 1})"
+            )
+        return explicit
 
     async def _producer(self, partition: int) -> AsyncProducer:
         producer = self.producers.get(partition)
@@ -422,7 +436,7 @@ class PartitionWriter:
                 list(self.connection.urls),
                 self.stream,
                 partition=partition,
-                window=self.window,
+                window=max(2, self.window // self.chunker.rows_per_chunk),
                 timeout_s=self.connection.timeout_s,
                 reconnect_timeout_s=limits.reconnect_timeout_s,
                 user=self.connection.user,
@@ -439,29 +453,51 @@ class PartitionWriter:
         if error is not None:
             self.errors.append(error)
 
-    async def _send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
-        for explicit, message in rows:
-            if self.row >= rows_per_task_max:
-                raise ValueError(f"a writing task holds more than {rows_per_task_max} rows")
-            partition = self._partition(explicit, message.group_key)
-            publishing_id = self.id_base + self.row + 1
-            self.row += 1
-            producer = await self._producer(partition)
+    async def _ship(self, chunk: Chunk) -> None:
+        producer = self.producers[chunk.partition]
+        body = SubEntryBatch(chunk.messages)
+        if producer.has_room():
+            producer.send_nowait(body, self._failed, publishing_id=chunk.publishing_id)
+        else:  # waits for room in the window
+            future = await producer.send(body, chunk.publishing_id)
+            future.add_done_callback(
+                lambda f: self._failed(None if f.cancelled() else f.exception())
+            )
+
+    async def _send(self, rows: list[Row]) -> None:
+        """Rows are (explicit partition, key, the encoded message: `encode_plain` or
+        `MessageParts.envelope()`)."""
+        if self.row + len(rows) > rows_per_task_max:
+            raise ValueError(f"a writing task holds more than {rows_per_task_max} rows")
+        add, row, partitions = self.chunker.add, self.row, self.partitions
+        id_base, spread = self.id_base + 1, self.spread_from
+        for explicit, key, message in rows:
+            if explicit is not None:
+                partition = self._explicit(explicit)
+            elif key is not None:
+                partition = hash_partition(key, partitions)
+            else:
+                partition = (spread + row) % partitions
+            publishing_id = id_base + row
+            row += 1
+            if partition not in self.producers:
+                await self._producer(partition)
             if publishing_id <= self.last_ids[partition]:
                 self.written.skipped += 1
                 continue
-            if producer.has_room():
-                producer.send_nowait(message, self._failed, publishing_id=publishing_id)
-            else:  # waits for room in the window
-                future = await producer.send(message, publishing_id)
-                future.add_done_callback(
-                    lambda f: self._failed(None if f.cancelled() else f.exception())
-                )
+            chunk = add(partition, row - 1, publishing_id, message)
             self.written.rows += 1
+            if chunk is not None:
+                await self._ship(chunk)
+        self.row = row
         if self.errors:
             raise self.errors[0]
 
-    def send(self, rows: list[tuple[int | None, MessageParts]]) -> None:
+    async def _drain(self) -> None:
+        for chunk in self.chunker.drain():
+            await self._ship(chunk)
+
+    def send(self, rows: list[Row]) -> None:
         mode = _test_mode(self.fail_marker)
         if mode is None:
             self.loop.run_until_complete(self._send(rows))
@@ -481,6 +517,7 @@ class PartitionWriter:
 
     def flush(self) -> None:
         async def all_confirmed() -> None:
+            await self._drain()
             await asyncio.gather(*(p.flush() for p in self.producers.values()))
 
         self.loop.run_until_complete(all_confirmed())

@@ -1,5 +1,7 @@
 """The connector's limits and defaults, each named once with its unit."""
 
+from spate.core import limits as core_limits
+
 endpoints_max = 64
 timeout_ms_default = 30_000
 """Each connect/attach and each wait for the next message of a planned range."""
@@ -25,3 +27,14 @@ reconnect_timeout_s = 60.0
 killed: a new one is elected within ~2 s)."""
 test_hang_s = 300.0
 """Tests only: how long a writer told to hang (option _testFailMarker) waits to be stopped."""
+rows_per_sub_entry = 1_000
+"""A writing task's rows travel in sub-entries (ADR 0019 addendum): row i of a task is in grid
+cell i // this, and one cell's rows for one partition are one transfer. 1,000 rows of 100 B
+cost the connector ~1/30 of the CPU of as many transfers (benchmarks/RESULTS.md §18d); the
+window (`window` rows) becomes window // this transfers in flight."""
+sub_entry_bytes = 256 * 1024
+"""A sub-entry is cut early when its messages (each + 4 length bytes) would pass this: far
+below the 1 MiB message limit of the transfer that carries it. A row larger than this travels
+alone."""
+assert 0 < rows_per_sub_entry <= core_limits.sub_entry_messages_max
+assert sub_entry_bytes <= core_limits.message_bytes_max // 2, "room for the envelope"

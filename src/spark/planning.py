@@ -184,3 +184,56 @@ def ranges(
             at += step
         assert at == r.end, (r, parts)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: rows into sub-entries
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive rows of one writing task for one destination partition, sent as one
+    sub-entry (ADR 0017) whose publishing id is its last row's: the broker stores it, or drops
+    it as a repeat, as a whole."""
+
+    partition: int
+    publishing_id: int
+    messages: list[bytes]
+
+
+class Chunker:
+    """Which rows travel together, decided from the rows alone so that a retried task cuts the
+    same chunks (ADR 0019 addendum): row i of a task falls in grid cell i // `rows_per_chunk`,
+    and a chunk holds one cell's rows for one partition, cut early only when its messages
+    would pass `bytes_per_chunk` (each counted with its 4-byte length). Rows at or below a
+    partition's `last_ids` entry (the name's last stored id, read on attach) are left out, so
+    what a first attempt stored is never part of a retry's chunk.
+
+    `add` returns the chunks it closed; `drain` closes the rest (end of the task, or a flush)."""
+
+    def __init__(self, rows_per_chunk: int, bytes_per_chunk: int) -> None:
+        assert rows_per_chunk > 0 and bytes_per_chunk > 0
+        self.rows_per_chunk, self.bytes_per_chunk = rows_per_chunk, bytes_per_chunk
+        self._open: dict[int, tuple[int, int, int, list[bytes]]] = {}
+        """partition -> (grid cell, last publishing id, bytes, messages)."""
+
+    def add(self, partition: int, row: int, publishing_id: int, message: bytes) -> Chunk | None:
+        cell = row // self.rows_per_chunk
+        size = 4 + len(message)
+        out = None
+        open_ = self._open.get(partition)
+        if open_ is not None:
+            open_cell, last_id, total, messages = open_
+            assert publishing_id > last_id, "publishing ids increase"
+            if open_cell == cell and total + size <= self.bytes_per_chunk:
+                messages.append(message)
+                self._open[partition] = (cell, publishing_id, total + size, messages)
+                return None
+            out = Chunk(partition, last_id, messages)
+        self._open[partition] = (cell, publishing_id, size, [message])
+        return out
+
+    def drain(self) -> list[Chunk]:
+        out = [Chunk(p, last_id, messages) for p, (_, last_id, _, messages) in self._open.items()]
+        self._open.clear()
+        return out

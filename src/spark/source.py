@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from spate.client.messages import MessageParts
+from spate.client.messages import MessageParts, encode_plain
 from spate.spark import broker, planning
 from spate.spark.options import (
     EARLIEST,
@@ -366,25 +366,38 @@ def _text(value: Any) -> str | None:
     return bytes(value).decode("utf-8")
 
 
-def _rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[tuple[int | None, MessageParts]]:
+def _rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[broker.Row]:
+    """Each row as (explicit partition, key, its encoded message), without a Python object per
+    section: rows with only a value and a key are encoded by `encode_plain` (~1 µs)."""
     data = {name: batch.column(name).to_pylist() for name in columns}
     values = data["value"]
+    n = len(values)
     keys = data.get("key")
-    partitions = data.get("partition")
+    texts = [None] * n if keys is None else [_text(k) for k in keys]
+    partitions = data.get("partition") or [None] * n
     props = data.get("properties")
     apps = data.get("application_properties")
-    out = []
-    for i, value in enumerate(values):
-        if value is None:
-            raise ValueError("column value is null: every message needs a body")
-        body = value.encode() if isinstance(value, str) else bytes(value)
+    if None in values:
+        raise ValueError("column value is null: every message needs a body")
+    kind = batch.schema.field("value").type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        bodies = [v.encode() for v in values]
+    else:
+        bodies = [bytes(v) for v in values]
+    if props is None and apps is None:
+        return [
+            (partition, key, encode_plain(body, key))
+            for partition, key, body in zip(partitions, texts, bodies, strict=True)
+        ]
+    out: list[broker.Row] = []
+    for i, body in enumerate(bodies):
         message = MessageParts(
             body,
-            None if keys is None else _text(keys[i]),
+            texts[i],
             None if props is None or props[i] is None else dict(props[i]),
             None if apps is None or apps[i] is None else dict(apps[i]),
         )
-        out.append((None if partitions is None else partitions[i], message))
+        out.append((partitions[i], texts[i], message.envelope()))
     return out
 
 

@@ -57,6 +57,52 @@ def test_every_message_is_confirmed_and_read_back_in_order() -> None:
     run(scenario)
 
 
+def test_a_batch_handler_gets_what_a_handler_gets_as_columns() -> None:
+    """Bulk readers: one call per burst with offsets, timestamps and the raw messages, the same
+    as a per-message handler's, from a start inside the log; an exception stops the consumer."""
+
+    async def scenario(broker: MemoryBroker, url: str) -> None:
+        producer = await AsyncProducer.connect(url, "orders")
+        for i in range(2000):
+            producer.send_nowait(b"m%d" % i)
+        await producer.flush()
+        one: list[tuple[int, int, bytes]] = []
+        many: list[tuple[int, int, bytes]] = []
+        calls = []
+        done = asyncio.Event()
+
+        def handler(offset: int, stamp: int, raw: Any) -> None:
+            one.append((offset, stamp, raw))
+
+        def batch(offsets: list[int], stamps: list[int], raws: list[bytes]) -> None:
+            calls.append(len(offsets))
+            many.extend(zip(offsets, stamps, raws, strict=True))
+            if len(many) >= 1990:
+                done.set()
+
+        a = await AsyncConsumer.connect(url, "orders", start=10, handler=handler, credit=500)
+        b = await AsyncConsumer.connect(url, "orders", start=10, batch_handler=batch, credit=500)
+        await asyncio.wait_for(done.wait(), 20)
+        while len(one) < 1990:
+            await asyncio.sleep(0.01)
+        assert many == one and [o for o, _, _ in many] == list(range(10, 2000))
+        assert len(calls) < len(many) / 10, "one call per burst, not per message"
+        await a.close()
+        await b.close()
+
+        def fail(offsets: list[int], stamps: list[int], raws: list[bytes]) -> None:
+            raise RuntimeError("application bug")
+
+        c = await AsyncConsumer.connect(url, "orders", start="first", batch_handler=fail)
+        with pytest.raises(RuntimeError, match="application bug"):
+            await asyncio.wait_for(c.wait(), 20)
+        with pytest.raises(ValueError, match="batch_handler is for unnamed"):
+            await AsyncConsumer.connect(url, "orders", batch_handler=fail, name="n")
+        await producer.close()
+
+    run(scenario)
+
+
 def test_callbacks_report_each_outcome_once() -> None:
     async def scenario(broker: MemoryBroker, url: str) -> None:
         producer = await AsyncProducer.connect(url, "orders")

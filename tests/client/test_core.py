@@ -350,3 +350,17 @@ def test_amqps_urls_dial_over_tls_and_a_redirect_keeps_it() -> None:
     )
     assert step == Dial("n3", 3, 1, tls=True)
     assert not Connector(["amqp://a:1"], reconnect_timeout_ms=0).tls
+
+
+def test_on_messages_is_on_message_for_a_run() -> None:
+    """A run of a partition's deliveries: repeats (at or below the last handed out) are left
+    out, the rest counted as one by one."""
+    one, many = ConsumerCore("first", credit_window=100), ConsumerCore("first", credit_window=100)
+    for offsets in ([3, 4, 5], [4, 5, 6, 7], [7], [9, 12]):
+        kept = [o for o in offsets if one.on_message(o, None)]
+        assert offsets[many.on_messages(offsets, None) :] == kept
+        assert (many.last_offset, many.buffered, many.unfinished) == (
+            one.last_offset,
+            one.buffered,
+            one.unfinished,
+        )
