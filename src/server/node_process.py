@@ -238,7 +238,7 @@ class NodeProcess:
             pid=os.getpid(),
             amqp=f"{host}:{settings.advertise_amqp_port or amqp_port}",
             admin=f"{host}:{admin_port}",
-            metadata=f"{host}:{settings.metadata_port}" if settings.metadata_voter else "",
+            metadata=f"{host}:{settings.metadata_port}",
             replication=f"{host}:{replication_port}",
             metrics=f"http://{host}:{metrics_port}{metrics.METRICS_PATH}",
             started_at_ms=int(time.time() * 1000),

@@ -1,7 +1,8 @@
 """Cluster operations on real processes (issue 14, ADR 0022): grow a three-node dev cluster
 to four, move a partition's replica onto the new node and drain an old one while a producer
 publishes with confirms and a consumer reads, stop the drained node; rebalance leaders on a
-skewed cluster (every leadership on one node).
+skewed cluster (every leadership on one node). On the same cluster (ADR 0025): add the fourth
+node to the metadata voters, remove the metadata leader from them, kill another voter, restart.
 
 BRIEF §4: zero confirmed messages lost, no reordering; publishing pauses only while a
 leadership moves (the longest pause is printed, and bounded loosely: timing is not the test).
@@ -128,6 +129,55 @@ def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
         assert set(final["replicas"]) <= {"n1", "n2", "n3", "n4"} - {drained}
         url = cluster.urls()[cluster.index_of(staying)]
         check_log(consume_all(url, "orders", set(acked)), acked)
+        _change_metadata_voters(cluster, drained)
+
+
+def _voting(cluster: Cluster, admin: str | None = None) -> tuple[set[str], dict[str, Any]]:
+    """The metadata voters as node ids, and the answering node's metadata status."""
+    status = cluster.cli_json("cluster", "status", *(("--admin", admin) if admin else ()))
+    voters = {n["node_id"] for n in status["nodes"] if n["metadata_voter"]}
+    return voters, status["metadata"]
+
+
+def _change_metadata_voters(cluster: Cluster, stopped: str) -> None:
+    """ADR 0025 on the same cluster: promote the non-voting n4, demote the metadata leader,
+    kill another voter: the metadata service keeps its quorum and admin writes work; after
+    restarts every node has the membership it had."""
+    refused = cluster.cli("cluster", "add-voter", "n4", check=False)  # `stopped` is down
+    assert refused.returncode == 1 and "metadata voters are alive" in refused.stderr, refused
+    cluster.up(4)
+    assert _voting(cluster)[0] == {"n1", "n2", "n3"}
+    added = cluster.cli_json("cluster", "add-voter", "n4")
+    assert added["state"] == "succeeded" and added["kind"] == "add-voter", added
+    voters, metadata = _voting(cluster)
+    assert voters == {"n1", "n2", "n3", "n4"} and len(metadata["voters"]) == 4, metadata
+    again = cluster.cli("cluster", "add-voter", "n4", check=False)
+    assert again.returncode == 1 and "already" in again.stderr, again.stderr
+    by_address = {n["metadata"]: n["node_id"] for n in cluster.state["nodes"]}
+    demoted = by_address[metadata["leader"]]  # the hardest case: the leader leaves
+    removed = cluster.cli_json("cluster", "remove-voter", demoted)
+    assert removed["state"] == "succeeded", removed
+    assert any("handing leadership over" in step for step in removed["log"]), removed["log"]
+    voters, metadata = _voting(cluster)
+    assert voters == {"n1", "n2", "n3", "n4"} - {demoted}, (voters, metadata)
+    too_few = cluster.cli("cluster", "remove-voter", "n4", check=False)
+    assert too_few.returncode == 1 and "at least 3" in too_few.stderr, too_few.stderr
+    unknown = cluster.cli("cluster", "remove-voter", "n9", check=False)
+    assert unknown.returncode == 3 and "n9" in unknown.stderr, unknown.stderr
+    # Kill a voter other than the one answering admin calls; two of three still commit.
+    admin_node = next(n["node_id"] for n in cluster.state["nodes"] if n["admin"] == cluster.admin)
+    killed = sorted(voters - {admin_node, "n4"})[0]
+    cluster.kill9(cluster.index_of(killed))
+    cluster.stop_node(cluster.index_of(demoted))  # and restart the demoted one too
+    cluster.refresh()
+    cluster.cli("stream", "create", "after-voter-changes", "--replicas", "2")
+    cluster.up(4)
+    for node in ("n1", "n2", "n3", "n4"):
+        admin = cluster.state["nodes"][cluster.index_of(node)]["admin"]
+        seen, metadata = _voting(cluster, admin)
+        assert seen == voters, (node, seen)
+        assert metadata["has_quorum"] and metadata["ready"], (node, metadata)
+    assert cluster.cli_json("stream", "describe", "after-voter-changes")
 
 
 def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) -> None:

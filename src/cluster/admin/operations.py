@@ -73,6 +73,10 @@ transfer_retry_s = 2.0
 balancer_interval_s_default = 30.0
 balancer_interval_s_min = 0.5
 balancer_operations_kept_max = 64
+voters_min = 3
+"""A metadata voter is not removed below this many voters (one failure must be survivable)."""
+role_switch_timeout_s = 45.0
+"""A node's switch between metadata voter and non-voting replica (stop, start, catch up)."""
 
 
 @dataclass
@@ -137,10 +141,21 @@ class Peers:
     async def call(self, node: str, method: str, request: object) -> pb.ReplicaState:
         """One call of an Admin method returning a ReplicaState at `node`; its failure as the
         BrokerError the other node raised (Unavailable when it could not be reached)."""
+        return cast(pb.ReplicaState, await self.call_any(node, method, request))
+
+    async def metadata_call(
+        self, node: str, method: str, request: object, timeout_s: float = call_timeout_s
+    ) -> pb.MetadataStatus:
+        """As `call`, for the methods answering the node's MetadataStatus."""
+        return cast(pb.MetadataStatus, await self.call_any(node, method, request, timeout_s))
+
+    async def call_any(
+        self, node: str, method: str, request: object, timeout_s: float = call_timeout_s
+    ) -> object:
         try:
             call = getattr(self.stub(node), method)
-            pending = cast(Awaitable[pb.ReplicaState], call(request, metadata=self._call_metadata))
-            return await asyncio.wait_for(pending, call_timeout_s)
+            pending = cast(Awaitable[object], call(request, metadata=self._call_metadata))
+            return await asyncio.wait_for(pending, timeout_s)
         except grpc.aio.AioRpcError as error:
             trailing: Any = error.trailing_metadata() or ()
             code = dict(trailing).get(ERROR_CODE_KEY)
@@ -153,7 +168,7 @@ class Peers:
                 raise kind(details) from error
             raise Unavailable(f"node {node} did not answer: {details}") from error
         except TimeoutError as error:
-            raise Unavailable(f"node {node} did not answer within {call_timeout_s} s") from error
+            raise Unavailable(f"node {node} did not answer within {timeout_s} s") from error
 
     async def close(self) -> None:
         for _, channel in self._channels.values():
@@ -348,6 +363,146 @@ class Operations:
                 f"node {node} is alive: drain it (`spate node drain {node}`) and stop it first"
             )
         return self._start("remove", f"node {node}", lambda op: self._evacuate(op, NodeId(node)))
+
+    # -- metadata voters (ADR 0025)
+
+    def _voter_change_running(self) -> None:
+        for other in self._operations.values():
+            if other.kind in ("add-voter", "remove-voter") and other.state == "running":
+                raise FailedPrecondition(
+                    f"a metadata voter change is already in progress ({other.id}: "
+                    f"{other.kind} {other.target}); wait for it (`spate operation wait {other.id}`)"
+                )
+
+    def _voter_liveness(self) -> tuple[tuple[str, ...], set[str]]:
+        """(voter addresses, addresses of the voters this node's metadata replica is connected
+        to, itself included: a stopped voter drops out at once, unlike a heartbeat)."""
+        status = self.metadata.status()
+        reached = {*status.connected_peers, status.self_address}
+        return status.voters, {a for a in status.voters if a in reached}
+
+    def add_voter(self, node: str) -> Operation:
+        target = self._live_node(node, "node")
+        address = self.metadata.node(target).metadata
+        if not address:
+            raise FailedPrecondition(
+                f"node {node} registered no metadata address (an older version): restart it"
+            )
+        voters, alive = self._voter_liveness()
+        if address in voters:
+            raise FailedPrecondition(f"node {node} is a metadata voter already")
+        majority = (len(voters) + 1) // 2 + 1
+        if len(alive) < majority:
+            raise FailedPrecondition(
+                f"only {len(alive)} of {len(voters)} metadata voters are alive: with {node} "
+                f"there would be {len(voters) + 1}, needing {majority} until {node} catches up"
+            )
+        self._voter_change_running()
+        return self._start(
+            "add-voter", f"node {node}", lambda op: self._add_voter(op, target, address)
+        )
+
+    def remove_voter(self, node: str) -> Operation:
+        if not node:
+            raise InvalidArgument("node: required")
+        address = self.metadata.node(NodeId(node)).metadata  # NotFound
+        voters, alive = self._voter_liveness()
+        if not address or address not in voters:
+            raise FailedPrecondition(f"node {node} is not a metadata voter")
+        remaining = [a for a in voters if a != address]
+        if len(remaining) < voters_min:
+            raise FailedPrecondition(
+                f"removing {node} would leave {len(remaining)} metadata voters; keep at least "
+                f"{voters_min} (add one first: `spate cluster add-voter NODE`)"
+            )
+        majority = len(remaining) // 2 + 1
+        live = [a for a in remaining if a in alive]
+        if len(live) < majority:
+            raise FailedPrecondition(
+                f"removing {node} would leave {len(live)} live metadata voters of "
+                f"{len(remaining)}, fewer than the {majority} a quorum needs"
+            )
+        self._voter_change_running()
+        return self._start(
+            "remove-voter",
+            f"node {node}",
+            lambda op: self._remove_voter(op, NodeId(node), address),
+        )
+
+    async def _metadata_leader(self) -> tuple[str, pb.MetadataStatus]:
+        """The metadata leader's node id and its own status (Unavailable while electing)."""
+        leader = self.metadata.status().leader
+        by_address = {r.metadata: r.node for r in self.metadata.nodes() if r.metadata}
+        if leader is None or leader not in by_address:
+            raise Unavailable("the metadata service has no known leader right now")
+        node = by_address[leader]
+        status = cast(
+            pb.ClusterStatusResponse,
+            await self.peers.call_any(node, "ClusterStatus", pb.ClusterStatusRequest()),
+        ).metadata
+        if not status.is_leader:
+            raise Unavailable(f"{node} does not lead the metadata service any more")
+        return node, status
+
+    async def _change_voters(self, op: Operation, action: str, address: str) -> list[str]:
+        """Have the metadata leader add or remove the voter at `address`, committed; returns
+        the voter set afterwards. The leader hands over first when it is the one removed."""
+        asked_at = 0.0
+        result: list[str] = []
+
+        async def done() -> bool:
+            nonlocal asked_at
+            leader, status = await self._metadata_leader()
+            if (address in status.voters) == (action == "add"):
+                result[:] = status.voters
+                return True
+            if time.monotonic() - asked_at < transfer_retry_s:
+                return False
+            asked_at = time.monotonic()
+            if action == "remove" and status.self_address == address:
+                op.at(f"{leader} leads the metadata service: handing leadership over")
+                request = pb.LocalMetadataChangeRequest(action="transfer-leadership")
+            else:
+                request = pb.LocalMetadataChangeRequest(action=action, address=address)
+            try:
+                await self.peers.metadata_call(leader, "LocalMetadataChange", request)
+            except FailedPrecondition as error:  # a change not committed yet: ask again
+                op.at(error.message)
+            return False
+
+        await self._until(f"metadata voter {action} {address}", done)
+        return result
+
+    async def _add_voter(self, op: Operation, node: NodeId, address: str) -> None:
+        op.at(f"adding {node} ({address}) to the metadata voters", 0.1)
+        voters = await self._change_voters(op, "add", address)
+        op.at(f"voters {', '.join(voters)}; {node} switches to voter", 0.5)
+        request = pb.LocalSetMetadataRoleRequest(voter=True, voters=voters)
+        await self.peers.metadata_call(node, "LocalSetMetadataRole", request, role_switch_timeout_s)
+
+        async def connected() -> bool:
+            _, status = await self._metadata_leader()
+            return status.self_address == address or address in status.connected_peers
+
+        await self._until(f"the metadata leader reaching {node}", connected)
+        op.at(f"{node} votes in the metadata service ({len(voters)} voters)", 1.0)
+
+    async def _remove_voter(self, op: Operation, node: NodeId, address: str) -> None:
+        op.at(f"removing {node} ({address}) from the metadata voters", 0.1)
+        voters = await self._change_voters(op, "remove", address)
+        alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
+        if node not in alive:
+            op.at(
+                f"voters {', '.join(voters)}; {node} is down: before it starts again, delete "
+                "metadata/metadata.voters in its data directory and start it as a "
+                "non-voting node (--metadata-observer)",
+                1.0,
+            )
+            return
+        op.at(f"voters {', '.join(voters)}; {node} switches to a non-voting replica", 0.6)
+        request = pb.LocalSetMetadataRoleRequest(voter=False, voters=voters)
+        await self.peers.metadata_call(node, "LocalSetMetadataRole", request, role_switch_timeout_s)
+        op.at(f"{node} follows the metadata service without a vote", 1.0)
 
     # -- reading replicas
 

@@ -577,10 +577,13 @@ class _AdminServicer(pb_grpc.AdminServicer):
         context: grpc.aio.ServicerContext[pb.ClusterStatusRequest, pb.ClusterStatusResponse],
     ) -> pb.ClusterStatusResponse:
         async def call() -> pb.ClusterStatusResponse:
+            status = self.metadata.status()
             return pb.ClusterStatusResponse(
-                metadata=convert.metadata_status_message(self.metadata.status()),
+                metadata=convert.metadata_status_message(status),
                 processes=[convert.process_message(p) for p in self.status()],
-                nodes=[convert.node_message(n) for n in self.metadata.node_statuses()],
+                nodes=[
+                    convert.node_message(n, status.voters) for n in self.metadata.node_statuses()
+                ],
             )
 
         return await _answer(context, call)
@@ -691,6 +694,59 @@ class _AdminServicer(pb_grpc.AdminServicer):
         async def call() -> pb.Operation:
             await self._catch_up()
             return self.operations.remove(request.node).message()
+
+        return await _answer(context, call)
+
+    async def AddMetadataVoter(
+        self,
+        request: pb.MetadataVoterRequest,
+        context: grpc.aio.ServicerContext[pb.MetadataVoterRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.add_voter(request.node).message()
+
+        return await _answer(context, call)
+
+    async def RemoveMetadataVoter(
+        self,
+        request: pb.MetadataVoterRequest,
+        context: grpc.aio.ServicerContext[pb.MetadataVoterRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.remove_voter(request.node).message()
+
+        return await _answer(context, call)
+
+    async def LocalMetadataChange(
+        self,
+        request: pb.LocalMetadataChangeRequest,
+        context: grpc.aio.ServicerContext[pb.LocalMetadataChangeRequest, pb.MetadataStatus],
+    ) -> pb.MetadataStatus:
+        async def call() -> pb.MetadataStatus:
+            if request.action == "transfer-leadership":
+                await self.metadata.transfer_leadership()
+            elif request.action in ("add", "remove"):
+                if not request.address:
+                    raise InvalidArgument("address: required")
+                await self.metadata.change_voters(request.action, request.address)
+            else:
+                raise InvalidArgument(
+                    f"action: 'add', 'remove' or 'transfer-leadership', not {request.action!r}"
+                )
+            return convert.metadata_status_message(self.metadata.status())
+
+        return await _answer(context, call)
+
+    async def LocalSetMetadataRole(
+        self,
+        request: pb.LocalSetMetadataRoleRequest,
+        context: grpc.aio.ServicerContext[pb.LocalSetMetadataRoleRequest, pb.MetadataStatus],
+    ) -> pb.MetadataStatus:
+        async def call() -> pb.MetadataStatus:
+            await self.metadata.set_role(request.voter, list(request.voters))
+            return convert.metadata_status_message(self.metadata.status())
 
         return await _answer(context, call)
 
