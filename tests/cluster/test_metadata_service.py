@@ -445,7 +445,7 @@ def test_voters_are_added_and_removed_and_restarts_keep_them(
             await join(replicas[0])
             for n in range(15):  # a dump on every replica, before any voter change
                 await replicas[0].create_stream(StreamConfig(StreamName(f"s{n}")))
-            await eventually(lambda: (tmp_path / "r3" / DUMP_FILE).exists(), "a dump")
+            await eventually((tmp_path / "r3" / DUMP_FILE).exists, "a dump")
             leader = next(r for r in replicas if r.status().is_leader)
             with pytest.raises(FailedPrecondition, match="refused"):
                 await leader.change_voters("add", address[0])  # a voter already

@@ -179,9 +179,11 @@ class Peers:
 class Operations:
     """Starts, runs and remembers the cluster operations of one admin server."""
 
-    def __init__(self, metadata: MetadataService, node_id: str = "") -> None:
+    def __init__(
+        self, metadata: MetadataService, node_id: str = "", peer_token: str | None = None
+    ) -> None:
         self.metadata = metadata
-        self.peers = Peers(metadata)
+        self.peers = Peers(metadata, peer_token)
         self._prefix = node_id or "op"
         self._ids = itertools.count(1)
         self._operations: OrderedDict[str, Operation] = OrderedDict()
@@ -490,18 +492,21 @@ class Operations:
     async def _remove_voter(self, op: Operation, node: NodeId, address: str) -> None:
         op.at(f"removing {node} ({address}) from the metadata voters", 0.1)
         voters = await self._change_voters(op, "remove", address)
-        alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
-        if node not in alive:
+        op.at(f"voters {', '.join(voters)}; {node} switches to a non-voting replica", 0.6)
+        request = pb.LocalSetMetadataRoleRequest(voter=False, voters=voters)
+        try:
+            await self.peers.metadata_call(
+                node, "LocalSetMetadataRole", request, role_switch_timeout_s
+            )
+        except Unavailable as error:
+            # Down (or unreachable): the other voters refuse it now, and when it starts again
+            # it asks them and goes on as a non-voting replica (NodeProcess._metadata_ready).
             op.at(
-                f"voters {', '.join(voters)}; {node} is down: before it starts again, delete "
-                "metadata/metadata.voters in its data directory and start it as a "
-                "non-voting node (--metadata-observer)",
+                f"{node} is not reachable ({error.message}); it will follow as a "
+                "non-voting replica when it starts again",
                 1.0,
             )
             return
-        op.at(f"voters {', '.join(voters)}; {node} switches to a non-voting replica", 0.6)
-        request = pb.LocalSetMetadataRoleRequest(voter=False, voters=voters)
-        await self.peers.metadata_call(node, "LocalSetMetadataRole", request, role_switch_timeout_s)
         op.at(f"{node} follows the metadata service without a vote", 1.0)
 
     # -- reading replicas

@@ -78,7 +78,10 @@ class AdminServer:
         coordinators: CoordinatorsProvider | None = None,
         auth: AdminAuth | None = None,
         replicas: ReplicaControl | None = None,
+        peer_token: str | None = None,
     ) -> None:
+        """`peer_token`: sent to other nodes' admin APIs during cluster operations (a user's
+        token with configure on `$cluster`; default `$SPATE_ADMIN_TOKEN`)."""
         self.metadata = metadata
         self.auth = auth or AdminAuth(allow_remote_anonymous=True)
         """Who may call and what they may do (ADR 0023; default: open, as before)."""
@@ -86,7 +89,7 @@ class AdminServer:
         self.port = port
         self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
         self._servicer.replicas = replicas
-        self._servicer.operations = Operations(metadata, metadata.node_id)
+        self._servicer.operations = Operations(metadata, metadata.node_id, peer_token)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 

@@ -66,3 +66,8 @@ default_replicas_max = 3
 
 assert heartbeat_min_interval_ms < heartbeat_interval_ms
 assert node_alive_ms >= 3 * heartbeat_interval_ms, "a node is not dead after one lost heartbeat"
+
+rejoin_check_ms = 3_000
+"""A starting voter without a leader after this long asks the other nodes whether it is still
+a voter (it may have been removed while it was down; ADR 0025)."""
+assert rejoin_check_ms < ready_timeout_ms
