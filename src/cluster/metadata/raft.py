@@ -43,6 +43,7 @@ from enum import Enum
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import MetaStorer
 from pysyncobj.node import TCPNode
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.codec import (
@@ -183,6 +184,8 @@ class MetadataRaft:
         if config.voter:
             _check_bindable(bind)
         self._dump_expected = self.dump_path.exists()
+        if not config.voter:
+            _forget_term(self.journal_path)
         conf = SyncObjConf(
             password=config.password,
             bindAddress=bind if config.voter else None,
@@ -403,6 +406,22 @@ def _log_entry(entry: object) -> LogEntry:
     command, index, term = entry
     assert isinstance(command, bytes) and isinstance(index, int) and isinstance(term, int), entry
     return LogEntry(command, index, term)
+
+
+def _forget_term(journal: Path) -> None:
+    """A non-voting replica never campaigns and only takes entries from a leader whose term is
+    at least its own (pysyncobj ignores lower terms, silently). A former voter may have counted
+    its term up in elections the others never saw (cut off by its removal, or down while it was
+    removed): start from the last entry's term, which a real leader wrote, instead."""
+    meta_path = Path(f"{journal}.meta")
+    if not meta_path.exists():
+        return
+    storer = MetaStorer(str(meta_path))
+    meta = storer.getMeta()
+    if meta.get("currentTerm") or meta.get("votedForNodeId") is not None:
+        meta["currentTerm"] = 0
+        meta["votedForNodeId"] = None
+        storer.storeMeta(meta)
 
 
 def _check_bindable(address: str) -> None:

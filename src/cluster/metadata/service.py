@@ -140,6 +140,7 @@ class MetadataService:
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
+        self._role_lock = asyncio.Lock()
         self._switching: asyncio.Event | None = None
         """Set (and cleared when done) while this replica changes between voter and not."""
 
@@ -239,8 +240,11 @@ class MetadataService:
         pysyncobj and start it again in the other role on the same journal and dump. Reads
         answer from the old replica's state until the new one has caught up with the leader;
         writes wait. Raises Unavailable if it does not catch up within `ready_timeout_ms`."""
-        if voter == self.is_voter:
-            return
+        async with self._role_lock:  # two switches at once would share one journal
+            if voter != self.is_voter:
+                await self._switch_role(voter, voters)
+
+    async def _switch_role(self, voter: bool, voters: Sequence[str]) -> None:
         voter_set = tuple(sorted(set(voters)))
         if voter != (self.self_address in voter_set):
             raise InvalidArgument(
