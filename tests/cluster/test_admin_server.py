@@ -18,7 +18,7 @@ from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata.service import MetadataService
 from spate.core.backend import PartitionInfo
-from spate.core.errors import ErrorCode, NotFound
+from spate.core.errors import BrokerError, ErrorCode, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 
 Scenario = Callable[[pb_grpc.AdminStub, grpc.aio.Channel, MetadataService], Awaitable[None]]
@@ -296,3 +296,67 @@ def test_the_status_table_covers_every_error_code() -> None:
     assert GRPC_STATUS[ErrorCode.RESOURCE_LIMIT] is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert GRPC_STATUS[ErrorCode.NOT_IMPLEMENTED] is grpc.StatusCode.UNIMPLEMENTED
     assert GRPC_STATUS[ErrorCode.INTERNAL] is grpc.StatusCode.INTERNAL
+
+
+def test_nodes_send_their_admin_token_to_each_other(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """With tokens required (ADR 0023), the node running a cluster operation calls the other
+    nodes' admin APIs with its `admin_token` (ADR 0025): accepted; a wrong one is refused."""
+    from spate.cluster.admin.auth import AdminAuth
+    from spate.cluster.admin.operations import Operations
+    from spate.core.permissions import UserStore, token_hash
+
+    store = UserStore.parse({"users": {"node": {"token_sha256": token_hash("node-tok")}}}, "f")
+
+    async def main() -> None:
+        port = free_port()
+        metadata = MetadataService(
+            node_id="n1", data_dir=tmp_path, self_address=f"127.0.0.1:{port}", password="pw"
+        )
+        await metadata.start()
+        server = AdminServer(
+            metadata,
+            stats=async_stats,
+            status=status,
+            auth=AdminAuth(store, require_token=True),
+            peer_token="node-tok",
+        )
+        try:
+            await metadata.wait_ready()
+            admin_port = await server.start()
+            address = f"127.0.0.1:{admin_port}"
+            await metadata.register_node(
+                NodeId("n1"), amqp=address, admin=address, replication=address, metadata=None
+            )
+            peers = server._servicer.operations.peers  # what its operations call others with
+            answer = await peers.call_any("n1", "ClusterStatus", pb.ClusterStatusRequest())
+            assert isinstance(answer, pb.ClusterStatusResponse) and answer.metadata.ready
+            wrong = Operations(metadata, "n1", "not-the-token")
+            try:
+                with pytest.raises(BrokerError, match="unknown admin token"):
+                    await wrong.peers.call_any("n1", "ClusterStatus", pb.ClusterStatusRequest())
+            finally:
+                await wrong.close()
+        finally:
+            await server.stop()
+            await metadata.stop()
+
+    asyncio.run(main())
+
+
+def test_a_nodes_admin_token_comes_from_its_file_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spate.cli.node import _admin_token
+
+    monkeypatch.delenv("SPATE_ADMIN_TOKEN", raising=False)
+    assert _admin_token(None) is None  # the config file's admin_token then
+    monkeypatch.setenv("SPATE_ADMIN_TOKEN", "from-env")
+    assert _admin_token(None) == "from-env"
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    assert _admin_token(token_file) == "from-file"
+    token_file.write_text("\n")
+    with pytest.raises(SystemExit, match="is empty"):
+        _admin_token(token_file)
