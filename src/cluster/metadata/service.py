@@ -296,6 +296,8 @@ class MetadataService:
         finally:
             self._switching = None
             switching.set()
+        if NodeId(self.node_id) in self.view().nodes:  # heartbeats waited during the switch
+            await self.heartbeat(NodeId(self.node_id))
 
     async def _await_switch(self) -> None:
         switching = self._switching
