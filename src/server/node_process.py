@@ -253,6 +253,10 @@ class NodeProcess:
             started_at_ms=int(time.time() * 1000),
         )
         await self._register()
+        try:
+            await self.admin.recover_operations()
+        except BrokerError as error:  # not fatal: the records only say what happened
+            log.warning("could not mark interrupted operations: %s", error.message)
         self.metadata.add_listener(lambda *_: self._changed.set())
         await self._apply_metadata()
         self._update_routes()

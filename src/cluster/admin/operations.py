@@ -36,15 +36,16 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import grpc
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin.errors import ERROR_CODE_KEY
+from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
-from spate.cluster.metadata.state import ERROR_TYPES
+from spate.cluster.metadata.state import ERROR_TYPES, OperationRecord
 from spate.core.errors import (
     BrokerError,
     ErrorCode,
@@ -58,7 +59,10 @@ from spate.core.ids import NodeId, PartitionId, StreamName
 log = logging.getLogger(__name__)
 
 operations_kept_max = 256
-"""Finished operations remembered for GetOperation (oldest forgotten first)."""
+"""Finished operations remembered here for GetOperation (oldest forgotten first); the metadata
+service keeps the last `metadata.limits.operations_kept_max` of the cluster's (ADR 0025)."""
+publish_interval_s = 0.5
+"""How often a running operation's changes are published to the metadata service."""
 step_timeout_s = 60.0
 """A membership change or a leadership transfer that has not taken effect after this long
 fails the operation (a partition that lost its majority cannot change)."""
@@ -99,6 +103,26 @@ class Operation:
             self.progress = max(0.0, min(1.0, progress))
         self.log.append(step)
         log.info("operation %s (%s %s): %s", self.id, self.kind, self.target, step)
+
+    def record(self, node: str, revision: int) -> OperationRecord:
+        """As published in the metadata service (the last steps, texts cut to its limits)."""
+        cut = metadata_limits.operation_text_max
+
+        return OperationRecord(
+            id=self.id,
+            node=NodeId(node),
+            kind=self.kind[:cut],
+            target=self.target[:cut],
+            state=self.state,
+            step=self.step[:cut],
+            progress_permille=round(self.progress * 1000),
+            error=self.error[:cut],
+            error_code=self.error_code,
+            started_ms=self.started_ms,
+            finished_ms=self.finished_ms,
+            log=tuple(line[:cut] for line in self.log[-metadata_limits.operation_log_lines_max :]),
+            revision=revision,
+        )
 
     def message(self) -> pb.Operation:
         return pb.Operation(
@@ -184,6 +208,7 @@ class Operations:
     ) -> None:
         self.metadata = metadata
         self.peers = Peers(metadata, peer_token)
+        self.node_id = node_id
         self._prefix = node_id or "op"
         self._ids = itertools.count(1)
         self._operations: OrderedDict[str, Operation] = OrderedDict()
@@ -239,11 +264,82 @@ class Operations:
     def get(self, operation_id: str) -> Operation:
         found = self._operations.get(operation_id)
         if found is None:
-            raise NotFound(
-                f"operation {operation_id!r} is unknown here (operations are kept by the node "
-                "that started them, until it restarts)"
-            )
+            raise NotFound(f"operation {operation_id!r} is unknown here")
         return found
+
+    def describe(self, operation_id: str) -> pb.Operation:
+        """An operation started here (its live state), else as the node running it last
+        published it in the metadata service; NotFound beyond the last ones kept."""
+        found = self._operations.get(operation_id)
+        if found is not None:
+            return found.message()
+        record = self.metadata.view().operations.get(operation_id)
+        if record is None:
+            raise NotFound(
+                f"operation {operation_id!r} is unknown (the cluster keeps the last "
+                f"{metadata_limits.operations_kept_max} operations)"
+            )
+        return pb.Operation(
+            id=record.id,
+            kind=record.kind,
+            target=record.target,
+            state=record.state,
+            step=record.step,
+            progress=record.progress_permille / 1000,
+            error=record.error,
+            error_code=record.error_code,
+            started_ms=record.started_ms,
+            finished_ms=record.finished_ms,
+            log=record.log,
+        )
+
+    async def recover(self) -> None:
+        """At start: the operations this node was running when it stopped are failed now (the
+        partitions stay consistent; the same command resumes the work)."""
+        if not self.node_id:
+            return
+        for record in list(self.metadata.view().operations.values()):
+            if record.node != self.node_id or record.state != "running":
+                continue
+            message = (
+                f"interrupted: {self.node_id} restarted while it ran; run the same command "
+                "again to resume it"
+            )
+            await self.metadata.record_operation(
+                replace(
+                    record,
+                    state="failed",
+                    error=message,
+                    error_code=ErrorCode.UNAVAILABLE.value,
+                    finished_ms=time.time_ns() // 1_000_000,
+                    log=(*record.log, f"failed: {message}")[
+                        -metadata_limits.operation_log_lines_max :
+                    ],
+                    revision=record.revision + 1,
+                )
+            )
+
+    async def _publish(self, operation: Operation) -> None:
+        """Publish the operation's state whenever it changed, until it has finished."""
+        if not self.node_id:
+            return
+        published: tuple[object, ...] | None = None
+        revision = 0
+        while True:
+            seen = (operation.state, operation.step, operation.progress, len(operation.log))
+            if seen != published:
+                revision += 1
+                try:
+                    await self.metadata.record_operation(operation.record(self.node_id, revision))
+                    published = seen
+                except BrokerError as error:
+                    log.warning("operation %s not published: %s", operation.id, error.message)
+                continue_publishing = True
+            else:
+                continue_publishing = operation.state == "running"
+            if not continue_publishing:
+                return
+            await asyncio.sleep(publish_interval_s)
 
     def _start(
         self, kind: str, target: str, body: Callable[[Operation], Awaitable[None]]
@@ -270,9 +366,13 @@ class Operations:
                 operation.progress = 1.0
             operation.finished_ms = time.time_ns() // 1_000_000
 
-        task = asyncio.get_running_loop().create_task(run(), name=f"operation-{operation.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+        for task in (
+            loop.create_task(run(), name=f"operation-{operation.id}"),
+            loop.create_task(self._publish(operation), name=f"publish-{operation.id}"),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return operation
 
     async def close(self) -> None:

@@ -122,6 +122,10 @@ class AdminServer:
         log.info("admin API listening on %s:%d", self.host, port)
         return port
 
+    async def recover_operations(self) -> None:
+        """Mark the operations this node ran before it restarted as interrupted (ADR 0025)."""
+        await self._servicer.operations.recover()
+
     async def stop(self) -> None:
         if self._server is None:
             return
@@ -761,7 +765,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
         async def call() -> pb.Operation:
             if not request.id:
                 raise InvalidArgument("id: required")
-            return self.operations.get(request.id).message()
+            return self.operations.describe(request.id)
 
         return await _answer(context, call)
 

@@ -43,8 +43,10 @@ from spate.cluster.metadata.state import (
     MetadataView,
     NodeRecord,
     NodeStatus,
+    OperationRecord,
     PartitionLeader,
     PartitionPlacement,
+    RecordOperation,
     RegisterNode,
     Rejected,
     ReportLeader,
@@ -472,6 +474,11 @@ class MetadataService:
                 None if expected is None else tuple(expected),
             )
         )
+
+    async def record_operation(self, operation: OperationRecord) -> None:
+        """Publish a cluster operation's state (ADR 0025); a revision not above the recorded
+        one is ignored. Raises InvalidArgument (too long), Unavailable."""
+        await self._submit(RecordOperation(_new_request_id(), operation))
 
     async def barrier(self) -> MetadataView:
         """Commit a no-op; afterwards this replica shows every change committed before the call."""
