@@ -186,8 +186,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     operation = subparsers.add_parser(
         "operation",
         help="watch a long cluster operation",
-        description="Operations (moves, transfers, drains, removals, rebalances) run on the "
-        "node that started them; ask that node's admin API.",
+        description="Operations (moves, transfers, drains, removals, rebalances, voter "
+        "changes) run on the node that started them, which publishes their state to the "
+        "metadata service: any node answers for the last 256 (ADR 0025). An operation whose "
+        "node restarted while it ran shows as failed (interrupted); run the command again.",
     )
     operation_commands = operation.add_subparsers(
         title="operation commands", metavar="ACTION", dest="action", required=True

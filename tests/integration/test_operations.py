@@ -181,6 +181,10 @@ def _change_metadata_voters(cluster: Cluster, stopped: str) -> None:
     seen, metadata = _voting(cluster)
     assert seen == voters and metadata["has_quorum"], metadata
     assert len(metadata["connected_peers"]) == 2, metadata  # the other two voters
+    # Operations are kept in the metadata service: n4 (restarted) answers for one n1 ran.
+    n4_admin = cluster.state["nodes"][cluster.index_of("n4")]["admin"]
+    shown = cluster.cli_json("operation", "show", removed["id"], "--admin", n4_admin)
+    assert shown["state"] == "succeeded" and shown["log"] == removed["log"], shown
 
 
 def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) -> None:
