@@ -338,6 +338,23 @@ class NodeProcess:
         finally:
             await peers.close()
 
+    def reload_users(self) -> None:
+        """SIGHUP: re-read the users file for the AMQP listener and the admin API (passwords,
+        permissions, tokens, shared access keys). A file that does not parse is refused with
+        the reason in the log, and the users in force stay."""
+        path = self.settings.users_file
+        if path is None:
+            log.info("SIGHUP: no users file to reload")
+            return
+        try:
+            users = Users.load(path)
+        except BrokerError as error:
+            log.error("SIGHUP: users file not reloaded, the previous one stays: %s", error.message)
+            return
+        self.gateway.reload_users(users)
+        self.admin.auth.store = users.store
+        log.info("SIGHUP: reloaded the users file %s", path)
+
     async def _register(self) -> None:
         e = self.endpoints
         assert e is not None
@@ -450,6 +467,7 @@ async def run_node(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, node.reload_users)
     await node.start()
     try:
         await stop.wait()
