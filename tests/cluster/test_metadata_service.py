@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -451,6 +452,14 @@ def test_voters_are_added_and_removed_and_restarts_keep_them(
                 await leader.change_voters("add", address[0])  # a voter already
 
             await replicas[2].change_voters("add", address[3])  # through the leader
+            with socket.socket() as squatter:  # its port taken: it goes on non-voting
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                squatter.bind(("127.0.0.1", ports[3]))
+                squatter.listen()
+                with pytest.raises(Unavailable, match="cannot listen"):
+                    await replicas[3].set_role(True, address)
+                assert not replicas[3].is_voter
+                await replicas[3].create_stream(StreamConfig(StreamName("while-squatted")))
             await replicas[3].set_role(True, address)
             await eventually(
                 lambda: all(r.status().voters == tuple(sorted(address)) for r in replicas),

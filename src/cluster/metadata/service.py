@@ -60,6 +60,7 @@ from spate.cluster.metadata.state import (
 )
 from spate.core import groups
 from spate.core.errors import (
+    BrokerError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -272,7 +273,13 @@ class MetadataService:
 
             new = MetadataRaft(config, changed)
             fresh.append(new)
-            new.start()  # on the loop's thread, which outlives it
+            try:
+                new.start()  # on the loop's thread, which outlives it
+            except BrokerError:  # e.g. its metadata port is taken: go on in the old role
+                write_voters(config.data_dir, old.status().voters)
+                self._raft = MetadataRaft(self._config, self._on_change_threadsafe)
+                self._raft.start()
+                raise
             deadline = time.monotonic() + self.ready_timeout_ms / 1000
             while not (
                 new.failure is None
