@@ -306,7 +306,10 @@ class MetadataService:
             self._switching = None
             switching.set()
         if NodeId(self.node_id) in self.view().nodes:  # heartbeats waited during the switch
-            await self.heartbeat(NodeId(self.node_id))
+            try:
+                await self.heartbeat(NodeId(self.node_id))
+            except BrokerError as error:  # the node's own heartbeat loop tries again
+                log.warning("heartbeat after the metadata role switch: %s", error.message)
 
     async def _await_switch(self) -> None:
         switching = self._switching
