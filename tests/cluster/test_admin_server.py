@@ -360,3 +360,54 @@ def test_a_nodes_admin_token_comes_from_its_file_then_the_environment(
     token_file.write_text("\n")
     with pytest.raises(SystemExit, match="is empty"):
         _admin_token(token_file)
+
+
+def test_operations_are_answered_from_metadata_and_interrupted_ones_marked(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """ADR 0025 §7: another node's (or a previous life's) operation is described from the
+    metadata service; at start a node marks the ones it was running as failed (interrupted)."""
+    from spate.cluster.admin.operations import Operations
+    from spate.cluster.metadata.state import OperationRecord
+
+    async def main() -> None:
+        port = free_port()
+        metadata = MetadataService(
+            node_id="n1", data_dir=tmp_path, self_address=f"127.0.0.1:{port}", password="pw"
+        )
+        await metadata.start()
+        operations = Operations(metadata, "n1")
+        try:
+            await metadata.wait_ready()
+            for op_id, node in (("n1-7-abc", "n1"), ("n2-1-def", "n2")):
+                await metadata.record_operation(
+                    OperationRecord(
+                        id=op_id,
+                        node=NodeId(node),
+                        kind="drain",
+                        target="node n3",
+                        state="running",
+                        step="orders/0: n4 catching up",
+                        progress_permille=400,
+                        error="",
+                        error_code="",
+                        started_ms=1,
+                        finished_ms=0,
+                        log=("1 replica(s) to move off n3",),
+                        revision=3,
+                    )
+                )
+            await operations.recover()  # what a node does at start
+            mine = operations.describe("n1-7-abc")
+            assert mine.state == "failed" and mine.error_code == "unavailable", mine
+            assert "interrupted: n1 restarted" in mine.error and mine.finished_ms > 0
+            assert mine.log[-1].startswith("failed: interrupted") and mine.progress == 0.4
+            other = operations.describe("n2-1-def")  # n2's: still running, as n2 published it
+            assert other.state == "running" and other.step == "orders/0: n4 catching up"
+            with pytest.raises(NotFound, match="keeps the last 256"):
+                operations.describe("nope")
+        finally:
+            await operations.close()
+            await metadata.stop()
+
+    asyncio.run(main())
