@@ -121,6 +121,7 @@ metrics_port = 0
 users_file = "{users_file}"
 allow_anonymous = false
 admin_require_token = true
+admin_token = "{USERS[0].token}"
 """
     )
     env = dict(os.environ, SPATE_METADATA_PASSWORD="permissions-test-secret")
@@ -357,3 +358,24 @@ def _expect_unauthenticated(user: User, admin: str) -> None:
         assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused
     else:
         raise AssertionError(f"{user.name} is still accepted")
+
+
+def test_an_operation_calls_the_nodes_admin_api_with_the_nodes_token(rig: Rig) -> None:
+    """A cluster operation calls the nodes' admin APIs (here the node's own: GetLocalReplica)
+    with the node's `admin_token` (ADR 0025); with tokens required it would fail
+    UNAUTHENTICATED without one (tests/cluster/test_admin_server.py shows the refusal)."""
+    started = _admin_call(
+        USERS[0], "TransferLeader", pb.TransferLeaderRequest(stream=STREAM, to_node="n1"), rig.admin
+    )
+    assert isinstance(started, pb.Operation)
+    deadline = time.monotonic() + 30
+    while True:
+        found = _admin_call(
+            USERS[0], "GetOperation", pb.GetOperationRequest(id=started.id), rig.admin
+        )
+        assert isinstance(found, pb.Operation)
+        if found.state != "running":
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+    assert found.state == "succeeded", found

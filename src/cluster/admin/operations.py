@@ -52,6 +52,8 @@ from spate.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    Unauthenticated,
+    Unauthorized,
     Unavailable,
 )
 from spate.core.ids import NodeId, PartitionId, StreamName
@@ -184,6 +186,17 @@ class Peers:
             trailing: Any = error.trailing_metadata() or ()
             code = dict(trailing).get(ERROR_CODE_KEY)
             details = error.details() or str(error.code())
+            status = error.code()
+            if status in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                # Not retried: the operation fails at once, saying what to configure.
+                refusal = (
+                    Unauthenticated if status == grpc.StatusCode.UNAUTHENTICATED else Unauthorized
+                )
+                raise refusal(
+                    f"node {node} refused this node's call ({details}): give every node "
+                    "admin_token (or --admin-token-file, $SPATE_ADMIN_TOKEN) of a user with "
+                    "configure on $cluster"
+                ) from error
             if isinstance(code, str):
                 try:
                     kind = ERROR_TYPES.get(ErrorCode(code), Unavailable)
@@ -628,6 +641,8 @@ class Operations:
         async def one(node: str) -> pb.ReplicaState:
             try:
                 return await self.replica_state(node, stream, partition)
+            except (Unauthenticated, Unauthorized):
+                raise  # a configuration error: the operation fails, it does not wait
             except BrokerError as error:
                 return pb.ReplicaState(
                     stream=stream,
