@@ -478,7 +478,14 @@ def test_voters_are_added_and_removed_and_restarts_keep_them(
                 "another leader",
             )
             rest = [r for r in replicas if r is not leader]
-            await rest[0].change_voters("remove", gone)
+            deadline = time.monotonic() + 15
+            while True:  # refused until the new leader's first entry commits (as the op retries)
+                try:
+                    await rest[0].change_voters("remove", gone)
+                    break
+                except FailedPrecondition:
+                    assert time.monotonic() < deadline, "the removal was refused for 15 s"
+                    await asyncio.sleep(0.1)
             remaining = tuple(sorted(a for a in address if a != gone))
             await leader.set_role(False, remaining)
             await eventually(
