@@ -301,45 +301,48 @@ class NodeCollector(Collector):
             node,
             driver.append_seconds,
         )
-        for name, doc, value in (
-            ("spate_replication_batches", "Replication shell batches run.", driver.batches),
+        quiet = sum(1 for g in driver.groups.values() if g.raft.quiesced)
+        for family_of, name, doc, value in (
             (
+                CounterMetricFamily,
+                "spate_replication_batches",
+                "Replication shell batches run.",
+                driver.batches,
+            ),
+            (
+                CounterMetricFamily,
                 "spate_replication_fsyncs",
                 "Replica syncs (each fsyncs its dirty files).",
                 driver.fsyncs,
             ),
+            (
+                GaugeMetricFamily,
+                "spate_replication_catchup_transfers",
+                "Catch-up (snapshot) transfers in progress to replicas here.",
+                driver.transfers,
+            ),
+            (
+                GaugeMetricFamily,
+                "spate_replication_quiet_replicas",
+                "Local replicas whose Raft group is quiet (idle: no heartbeats, ADR 0026).",
+                quiet,
+            ),
+            (
+                GaugeMetricFamily,
+                "spate_replication_peers_suspected",
+                "Peer nodes silent for an election timeout (node liveness, ADR 0026).",
+                len(driver.suspected),
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_liveness_wakes",
+                "Quiet replicas woken because a peer node went silent or came back.",
+                driver.wakes,
+            ),
         ):
-            family = CounterMetricFamily(name, doc, labels=["node"])
+            family = family_of(name, doc, labels=["node"])
             family.add_metric([node], value)
             yield family
-        transfers = GaugeMetricFamily(
-            "spate_replication_catchup_transfers",
-            "Catch-up (snapshot) transfers in progress to replicas here.",
-            labels=["node"],
-        )
-        transfers.add_metric([node], driver.transfers)
-        yield transfers
-        quiet = GaugeMetricFamily(
-            "spate_replication_quiet_replicas",
-            "Local replicas whose Raft group is quiet (idle: no heartbeats, ADR 0026).",
-            labels=["node"],
-        )
-        quiet.add_metric([node], sum(1 for g in driver.groups.values() if g.raft.quiesced))
-        yield quiet
-        suspected = GaugeMetricFamily(
-            "spate_replication_peers_suspected",
-            "Peer nodes silent for an election timeout (node liveness, ADR 0026).",
-            labels=["node"],
-        )
-        suspected.add_metric([node], len(driver.suspected))
-        yield suspected
-        wakes = CounterMetricFamily(
-            "spate_replication_liveness_wakes",
-            "Quiet replicas woken because a peer node went silent or came back.",
-            labels=["node"],
-        )
-        wakes.add_metric([node], driver.wakes)
-        yield wakes
         yield from self._metadata()
 
     def _metadata(self) -> Iterator[Metric]:
