@@ -86,11 +86,10 @@ def _peer_is_loopback(peer: str) -> bool:
         return False
 
 
-@dataclass
+@dataclass(frozen=True)
 class AdminAuth:
     store: UserStore | None = None
-    """Users with tokens and grants; None: no users file (everyone is anonymous). Replaced
-    whole when the users file is reloaded (SIGHUP): calls after that see the new one."""
+    """Users with tokens and grants; None: no users file (everyone is anonymous)."""
     require_token: bool = False
     allow_remote_anonymous: bool = False
 
