@@ -249,7 +249,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Show the metadata service's Raft state as seen by the answering node "
         "(leader, voters, quorum, commit index), the processes it reports with "
         "their endpoints, and every registered node: its endpoints, whether it is alive "
-        "(heartbeat age), and how many partitions it hosts and leads.",
+        "(heartbeat age), whether it votes in the metadata service, and how many partitions "
+        "it hosts and leads.",
     )
     status.set_defaults(run=_cluster_status)
 
@@ -1194,6 +1195,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
             "heartbeat_age_ms": n.heartbeat_age_ms,
             "partitions_hosted": n.partitions_hosted,
             "partitions_led": n.partitions_led,
+            "metadata_voter": n.metadata_voter,
         }
         for n in response.nodes
     ]
@@ -1238,10 +1240,11 @@ def _cluster_status(args: argparse.Namespace) -> int:
     if nodes:
         blocks.append(
             output.render_table(
-                ["REGISTERED NODE", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"],
+                ["REGISTERED NODE", "METADATA", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"],
                 [
                     [
                         n["node_id"],
+                        "voter" if n["metadata_voter"] else "non-voting",
                         output.liveness(n["alive"], n["heartbeat_age_ms"]),
                         str(n["partitions_hosted"]),
                         str(n["partitions_led"]),

@@ -82,6 +82,14 @@ def register(subparsers: Any) -> None:
         help="every admin call needs a user's token ($SPATE_ADMIN_TOKEN on the CLI; "
         "needs --users-file)",
     )
+    run.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="the token this node sends to other nodes' admin APIs in cluster operations "
+        "(a user with configure on $cluster; needed where tokens are required). Default: "
+        "$SPATE_ADMIN_TOKEN, else admin_token in the config file",
+    )
     run.add_argument("--tls-cert", type=Path, help="PEM certificate: serve AMQP over TLS")
     run.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     for name, what in (
@@ -154,5 +162,19 @@ def _run(args: argparse.Namespace) -> int:
         "require_defined_groups": True if args.require_defined_groups else None,
         "dialects": tuple(args.dialect) if args.dialect else None,
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
+        "admin_token": _admin_token(args.admin_token_file),
     }
     return main_run(load_settings(args.config, overrides))
+
+
+def _admin_token(path: Path | None) -> str | None:
+    """From --admin-token-file (first line), else $SPATE_ADMIN_TOKEN; None: the config's."""
+    if path is not None:
+        try:
+            token = path.read_text().strip()
+        except OSError as error:
+            raise SystemExit(f"--admin-token-file: cannot read {path}: {error.strerror}") from None
+        if not token:
+            raise SystemExit(f"--admin-token-file: {path} is empty")
+        return token
+    return os.environ.get("SPATE_ADMIN_TOKEN") or None

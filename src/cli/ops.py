@@ -1,6 +1,6 @@
-"""Cluster operations from the command line (issue 14, ADR 0022): `spate partition
-move|transfer-leader|rebalance|replicas`, `spate node drain|remove`, `spate operation
-show|wait`.
+"""Cluster operations from the command line (issue 14, ADR 0022, ADR 0025): `spate partition
+move|transfer-leader|rebalance|replicas`, `spate node drain|remove`, `spate cluster
+add-voter|remove-voter`, `spate operation show|wait`.
 
 Long operations run on the node whose admin API was called; the command waits for the
 operation (a progress line on stderr while it runs) unless `--no-wait`, then prints it.
@@ -156,11 +156,40 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     remove.add_argument("node", metavar="NODE")
     remove.set_defaults(run=_remove)
 
+    cluster = _subcommands(subparsers, "cluster")
+    add_voter = cluster.add_parser(
+        "add-voter",
+        parents=[common, waiting],
+        formatter_class=formatter,
+        help="make a non-voting node a metadata voter",
+        description="Make NODE (registered, alive, not a voter) a voter of the metadata "
+        "service: the metadata leader adds its Raft address to the voter set (one change at "
+        "a time), then NODE restarts its metadata replica in place as a voter. The voter set "
+        "is recorded in each node's metadata/metadata.voters, so restarts keep it.\n\n"
+        "example:\n  spate cluster add-voter n4",
+    )
+    add_voter.add_argument("node", metavar="NODE")
+    add_voter.set_defaults(run=_add_voter)
+    remove_voter = cluster.add_parser(
+        "remove-voter",
+        parents=[common, waiting],
+        formatter_class=formatter,
+        help="make a metadata voter a non-voting node",
+        description="Remove NODE from the metadata voters (leadership moves off it first if "
+        "it leads); NODE goes on as a non-voting metadata replica and keeps its partitions. "
+        "Refused when it would leave fewer than 3 voters or fewer live voters than a quorum "
+        "needs.\n\nexample:\n  spate cluster remove-voter n1",
+    )
+    remove_voter.add_argument("node", metavar="NODE")
+    remove_voter.set_defaults(run=_remove_voter)
+
     operation = subparsers.add_parser(
         "operation",
         help="watch a long cluster operation",
-        description="Operations (moves, transfers, drains, removals, rebalances) run on the "
-        "node that started them; ask that node's admin API.",
+        description="Operations (moves, transfers, drains, removals, rebalances, voter "
+        "changes) run on the node that started them, which publishes their state to the "
+        "metadata service: any node answers for the last 256 (ADR 0025). An operation whose "
+        "node restarted while it ran shows as failed (interrupted); run the command again.",
     )
     operation_commands = operation.add_subparsers(
         title="operation commands", metavar="ACTION", dest="action", required=True
@@ -221,6 +250,16 @@ def _drain(args: argparse.Namespace) -> int:
 
 def _remove(args: argparse.Namespace) -> int:
     return _follow(args, admin_call(args, "RemoveNode", pb.RemoveNodeRequest(node=args.node)))
+
+
+def _add_voter(args: argparse.Namespace) -> int:
+    request = pb.MetadataVoterRequest(node=args.node)
+    return _follow(args, admin_call(args, "AddMetadataVoter", request))
+
+
+def _remove_voter(args: argparse.Namespace) -> int:
+    request = pb.MetadataVoterRequest(node=args.node)
+    return _follow(args, admin_call(args, "RemoveMetadataVoter", request))
 
 
 def _show(args: argparse.Namespace) -> int:

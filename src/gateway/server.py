@@ -82,16 +82,19 @@ class GatewayServer:
         self.config = config
         self._server: asyncio.Server | None = None
         self._context: Context | None = None
+        self._users: Users | None = None
 
     async def start(self) -> int:
         """Listen; returns the bound port."""
         assert self._server is None, "started twice"
         users = Users.load(self.config.users_file) if self.config.users_file else None
+        self._users = users
 
         async def check_plain(user: str, password: str) -> bool:
-            assert users is not None
+            current = self._users
+            assert current is not None
             # scrypt costs tens of milliseconds: keep it off the loop
-            return await asyncio.to_thread(users.check, user, password)
+            return await asyncio.to_thread(current.check, user, password)
 
         self._context = Context(
             broker=self.broker,
@@ -124,6 +127,15 @@ class GatewayServer:
         port = int(self._server.sockets[0].getsockname()[1])
         log.info("AMQP listener on %s:%d (tls=%s)", self.config.host, port, tls is not None)
         return port
+
+    def reload_users(self, users: Users) -> None:
+        """Take a re-read users file (SIGHUP): passwords and shared access keys apply to new
+        connections, permissions to links attached from now on (connections stay open)."""
+        if self._context is None or self._users is None:
+            return  # no users file at start: PLAIN is not offered; a restart changes that
+        self._users = users
+        self._context.permissions = users.store
+        self._context.sas_keys = dict(users.sas_keys)
 
     def stats(self) -> tuple[ListenerStats, ListenerSnapshot]:
         """The listener's counters and its live connections, links and credit (/metrics)."""

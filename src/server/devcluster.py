@@ -241,6 +241,16 @@ class DevCluster:
     def _voters(self, plan: list[NodePlan]) -> list[NodePlan]:
         return plan[:metadata_voters_max]
 
+    def _is_voter(self, node: NodePlan, plan: list[NodePlan]) -> bool:
+        """As the node last recorded its metadata voters (`spate cluster add-voter` and
+        `remove-voter` change them, ADR 0025); the plan's first three before that."""
+        path = self._node_dir(node.node_id) / "metadata" / "metadata.voters"
+        try:
+            voters = json.loads(path.read_text())["voters"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return node in self._voters(plan)
+        return f"{HOST}:{node.metadata_port}" in voters
+
     def _start_node(self, node: NodePlan, plan: list[NodePlan]) -> subprocess.Popen[bytes]:
         node_dir = self._node_dir(node.node_id)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -459,7 +469,7 @@ class DevCluster:
             entry = {
                 "node_id": node.node_id,
                 "role": "node",
-                "metadata_voter": node in self._voters(plan),
+                "metadata_voter": self._is_voter(node, plan),
                 "pid": pid,
                 "running": pid is not None,
                 "ready": bool(live and live.get("pid") == pid),

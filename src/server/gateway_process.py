@@ -44,6 +44,7 @@ from spate.core.errors import (
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
+from spate.gateway.auth import Users
 from spate.gateway.remote import RemoteBroker, Sessions
 from spate.gateway.rooms import RoomsConfig
 from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
@@ -448,12 +449,28 @@ class GrpcAdmin:
         return await self.gateway._refresh_now()
 
 
+def _reload_users(gateway: GatewayProcess, settings: GatewaySettings) -> None:
+    """SIGHUP: re-read the users file (passwords, permissions, shared access keys); a file
+    that does not parse is refused with the reason in the log, and the users in force stay."""
+    if settings.users_file is None:
+        log.info("SIGHUP: no users file to reload")
+        return
+    try:
+        users = Users.load(settings.users_file)
+    except BrokerError as error:
+        log.error("SIGHUP: users file not reloaded, the previous one stays: %s", error.message)
+        return
+    gateway.server.reload_users(users)
+    log.info("SIGHUP: reloaded the users file %s", settings.users_file)
+
+
 async def run_gateway(settings: GatewaySettings) -> None:
     gateway = GatewayProcess(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload_users, gateway, settings)
     await gateway.start()
     try:
         await stop.wait()

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.api.v1 import admin_pb2 as pb
 from spate.cluster.admin.auth import AdminAuth
+from spate.cluster.admin.operations import Peers
 from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata import limits as metadata_limits
@@ -152,6 +154,7 @@ class NodeProcess:
             replicas=LocalReplicaControl(self.manager),
             host=settings.host,
             port=settings.admin_port,
+            peer_token=settings.admin_token or None,
             auth=AdminAuth(
                 Users.load(settings.users_file).store if settings.users_file else None,
                 require_token=settings.admin_require_token,
@@ -225,8 +228,14 @@ class NodeProcess:
     async def start(self) -> NodeEndpoints:
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.admin_require_token and not settings.admin_token:
+            log.warning(
+                "admin_require_token is on but this node has no admin_token: cluster "
+                "operations it runs cannot call the other nodes (set admin_token, "
+                "--admin-token-file or SPATE_ADMIN_TOKEN)"
+            )
         await self.metadata.start()
-        await self.metadata.wait_ready()  # a leader exists and this replica has caught up
+        await self._metadata_ready()  # a leader exists and this replica has caught up
         replication_port = await self.replication.start()
         self.replication.add_leader_listener(self._on_leader)
         amqp_port = await self.gateway.start()
@@ -238,12 +247,16 @@ class NodeProcess:
             pid=os.getpid(),
             amqp=f"{host}:{settings.advertise_amqp_port or amqp_port}",
             admin=f"{host}:{admin_port}",
-            metadata=f"{host}:{settings.metadata_port}" if settings.metadata_voter else "",
+            metadata=f"{host}:{settings.metadata_port}",
             replication=f"{host}:{replication_port}",
             metrics=f"http://{host}:{metrics_port}{metrics.METRICS_PATH}",
             started_at_ms=int(time.time() * 1000),
         )
         await self._register()
+        try:
+            await self.admin.recover_operations()
+        except BrokerError as error:  # not fatal: the records only say what happened
+            log.warning("could not mark interrupted operations: %s", error.message)
         self.metadata.add_listener(lambda *_: self._changed.set())
         await self._apply_metadata()
         self._update_routes()
@@ -251,6 +264,7 @@ class NodeProcess:
         self._tasks = [
             loop.create_task(self._follow_metadata(), name="follow-metadata"),
             loop.create_task(self._heartbeat(), name="heartbeat"),
+            loop.create_task(self._watch_metadata_role(), name="metadata-role"),
         ]
         path = settings.data_dir / ENDPOINTS_FILE
         tmp = path.with_suffix(".tmp")
@@ -263,6 +277,83 @@ class NodeProcess:
             self.endpoints.admin,
         )
         return self.endpoints
+
+    async def _metadata_ready(self) -> None:
+        """Wait for a metadata leader. A voter that was removed from the voters while it was
+        down (ADR 0025) is refused by the others and never hears of it: when no leader shows up
+        quickly, ask the registered nodes; if one with a quorum lists voters without this node,
+        go on as a non-voting replica of them."""
+        deadline = time.monotonic() + self.metadata.ready_timeout_ms / 1000
+        while True:
+            try:
+                await self.metadata.wait_ready(metadata_limits.rejoin_check_ms)
+                return
+            except BrokerError:
+                if time.monotonic() >= deadline:
+                    raise
+            await self._leave_voters_if_removed()
+
+    async def _leave_voters_if_removed(self) -> None:
+        if not self.metadata.is_voter:
+            return
+        voters = await self._voters_elsewhere()
+        if voters is not None and self.metadata.self_address not in voters:
+            log.warning(
+                "this node was removed from the metadata voters (%s) while it was down or "
+                "unreachable; it follows them as a non-voting replica",
+                ", ".join(voters),
+            )
+            await self.metadata.set_role(False, voters)
+
+    async def _watch_metadata_role(self) -> None:
+        """A running voter that loses its quorum may have been removed while unreachable."""
+        period_s = metadata_limits.rejoin_check_ms / 1000
+        while True:
+            await asyncio.sleep(period_s)
+            status = self.metadata.status()
+            if status.leader is None or not status.has_quorum:
+                try:
+                    await self._leave_voters_if_removed()
+                except BrokerError as error:
+                    log.warning("metadata role check failed: %s", error.message)
+
+    async def _voters_elsewhere(self) -> list[str] | None:
+        """The metadata voters as a registered node with a quorum reports them (None: none
+        answered)."""
+        peers = Peers(self.metadata, self.settings.admin_token or None)
+        try:
+            for record in self.metadata.nodes():
+                if record.node == self.node_id:
+                    continue
+                try:
+                    answer = await peers.call_any(
+                        record.node, "ClusterStatus", pb.ClusterStatusRequest()
+                    )
+                except BrokerError:
+                    continue
+                assert isinstance(answer, pb.ClusterStatusResponse)
+                if answer.metadata.has_quorum and answer.metadata.leader:
+                    return list(answer.metadata.voters)
+            return None
+        finally:
+            await peers.close()
+
+    def reload_users(self) -> None:
+        """SIGHUP: re-read the users file for the AMQP listener and the admin API (passwords,
+        permissions, tokens, shared access keys). A file that does not parse is refused with
+        the reason in the log, and the users in force stay."""
+        path = self.settings.users_file
+        if path is None:
+            log.info("SIGHUP: no users file to reload")
+            return
+        try:
+            users = Users.load(path)
+        except BrokerError as error:
+            log.error("SIGHUP: users file not reloaded, the previous one stays: %s", error.message)
+            return
+        self.gateway.reload_users(users)
+        self.admin.auth.store = users.store
+        log.info("SIGHUP: reloaded the users file %s", path)
 
     async def _register(self) -> None:
         e = self.endpoints
@@ -376,6 +467,7 @@ async def run_node(settings: NodeSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, node.reload_users)
     await node.start()
     try:
         await stop.wait()

@@ -56,6 +56,10 @@ class NodeSettings:
     a node bound to a real interface serves nobody without credentials but its own host."""
     admin_require_token: bool = False
     """Every admin call needs `authorization: Bearer <token>` of a user in the users file."""
+    admin_token: str = field(default="", repr=False)
+    """The token this node sends to the other nodes' admin APIs during cluster operations
+    (moves, drains, voter changes; a user with configure on `$cluster`). Needed where the
+    nodes require tokens; `--admin-token-file` or `$SPATE_ADMIN_TOKEN` override it."""
     users_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None

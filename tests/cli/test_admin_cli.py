@@ -323,9 +323,17 @@ def test_cluster_status_in_both_formats(admin: str) -> None:
     assert "quorum           yes" in text
     assert f"admin={admin}" in text
     registered = text.split("\n\n")[-1].splitlines()
-    assert registered[0].split() == ["REGISTERED", "NODE", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"]
+    assert registered[0].split() == [
+        "REGISTERED",
+        "NODE",
+        "METADATA",
+        "ALIVE",
+        "HOSTS",
+        "LEADS",
+        "ENDPOINTS",
+    ]
     row = next(line for line in registered if line.startswith("n2 "))
-    assert row.split()[1] == "yes" and "replication=n2.invalid:7700" in row
+    assert row.split()[1:3] == ["non-voting", "yes"] and "replication=n2.invalid:7700" in row
 
 
 def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path: Path) -> None:

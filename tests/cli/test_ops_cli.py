@@ -55,7 +55,7 @@ def test_refusals_before_an_operation_starts(admin: str) -> None:
     assert "'n7' is not registered" in fails(3, *move, "ops", "0", "--from", "n1", "--to", "n7", *a)
     assert "is on n2 already" in fails(1, *move, "ops", "0", "--from", "n1", "--to", "n2", *a)
     assert "is alive" in fails(1, "node", "remove", "n2", *a)
-    assert "unknown here" in fails(3, "operation", "show", "nope", *a)
+    assert "the cluster keeps the last 256" in fails(3, "operation", "show", "nope", *a)
 
 
 def test_an_operation_id_is_returned_at_once_and_can_be_watched(admin: str) -> None:

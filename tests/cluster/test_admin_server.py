@@ -18,7 +18,7 @@ from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata.service import MetadataService
 from spate.core.backend import PartitionInfo
-from spate.core.errors import ErrorCode, NotFound
+from spate.core.errors import BrokerError, ErrorCode, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 
 Scenario = Callable[[pb_grpc.AdminStub, grpc.aio.Channel, MetadataService], Awaitable[None]]
@@ -296,3 +296,118 @@ def test_the_status_table_covers_every_error_code() -> None:
     assert GRPC_STATUS[ErrorCode.RESOURCE_LIMIT] is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert GRPC_STATUS[ErrorCode.NOT_IMPLEMENTED] is grpc.StatusCode.UNIMPLEMENTED
     assert GRPC_STATUS[ErrorCode.INTERNAL] is grpc.StatusCode.INTERNAL
+
+
+def test_nodes_send_their_admin_token_to_each_other(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """With tokens required (ADR 0023), the node running a cluster operation calls the other
+    nodes' admin APIs with its `admin_token` (ADR 0025): accepted; a wrong one is refused."""
+    from spate.cluster.admin.auth import AdminAuth
+    from spate.cluster.admin.operations import Operations
+    from spate.core.permissions import UserStore, token_hash
+
+    store = UserStore.parse({"users": {"node": {"token_sha256": token_hash("node-tok")}}}, "f")
+
+    async def main() -> None:
+        port = free_port()
+        metadata = MetadataService(
+            node_id="n1", data_dir=tmp_path, self_address=f"127.0.0.1:{port}", password="pw"
+        )
+        await metadata.start()
+        server = AdminServer(
+            metadata,
+            stats=async_stats,
+            status=status,
+            auth=AdminAuth(store, require_token=True),
+            peer_token="node-tok",
+        )
+        try:
+            await metadata.wait_ready()
+            admin_port = await server.start()
+            address = f"127.0.0.1:{admin_port}"
+            await metadata.register_node(
+                NodeId("n1"), amqp=address, admin=address, replication=address, metadata=None
+            )
+            peers = server._servicer.operations.peers  # what its operations call others with
+            answer = await peers.call_any("n1", "ClusterStatus", pb.ClusterStatusRequest())
+            assert isinstance(answer, pb.ClusterStatusResponse) and answer.metadata.ready
+            wrong = Operations(metadata, "n1", "not-the-token")
+            try:
+                with pytest.raises(BrokerError, match="unknown admin token"):
+                    await wrong.peers.call_any("n1", "ClusterStatus", pb.ClusterStatusRequest())
+            finally:
+                await wrong.close()
+        finally:
+            await server.stop()
+            await metadata.stop()
+
+    asyncio.run(main())
+
+
+def test_a_nodes_admin_token_comes_from_its_file_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spate.cli.node import _admin_token
+
+    monkeypatch.delenv("SPATE_ADMIN_TOKEN", raising=False)
+    assert _admin_token(None) is None  # the config file's admin_token then
+    monkeypatch.setenv("SPATE_ADMIN_TOKEN", "from-env")
+    assert _admin_token(None) == "from-env"
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    assert _admin_token(token_file) == "from-file"
+    token_file.write_text("\n")
+    with pytest.raises(SystemExit, match="is empty"):
+        _admin_token(token_file)
+
+
+def test_operations_are_answered_from_metadata_and_interrupted_ones_marked(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """ADR 0025 §7: another node's (or a previous life's) operation is described from the
+    metadata service; at start a node marks the ones it was running as failed (interrupted)."""
+    from spate.cluster.admin.operations import Operations
+    from spate.cluster.metadata.state import OperationRecord
+
+    async def main() -> None:
+        port = free_port()
+        metadata = MetadataService(
+            node_id="n1", data_dir=tmp_path, self_address=f"127.0.0.1:{port}", password="pw"
+        )
+        await metadata.start()
+        operations = Operations(metadata, "n1")
+        try:
+            await metadata.wait_ready()
+            for op_id, node in (("n1-7-abc", "n1"), ("n2-1-def", "n2")):
+                await metadata.record_operation(
+                    OperationRecord(
+                        id=op_id,
+                        node=NodeId(node),
+                        kind="drain",
+                        target="node n3",
+                        state="running",
+                        step="orders/0: n4 catching up",
+                        progress_permille=400,
+                        error="",
+                        error_code="",
+                        started_ms=1,
+                        finished_ms=0,
+                        log=("1 replica(s) to move off n3",),
+                        revision=3,
+                    )
+                )
+            await operations.recover()  # what a node does at start
+            mine = operations.describe("n1-7-abc")
+            assert mine.state == "failed" and mine.error_code == "unavailable", mine
+            assert "interrupted: n1 restarted" in mine.error and mine.finished_ms > 0
+            assert mine.log[-1].startswith("failed: interrupted") and mine.progress == 0.4
+            other = operations.describe("n2-1-def")  # n2's: still running, as n2 published it
+            assert other.state == "running" and other.step == "orders/0: n4 catching up"
+            with pytest.raises(NotFound, match="keeps the last 256"):
+                operations.describe("nope")
+        finally:
+            await operations.close()
+            await metadata.stop()
+
+    asyncio.run(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import MetadataView, PartitionLeader, RequestId
 from spate.core.errors import (
     AlreadyExists,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     StorageFailure,
@@ -410,5 +412,114 @@ def test_registry_heartbeats_assignments_and_leader_reports_through_the_service(
             await eventually(lambda: len(views) == 2, "listeners saw the create and the report")
         finally:
             await svc.stop()
+
+    run(scenario)
+
+
+def test_voters_are_added_and_removed_and_restarts_keep_them(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """ADR 0025: a non-voting replica becomes a voter, the leader stops being one, with dumps
+    older than those changes (pysyncobj would reset its voters to the dump's on restart); every
+    replica restarted from its data dir with its *original* configuration has the new set."""
+    ports = [free_port() for _ in range(4)]
+    address = [f"127.0.0.1:{p}" for p in ports]
+
+    def replica(i: int) -> MetadataService:  # n0..n2 voters, n3 non-voting, as first configured
+        return MetadataService(
+            node_id=f"n{i}",
+            data_dir=tmp_path / f"r{i}",
+            self_address=address[i],
+            peer_addresses=[a for a in address[:3] if a != address[i]],
+            password=PASSWORD,
+            compaction_min_entries=10,
+            voter=i < 3,
+        )
+
+    async def scenario() -> None:
+        replicas = [replica(i) for i in range(4)]
+        try:
+            for r in replicas:
+                await r.start()
+            for r in replicas:
+                await r.wait_ready()
+            await join(replicas[0])
+            for n in range(15):  # a dump on every replica, before any voter change
+                await replicas[0].create_stream(StreamConfig(StreamName(f"s{n}")))
+            await eventually((tmp_path / "r3" / DUMP_FILE).exists, "a dump")
+            leader = next(r for r in replicas if r.status().is_leader)
+            with pytest.raises(FailedPrecondition, match="refused"):
+                await leader.change_voters("add", address[0])  # a voter already
+
+            await replicas[2].change_voters("add", address[3])  # through the leader
+            with socket.socket() as squatter:  # its port taken: it goes on non-voting
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                squatter.bind(("127.0.0.1", ports[3]))
+                squatter.listen()
+                with pytest.raises(Unavailable, match="cannot listen"):
+                    await replicas[3].set_role(True, address)
+                assert not replicas[3].is_voter
+                await replicas[3].create_stream(StreamConfig(StreamName("while-squatted")))
+            await replicas[3].set_role(True, address)
+            await eventually(
+                lambda: all(r.status().voters == tuple(sorted(address)) for r in replicas),
+                "four voters everywhere",
+            )
+            assert replicas[3].is_voter and replicas[3].status().ready
+            await replicas[3].create_stream(StreamConfig(StreamName("by-the-new-voter")))
+
+            leader = next(r for r in replicas if r.status().is_leader)
+            gone = leader.self_address
+            with pytest.raises(FailedPrecondition, match="refused"):
+                await leader.change_voters("remove", gone)  # the leader never removes itself
+            await leader.transfer_leadership()
+            await eventually(
+                lambda: any(r.status().is_leader for r in replicas if r is not leader),
+                "another leader",
+            )
+            rest = [r for r in replicas if r is not leader]
+            deadline = time.monotonic() + 15
+            while True:  # refused until the new leader's first entry commits (as the op retries)
+                try:
+                    await rest[0].change_voters("remove", gone)
+                    break
+                except FailedPrecondition:
+                    assert time.monotonic() < deadline, "the removal was refused for 15 s"
+                    await asyncio.sleep(0.1)
+            remaining = tuple(sorted(a for a in address if a != gone))
+            await leader.set_role(False, remaining)
+            await eventually(
+                lambda: all(r.status().voters == remaining for r in replicas), "three voters"
+            )
+            assert not leader.is_voter
+            await leader.create_stream(StreamConfig(StreamName("by-the-old-leader")))
+            await eventually(
+                lambda: all("by-the-old-leader" in names(r) for r in replicas), "seen everywhere"
+            )
+        finally:
+            for r in replicas:
+                await r.stop()
+
+        # Everyone restarts from its data dir with its original configuration.
+        replicas = [replica(i) for i in range(4)]
+        try:
+            for r in replicas:
+                await r.start()  # the dump (with four voters) is loaded before this returns
+                assert r.status().voters == remaining, (r.node_id, r.status())
+            for r in replicas:
+                await r.wait_ready()
+            for r in replicas:
+                assert r.status().voters == remaining, (r.node_id, r.status())
+                assert r.is_voter == (r.self_address in remaining)
+            await eventually(  # the last second of commits reappears once a leader exists
+                lambda: all(
+                    {"by-the-old-leader", "by-the-new-voter"} <= set(names(r)) for r in replicas
+                ),
+                "every replica has every stream",
+            )
+            await replicas[3].create_stream(StreamConfig(StreamName("after-restart")))
+        finally:
+            for r in replicas:
+                await r.stop()
 
     run(scenario)

@@ -1,7 +1,9 @@
 """Cluster operations on real processes (issue 14, ADR 0022): grow a three-node dev cluster
 to four, move a partition's replica onto the new node and drain an old one while a producer
 publishes with confirms and a consumer reads, stop the drained node; rebalance leaders on a
-skewed cluster (every leadership on one node).
+skewed cluster (every leadership on one node). On the same cluster (ADR 0025): add the fourth
+node to the metadata voters, remove the metadata leader from them and add it back, kill another
+voter and remove it, restart.
 
 BRIEF §4: zero confirmed messages lost, no reordering; publishing pauses only while a
 leadership moves (the longest pause is printed, and bounded loosely: timing is not the test).
@@ -128,6 +130,61 @@ def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
         assert set(final["replicas"]) <= {"n1", "n2", "n3", "n4"} - {drained}
         url = cluster.urls()[cluster.index_of(staying)]
         check_log(consume_all(url, "orders", set(acked)), acked)
+        _change_metadata_voters(cluster, drained)
+
+
+def _voting(cluster: Cluster, admin: str | None = None) -> tuple[set[str], dict[str, Any]]:
+    """The metadata voters as node ids, and the answering node's metadata status."""
+    status = cluster.cli_json("cluster", "status", *(("--admin", admin) if admin else ()))
+    voters = {n["node_id"] for n in status["nodes"] if n["metadata_voter"]}
+    return voters, status["metadata"]
+
+
+def _change_metadata_voters(cluster: Cluster, stopped: str) -> None:
+    """ADR 0025 on the same cluster: promote the non-voting n4, demote the metadata leader and
+    promote it back, kill a voter (the metadata service keeps its quorum, admin writes work),
+    remove the dead voter; restarts keep every node's membership, and the removed voter comes
+    back as a non-voting node."""
+    refused = cluster.cli("cluster", "add-voter", "n4", check=False)  # `stopped` is down
+    assert refused.returncode == 1 and "metadata voters are alive" in refused.stderr, refused
+    cluster.up(4)
+    added = cluster.cli_json("cluster", "add-voter", "n4")
+    assert added["state"] == "succeeded" and added["kind"] == "add-voter", added
+    voters, metadata = _voting(cluster)
+    assert voters == {"n1", "n2", "n3", "n4"} and len(metadata["voters"]) == 4, metadata
+    by_address = {n["metadata"]: n["node_id"] for n in cluster.state["nodes"]}
+    demoted = by_address[metadata["leader"]]  # the hardest case: the leader leaves
+    removed = cluster.cli_json("cluster", "remove-voter", demoted)
+    assert removed["state"] == "succeeded", removed
+    assert any("handing leadership over" in step for step in removed["log"]), removed["log"]
+    assert removed["step"] == f"{demoted} follows the metadata service without a vote"
+    assert cluster.cli_json("cluster", "add-voter", demoted)["state"] == "succeeded"
+    # Kill a voter other than the one answering admin calls and n4; three of four commit.
+    admin_node = next(n["node_id"] for n in cluster.state["nodes"] if n["admin"] == cluster.admin)
+    killed = sorted({"n1", "n2", "n3"} - {admin_node, demoted})[0]
+    cluster.kill9(cluster.index_of(killed))
+    cluster.cli("stream", "create", "after-a-voter-died", "--replicas", "2")
+    gone = cluster.cli_json("cluster", "remove-voter", killed)
+    assert gone["state"] == "succeeded", gone
+    voters = {"n1", "n2", "n3", "n4"} - {killed}
+    too_few = cluster.cli("cluster", "remove-voter", "n4", check=False)
+    assert too_few.returncode == 1 and "at least 3" in too_few.stderr, too_few.stderr
+    unknown = cluster.cli("cluster", "remove-voter", "n9", check=False)
+    assert unknown.returncode == 3 and "n9" in unknown.stderr, unknown.stderr
+    # Restart: n4 (configured as non-voting) comes back a voter; the voter removed while it
+    # was dead learns it from the others and comes back non-voting.
+    cluster.stop_node(cluster.index_of("n4"))
+    cluster.up(4)  # returns once every node is ready: it has a metadata leader
+    nodes = [n for n in cluster.state["nodes"] if n["role"] == "node"]
+    assert all(n["ready"] for n in nodes), nodes
+    assert {n["node_id"] for n in nodes if n["metadata_voter"]} == voters  # as recorded
+    seen, metadata = _voting(cluster)
+    assert seen == voters and metadata["has_quorum"], metadata
+    assert len(metadata["connected_peers"]) == 2, metadata  # the other two voters
+    # Operations are kept in the metadata service: n4 (restarted) answers for one n1 ran.
+    n4_admin = cluster.state["nodes"][cluster.index_of("n4")]["admin"]
+    shown = cluster.cli_json("operation", "show", removed["id"], "--admin", n4_admin)
+    assert shown["state"] == "succeeded" and shown["log"] == removed["log"], shown
 
 
 def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) -> None:

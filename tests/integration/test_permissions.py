@@ -67,6 +67,8 @@ class Rig:
     node_amqp: str
     gateway_amqp: str
     admin: str
+    users_file: Path
+    pids: tuple[int, ...]  # the node's and the gateway's
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path) -> dict[str, str]:
@@ -119,6 +121,7 @@ metrics_port = 0
 users_file = "{users_file}"
 allow_anonymous = false
 admin_require_token = true
+admin_token = "{USERS[0].token}"
 """
     )
     env = dict(os.environ, SPATE_METADATA_PASSWORD="permissions-test-secret")
@@ -157,7 +160,13 @@ admin_require_token = true
                 stderr=out,
             )
         gateway_endpoints = _wait_file(root / "g1" / "gateway.json", gateway, gateway_log)
-        yield Rig(endpoints["amqp"], gateway_endpoints["amqp"], admin)
+        yield Rig(
+            endpoints["amqp"],
+            gateway_endpoints["amqp"],
+            admin,
+            users_file,
+            (node.pid, gateway.pid),
+        )
     finally:
         if gateway is not None:
             _stop(gateway)
@@ -289,3 +298,84 @@ def test_cli_sends_the_token_from_the_environment(rig: Rig) -> None:
     env = dict(os.environ, SPATE_ADMIN_TOKEN=USERS[0].token)
     listed = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert listed.returncode == 0 and STREAM in listed.stdout, listed.stderr
+
+
+def test_sighup_reloads_the_users_file_and_keeps_it_when_the_new_one_is_broken(rig: Rig) -> None:
+    """Online change of users and permissions (SIGHUP to the node and the gateway): a user
+    added to the file publishes and administers at once; a file that does not parse is refused
+    and the users in force stay; the original file is back at the end."""
+    late = User("late", ".*", "^orders$", "")
+    original = rig.users_file.read_text()
+    document = json.loads(original)
+    document["users"]["late"] = {
+        "password": hash_password(late.password, n=2**10),
+        "token_sha256": token_hash(late.token),
+        "configure": late.configure,
+        "write": late.write,
+        "read": late.read,
+    }
+
+    def hup() -> None:
+        for pid in rig.pids:
+            os.kill(pid, signal.SIGHUP)
+
+    def eventually(check: object) -> None:
+        assert callable(check)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                check()
+                return
+            except Exception as error:  # not reloaded yet (RpcError, LinkDetached, ...)
+                assert time.monotonic() < deadline, error
+                time.sleep(0.2)
+
+    try:
+        with pytest.raises(grpc.RpcError):  # not a user yet
+            _admin_call(late, "ListStreams", pb.ListStreamsRequest(), rig.admin)
+        rig.users_file.write_text(json.dumps(document))
+        hup()
+        eventually(lambda: _admin_call(late, "ListStreams", pb.ListStreamsRequest(), rig.admin))
+        eventually(lambda: _publish(rig.node_amqp, late, STREAM))
+        eventually(lambda: _publish(rig.gateway_amqp, late, STREAM))
+        with pytest.raises(Exception):  # noqa: B017 - refused: read is not granted
+            _consume(rig.node_amqp, late, STREAM)
+        rig.users_file.write_text("{not json")
+        hup()
+        time.sleep(1)  # the handlers log the refusal and keep the users in force
+        _admin_call(late, "ListStreams", pb.ListStreamsRequest(), rig.admin)
+        _publish(rig.node_amqp, late, STREAM)
+    finally:
+        rig.users_file.write_text(original)
+        hup()
+    eventually(lambda: _expect_unauthenticated(late, rig.admin))
+
+
+def _expect_unauthenticated(user: User, admin: str) -> None:
+    try:
+        _admin_call(user, "ListStreams", pb.ListStreamsRequest(), admin)
+    except grpc.RpcError as refused:
+        assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused
+    else:
+        raise AssertionError(f"{user.name} is still accepted")
+
+
+def test_an_operation_calls_the_nodes_admin_api_with_the_nodes_token(rig: Rig) -> None:
+    """A cluster operation calls the nodes' admin APIs (here the node's own: GetLocalReplica)
+    with the node's `admin_token` (ADR 0025); with tokens required it would fail
+    UNAUTHENTICATED without one (tests/cluster/test_admin_server.py shows the refusal)."""
+    started = _admin_call(
+        USERS[0], "TransferLeader", pb.TransferLeaderRequest(stream=STREAM, to_node="n1"), rig.admin
+    )
+    assert isinstance(started, pb.Operation)
+    deadline = time.monotonic() + 30
+    while True:
+        found = _admin_call(
+            USERS[0], "GetOperation", pb.GetOperationRequest(id=started.id), rig.admin
+        )
+        assert isinstance(found, pb.Operation)
+        if found.state != "running":
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+    assert found.state == "succeeded", found

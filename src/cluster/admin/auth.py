@@ -86,10 +86,11 @@ def _peer_is_loopback(peer: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
+@dataclass
 class AdminAuth:
     store: UserStore | None = None
-    """Users with tokens and grants; None: no users file (everyone is anonymous)."""
+    """Users with tokens and grants; None: no users file (everyone is anonymous). Replaced
+    whole when the users file is reloaded (SIGHUP): calls after that see the new one."""
     require_token: bool = False
     allow_remote_anonymous: bool = False
 

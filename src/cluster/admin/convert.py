@@ -144,7 +144,8 @@ def process_message(facts: ProcessFacts) -> pb.ProcessStatus:
     )
 
 
-def node_message(status: NodeStatus) -> pb.RegisteredNode:
+def node_message(status: NodeStatus, voters: Sequence[str] = ()) -> pb.RegisteredNode:
+    """`voters`: the metadata voters' Raft addresses, to say whether the node is one."""
     record = status.record
     return pb.RegisteredNode(
         node_id=record.node,
@@ -157,6 +158,7 @@ def node_message(status: NodeStatus) -> pb.RegisteredNode:
         heartbeat_age_ms=status.heartbeat_age_ms,
         partitions_hosted=status.partitions_hosted,
         partitions_led=status.partitions_led,
+        metadata_voter=record.metadata is not None and record.metadata in voters,
     )
 
 

@@ -36,21 +36,24 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import grpc
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin.errors import ERROR_CODE_KEY
+from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
-from spate.cluster.metadata.state import ERROR_TYPES
+from spate.cluster.metadata.state import ERROR_TYPES, OperationRecord
 from spate.core.errors import (
     BrokerError,
     ErrorCode,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    Unauthenticated,
+    Unauthorized,
     Unavailable,
 )
 from spate.core.ids import NodeId, PartitionId, StreamName
@@ -58,7 +61,10 @@ from spate.core.ids import NodeId, PartitionId, StreamName
 log = logging.getLogger(__name__)
 
 operations_kept_max = 256
-"""Finished operations remembered for GetOperation (oldest forgotten first)."""
+"""Finished operations remembered here for GetOperation (oldest forgotten first); the metadata
+service keeps the last `metadata.limits.operations_kept_max` of the cluster's (ADR 0025)."""
+publish_interval_s = 0.5
+"""How often a running operation's changes are published to the metadata service."""
 step_timeout_s = 60.0
 """A membership change or a leadership transfer that has not taken effect after this long
 fails the operation (a partition that lost its majority cannot change)."""
@@ -73,6 +79,10 @@ transfer_retry_s = 2.0
 balancer_interval_s_default = 30.0
 balancer_interval_s_min = 0.5
 balancer_operations_kept_max = 64
+voters_min = 3
+"""A metadata voter is not removed below this many voters (one failure must be survivable)."""
+role_switch_timeout_s = 45.0
+"""A node's switch between metadata voter and non-voting replica (stop, start, catch up)."""
 
 
 @dataclass
@@ -95,6 +105,26 @@ class Operation:
             self.progress = max(0.0, min(1.0, progress))
         self.log.append(step)
         log.info("operation %s (%s %s): %s", self.id, self.kind, self.target, step)
+
+    def record(self, node: str, revision: int) -> OperationRecord:
+        """As published in the metadata service (the last steps, texts cut to its limits)."""
+        cut = metadata_limits.operation_text_max
+
+        return OperationRecord(
+            id=self.id,
+            node=NodeId(node),
+            kind=self.kind[:cut],
+            target=self.target[:cut],
+            state=self.state,
+            step=self.step[:cut],
+            progress_permille=round(self.progress * 1000),
+            error=self.error[:cut],
+            error_code=self.error_code,
+            started_ms=self.started_ms,
+            finished_ms=self.finished_ms,
+            log=tuple(line[:cut] for line in self.log[-metadata_limits.operation_log_lines_max :]),
+            revision=revision,
+        )
 
     def message(self) -> pb.Operation:
         return pb.Operation(
@@ -137,14 +167,36 @@ class Peers:
     async def call(self, node: str, method: str, request: object) -> pb.ReplicaState:
         """One call of an Admin method returning a ReplicaState at `node`; its failure as the
         BrokerError the other node raised (Unavailable when it could not be reached)."""
+        return cast(pb.ReplicaState, await self.call_any(node, method, request))
+
+    async def metadata_call(
+        self, node: str, method: str, request: object, timeout_s: float = call_timeout_s
+    ) -> pb.MetadataStatus:
+        """As `call`, for the methods answering the node's MetadataStatus."""
+        return cast(pb.MetadataStatus, await self.call_any(node, method, request, timeout_s))
+
+    async def call_any(
+        self, node: str, method: str, request: object, timeout_s: float = call_timeout_s
+    ) -> object:
         try:
             call = getattr(self.stub(node), method)
-            pending = cast(Awaitable[pb.ReplicaState], call(request, metadata=self._call_metadata))
-            return await asyncio.wait_for(pending, call_timeout_s)
+            pending = cast(Awaitable[object], call(request, metadata=self._call_metadata))
+            return await asyncio.wait_for(pending, timeout_s)
         except grpc.aio.AioRpcError as error:
             trailing: Any = error.trailing_metadata() or ()
             code = dict(trailing).get(ERROR_CODE_KEY)
             details = error.details() or str(error.code())
+            status = error.code()
+            if status in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                # Not retried: the operation fails at once, saying what to configure.
+                refusal = (
+                    Unauthenticated if status == grpc.StatusCode.UNAUTHENTICATED else Unauthorized
+                )
+                raise refusal(
+                    f"node {node} refused this node's call ({details}): give every node "
+                    "admin_token (or --admin-token-file, $SPATE_ADMIN_TOKEN) of a user with "
+                    "configure on $cluster"
+                ) from error
             if isinstance(code, str):
                 try:
                     kind = ERROR_TYPES.get(ErrorCode(code), Unavailable)
@@ -153,7 +205,7 @@ class Peers:
                 raise kind(details) from error
             raise Unavailable(f"node {node} did not answer: {details}") from error
         except TimeoutError as error:
-            raise Unavailable(f"node {node} did not answer within {call_timeout_s} s") from error
+            raise Unavailable(f"node {node} did not answer within {timeout_s} s") from error
 
     async def close(self) -> None:
         for _, channel in self._channels.values():
@@ -164,9 +216,12 @@ class Peers:
 class Operations:
     """Starts, runs and remembers the cluster operations of one admin server."""
 
-    def __init__(self, metadata: MetadataService, node_id: str = "") -> None:
+    def __init__(
+        self, metadata: MetadataService, node_id: str = "", peer_token: str | None = None
+    ) -> None:
         self.metadata = metadata
-        self.peers = Peers(metadata)
+        self.peers = Peers(metadata, peer_token)
+        self.node_id = node_id
         self._prefix = node_id or "op"
         self._ids = itertools.count(1)
         self._operations: OrderedDict[str, Operation] = OrderedDict()
@@ -222,11 +277,82 @@ class Operations:
     def get(self, operation_id: str) -> Operation:
         found = self._operations.get(operation_id)
         if found is None:
-            raise NotFound(
-                f"operation {operation_id!r} is unknown here (operations are kept by the node "
-                "that started them, until it restarts)"
-            )
+            raise NotFound(f"operation {operation_id!r} is unknown here")
         return found
+
+    def describe(self, operation_id: str) -> pb.Operation:
+        """An operation started here (its live state), else as the node running it last
+        published it in the metadata service; NotFound beyond the last ones kept."""
+        found = self._operations.get(operation_id)
+        if found is not None:
+            return found.message()
+        record = self.metadata.view().operations.get(operation_id)
+        if record is None:
+            raise NotFound(
+                f"operation {operation_id!r} is unknown (the cluster keeps the last "
+                f"{metadata_limits.operations_kept_max} operations)"
+            )
+        return pb.Operation(
+            id=record.id,
+            kind=record.kind,
+            target=record.target,
+            state=record.state,
+            step=record.step,
+            progress=record.progress_permille / 1000,
+            error=record.error,
+            error_code=record.error_code,
+            started_ms=record.started_ms,
+            finished_ms=record.finished_ms,
+            log=record.log,
+        )
+
+    async def recover(self) -> None:
+        """At start: the operations this node was running when it stopped are failed now (the
+        partitions stay consistent; the same command resumes the work)."""
+        if not self.node_id:
+            return
+        for record in list(self.metadata.view().operations.values()):
+            if record.node != self.node_id or record.state != "running":
+                continue
+            message = (
+                f"interrupted: {self.node_id} restarted while it ran; run the same command "
+                "again to resume it"
+            )
+            await self.metadata.record_operation(
+                replace(
+                    record,
+                    state="failed",
+                    error=message,
+                    error_code=ErrorCode.UNAVAILABLE.value,
+                    finished_ms=time.time_ns() // 1_000_000,
+                    log=(*record.log, f"failed: {message}")[
+                        -metadata_limits.operation_log_lines_max :
+                    ],
+                    revision=record.revision + 1,
+                )
+            )
+
+    async def _publish(self, operation: Operation) -> None:
+        """Publish the operation's state whenever it changed, until it has finished."""
+        if not self.node_id:
+            return
+        published: tuple[object, ...] | None = None
+        revision = 0
+        while True:
+            seen = (operation.state, operation.step, operation.progress, len(operation.log))
+            if seen != published:
+                revision += 1
+                try:
+                    await self.metadata.record_operation(operation.record(self.node_id, revision))
+                    published = seen
+                except BrokerError as error:
+                    log.warning("operation %s not published: %s", operation.id, error.message)
+                continue_publishing = True
+            else:
+                continue_publishing = operation.state == "running"
+            if not continue_publishing:
+                return
+            await asyncio.sleep(publish_interval_s)
 
     def _start(
         self, kind: str, target: str, body: Callable[[Operation], Awaitable[None]]
@@ -253,9 +379,13 @@ class Operations:
                 operation.progress = 1.0
             operation.finished_ms = time.time_ns() // 1_000_000
 
-        task = asyncio.get_running_loop().create_task(run(), name=f"operation-{operation.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+        for task in (
+            loop.create_task(run(), name=f"operation-{operation.id}"),
+            loop.create_task(self._publish(operation), name=f"publish-{operation.id}"),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return operation
 
     async def close(self) -> None:
@@ -349,6 +479,149 @@ class Operations:
             )
         return self._start("remove", f"node {node}", lambda op: self._evacuate(op, NodeId(node)))
 
+    # -- metadata voters (ADR 0025)
+
+    def _voter_change_running(self) -> None:
+        for other in self._operations.values():
+            if other.kind in ("add-voter", "remove-voter") and other.state == "running":
+                raise FailedPrecondition(
+                    f"a metadata voter change is already in progress ({other.id}: "
+                    f"{other.kind} {other.target}); wait for it (`spate operation wait {other.id}`)"
+                )
+
+    def _voter_liveness(self) -> tuple[tuple[str, ...], set[str]]:
+        """(voter addresses, addresses of the voters this node's metadata replica is connected
+        to, itself included: a stopped voter drops out at once, unlike a heartbeat)."""
+        status = self.metadata.status()
+        reached = {*status.connected_peers, status.self_address}
+        return status.voters, {a for a in status.voters if a in reached}
+
+    def add_voter(self, node: str) -> Operation:
+        target = self._live_node(node, "node")
+        address = self.metadata.node(target).metadata
+        if not address:
+            raise FailedPrecondition(
+                f"node {node} registered no metadata address (an older version): restart it"
+            )
+        voters, alive = self._voter_liveness()
+        if address in voters:
+            raise FailedPrecondition(f"node {node} is a metadata voter already")
+        majority = (len(voters) + 1) // 2 + 1
+        if len(alive) < majority:
+            raise FailedPrecondition(
+                f"only {len(alive)} of {len(voters)} metadata voters are alive: with {node} "
+                f"there would be {len(voters) + 1}, needing {majority} until {node} catches up"
+            )
+        self._voter_change_running()
+        return self._start(
+            "add-voter", f"node {node}", lambda op: self._add_voter(op, target, address)
+        )
+
+    def remove_voter(self, node: str) -> Operation:
+        if not node:
+            raise InvalidArgument("node: required")
+        address = self.metadata.node(NodeId(node)).metadata  # NotFound
+        voters, alive = self._voter_liveness()
+        if not address or address not in voters:
+            raise FailedPrecondition(f"node {node} is not a metadata voter")
+        remaining = [a for a in voters if a != address]
+        if len(remaining) < voters_min:
+            raise FailedPrecondition(
+                f"removing {node} would leave {len(remaining)} metadata voters; keep at least "
+                f"{voters_min} (add one first: `spate cluster add-voter NODE`)"
+            )
+        majority = len(remaining) // 2 + 1
+        live = [a for a in remaining if a in alive]
+        if len(live) < majority:
+            raise FailedPrecondition(
+                f"removing {node} would leave {len(live)} live metadata voters of "
+                f"{len(remaining)}, fewer than the {majority} a quorum needs"
+            )
+        self._voter_change_running()
+        return self._start(
+            "remove-voter",
+            f"node {node}",
+            lambda op: self._remove_voter(op, NodeId(node), address),
+        )
+
+    async def _metadata_leader(self) -> tuple[str, pb.MetadataStatus]:
+        """The metadata leader's node id and its own status (Unavailable while electing)."""
+        leader = self.metadata.status().leader
+        by_address = {r.metadata: r.node for r in self.metadata.nodes() if r.metadata}
+        if leader is None or leader not in by_address:
+            raise Unavailable("the metadata service has no known leader right now")
+        node = by_address[leader]
+        status = cast(
+            pb.ClusterStatusResponse,
+            await self.peers.call_any(node, "ClusterStatus", pb.ClusterStatusRequest()),
+        ).metadata
+        if not status.is_leader:
+            raise Unavailable(f"{node} does not lead the metadata service any more")
+        return node, status
+
+    async def _change_voters(self, op: Operation, action: str, address: str) -> list[str]:
+        """Have the metadata leader add or remove the voter at `address`, committed; returns
+        the voter set afterwards. The leader hands over first when it is the one removed."""
+        asked_at = 0.0
+        result: list[str] = []
+
+        async def done() -> bool:
+            nonlocal asked_at
+            leader, status = await self._metadata_leader()
+            if (address in status.voters) == (action == "add"):
+                result[:] = status.voters
+                return True
+            if time.monotonic() - asked_at < transfer_retry_s:
+                return False
+            asked_at = time.monotonic()
+            if action == "remove" and status.self_address == address:
+                op.at(f"{leader} leads the metadata service: handing leadership over")
+                request = pb.LocalMetadataChangeRequest(action="transfer-leadership")
+            else:
+                request = pb.LocalMetadataChangeRequest(action=action, address=address)
+            try:
+                await self.peers.metadata_call(leader, "LocalMetadataChange", request)
+            except FailedPrecondition as error:  # a change not committed yet: ask again
+                op.at(error.message)
+            return False
+
+        await self._until(f"metadata voter {action} {address}", done)
+        return result
+
+    async def _add_voter(self, op: Operation, node: NodeId, address: str) -> None:
+        op.at(f"adding {node} ({address}) to the metadata voters", 0.1)
+        voters = await self._change_voters(op, "add", address)
+        op.at(f"voters {', '.join(voters)}; {node} switches to voter", 0.5)
+        request = pb.LocalSetMetadataRoleRequest(voter=True, voters=voters)
+        await self.peers.metadata_call(node, "LocalSetMetadataRole", request, role_switch_timeout_s)
+
+        async def connected() -> bool:
+            _, status = await self._metadata_leader()
+            return status.self_address == address or address in status.connected_peers
+
+        await self._until(f"the metadata leader reaching {node}", connected)
+        op.at(f"{node} votes in the metadata service ({len(voters)} voters)", 1.0)
+
+    async def _remove_voter(self, op: Operation, node: NodeId, address: str) -> None:
+        op.at(f"removing {node} ({address}) from the metadata voters", 0.1)
+        voters = await self._change_voters(op, "remove", address)
+        op.at(f"voters {', '.join(voters)}; {node} switches to a non-voting replica", 0.6)
+        request = pb.LocalSetMetadataRoleRequest(voter=False, voters=voters)
+        try:
+            await self.peers.metadata_call(
+                node, "LocalSetMetadataRole", request, role_switch_timeout_s
+            )
+        except Unavailable as error:
+            # Down (or unreachable): the other voters refuse it now, and when it starts again
+            # it asks them and goes on as a non-voting replica (NodeProcess._metadata_ready).
+            op.at(
+                f"{node} is not reachable ({error.message}); it will follow as a "
+                "non-voting replica when it starts again",
+                1.0,
+            )
+            return
+        op.at(f"{node} follows the metadata service without a vote", 1.0)
+
     # -- reading replicas
 
     async def replica_state(
@@ -368,6 +641,8 @@ class Operations:
         async def one(node: str) -> pb.ReplicaState:
             try:
                 return await self.replica_state(node, stream, partition)
+            except (Unauthenticated, Unauthorized):
+                raise  # a configuration error: the operation fails, it does not wait
             except BrokerError as error:
                 return pb.ReplicaState(
                     stream=stream,

@@ -78,7 +78,10 @@ class AdminServer:
         coordinators: CoordinatorsProvider | None = None,
         auth: AdminAuth | None = None,
         replicas: ReplicaControl | None = None,
+        peer_token: str | None = None,
     ) -> None:
+        """`peer_token`: sent to other nodes' admin APIs during cluster operations (a user's
+        token with configure on `$cluster`; default `$SPATE_ADMIN_TOKEN`)."""
         self.metadata = metadata
         self.auth = auth or AdminAuth(allow_remote_anonymous=True)
         """Who may call and what they may do (ADR 0023; default: open, as before)."""
@@ -86,7 +89,7 @@ class AdminServer:
         self.port = port
         self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
         self._servicer.replicas = replicas
-        self._servicer.operations = Operations(metadata, metadata.node_id)
+        self._servicer.operations = Operations(metadata, metadata.node_id, peer_token)
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -118,6 +121,10 @@ class AdminServer:
         self.port = port
         log.info("admin API listening on %s:%d", self.host, port)
         return port
+
+    async def recover_operations(self) -> None:
+        """Mark the operations this node ran before it restarted as interrupted (ADR 0025)."""
+        await self._servicer.operations.recover()
 
     async def stop(self) -> None:
         if self._server is None:
@@ -577,10 +584,13 @@ class _AdminServicer(pb_grpc.AdminServicer):
         context: grpc.aio.ServicerContext[pb.ClusterStatusRequest, pb.ClusterStatusResponse],
     ) -> pb.ClusterStatusResponse:
         async def call() -> pb.ClusterStatusResponse:
+            status = self.metadata.status()
             return pb.ClusterStatusResponse(
-                metadata=convert.metadata_status_message(self.metadata.status()),
+                metadata=convert.metadata_status_message(status),
                 processes=[convert.process_message(p) for p in self.status()],
-                nodes=[convert.node_message(n) for n in self.metadata.node_statuses()],
+                nodes=[
+                    convert.node_message(n, status.voters) for n in self.metadata.node_statuses()
+                ],
             )
 
         return await _answer(context, call)
@@ -694,6 +704,59 @@ class _AdminServicer(pb_grpc.AdminServicer):
 
         return await _answer(context, call)
 
+    async def AddMetadataVoter(
+        self,
+        request: pb.MetadataVoterRequest,
+        context: grpc.aio.ServicerContext[pb.MetadataVoterRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.add_voter(request.node).message()
+
+        return await _answer(context, call)
+
+    async def RemoveMetadataVoter(
+        self,
+        request: pb.MetadataVoterRequest,
+        context: grpc.aio.ServicerContext[pb.MetadataVoterRequest, pb.Operation],
+    ) -> pb.Operation:
+        async def call() -> pb.Operation:
+            await self._catch_up()
+            return self.operations.remove_voter(request.node).message()
+
+        return await _answer(context, call)
+
+    async def LocalMetadataChange(
+        self,
+        request: pb.LocalMetadataChangeRequest,
+        context: grpc.aio.ServicerContext[pb.LocalMetadataChangeRequest, pb.MetadataStatus],
+    ) -> pb.MetadataStatus:
+        async def call() -> pb.MetadataStatus:
+            if request.action == "transfer-leadership":
+                await self.metadata.transfer_leadership()
+            elif request.action in ("add", "remove"):
+                if not request.address:
+                    raise InvalidArgument("address: required")
+                await self.metadata.change_voters(request.action, request.address)
+            else:
+                raise InvalidArgument(
+                    f"action: 'add', 'remove' or 'transfer-leadership', not {request.action!r}"
+                )
+            return convert.metadata_status_message(self.metadata.status())
+
+        return await _answer(context, call)
+
+    async def LocalSetMetadataRole(
+        self,
+        request: pb.LocalSetMetadataRoleRequest,
+        context: grpc.aio.ServicerContext[pb.LocalSetMetadataRoleRequest, pb.MetadataStatus],
+    ) -> pb.MetadataStatus:
+        async def call() -> pb.MetadataStatus:
+            await self.metadata.set_role(request.voter, list(request.voters))
+            return convert.metadata_status_message(self.metadata.status())
+
+        return await _answer(context, call)
+
     async def GetOperation(
         self,
         request: pb.GetOperationRequest,
@@ -702,7 +765,7 @@ class _AdminServicer(pb_grpc.AdminServicer):
         async def call() -> pb.Operation:
             if not request.id:
                 raise InvalidArgument("id: required")
-            return self.operations.get(request.id).message()
+            return self.operations.describe(request.id)
 
         return await _answer(context, call)
 

@@ -27,6 +27,7 @@ Record (a command in the Raft log, or a result):
     0x0a  DeleteConsumerGroup {"name": str, "request_id": str, "stream": str}
     0x0b  SetReplicas    {"expected": [str...]|null, "learners": [str...], "partition": int,
                           "replicas": [str...], "request_id": str, "stream": str}  (ADR 0022)
+    0x0c  RecordOperation {"operation": OPERATION, "request_id": str}  (ADR 0025)
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -66,6 +67,11 @@ Full dump (pysyncobj's `fullDumpFile`, written through its serializer hook):
     PARTITION = {"leader": {"epoch": int, "node": str}|null, "replicas": [str...],
                  "learners": [str...]}   (learners: written only when not empty; ADR 0022)
     RESULT = {"applied": {"version": int}} | {"rejected": {"code": str, "message": str}}
+    OPERATION = {"error": str, "error_code": str, "finished_ms": int, "id": str, "kind": str,
+                 "log": [str...], "node": str, "progress_permille": int, "revision": int,
+                 "started_ms": int, "state": str, "step": str, "target": str}
+    STATE may hold "operations": [OPERATION...] (oldest first; written only when not empty,
+    absent in dumps written before ADR 0025: read as []).
 
     Format 1 dumps: NODE without "metadata" and "replication" (read as null), STREAM without
     "partitions" (read as unplaced: `config.partitions` records with replicas [] and no leader).
@@ -104,8 +110,10 @@ from spate.cluster.metadata.state import (
     LegacyCreateStream,
     MetadataSnapshot,
     NodeRecord,
+    OperationRecord,
     PartitionLeader,
     PartitionRecord,
+    RecordOperation,
     RegisterNode,
     Rejected,
     ReportLeader,
@@ -139,6 +147,7 @@ TAG_DELETE_SUPER_STREAM = 0x08
 TAG_CREATE_CONSUMER_GROUP = 0x09
 TAG_DELETE_CONSUMER_GROUP = 0x0A
 TAG_SET_REPLICAS = 0x0B
+TAG_RECORD_OPERATION = 0x0C
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -256,6 +265,11 @@ def encode_command(command: Command) -> bytes:
                 "expected": None if command.expected is None else list(command.expected),
             },
         )
+    if isinstance(command, RecordOperation):
+        return _record(
+            TAG_RECORD_OPERATION,
+            {"request_id": command.request_id, "operation": _operation_json(command.operation)},
+        )
     assert isinstance(command, Barrier), command
     return _record(TAG_BARRIER, {"request_id": command.request_id})
 
@@ -354,7 +368,66 @@ def decode_command(data: bytes) -> Command:
             _nodes(fields["learners"]),
             None if expected is None else _nodes(expected),
         )
+    if tag == TAG_RECORD_OPERATION and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "operation"})
+        return RecordOperation(
+            RequestId(_str(fields["request_id"])), _operation(fields["operation"])
+        )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
+
+
+_OPERATION_KEYS = {
+    "id",
+    "node",
+    "kind",
+    "target",
+    "state",
+    "step",
+    "progress_permille",
+    "error",
+    "error_code",
+    "started_ms",
+    "finished_ms",
+    "log",
+    "revision",
+}
+
+
+def _operation_json(record: OperationRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "node": record.node,
+        "kind": record.kind,
+        "target": record.target,
+        "state": record.state,
+        "step": record.step,
+        "progress_permille": record.progress_permille,
+        "error": record.error,
+        "error_code": record.error_code,
+        "started_ms": record.started_ms,
+        "finished_ms": record.finished_ms,
+        "log": list(record.log),
+        "revision": record.revision,
+    }
+
+
+def _operation(value: object) -> OperationRecord:
+    fields = _fields(value, "operation", _OPERATION_KEYS)
+    return OperationRecord(
+        id=_str(fields["id"]),
+        node=NodeId(_str(fields["node"])),
+        kind=_str(fields["kind"]),
+        target=_str(fields["target"]),
+        state=_str(fields["state"]),
+        step=_str(fields["step"]),
+        progress_permille=_int(fields["progress_permille"]),
+        error=_str(fields["error"]),
+        error_code=_str(fields["error_code"]),
+        started_ms=_int(fields["started_ms"]),
+        finished_ms=_int(fields["finished_ms"]),
+        log=tuple(_str(line) for line in _list(fields["log"])),
+        revision=_int(fields["revision"]),
+    )
 
 
 def _nodes(value: object) -> tuple[NodeId, ...]:
@@ -579,13 +652,17 @@ def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
         ],
         "super_streams": [_super_json(t) for t in snapshot.super_streams],
         "consumer_groups": [_group_json(g) for g in snapshot.groups],
-    }
+    } | (
+        {"operations": [_operation_json(o) for o in snapshot.operations]}
+        if snapshot.operations
+        else {}
+    )
 
 
 def _snapshot(value: object, version: int) -> MetadataSnapshot:
     legacy = version == 0x01
     keys = {"version", "streams", "nodes", "requests"}
-    for late_key in ("super_streams", "consumer_groups"):  # absent in dumps written before
+    for late_key in ("super_streams", "consumer_groups", "operations"):  # absent in older dumps
         if isinstance(value, dict) and late_key in value:
             keys.add(late_key)
     fields = _fields(value, "state", keys)
@@ -649,6 +726,7 @@ def _snapshot(value: object, version: int) -> MetadataSnapshot:
         tuple(requests),
         supers,
         tuple(sorted(groups, key=lambda g: g.key)),
+        tuple(_operation(o) for o in _list(fields.get("operations", []))),
     )
 
 

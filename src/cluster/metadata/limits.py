@@ -66,3 +66,16 @@ default_replicas_max = 3
 
 assert heartbeat_min_interval_ms < heartbeat_interval_ms
 assert node_alive_ms >= 3 * heartbeat_interval_ms, "a node is not dead after one lost heartbeat"
+
+rejoin_check_ms = 3_000
+"""A starting voter without a leader after this long asks the other nodes whether it is still
+a voter (it may have been removed while it was down; ADR 0025)."""
+assert rejoin_check_ms < ready_timeout_ms
+
+operations_kept_max = 256
+"""Cluster operations the metadata service remembers (the oldest published is dropped first;
+ADR 0025)."""
+operation_log_lines_max = 50
+"""Steps of one operation kept in its metadata record (the last ones)."""
+operation_text_max = 512
+"""Characters of one operation field or step in its metadata record."""

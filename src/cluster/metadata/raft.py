@@ -15,6 +15,12 @@ One `SyncObj` whose single `@replicated` method takes our encoded command bytes,
   the journal file in the apply hook, before pysyncobj runs the submitter's callback, so an
   acknowledged command is on the leader's disk, not only in page caches. Followers do not (their
   acknowledgements stay page-cache only); what that does and does not survive: ADR 0006.
+- `dynamicMembershipChange=True` (ADR 0025): voters are added and removed one at a time with
+  pysyncobj's membership entries, which take effect when appended (leader and followers) and are
+  undone on truncation. pysyncobj keeps the membership only in memory and in its dump, and does
+  not re-read membership entries from its journal on restart, so this adapter hooks every
+  change and writes the voter set to `metadata.voters` (fsynced, replaced atomically); the
+  service starts from that file rather than from its configured peers.
 
 Threads: pysyncobj runs every apply, the serializer, the deserializer and submit callbacks on its
 own tick thread. This adapter only calls the `on_change` and `callback` functions it is given on
@@ -26,6 +32,8 @@ that created it exits.
 
 from __future__ import annotations
 
+import collections
+import json
 import logging
 import os
 import socket
@@ -35,6 +43,7 @@ from enum import Enum
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import MetaStorer
 from pysyncobj.node import TCPNode
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.codec import (
@@ -54,6 +63,39 @@ JOURNAL_FILE = "metadata.journal"
 """pysyncobj's log (its own record format; entries are our command bytes in its envelope)."""
 DUMP_FILE = "metadata.dump"
 """The full dump in our codec's layout (magic b"SPMD")."""
+VOTERS_FILE = "metadata.voters"
+"""The voter set as this replica last applied it, JSON `{"voters": ["host:port", ...]}`."""
+
+
+def read_voters(data_dir: Path) -> tuple[str, ...] | None:
+    """The voter set recorded in `data_dir` (None: never recorded; a fresh or older node)."""
+    path = Path(data_dir) / VOTERS_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise StorageFailure(f"cannot read the metadata voter set {path}: {error}") from error
+    voters = document.get("voters") if isinstance(document, dict) else None
+    if not isinstance(voters, list) or not voters or not all(isinstance(v, str) for v in voters):
+        raise StorageFailure(f'{path}: expected {{"voters": ["host:port", ...]}}')
+    return tuple(sorted(voters))
+
+
+def write_voters(data_dir: Path, voters: tuple[str, ...]) -> None:
+    """Record the voter set: written to a temporary file, fsynced, renamed, directory synced."""
+    path = Path(data_dir) / VOTERS_FILE
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as out:
+        out.write(json.dumps({"voters": sorted(voters)}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class SubmitFailure(Enum):
@@ -122,6 +164,10 @@ class MetadataRaft:
         self._obj: _MetadataSyncObj | None = None
         self._dump_expected = False
         self._dump_read = False
+        self._voters: tuple[str, ...] = config.voters
+        self._last_status: RaftStatus | None = None
+        self._on_tick: collections.deque[Callable[[], None]] = collections.deque()
+        """Calls to make on the tick thread (pysyncobj's state is not thread-safe)."""
 
     @property
     def journal_path(self) -> Path:
@@ -138,6 +184,8 @@ class MetadataRaft:
         if config.voter:
             _check_bindable(bind)
         self._dump_expected = self.dump_path.exists()
+        if not config.voter:
+            _forget_term(self.journal_path)
         conf = SyncObjConf(
             password=config.password,
             bindAddress=bind if config.voter else None,
@@ -151,7 +199,7 @@ class MetadataRaft:
             connectionRetryTime=limits.connection_retry_s,
             logCompactionMinEntries=config.compaction_min_entries,
             logCompactionMinTime=config.compaction_min_time_s,
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
         )
         self._obj = _MetadataSyncObj(
             self,
@@ -159,10 +207,13 @@ class MetadataRaft:
             list(config.peer_addresses),
             conf,
         )
+        self._obj.addOnTickCallback(self._run_on_tick)
 
     def stop(self) -> None:
-        """Blocks until the tick thread has flushed the journal and exited."""
+        """Blocks until the tick thread has flushed the journal and exited. `status()` answers
+        the last status afterwards."""
         if self._obj is not None:
+            self._last_status = self.status()
             self._obj.destroy_synchronous()
             self._obj = None
 
@@ -187,13 +238,46 @@ class MetadataRaft:
 
         self._obj.apply_command(command, callback=done)
 
+    def change_voters(self, action: str, address: str, callback: SubmitCallback) -> None:
+        """Add (`action` "add") or remove ("remove") one voter; `callback(None, None)` once the
+        change is applied here, or (None, reason): REQUEST_DENIED while another change is not
+        committed, before the leader's first entry is, for a voter already in (or not in) the
+        set, or to remove the leader itself. Submitted through the leader, like a command."""
+        assert self._obj is not None, "change before start"
+        assert action in ("add", "remove"), action
+
+        def done(_result: object, reason: int) -> None:
+            callback(None, None if reason == FAIL_REASON.SUCCESS else SubmitFailure(reason))
+
+        if action == "add":
+            self._obj.addNodeToCluster(address, callback=done)
+        else:
+            self._obj.removeNodeFromCluster(address, callback=done)
+
+    def transfer_leadership(self, callback: SubmitCallback) -> None:
+        """On the leader: hand leadership to the most caught-up connected voter (Raft
+        TimeoutNow). `callback(None, None)` when asked (not done: watch `status().leader`)."""
+        obj = self._obj
+        assert obj is not None, "transfer before start"
+
+        def done(_result: object, reason: int) -> None:
+            callback(None, None if reason == FAIL_REASON.SUCCESS else SubmitFailure(reason))
+
+        self._on_tick.append(lambda: obj.transferLeadership(None, callback=done))
+
+    def _run_on_tick(self) -> None:
+        while self._on_tick:
+            self._on_tick.popleft()()
+
     def status(self) -> RaftStatus:
         obj = self._obj
-        assert obj is not None, "status before start"
+        if obj is None:
+            assert self._last_status is not None, "status before start"
+            return self._last_status
         leader = obj._getLeader()
         return RaftStatus(
             self_address=self.config.self_address,
-            voters=self.config.voters,
+            voters=self._voters,
             leader=None if leader is None else str(leader.id),
             is_leader=bool(obj._isLeader()),
             ready=bool(obj.isReady()),
@@ -205,6 +289,23 @@ class MetadataRaft:
         )
 
     # Tick-thread side ---------------------------------------------------------------------------
+
+    def _membership_changed(self, obj: SyncObj) -> None:
+        """After pysyncobj changed its voter set (an appended or truncated membership entry, a
+        dump loaded): remember it, and record it on disk before pysyncobj goes on."""
+        others = {str(node.id) for node in obj.otherNodes}
+        if self.config.voter:
+            others.add(self.config.self_address)
+        voters = tuple(sorted(others))
+        if voters == self._voters:
+            return
+        log.info("metadata voters: %s (were %s)", ", ".join(voters), ", ".join(self._voters))
+        self._voters = voters
+        try:
+            write_voters(self.config.data_dir, voters)
+        except OSError as error:  # never raise on the tick thread: stop serving instead
+            self.failure = StorageFailure(f"cannot record the metadata voter set: {error}")
+            log.error("%s", self.failure.message)
 
     def _apply(self, data: bytes) -> Result:
         try:
@@ -240,7 +341,9 @@ class MetadataRaft:
         last, previous, cluster = raft_data
         checkpoint = RaftCheckpoint(
             entries=(_log_entry(previous), _log_entry(last)),
-            voters=tuple(sorted(str(node.id) for node in cluster)),  # type: ignore[attr-defined]
+            voters=tuple(
+                sorted(str(node.id) for node in cluster if node is not None)  # type: ignore[attr-defined]
+            ),
         )
         data = encode_dump(checkpoint, self.state.snapshot())
         with open(path, "wb") as out:
@@ -257,10 +360,15 @@ class MetadataRaft:
             log.error("%s", self.failure.message)
             raise
         self.state.restore(snapshot)
+        installed = self._dump_read or not self._dump_expected  # else: our own, at start
         self._dump_read = True
         self._on_change(self.state.view)
         previous, last = checkpoint.entries
-        voters = {TCPNode(address) for address in checkpoint.voters}
+        # pysyncobj resets its voters to the dump's. Our own dump is older than the membership
+        # entries after it in the journal (which pysyncobj does not re-read), so at start the
+        # voters are those recorded last (`metadata.voters`, or the configuration); a dump the
+        # leader sent carries the leader's voters, and the entries after it follow.
+        voters = {TCPNode(a) for a in (checkpoint.voters if installed else self._voters)}
         return (
             (last.command, last.index, last.term),
             (previous.command, previous.index, previous.term),
@@ -280,12 +388,40 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     def apply_command(self, data: bytes) -> Result:
         return self._adapter._apply(data)
 
+    # pysyncobj's private (name-mangled) membership hooks: every change of its voter set goes
+    # through one of these two, on the tick thread.
+    def _SyncObj__doChangeCluster(self, request: object, reverse: bool = False) -> bool:
+        changed = bool(super()._SyncObj__doChangeCluster(request, reverse))
+        if changed:
+            self._adapter._membership_changed(self)
+        return changed
+
+    def _SyncObj__updateClusterConfiguration(self, nodes: object) -> None:
+        super()._SyncObj__updateClusterConfiguration(nodes)
+        self._adapter._membership_changed(self)
+
 
 def _log_entry(entry: object) -> LogEntry:
     assert isinstance(entry, tuple) and len(entry) == 3, entry
     command, index, term = entry
     assert isinstance(command, bytes) and isinstance(index, int) and isinstance(term, int), entry
     return LogEntry(command, index, term)
+
+
+def _forget_term(journal: Path) -> None:
+    """A non-voting replica never campaigns and only takes entries from a leader whose term is
+    at least its own (pysyncobj ignores lower terms, silently). A former voter may have counted
+    its term up in elections the others never saw (cut off by its removal, or down while it was
+    removed): start from the last entry's term, which a real leader wrote, instead."""
+    meta_path = Path(f"{journal}.meta")
+    if not meta_path.exists():
+        return
+    storer = MetaStorer(str(meta_path))
+    meta = storer.getMeta()
+    if meta.get("currentTerm") or meta.get("votedForNodeId") is not None:
+        meta["currentTerm"] = 0
+        meta["votedForNodeId"] = None
+        storer.storeMeta(meta)
 
 
 def _check_bindable(address: str) -> None:

@@ -20,7 +20,14 @@ from pathlib import Path
 
 from spate.cluster.metadata import limits
 from spate.cluster.metadata.codec import encode_command
-from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, RaftStatus, SubmitFailure
+from spate.cluster.metadata.raft import (
+    MetadataRaft,
+    RaftConfig,
+    RaftStatus,
+    SubmitFailure,
+    read_voters,
+    write_voters,
+)
 from spate.cluster.metadata.state import (
     Applied,
     Assignment,
@@ -36,8 +43,10 @@ from spate.cluster.metadata.state import (
     MetadataView,
     NodeRecord,
     NodeStatus,
+    OperationRecord,
     PartitionLeader,
     PartitionPlacement,
+    RecordOperation,
     RegisterNode,
     Rejected,
     ReportLeader,
@@ -50,7 +59,14 @@ from spate.cluster.metadata.state import (
     partition_placements,
 )
 from spate.core import groups
-from spate.core.errors import InvalidArgument, NotFound, ResourceLimitExceeded, Unavailable
+from spate.core.errors import (
+    BrokerError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceLimitExceeded,
+    Unavailable,
+)
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
@@ -101,22 +117,35 @@ class MetadataService:
         self.node_id = node_id
         self.command_timeout_ms = command_timeout_ms
         self.ready_timeout_ms = ready_timeout_ms
-        self._raft = MetadataRaft(
-            RaftConfig(
-                self_address=self_address,
-                peer_addresses=tuple(a for a in peer_addresses if a != self_address),
-                data_dir=Path(data_dir),
-                password=password,
-                bind_address=bind_address,
-                compaction_min_entries=compaction_min_entries,
-                sync_journal=sync_journal,
-                voter=voter,
-            ),
-            self._on_change_threadsafe,
+        recorded = read_voters(Path(data_dir))
+        if recorded is not None:
+            # The voter set this replica applied last wins over the configured one: voters
+            # are added and removed at run time (ADR 0025).
+            voter = self_address in recorded
+            peer_addresses = recorded
+            log.info(
+                "metadata voters recorded in %s: %s; this node is %s",
+                data_dir,
+                ", ".join(recorded),
+                "a voter" if voter else "a non-voting replica",
+            )
+        self._config = RaftConfig(
+            self_address=self_address,
+            peer_addresses=tuple(a for a in peer_addresses if a != self_address),
+            data_dir=Path(data_dir),
+            password=password,
+            bind_address=bind_address,
+            compaction_min_entries=compaction_min_entries,
+            sync_journal=sync_journal,
+            voter=voter,
         )
+        self._raft = MetadataRaft(self._config, self._on_change_threadsafe)
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
+        self._role_lock = asyncio.Lock()
+        self._switching: asyncio.Event | None = None
+        """Set (and cleared when done) while this replica changes between voter and not."""
 
     # Life cycle ---------------------------------------------------------------------------------
 
@@ -162,6 +191,146 @@ class MetadataService:
             return
         self._started = False
         await asyncio.to_thread(self._raft.stop)
+
+    @property
+    def is_voter(self) -> bool:
+        return self._raft.config.voter
+
+    @property
+    def self_address(self) -> str:
+        return self._config.self_address
+
+    # Voters (ADR 0025) --------------------------------------------------------------------------
+
+    async def change_voters(self, action: str, address: str) -> None:
+        """Add ("add") or remove ("remove") one metadata voter by its Raft address, through the
+        leader; returns once the change is applied on this replica. Raises FailedPrecondition
+        when pysyncobj refuses it (another change not committed yet, the leader's first entry
+        not committed, already in / not in the set, the leader itself), Unavailable."""
+        await self._await_switch()
+        future = self._callback_future()
+        self._raft.change_voters(action, address, self._settle_callback(future))
+        try:
+            async with asyncio.timeout(self.command_timeout_ms / 1000):
+                _, failure = await future
+        except TimeoutError:
+            raise self._no_leader("the voter change did not commit; it may still") from None
+        if failure is SubmitFailure.REQUEST_DENIED:
+            raise FailedPrecondition(
+                f"the metadata leader refused to {action} voter {address}: another voter "
+                "change is not committed yet, or the voter set already is that way, or it is "
+                "the leader itself"
+            )
+        if failure is not None:
+            raise Unavailable(f"the voter change was not applied ({failure.name}); retry")
+
+    async def transfer_leadership(self) -> None:
+        """On the metadata leader: ask the most caught-up connected voter to take over (it
+        campaigns at once). Raises FailedPrecondition (not the leader, no caught-up voter)."""
+        future = self._callback_future()
+        self._raft.transfer_leadership(self._settle_callback(future))
+        _, failure = await asyncio.wait_for(future, self.command_timeout_ms / 1000)
+        if failure is SubmitFailure.NOT_LEADER:
+            raise FailedPrecondition(f"{self.self_address} does not lead the metadata service")
+        if failure is not None:
+            raise FailedPrecondition(
+                f"no voter is caught up with the metadata leader to take over ({failure.name})"
+            )
+
+    async def set_role(self, voter: bool, voters: Sequence[str]) -> None:
+        """Become a metadata voter (`voter`) or a non-voting replica of `voters` (the whole
+        voter set, Raft addresses), in this process: record the set, stop this replica's
+        pysyncobj and start it again in the other role on the same journal and dump. Reads
+        answer from the old replica's state until the new one has caught up with the leader;
+        writes wait. Raises Unavailable if it does not catch up within `ready_timeout_ms`."""
+        async with self._role_lock:  # two switches at once would share one journal
+            if voter != self.is_voter:
+                await self._switch_role(voter, voters)
+
+    async def _switch_role(self, voter: bool, voters: Sequence[str]) -> None:
+        voter_set = tuple(sorted(set(voters)))
+        if voter != (self.self_address in voter_set):
+            raise InvalidArgument(
+                f"voters: {self.self_address} must {'' if voter else 'not '}be among them"
+            )
+        assert self._loop is not None and self._started
+        switching = asyncio.Event()
+        self._switching = switching
+        old = self._raft
+        try:
+            config = replace(
+                self._config,
+                peer_addresses=tuple(a for a in voter_set if a != self.self_address),
+                voter=voter,
+            )
+            await asyncio.to_thread(old.stop)
+            write_voters(config.data_dir, voter_set)
+            fresh: list[MetadataRaft] = []
+
+            def changed(view: MetadataView) -> None:  # tick thread; silent until swapped in
+                if fresh and self._raft is fresh[0]:
+                    self._on_change_threadsafe(view)
+
+            new = MetadataRaft(config, changed)
+            fresh.append(new)
+            try:
+                new.start()  # on the loop's thread, which outlives it
+            except BrokerError:  # e.g. its metadata port is taken: go on in the old role
+                write_voters(config.data_dir, old.status().voters)
+                self._raft = MetadataRaft(self._config, self._on_change_threadsafe)
+                self._raft.start()
+                raise
+            deadline = time.monotonic() + self.ready_timeout_ms / 1000
+            while not (
+                new.failure is None
+                and new.dump_loaded()
+                and new.status().ready
+                and new.view().version >= old.view().version
+            ):
+                if new.failure is not None or time.monotonic() >= deadline:
+                    self._raft = new
+                    raise new.failure or self._no_leader(
+                        f"did not catch up as a {'voter' if voter else 'non-voting replica'}"
+                    )
+                await asyncio.sleep(0.05)
+            self._config = config
+            self._raft = new
+            log.info(
+                "metadata: %s is now %s (voters %s)",
+                self.node_id,
+                "a voter" if voter else "a non-voting replica",
+                ", ".join(voter_set),
+            )
+            self._notify(new.view())
+        finally:
+            self._switching = None
+            switching.set()
+        if NodeId(self.node_id) in self.view().nodes:  # heartbeats waited during the switch
+            try:
+                await self.heartbeat(NodeId(self.node_id))
+            except BrokerError as error:  # the node's own heartbeat loop tries again
+                log.warning("heartbeat after the metadata role switch: %s", error.message)
+
+    async def _await_switch(self) -> None:
+        switching = self._switching
+        if switching is not None:
+            async with asyncio.timeout(self.ready_timeout_ms / 1000):
+                await switching.wait()
+
+    def _callback_future(self) -> asyncio.Future[tuple[Result | None, SubmitFailure | None]]:
+        assert self._loop is not None
+        return self._loop.create_future()
+
+    def _settle_callback(
+        self, future: asyncio.Future[tuple[Result | None, SubmitFailure | None]]
+    ) -> Callable[[Result | None, SubmitFailure | None], None]:
+        loop = self._loop
+        assert loop is not None
+
+        def done(result: Result | None, failure: SubmitFailure | None) -> None:  # tick thread
+            _call_soon(loop, _settle, future, (result, failure))
+
+        return done
 
     # Writes -------------------------------------------------------------------------------------
 
@@ -316,6 +485,11 @@ class MetadataService:
             )
         )
 
+    async def record_operation(self, operation: OperationRecord) -> None:
+        """Publish a cluster operation's state (ADR 0025); a revision not above the recorded
+        one is ignored. Raises InvalidArgument (too long), Unavailable."""
+        await self._submit(RecordOperation(_new_request_id(), operation))
+
     async def barrier(self) -> MetadataView:
         """Commit a no-op; afterwards this replica shows every change committed before the call."""
         await self._submit(Barrier(_new_request_id()))
@@ -447,6 +621,12 @@ class MetadataService:
         loop = self._loop
         deadline = loop.time() + self.command_timeout_ms / 1000
         while True:
+            if self._switching is not None:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._switching.wait()
+                except TimeoutError:
+                    raise self._no_leader("this replica is changing its metadata role") from None
             future: asyncio.Future[tuple[Result | None, SubmitFailure | None]] = (
                 loop.create_future()
             )

@@ -59,6 +59,9 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | SetReplicas | stream unknown / node not registered | none | R(not-found) |
 | SetReplicas | bad partition, empty/overlapping sets, too many | none | R(invalid-argument) |
 | SetReplicas | replicas not `expected` (changed meanwhile), unplaced | none | R(failed-prec.) |
+| RecordOperation | revision > recorded, or new | kept (oldest dropped past the limit) | A |
+| RecordOperation | revision <= recorded | none (stale: ignored) | A |
+| RecordOperation | too long (log, fields) | none | R(invalid-argument) |
 
 SetReplicas (ADR 0022) records where a partition lives while an operator's move changes its
 Raft membership: `replicas` are the voters (preferred leader first), `learners` the nodes
@@ -167,6 +170,8 @@ class MetadataView:
     groups: Mapping[GroupKey, GroupDefinition] = field(default_factory=lambda: MappingProxyType({}))
     """Consumer groups defined ahead (ADR 0015), by (stream, group name); each stream is in
     `streams`."""
+    operations: Mapping[str, OperationRecord] = field(default_factory=lambda: MappingProxyType({}))
+    """The last `operations_kept_max` cluster operations by id, oldest first (ADR 0025)."""
 
     def super_stream_of(self, stream: StreamName) -> SuperStream | None:
         """The super stream `stream` is a partition of, if any."""
@@ -365,6 +370,48 @@ class SetReplicas:
 
 
 @dataclass(frozen=True, slots=True)
+class OperationRecord:
+    """A cluster operation as the node running it last published it (ADR 0025): kept in the
+    metadata service so any node answers `GetOperation`, across restarts of that node."""
+
+    id: str
+    node: NodeId  # the node running it
+    kind: str
+    target: str
+    state: str  # "running", "succeeded", "failed"
+    step: str
+    progress_permille: int  # 0..1000
+    error: str
+    error_code: str
+    started_ms: int
+    finished_ms: int
+    log: tuple[str, ...]  # the last `operation_log_lines_max` steps
+    revision: int  # increases with every publication by its node
+
+    def validate(self) -> None:
+        if not self.id or not self.node or len(self.id) > limits.operation_text_max:
+            raise InvalidArgument("operation: id and node required, id at most 256 characters")
+        if len(self.log) > limits.operation_log_lines_max or any(
+            len(text) > limits.operation_text_max
+            for text in (self.kind, self.target, self.step, self.error, *self.log)
+        ):
+            raise InvalidArgument(
+                f"operation: at most {limits.operation_log_lines_max} log lines of "
+                f"{limits.operation_text_max} characters"
+            )
+        if not 0 <= self.progress_permille <= 1000:
+            raise InvalidArgument("operation: progress_permille must be 0..1000")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOperation:
+    """Publish an operation's state (upsert by id, keeping the highest revision)."""
+
+    request_id: RequestId
+    operation: OperationRecord
+
+
+@dataclass(frozen=True, slots=True)
 class Barrier:
     """Changes nothing; once applied locally, every command committed before it is visible here."""
 
@@ -384,9 +431,10 @@ Command = (
     | ReportLeader
     | Barrier
     | SetReplicas
+    | RecordOperation
 )
 
-_NOT_REMEMBERED = (Heartbeat, ReportLeader)
+_NOT_REMEMBERED = (Heartbeat, ReportLeader, RecordOperation)
 """Idempotent commands (they keep a maximum): applying one twice changes nothing."""
 
 # Results ----------------------------------------------------------------------------------------
@@ -435,6 +483,7 @@ class MetadataSnapshot:
     requests: tuple[tuple[RequestId, Result], ...]  # oldest first
     super_streams: tuple[SuperStream, ...] = ()  # sorted by name
     groups: tuple[GroupDefinition, ...] = ()  # sorted by (stream, name)
+    operations: tuple[OperationRecord, ...] = ()  # oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +532,7 @@ class MetadataState:
             nodes=MappingProxyType({n.node: n for n in snapshot.nodes}),
             super_streams=MappingProxyType({t.name: t for t in snapshot.super_streams}),
             groups=MappingProxyType({g.key: g for g in snapshot.groups}),
+            operations=MappingProxyType({o.id: o for o in snapshot.operations}),
         )
         for topology in snapshot.super_streams:
             for name in topology.partitions:
@@ -499,6 +549,7 @@ class MetadataState:
             requests=tuple(self._requests.items()),
             super_streams=tuple(view.super_streams[name] for name in sorted(view.super_streams)),
             groups=tuple(view.groups[key] for key in sorted(view.groups)),
+            operations=tuple(view.operations.values()),
         )
 
     def apply(self, command: Command) -> Result:
@@ -612,6 +663,19 @@ class MetadataState:
             return self._report_leader(command)
         if isinstance(command, SetReplicas):
             return self._set_replicas(command)
+        if isinstance(command, RecordOperation):
+            record = command.operation
+            record.validate()
+            published = view.operations.get(record.id)
+            if published is not None and published.revision >= record.revision:
+                return Applied(view.version)  # stale: a newer publication came first
+            operations = dict(view.operations)
+            operations.pop(record.id, None)
+            operations[record.id] = record  # newest last
+            while len(operations) > limits.operations_kept_max:
+                del operations[next(iter(operations))]
+            self.view = replace(view, operations=MappingProxyType(operations))
+            return Applied(view.version)
         assert isinstance(command, Barrier), command
         return Applied(view.version)
 
