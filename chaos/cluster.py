@@ -64,6 +64,9 @@ class Process:
 class ChaosCluster:
     root: Path
     nodes: int = 3
+    voters: int = 0
+    """Metadata voters: the first this many nodes (0: every node); the others start as
+    non-voting replicas (`--metadata-observer`), which `spate cluster add-voter` promotes."""
     network: Network = field(default_factory=Network)
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
     processes: dict[str, Process] = field(default_factory=dict)
@@ -97,8 +100,9 @@ class ChaosCluster:
                 )
                 self._mounted.append(mount)
         hosts = [self.network.add_host(f"n{i + 1}") for i in range(self.nodes)]
+        voting = hosts[: self.voters or self.nodes]
         for i, host in enumerate(hosts):
-            peers = [f"{h.address}:{METADATA_PORT}" for h in hosts if h is not host]
+            peers = [f"{h.address}:{METADATA_PORT}" for h in voting if h is not host]
             name = f"n{i + 1}"
             argv = [
                 sys.executable,
@@ -125,6 +129,8 @@ class ChaosCluster:
                 # the harness (clients, admin) calls from the root namespace, not loopback
                 "--allow-remote-anonymous",
             ]
+            if host not in voting:
+                argv.append("--metadata-observer")
             self.processes[name] = Process(name, host, argv, self.root / name, "node.json")
         for name in GATEWAYS:
             gateway = self.network.add_host(name)

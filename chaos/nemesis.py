@@ -44,13 +44,15 @@ then a 10-30 s partition).
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.cluster import ChaosCluster
+from chaos.cluster import ADMIN_PORT, ChaosCluster
 from chaos.netem import Impairment
 from chaos.workload import History
 
@@ -87,6 +89,8 @@ LINK_KINDS = (
     "client-reset",
 )
 """Faults on one link, through the proxies: the schedule's cluster runs with proxied=True."""
+VOTER_KINDS = ("voter-swap",)
+"""Metadata voter changes (ADR 0025): the schedule's cluster has four nodes, three voting."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,14 @@ SCHEDULES = {
     "links": Schedule("links", LINK_KINDS, (8.0, 20.0), (5.0, 12.0), 10.0),
     "clocks": Schedule("clocks", ("clock-skew", "pause", "kill"), (8.0, 15.0), (4.0, 8.0), 5.0),
     "disks": Schedule("disks", (*DISK_KINDS, "disk-full", "kill"), (5.0, 10.0), (5.0, 10.0), 10.0),
+    "voters": Schedule(
+        "voters",
+        # voter changes weighted up, between faults that take a voter or a leader away
+        ("voter-swap", "voter-swap", "voter-swap", "kill", "pause", "partition-leader", "loss"),
+        (6, 10),
+        (4, 6),
+        5.0,
+    ),
     "processes": Schedule(
         "processes", ("kill", "pause", "kill-gateway", "pause-kill"), (8, 20), (5, 12), 10.0
     ),
@@ -140,7 +152,14 @@ def needs_proxies(schedule: Schedule) -> bool:
     return any(kind in LINK_KINDS for kind in schedule.kinds)
 
 
+def cluster_shape(schedule: Schedule) -> tuple[int, int]:
+    """(nodes, metadata voters) of the schedule's cluster (voters 0: every node)."""
+    return (4, 3) if any(kind in VOTER_KINDS for kind in schedule.kinds) else (3, 0)
+
+
 TMPFS_BYTES = 512 << 20
+VOTER_RETRY_S = 30.0
+VOTER_CLI = (sys.executable, "-m", "spate.cli.main", "cluster")
 
 
 def tmpfs_bytes(schedule: Schedule) -> int:
@@ -319,6 +338,9 @@ class Nemesis:
                 c.kill9(node)  # its failed replicas stay stopped until it restarts
                 c.start(node)
 
+        elif fault.kind == "voter-swap":
+            detail |= self._swap_voter(fault.pick)
+            undo = lambda: None  # noqa: E731  (the new voter set stays)
         elif fault.kind in DISK_KINDS:
             c.kill9(node)
             detail["node"] = node
@@ -328,6 +350,57 @@ class Nemesis:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
         self.history.record("nemesis", "info", "start", detail)
         return undo
+
+    def _swap_voter(self, pick: int) -> dict[str, Any]:
+        """`spate cluster add-voter` the non-voting node, then `remove-voter` a voter picked
+        by `pick` (the metadata leader itself when it is picked: it hands over first). A change
+        refused because the previous fault's node is not back yet (too few live voters) is
+        asked again for up to VOTER_RETRY_S; a change still refused then is recorded as
+        refused (liveness, in the summary), not as a harness error; anything else is one."""
+        c = self.cluster
+        status = c.cli("cluster", "status")
+        voters = sorted(n["node_id"] for n in status["nodes"] if n["metadata_voter"])
+        others = sorted(n["node_id"] for n in status["nodes"] if not n["metadata_voter"])
+        if not others:
+            raise RuntimeError(f"no non-voting node to add (voters {voters})")
+        add, remove = others[0], voters[pick % len(voters)]
+        steps = {}
+        for verb, node in (("add-voter", add), ("remove-voter", remove)):
+            outcome = self._voter_change(verb, node)
+            steps[verb] = {"node": node, "outcome": outcome}
+            self.history.record("nemesis", "info", verb, {"node": node, "outcome": outcome})
+            if outcome != "ok":
+                break
+        return {"voters_before": voters, "steps": steps}
+
+    def _voter_change(self, verb: str, node: str) -> str:
+        c = self.cluster
+        deadline = time.monotonic() + VOTER_RETRY_S
+        why = "no node is running"
+        while True:
+            live = [n for n in c.node_names if c.processes[n].running and not c.processes[n].paused]
+            for asked in live:
+                admin = f"{c.host(asked).address}:{ADMIN_PORT}"
+                done = subprocess.run(
+                    [*VOTER_CLI, verb, node, "--admin", admin, "--wait-timeout", "60"],
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                    check=False,
+                )
+                if done.returncode == 0:
+                    return "ok"
+                lines = (done.stderr or done.stdout).strip().splitlines()
+                why = f"at {asked}: exit {done.returncode}: {lines[-1] if lines else '?'}"
+                # 1: a failed precondition (a voter down, a change running), 5: unavailable
+                # (this node is cut off or has no metadata leader: ask the next one)
+                if done.returncode not in (1, 5):
+                    raise RuntimeError(f"spate cluster {verb} {node} {why}")
+                if done.returncode == 1:
+                    break
+            if time.monotonic() > deadline or self.stopping.is_set():
+                return f"refused: {why}"
+            time.sleep(2.0)
 
     def _toxics(self, fault: Fault, a: str, b: str) -> dict[str, Any]:
         """Put the fault's toxics on its links (both directions of each)."""

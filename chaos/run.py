@@ -25,7 +25,15 @@ from typing import Any
 
 from chaos import checker
 from chaos.cluster import ADMIN_PORT, ChaosCluster
-from chaos.nemesis import SCHEDULES, Fault, Nemesis, needs_proxies, plan, tmpfs_bytes
+from chaos.nemesis import (
+    SCHEDULES,
+    Fault,
+    Nemesis,
+    cluster_shape,
+    needs_proxies,
+    plan,
+    tmpfs_bytes,
+)
 from chaos.workload import History, Workload, read_partition
 
 STREAM = "chaos"
@@ -65,8 +73,13 @@ def run(schedule_name: str, seed: int | None, minutes: float | None, out: Path) 
     errors: list[str] = []
     retries: list[str] = []
     try:
+        nodes, voters = cluster_shape(schedule)
         with ChaosCluster(
-            data, proxied=needs_proxies(schedule), tmpfs_bytes=tmpfs_bytes(schedule)
+            data,
+            nodes=nodes,
+            voters=voters,
+            proxied=needs_proxies(schedule),
+            tmpfs_bytes=tmpfs_bytes(schedule),
         ) as cluster:
             try:
                 replicas = _exercise(cluster, history, faults, seconds, errors)

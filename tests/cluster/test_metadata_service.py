@@ -7,16 +7,19 @@ the default dump is a pickle (§3), commands dropped in leader changes (§5).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.codec import DUMP_MAGIC, decode_dump
 from spate.cluster.metadata.raft import DUMP_FILE, JOURNAL_FILE
 from spate.cluster.metadata.service import MetadataService
@@ -521,5 +524,97 @@ def test_voters_are_added_and_removed_and_restarts_keep_them(
         finally:
             for r in replicas:
                 await r.stop()
+
+    run(scenario)
+
+
+class _SwallowingProxy:
+    """A TCP forwarder that, while `swallowing`, reads and drops what either side sends and
+    keeps the connections open (a Toxiproxy `timeout` toxic with timeout 0: what the chaos run
+    of seed 94520 put on the metadata links), and forwards again once it is off."""
+
+    def __init__(self, listen_port: int, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.swallowing = False
+        self.server = socket.create_server(("127.0.0.1", listen_port))
+        self.sockets: list[socket.socket] = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                continue
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if not self.swallowing:
+                    sink.sendall(data)
+        except OSError:
+            pass
+        for each in (source, sink):
+            each.close()
+
+    def reset(self) -> None:
+        """Close every connection through it (both sides see the close)."""
+        for each in self.sockets:
+            with contextlib.suppress(OSError):
+                each.shutdown(socket.SHUT_RDWR)
+        self.sockets.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.server.close()
+        self.reset()
+
+
+def test_a_connection_whose_handshake_was_swallowed_is_dialled_again(
+    tmp_path: Path, free_port: Callable[[], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two voters (both needed for a quorum); the one with the higher address dials the other
+    # (pysyncobj's rule), here through the proxy. Connections are reset while the proxy drops
+    # everything: the dialler's new connection is accepted, its handshake lost, and pysyncobj
+    # neither sends on it again nor notices (its read timeout runs only on socket events).
+    # Found by the chaos run of seed 94520 (ci schedule): all voters "reaching 1 of 3" for good.
+    monkeypatch.setattr(metadata_limits, "connection_stuck_s", 2.0)
+    ports = sorted((free_port() for _ in range(3)), key=str)
+    low, proxy_port, high = ports
+    proxy = _SwallowingProxy(proxy_port, ("127.0.0.1", low))
+
+    async def scenario() -> None:
+        dialled = service(tmp_path / "low", low, [high])
+        dialler = MetadataService(
+            node_id="high",
+            data_dir=tmp_path / "high",
+            self_address=f"127.0.0.1:{high}",
+            peer_addresses=[f"127.0.0.1:{proxy_port}"],
+            password=PASSWORD,
+        )
+        try:
+            await asyncio.gather(dialled.start(), dialler.start())
+            await asyncio.gather(dialled.wait_ready(), dialler.wait_ready())
+            await join(dialled)
+            proxy.swallowing = True
+            proxy.reset()
+            await asyncio.sleep(2.5)  # pysyncobj dials again (1 s) into the black hole
+            proxy.swallowing = False
+            # Without closing the stuck connection this never commits (checked: it fails).
+            await eventually(
+                lambda: dialler.status().has_quorum and dialled.status().has_quorum,
+                "the voters reconnected after the black hole",
+                timeout_s=30.0,
+            )
+            await dialler.create_stream(StreamConfig(StreamName("after")))
+            await eventually(lambda: "after" in names(dialled), "the write reached both")
+        finally:
+            await asyncio.gather(dialled.stop(), dialler.stop())
+            proxy.close()
 
     run(scenario)

@@ -36,6 +36,11 @@ raft_max_timeout_s = 2.0
 connection_retry_s = 1.0
 """Reconnect interval between voters; the default 5 s leaves a late starter isolated for 5 s."""
 
+connection_stuck_s = 5.0
+"""A metadata connection whose handshake has not finished, or which holds part of a message
+and has read nothing more, for this long is closed so pysyncobj dials again (raft.py: pysyncobj
+checks its own read timeout only when the socket has an event, so a silent one waits forever)."""
+
 compaction_min_entries = 1_000
 """Journal entries after which the state is written to the full dump and the journal truncated."""
 
