@@ -378,15 +378,15 @@ class ChaosCluster:
 
     # -- the admin API, through the CLI
 
-    def cli(self, *args: str) -> Any:
+    def cli(self, *args: str, at: str | None = None) -> Any:
         """`spate ARGS --admin NODE --output json`, parsed: tried on each running, unpaused
         node in turn while the answer is "unavailable" (exit 5: that node is cut off or has no
-        metadata leader)."""
+        metadata leader); only on node `at` when given."""
         live = [
             n for n in self.node_names if self.processes[n].running and not self.processes[n].paused
         ]
         error = "no node is running"
-        for name in live or self.node_names:
+        for name in [at] if at else live or self.node_names:
             admin = f"{self.host(name).address}:{ADMIN_PORT}"
             command = [sys.executable, "-m", "spate.cli.main", *args]
             done = subprocess.run(
