@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -83,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below
     except BrokerError as error:
         print(f"spate: {error.message}", file=sys.stderr)
         return EXIT_CODES.get(error.code, EXIT_FAILURE)
@@ -92,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spate: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `spate ... | head`: the reader left. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again, and exit as a shell command killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return code
 
 
