@@ -115,6 +115,13 @@ def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
             assert drain["state"] == "succeeded", drain
             traffic.wait_for(len(traffic.acked) + 3 * BATCH)
             assert drained not in _replicas(cluster, "orders")["replicas"]
+            # The drained node hosts none of the stream now and still describes all of it (it
+            # asks a node that does)
+            admin = cluster.state["nodes"][cluster.index_of(drained)]["admin"]
+            confirmed = len(traffic.acked)  # before the call: the producer goes on meanwhile
+            described = cluster.cli_json("stream", "describe", "orders", "--admin", admin)
+            (only,) = described["partitions"]
+            assert only["available"] and only["end_offset"] >= confirmed > 0, only
             cluster.stop_node(cluster.index_of(drained))
             traffic.wait_for(len(traffic.acked) + 3 * BATCH)
         assert not traffic.failure, traffic.failure

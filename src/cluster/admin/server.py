@@ -33,7 +33,7 @@ from spate.cluster.admin.providers import (
     StatusProvider,
 )
 from spate.cluster.metadata.service import MetadataService
-from spate.cluster.metadata.state import RequestId
+from spate.cluster.metadata.state import RequestId, StreamRecord
 from spate.core import groups, limits
 from spate.core.backend import ConsumerOffset, PartitionInfo
 from spate.core.errors import (
@@ -298,9 +298,11 @@ class _AdminServicer(pb_grpc.AdminServicer):
             await self._catch_up()
             record = self.metadata.stream_record(name)
             infos = await self._stats(name)
+            partitions = convert.partition_stats(record, infos)
+            if not request.local_only:
+                await self._fill_from_hosts(record, partitions)
             return pb.DescribeStreamResponse(
-                stream=convert.stream_config_message(record.config),
-                partitions=convert.partition_stats(record, infos),
+                stream=convert.stream_config_message(record.config), partitions=partitions
             )
 
         return await _answer(context, call)
@@ -633,6 +635,43 @@ class _AdminServicer(pb_grpc.AdminServicer):
                 f"may be stale; try another node or retry ({error.message})"
             ) from None
 
+    async def _fill_from_hosts(
+        self, record: StreamRecord, partitions: list[pb.PartitionStats]
+    ) -> None:
+        """The runtime figures of the partitions this node does not host (a cluster of more
+        nodes than replicas), asked of a node hosting each: the reported leader first, then
+        the other replicas; one call per node asked per round. A partition no host answers for
+        stays `available` false."""
+        missing = {e.partition: e for e in partitions if not e.available}
+        tried: dict[int, set[str]] = {index: {self.metadata.node_id} for index in missing}
+        request = pb.DescribeStreamRequest(name=record.config.name, local_only=True)
+        while missing:
+            asks: dict[str, list[int]] = {}
+            for index in missing:
+                placed = record.partitions[index]
+                hosts = [placed.leader.node] if placed.leader is not None else []
+                hosts += [n for n in placed.replicas if n not in hosts]
+                candidates = [n for n in hosts if n not in tried[index]]
+                if candidates:
+                    asks.setdefault(candidates[0], []).append(index)
+            if not asks:
+                return
+            peers = self.operations.peers
+            answers = await asyncio.gather(
+                *(peers.call_any(n, "DescribeStream", request, REMOTE_STATS_S) for n in asks),
+                return_exceptions=True,
+            )
+            for (node, indexes), answer in zip(asks.items(), answers, strict=True):
+                remote = (
+                    {e.partition: e for e in answer.partitions if e.available}
+                    if isinstance(answer, pb.DescribeStreamResponse)
+                    else {}
+                )
+                for index in indexes:
+                    tried[index].add(node)
+                    if index in remote:
+                        _copy_figures(remote[index], missing.pop(index))
+
     async def _stats(self, name: StreamName) -> Sequence[PartitionInfo]:
         try:
             answer = self.stats(name)
@@ -901,3 +940,20 @@ async def _answer(
 
 def _request_id(text: str) -> RequestId | None:
     return RequestId(text) if text else None
+
+
+REMOTE_STATS_S = 2.0
+"""How long DescribeStream waits for a node hosting a partition this node does not host."""
+
+
+def _copy_figures(source: pb.PartitionStats, into: pb.PartitionStats) -> None:
+    """A hosting node's runtime figures into this node's entry (placement and the reported
+    leader stay this node's metadata view)."""
+    into.available = True
+    for field in ("first_offset", "last_offset", "first_timestamp_ms", "last_timestamp_ms"):
+        if source.HasField(field):
+            setattr(into, field, getattr(source, field))
+    into.end_offset, into.messages = source.end_offset, source.messages
+    into.bytes, into.segments = source.bytes, source.segments
+    if not into.leader:
+        into.leader = source.leader
