@@ -240,7 +240,11 @@ class NodeProcess:
     async def start(self) -> NodeEndpoints:
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        if settings.admin_require_token and not settings.admin_token:
+        if (
+            settings.admin_require_token
+            and not settings.admin_token
+            and not settings.admin_tls_client_auth  # its certificate's CN may be the user
+        ):
             log.warning(
                 "admin_require_token is on but this node has no admin_token: cluster "
                 "operations it runs cannot call the other nodes (set admin_token, "

@@ -291,3 +291,28 @@ def test_admin_tls_settings_are_checked_naming_the_field(tmp_path: Path) -> None
         AdminTls.load(ca.cert, node.cert, stranger.key)
     with pytest.raises(InvalidArgument, match="--tls-key is set but --tls-cert is not"):
         AdminTls.load(ca.cert, None, node.key, names=("--tls-ca", "--tls-cert", "--tls-key"))
+
+
+def test_who_calls_token_then_certificate_then_the_loopback_rule() -> None:
+    """AdminAuth.identify (pure): a token wins over a certificate; a verified certificate's
+    common name is its user, satisfies tokens-required, and names the CN when it is no user;
+    without a users file certificates change nothing (anonymous, loopback rule)."""
+    from spate.core.errors import Unauthenticated
+
+    store = UserStore.parse(USERS, "users.json")
+    bearer = (("authorization", "Bearer ops-token"),)
+    strict = AdminAuth(store, require_token=True)
+    assert strict.identify(bearer, "ipv4:10.0.0.9:5000", "alice") == "ops"
+    assert strict.identify((), "ipv4:10.0.0.9:5000", "alice") == "alice"
+    with pytest.raises(Unauthenticated, match="common name 'mallory' is not a user"):
+        strict.identify((), "ipv4:10.0.0.9:5000", "mallory")
+    with pytest.raises(Unauthenticated, match="common name 'anonymous' is not a user"):
+        AdminAuth(UserStore.parse({"users": {"anonymous": {}}}, "f")).identify(
+            (), "ipv4:127.0.0.1:5000", "anonymous"
+        )
+    with pytest.raises(Unauthenticated, match="needs a token"):
+        strict.identify((), "ipv4:127.0.0.1:5000")
+    open_auth = AdminAuth(None)
+    assert open_auth.identify((), "ipv4:127.0.0.1:5000", "mallory") == "anonymous"
+    with pytest.raises(Unauthenticated, match="loopback only"):
+        open_auth.identify((), "ipv4:10.0.0.9:5000", "mallory")

@@ -206,7 +206,8 @@ class Peers:
                 raise refusal(
                     f"node {node} refused this node's call ({details}): give every node "
                     "admin_token (or --admin-token-file, $SPATE_ADMIN_TOKEN) of a user with "
-                    "configure on $cluster"
+                    "configure on $cluster, or, under admin mutual TLS, an admin certificate "
+                    "whose common name is such a user"
                 ) from error
             if isinstance(code, str):
                 try:
