@@ -316,3 +316,20 @@ def test_who_calls_token_then_certificate_then_the_loopback_rule() -> None:
     assert open_auth.identify((), "ipv4:127.0.0.1:5000", "mallory") == "anonymous"
     with pytest.raises(Unauthenticated, match="loopback only"):
         open_auth.identify((), "ipv4:10.0.0.9:5000", "mallory")
+
+
+def test_gateway_admin_tls_settings_name_the_field(tmp_path: Path) -> None:
+    from spate.server.gateway_process import GatewaySettings
+
+    ca = TestCA(tmp_path)
+    issued = ca.issue("g1")
+    base = {"admin": ("127.0.0.1:7600",), "data_dir": tmp_path, "mode": "redirect"}
+    with pytest.raises(InvalidArgument, match="needs both admin_tls_cert and admin_tls_key"):
+        GatewaySettings(**base, admin_tls_cert=issued.cert).validate()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="admin_tls_cert needs admin_tls_ca"):
+        GatewaySettings(
+            **base,  # type: ignore[arg-type]
+            admin_tls_cert=issued.cert,
+            admin_tls_key=issued.key,
+        ).validate()
+    GatewaySettings(**base, admin_tls_ca=ca.cert).validate()  # type: ignore[arg-type]
