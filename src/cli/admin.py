@@ -7,6 +7,10 @@ Where the admin API is (first that applies): `--admin HOST:PORT`; the SPATE_ADMI
 variable; the "admin" field of <data dir>/endpoints.json, written by `spate dev up`, where the data
 dir is SPATE_DATA_DIR or ./spate-dev; else 127.0.0.1:7600.
 
+TLS (ADR 0023 addendum): `--tls-ca` (else $SPATE_ADMIN_TLS_CA) verifies the admin API's
+certificate; `--tls-cert`/`--tls-key` (else $SPATE_ADMIN_TLS_CERT/_KEY) present a client
+certificate where the nodes require one (mTLS). Any of them given: the call is made over TLS.
+
 `--output table` (the default) prints aligned tables for a person; `--output json` prints one JSON
 document on stdout whose shape is part of the interface (see README.md in this package).
 """
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from spate.api.tls import AdminTls, channel, explain, from_environment
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc
 from spate.cli import output
@@ -68,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help=f"give up on the call after this long (default {DEFAULT_TIMEOUT_S:g})",
     )
+    add_tls_options(group)
 
     stream = subparsers.add_parser(
         "stream",
@@ -1283,6 +1289,39 @@ def resolve_admin(flag: str | None, environ: dict[str, str] | None = None) -> st
     return _checked_address(admin, str(path))
 
 
+def add_tls_options(group: Any) -> None:
+    """--tls-ca, --tls-cert, --tls-key in a command's connection group (spate.api.tls)."""
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        metavar="PEM",
+        help="call the admin API over TLS, verifying its certificate with this CA bundle "
+        "(default: $SPATE_ADMIN_TLS_CA)",
+    )
+    group.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="client certificate for nodes requiring one (mutual TLS; its common name is the "
+        "user when no $SPATE_ADMIN_TOKEN is set; default: $SPATE_ADMIN_TLS_CERT)",
+    )
+    group.add_argument(
+        "--tls-key",
+        type=Path,
+        metavar="PEM",
+        help="private key of --tls-cert (default: $SPATE_ADMIN_TLS_KEY)",
+    )
+
+
+def admin_tls(args: argparse.Namespace) -> AdminTls | None:
+    """The TLS settings of a command (flags, then environment); None: plaintext."""
+    return from_environment(
+        getattr(args, "tls_ca", None),
+        getattr(args, "tls_cert", None),
+        getattr(args, "tls_key", None),
+    )
+
+
 def _checked_address(address: str, source: str) -> str:
     if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
         raise InvalidArgument(f"{source}: expected HOST:PORT, got {address!r}")
@@ -1296,15 +1335,18 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
         raise InvalidArgument(f"--timeout must be positive, got {args.timeout:g}")
     token = os.environ.get("SPATE_ADMIN_TOKEN")  # ADR 0023: nodes may require one
     metadata = (("authorization", f"Bearer {token}"),) if token else None
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminStub(channel)
+    tls = admin_tls(args)
+    with channel(address, tls) as opened:
+        stub = admin_pb2_grpc.AdminStub(opened)
         try:
             return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise _failure(error, address, args.timeout) from None
+            raise _failure(error, address, args.timeout, tls) from None
 
 
-def _failure(error: Any, address: str, timeout_s: float) -> CommandFailed:
+def _failure(
+    error: Any, address: str, timeout_s: float, tls: AdminTls | None = None
+) -> CommandFailed:
 
     details = error.details() or error.code().name
     spate_code = dict(error.trailing_metadata() or ()).get(ERROR_CODE_KEY)
@@ -1316,6 +1358,9 @@ def _failure(error: Any, address: str, timeout_s: float) -> CommandFailed:
         return CommandFailed(details, EXIT_CODES.get(code, EXIT_FAILURE))
     unavailable = EXIT_CODES[Unavailable.code]
     if error.code() == grpc.StatusCode.UNAVAILABLE:
+        why = explain(details, address, tls)
+        if why is not None:
+            return CommandFailed(why, unavailable)
         return CommandFailed(
             f"cannot reach the admin API at {address} ({details}). Is a cluster running? Start "
             "one with `spate dev up`, or point --admin (or SPATE_ADMIN) at a node's admin "

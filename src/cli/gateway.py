@@ -82,6 +82,16 @@ def register(subparsers: Any) -> None:
             type=Path,
             help=f"mutual TLS on the replication port (nodes and gateways): {what}",
         )
+    for name, what in (
+        ("ca", "the CA that signed the nodes' admin certificates (PEM)"),
+        ("cert", "this gateway's client certificate, where the nodes require one (PEM)"),
+        ("key", "its private key (PEM)"),
+    ):
+        run.add_argument(
+            f"--admin-tls-{name}",
+            type=Path,
+            help=f"TLS to the nodes' admin API (routes, rooms): {what}",
+        )
     run.add_argument(
         "--offset-commit-messages",
         type=int,
@@ -145,6 +155,9 @@ def _run(args: argparse.Namespace) -> int:
         "cluster_tls_cert": args.cluster_tls_cert,
         "cluster_tls_key": args.cluster_tls_key,
         "cluster_tls_ca": args.cluster_tls_ca,
+        "admin_tls_ca": args.admin_tls_ca,
+        "admin_tls_cert": args.admin_tls_cert,
+        "admin_tls_key": args.admin_tls_key,
         "mode": args.mode,
         "offset_commit_messages": args.offset_commit_messages,
         "offset_commit_ms": args.offset_commit_ms,

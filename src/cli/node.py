@@ -102,6 +102,26 @@ def register(subparsers: Any) -> None:
             type=Path,
             help=f"mutual TLS on the replication port (nodes and gateways): {what}",
         )
+    for name, what in (
+        (
+            "cert",
+            "the admin server's certificate (PEM; naming the advertised host), also "
+            "presented to the other nodes' admin APIs in cluster operations",
+        ),
+        ("key", "its private key (PEM)"),
+        (
+            "ca",
+            "the CA bundle (PEM) verifying the other nodes' admin certificates, and the "
+            "clients' with --admin-tls-client-auth",
+        ),
+    ):
+        run.add_argument(f"--admin-tls-{name}", type=Path, help=f"TLS on the admin port: {what}")
+    run.add_argument(
+        "--admin-tls-client-auth",
+        action="store_true",
+        help="mutual TLS on the admin port: require a client certificate signed by "
+        "--admin-tls-ca; its common name, when a user of --users-file, is the caller",
+    )
     run.add_argument(
         "--offset-commit-messages",
         type=int,
@@ -154,6 +174,10 @@ def _run(args: argparse.Namespace) -> int:
         "cluster_tls_cert": args.cluster_tls_cert,
         "cluster_tls_key": args.cluster_tls_key,
         "cluster_tls_ca": args.cluster_tls_ca,
+        "admin_tls_cert": args.admin_tls_cert,
+        "admin_tls_key": args.admin_tls_key,
+        "admin_tls_ca": args.admin_tls_ca,
+        "admin_tls_client_auth": True if args.admin_tls_client_auth else None,
         "allow_anonymous": False if args.no_anonymous else None,
         "allow_remote_anonymous": True if args.allow_remote_anonymous else None,
         "admin_require_token": True if args.admin_require_token else None,

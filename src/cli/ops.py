@@ -19,6 +19,7 @@ from typing import Any
 from spate.api.v1 import admin_pb2 as pb
 from spate.cli import output
 from spate.cli.admin import _call as admin_call
+from spate.cli.admin import add_tls_options
 from spate.core.errors import ErrorCode
 
 EXIT_STILL_RUNNING = 6
@@ -45,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     group.add_argument(
         "--timeout", type=float, default=10.0, metavar="SECONDS", help="per API call (default 10)"
     )
+    add_tls_options(group)
     waiting = argparse.ArgumentParser(add_help=False)
     wait_group = waiting.add_argument_group("waiting")
     wait_group.add_argument(

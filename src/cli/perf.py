@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST:PORT",
         help="admin API, where streams are created "
         "(default: $SPATE_ADMIN, else $SPATE_DATA_DIR/endpoints.json, else "
-        "127.0.0.1:7600)",
+        "127.0.0.1:7600); over TLS with $SPATE_ADMIN_TLS_CA (and $SPATE_ADMIN_TLS_CERT, "
+        "$SPATE_ADMIN_TLS_KEY for mutual TLS), with $SPATE_ADMIN_TOKEN if set",
     )
     c.add_argument("--user", help="SASL PLAIN user (with --password)")
     c.add_argument("--password", help="SASL PLAIN password")

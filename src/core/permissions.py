@@ -185,6 +185,11 @@ class UserStore:
     def user_of_token(self, token: str) -> str | None:
         return self.tokens.get(token_hash(token))
 
+    def has_user(self, name: str) -> bool:
+        """A named user of the file (the `anonymous` entry is not one: it narrows anonymous
+        access, nobody can be it)."""
+        return name != ANONYMOUS and name in self.grants
+
     def grants_of(self, user: str) -> Grants:
         """A known user's grants; anonymous without an entry: everything; else nothing."""
         found = self.grants.get(user)

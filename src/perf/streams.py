@@ -6,10 +6,12 @@ exist already are used as they are (with a warning when their retention differs)
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from spate.api.tls import channel, explain, from_environment
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc
 from spate.core.errors import (
@@ -46,16 +48,23 @@ class Admin:
     """A gRPC channel to one node's admin API, with Spate's errors for its failures."""
 
     def __init__(self, address: str, timeout_s: float) -> None:
+        """TLS and the token as the `spate` CLI's: $SPATE_ADMIN_TLS_CA, _CERT, _KEY and
+        $SPATE_ADMIN_TOKEN (spate.api.tls)."""
         self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._tls = from_environment()
+        self._channel = channel(address, self._tls)
         self._stub = admin_pb2_grpc.AdminStub(self._channel)
+        token = os.environ.get("SPATE_ADMIN_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
 
     def close(self) -> None:
         self._channel.close()
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as error:
             raise self._failure(error) from None
 
@@ -65,6 +74,10 @@ class Admin:
         known = _BY_CODE.get(spate_code) if spate_code is not None else None
         if known is not None:
             return known(details)
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            why = explain(details, self.address, self._tls)
+            if why is not None:
+                return Unavailable(f"{why} (spate perf: set $SPATE_ADMIN_TLS_CA, _CERT, _KEY)")
         if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return Unavailable(
                 f"cannot reach the admin API at {self.address} ({details}); spate perf creates "

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from spate.api.tls import AdminTls, aio_channel, explain
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert
@@ -100,6 +101,12 @@ class GatewaySettings:
     cluster_tls_ca: Path | None = None
     """Mutual TLS to the nodes' replication port (proxy mode's wire sessions), as the nodes'
     settings of the same names (spate.server.tls)."""
+    admin_tls_ca: Path | None = None
+    admin_tls_cert: Path | None = None
+    admin_tls_key: Path | None = None
+    """TLS to the nodes' admin API (ADR 0023 addendum; spate.api.tls): the CA that signed the
+    nodes' admin certificates; with the nodes' `admin_tls_client_auth`, this gateway's client
+    certificate and key too (both or neither; they need the CA)."""
     metrics_port: int | None = None
     """Prometheus `/metrics` over HTTP (ADR 0023; 0: any free port; None: not served)."""
     log_format: str = "text"
@@ -121,6 +128,14 @@ class GatewaySettings:
                 "SPATE_METADATA_PASSWORD (the nodes' metadata password), or use --mode redirect"
             )
         check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
+        if (self.admin_tls_cert is None) != (self.admin_tls_key is None):
+            raise InvalidArgument(
+                "admin TLS client certificate needs both admin_tls_cert and admin_tls_key"
+            )
+        if self.admin_tls_cert is not None and self.admin_tls_ca is None:
+            raise InvalidArgument(
+                "admin_tls_cert needs admin_tls_ca (the CA of the nodes' admin certificates)"
+            )
         if self.log_format not in ("text", "json"):
             raise InvalidArgument(f"--log-format must be text or json, got {self.log_format!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
@@ -132,12 +147,13 @@ class GatewaySettings:
         self.rooms.check()
 
 
-def admin_channel(address: str, token: str) -> grpc.aio.Channel:
-    """A channel to a node's admin API that sends the token, if any, with every call."""
+def admin_channel(address: str, token: str, tls: AdminTls | None = None) -> grpc.aio.Channel:
+    """A channel to a node's admin API that sends the token, if any, with every call; over TLS
+    with `tls` (the gateway's admin_tls_* settings)."""
     if not token:
-        return grpc.aio.insecure_channel(address)
+        return aio_channel(address, tls)
     interceptor: Any = _TokenInterceptor(token)
-    return grpc.aio.insecure_channel(address, interceptors=[interceptor])
+    return aio_channel(address, tls, interceptors=[interceptor])
 
 
 class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
@@ -232,6 +248,11 @@ class GatewayProcess:
     def __init__(self, settings: GatewaySettings) -> None:
         settings.validate()
         self.settings = settings
+        self.admin_tls = (
+            AdminTls.load(settings.admin_tls_ca, settings.admin_tls_cert, settings.admin_tls_key)
+            if settings.admin_tls_ca is not None
+            else None
+        )
         self.table = RoutingTable()
         modes: dict[str, Broker] = {}
         self.sessions: Sessions | None = None
@@ -350,10 +371,14 @@ class GatewayProcess:
     async def _refresh_once(self, admins: Sequence[str]) -> bool:
         for admin in admins:
             try:
-                async with admin_channel(admin, self.settings.admin_token) as channel:
+                async with admin_channel(
+                    admin, self.settings.admin_token, self.admin_tls
+                ) as channel:
                     routes = await read_routes(channel)
             except grpc.aio.AioRpcError as error:
-                log.info("routes from %s unavailable: %s", admin, error.details())
+                details = error.details() or ""
+                why = explain(details, admin, self.admin_tls, probe=False)
+                log.info("routes from %s unavailable: %s", admin, why or details)
                 continue
             if routes is not None:
                 self.table.update(routes)
@@ -397,14 +422,18 @@ class GrpcAdmin:
         error: BrokerError = Unavailable("no node's admin API answered; retry")
         for admin in self.gateway.settings.admin:
             try:
-                async with admin_channel(admin, self.gateway.settings.admin_token) as channel:
+                async with admin_channel(
+                    admin, self.gateway.settings.admin_token, self.gateway.admin_tls
+                ) as channel:
                     stub = pb_grpc.AdminStub(channel)
                     return await getattr(stub, method)(request, timeout=admin_timeout_s)
             except grpc.aio.AioRpcError as failure:
                 kind = _GRPC_ERRORS.get(failure.code())
                 if kind is not None:
                     raise kind(failure.details() or str(failure.code())) from None
-                error = Unavailable(f"{admin}: {failure.details()}")
+                details = failure.details() or str(failure.code())
+                why = explain(details, admin, self.gateway.admin_tls, probe=False)
+                error = Unavailable(why or f"{admin}: {details}")
         raise error
 
     async def create_stream(self, config: StreamConfig) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.api.tls import AdminTls
 from spate.api.v1 import admin_pb2 as pb
 from spate.cluster.admin.auth import AdminAuth
 from spate.cluster.admin.operations import Peers
@@ -99,6 +100,16 @@ class NodeProcess:
             ssl_server, ssl_client = cluster_contexts(
                 settings.cluster_tls_cert, settings.cluster_tls_key, settings.cluster_tls_ca
             )
+        self.admin_tls = (
+            AdminTls.load(
+                settings.admin_tls_ca,
+                settings.admin_tls_cert,
+                settings.admin_tls_key,
+                client_auth=settings.admin_tls_client_auth,
+            )
+            if settings.admin_tls_cert is not None
+            else None
+        )
         self.replication = ReplicationHost(
             self.node_id,
             settings.data_dir,
@@ -155,6 +166,7 @@ class NodeProcess:
             host=settings.host,
             port=settings.admin_port,
             peer_token=settings.admin_token or None,
+            tls=self.admin_tls,
             auth=AdminAuth(
                 Users.load(settings.users_file).store if settings.users_file else None,
                 require_token=settings.admin_require_token,
@@ -228,7 +240,11 @@ class NodeProcess:
     async def start(self) -> NodeEndpoints:
         settings = self.settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        if settings.admin_require_token and not settings.admin_token:
+        if (
+            settings.admin_require_token
+            and not settings.admin_token
+            and not settings.admin_tls_client_auth  # its certificate's CN may be the user
+        ):
             log.warning(
                 "admin_require_token is on but this node has no admin_token: cluster "
                 "operations it runs cannot call the other nodes (set admin_token, "
@@ -320,7 +336,7 @@ class NodeProcess:
     async def _voters_elsewhere(self) -> list[str] | None:
         """The metadata voters as a registered node with a quorum reports them (None: none
         answered)."""
-        peers = Peers(self.metadata, self.settings.admin_token or None)
+        peers = Peers(self.metadata, self.settings.admin_token or None, self.admin_tls)
         try:
             for record in self.metadata.nodes():
                 if record.node == self.node_id:

@@ -69,6 +69,16 @@ class NodeSettings:
     """Mutual TLS on the replication port (node-to-node Raft and gateways' wire sessions;
     spate.server.tls): this node's certificate and key, and the cluster CA every peer's
     certificate must chain to. All three or none."""
+    admin_tls_cert: Path | None = None
+    admin_tls_key: Path | None = None
+    admin_tls_ca: Path | None = None
+    """TLS on the admin port (ADR 0023 addendum; spate.api.tls): this node's admin certificate
+    (naming its advertised host) and key, also presented as the client certificate when this
+    node calls the other nodes' admin APIs; the CA bundle that verifies the other nodes' admin
+    certificates, and the clients' with `admin_tls_client_auth`. All three or none."""
+    admin_tls_client_auth: bool = False
+    """Mutual TLS: every admin client must present a certificate signed by `admin_tls_ca`; its
+    common name, when it is a user of the users file, identifies the caller without a token."""
     retention_interval_ms: int = 60_000
     offset_commit_messages: int = limits.offset_commit_messages
     """Named consumers: store the offset after at most this many finished messages..."""
@@ -94,6 +104,14 @@ class NodeSettings:
                 "or the SPATE_METADATA_PASSWORD environment variable"
             )
         check_all_or_none(self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
+        check_admin_tls(
+            {
+                "admin_tls_cert": self.admin_tls_cert,
+                "admin_tls_key": self.admin_tls_key,
+                "admin_tls_ca": self.admin_tls_ca,
+            },
+            self.admin_tls_client_auth,
+        )
         if self.log_format not in LOG_FORMATS:
             raise InvalidArgument(
                 f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}"
@@ -125,6 +143,21 @@ class NodeSettings:
             raise InvalidArgument(
                 "anonymous access is off but no users file is given (--users-file)"
             )
+
+
+def check_admin_tls(files: dict[str, Path | None], client_auth: bool) -> bool:
+    """True when admin TLS is on; InvalidArgument naming the missing settings when only some of
+    `files` are set, or when `admin_tls_client_auth` is on without them."""
+    missing = [name for name, path in files.items() if path is None]
+    if missing and len(missing) < len(files):
+        raise InvalidArgument(
+            f"admin TLS needs all of {', '.join(files)}; missing: {', '.join(missing)}"
+        )
+    if client_auth and missing:
+        raise InvalidArgument(
+            f"admin_tls_client_auth (mutual TLS) needs {', '.join(files)}, which are not set"
+        )
+    return not missing
 
 
 def read_table(config_file: Path | None, table: str) -> dict[str, Any]:

@@ -10,7 +10,9 @@ through the advertised addresses: it creates the stream with the admin token, pu
 consumes through the gateway, then host 3 is stopped (its node terminated, its network cut)
 and the cluster keeps serving: more publishes confirmed, every message read back in order.
 Anonymous access from the client's (non-loopback) address is refused, and nodes and the
-gateway talk over mutual TLS on the replication port (the configs' cluster_tls_* files).
+gateway talk over mutual TLS on the replication port (the configs' cluster_tls_* files). The
+admin port speaks mutual TLS (admin_tls_*): the CLI passes the CA and a client certificate
+($SPATE_ADMIN_TLS_*), the gateway its own; without them the CLI is told the port speaks TLS.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pytest
 from proton import ConnectionException
 from proton.utils import BlockingConnection
 from spate.client.blocking import Consumer, Producer
-from support.amqp_clients import self_signed_cert
+from support.certs import TestCA
 
 from chaos.netns import Host, Network
 
@@ -70,8 +72,10 @@ class Deployment:
         users = root / "users.json"
         tls = root / "tls"
         tls.mkdir()
-        cert, key = self_signed_cert(tls)  # the cluster CA and every host's certificate
-        self.cert, self.key = cert, key
+        ca = TestCA(tls)  # the cluster CA; one certificate for every host, naming their addresses
+        issued = ca.issue("spate-host", tuple(host.address for host in self.hosts))
+        cert, key = issued.cert, issued.key
+        self.ca, self.cert, self.key = ca.cert, cert, key
         self.admin_token = _cli(
             "user", "add", "admin", "--users-file", str(users), "--no-password", "--token"
         ).strip()
@@ -91,7 +95,12 @@ class Deployment:
             stdin=APP_PASSWORD + "\n",
         )
         self.env = dict(
-            os.environ, SPATE_METADATA_PASSWORD=SECRET, SPATE_ADMIN_TOKEN=self.admin_token
+            os.environ,
+            SPATE_METADATA_PASSWORD=SECRET,
+            SPATE_ADMIN_TOKEN=self.admin_token,
+            SPATE_ADMIN_TLS_CA=str(ca.cert),
+            SPATE_ADMIN_TLS_CERT=str(cert),
+            SPATE_ADMIN_TLS_KEY=str(key),
         )
         for i in range(1, len(self.hosts) + 1):
             text = (CONFIGS / f"n{i}.toml").read_text()
@@ -100,8 +109,9 @@ class Deployment:
             text = text.replace("/var/lib/spate", str(root / "data"))
             text = text.replace("/etc/spate/users.json", str(users))
             text = text.replace("/etc/spate/tls/host.pem", str(cert))
+            text = text.replace("/etc/spate/tls/admin.pem", str(cert))
             text = text.replace("/etc/spate/tls/host.key", str(key))
-            text = text.replace("/etc/spate/tls/ca.pem", str(cert))
+            text = text.replace("/etc/spate/tls/ca.pem", str(ca.cert))
             (root / f"n{i}.toml").write_text(text)
         self.gateway_amqp = f"{self.hosts[0].address}:5673"
 
@@ -195,7 +205,7 @@ def test_three_hosts_from_the_config_files_survive_losing_one(deployment: Deploy
         contextlib.suppress(ssl.SSLError, ConnectionError),  # the alert: certificate required
     ):
         assert tls.recv(64) == b"", "a peer without a certificate was served"
-    member = ssl.create_default_context(cafile=str(d.cert))
+    member = ssl.create_default_context(cafile=str(d.ca))
     member.check_hostname = False
     member.load_cert_chain(d.cert, d.key)
     with (
@@ -217,17 +227,23 @@ def test_three_hosts_from_the_config_files_survive_losing_one(deployment: Deploy
         admin,
         env=d.env,
     )
-    # without the token, from this (non-loopback) address: refused
+    # without the token, from this (non-loopback) address, with a certificate whose common
+    # name is no user: refused; without TLS: told the port speaks TLS
     no_token = {k: v for k, v in d.env.items() if k != "SPATE_ADMIN_TOKEN"}
-    denied = subprocess.run(
-        [*CLI, "stream", "list", "--admin", admin],
-        capture_output=True,
-        text=True,
-        env=no_token,
-        timeout=60,
-        check=False,
-    )
-    assert denied.returncode != 0 and "needs a token" in denied.stderr, denied.stderr
+    plaintext = {k: v for k, v in d.env.items() if not k.startswith("SPATE_ADMIN_TLS")}
+    for env, refusal in (
+        (no_token, "common name 'spate-host' is not a user"),
+        (plaintext, f"the admin API at {admin} speaks TLS: pass --tls-ca"),
+    ):
+        denied = subprocess.run(
+            [*CLI, "stream", "list", "--admin", admin],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert denied.returncode != 0 and refusal in denied.stderr, denied.stderr
     with pytest.raises(ConnectionException):
         BlockingConnection(f"amqp://{d.gateway_amqp}", timeout=10, allowed_mechs="ANONYMOUS")
 

@@ -5,7 +5,11 @@ checking and reflection do not (they stay open, like their ports' TCP health pro
 
 Who calls (first that applies):
 - metadata `authorization: Bearer <token>`: the user whose `token_sha256` in the users file is
-  the token's SHA-256, else UNAUTHENTICATED ("unknown token");
+  the token's SHA-256, else UNAUTHENTICATED ("unknown token"); a token wins over a certificate;
+- no token, a client certificate verified by the admin CA (mTLS, `admin_tls_client_auth`; the
+  handshake already refused any other) and a users file: the user named by the certificate's
+  common name, else UNAUTHENTICATED naming the CN. Such a caller satisfies
+  `admin_require_token` (a certificate user counts as a token user);
 - no token, and tokens are not required: `anonymous`, if the caller is on loopback or
   `allow_remote_anonymous` is on; else UNAUTHENTICATED naming what to do;
 - no token, tokens required: UNAUTHENTICATED.
@@ -94,7 +98,10 @@ class AdminAuth:
     require_token: bool = False
     allow_remote_anonymous: bool = False
 
-    def identify(self, metadata: Sequence[tuple[str, Any]], peer: str) -> str:
+    def identify(
+        self, metadata: Sequence[tuple[str, Any]], peer: str, common_name: str | None = None
+    ) -> str:
+        """The caller's user name; `common_name`: of its verified client certificate, if any."""
         token = None
         for key, value in metadata:
             if key == "authorization":
@@ -107,6 +114,14 @@ class AdminAuth:
             if user is None:
                 raise Unauthenticated("unknown admin token (check $SPATE_ADMIN_TOKEN)")
             return user
+        if common_name is not None and self.store is not None:
+            if not self.store.has_user(common_name):
+                raise Unauthenticated(
+                    f"the client certificate's common name {common_name!r} is not a user of "
+                    "this admin API: add it to the users file (`spate user add "
+                    f"{common_name}`), or send a token"
+                )
+            return common_name
         if self.require_token:
             raise Unauthenticated(
                 "this admin API needs a token: set $SPATE_ADMIN_TOKEN (made by `spate user add "
@@ -137,6 +152,16 @@ class AdminAuth:
         return _Interceptor(self)
 
 
+def _common_name(context: Any) -> str | None:
+    """The verified client certificate's common name (gRPC puts it in the auth context only
+    after verifying the certificate against the server's CA), or None."""
+    names = context.auth_context().get("x509_common_name")
+    if not names:
+        return None
+    value = names[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: AdminAuth) -> None:
         self.auth = auth
@@ -156,7 +181,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         async def check(request: Any, context: Any) -> None:
             try:
-                user = auth.identify(metadata, context.peer())
+                user = auth.identify(metadata, context.peer(), _common_name(context))
                 auth.authorize(method, request, user)
             except BrokerError as error:
                 await context.abort(

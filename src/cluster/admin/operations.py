@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import grpc
+from spate.api.tls import AdminTls, aio_channel, explain
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin.errors import ERROR_CODE_KEY
@@ -145,10 +146,16 @@ class Operation:
 class Peers:
     """Admin API stubs of the cluster's nodes, by node id (addresses from metadata). Where the
     nodes' admin API requires a token (ADR 0023), `token` (default `$SPATE_ADMIN_TOKEN`, the
-    CLI's variable) is sent as `authorization: Bearer`; it needs `configure` on `$cluster`."""
+    CLI's variable) is sent as `authorization: Bearer`; it needs `configure` on `$cluster`.
+    With `tls` (the node's admin TLS), calls verify the other nodes' admin certificates against
+    its CA and present its own certificate (mTLS: the certificate's common name is a user, or a
+    token is sent too)."""
 
-    def __init__(self, metadata: MetadataService, token: str | None = None) -> None:
+    def __init__(
+        self, metadata: MetadataService, token: str | None = None, tls: AdminTls | None = None
+    ) -> None:
         self._metadata = metadata
+        self._tls = tls
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         token = os.environ.get("SPATE_ADMIN_TOKEN", "") if token is None else token
         self._call_metadata = (("authorization", f"Bearer {token}"),) if token else None
@@ -160,7 +167,7 @@ class Peers:
         if known is None or known[0] != address:
             if known is not None:
                 self._closing.add(asyncio.get_running_loop().create_task(known[1].close(None)))
-            known = (address, grpc.aio.insecure_channel(address))
+            known = (address, aio_channel(address, self._tls))
             self._channels[node] = known
         return pb_grpc.AdminStub(known[1])
 
@@ -187,6 +194,10 @@ class Peers:
             code = dict(trailing).get(ERROR_CODE_KEY)
             details = error.details() or str(error.code())
             status = error.code()
+            address = self._channels[node][0] if node in self._channels else node
+            tls_failure = explain(details, address, self._tls, probe=False)
+            if status == grpc.StatusCode.UNAVAILABLE and tls_failure is not None:
+                raise Unavailable(f"node {node}: {tls_failure}") from error
             if status in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 # Not retried: the operation fails at once, saying what to configure.
                 refusal = (
@@ -195,7 +206,8 @@ class Peers:
                 raise refusal(
                     f"node {node} refused this node's call ({details}): give every node "
                     "admin_token (or --admin-token-file, $SPATE_ADMIN_TOKEN) of a user with "
-                    "configure on $cluster"
+                    "configure on $cluster, or, under admin mutual TLS, an admin certificate "
+                    "whose common name is such a user"
                 ) from error
             if isinstance(code, str):
                 try:
@@ -217,10 +229,14 @@ class Operations:
     """Starts, runs and remembers the cluster operations of one admin server."""
 
     def __init__(
-        self, metadata: MetadataService, node_id: str = "", peer_token: str | None = None
+        self,
+        metadata: MetadataService,
+        node_id: str = "",
+        peer_token: str | None = None,
+        tls: AdminTls | None = None,
     ) -> None:
         self.metadata = metadata
-        self.peers = Peers(metadata, peer_token)
+        self.peers = Peers(metadata, peer_token, tls)
         self.node_id = node_id
         self._prefix = node_id or "op"
         self._ids = itertools.count(1)

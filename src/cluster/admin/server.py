@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from grpc_reflection.v1alpha import reflection
+from spate.api.tls import AdminTls
 from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin import convert, group_stats
@@ -79,9 +80,12 @@ class AdminServer:
         auth: AdminAuth | None = None,
         replicas: ReplicaControl | None = None,
         peer_token: str | None = None,
+        tls: AdminTls | None = None,
     ) -> None:
         """`peer_token`: sent to other nodes' admin APIs during cluster operations (a user's
-        token with configure on `$cluster`; default `$SPATE_ADMIN_TOKEN`)."""
+        token with configure on `$cluster`; default `$SPATE_ADMIN_TOKEN`). `tls`: serve over
+        TLS (mTLS with its `client_auth`), and call the other nodes with its CA and
+        certificate (spate.api.tls)."""
         self.metadata = metadata
         self.auth = auth or AdminAuth(allow_remote_anonymous=True)
         """Who may call and what they may do (ADR 0023; default: open, as before)."""
@@ -89,7 +93,8 @@ class AdminServer:
         self.port = port
         self._servicer = _AdminServicer(metadata, stats, status, producers, consumers, coordinators)
         self._servicer.replicas = replicas
-        self._servicer.operations = Operations(metadata, metadata.node_id, peer_token)
+        self._servicer.operations = Operations(metadata, metadata.node_id, peer_token, tls)
+        self.tls = tls
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
 
@@ -109,7 +114,10 @@ class AdminServer:
         )
         address = f"{self.host}:{self.port}"
         try:
-            port = server.add_insecure_port(address)
+            if self.tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, self.tls.server_credentials())
         except RuntimeError as error:
             raise Unavailable(f"the admin API cannot listen on {address}: {error}") from error
         if port == 0:  # older grpc reports a failed bind this way
@@ -119,7 +127,12 @@ class AdminServer:
         await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         self.port = port
-        log.info("admin API listening on %s:%d", self.host, port)
+        log.info(
+            "admin API listening on %s:%d (%s)",
+            self.host,
+            port,
+            "plaintext" if self.tls is None else "mutual TLS" if self.tls.client_auth else "TLS",
+        )
         return port
 
     async def recover_operations(self) -> None:
