@@ -30,7 +30,7 @@ die() { say "$*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (rootful podman; CI and these machines run as root)"
 
 need=()
-command -v podman >/dev/null 2>&1 || need+=(podman crun conmon netavark)
+command -v podman >/dev/null 2>&1 || need+=(podman crun runc conmon netavark)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 if [ ${#need[@]} -gt 0 ]; then
   say "apt-get install ${need[*]}"
@@ -39,10 +39,9 @@ if [ ${#need[@]} -gt 0 ]; then
     >/dev/null
 fi
 
-# Without systemd as init, podman must manage cgroups itself; overlay storage falls back to
-# vfs where the kernel or the filesystem refuses it (slower, same result).
-PODMAN=(podman)
-[ -d /run/systemd/system ] || PODMAN+=(--cgroup-manager=cgroupfs)
+# shellcheck source=deploy/podman-env.sh
+source deploy/podman-env.sh
+# overlay storage falls back to vfs where the kernel or the filesystem refuses it (slower)
 if ! "${PODMAN[@]}" info >/dev/null 2>&1; then
   say "podman info failed with the default storage; trying the vfs driver"
   PODMAN+=(--storage-driver=vfs)
@@ -75,7 +74,7 @@ if [[ $BASE == localhost/* ]] && ! "${PODMAN[@]}" image exists "$BASE"; then
   say "base image $BASE made in $(( $(date +%s) - started )) s"
 fi
 
-build=(--network host --build-arg "BASE=$BASE")
+build=(--network host --build-arg "BASE=$BASE" "${PODMAN_LIMITS[@]}")
 ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
 if [ -f "$ca" ]; then
   build+=(--volume "$(readlink -f "$ca"):/run/spate-build-ca.crt:ro"

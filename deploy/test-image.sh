@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.."
 IMAGE=${SPATE_IMAGE:-localhost/spate:latest}
 export SPATE_IMAGE=$IMAGE
 RUN_ID=$$
-PODMAN=(podman)
-[ -d /run/systemd/system ] || PODMAN+=(--cgroup-manager=cgroupfs)
+# shellcheck source=deploy/podman-env.sh
+source deploy/podman-env.sh
 
 cleanup() {
   local ids

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -74,15 +75,13 @@ class Cluster:
 
     def __init__(self, image: str, run_id: str, root: Path, network: Network) -> None:
         self.image, self.run_id, self.root, self.network = image, run_id, root, network
-        self.podman = ["podman"] + (
-            [] if Path("/run/systemd/system").is_dir() else ["--cgroup-manager=cgroupfs"]
-        )
+        # deploy/podman-env.sh: the podman command line and the limits this machine needs
+        self.podman = shlex.split(os.environ.get("SPATE_PODMAN", "podman"))
+        self.limits = shlex.split(os.environ.get("SPATE_PODMAN_LIMITS", ""))
         self.hosts: list[Host] = [network.add_host(f"n{i}") for i in (1, 2, 3)]
         self.containers: list[str] = []
-        uid, gid = run([*self.podman, "run", "--rm", "--network", "none", "--entrypoint", "id",
-                        image, "-u"]).strip(), run(
-            [*self.podman, "run", "--rm", "--network", "none", "--entrypoint", "id", image, "-g"]
-        ).strip()  # fmt: skip
+        ask = [*self.podman, "run", "--rm", *self.limits, "--network", "none", "--entrypoint"]
+        uid, gid = (run([*ask, "id", image, flag]).strip() for flag in ("-u", "-g"))
         self.uid, self.gid = int(uid), int(gid)
         say(f"the image runs as uid {self.uid} gid {self.gid} (user spate)")
 
@@ -90,7 +89,7 @@ class Cluster:
         shared = root / "shared"
         shared.mkdir()
         os.chown(shared, self.uid, self.gid)
-        user_add = [*self.podman, "run", "--rm", "--network", "none", "-i",
+        user_add = [*self.podman, "run", "--rm", *self.limits, "--network", "none", "-i",
                     "-v", f"{shared}:/etc/spate", image, "user", "add"]  # fmt: skip
         users = ["--users-file", "/etc/spate/users.json"]
         self.admin_token = run([*user_add, "admin", *users, "--no-password", "--token"]).strip()
@@ -141,7 +140,8 @@ class Cluster:
         etc, data = self.root / f"etc-n{host}", self.root / f"data-n{host}"
         name = self.name(process)
         self.containers.append(name)
-        run([*self.podman, "run", "--detach", "--name", name, "--label", f"{LABEL}={self.run_id}",
+        run([*self.podman, "run", "--detach", *self.limits, "--name", name,
+             "--label", f"{LABEL}={self.run_id}",
              "--network", f"ns:/run/netns/{self.hosts[host - 1].namespace}",
              "--env-file", str(etc / "secret.env"),
              "-v", f"{etc}:/etc/spate:ro", "-v", f"{data}:/var/lib/spate",
