@@ -8,7 +8,8 @@
 #
 # 1. installs podman and mmdebstrap with apt when they are missing;
 # 2. makes the base image localhost/debian:bookworm-slim from deb.debian.org with mmdebstrap
-#    (minbase, docs/man/locales left out like Debian's own slim image) when it is missing
+#    (minbase; like Debian's own slim image: no docs, man pages, locales or apt translations,
+#    dpkg without fsync while building images) when it is missing
 #    (SPATE_BASE_IMAGE names another base; one not under localhost/ is pulled as usual);
 # 3. runs `podman build -f deploy/Containerfile --build-arg BASE=<base>` with host networking
 #    (no bridge or CNI needed while building), mounting the host's CA bundle for pip when the
@@ -62,6 +63,8 @@ if [[ $BASE == localhost/* ]] && ! "${PODMAN[@]}" image exists "$BASE"; then
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='force-unsafe-io' \
+    --aptopt='Acquire::Languages "none"' \
     --aptopt='Acquire::Retries "3"' \
     "$SUITE" "$tarball" \
     "deb $MIRROR/debian $SUITE main" \
