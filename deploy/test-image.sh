@@ -20,7 +20,14 @@ RUN_ID=$$
 # shellcheck source=deploy/podman-env.sh
 source deploy/podman-env.sh
 
+smoke=
 cleanup() {
+  # the driver first (SIGTERM: it removes its containers and namespaces itself), then any
+  # container of this run still there
+  if [ -n "$smoke" ] && kill -0 "$smoke" 2>/dev/null; then
+    kill -TERM "$smoke" 2>/dev/null || true
+    wait "$smoke" 2>/dev/null || true
+  fi
   local ids
   ids=$("${PODMAN[@]}" ps --all --quiet --filter "label=spate.image-test=$RUN_ID" 2>/dev/null \
     || true)
@@ -38,5 +45,9 @@ if [ -z "${SPATE_IMAGE_SKIP_BUILD:-}" ]; then
   deploy/build-image.sh
 fi
 built=$(date +%s)
-.venv/bin/python tools/image_smoke.py --image "$IMAGE" --run-id "$RUN_ID"
+# in the background, so a signal to this script runs the trap at once
+.venv/bin/python tools/image_smoke.py --image "$IMAGE" --run-id "$RUN_ID" &
+smoke=$!
+wait "$smoke"
+smoke=
 echo "test-image: passed: build $(( built - started )) s, run $(( $(date +%s) - built )) s"

@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,6 +268,9 @@ def main() -> int:
     if os.geteuid() != 0:
         print("image-test: needs root (network namespaces, rootful podman)", file=sys.stderr)
         return 2
+    # SIGTERM (deploy/test-image.sh's trap) unwinds like an error: containers and namespaces
+    # are removed by the `finally` blocks below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = Path(tempfile.mkdtemp(prefix="spate-image-test-"))
     cluster: Cluster | None = None
     try:
