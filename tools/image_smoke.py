@@ -78,7 +78,8 @@ class Cluster:
         self.image, self.run_id, self.root, self.network = image, run_id, root, network
         # deploy/podman-env.sh: the podman command line and the limits this machine needs
         self.podman = shlex.split(os.environ.get("SPATE_PODMAN", "podman"))
-        self.limits = shlex.split(os.environ.get("SPATE_PODMAN_LIMITS", ""))
+        # (the image is the one built here: never pulled)
+        self.limits = ["--pull=never", *shlex.split(os.environ.get("SPATE_PODMAN_LIMITS", ""))]
         self.hosts: list[Host] = [network.add_host(f"n{i}") for i in (1, 2, 3)]
         self.containers: list[str] = []
         ask = [*self.podman, "run", "--rm", *self.limits, "--network", "none", "--entrypoint"]
