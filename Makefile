@@ -9,7 +9,7 @@ MINUTES ?=
 MODEL  ?= all
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test check fmt bench sim chaos install proto clean help
+.PHONY: demo test check fmt bench sim chaos image test-image install proto clean help
 
 help:
 	@echo "make demo   - install, start a local Spate cluster, publish and consume over AMQP 1.0"
@@ -18,6 +18,8 @@ help:
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
 	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core|metadata|groups)"
+	@echo "make image  - build the container image localhost/spate:latest as root (deploy/build-image.sh)"
+	@echo "make test-image - build it, run 3 nodes and a gateway from it, publish and consume (root)"
 	@echo "make chaos  - a chaos run as root: SCHEDULE (standard, 10 min) with SEED=1; report in chaos/reports/"
 
 install:
@@ -57,6 +59,14 @@ sim: install
 
 chaos: install
 	$(PY) -m chaos run --schedule $(SCHEDULE) --seed $(SEED) $(if $(MINUTES),--minutes $(MINUTES))
+
+# The container image (docs/deploy.md "Container image"): podman, the base image made from
+# Debian's archive with mmdebstrap when missing. SPATE_IMAGE names the tag.
+image:
+	bash deploy/build-image.sh
+
+test-image: install
+	bash deploy/test-image.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/api/v1 tests/js/node_modules
