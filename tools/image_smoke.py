@@ -123,6 +123,16 @@ class Cluster:
             run(["openssl", "x509", "-req", "-in", str(ca_dir / f"host{i}.csr"), "-CA",
                  str(ca_dir / "ca.pem"), "-CAkey", str(ca_dir / "ca.key"), "-CAcreateserial",
                  "-days", "2", "-out", str(etc / "tls" / "host.pem")])  # fmt: skip
+            # admin TLS (mutual in the shipped files): the same key, the address clients dial
+            ext = ca_dir / f"host{i}.ext"
+            ext.write_text(
+                f"subjectAltName=IP:{self.hosts[i - 1].address}\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n"
+            )
+            admin_pem = etc / "tls" / "admin.pem"
+            run(["openssl", "x509", "-req", "-in", str(ca_dir / f"host{i}.csr"), "-CA",
+                 str(ca_dir / "ca.pem"), "-CAkey", str(ca_dir / "ca.key"), "-CAcreateserial",
+                 "-days", "2", "-extfile", str(ext), "-out", str(admin_pem)])  # fmt: skip
             secret = f"SPATE_METADATA_PASSWORD={SECRET}\n"
             if i == 1:
                 secret += f"SPATE_ADMIN_TOKEN={gateway_token}\n"
@@ -131,7 +141,19 @@ class Cluster:
                 os.chown(path, self.uid, self.gid)
             for path in [etc / "secret.env", etc / "users.json", etc / "tls" / "host.key"]:
                 path.chmod(0o600)
-        self.env = dict(os.environ, SPATE_ADMIN_TOKEN=self.admin_token)
+        # the operator's client certificate for the admin port (its CN is the user `admin`)
+        run(["openssl", "req", *ec, "-subj", "/CN=admin", "-keyout", str(ca_dir / "admin.key"),
+             "-out", str(ca_dir / "admin.csr")])  # fmt: skip
+        run(["openssl", "x509", "-req", "-in", str(ca_dir / "admin.csr"), "-CA",
+             str(ca_dir / "ca.pem"), "-CAkey", str(ca_dir / "ca.key"), "-CAcreateserial",
+             "-days", "2", "-out", str(ca_dir / "admin.pem")])  # fmt: skip
+        self.env = dict(
+            os.environ,
+            SPATE_ADMIN_TOKEN=self.admin_token,
+            SPATE_ADMIN_TLS_CA=str(ca_dir / "ca.pem"),
+            SPATE_ADMIN_TLS_CERT=str(ca_dir / "admin.pem"),
+            SPATE_ADMIN_TLS_KEY=str(ca_dir / "admin.key"),
+        )
         self.gateway_url = f"amqp://{self.hosts[0].address}:5673"
         self.admin = f"{self.hosts[0].address}:7600"
 
