@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster import Cluster
 from loadclient import (
     CLOCK_TICKS_PER_S,
     BenchError,
@@ -48,6 +47,8 @@ from loadclient import (
     run_client,
     split_hostport,
 )
+
+from cluster import Cluster
 
 CASES = ("direct-settled", "direct-acked", "gateway-settled", "gateway-acked")
 CREDIT = 10_000
@@ -66,13 +67,14 @@ def _ticks(pids: dict[str, int]) -> dict[str, int]:
 
 def consume_once(
     binary: Path,
-    host: str,
-    port: str,
+    where: tuple[str, str],
     stream: str,
     count: int,
+    *,
     settled: bool,
     pids: dict[str, int],
 ) -> dict[str, Any]:
+    host, port = where
     args = [
         "--host", host, "--port", port, "--address", stream, "--count", str(count),
         "--credit", str(CREDIT), "--offset", "first",
@@ -146,7 +148,9 @@ def main() -> int:
                         host, port = c.amqp(follower)
                     else:
                         host, port = split_hostport(str(gateway["amqp"]))
-                    r = consume_once(binary, host, port, stream, count, how == "settled", pids)
+                    r = consume_once(
+                        binary, (host, port), stream, count, settled=how == "settled", pids=pids
+                    )
                     r.update(
                         workload="consume_cpu", case=case, size=size, run=run, label=a.label,
                         follower=follower, leader=leader, loadavg=loadavg(),
