@@ -418,17 +418,18 @@ def splice_run(
 ) -> list[bytes]:
     """Outgoing messages for consecutive records from `first_offset` on: each record with the
     delivery-annotations section `prefix + <offset digits> + suffix` spliced after its header
-    (`splice_delivery_annotations`), in one formatting operation per message (one template
-    per run holds the constant parts; RESULTS §26).
+    (`splice_delivery_annotations`): the offset's digits are the only part formatted per
+    message, and one join builds it. (One `%b` formatting operation per message instead is
+    slower: bytes formatting copies a memoryview argument into a bytes object first, and grows
+    its output as it goes: 0.86 against 0.62 µs per 100 B record, 1.70 against 0.69 per 1 KiB;
+    RESULTS §26.)
 
     Header forms read inline: none, `00 53 70 45` (empty list) and `00 53 70 c0 <size> ...`
     (list8, what proton and the native clients send); others go through `header_end`."""
     assert first_offset >= 0 and first_offset + len(records) <= 10**OFFSET_SYMBOL_DIGITS
-    annotations = prefix.replace(b"%", b"%%") + b"%020d" + suffix.replace(b"%", b"%%")
-    around = b"%b" + annotations + b"%b"  # header, offset, the rest
-    before = annotations + b"%b"  # offset, the record (no header)
     out: list[bytes] = []
     append = out.append
+    join = b"".join
     offset = first_offset
     try:
         for record in records:
@@ -444,18 +445,18 @@ def splice_run(
                         cut = 4
                     else:
                         cut = header_end(record)
-                    append(around % (record[:cut], offset, record[cut:]))
+                    append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
                 else:
-                    append(before % (offset, record))
+                    append(join((prefix, b"%020d" % offset, suffix, record)))
             else:
                 cut = header_end(record)
-                append(around % (record[:cut], offset, record[cut:]))
+                append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
             offset += 1
     except IndexError:
         out = []
         for offset, record in enumerate(records, first_offset):
             cut = header_end(record)
-            out.append(around % (record[:cut], offset, record[cut:]))
+            out.append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
     return out
 
 

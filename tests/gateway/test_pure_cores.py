@@ -316,7 +316,7 @@ def test_splice_run_equals_splicing_one_by_one() -> None:
     records.append(b"\x00\xa3\x10amqp:header:list\x45\x00\x53\x77\x40")
     records.append(b"\x00\x53\x70\xd0\x00\x00\x00\x05\x00\x00\x00\x01\x41\x00\x53\x77\x40")
     records.append(b"\x00\x53\x77\x40")  # the shortest message: an amqp-value null
-    # the second timestamp's bytes hold '%' (0x25): the run's template escapes them
+    # the second timestamp's bytes hold '%' (0x25), as may a source partition: never a format
     for source, stamp in itertools.product(
         (None, "%", "0", "11"), (0x2525252525, 1_700_000_000_123)
     ):
