@@ -2,7 +2,7 @@
 """Spate beside RabbitMQ Streams and NATS JetStream, three replicas each, in one run (issue 16).
 
   python benchmarks/side_by_side.py [--runs 3] [--sizes 100,1024,16384] [--partitions 1,3,12]
-      [--duration 20] [--no-peers] [--quick] [--out-dir DIR]
+      [--duration 20] [--no-peers | --peer rabbitmq|nats ...] [--no-w3] [--quick] [--out-dir DIR]
 
 Systems, all up at once for the whole run (so that every run meets the same machine):
   spate-direct   `spate dev up --nodes 3` (a proxy gateway beside it), streams with 3 replicas,
@@ -291,7 +291,7 @@ def run_once(
             )
     w3_order = ["spate-direct", "spate-direct-leader", "spate-gateway", *(p.name for p in peers)]
     shift = (run - 1) % len(w3_order)
-    for system in w3_order[shift:] + w3_order[:shift]:
+    for system in [] if w.no_w3 else w3_order[shift:] + w3_order[:shift]:
         label = f"{system}/run{run}"
         try:
             if system in by_name:
@@ -459,6 +459,15 @@ def main() -> int:
     ap.add_argument("--partitions", default="1,3,12", help="Spate partition counts")
     ap.add_argument("--duration", type=float, default=20.0, help="W3 seconds at 5,000 msgs/s")
     ap.add_argument("--no-peers", action="store_true", help="Spate only")
+    ap.add_argument(
+        "--peer",
+        action="append",
+        choices=["rabbitmq", "nats"],
+        help="only this peer (repeatable; default both)",
+    )
+    ap.add_argument(
+        "--no-w3", action="store_true", help="W1/W2 only (with --partitions '': no partitions)"
+    )
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages, W3 5 s")
     ap.add_argument("--out-dir", type=Path)
     ap.add_argument("--summarize", type=Path, help="only rebuild summary.md and the chart")
@@ -490,7 +499,7 @@ def main() -> int:
             log("the peers are not installed: ../shared/peers/setup_rabbitmq.sh install and ")
             log("setup_nats.sh install (as root), or run with --no-peers")
             return 1
-        peers = _peers()
+        peers = [p for p in _peers() if not w.peer or p.name in w.peer]
     epmd_before = _epmd_pids()
     started: list[Peer] = []
     try:

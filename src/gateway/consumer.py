@@ -727,14 +727,22 @@ class ConsumerPart:
                     consumer.announce = False
                     first, rest = parts(run.timestamp_ms, source, active=True)
                     outs[0] = sections.splice_run(records[:1], run.first_offset, first, rest)[0]
-                for out in outs:
-                    tag += 1
-                    pack_tag(tag_view, 0, tag)
-                    delivery = new_delivery(lp, tag_value)
-                    send(lp, out, len(out))
-                    advance(lp)
-                    if presettled:
+                if presettled:
+                    # pn_delivery_settle advances the link past its current delivery itself:
+                    # three calls per message, not four (RESULTS §26)
+                    for out in outs:
+                        tag += 1
+                        pack_tag(tag_view, 0, tag)
+                        delivery = new_delivery(lp, tag_value)
+                        send(lp, out, len(out))
                         settle(delivery)
+                else:
+                    for out in outs:
+                        tag += 1
+                        pack_tag(tag_view, 0, tag)
+                        new_delivery(lp, tag_value)
+                        send(lp, out, len(out))
+                        advance(lp)
                 stats.messages_out += len(outs)  # once per run (ADR 0023)
                 stats.bytes_out += sum(map(len, outs))
                 sent += len(run.records)

@@ -475,17 +475,20 @@ class AmqpConnection(asyncio.Protocol):
             kind = event_type(ev)
             if kind == DELIVERY:
                 delivery = event_delivery(ev)
-                if readable(delivery):  # a producer link's current delivery: drain the link
-                    producer = producers.get(delivery_link(delivery))
-                    if producer is not None:
-                        drain(producer)
-                    elif self.eventhubs:
-                        self.nodes.readable(delivery)
-                elif (remote_state(delivery) or remote_settled(delivery)) and not is_receiver(
-                    delivery_link(delivery)
-                ):  # a consumer's disposition: streams are not destructive, any outcome settles
+                link = delivery_link(delivery)
+                if is_receiver(link):
+                    if readable(delivery):  # a producer link's current delivery: drain it
+                        producer = producers.get(link)
+                        if producer is not None:
+                            drain(producer)
+                        elif self.eventhubs:
+                            self.nodes.readable(delivery)
+                elif remote_settled(delivery) or remote_state(delivery):
+                    # a consumer's disposition (one event per delivery of a range, so as few
+                    # calls as can be: RESULTS §26): streams are not destructive, any outcome
+                    # settles
                     if tracked:
-                        consumer = tracked.get(delivery_link(delivery))
+                        consumer = tracked.get(link)
                         # a named consumer: note what it is done with; in rcv-settle-mode
                         # second its accepted deliveries are settled once they are stored
                         if consumer is not None and not settled(consumer, delivery):

@@ -418,7 +418,11 @@ def splice_run(
 ) -> list[bytes]:
     """Outgoing messages for consecutive records from `first_offset` on: each record with the
     delivery-annotations section `prefix + <offset digits> + suffix` spliced after its header
-    (`splice_delivery_annotations`, one formatting operation per message).
+    (`splice_delivery_annotations`): the offset's digits are the only part formatted per
+    message, and one join builds it. (One `%b` formatting operation per message instead is
+    slower: bytes formatting copies a memoryview argument into a bytes object first, and grows
+    its output as it goes: 0.86 against 0.62 µs per 100 B record, 1.70 against 0.69 per 1 KiB;
+    RESULTS §26.)
 
     Header forms read inline: none, `00 53 70 45` (empty list) and `00 53 70 c0 <size> ...`
     (list8, what proton and the native clients send); others go through `header_end`."""
@@ -427,22 +431,32 @@ def splice_run(
     append = out.append
     join = b"".join
     offset = first_offset
-    for record in records:
-        if len(record) > 4 and record[2] == HEADER and record[1] == 0x53 and record[0] == 0:
-            constructor = record[3]
-            if constructor == 0x45:
-                cut = 4
-            elif constructor == 0xC0 and 5 + record[4] <= len(record):
-                cut = 5 + record[4]
+    try:
+        for record in records:
+            # stored records passed the section scan when they were published, so a list8
+            # header's size byte is within the record; a record too short for these reads
+            # (IndexError) sends the run the careful way
+            if record[0] == 0 and record[1] == 0x53:
+                if record[2] == HEADER:
+                    constructor = record[3]
+                    if constructor == 0xC0:
+                        cut = 5 + record[4]
+                    elif constructor == 0x45:
+                        cut = 4
+                    else:
+                        cut = header_end(record)
+                    append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
+                else:
+                    append(join((prefix, b"%020d" % offset, suffix, record)))
             else:
                 cut = header_end(record)
-            append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
-        elif len(record) > 2 and record[0] == 0 and record[1] == 0x53:
-            append(join((prefix, b"%020d" % offset, suffix, record)))
-        else:
+                append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
+            offset += 1
+    except IndexError:
+        out = []
+        for offset, record in enumerate(records, first_offset):
             cut = header_end(record)
-            append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
-        offset += 1
+            out.append(join((record[:cut], prefix, b"%020d" % offset, suffix, record[cut:])))
     return out
 
 

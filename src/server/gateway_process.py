@@ -52,7 +52,7 @@ from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
-from spate.server import logs, metrics
+from spate.server import gcpolicy, logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.settings import DIALECTS, check_fields, read_table
 from spate.server.tls import check_all_or_none, cluster_contexts
@@ -345,6 +345,7 @@ class GatewayProcess:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints, indent=2))
         tmp.replace(path)
+        gcpolicy.after_startup()
         log.info(
             "gateway %s ready: amqp %s (%s mode)",
             self.settings.gateway_id,

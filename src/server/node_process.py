@@ -37,7 +37,7 @@ from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 from spate.node.wire_server import WireServer
-from spate.server import logs, metrics
+from spate.server import gcpolicy, logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
 from spate.server.replica_control import LocalReplicaControl
@@ -286,6 +286,7 @@ class NodeProcess:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints.to_json(), indent=2))
         tmp.replace(path)
+        gcpolicy.after_startup()
         log.info(
             "node %s ready: amqp %s admin %s",
             self.node_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -314,13 +315,17 @@ def test_splice_run_equals_splicing_one_by_one() -> None:
     records += [memoryview(r) for r in _layouts()]
     records.append(b"\x00\xa3\x10amqp:header:list\x45\x00\x53\x77\x40")
     records.append(b"\x00\x53\x70\xd0\x00\x00\x00\x05\x00\x00\x00\x01\x41\x00\x53\x77\x40")
-    for source in (None, "0", "11"):
+    records.append(b"\x00\x53\x77\x40")  # the shortest message: an amqp-value null
+    # the second timestamp's bytes hold '%' (0x25), as may a source partition: never a format
+    for source, stamp in itertools.product(
+        (None, "%", "0", "11"), (0x2525252525, 1_700_000_000_123)
+    ):
         for first in (0, 5, 10**19 - len(records)):
-            prefix, suffix = sections.delivery_annotation_parts(1_700_000_000_123, source)
+            prefix, suffix = sections.delivery_annotation_parts(stamp, source)
             out = sections.splice_run(records, first, prefix, suffix)
             for k, record in enumerate(records):
                 da = sections.encode_delivery_annotations(
-                    offset_to_symbol(Offset(first + k)), 1_700_000_000_123, source
+                    offset_to_symbol(Offset(first + k)), stamp, source
                 )
                 assert out[k] == sections.splice_delivery_annotations(record, da)
     message = Message()

@@ -150,3 +150,21 @@ def test_the_single_buffer_encoding_is_the_chunk_and_caches_no_long_lengths() ->
     assert decoded == header
     assert [bytes(v) for v in views] == records
     assert long not in chunk._PREFIXES and (long - 1) not in chunk._PREFIXES
+
+
+def test_record_lengths_that_do_not_add_up_are_refused() -> None:
+    """slice_records tests the lengths once, after the loop (RESULTS §26): a length past the
+    payload, a prefix past the buffer and a payload with bytes left over are all ChunkErrors,
+    also when the buffer goes on after the chunk (a read block holds the next chunks)."""
+    records = [b"a" * 10, b"b" * 20, b"c" * 5]
+    buffer, header = chunk.encode_chunk_buffer(records, Offset(0), 1, 1)
+    assert [bytes(r) for r in chunk.slice_records(bytes(buffer), 0, header)] == records
+    second = chunk.HEADER_BYTES + chunk.RECORD_PREFIX_BYTES + 10
+    for tampered_length, tail in ((21, b""), (21, b"\x00" * 64), (19, b"\x00" * 64), (10**6, b"")):
+        bad = bytearray(buffer)
+        struct.pack_into(">I", bad, second, tampered_length)
+        with pytest.raises(ChunkError, match=r"overrun|stray"):
+            chunk.slice_records(bytes(bad) + tail, 0, header)
+    short = bytes(buffer)[: len(buffer) - 6]  # the last prefix is cut
+    with pytest.raises(ChunkError, match=r"overrun|stray"):
+        chunk.slice_records(short, 0, header)

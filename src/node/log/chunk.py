@@ -463,17 +463,23 @@ def slice_records(
                 f"its header says {header.record_count}"
             )
         return subentry.SubEntryRecords(blob, count)
+    # The consumers' read path (RESULTS §26): no bounds test per record. The cursor only
+    # grows, so a length that overruns the payload leaves it past `end` (tested once after
+    # the loop), and a length prefix read past the buffer's end raises struct.error; the
+    # views are only handed out when the lengths add up to the payload exactly.
     unpack = _RECORD_LENGTH.unpack_from
     records: list[memoryview] = []
-    for _ in range(header.record_count):
-        if cursor + RECORD_PREFIX_BYTES > end:
-            raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
-        (length,) = unpack(view, cursor)
-        cursor += RECORD_PREFIX_BYTES
-        if cursor + length > end:
-            raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
-        records.append(view[cursor : cursor + length])
-        cursor += length
+    append = records.append
+    try:
+        for _ in range(header.record_count):
+            (length,) = unpack(view, cursor)
+            start = cursor + RECORD_PREFIX_BYTES
+            cursor = start + length
+            append(view[start:cursor])
+    except struct.error:
+        cursor = end + 1
+    if cursor > end:
+        raise ChunkError(f"chunk at offset {header.first_offset}: record lengths overrun")
     if cursor != end:
         raise ChunkError(f"chunk at offset {header.first_offset}: {end - cursor} stray bytes")
     return records
