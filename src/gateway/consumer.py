@@ -772,10 +772,11 @@ class ConsumerPart:
     def _send_bulk(self, consumer: ConsumerLink, room: int) -> bool:
         """Up to `room` bulk deliveries (ADR 0029), each a frame of up to
         `limits.bulk_delivery_messages_max` messages and about `limits.bulk_delivery_bytes`,
-        `limits.consumer_send_batch_max` messages per pump in all; True when it stopped for
-        those limits (there may be more to send), False when the link had nothing more."""
+        two frames' worth of messages per pump in all (then other links have their turn);
+        True when it stopped for those limits (there may be more to send), False when the
+        link had nothing more."""
         plan, lp = consumer.plan, consumer.pointer
-        budget = core_limits.consumer_send_batch_max
+        budget = 2 * core_limits.bulk_delivery_messages_max
         bytes_cap = core_limits.bulk_delivery_bytes
         stats: ListenerStats = self.ctx.stats
         tag = consumer.tag

@@ -159,17 +159,22 @@ def walk(rows: Gathered) -> tuple[I64, I64, I64, I64] | None:
 
 
 def binary_array(data: npt.NDArray[np.uint8], starts: I64, ends: I64) -> pa.Array:
-    """An Arrow binary array of data[starts[i]:ends[i]] (null where starts[i] < 0), gathered
-    with one numpy index operation."""
+    """An Arrow binary array of data[starts[i]:ends[i]] (null where starts[i] < 0; the ranges
+    do not overlap and increase): the bytes picked with one boolean mask over `data` (a
+    running sum of +1 at each start and -1 at each end: three passes of one byte per data
+    byte, no Python per row)."""
     valid = starts >= 0
+    if not bool(valid.any()):
+        return pa.nulls(len(starts), type=pa.binary())
     lengths = np.where(valid, ends - starts, 0)
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total >= 2**31:
+    if int(offsets[-1]) >= 2**31:
         raise ValueError("a record batch's binary column passes 2 GiB")
-    index = np.repeat(np.where(valid, starts, 0) - offsets[:-1], lengths) + np.arange(total)
-    values = data[index]
+    delta = np.zeros(len(data) + 1, dtype=np.int8)
+    delta[starts[valid]] = 1
+    delta[ends[valid]] -= 1
+    values = data[np.cumsum(delta[:-1], dtype=np.int8).view(np.bool_)]
     validity = None if bool(valid.all()) else pa.array(valid).buffers()[1]
     return pa.Array.from_buffers(
         pa.binary(),
