@@ -614,6 +614,8 @@ class AsyncConsumer:
         if bulk_handler is not None:
             if batch_handler is not None or sub_entries:
                 raise ValueError("bulk_handler takes the place of batch_handler and sub_entries")
+            if partition is None:
+                raise ValueError("a bulk_handler reads one partition: give partition=...")
             batch_handler = _frames_of(bulk_handler)
         if batch_handler is not None and (
             handler is not None
