@@ -7,7 +7,8 @@ connector's whole client side; the broker runs in other processes).
     .venv/bin/python benchmarks/spark_connector_cpu.py --rows 100000 [--runs 2] [--profile read]
 
 Reads: N messages of 100 B in one partition, read with the full schema, `value` only and
-`offset` only, message by message (`bulkRead=false`) and in bulk deliveries (`true`, ADR 0029). Writes: N rows of 100 B in Arrow batches of 10,000 (Spark's
+`offset` only, message by message (`bulkRead=false`) and in bulk deliveries (`true`, ADR
+0029). Writes: N rows of 100 B in Arrow batches of 10,000 (Spark's
 `maxRecordsPerBatch`), `value` only and `value` + `key`, to a stream of 2 partitions, each run
 under a new write id (producer names). To compare two versions of the connector, run the script
 from each with `PYTHONPATH=<the other tree's package root>` (see benchmarks/RESULTS.md §18d).
@@ -75,11 +76,11 @@ def main() -> None:
                 producer.send_batch([b"x" * 100] * 1000)
         reads = [(mode, read_options({"endpoints": url, "stream": "rp", "bulkRead": mode},
                                      streaming=False)) for mode in args.read_modes]  # fmt: skip
-        for (mode, read), (label, names) in itertools.product(
+        for (mode, read), (task, names) in itertools.product(
             reads,
             (("read full", FULL), ("read value", ("value",)), ("read offset", ("offset",))),
         ):
-            label = f"{label} (bulkRead={mode})"
+            label = f"{task} (bulkRead={mode})"
             columns = broker.Columns(names, tuple(True for _ in names))
             for run in range(args.runs):
                 part = source.SpatePartition(Range("rp", 0, 0, args.rows))

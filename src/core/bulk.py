@@ -87,7 +87,9 @@ def encode(runs: Sequence[RunLike]) -> bytes:
         pieces.extend(records)
     count = len(offsets)
     if not 0 < count <= limits.bulk_delivery_messages_max:
-        raise FrameError(f"a frame holds 1..{limits.bulk_delivery_messages_max} messages, not {count}")
+        raise FrameError(
+            f"a frame holds 1..{limits.bulk_delivery_messages_max} messages, not {count}"
+        )
     ends = array("I", accumulate(lengths))
     if not _LITTLE:
         for column in (offsets, stamps, ends):

@@ -304,7 +304,9 @@ class RangeReader:
                 if first == last:
                     continue
                 frames.append(
-                    frame if first == frame.first and last == frame.stop else frame.rows(first, last)
+                    frame
+                    if first == frame.first and last == frame.stop
+                    else frame.rows(first, last)
                 )
                 state.took(offsets[last - 1] + 1, state.rows + last - first, r.end)
 

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-
 from spate.client.messages import read_columns
 from spate.core.bulk import Frame, FrameError
 from spate.core.superstreams import GROUP_KEY_ANNOTATION

@@ -72,12 +72,14 @@ def test_not_a_bulk_delivery() -> None:
         (bulk.encode([(0, 0, [b"ab"])]) + b"!", "ends at 2, its data has 3 bytes"),
         (
             b"\x01\x00\x00\x00\x03\x00\x00\x00"
-            + struct.pack("<qqqqqqIII", 0, 1, 2, 0, 0, 0, 3, 1, 3) + b"abc",
+            + struct.pack("<qqqqqqIII", 0, 1, 2, 0, 0, 0, 3, 1, 3)
+            + b"abc",
             "ends do not increase",
         ),
         (
             b"\x01\x00\x00\x00\x03\x00\x00\x00"
-            + struct.pack("<qqqqqqIII", 0, 5, 2, 0, 0, 0, 1, 2, 3) + b"abc",
+            + struct.pack("<qqqqqqIII", 0, 5, 2, 0, 0, 0, 1, 2, 3)
+            + b"abc",
             "offsets do not increase",
         ),
     ],
@@ -88,7 +90,7 @@ def test_damage_is_named(frame: bytes, says: str) -> None:
 
 
 def test_limits() -> None:
-    with pytest.raises(bulk.FrameError, match="1..4096"):
+    with pytest.raises(bulk.FrameError, match=r"1\.\.4096"):
         bulk.encode([(0, 0, [b""] * (limits.bulk_delivery_messages_max + 1))])
     with pytest.raises(bulk.FrameError, match="says 99 bytes"):
         bulk.unwrap(bulk.HEAD + (99).to_bytes(4, "big") + b"x")

@@ -79,9 +79,7 @@ def test_bulk_rows_are_the_rows_read_one_by_one(
     try:
         producer.send_batch([b"plain-%d" % i for i in range(40)] + [b"", b"L" * 300])
         producer.send_batch([MessageParts(b"keyed-%d" % i, f"k{i % 3}") for i in range(20)])
-        producer.send_batch(
-            [MessageParts(b"rich", "k", {"subject": "s"}, {"region": "emea"})] * 3
-        )
+        producer.send_batch([MessageParts(b"rich", "k", {"subject": "s"}, {"region": "emea"})] * 3)
         producer.send_batch([b"sub-%d" % i for i in range(30)], sub_entry_size=10)
         producer.send_batch(
             [MessageParts(b"zstd-%d" % i, "z") for i in range(30)],
@@ -149,7 +147,7 @@ def test_only_links_that_ask_and_may_get_bulk_deliveries(
         assert receiver.link.remote_properties[symbol(bulk.PROPERTY)] is True
         message = receiver.receive(timeout=10)
         assert message.annotations[symbol(bulk.ANNOTATION)] is True
-        assert message.instructions[symbol("event-streams-offset")] == "%020d" % 0
+        assert message.instructions[symbol("event-streams-offset")] == f"{0:020d}"
         frame = bulk.parse(message.body)
         assert frame.offset_list() == [0, 1, 2, 3, 4]
         receiver.accept()

@@ -4,6 +4,7 @@ cut fall back to the per-row reader. Pure: no cluster, no Spark."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pyarrow as pa
@@ -29,11 +30,11 @@ def proton_message(body: Any, **fields: Any) -> bytes:
 
 
 LAYOUTS = {
-    "plain": lambda b, k: encode_plain(b),
-    "keyed": lambda b, k: encode_plain(b, k),
+    "plain": lambda b, _: encode_plain(b),
+    "keyed": encode_plain,
     "delivered": lambda b, k: DA + encode_plain(b, k),
     "header": lambda b, k: b"\x00\x53\x70\xc0\x02\x01\x41" + encode_plain(b, k),
-    "footer": lambda b, k: encode_plain(b) + b"\x00\x53\x78\xc1\x01\x00",
+    "footer": lambda b, _: encode_plain(b) + b"\x00\x53\x78\xc1\x01\x00",
     "rich": lambda b, k: MessageParts(b, k, {"subject": "s"}, {"region": "emea"}).envelope(),
     "proton": lambda b, k: proton_message(b, durable=True, annotations={symbol("a"): 1}),
     "text": lambda b, k: proton_message(b.decode("latin-1")),
@@ -76,19 +77,19 @@ def test_vectorised_rows_are_the_per_row_rows(
     skip = min(skip, len(messages) - 1)  # rows dropped at the front (a range's start)
     cuts = sorted({skip, len(messages), *(skip + (len(messages) - skip) * k // pieces
                                           for k in range(1, pieces))})  # fmt: skip
-    frames = [frame.rows(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if a < b]
+    frames = [frame.rows(a, b) for a, b in itertools.pairwise(cuts) if a < b]
     got = record_batch(frames, SCHEMA, "s", 3)
     want = expected(messages[skip:], offsets[skip:], stamps[skip:])
     assert got.equals(want), (got.to_pylist()[:3], want.to_pylist()[:3])
     # and a narrower schema, columns in another order
     narrow = pa.schema([SCHEMA.field("value"), SCHEMA.field("offset"), SCHEMA.field("key")])
-    assert record_batch(frames, narrow, "s", 3).equals(
-        want.select(["value", "offset", "key"])
-    )
+    assert record_batch(frames, narrow, "s", 3).equals(want.select(["value", "offset", "key"]))
 
 
 def test_plain_and_keyed_rows_are_cut_without_the_per_row_reader() -> None:
-    messages = [encode_plain(b"v" * n, None if n % 2 else f"k{n}") for n in (0, 1, 255, 256, 70_000)]
+    messages = [
+        encode_plain(b"v" * n, None if n % 2 else f"k{n}") for n in (0, 1, 255, 256, 70_000)
+    ]
     messages.append(DA + encode_plain(b"delivered", "key"))
     frame = bulk.parse(bulk.encode_rows(range(6), [5] * 6, messages))
     cut = walk(Gathered([frame]))
