@@ -9,6 +9,7 @@ partitions) are answered without the property and sent messages one by one."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,14 @@ from spate.client.aio import AsyncConsumer
 from spate.client.messages import MessageParts, read_columns
 from spate.core import bulk
 from spate.gateway import consumer as consumer_part
-from support.amqp_clients import LinkProperties, RunningGateway, blocking, unique
+from support.amqp_clients import (
+    AMQP_DOC,
+    LinkProperties,
+    RunningGateway,
+    blocking,
+    run_example,
+    unique,
+)
 
 from tests.gateway.test_filtering import publish, regional
 
@@ -166,6 +174,19 @@ def test_only_links_that_ask_and_may_get_bulk_deliveries(
             )
             assert symbol(bulk.PROPERTY) not in (other.link.remote_properties or {}), name
             other.close()
+
+
+@pytest.mark.memory_broker_only
+def test_the_documented_example_reads_a_frame(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    stream = make_stream()
+    publish(gateway, stream, [Message(body=b"m%d" % i) for i in range(7)])
+    found = re.findall(r"```python bulk-delivery\n(.*?)```", AMQP_DOC.read_text(), re.DOTALL)
+    assert len(found) == 1
+    code = found[0].replace("127.0.0.1:5672", f"127.0.0.1:{gateway.port}")
+    output = run_example("python", code.replace('"orders"', repr(stream)))
+    assert output == "0 7 messages; the first is 0053704500537345005377a0026d30\n"
 
 
 def test_a_bulk_handler_gets_frames_when_the_broker_sends_messages_one_by_one(
