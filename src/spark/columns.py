@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from spate.client.messages import read_columns
 from spate.core.bulk import Frame, FrameError
 from spate.core.superstreams import GROUP_KEY_ANNOTATION
@@ -34,6 +35,9 @@ _PAD = 16
 """Zero bytes after the data so that reading a few bytes past a row's end needs no bounds."""
 _KEY_SYMBOL = b"\xa3" + bytes((len(GROUP_KEY_ANNOTATION),)) + GROUP_KEY_ANNOTATION.encode()
 _KEY_PATTERN = np.frombuffer(_KEY_SYMBOL, dtype=np.uint8)
+_GAP_MAX = 64
+"""Bytes between two kept ranges up to which `binary_array` clears them by index (else by a
+running sum over all the data)."""
 _SECTIONS_MAX = 8
 """Sections a simple message has at most (header, 3 annotation-like, data, footer, spare)."""
 _HEADER, _DA, _MA, _PROPERTIES, _APP, _DATA, _FOOTER = 0x70, 0x71, 0x72, 0x73, 0x74, 0x75, 0x78
@@ -159,9 +163,10 @@ def walk(rows: Gathered) -> tuple[I64, I64, I64, I64] | None:
 
 def binary_array(data: npt.NDArray[np.uint8], starts: I64, ends: I64) -> pa.Array:
     """An Arrow binary array of data[starts[i]:ends[i]] (null where starts[i] < 0; the ranges
-    do not overlap and increase): the bytes picked with one boolean mask over `data` (a
-    running sum of +1 at each start and -1 at each end: three passes of one byte per data
-    byte, no Python per row)."""
+    do not overlap and increase), copied out with one boolean mask over `data`: the bytes
+    between the ranges (AMQP section heads: a few bytes a row) are cleared in a 2-D index
+    operation when they are short, else by a running sum of +1 at each start and -1 at each
+    end. No Python per row."""
     valid = starts >= 0
     if not bool(valid.any()):
         return pa.nulls(len(starts), type=pa.binary())
@@ -170,10 +175,25 @@ def binary_array(data: npt.NDArray[np.uint8], starts: I64, ends: I64) -> pa.Arra
     np.cumsum(lengths, out=offsets[1:])
     if int(offsets[-1]) >= 2**31:
         raise ValueError("a record batch's binary column passes 2 GiB")
-    delta = np.zeros(len(data) + 1, dtype=np.int8)
-    delta[starts[valid]] = 1
-    delta[ends[valid]] -= 1
-    values = data[np.cumsum(delta[:-1], dtype=np.int8).view(np.bool_)]
+    s, e = starts[valid], ends[valid]
+    gap_starts = np.concatenate(([0], e))
+    gap_ends = np.concatenate((s, [len(data)]))
+    gaps = gap_ends - gap_starts
+    inner = gaps[1:-1]
+    widest = int(inner.max()) if len(inner) else 0
+    if widest <= _GAP_MAX:
+        mask = np.zeros(len(data), dtype=np.bool_)
+        mask[s[0] : e[-1]] = True
+        if widest:
+            steps = np.arange(widest)
+            index = gap_starts[1:-1, None] + steps
+            mask[index[steps < inner[:, None]]] = False
+    else:
+        delta = np.zeros(len(data) + 1, dtype=np.int8)
+        delta[s] = 1
+        delta[e] -= 1
+        mask = np.cumsum(delta[:-1], dtype=np.int8).view(np.bool_)
+    values = data[mask]
     validity = None if bool(valid.all()) else pa.array(valid).buffers()[1]
     return pa.Array.from_buffers(
         pa.binary(),
@@ -181,6 +201,25 @@ def binary_array(data: npt.NDArray[np.uint8], starts: I64, ends: I64) -> pa.Arra
         [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)],
         null_count=-1 if validity is not None else 0,
     )
+
+
+def _tail_slice(rows: Gathered, body_start: I64, body_end: I64) -> pa.Array | None:
+    """The bodies by one Arrow kernel when every row's body starts the same number of bytes
+    into its message and runs to its end (the common case: no header, no annotations of
+    varying size, no footer): the messages as a binary array over `data` (no copy), sliced."""
+    head = body_start - rows.starts
+    if (
+        len(head) == 0
+        or not bool(np.all(head == head[0]))
+        or not bool(np.all(body_end == rows.ends))
+    ):
+        return None
+    first = int(rows.starts[0])
+    offsets = (np.concatenate((rows.starts[:1], rows.ends)) - first).astype(np.int32)
+    messages = pa.Array.from_buffers(
+        pa.binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(rows.data[first:])]
+    )
+    return pc.binary_slice(messages, int(head[0]))
 
 
 def record_batch(
@@ -212,7 +251,10 @@ def record_batch(
         if walked is not None:
             body_start, body_end, key_start, key_end = walked
             if "value" in names:
-                out["value"] = binary_array(rows.data, body_start, body_end)
+                sliced = _tail_slice(rows, body_start, body_end)
+                out["value"] = (
+                    sliced if sliced is not None else binary_array(rows.data, body_start, body_end)
+                )
             if "key" in names:
                 out["key"] = binary_array(rows.data, key_start, key_end)
             for name in ("properties", "application_properties"):
