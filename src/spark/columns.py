@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 from spate.client.messages import read_columns
 from spate.core.bulk import Frame, FrameError
 from spate.core.superstreams import GROUP_KEY_ANNOTATION
@@ -203,25 +202,6 @@ def binary_array(data: npt.NDArray[np.uint8], starts: I64, ends: I64) -> pa.Arra
     )
 
 
-def _tail_slice(rows: Gathered, body_start: I64, body_end: I64) -> pa.Array | None:
-    """The bodies by one Arrow kernel when every row's body starts the same number of bytes
-    into its message and runs to its end (the common case: no header, no annotations of
-    varying size, no footer): the messages as a binary array over `data` (no copy), sliced."""
-    head = body_start - rows.starts
-    if (
-        len(head) == 0
-        or not bool(np.all(head == head[0]))
-        or not bool(np.all(body_end == rows.ends))
-    ):
-        return None
-    first = int(rows.starts[0])
-    offsets = (np.concatenate((rows.starts[:1], rows.ends)) - first).astype(np.int32)
-    messages = pa.Array.from_buffers(
-        pa.binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(rows.data[first:])]
-    )
-    return pc.binary_slice(messages, int(head[0]))
-
-
 def record_batch(
     frames: Sequence[Frame],
     schema: pa.Schema,
@@ -251,10 +231,7 @@ def record_batch(
         if walked is not None:
             body_start, body_end, key_start, key_end = walked
             if "value" in names:
-                sliced = _tail_slice(rows, body_start, body_end)
-                out["value"] = (
-                    sliced if sliced is not None else binary_array(rows.data, body_start, body_end)
-                )
+                out["value"] = binary_array(rows.data, body_start, body_end)
             if "key" in names:
                 out["key"] = binary_array(rows.data, key_start, key_end)
             for name in ("properties", "application_properties"):
