@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--read-modes", nargs="+", default=["false", "true"],
-                        help="option bulkRead values to read with (ADR 0029)")  # fmt: skip
+                        help="option bulkRead values to read with (ADR 0029; "
+                             "'unset': not given, for trees without it)")  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="reads only")
     parser.add_argument("--profile", choices=("read", "write"), help="cProfile the last run")
     args = parser.parse_args()
@@ -74,8 +75,12 @@ def main() -> None:
         with Producer(url, "rp") as producer:
             for _ in range(0, args.rows, 1000):
                 producer.send_batch([b"x" * 100] * 1000)
-        reads = [(mode, read_options({"endpoints": url, "stream": "rp", "bulkRead": mode},
-                                     streaming=False)) for mode in args.read_modes]  # fmt: skip
+        reads = [
+            (mode, read_options({"endpoints": url, "stream": "rp"}
+                                | ({} if mode == "unset" else {"bulkRead": mode}),
+                                streaming=False))
+            for mode in args.read_modes
+        ]  # fmt: skip
         for (mode, read), (task, names) in itertools.product(
             reads,
             (("read full", FULL), ("read value", ("value",)), ("read offset", ("offset",))),
