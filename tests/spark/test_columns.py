@@ -65,7 +65,7 @@ rows = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(rows, st.integers(0, 5), st.integers(1, 3))
 def test_vectorised_rows_are_the_per_row_rows(
     drawn: list[tuple[str, bytes, str | None]], skip: int, pieces: int
