@@ -6,7 +6,8 @@ and CPU-seconds per million rows, against the same pipelines on Spark's file sou
     python benchmarks/spark.py --rows 50000       # quicker
 
 What runs (each pipeline once to warm up, then --runs times; the best run is reported):
-  read  spate   readStream.format("spate") (availableNow, earliest) -> noop sink
+  read  spate   readStream.format("spate") (availableNow, earliest) -> noop sink, for each
+                --read-modes value of option bulkRead (default: true; "false true" compares)
   read  spate   the same with schema "value BINARY" (only the body decoded)
   read  file    readStream.format("parquet") over the same rows      -> noop sink
   write spate   readStream parquet -> writeStream.format("spate")    (exactly-once writer)
@@ -126,6 +127,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="message body bytes")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--read-modes", nargs="+", default=["true"],
+                        help="option bulkRead values of the spate reads (ADR 0029)")  # fmt: skip
+    parser.add_argument("--reads-only", action="store_true", help="skip the write pipelines")
     args = parser.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -191,30 +195,39 @@ def run_all(args: argparse.Namespace, work: Path, endpoints: str, broker_pids: l
         query.awaitTermination()
         return sum(p["numInputRows"] for p in query.recentProgress)
 
-    def spate_source(schema: str | None = None) -> Any:
+    def spate_source(schema: str | None = None, bulk: str = "true") -> Any:
         reader = spark.readStream if schema is None else spark.readStream.schema(schema)
         return (
             reader.format("spate")
             .option("endpoints", endpoints)
             .option("stream", "bench-in")
             .option("startingOffsets", "earliest")
+            .option("bulkRead", bulk)
             .load()
         )
 
     def file_source() -> Any:
         return spark.readStream.schema(schema).parquet(str(files))
 
-    timed(
-        "read spate -> noop", lambda: stream(spate_source(), "noop"), rows, args.runs, broker_pids
-    )
-    timed(
-        "read spate (value only) -> noop",
-        lambda: stream(spate_source(schema="value BINARY"), "noop"),
-        rows,
-        args.runs,
-        broker_pids,
-    )
+    for mode in args.read_modes:
+        timed(
+            f"read spate (bulkRead={mode}) -> noop",
+            lambda mode=mode: stream(spate_source(bulk=mode), "noop"),
+            rows,
+            args.runs,
+            broker_pids,
+        )
+        timed(
+            f"read spate (value only, bulkRead={mode}) -> noop",
+            lambda mode=mode: stream(spate_source(schema="value BINARY", bulk=mode), "noop"),
+            rows,
+            args.runs,
+            broker_pids,
+        )
     timed("read file -> noop", lambda: stream(file_source(), "noop"), rows, args.runs, [])
+    if args.reads_only:
+        spark.stop()
+        return
     timed(
         "write file -> spate",
         lambda: stream(

@@ -7,7 +7,8 @@ connector's whole client side; the broker runs in other processes).
     .venv/bin/python benchmarks/spark_connector_cpu.py --rows 100000 [--runs 2] [--profile read]
 
 Reads: N messages of 100 B in one partition, read with the full schema, `value` only and
-`offset` only. Writes: N rows of 100 B in Arrow batches of 10,000 (Spark's
+`offset` only, message by message (`bulkRead=false`) and in bulk deliveries (`true`, ADR
+0029). Writes: N rows of 100 B in Arrow batches of 10,000 (Spark's
 `maxRecordsPerBatch`), `value` only and `value` + `key`, to a stream of 2 partitions, each run
 under a new write id (producer names). To compare two versions of the connector, run the script
 from each with `PYTHONPATH=<the other tree's package root>` (see benchmarks/RESULTS.md §18d).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import os
 import pstats
 import sys
@@ -59,6 +61,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--read-modes", nargs="+", default=["false", "true"],
+                        help="option bulkRead values to read with (ADR 0029; "
+                             "'unset': not given, for trees without it)")  # fmt: skip
+    parser.add_argument("--no-write", action="store_true", help="reads only")
     parser.add_argument("--profile", choices=("read", "write"), help="cProfile the last run")
     args = parser.parse_args()
     print("spate from", Path(spate.__file__).parent, flush=True)
@@ -69,19 +75,32 @@ def main() -> None:
         with Producer(url, "rp") as producer:
             for _ in range(0, args.rows, 1000):
                 producer.send_batch([b"x" * 100] * 1000)
-        read = read_options({"endpoints": url, "stream": "rp"}, streaming=False)
-        for label, names in (("read full", FULL), ("read value", ("value",)),
-                             ("read offset", ("offset",))):  # fmt: skip
+        reads = [
+            (mode, read_options({"endpoints": url, "stream": "rp"}
+                                | ({} if mode == "unset" else {"bulkRead": mode}),
+                                streaming=False))
+            for mode in args.read_modes
+        ]  # fmt: skip
+        for (mode, read), (task, names) in itertools.product(
+            reads,
+            (("read full", FULL), ("read value", ("value",)), ("read offset", ("offset",))),
+        ):
+            label = f"{task} (bulkRead={mode})"
             columns = broker.Columns(names, tuple(True for _ in names))
             for run in range(args.runs):
                 part = source.SpatePartition(Range("rp", 0, 0, args.rows))
 
-                def read_all(columns: broker.Columns = columns, part: object = part) -> int:
+                def read_all(
+                    columns: broker.Columns = columns, part: object = part, read: object = read
+                ) -> int:
                     return sum(b.num_rows for b in source._read(read, columns, part))  # type: ignore[arg-type]
 
                 last = run == args.runs - 1
                 measure(label, args.rows, run, last and args.profile == "read", read_all)
 
+        if args.no_write:
+            print("load average", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+            return
         write = write_options({"endpoints": url, "stream": "wp"})
         values = pa.array([b"y" * 100] * ARROW_BATCH_ROWS, pa.binary())
         keys = pa.array([f"k{i % 97}" for i in range(ARROW_BATCH_ROWS)], pa.string())

@@ -52,6 +52,8 @@ from spate.client.core import (
 from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed
 from spate.client.event import Event
 from spate.client.messages import MessageParts
+from spate.core import bulk
+from spate.core import limits as core_limits
 from spate.core.ids import offset_from_symbol
 from spate.gateway import sections
 from spate.gateway import subentry as sub_entries
@@ -75,6 +77,7 @@ P_STORED_OFFSET = "spate:stored-offset"
 P_SINGLE_ACTIVE = "spate:single-active-consumer"
 P_ACTIVE = "spate:active"
 P_SUB_ENTRIES = sub_entries.AS_IS_PROPERTY
+P_BULK = bulk.PROPERTY
 SUB_ENTRY_MARKER = sub_entries.MARKER_BYTES
 A_PUBLISHING_ID = "x-opt-publishing-id"
 _MA_PUBLISHING_ID = b"\x00\x53\x72\xc1\x1f\x02\xa3\x13x-opt-publishing-id\x80"
@@ -93,6 +96,10 @@ Token = asyncio.Future[None] | Settle
 BatchHandler = Callable[[list[int], list[int], list[bytes]], None]
 """`batch_handler(offsets, timestamps_ms, messages)`: the messages of one burst (what one read
 from the socket completed), as columns; messages as for `Handler`."""
+BulkHandler = Callable[[list[bulk.Frame]], None]
+"""`bulk_handler(frames)`: the messages of one burst as frames (`spate.core.bulk.Frame`: offsets,
+timestamps and message ends as typed arrays over the received bytes; messages as stored, or as
+delivered when the broker did not grant bulk deliveries)."""
 Handler = Callable[[int, int, Any], None]
 """`handler(offset, timestamp_ms, message)`: the message is the delivered bytes (the AMQP
 encoding, delivery annotations included), or a decoded `proton.Message` with `decode=True`."""
@@ -161,6 +168,21 @@ async def _connect(
             raise step.error
         await asyncio.sleep(step.delay_ms / 1000)
         dial = connector.next_dial()
+
+
+def _frames_of(handler: BulkHandler) -> BatchHandler:
+    """A batch handler that hands a burst of messages delivered one by one (bulk deliveries
+    not granted) to a bulk handler as frames."""
+
+    def batch(offsets: list[int], stamps: list[int], messages: list[bytes]) -> None:
+        step = core_limits.bulk_delivery_messages_max
+        handler([
+            bulk.parse(bulk.encode_rows(offsets[i : i + step], stamps[i : i + step],
+                                        messages[i : i + step]), check=False)
+            for i in range(0, len(offsets), step)
+        ])  # fmt: skip
+
+    return batch
 
 
 def _ignore(*_: object) -> None:
@@ -511,6 +533,7 @@ class AsyncConsumer:
         credit: int = credit_default,
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
+        bulk_handler: BulkHandler | None = None,
         decode: bool = False,
         timeout_s: float = 30.0,
         reconnect_timeout_s: float = 0.0,
@@ -537,7 +560,13 @@ class AsyncConsumer:
         is called for each message on the loop; an exception it raises stops the consumer
         and comes out of `wait()`. `batch_handler(offsets, timestamps_ms, messages)` (unnamed
         consumers, raw bytes) is called instead once per burst, with columns: one call, not
-        one per message, for bulk readers (the Spark connector). `partition` binds the link
+        one per message, for bulk readers. `bulk_handler(frames)` (unnamed consumers of one
+        partition) asks for bulk deliveries (`spate:bulk-delivery`, ADR 0029): many messages
+        per transfer, handed over as `spate.core.bulk.Frame`s once per burst, for columnar
+        readers (the Spark connector); `credit` still counts messages (the link's credit is
+        `credit` / `limits.bulk_delivery_messages_max` deliveries, at least 4). A broker that
+        does not grant them sends messages one by one, and they reach `bulk_handler` as frames
+        too (their messages then with delivery annotations). `partition` binds the link
         (`event-streams-partition`).
 
         `name` makes it a named consumer (`spate:consumer-name`, ADR 0012): the broker stores
@@ -582,6 +611,12 @@ class AsyncConsumer:
             )
         if sub_entries and (name is not None or group is not None):
             raise ValueError("sub_entries is for unnamed consumers (offsets tracked per message)")
+        if bulk_handler is not None:
+            if batch_handler is not None or sub_entries:
+                raise ValueError("bulk_handler takes the place of batch_handler and sub_entries")
+            if partition is None:
+                raise ValueError("a bulk_handler reads one partition: give partition=...")
+            batch_handler = _frames_of(bulk_handler)
         if batch_handler is not None and (
             handler is not None
             or decode
@@ -600,6 +635,10 @@ class AsyncConsumer:
         self._tls = tls_context(self._connector, tls)
         self._handler, self._decode, self._sink = handler, decode, sink
         self._batch_handler = batch_handler
+        self._bulk_handler = bulk_handler
+        self._credit = credit
+        if bulk_handler is not None:
+            self._properties[P_BULK] = True
         self._filters = filters
         if sub_entries:
             self._properties[P_SUB_ENTRIES] = True
@@ -650,6 +689,10 @@ class AsyncConsumer:
         self._tls: ssl.SSLContext | None = None
         self._handler: Handler | None = None
         self._batch_handler: BatchHandler | None = None
+        self._bulk_handler: BulkHandler | None = None
+        self._credit = credit
+        self.bulk = False
+        """Bulk deliveries asked for and granted (the broker's attach reply)."""
         self._batch: tuple[list[int], list[int], list[bytes]] | None = None
         self._runs = sections.DeliveryRuns()
         """While `_on_batch` runs: the columns `_hand_out` appends to."""
@@ -729,7 +772,14 @@ class AsyncConsumer:
             self._to_commit = 0
             self._accepted = self._confirmed = 0
         self._link.on_message = self._on_message
-        if self._batch_handler is not None:
+        self.bulk = self._bulk_handler is not None and eng.link_property(link, P_BULK) is True
+        if self.bulk:
+            self._core.credit_window = max(
+                4, -(-self._credit // core_limits.bulk_delivery_messages_max)
+            )
+            self._link.on_messages = self._on_bulk
+        elif self._batch_handler is not None:
+            self._core.credit_window = self._credit
             self._link.on_messages = self._on_batch
         self._link.on_drained = self._grant
         self._link.on_lost = self._on_lost
@@ -804,6 +854,35 @@ class AsyncConsumer:
             self._finish(error)
             return
         self._core.on_taken(len(offsets))
+
+    def _on_bulk(self, raws: list[bytes]) -> None:
+        """A burst of bulk deliveries (ADR 0029): each frame viewed in place, rows at or below
+        the last handed out dropped (repeats after resuming), then one handler call."""
+        if self._closed:
+            return
+        assert self._bulk_handler is not None
+        frames: list[bulk.Frame] = []
+        core = self._core
+        for raw in raws:
+            try:
+                inner = bulk.unwrap(raw)
+                if inner is None:
+                    raise bulk.FrameError("a delivery without a bulk frame on a bulk link")
+                frame = bulk.parse(inner, check=False)
+            except bulk.FrameError as error:
+                self._finish(ConnectionLost(f"a bulk delivery is damaged: {error}"))
+                return
+            fast = sections.read_spate_annotations(raw)
+            source = None if fast is None else fast[2]
+            keep = core.on_frame(frame.offsets, source)
+            if keep < frame.stop:
+                frames.append(frame.rows(keep, frame.stop) if keep else frame)
+        if not frames:
+            return
+        try:
+            self._bulk_handler(frames)
+        except Exception as error:  # the application's: stop and report it from wait()
+            self._finish(error)
 
     def _on_sub_entry(self, raw: bytes, first: int, stamp: int, source: str | None) -> int | None:
         """A stored sub-entry delivered as is: its messages, each handed out with its offset

@@ -426,6 +426,16 @@ class ConsumerCore:
             self.unfinished += count
         return keep
 
+    def on_frame(self, offsets: Sequence[int], partition: str | None) -> int:
+        """A bulk frame's rows (offsets increasing) arrived, taken by the handler at once: the
+        index of the first to hand out (those before it are repeats)."""
+        last = self.last_offsets.get(partition)
+        keep = 0 if last is None else bisect.bisect_right(offsets, last)
+        if keep < len(offsets):
+            self.last_offsets[partition] = self.last_offset = offsets[-1]
+            self.partitions_seen.add(partition)
+        return keep
+
     def on_relinked(self) -> None:
         """A new link replaced a lost one: the old link's unfinished events settle nothing."""
         self.stale += self.unfinished

@@ -200,15 +200,21 @@ class Engine(asyncio.Protocol):
         self.pump()
 
     def data_received(self, data: bytes) -> None:
+        """Push what arrived into proton, a slice at a time, and pump once at the end (and
+        whenever proton's input buffer is full): each pump writes output, ticks the transport
+        and re-arms its timer, a fixed cost not worth paying per 16 KiB slice."""
         view = memoryview(data)
         while view:
             capacity = self.transport.capacity()
             if capacity <= 0:
-                break  # the transport is closed for input: `pump` closes the socket
+                self.pump()  # let proton hand over what it has, then look again
+                capacity = self.transport.capacity()
+                if capacity <= 0:
+                    return  # the transport is closed for input: `pump` closed the socket
             chunk = min(capacity, read_slice_bytes)
             self.transport.push(bytes(view[:chunk]))
             view = view[chunk:]
-            self.pump()
+        self.pump()
 
     def eof_received(self) -> bool | None:
         self.transport.close_tail()

@@ -84,6 +84,12 @@ producer_unconfirmed_max = 20_000
 """Deliveries a connection may hold unsettled while they wait for durability; past it, no credit."""
 consumer_send_batch_max = 2000
 """Deliveries written to one consumer link per pump, so one link cannot starve the others."""
+bulk_delivery_messages_max = 4096
+"""Messages one bulk delivery (`spate.core.bulk`, ADR 0029) carries at most; a bulk link's
+credit counts deliveries, so its reader holds at most credit x this many messages."""
+bulk_delivery_bytes = 1024 * 1024
+"""A bulk delivery stops taking messages once its data passes this (one message may take it
+over, up to message_bytes_max more)."""
 socket_read_slice_bytes = 16 * 1024
 """Input handed to proton per loop turn (research/proton.md §1: slicing cut loop stalls 6x)."""
 frame_bytes_max = 1024 * 1024 + 64 * 1024

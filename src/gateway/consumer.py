@@ -31,6 +31,8 @@ from typing import Any
 
 from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
+from spate.core import bulk
+from spate.core import limits as core_limits
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.subentry import SubEntryRecords
@@ -79,6 +81,12 @@ class ConsumerLink:
     sub_entries: bool = False
     """It asked for stored sub-entries as they are (`spate:sub-entries`, ADR 0017): each is
     one delivery (`_send_sub_entry`). Plain unnamed links only; others get the messages."""
+    bulk: bool = False
+    """It asked for bulk deliveries and may have them (`spate:bulk-delivery`, ADR 0029): each
+    delivery is a frame of many messages (`spate.core.bulk`, `_send_bulk`); credit counts
+    deliveries."""
+    bulk_average: int = 0
+    """Bulk links: bytes per message of the last frame (how many to take for the next)."""
     eventhubs: bool = False
     """A link of the Event Hubs dialect (ADR 0021): each message gets the Event Hubs message
     annotations (`eventhubs.annotate`)."""
@@ -165,7 +173,10 @@ class ConsumerPart:
             link.source.filter.put_object(
                 {key: original[key] for key in original if key in plan.selection.echoed_keys}
             )
-        as_is = wants_sub_entries(link, plan)
+        in_bulk = not eventhubs and wants_bulk(link, plan)
+        as_is = not in_bulk and wants_sub_entries(link, plan)
+        if in_bulk:
+            answer = {**(answer or {}), symbol(bulk.PROPERTY): True}
         if as_is:
             answer = {**(answer or {}), symbol(sub_entries.AS_IS_PROPERTY): True}
         if answer is not None:
@@ -174,8 +185,9 @@ class ConsumerPart:
         if presettled:
             link.snd_settle_mode = Link.SND_SETTLED
         state = ConsumerLink(
-            link, link._impl, plan, presettled, sub_entries=as_is, eventhubs=eventhubs
-        )
+            link, link._impl, plan, presettled, sub_entries=as_is, bulk=in_bulk,
+            eventhubs=eventhubs,
+        )  # fmt: skip
         self.links[link._impl] = state
         if plan.name is not None and not presettled and not plan.shared:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
@@ -707,6 +719,12 @@ class ConsumerPart:
                 elif lib.pn_link_get_drain(lp) and not plan.available():
                     lib.pn_link_drained(lp)
                 continue
+            if consumer.bulk:
+                if self._send_bulk(consumer, room) and plan.available():
+                    more = True
+                elif lib.pn_link_get_drain(lp) and not plan.available():
+                    lib.pn_link_drained(lp)
+                continue
             presettled = consumer.presettled
             tag = consumer.tag
             sent = 0
@@ -758,6 +776,56 @@ class ConsumerPart:
                 lib.pn_link_drained(lp)
         if more:
             self.host.schedule_pump()  # another turn, after other connections had theirs
+
+    def _send_bulk(self, consumer: ConsumerLink, room: int) -> bool:
+        """Up to `room` bulk deliveries (ADR 0029), each a frame of up to
+        `limits.bulk_delivery_messages_max` messages and about `limits.bulk_delivery_bytes`,
+        two frames' worth of messages per pump in all (then other links have their turn);
+        True when it stopped for those limits (there may be more to send), False when the
+        link had nothing more."""
+        plan, lp = consumer.plan, consumer.pointer
+        budget = 2 * core_limits.bulk_delivery_messages_max
+        bytes_cap = core_limits.bulk_delivery_bytes
+        stats: ListenerStats = self.ctx.stats
+        tag = consumer.tag
+        for _ in range(room):
+            if budget <= 0:
+                return True
+            cap = min(core_limits.bulk_delivery_messages_max, budget)
+            runs: list[links.Run] = []
+            count = size = 0
+            while count < cap and size < bytes_cap:
+                step = cap - count
+                average = consumer.bulk_average
+                step = min(step, max(1, (bytes_cap - size) // average) if average else 256)
+                got = plan.take(step)
+                if not got:
+                    break
+                for run in got:
+                    count += len(run.records)
+                    size += sum(map(len, run.records))
+                runs += got
+            if not runs:
+                consumer.tag = tag
+                return False
+            consumer.bulk_average = max(1, size // count)
+            frame = bulk.encode([(r.first_offset, r.timestamp_ms, r.records) for r in runs])
+            first = runs[0]
+            source = first.cursor.symbol if plan.tag_source_partition else None
+            prefix, suffix = sections.delivery_annotation_parts(first.timestamp_ms, source)
+            out = bulk.wrap(b"%b%020d%b" % (prefix, first.first_offset, suffix), frame)
+            tag += 1
+            _TAG.pack_into(self._tag_view, 0, tag)
+            delivery = lib.pn_delivery(lp, self._tag_value)
+            lib.pn_link_send(lp, out, len(out))
+            lib.pn_link_advance(lp)
+            if consumer.presettled:
+                lib.pn_delivery_settle(delivery)
+            stats.messages_out += count  # once per frame (ADR 0023)
+            stats.bytes_out += len(out)
+            budget -= count
+        consumer.tag = tag
+        return True
 
     def _send_sub_entry(
         self, consumer: ConsumerLink, run: Any, tag: int, prefix: bytes, suffix: bytes
@@ -950,6 +1018,25 @@ def data_object(data: Data) -> Any:
     value = data.get_object()
     data.rewind()
     return value
+
+
+def wants_bulk(link: Link, plan: links.ConsumerPlan) -> bool:
+    """The link asked for bulk deliveries (ADR 0029) and may have them: a plain consumer of one
+    partition (no name, group or single active consumer, whose offsets are tracked per
+    delivery; not a room, whose offsets are the room's). Filters are fine: a frame carries
+    each message's offset. Others get one delivery per message (the reply says which)."""
+    properties = link.remote_properties or {}
+    if properties.get(symbol(bulk.PROPERTY)) is not True:
+        return False
+    return (
+        plan.name is None
+        and plan.group is None
+        and plan.coordinator is None
+        and not plan.member
+        and not plan.shared
+        and len(plan.cursors) == 1
+        and type(plan.cursors[0]) is links.Cursor
+    )
 
 
 def wants_sub_entries(link: Link, plan: links.ConsumerPlan) -> bool:

@@ -26,6 +26,7 @@ from spate.client.aio import AsyncConsumer, AsyncProducer, runtime_information
 from spate.client.core import SubEntryBatch
 from spate.client.errors import AttachRefused
 from spate.client.messages import read_bodies, read_columns
+from spate.core.bulk import Frame
 from spate.core.ids import offset_from_symbol
 from spate.core.superstreams import hash_partition
 from spate.spark import limits
@@ -209,6 +210,22 @@ def _fail_once(marker: str | None) -> bool:
     return True
 
 
+class _ReadState:
+    """A read in progress: the next offset wanted, rows buffered, whether the range is in."""
+
+    def __init__(self, start: int, done: bool) -> None:
+        self.next, self.done, self.rows = start, done, 0
+        self.wake = asyncio.Event()
+
+    def took(self, next_offset: int, rows: int, end: int) -> None:
+        self.next, self.rows = next_offset, rows
+        if next_offset >= end:
+            self.done = True
+            self.wake.set()
+        elif rows >= limits.rows_per_batch:
+            self.wake.set()
+
+
 class RangeReader:
     """Reads [start, end) of one partition on an executor and yields Arrow record batches of
     `columns`. One consumer link, `credit` messages in flight; it follows the partition across
@@ -232,22 +249,23 @@ class RangeReader:
         self.fail_on_data_loss = fail_on_data_loss
         self.fail_marker = fail_marker
         self.skipped: list[Loss] = []
+        self.bulk = False
+        """`frame_batches`: whether the broker granted bulk deliveries."""
 
     def batches(self, make: Callable[[dict[str, list[Any]]], Any]) -> Iterator[Any]:
-        """`make(columns)` turns the column lists into one record batch."""
-        r = self.range
-        loop = asyncio.new_event_loop()
+        """`make(columns)` turns the column lists into one record batch (deliveries one by
+        one, the per-row way)."""
         offsets: list[int] = []
         stamps: list[int] = []
         raws: list[bytes] = []
-        wake = asyncio.Event()
-        state = {"next": r.start, "done": r.count == 0}
+        r = self.range
+        state = _ReadState(r.start, r.count == 0)
 
         def handler(got: list[int], got_stamps: list[int], got_raws: list[bytes]) -> None:
             """A burst: offsets increase; keep those in [next, end)."""
-            if state["done"]:
+            if state.done:
                 return
-            first = bisect.bisect_left(got, state["next"])
+            first = bisect.bisect_left(got, state.next)
             last = bisect.bisect_left(got, r.end, first)
             if first == last:
                 return
@@ -255,13 +273,61 @@ class RangeReader:
             offsets.extend(got if whole else got[first:last])
             stamps.extend(got_stamps if whole else got_stamps[first:last])
             raws.extend(got_raws if whole else got_raws[first:last])
-            state["next"] = got[last - 1] + 1
-            if state["next"] >= r.end:
-                state["done"] = True
-                wake.set()
-            elif len(offsets) >= limits.rows_per_batch:
-                wake.set()
+            state.took(got[last - 1] + 1, len(offsets), r.end)
 
+        def take() -> tuple[int, int, Any]:
+            taken = (offsets[:], stamps[:], raws[:])
+            offsets.clear()
+            stamps.clear()
+            raws.clear()
+            state.rows = 0
+            return taken[0][0], taken[0][-1], lambda: make(self._columns(*taken))
+
+        yield from self._read(state, {"batch_handler": handler}, take)
+
+    def frame_batches(self, make: Callable[[list[Frame]], Any]) -> Iterator[Any]:
+        """`make(frames)` turns bulk frames (ADR 0029) into one record batch (`columns`). The
+        link asks for bulk deliveries; a broker that does not grant them sends messages one by
+        one, which the client hands over as frames all the same."""
+        frames: list[Frame] = []
+        r = self.range
+        state = _ReadState(r.start, r.count == 0)
+
+        def handler(got: list[Frame]) -> None:
+            """A burst of frames: offsets increase; keep the rows in [next, end)."""
+            for frame in got:
+                if state.done:
+                    return
+                offsets = frame.offsets
+                first = bisect.bisect_left(offsets, state.next, frame.first, frame.stop)
+                last = bisect.bisect_left(offsets, r.end, first, frame.stop)
+                if first == last:
+                    continue
+                frames.append(
+                    frame
+                    if first == frame.first and last == frame.stop
+                    else frame.rows(first, last)
+                )
+                state.took(offsets[last - 1] + 1, state.rows + last - first, r.end)
+
+        def take() -> tuple[int, int, Any]:
+            taken = frames[:]
+            frames.clear()
+            state.rows = 0
+            last = taken[-1]
+            first_offset = taken[0].offsets[taken[0].first]
+            return first_offset, last.offsets[last.stop - 1], lambda: make(taken)
+
+        yield from self._read(state, {"bulk_handler": handler}, take)
+
+    def _read(
+        self, state: _ReadState, handler: dict[str, Any], take: Callable[[], tuple[int, int, Any]]
+    ) -> Iterator[Any]:
+        """The read loop: one consumer link with `handler` (which fills a buffer and `state`),
+        a batch each time `limits.rows_per_batch` rows or the range's end are in; `take()`
+        empties the buffer: (first offset, last offset, a function making the batch)."""
+        r = self.range
+        loop = asyncio.new_event_loop()
         consumer: AsyncConsumer | None = None
         try:
             consumer = loop.run_until_complete(
@@ -271,19 +337,20 @@ class RangeReader:
                     partition=r.partition,
                     start=r.start,
                     credit=self.credit,
-                    batch_handler=handler,
                     timeout_s=self.connection.timeout_s,
                     reconnect_timeout_s=limits.reconnect_timeout_s,
                     user=self.connection.user,
                     password=self.connection.password,
                     tls=self.connection.ssl_context(),
+                    **handler,
                 )
             )
+            self.bulk = consumer.bulk
             expected = r.start
             while True:
-                if not state["done"] and len(offsets) < limits.rows_per_batch:
-                    wake.clear()
-                    waiter = loop.create_task(wake.wait())
+                if not state.done and state.rows < limits.rows_per_batch:
+                    state.wake.clear()
+                    waiter = loop.create_task(state.wake.wait())
                     done = loop.create_task(consumer.wait())
                     finished, _ = loop.run_until_complete(
                         asyncio.wait(
@@ -294,32 +361,28 @@ class RangeReader:
                     )
                     waiter.cancel()
                     done.cancel()
-                    if done in finished and not state["done"]:
+                    if done in finished and not state.done:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: reading offsets "
-                            f"[{state['next']}, {r.end}) failed: {done.exception() or 'closed'}"
+                            f"[{state.next}, {r.end}) failed: {done.exception() or 'closed'}"
                         )
-                    if not finished and not offsets:
+                    if not finished and not state.rows:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: no message at offset "
-                            f"{state['next']} within {self.connection.timeout_s:g} s (planned "
+                            f"{state.next} within {self.connection.timeout_s:g} s (planned "
                             f"range [{r.start}, {r.end}))"
                         )
-                if not offsets:
-                    if state["done"]:
+                if not state.rows:
+                    if state.done:
                         break
                     continue
-                taken = (offsets[:], stamps[:], raws[:])
-                offsets.clear()
-                stamps.clear()
-                raws.clear()
-                first = taken[0][0]
+                first, last, batch = take()
                 if first > expected:
                     self._lost(Loss(r.stream, r.partition, expected, first))
-                expected = taken[0][-1] + 1
+                expected = last + 1
                 if _fail_once(self.fail_marker):
                     raise ReadFailed(f"injected read failure (test) at offset {first}")
-                yield make(self._columns(*taken))
+                yield batch()
         finally:
             if consumer is not None:
                 loop.run_until_complete(consumer.close())

@@ -58,6 +58,7 @@ _READ = _COMMON | {
     "maxrecordsperpartition",
     "failondataloss",
     "credit",
+    "bulkread",
     "metadatarefreshintervalms",
 }
 _STREAM_ONLY = frozenset({"maxmessagespertrigger"})
@@ -85,6 +86,7 @@ _NAMES = {
         "maxRecordsPerPartition",
         "failOnDataLoss",
         "credit",
+        "bulkRead",
         "metadataRefreshIntervalMs",
         "window",
         "producerName",
@@ -164,6 +166,9 @@ class ReadOptions:
     credit: int
     metadata_refresh_ms: int
     test_fail_marker: str | None
+    bulk_read: bool = True
+    """Ask for bulk deliveries (ADR 0029): many messages per transfer, cut into Arrow columns
+    with vectorised work; false reads message by message as before."""
 
 
 @dataclass(frozen=True)
@@ -391,6 +396,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         )
         or 0,
         test_fail_marker=_get(options, "_testFailMarker"),
+        bulk_read=_bool(options, "bulkRead", True),
     )
 
 

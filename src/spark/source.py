@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 )
 from spate.client.messages import MessageParts, encode_plain
 from spate.spark import broker, planning
+from spate.spark.columns import record_batch
 from spate.spark.options import (
     EARLIEST,
     LATEST,
@@ -138,6 +139,13 @@ def _read(
         fail_on_data_loss=options.fail_on_data_loss,
         fail_marker=options.test_fail_marker,
     )
+
+    if options.bulk_read:
+        r = partition.range
+        yield from reader.frame_batches(
+            lambda frames: record_batch(frames, schema, r.stream, r.partition)
+        )
+        return
 
     def make(data: dict[str, list[Any]]) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays(
