@@ -37,6 +37,7 @@ from spate.node.wire_server import WireServer
 from spate.server import logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
+from spate.server.leader_reports import LeaderReports
 from spate.server.replica_control import LocalReplicaControl
 from spate.server.settings import NodeSettings, advertised_host
 from spate.server.tls import cluster_contexts
@@ -171,7 +172,7 @@ class NodeProcess:
         )
         self.endpoints: NodeEndpoints | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._reports: set[asyncio.Task[None]] = set()
+        self.leader_reports = LeaderReports(settings.node_id, self.metadata.report_leaders)
         self._changed = asyncio.Event()
 
     # -- lookups the node package needs from metadata (it never imports spate.cluster) -------
@@ -251,6 +252,7 @@ class NodeProcess:
         self._tasks = [
             loop.create_task(self._follow_metadata(), name="follow-metadata"),
             loop.create_task(self._heartbeat(), name="heartbeat"),
+            loop.create_task(self.leader_reports.run(), name="leader-reports"),
         ]
         path = settings.data_dir / ENDPOINTS_FILE
         tmp = path.with_suffix(".tmp")
@@ -336,28 +338,13 @@ class NodeProcess:
     def _on_leader(
         self, stream: StreamName, partition: PartitionId, leader: NodeId | None, epoch: LeaderEpoch
     ) -> None:
-        if leader != self.node_id:
-            return
-        task = asyncio.get_running_loop().create_task(self._report(stream, partition, epoch))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
-
-    async def _report(self, stream: StreamName, partition: PartitionId, epoch: LeaderEpoch) -> None:
-        try:
-            await self.metadata.report_leader(stream, partition, self.node_id, epoch)
-        except BrokerError as error:
-            log.warning(
-                "could not report leadership of %s/%d: %s",
-                stream,
-                partition,
-                error.message,
-                extra={"stream": stream, "partition": partition},
-            )
+        if leader == self.node_id:
+            self.leader_reports.add(stream, partition, epoch)  # sent coalesced (issue 16)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._reports]:
+        for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._reports]:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.metrics.close()

@@ -27,6 +27,8 @@ Record (a command in the Raft log, or a result):
     0x0a  DeleteConsumerGroup {"name": str, "request_id": str, "stream": str}
     0x0b  SetReplicas    {"expected": [str...]|null, "learners": [str...], "partition": int,
                           "replicas": [str...], "request_id": str, "stream": str}  (ADR 0022)
+    0x0c  ReportLeaders  {"reports": [[stream str, partition int, leader str, epoch int]...],
+                          "request_id": str}   (issue 16; a build without it rejects it)
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -108,7 +110,9 @@ from spate.cluster.metadata.state import (
     PartitionRecord,
     RegisterNode,
     Rejected,
+    LeaderReport,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     Result,
     SetReplicas,
@@ -139,6 +143,7 @@ TAG_DELETE_SUPER_STREAM = 0x08
 TAG_CREATE_CONSUMER_GROUP = 0x09
 TAG_DELETE_CONSUMER_GROUP = 0x0A
 TAG_SET_REPLICAS = 0x0B
+TAG_REPORT_LEADERS = 0x0C
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -242,6 +247,14 @@ def encode_command(command: Command) -> bytes:
                 "partition": command.partition,
                 "leader": command.leader,
                 "epoch": command.epoch,
+            },
+        )
+    if isinstance(command, ReportLeaders):
+        return _record(
+            TAG_REPORT_LEADERS,
+            {
+                "request_id": command.request_id,
+                "reports": [[r.stream, r.partition, r.leader, r.epoch] for r in command.reports],
             },
         )
     if isinstance(command, SetReplicas):
@@ -354,7 +367,25 @@ def decode_command(data: bytes) -> Command:
             _nodes(fields["learners"]),
             None if expected is None else _nodes(expected),
         )
+    if tag == TAG_REPORT_LEADERS and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "reports"})
+        return ReportLeaders(
+            RequestId(_str(fields["request_id"])),
+            tuple(_leader_report(item) for item in _list(fields["reports"])),
+        )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
+
+
+def _leader_report(value: object) -> LeaderReport:
+    item = _list(value)
+    if len(item) != 4:
+        raise CodecError(f"a leader report is [stream, partition, leader, epoch], got {item!r}")
+    return LeaderReport(
+        StreamName(_str(item[0])),
+        PartitionId(_int(item[1])),
+        NodeId(_str(item[2])),
+        LeaderEpoch(_int(item[3])),
+    )
 
 
 def _nodes(value: object) -> tuple[NodeId, ...]:
