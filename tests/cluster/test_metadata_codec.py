@@ -38,7 +38,9 @@ from spate.cluster.metadata.state import (
     PartitionRecord,
     RegisterNode,
     Rejected,
+    LeaderReport,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     StreamRecord,
 )
@@ -126,6 +128,20 @@ commands = st.one_of(
         partition=ints.map(PartitionId),
         leader=texts.map(NodeId),
         epoch=ints.map(LeaderEpoch),
+    ),
+    st.builds(
+        ReportLeaders,
+        request_id=request_ids,
+        reports=st.lists(
+            st.builds(
+                LeaderReport,
+                stream=texts.map(StreamName),
+                partition=ints.map(PartitionId),
+                leader=texts.map(NodeId),
+                epoch=ints.map(LeaderEpoch),
+            ),
+            max_size=4,
+        ).map(tuple),
     ),
     st.builds(Barrier, request_id=request_ids),
 )

@@ -571,6 +571,11 @@ class ReplicationDriver(Generic[R]):
         transfer.group.catching_up = False
 
     @property
+    def awake(self) -> int:
+        """Replicas the tick visits (every one but the quiet groups)."""
+        return len(self._awake)
+
+    @property
     def transfers(self) -> int:
         """Catch-up transfers in progress."""
         return len(self._transfers)
