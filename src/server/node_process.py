@@ -35,9 +35,9 @@ from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 from spate.node.wire_server import WireServer
 from spate.server import logs, metrics
+from spate.server.leader_reports import LeaderReports
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
-from spate.server.leader_reports import LeaderReports
 from spate.server.replica_control import LocalReplicaControl
 from spate.server.settings import NodeSettings, advertised_host
 from spate.server.tls import cluster_contexts
@@ -172,7 +172,7 @@ class NodeProcess:
         )
         self.endpoints: NodeEndpoints | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.leader_reports = LeaderReports(settings.node_id, self.metadata.report_leaders)
+        self.leader_reports = LeaderReports(self.node_id, self.metadata.report_leaders)
         self._changed = asyncio.Event()
 
     # -- lookups the node package needs from metadata (it never imports spate.cluster) -------
