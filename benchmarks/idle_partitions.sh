@@ -25,11 +25,17 @@ trap cleanup EXIT
 ADMIN=$(python3 -c "import json;print(json.load(open('$D/endpoints.json'))['admin'])")
 AMQP=$(python3 -c "import json;print(json.load(open('$D/endpoints.json'))['nodes'][0]['amqp'])")
 PIDS=$(python3 -c "import json;print(' '.join(str(n['pid']) for n in json.load(open('$D/endpoints.json'))['nodes']))")
+led() {  # partitions of stream $1 with a live leader (0 while the admin API does not answer)
+  { .venv/bin/spate partition list "$1" --admin $ADMIN --output json 2> /dev/null || true; } |
+    python3 -c "import json,sys
+try: r=json.load(sys.stdin)['partitions']; print(sum(1 for x in r if x.get('leader') and x.get('leader_alive')))
+except ValueError: print(0)"
+}
 t0=$(date +%s)
 for s in $(seq 1 $S); do
   .venv/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
   for i in $(seq 1 300); do
-    ok=$(.venv/bin/spate partition list idle$s --admin $ADMIN --output json | python3 -c "import json,sys;r=json.load(sys.stdin)['partitions'];print(sum(1 for x in r if x.get('leader') and x.get('leader_alive')))")
+    ok=$(led idle$s)
     [ "$ok" -ge "$N" ] && break; sleep 1
   done
   echo "stream $s: leaders $ok/$N at $(( $(date +%s)-t0 )) s"
