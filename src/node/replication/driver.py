@@ -265,11 +265,23 @@ class ReplicationDriver(Generic[R]):
             self._wake_groups(peer, led_here_only=True)
 
     def _wake_groups(self, peer: NodeId, *, led_here_only: bool) -> None:
+        suspected = self.suspected
         for key, group in self.groups.items():
             raft = group.raft
             if raft.quiesced and peer in raft.peers:
-                if led_here_only and raft.role is not Role.LEADER:
-                    continue
+                if led_here_only:
+                    if raft.role is not Role.LEADER:
+                        continue
+                elif raft.role is Role.LEADER:
+                    # A leader that still reaches a quorum (itself and the voters not
+                    # suspected) has nothing to do: it wakes once a quorum is suspected, and
+                    # steps down by check-quorum (ADR 0027: waking every group on every
+                    # suspicion made an overloaded node's 3,000 groups heartbeat for good).
+                    live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+                    if live >= raft.quorum:
+                        continue
+                elif raft.leader is not None and raft.leader not in suspected:
+                    continue  # a follower whose leader is not suspected: nothing to elect
                 raft.wake()
                 self.wakes += 1
                 self._wake_group(key, group)
