@@ -23,7 +23,8 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
 
 Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the local groups,
 and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
-for `liveness_ticks` is suspected: the quiet groups it belongs to wake (`Raft.wake`); heard
+for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
+follower whose leader it is, a leader left without a quorum not suspected; ADR 0027); heard
 from again, the groups led here that it belongs to wake so it learns its leader. Quiet groups
 are not ticked at all: the tick visits the awake ones (`_awake`), a quiet replica's `ticks`
 count from the driver's clock, and a group rejoins the awake ones when it wakes (every wake-up
