@@ -9,6 +9,8 @@
 #   benchmarks/idle_partitions.sh 1 1000          # 1,000 idle partitions (one stream)
 #   benchmarks/idle_partitions.sh 5 990 50        # 5,000 partitions, 1% of them active
 #   benchmarks/idle_partitions.sh 0 0             # the empty cluster's own idle cost
+#   NOWAIT=900 benchmarks/idle_partitions.sh 5 1000  # all streams created at once; measured
+#                                                    # after every leader, or 900 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=$1; N=$2; HOT=${3:-0}
@@ -32,6 +34,17 @@ try: r=json.load(sys.stdin)['partitions']; print(sum(1 for x in r if x.get('lead
 except ValueError: print(0)"
 }
 t0=$(date +%s)
+if [ -n "${NOWAIT:-}" ]; then  # create every stream at once, then wait up to $NOWAIT s for all leaders
+  for s in $(seq 1 $S); do
+    .venv/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
+  done
+  while :; do
+    ok=0; for s in $(seq 1 $S); do ok=$((ok + $(led idle$s))); done
+    echo "leaders $ok/$((S * N)) at $(( $(date +%s)-t0 )) s"
+    [ "$ok" -ge $((S * N)) ] || [ $(( $(date +%s)-t0 )) -ge "$NOWAIT" ] && break; sleep 10
+  done
+  S=0
+fi
 for s in $(seq 1 $S); do
   .venv/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
   for i in $(seq 1 300); do
