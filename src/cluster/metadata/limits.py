@@ -41,16 +41,6 @@ raft_max_timeout_s = 2.0
 """Election timeouts; 0.4/1.4 s caused spurious elections on a busy 2-core box, 1/2 s none
 (research/pysyncobj.md §1.2, §6.6)."""
 
-append_entries_period_s = 0.25
-"""The metadata leader's heartbeat interval (pysyncobj default 0.1 s): four a second still
-beats the 1 s minimum election timeout three times over (pysyncobj requires > 3x). Commands
-do not wait for it (`appendEntriesUseBatch=False` sends each at once); it is idle cost only,
-each heartbeat pickled, compressed and encrypted per follower (issue 16)."""
-
-auto_tick_period_s = 0.1
-"""pysyncobj's tick thread wakes at least this often (default 0.05 s); messages and submitted
-commands wake it at once, so this only paces its timers (elections, reconnects)."""
-
 connection_retry_s = 1.0
 """Reconnect interval between voters; the default 5 s leaves a late starter isolated for 5 s."""
 

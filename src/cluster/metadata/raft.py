@@ -146,8 +146,6 @@ class MetadataRaft:
             serializer=self._write_dump,
             deserializer=self._read_dump,
             appendEntriesUseBatch=False,
-            appendEntriesPeriod=limits.append_entries_period_s,
-            autoTickPeriod=limits.auto_tick_period_s,
             raftMinTimeout=limits.raft_min_timeout_s,
             raftMaxTimeout=limits.raft_max_timeout_s,
             connectionRetryTime=limits.connection_retry_s,
