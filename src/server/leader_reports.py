@@ -23,7 +23,7 @@ from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 
 log = logging.getLogger(__name__)
 
-_BYTES_MAX = limits.command_bytes_max // 2
+_BYTES_MAX = limits.command_bytes_max // 4
 """Encoded size a batch stays under (each report costs its stream name plus ~40 bytes)."""
 _REPORT_OVERHEAD = 48
 

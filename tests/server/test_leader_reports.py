@@ -32,7 +32,7 @@ def test_a_thousand_changes_go_in_a_few_commands_each_partition_at_its_latest_ep
         task.cancel()
 
     asyncio.run(main())
-    assert [len(batch) for batch in sent] == [limits.leader_reports_max, 500]
+    assert [len(batch) for batch in sent] == [limits.leader_reports_max] * 5
     flat = {(r.partition, r.epoch) for batch in sent for r in batch}
     assert len(flat) == 1000 and (7, 3) in flat and all(r.leader == N1 for r in sent[0])
     for batch in sent:  # each fits in one metadata command
