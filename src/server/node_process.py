@@ -28,6 +28,7 @@ from spate.cluster.admin.providers import ProcessFacts
 from spate.cluster.admin.server import AdminServer
 from spate.cluster.metadata import limits as metadata_limits
 from spate.cluster.metadata.service import MetadataService
+from spate.cluster.metadata.state import StreamRecord
 from spate.core.errors import BrokerError, NotFound
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.gateway.auth import Users
@@ -38,6 +39,7 @@ from spate.node.manager import Assignment, LocalBroker, PartitionManager
 from spate.node.replication.host import ReplicationHost
 from spate.node.wire_server import WireServer
 from spate.server import gcpolicy, logs, metrics
+from spate.server.leader_reports import LeaderReports
 from spate.server.metrics import MetricsServer
 from spate.server.node_front import NodeFront
 from spate.server.replica_control import LocalReplicaControl
@@ -186,8 +188,14 @@ class NodeProcess:
         )
         self.endpoints: NodeEndpoints | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._reports: set[asyncio.Task[None]] = set()
+        self.leader_reports = LeaderReports(self.node_id, self.metadata.report_leaders)
         self._changed = asyncio.Event()
+        self._assigned: dict[StreamName, tuple[StreamRecord, list[Assignment]]] = {}
+        self._applied_once = False
+        self._routed: dict[
+            StreamName, tuple[StreamRecord, dict[tuple[StreamName, PartitionId], Route]]
+        ] = {}
+        self._routes_alive: frozenset[NodeId] = frozenset()
 
     # -- lookups the node package needs from metadata (it never imports spate.cluster) -------
 
@@ -281,6 +289,7 @@ class NodeProcess:
             loop.create_task(self._follow_metadata(), name="follow-metadata"),
             loop.create_task(self._heartbeat(), name="heartbeat"),
             loop.create_task(self._watch_metadata_role(), name="metadata-role"),
+            loop.create_task(self.leader_reports.run(), name="leader-reports"),
         ]
         path = settings.data_dir / ENDPOINTS_FILE
         tmp = path.with_suffix(".tmp")
@@ -384,17 +393,45 @@ class NodeProcess:
         )
 
     async def _apply_metadata(self) -> None:
+        """Open and close replicas to match the placement. Incremental (issue 16): a stream
+        whose configuration and replica sets are the objects seen last time (a leader report
+        keeps them) reuses its assignments, and when no stream changed so, the partition
+        manager is not asked at all; a 1,000-partition stream's leader reports are many
+        metadata changes, none of which moves a replica."""
         view = self.metadata.view()
-        assignments = [
+        cache = self._assigned
+        changed = cache.keys() - view.streams.keys()
+        for name in changed:
+            del cache[name]
+        for name, record in view.streams.items():
+            cached = cache.get(name)
+            if cached is not None and _same_placement(cached[0], record):
+                continue
+            changed.add(name)
+            cache[name] = (record, self._assignments_of(record))
+        if not changed and self._applied_once:
+            return
+        self._applied_once = True
+        wanted = [a for name in sorted(cache) for a in cache[name][1]]
+        try:
+            await self.manager.apply(self.metadata.streams(), wanted)
+        except BaseException:
+            cache.clear()  # not applied: the next change compares against nothing
+            raise
+
+    def _assignments_of(self, record: StreamRecord) -> list[Assignment]:
+        """This node's replicas of one stream (an unplaced format-1 stream: every node)."""
+        me = self.node_id
+        return [
             Assignment(
-                a.config,
-                a.partition,
-                tuple(a.replicas) or (self.node_id,),
-                view.streams[a.config.name].partitions[a.partition].learners,
+                record.config,
+                PartitionId(index),
+                tuple(partition.replicas) or (me,),
+                partition.learners,
             )
-            for a in self.metadata.assignments(self.node_id)
+            for index, partition in enumerate(record.partitions)
+            if not partition.replicas or me in partition.replicas + partition.learners
         ]
-        await self.manager.apply(self.metadata.streams(), assignments)
 
     async def _follow_metadata(self) -> None:
         """Open and close replicas whenever the metadata service reports a change."""
@@ -405,26 +442,35 @@ class NodeProcess:
             self._update_routes()
 
     def _update_routes(self) -> None:
-        """Routes for relayed links (NodeFront) from this node's metadata replica."""
+        """Routes for relayed links (NodeFront) from this node's metadata replica; a stream's
+        routes are rebuilt only when its record or the set of live nodes changed (issue 16)."""
         view = self.metadata.view()
-        alive = {s.record.node for s in self.metadata.node_statuses() if s.alive}
-        partitions = {
-            (p.stream, p.partition): Route(
-                p.leader.node if p.leader is not None else None,
-                p.leader.epoch if p.leader is not None else None,
-                p.leader is not None and p.leader.node in alive,
-                tuple(p.replicas),
-            )
-            for p in self.metadata.partitions()
-        }
+        now_ms = int(time.time() * 1000)
+        alive = frozenset(
+            node
+            for node, record in view.nodes.items()
+            if record.alive(now_ms, metadata_limits.node_alive_ms)
+        )
+        if alive != self._routes_alive:
+            self._routes_alive = alive
+            self._routed.clear()
+        for name in self._routed.keys() - view.streams.keys():
+            del self._routed[name]
+        partitions: dict[tuple[StreamName, PartitionId], Route] = {}
+        for name, record in view.streams.items():
+            cached = self._routed.get(name)
+            if cached is None or cached[0] is not record:
+                cached = (record, _routes_of(name, record, alive))
+                self._routed[name] = cached
+            partitions.update(cached[1])
         amqp: dict[NodeId, tuple[str, int]] = {}
         replication: dict[NodeId, tuple[str, int]] = {}
-        for record in self.metadata.nodes():
-            for endpoint, table in ((record.amqp, amqp), (record.replication, replication)):
+        for node in view.nodes.values():
+            for endpoint, table in ((node.amqp, amqp), (node.replication, replication)):
                 address = _split(endpoint)
                 if address is not None:
-                    table[record.node] = address
-        streams = {config.name: config for config in self.metadata.streams()}
+                    table[node.node] = address
+        streams = {name: record.config for name, record in view.streams.items()}
         supers = dict(view.super_streams)
         self.routes.update(
             Routes(view.version, streams, partitions, amqp, replication, supers, dict(view.groups))
@@ -444,28 +490,13 @@ class NodeProcess:
     def _on_leader(
         self, stream: StreamName, partition: PartitionId, leader: NodeId | None, epoch: LeaderEpoch
     ) -> None:
-        if leader != self.node_id:
-            return
-        task = asyncio.get_running_loop().create_task(self._report(stream, partition, epoch))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
-
-    async def _report(self, stream: StreamName, partition: PartitionId, epoch: LeaderEpoch) -> None:
-        try:
-            await self.metadata.report_leader(stream, partition, self.node_id, epoch)
-        except BrokerError as error:
-            log.warning(
-                "could not report leadership of %s/%d: %s",
-                stream,
-                partition,
-                error.message,
-                extra={"stream": stream, "partition": partition},
-            )
+        if leader == self.node_id:
+            self.leader_reports.add(stream, partition, epoch)  # sent coalesced (issue 16)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._reports]:
+        for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._reports]:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.metrics.close()
@@ -476,6 +507,34 @@ class NodeProcess:
         await self.replication.stop()
         await self.metadata.stop()
         (self.settings.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
+
+
+def _same_placement(old: StreamRecord, new: StreamRecord) -> bool:
+    """The same configuration and replica sets (identical objects: a leader report replaces a
+    partition's record but keeps its tuples)."""
+    if old is new:
+        return True
+    if old.config is not new.config or len(old.partitions) != len(new.partitions):
+        return False
+    return all(
+        a.replicas is b.replicas and a.learners is b.learners
+        for a, b in zip(old.partitions, new.partitions, strict=True)
+    )
+
+
+def _routes_of(
+    name: StreamName, record: StreamRecord, alive: frozenset[NodeId]
+) -> dict[tuple[StreamName, PartitionId], Route]:
+    routes = {}
+    for index, p in enumerate(record.partitions):
+        leader = p.leader
+        routes[(name, PartitionId(index))] = Route(
+            leader.node if leader is not None else None,
+            leader.epoch if leader is not None else None,
+            leader is not None and leader.node in alive,
+            tuple(p.replicas),
+        )
+    return routes
 
 
 async def run_node(settings: NodeSettings) -> None:

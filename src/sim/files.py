@@ -30,6 +30,9 @@ class _SimSlotFile:
     def sync(self) -> None:
         self._disk.fsync(STATE_FILE)
 
+    def release(self) -> None:
+        """No descriptors to give back."""
+
     def close(self) -> None:
         """The simulated disk outlives its users."""
 

@@ -51,9 +51,11 @@ from spate.cluster.metadata.state import (
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
+    LeaderReport,
     MetadataState,
     RegisterNode,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     Result,
 )
@@ -172,7 +174,7 @@ class MetadataReplica:
         result = self.state.apply(command)
         self.check_super_streams()  # before a dump round trip, which refuses a dangling one
         self.applied += 1
-        if not isinstance(command, Heartbeat | ReportLeader):
+        if not isinstance(command, Heartbeat | ReportLeader | ReportLeaders):
             self.plugin.result(self.node, command, result)
         if self.applied % dump_every_applied == 0:
             # What pysyncobj's full dump stores and a restart reads back.
@@ -324,17 +326,29 @@ class MetadataPlugin:
                 if placed and rng.random() < 0.9
                 else (rng.choice(_STREAMS), 0, _NODES)
             )
-            epoch = self._epochs.get((stream, partition), 0)
-            if rng.random() < 0.7:
-                epoch += 1  # a new leader; otherwise a late or repeated report
-                self._epochs[(stream, partition)] = epoch
-            command = ReportLeader(
-                request,
-                stream,
-                PartitionId(partition),
-                rng.choice(replicas),
-                LeaderEpoch(max(0, epoch - rng.choice((0, 0, 0, 1, 2)))),
-            )
+            reports = []
+            for _ in range(1 if rng.random() < 0.5 else rng.randint(1, 4)):
+                epoch = self._epochs.get((stream, partition), 0)
+                if rng.random() < 0.7:
+                    epoch += 1  # a new leader; otherwise a late or repeated report
+                    self._epochs[(stream, partition)] = epoch
+                reports.append(
+                    LeaderReport(
+                        stream,
+                        PartitionId(partition),
+                        rng.choice(replicas),
+                        LeaderEpoch(max(0, epoch - rng.choice((0, 0, 0, 1, 2)))),
+                    )
+                )
+                if placed and rng.random() < 0.7:  # the next one: another partition
+                    stream, partition, replicas = rng.choice(placed)
+            if len(reports) == 1 and rng.random() < 0.5:
+                report = reports[0]
+                command = ReportLeader(
+                    request, report.stream, report.partition, report.leader, report.epoch
+                )
+            else:  # a node's coalesced reports (issue 16)
+                command = ReportLeaders(request, tuple(reports))
         elif kind == "super":
             # names shared with plain streams, so clashes (failed-precondition) happen too
             name = rng.choice(_STREAMS)

@@ -30,6 +30,7 @@ from spate.cluster.metadata.state import (
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
+    LeaderReport,
     LegacyCreateStream,
     MetadataSnapshot,
     MetadataState,
@@ -39,6 +40,7 @@ from spate.cluster.metadata.state import (
     RegisterNode,
     Rejected,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     StreamRecord,
 )
@@ -126,6 +128,20 @@ commands = st.one_of(
         partition=ints.map(PartitionId),
         leader=texts.map(NodeId),
         epoch=ints.map(LeaderEpoch),
+    ),
+    st.builds(
+        ReportLeaders,
+        request_id=request_ids,
+        reports=st.lists(
+            st.builds(
+                LeaderReport,
+                stream=texts.map(StreamName),
+                partition=ints.map(PartitionId),
+                leader=texts.map(NodeId),
+                epoch=ints.map(LeaderEpoch),
+            ),
+            max_size=4,
+        ).map(tuple),
     ),
     st.builds(Barrier, request_id=request_ids),
 )

@@ -16,11 +16,13 @@ from spate.cluster.metadata.state import (
     CreateStream,
     DeleteStream,
     Heartbeat,
+    LeaderReport,
     MetadataState,
     PartitionLeader,
     RegisterNode,
     Rejected,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     assignments,
     node_statuses,
@@ -265,6 +267,44 @@ def test_invalid_leader_reports_are_rejected() -> None:
     assert state.view.version == version
     conflict = state.apply(report("orders", 0, "n2", 3))
     assert isinstance(conflict, Rejected) and "epoch 3 is led by n1" in conflict.message
+
+
+def test_a_batch_of_leader_reports_records_the_valid_new_ones_in_one_version() -> None:
+    """ReportLeaders (issue 16): each report judged as ReportLeader would; invalid, stale and
+    repeated ones skipped; the highest epoch of a partition wins within the batch; the version
+    moves once; the outcome equals the reports applied one by one."""
+    state, alone = cluster("n1", "n2", "n3"), cluster("n1", "n2", "n3")
+    for s in (state, alone):
+        s.apply(create("orders", partitions=3, replicas=2))  # [n1 n2] [n2 n3] [n3 n1]
+        s.apply(report("orders", 2, "n3", 4))
+    singles = [
+        report("orders", 0, "n1", 1),
+        report("ghost", 0, "n1", 1),  # no such stream
+        report("orders", 1, "n1", 1),  # n1 is not a replica of p1
+        report("orders", 2, "n1", 3),  # stale: epoch 4 is recorded
+        report("orders", 2, "n1", 4),  # conflicting: epoch 4 is n3's
+        report("orders", 1, "n2", 2),
+        report("orders", 1, "n3", 5),  # a later epoch of p1 in the same batch wins
+        report("orders", 1, "n2", 3),  # ... over an earlier-listed lower one
+    ]
+    version = state.view.version
+    batch = ReportLeaders(
+        rid(), tuple(LeaderReport(r.stream, r.partition, r.leader, r.epoch) for r in singles)
+    )
+    assert state.apply(batch) == Applied(version + 1)
+    for command in singles:
+        alone.apply(command)
+    leaders = [p.leader for p in state.view.streams[StreamName("orders")].partitions]
+    assert leaders == [p.leader for p in alone.view.streams[StreamName("orders")].partitions]
+    assert leaders == [
+        PartitionLeader(NodeId("n1"), LeaderEpoch(1)),
+        PartitionLeader(NodeId("n3"), LeaderEpoch(5)),
+        PartitionLeader(NodeId("n3"), LeaderEpoch(4)),
+    ]
+    # Nothing new: applied, and the version stays (no listener runs).
+    assert state.apply(batch) == Applied(version + 1)
+    assert state.view.version == version + 1
+    assert state.apply(ReportLeaders(rid(), ())) == Applied(version + 1)
 
 
 def test_deleting_a_stream_forgets_its_leaders() -> None:

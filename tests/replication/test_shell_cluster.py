@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -421,6 +422,19 @@ async def _quiet_partition_survives_its_leader_going_silent(cluster: Cluster) ->
     await until(
         lambda: all(p.raft.quiesced for p in cluster.parts.values()), "the group goes quiet"
     )
+    # Issue 16: no tick visits a quiet group, whose replicas still count ticks (settle rules
+    # read them), and no replica holds its hard-state file open while idle.
+    await until(
+        lambda: all(h.driver.awake == 0 for h in cluster.hosts.values()), "the ticks skip it"
+    )
+    ticks = {node: p.ticks for node, p in cluster.parts.items()}
+    await asyncio.sleep(4 * TICK_MS / 1000)
+    assert all(p.ticks >= ticks[node] + 2 for node, p in cluster.parts.items())
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # (the listing's own descriptor)
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [path for path in held if path.endswith("raft.state")], held
     old = leader.node
     await cluster.stop(old)
     await until(

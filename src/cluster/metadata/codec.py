@@ -28,6 +28,8 @@ Record (a command in the Raft log, or a result):
     0x0b  SetReplicas    {"expected": [str...]|null, "learners": [str...], "partition": int,
                           "replicas": [str...], "request_id": str, "stream": str}  (ADR 0022)
     0x0c  RecordOperation {"operation": OPERATION, "request_id": str}  (ADR 0025)
+    0x0d  ReportLeaders  {"reports": [[stream str, partition int, leader str, epoch int]...],
+                          "request_id": str}   (issue 16; a build without it rejects it)
     0x41  Applied        {"version": int}
     0x42  Rejected       {"code": ErrorCode value e.g. "not-found", "message": str}
 
@@ -107,6 +109,7 @@ from spate.cluster.metadata.state import (
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
+    LeaderReport,
     LegacyCreateStream,
     MetadataSnapshot,
     NodeRecord,
@@ -117,6 +120,7 @@ from spate.cluster.metadata.state import (
     RegisterNode,
     Rejected,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     Result,
     SetReplicas,
@@ -148,6 +152,7 @@ TAG_CREATE_CONSUMER_GROUP = 0x09
 TAG_DELETE_CONSUMER_GROUP = 0x0A
 TAG_SET_REPLICAS = 0x0B
 TAG_RECORD_OPERATION = 0x0C
+TAG_REPORT_LEADERS = 0x0D
 TAG_APPLIED = 0x41
 TAG_REJECTED = 0x42
 
@@ -251,6 +256,14 @@ def encode_command(command: Command) -> bytes:
                 "partition": command.partition,
                 "leader": command.leader,
                 "epoch": command.epoch,
+            },
+        )
+    if isinstance(command, ReportLeaders):
+        return _record(
+            TAG_REPORT_LEADERS,
+            {
+                "request_id": command.request_id,
+                "reports": [[r.stream, r.partition, r.leader, r.epoch] for r in command.reports],
             },
         )
     if isinstance(command, SetReplicas):
@@ -373,6 +386,12 @@ def decode_command(data: bytes) -> Command:
         return RecordOperation(
             RequestId(_str(fields["request_id"])), _operation(fields["operation"])
         )
+    if tag == TAG_REPORT_LEADERS and version >= 0x02:
+        fields = _fields(body, "command", {"request_id", "reports"})
+        return ReportLeaders(
+            RequestId(_str(fields["request_id"])),
+            tuple(_leader_report(item) for item in _list(fields["reports"])),
+        )
     raise CodecError(f"unknown metadata command tag 0x{tag:02x} in format {version}")
 
 
@@ -427,6 +446,18 @@ def _operation(value: object) -> OperationRecord:
         finished_ms=_int(fields["finished_ms"]),
         log=tuple(_str(line) for line in _list(fields["log"])),
         revision=_int(fields["revision"]),
+    )
+
+
+def _leader_report(value: object) -> LeaderReport:
+    item = _list(value)
+    if len(item) != 4:
+        raise CodecError(f"a leader report is [stream, partition, leader, epoch], got {item!r}")
+    return LeaderReport(
+        StreamName(_str(item[0])),
+        PartitionId(_int(item[1])),
+        NodeId(_str(item[2])),
+        LeaderEpoch(_int(item[3])),
     )
 
 

@@ -22,6 +22,14 @@ command_bytes_max = 64 * 1024
 """Largest encoded command. pysyncobj splits entries at appendEntriesBatchSizeBytes (default
 64 KiB) with a chunking bug (research/pysyncobj.md §6.1), so commands stay well below it."""
 
+leader_reports_max = 200
+"""Leader changes carried by one ReportLeaders command (~40 bytes each, ~8 KiB: kept well
+below pysyncobj's 64 KiB append batches, research/pysyncobj.md §6.1)."""
+
+leader_report_window_ms = 50
+"""A node gathers the leader changes of this long into one ReportLeaders command (issue 16):
+a stream of 1,000 partitions gets its leaders in a few commands, not 1,000."""
+
 command_timeout_ms = 5_000
 """How long the service waits for a command to commit before reporting Unavailable."""
 

@@ -40,6 +40,7 @@ from spate.cluster.metadata.state import (
     DeleteStream,
     DeleteSuperStream,
     Heartbeat,
+    LeaderReport,
     MetadataView,
     NodeRecord,
     NodeStatus,
@@ -50,6 +51,7 @@ from spate.cluster.metadata.state import (
     RegisterNode,
     Rejected,
     ReportLeader,
+    ReportLeaders,
     RequestId,
     Result,
     SetReplicas,
@@ -460,6 +462,19 @@ class MetadataService:
         if record is None or not 0 <= partition < len(record.partitions):
             return None  # deleted (or recreated smaller) right after the report
         return record.partitions[partition].leader
+
+    async def report_leaders(
+        self, reports: Sequence[LeaderReport], *, request_id: RequestId | None = None
+    ) -> None:
+        """Record many leader changes in one command (a node's coalesced reports, issue 16).
+        Each report is judged on its own as `report_leader` would (stale, repeated and invalid
+        ones are skipped); at most `limits.leader_reports_max` per call. Raises Unavailable."""
+        if len(reports) > limits.leader_reports_max:
+            raise InvalidArgument(
+                f"at most {limits.leader_reports_max} leader reports per command, "
+                f"got {len(reports)}"
+            )
+        await self._submit(ReportLeaders(request_id or _new_request_id(), tuple(reports)))
 
     async def set_replicas(
         self,

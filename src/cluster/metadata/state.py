@@ -10,9 +10,9 @@ research §6).
 
 Every command carries a request id. The result of each applied request id is remembered (the last
 `limits.request_ids_remembered_max`, oldest dropped first), so a command retried after a leader
-change or a timeout returns its first result instead of being applied twice. Heartbeat and
-ReportLeader are idempotent by construction (they keep a maximum) and are not remembered, so the
-steady heartbeat traffic does not push real commands out of that memory.
+change or a timeout returns its first result instead of being applied twice. Heartbeat,
+ReportLeader and ReportLeaders are idempotent by construction (they keep a maximum) and are not
+remembered, so the steady heartbeat traffic does not push real commands out of that memory.
 
 `version` counts configuration changes (streams, placement, endpoints, leaders); listeners run
 when it moves. A heartbeat only refreshes a timestamp: it replaces the view but keeps the version.
@@ -54,6 +54,8 @@ State table (A = Applied(version after), R = Rejected(code); "v+1" = version inc
 | ReportLeader | epoch < recorded, or repeat | none (stale: ignored) | A |
 | ReportLeader | same epoch, other node | none | R(invalid-argument) |
 | ReportLeader | bad stream/partition/node/epoch | none | R(not-found/invalid-arg.) |
+| ReportLeaders | any report as ReportLeader would apply | those recorded, v+1 once | A |
+| ReportLeaders | none would (all stale, repeated or invalid) | none | A |
 | Barrier | - | none | A |
 | SetReplicas | valid, `expected` matches (or none) | replicas, learners set; leader kept, v+1 | A |
 | SetReplicas | stream unknown / node not registered | none | R(not-found) |
@@ -357,6 +359,26 @@ class ReportLeader:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderReport:
+    """One partition's leadership claim inside a ReportLeaders batch."""
+
+    stream: StreamName
+    partition: PartitionId
+    leader: NodeId
+    epoch: LeaderEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLeaders:
+    """Many leadership claims in one command (a node coalesces the leader changes of a short
+    window, issue 16): each report is judged as a ReportLeader would be, on its own; the
+    invalid and stale ones are skipped, the others applied, and the version moves once."""
+
+    request_id: RequestId
+    reports: tuple[LeaderReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SetReplicas:
     """Record a partition's replica set during a move (ADR 0022)."""
 
@@ -429,12 +451,13 @@ Command = (
     | RegisterNode
     | Heartbeat
     | ReportLeader
+    | ReportLeaders
     | Barrier
     | SetReplicas
     | RecordOperation
 )
 
-_NOT_REMEMBERED = (Heartbeat, ReportLeader, RecordOperation)
+_NOT_REMEMBERED = (Heartbeat, ReportLeader, ReportLeaders, RecordOperation)
 """Idempotent commands (they keep a maximum): applying one twice changes nothing."""
 
 # Results ----------------------------------------------------------------------------------------
@@ -661,6 +684,8 @@ class MetadataState:
             return Applied(view.version)
         if isinstance(command, ReportLeader):
             return self._report_leader(command)
+        if isinstance(command, ReportLeaders):
+            return self._report_leaders(command)
         if isinstance(command, SetReplicas):
             return self._set_replicas(command)
         if isinstance(command, RecordOperation):
@@ -896,40 +921,77 @@ class MetadataState:
 
     def _report_leader(self, command: ReportLeader) -> Result:
         view = self.view
-        stream = view.streams.get(command.stream)
+        report = LeaderReport(command.stream, command.partition, command.leader, command.epoch)
+        stream = self._judge_report(report)
         if stream is None:
-            raise NotFound(f"stream {command.stream!r} does not exist")
-        if not 0 <= command.partition < stream.config.partitions:
+            return Applied(view.version)  # stale or repeated: ignored
+        return self._record_leaders({command.stream: {command.partition: report}})
+
+    def _report_leaders(self, command: ReportLeaders) -> Result:
+        """Each report judged alone (`_judge_report`), the valid and new ones recorded at once:
+        one copy per stream touched, not one per report."""
+        wanted: dict[StreamName, dict[PartitionId, LeaderReport]] = {}
+        for report in command.reports:
+            try:
+                if self._judge_report(report) is None:
+                    continue
+            except BrokerError:
+                continue  # invalid here (e.g. the stream was deleted meanwhile): skipped
+            earlier = wanted.setdefault(report.stream, {}).get(report.partition)
+            if earlier is not None and (
+                report.epoch < earlier.epoch
+                or (report.epoch == earlier.epoch and report.leader != earlier.leader)
+            ):
+                continue  # a lower (or conflicting same-epoch) claim in the same batch
+            wanted[report.stream][report.partition] = report
+        if not wanted:
+            return Applied(self.view.version)
+        return self._record_leaders(wanted)
+
+    def _judge_report(self, report: LeaderReport) -> StreamRecord | None:
+        """The stream to record `report` in; None when stale or repeated; BrokerError when
+        invalid (unknown stream, partition out of range, not a replica, conflicting epoch)."""
+        stream = self.view.streams.get(report.stream)
+        if stream is None:
+            raise NotFound(f"stream {report.stream!r} does not exist")
+        if not 0 <= report.partition < stream.config.partitions:
             raise InvalidArgument(
-                f"stream {command.stream!r} has partitions 0-{stream.config.partitions - 1}, "
-                f"not {command.partition}"
+                f"stream {report.stream!r} has partitions 0-{stream.config.partitions - 1}, "
+                f"not {report.partition}"
             )
-        if command.epoch < 0:
-            raise InvalidArgument(f"leader epoch must not be negative, got {command.epoch}")
-        where = f"{command.stream}/{command.partition}"
-        partition = stream.partitions[command.partition]
-        if partition.replicas and command.leader not in partition.replicas + partition.learners:
+        if report.epoch < 0:
+            raise InvalidArgument(f"leader epoch must not be negative, got {report.epoch}")
+        where = f"{report.stream}/{report.partition}"
+        partition = stream.partitions[report.partition]
+        if partition.replicas and report.leader not in partition.replicas + partition.learners:
             raise InvalidArgument(
-                f"node {command.leader!r} is not a replica of {where} "
+                f"node {report.leader!r} is not a replica of {where} "
                 f"(replicas {', '.join(partition.replicas)})"
             )
-        if not _NODE_ID.match(command.leader):
-            raise InvalidArgument(f"invalid node id {command.leader!r}")
+        if not _NODE_ID.match(report.leader):
+            raise InvalidArgument(f"invalid node id {report.leader!r}")
         current = partition.leader
-        if current is not None and command.epoch <= current.epoch:
-            if command.epoch == current.epoch and command.leader != current.node:
+        if current is not None and report.epoch <= current.epoch:
+            if report.epoch == current.epoch and report.leader != current.node:
                 raise InvalidArgument(
-                    f"conflicting leader report for {where}: epoch {command.epoch} is led by "
-                    f"{current.node}, not {command.leader}"
+                    f"conflicting leader report for {where}: epoch {report.epoch} is led by "
+                    f"{current.node}, not {report.leader}"
                 )
-            return Applied(view.version)  # stale or repeated: ignored
+            return None
+        return stream
+
+    def _record_leaders(self, wanted: dict[StreamName, dict[PartitionId, LeaderReport]]) -> Result:
+        view = self.view
         version = view.version + 1
-        records = list(stream.partitions)
-        records[command.partition] = replace(
-            partition, leader=PartitionLeader(command.leader, command.epoch)
-        )
         streams = dict(view.streams)
-        streams[command.stream] = replace(stream, partitions=tuple(records))
+        for name in sorted(wanted):
+            stream = streams[name]
+            records = list(stream.partitions)
+            for index, report in wanted[name].items():
+                records[index] = replace(
+                    records[index], leader=PartitionLeader(report.leader, report.epoch)
+                )
+            streams[name] = replace(stream, partitions=tuple(records))
         self.view = replace(view, version=version, streams=MappingProxyType(streams))
         return Applied(version)
 

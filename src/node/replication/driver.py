@@ -23,9 +23,13 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
 
 Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the local groups,
 and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
-for `liveness_ticks` is suspected: the quiet groups it belongs to wake (`Raft.wake`); heard
+for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
+follower whose leader it is, a leader left without a quorum not suspected; ADR 0027); heard
 from again, the groups led here that it belongs to wake so it learns its leader. Quiet groups
-are still ticked (cheap: their core returns at once) but are not marked for the next batch.
+are not ticked at all: the tick visits the awake ones (`_awake`), a quiet replica's `ticks`
+count from the driver's clock, and a group rejoins the awake ones when it wakes (every wake-up
+passes through `_wake_group` or a batch; a sweep of all replicas every SWEEP_TICKS is the
+safety net).
 
 Catch-up transfers (catchup.Fetch) run here too: one request in flight per partition, matched
 by request id, abandoned after `catchup_request_timeout_ms` (default: the limit of that name)
@@ -60,6 +64,11 @@ log = logging.getLogger(__name__)
 
 RETENTION_INTERVAL_MS = 10_000
 """How often retention is applied to every replica (between batches)."""
+
+SWEEP_TICKS = 20
+"""Every this many ticks the driver looks at every replica, not only the awake ones: a group
+woken by a path that did not tell the driver is ticked again within a second (a safety net;
+every wake-up known is reported at once)."""
 
 PEERS_REFRESH_TICKS = 200
 """How often the peer nodes of the local groups are collected again (membership changes; a new
@@ -143,6 +152,12 @@ class ReplicationDriver(Generic[R]):
         self._peers: list[NodeId] = []
         self._peers_of = -1
         self._liveness_ticks = 0
+        self.ticks = 0
+        """Ticks since this driver started (quiet replicas count theirs from it)."""
+        self._awake: dict[frames.GroupKey, R] = {}
+        """Replicas the tick visits: every one but the quiet groups (ADR 0026; issue 16: a tick
+        over 1,000 quiet groups, 20 times a second, was most of an idle node's cost)."""
+        self._clock = self._ticks_now
 
     # -- replicas
 
@@ -159,6 +174,7 @@ class ReplicationDriver(Generic[R]):
         group.set_wake(functools.partial(self._wake_group, key, group))
         group.raft.dead_peers = self.suspected  # shared: the core reads node liveness (ADR 0026)
         self.groups[key] = group
+        self._awake[key] = group
         if not group.raft.peers or (group.replicas[0] == self.node_id and group.raft.term == 0):
             # A single-voter group, or the preferred leader of a brand-new group, need not wait
             # an election timeout: a client can publish right after `stream create`.
@@ -167,7 +183,13 @@ class ReplicationDriver(Generic[R]):
 
     def _wake_group(self, key: frames.GroupKey, group: R) -> None:
         self._dirty[key] = group
+        if key not in self._awake and not group.raft.quiesced:
+            group.resume()
+            self._awake[key] = group
         self.wake()
+
+    def _ticks_now(self) -> int:
+        return self.ticks
 
     def remove(self, stream: StreamName, partition: PartitionId) -> R:
         """Forget a replica (the caller closes it once no sync can touch its files)."""
@@ -175,6 +197,7 @@ class ReplicationDriver(Generic[R]):
         if group is None:
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
         self._dirty.pop((stream, partition), None)
+        self._awake.pop((stream, partition), None)
         for request_id, transfer in list(self._transfers.items()):
             if transfer.group is group:
                 self._end_transfer(request_id)
@@ -189,16 +212,24 @@ class ReplicationDriver(Generic[R]):
     # -- time
 
     def tick(self) -> None:
-        """Every tick_ms: node liveness, tick every core, time out catch-up requests."""
+        """Every tick_ms: node liveness, tick every awake core, time out catch-up requests."""
+        self.ticks += 1
         self._liveness()
-        dirty = self._dirty
-        for key, group in self.groups.items():
+        dirty, awake = self._dirty, self._awake
+        # Quiet groups are not visited (their core would return at once: no timer runs while
+        # nothing is pending); their `ticks` count from the driver's clock. A sweep every
+        # SWEEP_TICKS looks at them all, in case one woke without telling the driver.
+        visit = self.groups if self.ticks % SWEEP_TICKS == 0 else awake
+        for key, group in list(visit.items()):
             if group.raft.quiesced:
-                # A quiet group's tick would only count it (no timers run: nothing is pending
-                # on a group whose log is committed to its end); 1,000 of them 20 times a second
-                # made this loop the idle node's largest cost (ADR 0026).
-                group.ticks += 1
-            elif group.failure is None:
+                if key in awake:
+                    group.sleep(self._clock, self.ticks - 1)  # this tick counts for it
+                    del awake[key]
+                continue
+            if key not in awake:
+                group.resume()
+                awake[key] = group
+            if group.failure is None:
                 group.tick()
                 dirty[key] = group  # (a tick that quiesces leaves its quiesce heartbeats to send)
         now_ms = self._monotonic_ms()
@@ -235,11 +266,23 @@ class ReplicationDriver(Generic[R]):
             self._wake_groups(peer, led_here_only=True)
 
     def _wake_groups(self, peer: NodeId, *, led_here_only: bool) -> None:
+        suspected = self.suspected
         for key, group in self.groups.items():
             raft = group.raft
             if raft.quiesced and peer in raft.peers:
-                if led_here_only and raft.role is not Role.LEADER:
-                    continue
+                if led_here_only:
+                    if raft.role is not Role.LEADER:
+                        continue
+                elif raft.role is Role.LEADER:
+                    # A leader that still reaches a quorum (itself and the voters not
+                    # suspected) has nothing to do: it wakes once a quorum is suspected, and
+                    # steps down by check-quorum (ADR 0027: waking every group on every
+                    # suspicion made an overloaded node's 3,000 groups heartbeat for good).
+                    live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+                    if live >= raft.quorum:
+                        continue
+                elif raft.leader is not None and raft.leader not in suspected:
+                    continue  # a follower whose leader is not suspected: nothing to elect
                 raft.wake()
                 self.wakes += 1
                 self._wake_group(key, group)
@@ -251,7 +294,11 @@ class ReplicationDriver(Generic[R]):
         self._between_batches()
         items: list[tuple[R, Ready, SyncWork | None]] = []
         dirty, self._dirty = self._dirty, {}
-        for group in dirty.values():
+        awake = self._awake
+        for key, group in dirty.items():
+            if key not in awake and not group.raft.quiesced and key in self.groups:
+                group.resume()  # woken by a path that did not go through `_wake_group`
+                awake[key] = group
             if group.failure is not None or group.closed or not group.raft.has_ready():
                 continue
             ready = group.raft.ready()
@@ -535,6 +582,11 @@ class ReplicationDriver(Generic[R]):
     def _finish_transfer(transfer: _Transfer[R]) -> None:
         transfer.fetch.close()
         transfer.group.catching_up = False
+
+    @property
+    def awake(self) -> int:
+        """Replicas the tick visits (every one but the quiet groups)."""
+        return len(self._awake)
 
     @property
     def transfers(self) -> int:

@@ -7,7 +7,8 @@ A replica has three places (on real disk, `<data_dir>/partitions/<stream>/<parti
 ```
 log/          the PartitionLog's segment and index files       -> `log_storage()`
 catchup/      segment files being fetched from the leader       -> `staging()`
-raft.state    the hard state, two fixed 64-byte slots            -> `open_state()`
+raft.state    the hard state, fixed slots (no descriptor held     -> `open_state()`
+              between a sync and the next write)
 ```
 
 `log/` and `catchup/` are `spate.node.log.storage.Storage` (append-only files by name, with the
@@ -38,6 +39,12 @@ class SlotFile(Protocol):
 
     def sync(self) -> None:
         """Make every pwrite so far durable. Raises OSError."""
+        ...
+
+    def release(self) -> None:
+        """Nothing is pending: the file may give back its descriptor until the next pwrite
+        (issue 16: 5,000 replicas would otherwise hold 5,000 descriptors for files written only
+        at elections and commit points)."""
         ...
 
     def close(self) -> None: ...
@@ -71,20 +78,37 @@ class ReplicaFiles(Protocol):
 
 
 class _FdSlotFile:
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    """The hard-state file, its descriptor held only from a pwrite to its sync (or release).
+
+    Holding it across that span matters: a writeback error is reported to descriptors open
+    when it happens, so a sync through a descriptor opened after the pwrite could miss it.
+    Between writes (an idle replica) no descriptor is held; a pwrite reopens the file."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self._path = path
+        self._fd: int | None = fd
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+        return self._fd
 
     def pread(self, position: int, length: int) -> bytes:
-        return os.pread(self._fd, length, position)
+        return os.pread(self._open(), length, position)
 
     def pwrite(self, position: int, data: bytes) -> None:
-        os.pwrite(self._fd, data, position)
+        os.pwrite(self._open(), data, position)
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        os.fdatasync(self._open())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def close(self) -> None:
-        os.close(self._fd)
+        self.release()
 
 
 def _fsync_path(path: Path) -> None:
@@ -118,7 +142,7 @@ class DirectoryFiles:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         if not existed:
             _fsync_path(self.directory)
-        return _FdSlotFile(fd), existed
+        return _FdSlotFile(path, fd), existed
 
     def install_staged(self, names: list[str]) -> None:
         staging, log_dir = self.directory / "catchup", self.directory / "log"

@@ -155,8 +155,10 @@ class Replica(LocalPartition):
         self._listeners: list[Callable[[], None]] = []
         self.leader_listeners: list[Callable[[NodeId | None, LeaderEpoch], None]] = []
         self.fresh = store.fresh
-        self.ticks = 0
-        """Ticks since this replica opened (the driver counts a quiet group's without `tick`)."""
+        self._ticks = 0
+        self._quiet_from: int | None = None
+        """The driver's tick count when it stopped ticking this quiet group (ADR 0026)."""
+        self._driver_ticks: Callable[[], int] = lambda: 0
         self._heard_leader = False
         self.failure: str | None = None
         self.catching_up = False
@@ -627,8 +629,33 @@ class Replica(LocalPartition):
 
     # -- driven by the host
 
+    @property
+    def ticks(self) -> int:
+        """Ticks since this replica opened, counting those the driver skipped while the group
+        was quiet (it does not visit quiet groups; ADR 0026, issue 16)."""
+        if self._quiet_from is None:
+            return self._ticks
+        return self._ticks + self._driver_ticks() - self._quiet_from
+
+    def sleep(self, driver_ticks: Callable[[], int], since: int) -> None:
+        """The driver stops ticking this quiet group after its tick `since`; `ticks` keeps
+        counting the driver's."""
+        if self._quiet_from is None:
+            self._driver_ticks = driver_ticks
+            self._quiet_from = since
+
+    def resume(self) -> None:
+        """The driver ticks this group again (it woke)."""
+        if self._quiet_from is not None:
+            self._ticks = self.ticks
+            self._quiet_from = None
+
+    @property
+    def asleep(self) -> bool:
+        return self._quiet_from is not None
+
     def tick(self) -> None:
-        self.ticks += 1
+        self._ticks += 1
         self.raft.tick()
         if self._pending:
             now_ms = self._monotonic_ms()

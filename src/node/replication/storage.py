@@ -97,6 +97,7 @@ class HardStateFile:
         if existed:
             self.state, self._sequence, self._synced_slot = self._load()
         self.dirty = False
+        file.release()
 
     def _load(self) -> tuple[HardState | None, int, int]:
         best: tuple[HardState | None, int, int] = (None, 0, 1)
@@ -153,12 +154,15 @@ class HardStateFile:
         self._file.pwrite(SLOT2_AT + self._written_slot * SLOT2_BYTES, data)
         self.state = state
         self.dirty = self.dirty or sync
+        if not self.dirty:
+            self._file.release()  # nothing to sync: no descriptor held while idle (issue 16)
 
     def sync(self) -> None:
         """fdatasync; the last write's slot becomes the synced one. Runs in the fsync thread
         while no write can happen (one batch at a time per replica)."""
         written = self._written_slot
         self._file.sync()
+        self._file.release()
         self._synced_slot = written
 
     def close(self) -> None:

@@ -113,6 +113,7 @@ class Transport:
         self._inbound: set[asyncio.Task[None]] = set()
         self._inbound_writers: set[asyncio.StreamWriter] = set()
         self._closing = False
+        self._flush_soon = False
         self.frames_dropped = 0
         self.refused = 0
 
@@ -161,8 +162,19 @@ class Transport:
             return False
         state.frames.append(data)
         state.queued_bytes += len(data)
-        state.wake.set()
+        if state.writer is None:
+            state.wake.set()  # the write loop is draining or not writing yet: it sends this
+        elif not self._flush_soon:
+            # Written at the end of this loop turn (or by an earlier `flush`), every frame of
+            # the turn in one write per peer, without waking the write loop task: an idle
+            # node's PINGs woke each peer's writer task 20 times a second (issue 16).
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_later)
         return True
+
+    def _flush_later(self) -> None:
+        self._flush_soon = False
+        self.flush()
 
     def flush(self) -> None:
         """Write every queued frame now, on this loop turn, to each link whose socket buffer is
@@ -177,6 +189,8 @@ class Transport:
                 and writer.transport.get_write_buffer_size() < limits.peer_write_bytes_max
             ):
                 _write_some(peer, writer)
+            if peer.frames:
+                peer.wake.set()  # the socket is backed up: the write loop waits for it to drain
 
     def connected(self, peer: NodeId) -> bool:
         state = self._peers.get(peer)
