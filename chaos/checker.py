@@ -39,7 +39,9 @@ offset, value, epoch}) and `commit` (invoke/ok/info {partition, epoch, offset}).
 | kind          | meaning                                                                   |
 |---------------|---------------------------------------------------------------------------|
 | fenced-commit | a commit acknowledged although it began after a greater epoch had been    |
-|               | granted the partition (a displaced member must be fenced)                 |
+|               | granted the partition (a displaced member must be fenced); not one that   |
+|               | acknowledged only an offset the same member had had acknowledged before   |
+|               | it began (it stored nothing: voters seed 1)                               |
 | commit-lost   | a grant reports a committed offset below one acknowledged before it began |
 | group-skip    | a member's first read after its grant is past the committed offset + 1    |
 |               | (messages no member of the group is given)                                |
@@ -319,6 +321,28 @@ def _pair(ops: Sequence[Mapping[str, Any]], f: str) -> list[_Timed]:
     return done
 
 
+def _repeats_an_earlier_commit(commit: _Timed, commits: Sequence[_Timed]) -> bool:
+    """Whether `commit` acknowledged an offset that an earlier commit of the same member (same
+    process and epoch) had already acknowledged before it began. `commit()` answers with the
+    last confirmed offset, without asking the broker, when nothing new can be committed (the
+    member took nothing since, or what it took was on a link it lost and reattached): such a
+    commit stores nothing, so it cannot be a store after a newer epoch was granted. The
+    earlier commit is judged by the rule itself."""
+    offset = commit.result.get("offset")
+    if offset is None:
+        return False
+    return any(
+        other.process == commit.process
+        and other.value.get("partition") == commit.value.get("partition")
+        and other.value.get("epoch") == commit.value.get("epoch")
+        and other.completed is not None
+        and other.completed < commit.invoked
+        and other.result.get("offset") is not None
+        and int(other.result["offset"]) >= int(offset)
+        for other in commits
+    )
+
+
 def check_groups(
     ops: Sequence[Mapping[str, Any]],
     final: Mapping[int, list[tuple[int, str]]],
@@ -333,6 +357,8 @@ def check_groups(
 
     for commit in commits:
         partition, epoch = int(commit.value["partition"]), int(commit.value["epoch"])
+        if _repeats_an_earlier_commit(commit, commits):
+            continue  # it stored nothing: the client answered with what it had confirmed
         for grant in grants:
             if (
                 int(grant.value["partition"]) == partition

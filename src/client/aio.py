@@ -955,13 +955,23 @@ class AsyncConsumer:
         """Manual commits: store the offset of the last event taken and wait until the broker
         has replicated it; returns that offset (the last confirmed one when nothing new was
         taken). Raises `ConnectionLost` when the link went away first (the offset may or may
-        not be stored; what is not is delivered again to the next consumer with this name)."""
+        not be stored; what is not is delivered again to the next consumer with this name),
+        also when everything taken since the last commit came over a link that was lost and
+        replaced (nothing can store it: the stored offset stays where it was)."""
         if not self._manual:
             raise RuntimeError("commit() is for commit='manual' consumers; 'auto' stores by itself")
         if self._closed:
             raise ConsumerClosed("the consumer is closed")
         self._finish_taken(0)
         count, self._to_commit = self._to_commit, 0
+        lost = self._core.on_commit(count)
+        if lost and not self._commits:
+            raise ConnectionLost(
+                f"{lost} event(s) taken on a link that was lost were not committed (the "
+                "consumer has reattached since and took nothing on the new link to commit "
+                f"them with); the last confirmed offset is {self.stored_offset}, and what "
+                "comes after it is delivered again to the next consumer with this name"
+            )
         if count:
             offset = self._link.accept(count, settle=False)
             assert offset is not None

@@ -387,6 +387,9 @@ class ConsumerCore:
         finished with (their deliveries are held unsettled)."""
         self.stale = 0
         """Events handed out on links since lost and not yet finished: nothing to settle."""
+        self.lost_finished = 0
+        """Manual commits: events finished that were handed out on a lost link, since the last
+        commit that accepted a delivery on the current link (whose offset covers them)."""
 
     def resume_start(self) -> Start:
         """Where a (re)attached link starts: the given start, then after the last delivered."""
@@ -447,9 +450,17 @@ class ConsumerCore:
         assert 0 <= count <= self.stale + self.unfinished, (count, self.stale, self.unfinished)
         old = min(self.stale, count)
         self.stale -= old
+        self.lost_finished += old
         count -= old
         self.unfinished -= count
         return count
+
+    def on_commit(self, accepted: int) -> int:
+        """A manual commit accepts `accepted` deliveries on the current link: how many finished
+        events from lost links it leaves uncommitted (0 when it accepts any, since its offset
+        covers theirs; those events then have no delivery left to store them by)."""
+        lost, self.lost_finished = (0 if accepted else self.lost_finished), 0
+        return lost
 
     def on_taken(self, count: int = 1) -> None:
         assert 0 < count <= self.buffered, (count, self.buffered)

@@ -227,3 +227,18 @@ def test_a_commit_begun_before_the_takeover_may_be_acknowledged() -> None:
     ops = [*group_history(), *commit("g0a", 1, 2, 2.95)]
     ops[-1]["time"] = 3.5  # acknowledged after epoch 2's grant (3.1), begun before it (3.0)
     assert check(ops).valid, check(ops).to_json()
+
+
+def test_a_commit_that_only_repeats_a_confirmed_offset_is_not_a_fenced_store() -> None:
+    """Voters seed 1: the displaced member took 3-4 on a link it then lost and reattached, and
+    its last `commit()` after the takeover answered the offset it had confirmed before it (2)
+    without asking the broker — nothing was stored. A commit acknowledging a new offset
+    after the takeover still is an anomaly."""
+    repeat = commit("g0a", 1, 4, 3.3)
+    repeat[1]["value"] = {**repeat[1]["value"], "offset": 2}  # what commit() returned
+    assert check([*group_history(), *repeat]).valid
+    stored = commit("g0a", 1, 4, 3.3)
+    assert "fenced-commit" in check([*group_history(), *stored]).totals()
+    other = commit("g0c", 1, 4, 3.3)  # another process's repeat proves nothing for this one
+    other[1]["value"] = {**other[1]["value"], "offset": 2}
+    assert "fenced-commit" in check([*group_history(), *other]).totals()

@@ -309,6 +309,25 @@ def test_only_events_handed_out_on_the_current_link_have_deliveries_to_accept() 
         core.on_finished(1)
 
 
+def test_a_manual_commit_reports_events_finished_on_a_lost_link_it_cannot_store() -> None:
+    """Voters seed 1: a group member took 610-614, its link was lost and reattached, and its
+    next `commit()` had nothing on the new link to accept: it must not answer as if it had
+    committed (the client raises `ConnectionLost`). A commit that accepts a delivery on the
+    new link covers them (its offset is past theirs)."""
+    core = ConsumerCore("stored", credit_window=10)
+    for offset in range(3):
+        core.on_message(offset, None)
+    core.on_relinked()  # 0, 1, 2 handed out on the lost link
+    assert core.on_finished(3) == 0
+    assert core.on_commit(0) == 3  # nothing to accept: three events left uncommitted
+    assert core.on_commit(0) == 0  # reported once
+    core.on_message(3, None)
+    core.on_relinked()
+    core.on_message(4, None)
+    assert core.on_finished(2) == 1  # 3 stale, 4 on this link
+    assert core.on_commit(1) == 0  # accepting 4 stores an offset past 3
+
+
 def test_start_specs() -> None:
     assert start_spec("stored") == StartSpec("stored")
     assert start_spec("first") == StartSpec("earliest")
