@@ -1029,10 +1029,7 @@ def wants_bulk(link: Link, plan: links.ConsumerPlan) -> bool:
     if properties.get(symbol(bulk.PROPERTY)) is not True:
         return False
     return (
-        plan.name is None
-        and plan.group is None
-        and plan.coordinator is None
-        and not plan.member
+        _plain(plan)
         and not plan.shared
         and len(plan.cursors) == 1
         and type(plan.cursors[0]) is links.Cursor
@@ -1046,10 +1043,10 @@ def wants_sub_entries(link: Link, plan: links.ConsumerPlan) -> bool:
     properties = link.remote_properties or {}
     if properties.get(symbol(sub_entries.AS_IS_PROPERTY)) is not True:
         return False
-    return (
-        plan.name is None
-        and plan.group is None
-        and plan.coordinator is None
-        and not plan.member
-        and plan.selection.filter is None
-    )
+    return _plain(plan) and plan.selection.filter is None
+
+
+def _plain(plan: links.ConsumerPlan) -> bool:
+    """No consumer name, group, coordinator or group membership: offsets are not tracked per
+    delivery, so deliveries may carry many messages (bulk) or whole sub-entries."""
+    return plan.name is None and plan.group is None and plan.coordinator is None and not plan.member
