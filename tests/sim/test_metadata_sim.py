@@ -7,13 +7,15 @@ from __future__ import annotations
 from spate.sim.metadata import PLUGINS, MetadataBugs, MetadataPlugin, run_state_machine_seed
 from support.seeds import until_caught
 
-SEEDS = 120
+SEEDS = 50
+"""`make sim` (CI: SEEDS=300) runs seeds 0-299 of this model after the suite; here the sweep
+checks the workload crashes voters and commits work. Seeds 0-49: 161 crashes, 3696 acknowledged."""
 
 
 def test_many_seeds_hold_every_invariant_and_recover() -> None:
     runs = [run_state_machine_seed(seed) for seed in range(SEEDS)]
     assert [(r.seed, r.failure) for r, _ in runs if not r.ok] == []
-    assert sum(r.crashes for r, _ in runs) > 200
+    assert sum(r.crashes for r, _ in runs) > 2 * SEEDS
     assert sum(r.acknowledged for r, _ in runs) > 20 * SEEDS
     # The workload reached every kind of command and the state grew real content.
     plugin = runs[-1][1].plugin

@@ -12,10 +12,10 @@ import pytest
 from spate.sim.cluster import Bugs, SimCluster, SimOptions, SimResult, run_seed
 from support.seeds import until_caught
 
-SEEDS = 100
+SEEDS = 60
 """`make sim` (CI: SEEDS=300) runs seeds 0-299 of this model, 3000 steps each, after the suite;
-here the sweep checks the workload exercises faults and work. Seeds 0-99 (2500 steps): 298
-crashes, 620 snapshot transfers, 378 elections, 12429 acknowledged."""
+here the sweep checks the workload exercises faults and work. Seeds 0-59 (2500 steps): 196
+crashes, 334 snapshot transfers, 283 elections, 7355 acknowledged, 367 membership changes."""
 STEPS = 2500
 
 
