@@ -379,7 +379,8 @@ class ReceiverLink(_AttachedLink):
 
     Without `hold` each delivery is accepted and settled as it arrives. With `hold` (named
     consumers, ADR 0012) `on_message` returns the offset it handed to the application (None:
-    a repeat, accepted at once) and the delivery stays unsettled until `accept`; on a link in
+    a repeat) and the delivery stays unsettled until `accept` (a repeat until the first delivery
+    handed out after it is accepted); on a link in
     rcv-settle-mode second (`settle=False`) the broker settles accepted deliveries once it has
     stored their offset, reported by `on_committed(count)` in order."""
 
@@ -391,8 +392,9 @@ class ReceiverLink(_AttachedLink):
         self.on_drained: Callable[[], None] = lambda: None
         self.on_committed: Callable[[int], None] = lambda count: None
         self.hold = hold
-        self._held: collections.deque[tuple[Any, int]] = collections.deque()
-        """(delivery, offset) handed to the application and not yet accepted."""
+        self._held: collections.deque[tuple[Any, int | None]] = collections.deque()
+        """(delivery, offset) handed to the application and not yet accepted; offset None: a
+        repeat, not handed out, accepted with the next one that is."""
         self._committing: collections.deque[Any] = collections.deque()
         """Accepted, not settled: waiting for the broker to settle (store) them."""
         self.on_messages: Callable[[list[bytes]], None] | None = None
@@ -416,13 +418,16 @@ class ReceiverLink(_AttachedLink):
         when `settle` is False); the offset of the last one (None: count 0)."""
         held, update, committing = self._held, lib.pn_delivery_update, self._committing
         offset = None
-        for _ in range(count):
+        left = count
+        while left:  # repeats held before them are accepted with them (their offsets are lower)
             delivery, offset = held.popleft()
             update(delivery, lib.PN_ACCEPTED)
             if settle:
                 lib.pn_delivery_settle(delivery)
             else:
                 committing.append(delivery)
+            if offset is not None:
+                left -= 1
         if count:
             self.engine.schedule_pump()
         return offset
@@ -471,12 +476,11 @@ class ReceiverLink(_AttachedLink):
                 else:
                     self.on_message(raw)
                 continue
-            offset = self.on_message(raw)
-            if offset is None:
-                lib.pn_delivery_update(current, lib.PN_ACCEPTED)
-                settle(current)
-            else:
-                self._held.append((current, offset))
+            # a repeat (None: not handed out) stays unsettled too, and is accepted with the
+            # next delivery the application finishes: accepting it now would store an offset
+            # the application has not finished (after a cut, a group member's new link starts
+            # at the stored offset and repeats what the old one delivered)
+            self._held.append((current, self.on_message(raw)))
         if raws:
             assert batch is not None
             batch(raws)

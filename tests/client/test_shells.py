@@ -16,7 +16,7 @@ from proton import Message, symbol
 from spate.client import ConnectionLost, Consumer, Producer, PublishRefused
 from spate.client.aio import AsyncConsumer, AsyncProducer
 from spate.core.errors import NotLeader
-from spate.core.ids import StreamName
+from spate.core.ids import PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway.server import GatewayServer, ListenerConfig
 from support.memory_broker import MemoryBroker
@@ -259,6 +259,43 @@ def test_a_consumer_whose_connection_is_cut_resumes_without_gap_or_repeat() -> N
         await consumer.close()
         with pytest.raises(ConnectionLost):
             await consumer.receive(1)
+        await producer.close()
+
+    run(scenario)
+
+
+def test_a_group_member_s_repeats_after_a_cut_are_not_committed_before_its_commit() -> None:
+    """003 "Committing Offsets", `commit="manual"`: after a cut, a partition-agnostic member's
+    new link starts at the group's stored offset, so events the application took (and did not
+    commit) on the old link come again as repeats. They are dropped, and left unsettled until
+    the application's next commit: accepting them at once stored an offset the application
+    never committed (a crash then loses those events for the group)."""
+
+    async def scenario(broker: MemoryBroker, url: str) -> None:
+        producer = await AsyncProducer.connect(url, "orders")
+        for i in range(10):
+            producer.send_nowait(b"g%d" % i)
+        await producer.flush()
+        consumer = await AsyncConsumer.connect(
+            url, "orders", group="billing", strategy="range", start="first",
+            commit="manual", credit=20, reconnect_timeout_s=10,
+        )  # fmt: skip
+        assert [(await consumer.receive(5)).offset for _ in range(3)] == [0, 1, 2]
+        assert await consumer.commit() == 2
+        assert [(await consumer.receive(5)).offset for _ in range(3)] == [3, 4, 5]  # not committed
+        consumer._engine.abort()
+        # 6-9 were buffered from the old link; the new one starts at 3: 3-9 are repeats
+        assert [(await consumer.receive(10)).offset for _ in range(4)] == [6, 7, 8, 9]
+        partition = broker.partition(StreamName("orders"), PartitionId(0), write=False)
+        await asyncio.sleep(0.5)  # past the store interval (limits.offset_commit_interval_ms)
+        assert [o.offset for o in partition.offsets.values()] == [2]  # before: 9
+        producer.send_nowait(b"g10")
+        await producer.flush()
+        assert (await consumer.receive(10)).offset == 10  # the new link's first
+        assert [o.offset for o in partition.offsets.values()] == [2]
+        assert await consumer.commit() == 10  # with the repeats before it
+        assert [o.offset for o in partition.offsets.values()] == [10]
+        await consumer.close()
         await producer.close()
 
     run(scenario)
