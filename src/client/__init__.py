@@ -25,6 +25,7 @@ from spate.client.errors import (
     AuthenticationFailed,
     ConnectionLost,
     ConsumerClosed,
+    LinkStolen,
     PublishRefused,
 )
 from spate.client.event import Event
@@ -38,6 +39,7 @@ __all__ = [
     "ConsumerClosed",
     "Event",
     "GroupConsumer",
+    "LinkStolen",
     "Producer",
     "PublishRefused",
     "SubEntryBatch",

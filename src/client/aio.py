@@ -49,7 +49,7 @@ from spate.client.core import (
     encode_data,
     window_default,
 )
-from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed
+from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed, LinkStolen
 from spate.client.event import Event
 from spate.client.messages import MessageParts
 from spate.core import bulk
@@ -1006,6 +1006,9 @@ class AsyncConsumer:
         self._fail_commits(
             ConnectionLost(f"the link was lost before the broker confirmed the commit: {error}")
         )
+        if isinstance(error, LinkStolen):  # re-attaching with our epoch would be refused
+            self._finish(error)
+            return
         if not self._reconnecting_allowed:
             self._finish(ConnectionLost(f"the consumer's connection was lost: {error}"))
             return

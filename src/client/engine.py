@@ -44,7 +44,13 @@ from proton import (
 )
 from proton.reactor import Filter
 from spate.client.core import ACCEPTED, Outcome, Start, StartSpec, start_spec
-from spate.client.errors import UNAUTHORIZED, AttachRefused, AuthenticationFailed
+from spate.client.errors import (
+    STOLEN,
+    UNAUTHORIZED,
+    AttachRefused,
+    AuthenticationFailed,
+    LinkStolen,
+)
 from spate.core.ids import Offset, offset_to_symbol
 
 __all__ = [
@@ -326,7 +332,8 @@ class _AttachedLink:
     def _on_event(self, event: Event) -> None:
         if event.type == Event.LINK_REMOTE_CLOSE and event.link == self._link:
             name, description, _ = _condition(self._link.remote_condition)
-            self.on_lost(ConnectionError(f"link detached: {name}: {description}"))
+            lost = LinkStolen if name == STOLEN else ConnectionError
+            self.on_lost(lost(f"link detached: {name}: {description}"))
         elif event.type == Event.CONNECTION_REMOTE_CLOSE:
             name, description, _ = _condition(self.engine.connection.remote_condition)
             self.on_lost(ConnectionError(f"connection closed: {name}: {description}"))

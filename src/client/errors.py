@@ -52,6 +52,15 @@ class ConnectionLost(ConnectionError):
     """The connection is gone and the client will not (or could no longer) reconnect."""
 
 
+class LinkStolen(ConnectionLost):
+    """The broker detached the consumer's link with `amqp:link:stolen`: a consumer of the same
+    group attached to its partition with a greater epoch and owns it now (ADR 0015). Attaching
+    again with the old epoch would be refused, so no client reconnects after it."""
+
+
+STOLEN = "amqp:link:stolen"
+
+
 class ConsumerClosed(ConnectionLost):
     """The consumer was closed by its application (iteration ends on it)."""
 

@@ -589,3 +589,31 @@ def test_members_beyond_the_pending_limit_are_refused_detach_forced(
         with pytest.raises(LinkDetached, match="amqp:link:detach-forced") as refused:
             conn.create_receiver(stream, name=unique("m"), options=[grouped("full", None)])
         assert "waiting for one" in str(refused.value)
+
+
+def test_a_client_consumer_whose_partition_is_taken_with_a_greater_epoch_stops_at_once(
+    gateway: RunningGateway, make_stream: Callable[..., str]
+) -> None:
+    """`amqp:link:stolen` ends a reconnecting client consumer with `LinkStolen`: attaching
+    again with its old epoch could only be refused as stale (it used to try, and fail, once)."""
+    from spate.client import Consumer, LinkStolen
+
+    stream = make_stream(partitions=1)
+    publish(gateway, stream, ["s0", "s1"], {PARTITION: symbol("0")})
+    first = Consumer(
+        gateway.url, stream, group="st", partition=0, start="first", reconnect_timeout_s=10
+    )
+    try:
+        assert first.receive().offset == 0
+        second = Consumer(gateway.url, stream, group="st", partition=0, epoch=2, start="first")
+        try:
+            assert second.epoch == 2
+            assert second.receive().offset == 0  # first finished nothing: nothing stored
+        finally:
+            second.close()
+        with pytest.raises(LinkStolen, match="amqp:link:stolen"):
+            for _ in range(3):
+                first.receive(timeout=10)
+        assert first.reconnects == 0
+    finally:
+        first.close()
