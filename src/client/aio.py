@@ -809,10 +809,13 @@ class AsyncConsumer:
                 self.assignment = frozenset(int(p) for p in associated)
                 if self._on_assignment is not None:
                     self._on_assignment(self.assignment)
+        link = self._link
+        link.partition = source
         if self._sub_entries and SUB_ENTRY_MARKER in raw:
             return self._on_sub_entry(raw, offset, stamp, source)
         if not self._core.on_message(offset, source):
-            return None  # a repeat after resuming: already handed out
+            link.repeat = offset  # after resuming: already handed out (held, not accepted)
+            return None
         return self._hand_out(offset, stamp, source, raw)
 
     def _on_batch(self, raws: list[bytes]) -> None:
@@ -894,6 +897,7 @@ class AsyncConsumer:
             return None
         if envelope is None:  # the marker's bytes in a plain message
             if not self._core.on_message(first, source):
+                self._link.repeat = first
                 return None
             return self._hand_out(first, stamp, source, raw)
         handed = None
@@ -902,6 +906,8 @@ class AsyncConsumer:
                 break
             if self._core.on_message(first + i, source):
                 handed = self._hand_out(first + i, stamp, source, message)
+        if handed is None and not self._closed:
+            self._link.repeat = first + len(envelope.messages) - 1  # every message a repeat
         return handed
 
     def _hand_out(self, offset: int, stamp: int, source: str | None, raw: bytes) -> int | None:

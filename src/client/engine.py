@@ -386,8 +386,7 @@ class ReceiverLink(_AttachedLink):
 
     Without `hold` each delivery is accepted and settled as it arrives. With `hold` (named
     consumers, ADR 0012) `on_message` returns the offset it handed to the application (None:
-    a repeat) and the delivery stays unsettled until `accept` (a repeat until the first delivery
-    handed out after it is accepted); on a link in
+    a repeat, see `_repeats`) and the delivery stays unsettled until `accept`; on a link in
     rcv-settle-mode second (`settle=False`) the broker settles accepted deliveries once it has
     stored their offset, reported by `on_committed(count)` in order."""
 
@@ -399,11 +398,21 @@ class ReceiverLink(_AttachedLink):
         self.on_drained: Callable[[], None] = lambda: None
         self.on_committed: Callable[[int], None] = lambda count: None
         self.hold = hold
-        self._held: collections.deque[tuple[Any, int | None]] = collections.deque()
-        """(delivery, offset) handed to the application and not yet accepted; offset None: a
-        repeat, not handed out, accepted with the next one that is."""
-        self._committing: collections.deque[Any] = collections.deque()
-        """Accepted, not settled: waiting for the broker to settle (store) them."""
+        self._held: collections.deque[tuple[Any, int, object]] = collections.deque()
+        """(delivery, offset, partition) handed to the application and not yet accepted."""
+        self.partition: object = None
+        """Set by `on_message`: the partition of the delivery it was given."""
+        self.repeat: int | None = None
+        """Set by `on_message` when it returns None for a repeat: the repeat's (last) offset."""
+        self._repeats: dict[object, collections.deque[tuple[Any, int]]] = {}
+        """Per partition, (delivery, offset) of repeats (not handed out) not yet accepted: each
+        is accepted with the first delivery of its partition above it that the application
+        finishes (accepting it on arrival would store an offset the application has not
+        finished: after a cut, a group member's new link starts at the stored offset and
+        repeats what the old one delivered)."""
+        self._committing: collections.deque[tuple[Any, bool]] = collections.deque()
+        """Accepted, not settled: waiting for the broker to settle (store) them; False: a
+        repeat (not counted in `on_committed`)."""
         self.on_messages: Callable[[list[bytes]], None] | None = None
         """Set instead of `on_message` (links without `hold`): every complete delivery of a
         pump in one call, in order."""
@@ -423,18 +432,28 @@ class ReceiverLink(_AttachedLink):
     def accept(self, count: int, *, settle: bool) -> int | None:
         """Accept the next `count` held deliveries (settled, or left for the broker to settle
         when `settle` is False); the offset of the last one (None: count 0)."""
-        held, update, committing = self._held, lib.pn_delivery_update, self._committing
+        held, update, committing, repeats = (
+            self._held,
+            lib.pn_delivery_update,
+            self._committing,
+            self._repeats,
+        )
         offset = None
-        left = count
-        while left:  # repeats held before them are accepted with them (their offsets are lower)
-            delivery, offset = held.popleft()
+        for _ in range(count):
+            delivery, offset, partition = held.popleft()
+            waiting = repeats.get(partition) if repeats else None
+            while waiting and waiting[0][1] < offset:  # its partition's repeats below it
+                repeat = waiting.popleft()[0]
+                update(repeat, lib.PN_ACCEPTED)
+                if settle:
+                    lib.pn_delivery_settle(repeat)
+                else:
+                    committing.append((repeat, False))
             update(delivery, lib.PN_ACCEPTED)
             if settle:
                 lib.pn_delivery_settle(delivery)
             else:
-                committing.append(delivery)
-            if offset is not None:
-                left -= 1
+                committing.append((delivery, True))
         if count:
             self.engine.schedule_pump()
         return offset
@@ -483,11 +502,17 @@ class ReceiverLink(_AttachedLink):
                 else:
                     self.on_message(raw)
                 continue
-            # a repeat (None: not handed out) stays unsettled too, and is accepted with the
-            # next delivery the application finishes: accepting it now would store an offset
-            # the application has not finished (after a cut, a group member's new link starts
-            # at the stored offset and repeats what the old one delivered)
-            self._held.append((current, self.on_message(raw)))
+            offset = self.on_message(raw)
+            if offset is not None:
+                self._held.append((current, offset, self.partition))
+            elif self.repeat is not None:  # held too: see `_repeats`
+                self._repeats.setdefault(self.partition, collections.deque()).append(
+                    (current, self.repeat)
+                )
+                self.repeat = None
+            else:  # not one of the broker's deliveries, or the consumer is closing
+                lib.pn_delivery_update(current, lib.PN_ACCEPTED)
+                settle(current)
         if raws:
             assert batch is not None
             batch(raws)
@@ -496,9 +521,10 @@ class ReceiverLink(_AttachedLink):
     def _broker_settled(self) -> None:
         """Settle, in order, the accepted deliveries the broker has settled."""
         committing, settled = self._committing, 0
-        while committing and lib.pn_delivery_settled(committing[0]):
-            lib.pn_delivery_settle(committing.popleft())
-            settled += 1
+        while committing and lib.pn_delivery_settled(committing[0][0]):
+            delivery, counted = committing.popleft()
+            lib.pn_delivery_settle(delivery)
+            settled += counted
         if settled:
             self.on_committed(settled)
 

@@ -266,36 +266,64 @@ def test_a_consumer_whose_connection_is_cut_resumes_without_gap_or_repeat() -> N
 
 def test_a_group_member_s_repeats_after_a_cut_are_not_committed_before_its_commit() -> None:
     """003 "Committing Offsets", `commit="manual"`: after a cut, a partition-agnostic member's
-    new link starts at the group's stored offset, so events the application took (and did not
-    commit) on the old link come again as repeats. They are dropped, and left unsettled until
-    the application's next commit: accepting them at once stored an offset the application
-    never committed (a crash then loses those events for the group)."""
+    new link starts at the group's stored offsets, so events the application took or had
+    buffered (not committed) on the old link come again as repeats. They are dropped, and
+    left unsettled until the application commits a later event of the same partition:
+    accepting them at once stored offsets the application never committed (a crash then lost
+    those events for the group), and accepting them with another partition's event would."""
 
     async def scenario(broker: MemoryBroker, url: str) -> None:
-        producer = await AsyncProducer.connect(url, "orders")
-        for i in range(10):
-            producer.send_nowait(b"g%d" % i)
-        await producer.flush()
+        broker.create_stream(StreamConfig(StreamName("two"), partitions=2))
+        producers = [await AsyncProducer.connect(url, "two", partition=p) for p in (0, 1)]
+        for p, producer in enumerate(producers):
+            for i in range(6):
+                producer.send_nowait(b"p%d-%d" % (p, i))
+            await producer.flush()
         consumer = await AsyncConsumer.connect(
-            url, "orders", group="billing", strategy="range", start="first",
+            url, "two", group="billing", strategy="range", start="first",
             commit="manual", credit=20, reconnect_timeout_s=10,
         )  # fmt: skip
-        assert [(await consumer.receive(5)).offset for _ in range(3)] == [0, 1, 2]
-        assert await consumer.commit() == 2
-        assert [(await consumer.receive(5)).offset for _ in range(3)] == [3, 4, 5]  # not committed
+
+        async def take(count: int) -> list[tuple[str | None, int]]:
+            return [((e := await consumer.receive(10)).partition, e.offset) for _ in range(count)]
+
+        def stored() -> dict[int, int]:
+            return {
+                p: o.offset
+                for p in (0, 1)
+                for o in broker.partition(
+                    StreamName("two"), PartitionId(p), write=False
+                ).offsets.values()
+            }
+
+        first = await take(4)
+        assert await consumer.commit() == first[-1][1]
+        committed = stored()
+        seen = set(first) | set(await take(4))  # taken, not committed
         consumer._engine.abort()
-        # 6-9 were buffered from the old link; the new one starts at 3: 3-9 are repeats
-        assert [(await consumer.receive(10)).offset for _ in range(4)] == [6, 7, 8, 9]
-        partition = broker.partition(StreamName("orders"), PartitionId(0), write=False)
+        seen |= set(await take(4))  # the rest, buffered from the old link; the new one repeats
+        assert seen == {(str(p), o) for p in (0, 1) for o in range(6)}
+        # the new link delivers its repeats: the 8 events not committed
+        for _ in range(200):
+            if sum(map(len, consumer._link._repeats.values())) == 8:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(map(len, consumer._link._repeats.values())) == 8
         await asyncio.sleep(0.5)  # past the store interval (limits.offset_commit_interval_ms)
-        assert [o.offset for o in partition.offsets.values()] == [2]  # before: 9
-        producer.send_nowait(b"g10")
-        await producer.flush()
-        assert (await consumer.receive(10)).offset == 10  # the new link's first
-        assert [o.offset for o in partition.offsets.values()] == [2]
-        assert await consumer.commit() == 10  # with the repeats before it
-        assert [o.offset for o in partition.offsets.values()] == [10]
+        assert stored() == committed  # before: every repeat's offset, committed by no one
+        producers[0].send_nowait(b"p0-6")
+        await producers[0].flush()
+        assert await take(1) == [("0", 6)]  # the new link's first event
+        assert await consumer.commit() == 6  # with partition 0's repeats before it
+        assert stored()[0] == 6
+        assert stored().get(1) == committed.get(1)  # partition 1's repeats: still not accepted
+        producers[1].send_nowait(b"p1-6")
+        await producers[1].flush()
+        assert await take(1) == [("1", 6)]
+        assert await consumer.commit() == 6
+        assert stored() == {0: 6, 1: 6}
         await consumer.close()
-        await producer.close()
+        for producer in producers:
+            await producer.close()
 
     run(scenario)
