@@ -56,6 +56,7 @@ def measure(
     partitions: int,
     count: int,
     stream: str | None = None,
+    *,
     replicas: int = REPLICAS,
 ) -> dict[str, Any]:
     stream = stream or f"parts-{partitions}"

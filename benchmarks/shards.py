@@ -4,8 +4,8 @@
   python benchmarks/shards.py [--runs 3] [--partitions 4] [--count 200000] [--out FILE]
 
 Per run and shard count S (alternating 1, 2, 1, 2, ...): a fresh `spate dev up --nodes 1
---shards S` (one host, fsync on as always; its idle gateway is not used), a stream of P partitions with 1 replica
-(placement gives each shard P/S of them), then
+--shards S` (one host, fsync on as always; its idle gateway is not used), a stream of P
+partitions with 1 replica (placement gives each shard P/S of them), then
 - W1: P native load clients (clients/amqp_load.c) publish COUNT/P 100-byte messages each with
   confirms (window 10,000/P), each straight to its partition's leader; aggregate = accepted /
   (earliest first send -> latest last confirm) (partitions.measure);

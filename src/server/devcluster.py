@@ -429,7 +429,10 @@ class DevCluster:
                 for _ in range(5):
                     ports.append(_free_port(taken))
                     taken.add(ports[-1])
-                entry = NodePlan(node_id, *ports)
+                amqp_port, admin_port, metadata_port, replication_port, metrics_port = ports
+                entry = NodePlan(
+                    node_id, amqp_port, admin_port, metadata_port, replication_port, metrics_port
+                )
                 if shards > 1:
                     entry = replace(entry, host=host, shard=index)
                 plan.append(entry)

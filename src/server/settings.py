@@ -19,8 +19,6 @@ LOG_FORMATS = ("text", "json")
 shards_max = 64
 """Shard processes of one node (ADR 0032): one per core; the port offsets (port + i) stay
 below the next default port (they are 100 apart)."""
-SHARD_PORTS = ("amqp_port", "admin_port", "metadata_port", "replication_port", "metrics_port")
-"""The listening ports a shard derives from the node's by adding its index."""
 
 DIALECTS = ("eventhubs",)
 """Vendor AMQP dialects a listener can speak besides Spate's own (ADR 0021)."""
@@ -293,10 +291,10 @@ def shard_settings(settings: NodeSettings, index: int) -> NodeSettings:
     domain = settings.failure_domain or settings.node_id
     if index == 0:
         return replace(settings, failure_domain=domain, shards=1)
-    ports = {
-        name: getattr(settings, name) + index if getattr(settings, name) else 0
-        for name in SHARD_PORTS
-    }
+
+    def port(base: int) -> int:
+        return base + index if base else 0
+
     shard0_metadata = f"{advertised_host(settings)}:{settings.metadata_port}"
     peers = settings.metadata_peers
     if settings.metadata_voter and shard0_metadata not in peers:
@@ -311,7 +309,11 @@ def shard_settings(settings: NodeSettings, index: int) -> NodeSettings:
         metadata_voter=False,
         metadata_peers=peers,
         advertise_amqp_port=None if amqp_advertised is None else amqp_advertised + index,
-        **ports,
+        amqp_port=port(settings.amqp_port),
+        admin_port=port(settings.admin_port),
+        metadata_port=port(settings.metadata_port),
+        replication_port=port(settings.replication_port),
+        metrics_port=port(settings.metrics_port),
     )
 
 

@@ -138,8 +138,11 @@ def supervise(settings: NodeSettings) -> int:
         try:
             shard.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.error("shard %s did not stop in %.0f s: killing it", shard.settings.node_id,
-                      stop_timeout_s)
+            log.error(
+                "shard %s did not stop in %.0f s: killing it",
+                shard.settings.node_id,
+                stop_timeout_s,
+            )
             shard.proc.kill()
             shard.proc.wait()
     log.info("node %s: every shard stopped", settings.node_id)

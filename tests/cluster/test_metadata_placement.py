@@ -363,9 +363,7 @@ def test_one_node_per_host_places_exactly_as_before_hosts_existed() -> None:
         nodes = [NodeId(f"n{i}") for i in rng.sample(range(1, 20), k)]
         r, p, start = rng.randint(1, k), rng.randint(1, 12), rng.randint(0, 50)
         ring = sorted(nodes)
-        before = tuple(
-            tuple(ring[(start + i + j) % k] for j in range(r)) for i in range(p)
-        )
+        before = tuple(tuple(ring[(start + i + j) % k] for j in range(r)) for i in range(p))
         assert place(p, r, nodes, start) == before
         assert place(p, r, nodes, start, {n: None for n in nodes}) == before
         assert place(p, r, nodes, start, {n: str(n) for n in nodes}) == before
@@ -421,8 +419,14 @@ def test_streams_are_placed_by_the_failure_domains_nodes_register() -> None:
     for node, domain in (("a", "A"), ("a-s1", "A"), ("b", "B"), ("b-s1", "B")):
         command = register(node)
         command = RegisterNode(
-            command.request_id, command.node, command.amqp, command.admin,
-            command.replication, None, T0, failure_domain=domain,
+            command.request_id,
+            command.node,
+            command.amqp,
+            command.admin,
+            command.replication,
+            None,
+            T0,
+            failure_domain=domain,
         )
         assert isinstance(state.apply(command), Applied)
     assert isinstance(state.apply(create("orders", partitions=4, replicas=2)), Applied)

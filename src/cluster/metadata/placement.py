@@ -110,6 +110,4 @@ def best_target(
     fewest of them, then the node hosting the fewest replicas, then the smallest id."""
     assert candidates, "no candidate"
     kept = [host_of(n, hosts) for n in keep]
-    return min(
-        candidates, key=lambda n: (kept.count(host_of(n, hosts)), hosted.get(n, 0), n)
-    )
+    return min(candidates, key=lambda n: (kept.count(host_of(n, hosts)), hosted.get(n, 0), n))
