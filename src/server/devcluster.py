@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,31 @@ def _free_port(taken: Collection[int] = ()) -> int:
                 continue
             return port
     raise Unavailable(f"no free port between {first} and {end} on {HOST}")
+
+
+def grow_plan(
+    plan: list[NodePlan], nodes: int, shards: int, draw_port: Callable[[], int]
+) -> list[NodePlan]:
+    """The plan with whatever is missing of `nodes` hosts of `shards` shard processes each
+    (ADR 0032: host n1 runs n1, n1-s1, ...), ports from `draw_port`; it only grows. A node
+    planned unsharded that grows shards gets its host named (the process registers it at its
+    next start; until then it is its own failure domain, which is the same name)."""
+    plan = list(plan)
+    by_id = {n.node_id: n for n in plan}
+    hosts = len(dict.fromkeys(n.host_id for n in plan))
+    for host_index in range(1, max(nodes, hosts) + 1):
+        host = f"n{host_index}"
+        for index in range(shards):
+            node_id = shard_id(host, index)
+            known = by_id.get(node_id)
+            if known is not None:
+                if shards > 1 and not known.host:
+                    plan[plan.index(known)] = replace(known, host=host, shard=index)
+                continue
+            amqp, admin, metadata, replication, metrics = (draw_port() for _ in range(5))
+            entry = NodePlan(node_id, amqp, admin, metadata, replication, metrics)
+            plan.append(replace(entry, host=host, shard=index) if shards > 1 else entry)
+    return sorted(plan, key=lambda n: (len(n.host_id), n.host_id, n.shard))
 
 
 class DevCluster:
@@ -415,28 +440,13 @@ class DevCluster:
                 f"dev down` and delete {self.dir} first"
             )
         taken = {port for node in plan for port in node.ports}
-        by_id = {n.node_id: n for n in plan}
-        for host_index in range(1, max(nodes, len(known_hosts)) + 1):
-            host = f"n{host_index}"
-            for index in range(shards):
-                node_id = shard_id(host, index)
-                known = by_id.get(node_id)
-                if known is not None:
-                    if shards > 1 and not known.host:  # a node growing shards: name its host
-                        plan[plan.index(known)] = replace(known, host=host, shard=index)
-                    continue
-                ports = []
-                for _ in range(5):
-                    ports.append(_free_port(taken))
-                    taken.add(ports[-1])
-                amqp_port, admin_port, metadata_port, replication_port, metrics_port = ports
-                entry = NodePlan(
-                    node_id, amqp_port, admin_port, metadata_port, replication_port, metrics_port
-                )
-                if shards > 1:
-                    entry = replace(entry, host=host, shard=index)
-                plan.append(entry)
-        plan.sort(key=lambda n: (len(n.host_id), n.host_id, n.shard))
+
+        def draw() -> int:
+            port = _free_port(taken)
+            taken.add(port)
+            return port
+
+        plan = grow_plan(plan, nodes, shards, draw)
         if not 0 <= gateways <= gateways_max:
             raise InvalidArgument(f"--gateways must be between 0 and {gateways_max}")
         gateway_plan = self._load_gateways()
