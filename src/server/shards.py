@@ -11,7 +11,8 @@ uses one. This process only starts and watches them:
   `restart_stable_s` of its start): like systemd's `Restart=on-failure` for one shard, without
   stopping the shards that still serve;
 - SIGTERM or SIGINT stops every shard (SIGTERM, then SIGKILL after `stop_timeout_s`), then it
-  exits 0.
+  exits 0; a supervisor killed outright takes its shards down too (each gets SIGTERM from the
+  kernel: PR_SET_PDEATHSIG).
 
 One supervisor per node keeps what operators run unchanged: one command, one unit, one config
 file. Operators who want one systemd unit per shard run `spate node run` once per shard with the
@@ -20,6 +21,8 @@ shard's own id, directory, ports and `--failure-domain` instead (docs/deploy.md)
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -43,6 +46,7 @@ restart_stable_s = 10.0
 """A shard that ran this long before exiting is restarted after `restart_backoff_s` again."""
 stop_timeout_s = 20.0
 poll_s = 0.2
+PR_SET_PDEATHSIG = 1
 
 
 def settings_json(settings: NodeSettings) -> str:
@@ -77,6 +81,7 @@ class _Shard:
             stdin=subprocess.PIPE,
             # its own session: a Ctrl-C reaches the supervisor, which stops the shards in order
             start_new_session=True,
+            preexec_fn=_stop_with_parent,  # noqa: PLW1509 (the supervisor runs no threads)
         )
         assert self.proc.stdin is not None
         self.proc.stdin.write(settings_json(s).encode())
@@ -84,6 +89,14 @@ class _Shard:
         self.started_at = time.monotonic()
         self.restart_at = None
         log.info("started shard %s (pid %d)", s.node_id, self.proc.pid)
+
+
+def _stop_with_parent() -> None:
+    """In the shard, before exec: SIGTERM it when the supervisor dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so no shard outlives its node's unit."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 def supervise(settings: NodeSettings) -> int:

@@ -192,5 +192,5 @@ def test_a_node_of_two_shards_serves_partitions_led_by_each_and_survives_a_shard
                 process.kill()
                 process.wait()
         if supervisor.poll() is None:
-            supervisor.kill()
+            supervisor.kill()  # its shards get SIGTERM from the kernel (PR_SET_PDEATHSIG)
             supervisor.wait()

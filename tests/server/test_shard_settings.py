@@ -5,6 +5,9 @@ plans hosts and shards (which ones vote)."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,32 @@ def test_dev_up_plans_hosts_of_shards_and_only_shard_0_of_three_hosts_votes(
     # and round-trips through cluster.json (entries written before shards have neither key)
     assert NodePlan(**grown[1].to_json()) == grown[1]
     assert "host" not in old[0].to_json()
+
+
+def test_a_shard_does_not_outlive_a_supervisor_killed_outright() -> None:
+    """PR_SET_PDEATHSIG: SIGKILL the process that started a child through `_stop_with_parent`
+    (as the supervisor starts its shards) and the child gets SIGTERM."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from spate.server.shards import _stop_with_parent\n"
+         "child = subprocess.Popen(['sleep', '60'], preexec_fn=_stop_with_parent)\n"
+         "print(child.pid, flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
