@@ -10,7 +10,7 @@ import random
 from collections import Counter
 
 from spate.cluster.metadata import limits
-from spate.cluster.metadata.placement import best_target, place
+from spate.cluster.metadata.placement import best_target, better_hosts_than, place
 from spate.cluster.metadata.state import (
     Applied,
     CreateStream,
@@ -444,3 +444,18 @@ def test_a_drained_replica_moves_to_a_host_the_partition_is_not_on() -> None:
     hosted = {NodeId("a-s1"): 0, NodeId("c"): 5}
     assert best_target([NodeId("a-s1"), NodeId("c")], [NodeId("b")], hosted, domains) == "a-s1"
     assert best_target([NodeId("a"), NodeId("c")], [NodeId("a-s1")], hosted, domains) == "c"
+
+
+def test_an_explicit_move_onto_a_host_the_partition_is_on_is_refused_if_another_host_is_free() -> (
+    None
+):
+    domains = hosts(a="A", a_s1="A", b="B", c="C")
+    live = [n for n in domains if n != "b"]  # the candidates: live nodes but the source
+    # orders/0 on a and b; moving b's replica to a-s1 would put both on host A while C is free
+    assert better_hosts_than(NodeId("a-s1"), [NodeId("a")], live, domains) == ["c"]
+    assert better_hosts_than(NodeId("c"), [NodeId("a")], live, domains) == []
+    # a one-host cluster of two shards has no better host: the move is allowed
+    one = hosts(n1="n1", n1_s1="n1")
+    assert better_hosts_than(NodeId("n1-s1"), [NodeId("n1")], list(one), one) == []
+    # nodes without failure domains (every cluster before shards): never refused
+    assert better_hosts_than(NodeId("n3"), [NodeId("n1")], ["n1", "n2", "n3"], {}) == []

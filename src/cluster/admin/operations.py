@@ -45,7 +45,7 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin.errors import ERROR_CODE_KEY
 from spate.cluster.metadata import limits as metadata_limits
-from spate.cluster.metadata.placement import best_target
+from spate.cluster.metadata.placement import best_target, better_hosts_than, host_of
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import ERROR_TYPES, OperationRecord
 from spate.core.errors import (
@@ -455,6 +455,17 @@ class Operations:
         if record.learners and record.learners != (to,):
             raise FailedPrecondition(
                 f"{name}/{pid} is already being moved to {','.join(record.learners)}"
+            )
+        statuses = self.metadata.node_statuses()
+        domains = {s.record.node: s.record.failure_domain for s in statuses}
+        keep = [n for n in record.replicas if n != source]
+        live = [s.record.node for s in statuses if s.alive and s.record.node != source]
+        better = better_hosts_than(to, keep, live, domains)
+        if better:
+            raise FailedPrecondition(
+                f"{to} runs on host {host_of(to, domains)}, which holds a replica of {name}/{pid} "
+                f"already: move it to a node of another host ({', '.join(sorted(better)[:5])}; "
+                "ADR 0032)"
             )
         return self._start(
             "move",

@@ -111,3 +111,18 @@ def best_target(
     assert candidates, "no candidate"
     kept = [host_of(n, hosts) for n in keep]
     return min(candidates, key=lambda n: (kept.count(host_of(n, hosts)), hosted.get(n, 0), n))
+
+
+def better_hosts_than(
+    target: NodeId,
+    keep: Sequence[NodeId],
+    candidates: Sequence[NodeId],
+    hosts: Mapping[NodeId, str | None],
+) -> list[NodeId]:
+    """For a move of one replica to `target` (`keep`: the replicas that stay): when `target`'s
+    host already holds one of them, the `candidates` on hosts holding none (the move would
+    needlessly put two replicas on one host); otherwise []."""
+    kept = {host_of(n, hosts) for n in keep}
+    if host_of(target, hosts) not in kept:
+        return []
+    return [n for n in candidates if n not in keep and host_of(n, hosts) not in kept]
