@@ -75,8 +75,10 @@ def stop_pids(pids: list[int]) -> None:
 class Cluster:
     """`spate dev up --nodes N` in a temp dir; a context manager that always tears it down."""
 
-    def __init__(self, nodes: int, data_dir: Path | None = None) -> None:
+    def __init__(self, nodes: int, data_dir: Path | None = None, shards: int = 1) -> None:
         self.nodes = nodes
+        self.shards = shards
+        """Shard processes per node (`spate dev up --shards`, ADR 0032)."""
         self.own_dir = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix=f"spate-bench{nodes}-"))
         self.pids: set[int] = set()
@@ -108,6 +110,8 @@ class Cluster:
             str(self.nodes),
             "--data-dir",
             str(self.data_dir),
+            "--shards",
+            str(self.shards),
         ]
         try:
             run([*cmd, "--output", "json"], DEV_UP_TIMEOUT_S)

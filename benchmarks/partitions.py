@@ -51,10 +51,16 @@ def commit() -> str:
 
 
 def measure(
-    c: Cluster, binary: Path, partitions: int, count: int, stream: str | None = None
+    c: Cluster,
+    binary: Path,
+    partitions: int,
+    count: int,
+    stream: str | None = None,
+    *,
+    replicas: int = REPLICAS,
 ) -> dict[str, Any]:
     stream = stream or f"parts-{partitions}"
-    c.create_stream(stream, replicas=REPLICAS, partitions=partitions)
+    c.create_stream(stream, replicas=replicas, partitions=partitions)
     leaders = c.leaders(stream)
     per, window = count // partitions, max(1, WINDOW // partitions)
     procs: list[tuple[int, subprocess.Popen[str]]] = []
@@ -96,7 +102,7 @@ def measure(
         "client": "c-proton",
         "stream": stream,
         "nodes": len(c.node_ids()),
-        "replicas": REPLICAS,
+        "replicas": replicas,
         "partitions": partitions,
         "count": per * partitions,
         "window_total": window * partitions,

@@ -1202,6 +1202,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
             "partitions_hosted": n.partitions_hosted,
             "partitions_led": n.partitions_led,
             "metadata_voter": n.metadata_voter,
+            "failure_domain": n.failure_domain or n.node_id,
         }
         for n in response.nodes
     ]
@@ -1246,10 +1247,11 @@ def _cluster_status(args: argparse.Namespace) -> int:
     if nodes:
         blocks.append(
             output.render_table(
-                ["REGISTERED NODE", "METADATA", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"],
+                ["REGISTERED NODE", "DOMAIN", "METADATA", "ALIVE", "HOSTS", "LEADS", "ENDPOINTS"],
                 [
                     [
                         n["node_id"],
+                        n["failure_domain"],
                         "voter" if n["metadata_voter"] else "non-voting",
                         output.liveness(n["alive"], n["heartbeat_age_ms"]),
                         str(n["partitions_hosted"]),

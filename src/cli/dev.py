@@ -53,6 +53,14 @@ def register(subparsers: Any) -> None:
         "rest non-voting; raising it on a running three-node cluster adds nodes",
     )
     up.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="shard processes per node, 1 to 8 (default: 1): node n1 runs n1, n1-s1, ..., each "
+        "owning a share of the partitions, so one host uses several cores (ADR 0032); only "
+        "shard 0 is a metadata voter; raising it on a running cluster adds shards",
+    )
+    up.add_argument(
         "--gateways",
         type=int,
         default=1,
@@ -122,7 +130,7 @@ def _up(args: argparse.Namespace) -> int:
         node_args=dialects,
         gateway_args=dialects,
     )
-    _print(cluster.up(args.nodes, args.gateways), args.output)
+    _print(cluster.up(args.nodes, args.gateways, args.shards), args.output)
     return 0
 
 

@@ -49,6 +49,20 @@ def register(subparsers: Any) -> None:
         help="Prometheus /metrics HTTP port (default 7900; 0 = any free)",
     )
     run.add_argument(
+        "--shards",
+        type=int,
+        help="run the node as this many shard processes (default 1), one per core: shard 0 is "
+        "the node itself, shard i is node ID-sI with data directory DATA_DIR-sI, every port "
+        "plus i and a non-voting metadata replica; this process supervises them (a shard that "
+        "exits is logged and restarted; SIGTERM stops all). See docs/adr/0032-node-shards.md",
+    )
+    run.add_argument(
+        "--failure-domain",
+        help="the host (machine) this node runs on: placement puts a partition's replicas on "
+        "distinct failure domains when there are enough (default: the node id with --shards "
+        "above 1, else none: the node is its own)",
+    )
+    run.add_argument(
         "--log-format",
         choices=("text", "json"),
         help="log lines as text (default) or JSON lines with node, stream, partition and link ids",
@@ -166,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
         "replication_port": args.replication_port,
         "metrics_port": args.metrics_port,
         "log_format": args.log_format,
+        "shards": args.shards,
+        "failure_domain": args.failure_domain,
         "metadata_peers": args.metadata_peers,
         "metadata_voter": False if args.metadata_observer else None,
         "users_file": args.users_file,
@@ -188,7 +204,12 @@ def _run(args: argparse.Namespace) -> int:
         "metadata_password": os.environ.get("SPATE_METADATA_PASSWORD"),
         "admin_token": _admin_token(args.admin_token_file),
     }
-    return main_run(load_settings(args.config, overrides))
+    settings = load_settings(args.config, overrides)
+    if settings.shards > 1:
+        from spate.server.shards import supervise
+
+        return supervise(settings)
+    return main_run(settings)
 
 
 def _admin_token(path: Path | None) -> str | None:

@@ -22,12 +22,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spate.core.errors import InvalidArgument, Unavailable
+from spate.server.settings import shard_id
 
 HOST = "127.0.0.1"
 CLUSTER_FILE = "cluster.json"
@@ -41,6 +42,8 @@ metadata_voters_max = 3
 nodes_max = 9
 """Nodes of a dev cluster: the first three are the metadata voters, the others non-voting
 metadata replicas (ADR 0022)."""
+shards_max = 8
+"""Shard processes per dev node (ADR 0032): one per core of the machine is the point."""
 node_start_timeout_s = 60.0
 node_stop_timeout_s = 15.0
 dev_port_min, dev_port_max = 20_000, 32_000
@@ -72,6 +75,15 @@ class NodePlan:
     replication_port: int
     metrics_port: int = 0
     """Prometheus /metrics (ADR 0023; 0 in plans written before it: one is drawn on load)."""
+    host: str = ""
+    """The simulated host (failure domain) the process belongs to: `n1` for n1 and its shards
+    n1-s1... (ADR 0032; empty in plans written before shards: the node id)."""
+    shard: int = 0
+    """Its shard index on that host; only shard 0 of the first three hosts votes."""
+
+    @property
+    def host_id(self) -> str:
+        return self.host or self.node_id
 
     @property
     def ports(self) -> tuple[int, int, int, int, int]:
@@ -91,7 +103,7 @@ class NodePlan:
             "metadata_port": self.metadata_port,
             "replication_port": self.replication_port,
             "metrics_port": self.metrics_port,
-        }
+        } | ({"host": self.host, "shard": self.shard} if self.host else {})
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -130,6 +142,31 @@ def _free_port(taken: Collection[int] = ()) -> int:
                 continue
             return port
     raise Unavailable(f"no free port between {first} and {end} on {HOST}")
+
+
+def grow_plan(
+    plan: list[NodePlan], nodes: int, shards: int, draw_port: Callable[[], int]
+) -> list[NodePlan]:
+    """The plan with whatever is missing of `nodes` hosts of `shards` shard processes each
+    (ADR 0032: host n1 runs n1, n1-s1, ...), ports from `draw_port`; it only grows. A node
+    planned unsharded that grows shards gets its host named (the process registers it at its
+    next start; until then it is its own failure domain, which is the same name)."""
+    plan = list(plan)
+    by_id = {n.node_id: n for n in plan}
+    hosts = len(dict.fromkeys(n.host_id for n in plan))
+    for host_index in range(1, max(nodes, hosts) + 1):
+        host = f"n{host_index}"
+        for index in range(shards):
+            node_id = shard_id(host, index)
+            known = by_id.get(node_id)
+            if known is not None:
+                if shards > 1 and not known.host:
+                    plan[plan.index(known)] = replace(known, host=host, shard=index)
+                continue
+            amqp, admin, metadata, replication, metrics = (draw_port() for _ in range(5))
+            entry = NodePlan(node_id, amqp, admin, metadata, replication, metrics)
+            plan.append(replace(entry, host=host, shard=index) if shards > 1 else entry)
+    return sorted(plan, key=lambda n: (len(n.host_id), n.host_id, n.shard))
 
 
 class DevCluster:
@@ -239,7 +276,11 @@ class DevCluster:
         return str(self._node_dir(node_id)).encode() in cmdline
 
     def _voters(self, plan: list[NodePlan]) -> list[NodePlan]:
-        return plan[:metadata_voters_max]
+        return [n for n in plan if n.shard == 0][:metadata_voters_max]
+
+    @staticmethod
+    def _hosts(plan: list[NodePlan]) -> list[str]:
+        return list(dict.fromkeys(n.host_id for n in plan))
 
     def _is_voter(self, node: NodePlan, plan: list[NodePlan]) -> bool:
         """As the node last recorded its metadata voters (`spate cluster add-voter` and
@@ -282,6 +323,7 @@ class DevCluster:
             "--metadata-peers",
             ",".join(peers),
             *([] if voter else ["--metadata-observer"]),
+            *(["--failure-domain", node.host] if node.host else []),
             *(["--require-defined-groups"] if self.require_defined_groups else []),
             *self.node_args,
         ]
@@ -375,28 +417,36 @@ class DevCluster:
         return "\n".join(text.splitlines()[-lines:])
 
     # -- commands ---------------------------------------------------------------------------
-    def up(self, nodes: int, gateways: int = 1) -> dict[str, Any]:
+    def up(self, nodes: int, gateways: int = 1, shards: int = 1) -> dict[str, Any]:
+        """Start what is missing of `nodes` hosts of `shards` shard processes each (ADR 0032:
+        host n1 runs n1, n1-s1, ...; the plan only grows)."""
         if not 1 <= nodes <= nodes_max:
             raise InvalidArgument(
                 f"--nodes must be between 1 and {nodes_max}: the first {metadata_voters_max} "
                 "are metadata voters, the others non-voting metadata replicas"
             )
-        plan = self._load_plan()
-        if plan and len(plan) < nodes and len(plan) < metadata_voters_max:
+        if not 1 <= shards <= shards_max:
             raise InvalidArgument(
-                f"this cluster was created with {len(plan)} node(s): all of them are metadata "
-                f"voters, and growing the voter set of a running cluster is not supported yet. "
-                f"A cluster of {metadata_voters_max} grows by non-voting nodes (--nodes "
-                f"{metadata_voters_max + 1} and more). Use a new --data-dir, or `spate dev "
-                f"down` and delete {self.dir} first"
+                f"--shards must be between 1 and {shards_max} (shard processes per node)"
+            )
+        plan = self._load_plan()
+        known_hosts = self._hosts(plan)
+        if plan and len(known_hosts) < nodes and len(known_hosts) < metadata_voters_max:
+            raise InvalidArgument(
+                f"this cluster was created with {len(known_hosts)} node(s): all of them are "
+                f"metadata voters, and growing the voter set of a running cluster is not "
+                f"supported yet. A cluster of {metadata_voters_max} grows by non-voting nodes "
+                f"(--nodes {metadata_voters_max + 1} and more). Use a new --data-dir, or `spate "
+                f"dev down` and delete {self.dir} first"
             )
         taken = {port for node in plan for port in node.ports}
-        while len(plan) < nodes:
-            ports = []
-            for _ in range(5):
-                ports.append(_free_port(taken))
-                taken.add(ports[-1])
-            plan.append(NodePlan(f"n{len(plan) + 1}", *ports))
+
+        def draw() -> int:
+            port = _free_port(taken)
+            taken.add(port)
+            return port
+
+        plan = grow_plan(plan, nodes, shards, draw)
         if not 0 <= gateways <= gateways_max:
             raise InvalidArgument(f"--gateways must be between 0 and {gateways_max}")
         gateway_plan = self._load_gateways()
@@ -470,6 +520,8 @@ class DevCluster:
                 "node_id": node.node_id,
                 "role": "node",
                 "metadata_voter": self._is_voter(node, plan),
+                "host": node.host_id,
+                "shard": node.shard,
                 "pid": pid,
                 "running": pid is not None,
                 "ready": bool(live and live.get("pid") == pid),

@@ -390,6 +390,7 @@ class NodeProcess:
             admin=e.admin,
             replication=e.replication,
             metadata=e.metadata or None,
+            failure_domain=self.settings.failure_domain,
         )
 
     async def _apply_metadata(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,10 @@ DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 LOG_FORMATS = ("text", "json")
 
+
+shards_max = 64
+"""Shard processes of one node (ADR 0032): one per core; the port offsets (port + i) stay
+below the next default port (they are 100 apart)."""
 
 DIALECTS = ("eventhubs",)
 """Vendor AMQP dialects a listener can speak besides Spate's own (ADR 0021)."""
@@ -86,11 +90,24 @@ class NodeSettings:
     """...or this long after the first one not stored (ADR 0012)."""
     dialects: tuple[str, ...] = ()
     """Vendor dialects the AMQP listener speaks besides Spate's own ("eventhubs", ADR 0021)."""
+    failure_domain: str | None = None
+    """The host (machine) this node runs on, registered in the metadata service: placement puts
+    a partition's replicas on distinct failure domains whenever there are enough (ADR 0032).
+    Default: the node id when `shards` > 1 (all shards share it), else none (the node is its
+    own failure domain)."""
+    shards: int = 1
+    """Shard processes to run this node as (ADR 0032), 1 to `shards_max`: shard 0 is the node
+    itself; shard i is node `<node_id>-s<i>` with data directory `<data_dir>-s<i>`, every port
+    (but 0) plus i, and a non-voting metadata replica (`shard_settings`)."""
     require_defined_groups: bool = False
     """Consumer groups (ADR 0015): refuse an attach naming a group that is not defined in the
     metadata service (`spate group create`) instead of creating it on first attach."""
 
     def validate(self) -> None:
+        if not 1 <= self.shards <= shards_max:
+            raise InvalidArgument(
+                f"shards must be 1-{shards_max} (one per core is the aim), got {self.shards}"
+            )
         unknown = sorted(set(self.dialects) - set(DIALECTS))
         if unknown:
             raise InvalidArgument(
@@ -255,6 +272,49 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> NodeSe
     settings = NodeSettings(**values)
     settings.validate()
     return settings
+
+
+def shard_id(node_id: str, index: int) -> str:
+    """Shard `index` of node `node_id`: the node's own id for shard 0 (so a node that grows
+    from one shard to several keeps its replicas), `<node_id>-s<index>` for the others."""
+    assert index >= 0, index
+    return node_id if index == 0 else f"{node_id}-s{index}"
+
+
+def shard_settings(settings: NodeSettings, index: int) -> NodeSettings:
+    """The settings of shard `index` (0 <= index < settings.shards) of a node (ADR 0032): its
+    own id, data directory and ports, the node's failure domain, and a non-voting metadata
+    replica for every shard but 0 (the metadata voter count must not grow with the cores)."""
+    assert 0 <= index < settings.shards, (index, settings.shards)
+    if settings.shards == 1:
+        return settings
+    domain = settings.failure_domain or settings.node_id
+    if index == 0:
+        return replace(settings, failure_domain=domain, shards=1)
+
+    def port(base: int) -> int:
+        return base + index if base else 0
+
+    shard0_metadata = f"{advertised_host(settings)}:{settings.metadata_port}"
+    peers = settings.metadata_peers
+    if settings.metadata_voter and shard0_metadata not in peers:
+        peers = (*peers, shard0_metadata)
+    amqp_advertised = settings.advertise_amqp_port
+    return replace(
+        settings,
+        node_id=shard_id(settings.node_id, index),
+        data_dir=settings.data_dir.with_name(f"{settings.data_dir.name}-s{index}"),
+        failure_domain=domain,
+        shards=1,
+        metadata_voter=False,
+        metadata_peers=peers,
+        advertise_amqp_port=None if amqp_advertised is None else amqp_advertised + index,
+        amqp_port=port(settings.amqp_port),
+        admin_port=port(settings.admin_port),
+        metadata_port=port(settings.metadata_port),
+        replication_port=port(settings.replication_port),
+        metrics_port=port(settings.metrics_port),
+    )
 
 
 def advertised_host(settings: NodeSettings) -> str:

@@ -297,8 +297,18 @@ class MetadataPlugin:
         command: Command
         if kind == "register":
             port = 5000 + _NODES.index(node) + rng.choice((0, 0, 100))  # sometimes moved
+            # a moved node also names a failure domain (ADR 0032; derived, so that no seed's
+            # draws shift): placement then spreads over hosts of two nodes
+            domain = None if port < 5100 else f"host{_NODES.index(node) % 2}"
             command = RegisterNode(
-                request, node, f"h:{port}", f"h:{port + 1}", f"h:{port + 2}", f"h:{port + 3}", now
+                request,
+                node,
+                f"h:{port}",
+                f"h:{port + 1}",
+                f"h:{port + 2}",
+                f"h:{port + 3}",
+                now,
+                failure_domain=domain,
             )
         elif kind == "heartbeat":
             command = Heartbeat(request, node, now)

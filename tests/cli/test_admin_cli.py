@@ -326,6 +326,7 @@ def test_cluster_status_in_both_formats(admin: str) -> None:
     assert registered[0].split() == [
         "REGISTERED",
         "NODE",
+        "DOMAIN",
         "METADATA",
         "ALIVE",
         "HOSTS",
@@ -333,7 +334,8 @@ def test_cluster_status_in_both_formats(admin: str) -> None:
         "ENDPOINTS",
     ]
     row = next(line for line in registered if line.startswith("n2 "))
-    assert row.split()[1:3] == ["non-voting", "yes"] and "replication=n2.invalid:7700" in row
+    assert row.split()[1:4] == ["n2", "non-voting", "yes"]
+    assert "replication=n2.invalid:7700" in row
 
 
 def test_admin_address_from_environment_and_endpoints_file(admin: str, tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ commands = st.one_of(
         replication=st.none() | texts,
         metadata=st.none() | texts,
         now_ms=ints,
+        failure_domain=st.none() | texts,
     ),
     st.builds(Heartbeat, request_id=request_ids, node=texts.map(NodeId), now_ms=ints),
     st.builds(
@@ -178,6 +179,7 @@ snapshots = st.builds(
             replication=st.none() | texts,
             metadata=st.none() | texts,
             heartbeat_ms=ints,
+            failure_domain=st.none() | texts,
         ),
         max_size=5,
     ).map(tuple),
@@ -495,3 +497,36 @@ def test_a_stream_s_filter_size_is_written_only_when_it_is_not_the_default() -> 
     assert isinstance(decoded, CreateStream) and decoded.config.filter_size_bytes == 64
     plain = encode_command(CreateStream(RequestId("r2"), StreamConfig(StreamName("o")), 1))
     assert b"filter_size_bytes" not in plain
+
+
+def test_a_node_s_failure_domain_is_written_only_when_set_and_old_records_still_load() -> None:
+    """ADR 0032: an unsharded node's registration and dump entry are byte for byte what
+    earlier builds wrote (so they read them); a sharded node's carry `failure_domain`."""
+    plain = RegisterNode(RequestId("r"), NodeId("n1"), "h:1", "h:2", "h:3", "h:4", 5)
+    old_bytes = (
+        b'\x02\x03{"admin":"h:2","amqp":"h:1","metadata":"h:4","node":"n1","now_ms":5,'
+        b'"replication":"h:3","request_id":"r"}'
+    )
+    assert encode_command(plain) == old_bytes
+    assert decode_command(old_bytes) == plain
+    sharded = RegisterNode(
+        RequestId("r2"), NodeId("n1-s1"), "h:1", "h:2", "h:3", None, 5, failure_domain="hostA"
+    )
+    encoded = encode_command(sharded)
+    assert b'"failure_domain":"hostA"' in encoded
+    assert decode_command(encoded) == sharded
+    with pytest.raises(CodecError, match="keys"):
+        decode_command(encoded.replace(b'"failure_domain"', b'"failure_domainX"'))
+    state = MetadataState()
+    state.apply(plain)
+    state.apply(sharded)
+    entry = LogEntry(b"", 1, 1)
+    checkpoint = RaftCheckpoint((entry, entry), ("h:4",))
+    dump = encode_dump(checkpoint, state.snapshot())
+    _, loaded = decode_dump(dump)
+    assert {n.node: n.failure_domain for n in loaded.nodes} == {"n1": None, "n1-s1": "hostA"}
+    # a dump written before the field (no key in its node entries) loads with None
+    old_state = MetadataState()
+    old_state.apply(plain)
+    _, old = decode_dump(encode_dump(checkpoint, old_state.snapshot()))
+    assert old.nodes[0].failure_domain is None

@@ -10,7 +10,7 @@ import random
 from collections import Counter
 
 from spate.cluster.metadata import limits
-from spate.cluster.metadata.placement import place
+from spate.cluster.metadata.placement import best_target, better_hosts_than, place
 from spate.cluster.metadata.state import (
     Applied,
     CreateStream,
@@ -346,3 +346,116 @@ def test_heartbeats_are_not_remembered_and_unknown_nodes_are_not_found() -> None
     assert len(state.snapshot().requests) == 1  # only the registration
     result = state.apply(Heartbeat(rid(), NodeId("n9"), T0))
     assert isinstance(result, Rejected) and result.code is ErrorCode.NOT_FOUND
+
+
+# Hosts and shards (ADR 0032) ---------------------------------------------------------------------
+
+
+def hosts(**domains: str) -> dict[NodeId, str | None]:
+    return {NodeId(n.replace("_", "-")): d for n, d in domains.items()}
+
+
+def test_one_node_per_host_places_exactly_as_before_hosts_existed() -> None:
+    """A metadata log written before failure domains replays to the same placement."""
+    rng = random.Random(32)
+    for _ in range(200):
+        k = rng.randint(1, 7)
+        nodes = [NodeId(f"n{i}") for i in rng.sample(range(1, 20), k)]
+        r, p, start = rng.randint(1, k), rng.randint(1, 12), rng.randint(0, 50)
+        ring = sorted(nodes)
+        before = tuple(tuple(ring[(start + i + j) % k] for j in range(r)) for i in range(p))
+        assert place(p, r, nodes, start) == before
+        assert place(p, r, nodes, start, {n: None for n in nodes}) == before
+        assert place(p, r, nodes, start, {n: str(n) for n in nodes}) == before
+
+
+def test_replicas_land_on_distinct_hosts_whenever_there_are_enough() -> None:
+    rng = random.Random(16)
+    for _ in range(300):
+        host_count = rng.randint(1, 4)
+        domains: dict[NodeId, str | None] = {}
+        for h in range(host_count):
+            for s in range(rng.randint(1, 3)):
+                domains[NodeId(f"h{h}" if s == 0 else f"h{h}-s{s}")] = f"host{h}"
+        nodes = list(domains)
+        r = rng.randint(1, len(nodes))
+        sets = place(rng.randint(1, 12), r, nodes, rng.randint(0, 40), domains)
+        for replica_set in sets:
+            assert len(set(replica_set)) == r
+            assert len({domains[n] for n in replica_set}) == min(r, host_count), replica_set
+
+
+def test_the_shards_of_a_host_share_its_leaders_and_replicas() -> None:
+    # two hosts of two shards each, R=2: every set spans both hosts, each shard leads 2 of 8
+    domains = hosts(a="A", a_s1="A", b="B", b_s1="B")
+    sets = place(8, 2, list(domains), 0, domains)
+    assert all({domains[n] for n in s} == {"A", "B"} for s in sets)
+    assert Counter(s[0] for s in sets) == dict.fromkeys(domains, 2)
+    assert Counter(n for s in sets for n in s) == dict.fromkeys(domains, 4)
+    # one host of two shards, replicas 1 (the 1-vs-2-shards benchmark): alternate
+    one = hosts(n1="n1", n1_s1="n1")
+    assert place(4, 1, list(one), 0, one) == (("n1",), ("n1-s1",), ("n1",), ("n1-s1",))
+
+
+def test_a_host_with_two_shards_and_two_hosts_with_one_under_three_replicas() -> None:
+    """The documented case (ADR 0032): every partition spans the three hosts; B and C hold a
+    replica of each, A's two shards split A's share and each leads one partition in four."""
+    domains = hosts(a="A", a_s1="A", b="B", c="C")
+    sets = place(4, 3, list(domains), 0, domains)
+    assert sets == (
+        ("a", "b", "c"),
+        ("b", "c", "a-s1"),
+        ("c", "a-s1", "b"),
+        ("a-s1", "b", "c"),
+    )
+    assert all(len({domains[n] for n in s}) == 3 for s in sets)
+    # one host with two shards cannot give R=2 two hosts: both shards hold the partition
+    one = hosts(n1="n1", n1_s1="n1")
+    assert place(2, 2, list(one), 0, one) == (("n1", "n1-s1"), ("n1-s1", "n1"))
+
+
+def test_streams_are_placed_by_the_failure_domains_nodes_register() -> None:
+    state = MetadataState()
+    for node, domain in (("a", "A"), ("a-s1", "A"), ("b", "B"), ("b-s1", "B")):
+        command = register(node)
+        command = RegisterNode(
+            command.request_id,
+            command.node,
+            command.amqp,
+            command.admin,
+            command.replication,
+            None,
+            T0,
+            failure_domain=domain,
+        )
+        assert isinstance(state.apply(command), Applied)
+    assert isinstance(state.apply(create("orders", partitions=4, replicas=2)), Applied)
+    sets = replica_sets(state, "orders")
+    assert sets == [("a", "b"), ("b", "a-s1"), ("a-s1", "b-s1"), ("b-s1", "a")]
+    bad = RegisterNode(rid(), NodeId("c"), "c:1", "c:2", "c:3", None, T0, failure_domain="a b")
+    rejected = state.apply(bad)
+    assert isinstance(rejected, Rejected) and "failure domain" in rejected.message
+
+
+def test_a_drained_replica_moves_to_a_host_the_partition_is_not_on() -> None:
+    domains = hosts(a="A", a_s1="A", b="B", c="C")
+    # the partition is on a and b; a is drained: a-s1 holds fewest but shares no host with b,
+    # c neither; the emptier wins. Were the partition on a-s1 and b, draining b picks c.
+    hosted = {NodeId("a-s1"): 0, NodeId("c"): 5}
+    assert best_target([NodeId("a-s1"), NodeId("c")], [NodeId("b")], hosted, domains) == "a-s1"
+    assert best_target([NodeId("a"), NodeId("c")], [NodeId("a-s1")], hosted, domains) == "c"
+
+
+def test_an_explicit_move_onto_a_host_the_partition_is_on_is_refused_if_another_host_is_free() -> (
+    None
+):
+    domains = hosts(a="A", a_s1="A", b="B", c="C")
+    live = [n for n in domains if n != "b"]  # the candidates: live nodes but the source
+    # orders/0 on a and b; moving b's replica to a-s1 would put both on host A while C is free
+    assert better_hosts_than(NodeId("a-s1"), [NodeId("a")], live, domains) == ["c"]
+    assert better_hosts_than(NodeId("c"), [NodeId("a")], live, domains) == []
+    # a one-host cluster of two shards has no better host: the move is allowed
+    one = hosts(n1="n1", n1_s1="n1")
+    assert better_hosts_than(NodeId("n1-s1"), [NodeId("n1")], list(one), one) == []
+    # nodes without failure domains (every cluster before shards): never refused
+    assert better_hosts_than(NodeId("n3"), [NodeId("n1")], ["n1", "n2", "n3"], {}) == []

@@ -159,6 +159,7 @@ def node_message(status: NodeStatus, voters: Sequence[str] = ()) -> pb.Registere
         partitions_hosted=status.partitions_hosted,
         partitions_led=status.partitions_led,
         metadata_voter=record.metadata is not None and record.metadata in voters,
+        failure_domain=record.failure_domain or "",
     )
 
 

@@ -45,6 +45,7 @@ from spate.api.v1 import admin_pb2 as pb
 from spate.api.v1 import admin_pb2_grpc as pb_grpc
 from spate.cluster.admin.errors import ERROR_CODE_KEY
 from spate.cluster.metadata import limits as metadata_limits
+from spate.cluster.metadata.placement import best_target, better_hosts_than, host_of
 from spate.cluster.metadata.service import MetadataService
 from spate.cluster.metadata.state import ERROR_TYPES, OperationRecord
 from spate.core.errors import (
@@ -455,6 +456,17 @@ class Operations:
             raise FailedPrecondition(
                 f"{name}/{pid} is already being moved to {','.join(record.learners)}"
             )
+        statuses = self.metadata.node_statuses()
+        domains = {s.record.node: s.record.failure_domain for s in statuses}
+        keep = [n for n in record.replicas if n != source]
+        live = [s.record.node for s in statuses if s.alive and s.record.node != source]
+        better = better_hosts_than(to, keep, live, domains)
+        if better:
+            raise FailedPrecondition(
+                f"{to} runs on host {host_of(to, domains)}, which holds a replica of {name}/{pid} "
+                f"already: move it to a node of another host ({', '.join(sorted(better)[:5])}; "
+                "ADR 0032)"
+            )
         return self._start(
             "move",
             f"{name}/{pid} {source}->{to}",
@@ -853,7 +865,8 @@ class Operations:
             raise Unavailable(f"{len(failed)} transfer(s) failed: " + "; ".join(failed))
 
     async def _evacuate(self, op: Operation, node: NodeId) -> None:
-        """Drain or remove: move every replica `node` holds to the live node holding fewest."""
+        """Drain or remove: move every replica `node` holds to a live node on a host (failure
+        domain) the partition's other replicas are not on, holding fewest (ADR 0032)."""
         todo = [p for p in self.metadata.partitions() if node in p.replicas]
         op.at(f"{len(todo)} replica(s) to move off {node}", 0.0)
         for i, placement in enumerate(todo):
@@ -869,7 +882,9 @@ class Operations:
                     f"no live node to move {placement.stream}/{placement.partition} to: it is "
                     f"on {','.join(placement.replicas)} already; add a node first"
                 )
-            target = min(candidates, key=lambda n: (hosted.get(n, 0), n))
+            domains = {r.node: r.failure_domain for r in self.metadata.nodes()}
+            keep = [n for n in placement.replicas if n != node]
+            target = best_target(candidates, keep, hosted, domains)
             low, high = i / len(todo), (i + 1) / len(todo)
             await self._move(op, placement.stream, placement.partition, node, target, low, high)
         op.at(f"{node} hosts no replica now", 1.0)

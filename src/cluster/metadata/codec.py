@@ -15,7 +15,10 @@ Record (a command in the Raft log, or a result):
                           "request_id": str}
     0x02  DeleteStream   {"name": str, "request_id": str}
     0x03  RegisterNode   {"admin": str, "amqp": str, "metadata": str|null, "node": str,
-                          "now_ms": int, "replication": str|null, "request_id": str}
+                          "now_ms": int, "replication": str|null, "request_id": str,
+                          "failure_domain": str}   (failure_domain: ADR 0032, written only
+                          when the node names one, so an unsharded node's record is what
+                          earlier builds wrote and read; read with or without it)
     0x04  Barrier        {"request_id": str}
     0x05  Heartbeat      {"node": str, "now_ms": int, "request_id": str}
     0x06  ReportLeader   {"epoch": int, "leader": str, "partition": int, "request_id": str,
@@ -40,6 +43,9 @@ Record (a command in the Raft log, or a result):
                           "request_id": str}                     -> replication, metadata None
     (0x05-0x0a do not exist in format 1 and are refused there.)
 
+    NODE      = {"admin": str, "amqp": str, "heartbeat_ms": int, "metadata": str|null,
+                 "node": str, "replication": str|null, "failure_domain": str}  (in the dump's
+                 "nodes"; failure_domain as in RegisterNode: only when set)
     CONFIG    = {"name": str, "partitions": int, "replicas": int, "retention": RETENTION,
                  "segment_bytes": int, "filter_size_bytes": int}   (filter_size_bytes:
                  written only when not the default, 16)
@@ -240,7 +246,8 @@ def encode_command(command: Command) -> bytes:
                 "replication": command.replication,
                 "metadata": command.metadata,
                 "now_ms": command.now_ms,
-            },
+            }
+            | _failure_domain_json(command.failure_domain),
         )
     if isinstance(command, Heartbeat):
         return _record(
@@ -308,7 +315,7 @@ def decode_command(data: bytes) -> Command:
     if tag == TAG_REGISTER_NODE:
         keys = {"request_id", "node", "amqp", "admin", "now_ms"}
         if version != 0x01:
-            keys |= {"replication", "metadata"}
+            keys |= {"replication", "metadata"} | _late_keys(body, "failure_domain")
         fields = _fields(body, "command", keys)
         return RegisterNode(
             RequestId(_str(fields["request_id"])),
@@ -318,6 +325,7 @@ def decode_command(data: bytes) -> Command:
             replication=_optional(fields.get("replication"), _str),
             metadata=_optional(fields.get("metadata"), _str),
             now_ms=_int(fields["now_ms"]),
+            failure_domain=_optional(fields.get("failure_domain"), _str),
         )
     if tag == TAG_BARRIER:
         fields = _fields(body, "command", {"request_id"})
@@ -676,6 +684,7 @@ def _snapshot_json(snapshot: MetadataSnapshot) -> dict[str, Any]:
                 "metadata": n.metadata,
                 "heartbeat_ms": n.heartbeat_ms,
             }
+            | _failure_domain_json(n.failure_domain)
             for n in snapshot.nodes
         ],
         "requests": [
@@ -715,7 +724,9 @@ def _snapshot(value: object, version: int) -> MetadataSnapshot:
     nodes = []
     for item in _list(fields["nodes"]):
         keys = {"node", "amqp", "admin", "heartbeat_ms"}
-        node = _fields(item, "node", keys if legacy else keys | {"replication", "metadata"})
+        if not legacy:
+            keys |= {"replication", "metadata"} | _late_keys(item, "failure_domain")
+        node = _fields(item, "node", keys)
         nodes.append(
             NodeRecord(
                 node=NodeId(_str(node["node"])),
@@ -724,6 +735,7 @@ def _snapshot(value: object, version: int) -> MetadataSnapshot:
                 replication=_optional(node.get("replication"), _str),
                 metadata=_optional(node.get("metadata"), _str),
                 heartbeat_ms=_int(node["heartbeat_ms"]),
+                failure_domain=_optional(node.get("failure_domain"), _str),
             )
         )
     requests = []
@@ -826,6 +838,18 @@ def _json(body: bytes) -> object:
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not allowed")
+
+
+def _failure_domain_json(domain: str | None) -> dict[str, Any]:
+    """The optional `failure_domain` key (ADR 0032): absent when None, so records of nodes
+    that name none are byte for byte what earlier builds wrote."""
+    return {} if domain is None else {"failure_domain": domain}
+
+
+def _late_keys(value: object, *names: str) -> set[str]:
+    """Those of `names` that `value` (a JSON object) holds: keys added after a record's
+    first format, present only when set."""
+    return {n for n in names if isinstance(value, dict) and n in value}
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

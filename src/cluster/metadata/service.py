@@ -413,16 +413,20 @@ class MetadataService:
         replication: str,
         metadata: str | None,
         now_ms: int | None = None,
+        failure_domain: str | None = None,
     ) -> None:
         """Record (or refresh) a node's endpoints (each HOST:PORT) and heartbeat time;
-        `metadata` None for a non-voting node (no metadata voter to reach; ADR 0022).
+        `metadata` None for a non-voting node (no metadata voter to reach; ADR 0022);
+        `failure_domain` the host it runs on, shared by a node's shards (ADR 0032).
 
         Call once when the node starts, before serving; then `heartbeat` every
         `limits.heartbeat_interval_ms`. Raises InvalidArgument for a bad id or endpoint.
         """
         stamp = _wall_clock_ms() if now_ms is None else now_ms
         await self._submit(
-            RegisterNode(_new_request_id(), node, amqp, admin, replication, metadata, stamp)
+            RegisterNode(
+                _new_request_id(), node, amqp, admin, replication, metadata, stamp, failure_domain
+            )
         )
 
     async def heartbeat(self, node_id: NodeId, now_ms: int | None = None) -> bool:

@@ -103,6 +103,7 @@ RequestId = NewType("RequestId", str)
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _ENDPOINT = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$")
+_FAILURE_DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,10 @@ class NodeRecord:
     replication: str | None  # host:port of its partition-replication transport; None: format 1
     metadata: str | None  # host:port of its metadata voter; None: registered by a format-1 build
     heartbeat_ms: int  # the node's wall clock at its last heartbeat or registration
+    failure_domain: str | None = None
+    """The host (machine) the node runs on, shared by the shard processes of one node (ADR
+    0032): placement spreads a partition's replicas over distinct ones. None: registered
+    without one (earlier builds, unsharded nodes): the node is its own failure domain."""
 
     def heartbeat_age_ms(self, now_ms: int) -> int:
         """Milliseconds since the last heartbeat by the caller's clock (0 if it is ahead)."""
@@ -338,6 +343,7 @@ class RegisterNode:
     replication: str | None  # None only in format-1 records
     metadata: str | None  # None only in format-1 records
     now_ms: int
+    failure_domain: str | None = None  # ADR 0032; None: the node is its own failure domain
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,6 +610,7 @@ class MetadataState:
                         config.replicas,
                         self._live_nodes(command.now_ms),
                         start=sum(r.config.partitions for r in view.streams.values()),
+                        hosts=self._failure_domains(),
                     )
                 )
             else:  # format 1: unplaced
@@ -761,6 +768,9 @@ class MetadataState:
                 "delete one first"
             )
 
+    def _failure_domains(self) -> dict[NodeId, str | None]:
+        return {n: record.failure_domain for n, record in self.view.nodes.items()}
+
     def _live_nodes(self, now_ms: int) -> list[NodeId]:
         return sorted(n for n, record in self.view.nodes.items() if record.alive(now_ms))
 
@@ -812,7 +822,9 @@ class MetadataState:
         streams = dict(view.streams)
         for index, name in enumerate(topology.partitions):
             config = replace(template, name=name)
-            (replicas,) = place(1, config.replicas, live, start=start + index)
+            (replicas,) = place(
+                1, config.replicas, live, start=start + index, hosts=self._failure_domains()
+            )
             streams[name] = StreamRecord(config, version, (PartitionRecord(replicas),))
         supers = dict(view.super_streams)
         supers[topology.name] = replace(topology, version=version)
@@ -900,6 +912,7 @@ class MetadataState:
             admin=command.admin,
             replication=command.replication,
             metadata=command.metadata,
+            failure_domain=command.failure_domain,
             # A registration applied late (retried after a leader change) never moves the
             # heartbeat back: the node would look dead (found by the metadata simulator).
             heartbeat_ms=command.now_ms
@@ -1021,5 +1034,10 @@ def _validate_node(command: RegisterNode) -> None:
             continue  # format-1 registrations carry only AMQP and admin
         if not _ENDPOINT.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536:
             raise InvalidArgument(f"invalid {label} endpoint {endpoint!r}: expected HOST:PORT")
+    if command.failure_domain is not None and not _FAILURE_DOMAIN.match(command.failure_domain):
+        raise InvalidArgument(
+            f"invalid failure domain {command.failure_domain!r}: use 1-253 letters, digits, "
+            "'.', '-' or '_' (the host name is a good one)"
+        )
     if command.now_ms < 0:
         raise InvalidArgument(f"heartbeat time must not be negative, got {command.now_ms}")
