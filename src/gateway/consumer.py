@@ -742,16 +742,18 @@ class ConsumerPart:
                     consumer.announce = False
                     first, rest = parts(run.timestamp_ms, source, active=True)
                     nbytes = send_run(
-                        lp, address, records[:1], first_offset, first, rest, tag + 1, presettled
-                    )
+                        lp, address, records[:1], first_offset, tag + 1,
+                        parts=(first, rest), presettled=presettled,
+                    )  # fmt: skip
                     nbytes += send_run(
-                        lp, address, records[1:], first_offset + 1, prefix, suffix, tag + 2,
-                        presettled,
+                        lp, address, records[1:], first_offset + 1, tag + 2,
+                        parts=(prefix, suffix), presettled=presettled,
                     )  # fmt: skip
                 else:
                     nbytes = send_run(
-                        lp, address, records, first_offset, prefix, suffix, tag + 1, presettled
-                    )
+                        lp, address, records, first_offset, tag + 1,
+                        parts=(prefix, suffix), presettled=presettled,
+                    )  # fmt: skip
                 tag += count
                 stats.messages_out += count  # once per run (ADR 0023)
                 stats.bytes_out += nbytes
@@ -864,17 +866,17 @@ class ConsumerPart:
                 first, rest = parts(run.timestamp_ms, source, associated=consumer.associated)
                 consumer.associated = None
                 nbytes = send_run(
-                    lp, address, records[:1], first_offset, first, rest, base | sequence,
-                    presettled,
+                    lp, address, records[:1], first_offset, base | sequence,
+                    parts=(first, rest), presettled=presettled,
                 )  # fmt: skip
                 nbytes += send_run(
-                    lp, address, records[1:], first_offset + 1, prefix, suffix,
-                    base | (sequence + 1), presettled,
+                    lp, address, records[1:], first_offset + 1, base | (sequence + 1),
+                    parts=(prefix, suffix), presettled=presettled,
                 )  # fmt: skip
             else:
                 nbytes = send_run(
-                    lp, address, records, first_offset, prefix, suffix, base | sequence,
-                    presettled,
+                    lp, address, records, first_offset, base | sequence,
+                    parts=(prefix, suffix), presettled=presettled,
                 )  # fmt: skip
             sequence += count
             track.next_tag = sequence

@@ -68,18 +68,20 @@ class Sender:
         link_address: int,
         records: Sequence[bytes | memoryview],
         first_offset: int,
-        prefix: bytes,
-        suffix: bytes,
         first_tag: int,
+        *,
+        parts: tuple[bytes, bytes],
         presettled: bool,
     ) -> int:
         """Send `records` as deliveries on `link` (`link_address` is `address(link)`): record i
-        with offset `first_offset + i` and tag `first_tag + i`; returns the bytes sent."""
+        with offset `first_offset + i` and tag `first_tag + i`, its delivery annotations
+        `prefix + <offset digits> + suffix` (`parts`, `sections.delivery_annotation_parts`);
+        returns the bytes sent."""
+        prefix, suffix = parts
         count = len(records)
         fast = self.native
         if fast is None or first_offset + count >= _OFFSETS_MAX or first_tag + count >= 2**64:
-            return self._send_python(link, records, first_offset, prefix, suffix, first_tag,
-                                     presettled)  # fmt: skip
+            return self._send_python(link, records, first_offset, first_tag, parts, presettled)
         sent = 0
         at = 0
         while at < count:
@@ -91,24 +93,23 @@ class Sender:
             if stopped >= count:
                 break
             # a header layout the C does not read: this one record the careful way
+            one = records[stopped : stopped + 1]
             sent += self._send_python(
-                link, records[stopped : stopped + 1], first_offset + stopped, prefix, suffix,
-                first_tag + stopped, presettled,
-            )  # fmt: skip
+                link, one, first_offset + stopped, first_tag + stopped, parts, presettled
+            )
             at = stopped + 1
         return sent
 
-    def _send_python(
+    def _send_python(  # noqa: PLR0917 (the hot path's positional call)
         self,
         link: Any,
         records: Sequence[bytes | memoryview],
         first_offset: int,
-        prefix: bytes,
-        suffix: bytes,
         first_tag: int,
+        parts: tuple[bytes, bytes],
         presettled: bool,
     ) -> int:
-        outs = sections.splice_run(records, first_offset, prefix, suffix)
+        outs = sections.splice_run(records, first_offset, *parts)
         new_delivery, send = lib.pn_delivery, lib.pn_link_send
         tag_view, tag_value, pack_tag = self._tag_view, self._tag_value, _TAG.pack_into
         tag = first_tag

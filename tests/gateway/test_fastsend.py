@@ -119,8 +119,9 @@ def run(use_native: bool, presettled: bool, first_tag: int) -> tuple[bytes, list
     prefix, suffix = sections.delivery_annotation_parts(1_700_000_000_123, "3")
     link = pair.sender._impl
     sent = sender.send_run(
-        link, fastsend.address(link), records(), 41, prefix, suffix, first_tag, presettled
-    )
+        link, fastsend.address(link), records(), 41, first_tag,
+        parts=(prefix, suffix), presettled=presettled,
+    )  # fmt: skip
     pair.pump()
     return bytes(pair.out), pair.received(), sent
 
@@ -149,7 +150,10 @@ def test_c_and_python_sends_put_the_same_bytes_on_the_wire(
 def test_an_empty_run_sends_nothing() -> None:
     pair = Pair(True)
     link = pair.sender._impl
-    assert fastsend.Sender().send_run(link, fastsend.address(link), [], 0, b"", b"", 1, True) == 0
+    sent = fastsend.Sender().send_run(
+        link, fastsend.address(link), [], 0, 1, parts=(b"", b""), presettled=True
+    )
+    assert sent == 0
     assert pair.sender.unsettled == 0 and pair.sender.queued == 0
 
 
