@@ -6,5 +6,5 @@ from setuptools import find_packages, setup
 setup(
     packages=["spate", "pyspark_spate"]
     + [f"spate.{name}" for name in find_packages("src", exclude=["spark.pyspark_spate"])],
-    package_data={"spate": ["py.typed"]},
+    package_data={"spate": ["py.typed"], "spate.gateway": ["_fastsend*.so"]},  # ADR 0030
 )

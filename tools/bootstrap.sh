@@ -9,11 +9,12 @@ VENV=.venv
 
 need_apt=()
 # libqpid-proton11-dev + gcc: the C load client used by benchmarks/ and tests/benchmarks/;
+# gcc + python3-dev: spate.gateway._fastsend, the consumers' run sends (ADR 0030);
 # iproute2 + nftables + iptables: the chaos suite's network namespaces, cuts (chaos/netns.py) and
 # NFQUEUE rules for its user-space netem (chaos/netem.py)
 # prometheus: promtool and the server, which tests/integration/test_metrics.py runs against a
 # dev cluster (the scrape config in deploy/prometheus/)
-for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc iproute2 nftables iptables prometheus; do
+for pkg in libssl-dev pkg-config libqpid-proton11-dev gcc python3-dev iproute2 nftables iptables prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
@@ -47,6 +48,9 @@ if ! "$VENV/bin/python" -c 'import proton, sys; sys.exit(0 if proton.SSL.present
 fi
 
 PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" tools/gen_proto.py
+
+# the consumers' run sends in C (ADR 0030; Spate falls back to Python without it)
+"$VENV/bin/python" tools/build_native.py --check >/dev/null || "$VENV/bin/python" tools/build_native.py
 
 # the Event Hubs SDK's own samples (tests/eventhubs run them unchanged but for the connection
 # string): they ship in its PyPI sdist, not in the wheel

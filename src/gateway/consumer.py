@@ -36,7 +36,7 @@ from spate.core import limits as core_limits
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.subentry import SubEntryRecords
-from spate.gateway import codec, eventhubs, info, links, sections
+from spate.gateway import codec, eventhubs, fastsend, info, links, sections
 from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import STOLEN, amqp_error, plain
 from spate.gateway.producer import Host, detach_all
@@ -87,6 +87,8 @@ class ConsumerLink:
     deliveries."""
     bulk_average: int = 0
     """Bulk links: bytes per message of the last frame (how many to take for the next)."""
+    address: int = 0
+    """`pointer` as an integer (`fastsend.address`), for the C sends."""
     eventhubs: bool = False
     """A link of the Event Hubs dialect (ADR 0021): each message gets the Event Hubs message
     annotations (`eventhubs.annotate`)."""
@@ -156,6 +158,8 @@ class ConsumerPart:
         self._tag_view = ffi.buffer(self._tag_buffer)
         self._tag_struct = ffi.new("pn_delivery_tag_t *", (_TAG.size, self._tag_buffer))
         self._tag_value = self._tag_struct[0]
+        self.sender = fastsend.Sender()
+        """The runs of plain and group-member links (`fastsend`: C when built)."""
 
     def open(
         self,
@@ -186,7 +190,7 @@ class ConsumerPart:
             link.snd_settle_mode = Link.SND_SETTLED
         state = ConsumerLink(
             link, link._impl, plan, presettled, sub_entries=as_is, bulk=in_bulk,
-            eventhubs=eventhubs,
+            address=fastsend.address(link._impl), eventhubs=eventhubs,
         )  # fmt: skip
         self.links[link._impl] = state
         if plan.name is not None and not presettled and not plan.shared:
@@ -688,14 +692,7 @@ class ConsumerPart:
         every record of it (`sections.splice_run`). Unsettled deliveries are proton's count
         (`pn_link_unsettled`); any ack arrives with input, which is followed by a pump."""
         more = False
-        new_delivery, send, advance, settle = (
-            lib.pn_delivery,
-            lib.pn_link_send,
-            lib.pn_link_advance,
-            lib.pn_delivery_settle,
-        )
-        tag_view, tag_value = self._tag_view, self._tag_value
-        pack_tag = _TAG.pack_into
+        send_run = self.sender.send_run
         parts = sections.delivery_annotation_parts
         stats: ListenerStats = self.ctx.stats
         for consumer in self.links.values():
@@ -725,7 +722,7 @@ class ConsumerPart:
                 elif lib.pn_link_get_drain(lp) and not plan.available():
                     lib.pn_link_drained(lp)
                 continue
-            presettled = consumer.presettled
+            presettled, address = consumer.presettled, consumer.address
             tag = consumer.tag
             sent = 0
             runs_sent = []
@@ -740,29 +737,26 @@ class ConsumerPart:
                 if consumer.eventhubs:
                     at, ms, annotate = run.first_offset, run.timestamp_ms, eventhubs.annotate
                     records = [annotate(r, at + i, ms) for i, r in enumerate(records)]
-                outs = sections.splice_run(records, run.first_offset, prefix, suffix)
+                first_offset, count = run.first_offset, len(records)
                 if consumer.announce:  # the first delivery since it took over says so
                     consumer.announce = False
                     first, rest = parts(run.timestamp_ms, source, active=True)
-                    outs[0] = sections.splice_run(records[:1], run.first_offset, first, rest)[0]
-                if presettled:
-                    # pn_delivery_settle advances the link past its current delivery itself:
-                    # three calls per message, not four (RESULTS §26)
-                    for out in outs:
-                        tag += 1
-                        pack_tag(tag_view, 0, tag)
-                        delivery = new_delivery(lp, tag_value)
-                        send(lp, out, len(out))
-                        settle(delivery)
+                    nbytes = send_run(
+                        lp, address, records[:1], first_offset, tag + 1,
+                        parts=(first, rest), presettled=presettled,
+                    )  # fmt: skip
+                    nbytes += send_run(
+                        lp, address, records[1:], first_offset + 1, tag + 2,
+                        parts=(prefix, suffix), presettled=presettled,
+                    )  # fmt: skip
                 else:
-                    for out in outs:
-                        tag += 1
-                        pack_tag(tag_view, 0, tag)
-                        new_delivery(lp, tag_value)
-                        send(lp, out, len(out))
-                        advance(lp)
-                stats.messages_out += len(outs)  # once per run (ADR 0023)
-                stats.bytes_out += sum(map(len, outs))
+                    nbytes = send_run(
+                        lp, address, records, first_offset, tag + 1,
+                        parts=(prefix, suffix), presettled=presettled,
+                    )  # fmt: skip
+                tag += count
+                stats.messages_out += count  # once per run (ADR 0023)
+                stats.bytes_out += nbytes
                 sent += len(run.records)
                 runs_sent.append(run)
             if consumer.tracker is not None and sent:
@@ -853,9 +847,9 @@ class ConsumerPart:
         `event-streams-associated-partitions-changed` (000 §4.6.5)."""
         tracks = consumer.tracks
         assert tracks is not None
-        lp, presettled = consumer.pointer, consumer.presettled
+        lp, presettled, address = consumer.pointer, consumer.presettled, consumer.address
         parts = sections.delivery_annotation_parts
-        tag_view, tag_value = self._tag_view, self._tag_value
+        send_run = self.sender.send_run
         now_ms = self.loop.time() * 1000
         sent = 0
         for run in consumer.plan.take(room):
@@ -864,28 +858,34 @@ class ConsumerPart:
                 continue  # given up meanwhile
             source = run.cursor.symbol
             prefix, suffix = parts(run.timestamp_ms, source)
-            outs = sections.splice_run(run.records, run.first_offset, prefix, suffix)
+            records, first_offset, count = run.records, run.first_offset, len(run.records)
+            base, sequence = track.pid << PARTITION_SHIFT, track.next_tag
+            assert sequence + count <= _SEQUENCE_MASK
+            track.tracker.sent(sequence, first_offset, count)
             if consumer.associated is not None:
                 first, rest = parts(run.timestamp_ms, source, associated=consumer.associated)
                 consumer.associated = None
-                outs[0] = sections.splice_run(run.records[:1], run.first_offset, first, rest)[0]
-            base, sequence = track.pid << PARTITION_SHIFT, track.next_tag
-            track.tracker.sent(sequence, run.first_offset, len(outs))
-            for out in outs:
-                _TAG.pack_into(tag_view, 0, base | sequence)
-                sequence += 1
-                delivery = lib.pn_delivery(lp, tag_value)
-                lib.pn_link_send(lp, out, len(out))
-                lib.pn_link_advance(lp)
-                if presettled:
-                    lib.pn_delivery_settle(delivery)
+                nbytes = send_run(
+                    lp, address, records[:1], first_offset, base | sequence,
+                    parts=(first, rest), presettled=presettled,
+                )  # fmt: skip
+                nbytes += send_run(
+                    lp, address, records[1:], first_offset + 1, base | (sequence + 1),
+                    parts=(prefix, suffix), presettled=presettled,
+                )  # fmt: skip
+            else:
+                nbytes = send_run(
+                    lp, address, records, first_offset, base | sequence,
+                    parts=(prefix, suffix), presettled=presettled,
+                )  # fmt: skip
+            sequence += count
             track.next_tag = sequence
             stats: ListenerStats = self.ctx.stats  # once per run (ADR 0023)
-            stats.messages_out += len(outs)
-            stats.bytes_out += sum(map(len, outs))
+            stats.messages_out += count
+            stats.bytes_out += nbytes
             if presettled:  # at most once: done as it is sent
                 track.tracker.done_through(sequence - 1, now_ms)
-            sent += len(outs)
+            sent += count
         return sent
 
     def _track_sent(self, consumer: ConsumerLink, last_tag: int, runs: list[Any]) -> None:

@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spate.core import frames, wire
-from spate.core.backend import OffsetSpec, ProducerInfo, PublishingIds
+from spate.core.backend import ChunkView, OffsetSpec, ProducerInfo, PublishingIds
 from spate.core.coordinator import GroupCoordinator
 from spate.core.errors import (
     BrokerError,
@@ -93,6 +94,13 @@ class _Reader:
     """The link's filter values (ADR 0016): chunks holding none are passed over."""
     resuming: bool = False
     """A push that passed over many chunks yielded; it goes on at the next loop turn."""
+    pending: deque[ChunkView] = field(default_factory=deque)
+    """Chunks read but not (wholly) pushed for want of credit, in log order: the next credit
+    takes from them before reading again. A read is up to `RECORDS_FRAME_BYTES_MAX` of whole
+    chunks (~8,000 records at 100 B) and the gateway grants credit a quarter of
+    `READ_CREDIT_RECORDS` (1,024) at a time: re-reading at each grant read, CRC-checked and
+    sliced about 8 times what it pushed (RESULTS §31). Bounded by one read per reader (~1 MiB,
+    or one chunk when larger), the order of what the gateway buffers for it (4,096 records)."""
 
 
 class WireSession:
@@ -525,18 +533,28 @@ class WireSession:
         filter, chunks that hold none of its values are passed over (their span said with a
         RECORDS of no record), a bounded number of reads per loop turn."""
         partition = state.partition
+        pending = state.pending
         state.resuming = False
         reads = 0
-        while state.credit > 0 and not self.closed and state.next_offset < partition.end_offset():
-            if reads >= PUSH_READS_PER_TURN:
-                state.resuming = True
-                self.loop.call_soon(self._resume, state)
-                return
-            reads += 1
-            chunks = partition.read(Offset(state.next_offset), RECORDS_FRAME_BYTES_MAX, state.where)
-            if not chunks:
-                return
-            for chunk in chunks:
+        while (
+            state.credit > 0
+            and not self.closed
+            and (pending or state.next_offset < partition.end_offset())
+        ):
+            if not pending:
+                if reads >= PUSH_READS_PER_TURN:
+                    state.resuming = True
+                    self.loop.call_soon(self._resume, state)
+                    return
+                reads += 1
+                chunks = partition.read(
+                    Offset(state.next_offset), RECORDS_FRAME_BYTES_MAX, state.where
+                )
+                if not chunks:
+                    return
+                pending.extend(chunks)
+            while pending:
+                chunk = pending.popleft()
                 first = int(chunk.first_offset)
                 records = chunk.records
                 if not records:  # a skip mark
@@ -560,7 +578,9 @@ class WireSession:
                     first = state.next_offset
                 if not records:
                     continue
-                records = records[: state.credit]
+                if len(records) > state.credit:
+                    pending.appendleft(chunk)  # the rest for the next credit
+                    records = records[: state.credit]
                 self.send(wire.encode_records(state.sub, first, chunk.timestamp_ms, records))
                 state.next_offset = first + len(records)
                 state.credit -= len(records)

@@ -348,3 +348,41 @@ def test_an_operation_at_the_leader_waits_a_moment_for_the_table_to_name_one(
         assert (await claim).active
 
     run(tmp_path, scenario)
+
+
+def test_a_chunk_larger_than_the_credit_is_read_once_and_pushed_across_grants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node keeps what it read but had no credit to push (RESULTS §31): a chunk of 2,000
+    records pushed under grants of 10 arrives whole and in order, from one read of the log, not
+    one read per grant."""
+    from spate.node.replication.partition import ReplicatedPartition
+
+    monkeypatch.setattr(remote, "READ_CREDIT_RECORDS", 40)  # grants of 10
+    reads: list[int] = []
+    log_read = ReplicatedPartition.read
+
+    def counted(self: ReplicatedPartition, start: Offset, *args: Any, **kw: Any) -> Any:
+        reads.append(int(start))
+        return log_read(self, start, *args, **kw)
+
+    monkeypatch.setattr(ReplicatedPartition, "read", counted)
+
+    async def scenario(broker: ProxyBroker) -> list[bytes]:
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        await writer.append([f"r{i}".encode() for i in range(2000)])  # one chunk
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        offset = int(await reader.begin([OffsetSpec.first()]))
+        got: list[bytes] = []
+        while offset < 2000:
+            for chunk in reader.read(Offset(offset), 1 << 20):
+                records = chunk.records[offset - int(chunk.first_offset) :]
+                got.extend(bytes(r) for r in records)
+                offset += len(records)
+            await asyncio.sleep(0)
+        reader.detach()
+        return got
+
+    assert run(tmp_path, scenario) == [f"r{i}".encode() for i in range(2000)]
+    assert len(reads) <= 2, reads  # before: one per grant, 50 here
