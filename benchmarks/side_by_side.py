@@ -2,7 +2,8 @@
 """Spate beside RabbitMQ Streams and NATS JetStream, three replicas each, in one run (issue 16).
 
   python benchmarks/side_by_side.py [--runs 3] [--sizes 100,1024,16384] [--partitions 1,3,12]
-      [--duration 20] [--no-peers | --peer rabbitmq|nats ...] [--no-w3] [--quick] [--out-dir DIR]
+      [--duration 20] [--no-peers | --peer rabbitmq|nats ...] [--no-w3 | --w3-only [--w1]]
+      [--quick] [--out-dir DIR]
 
 Systems, all up at once for the whole run (so that every run meets the same machine):
   spate-direct   `spate dev up --nodes 3` (a proxy gateway beside it), streams with 3 replicas,
@@ -227,7 +228,10 @@ def spate_w1_w2(
         t1 = t2 = s.via_gateway()
     else:
         t1, t2 = s.node(s.c.node_ids()[0]), s.node(s.follower(leader))
-    results = [workload.w1(s.binary, t1, wl), _w2(s, t2, wl, settled=True)]
+    results = [workload.w1(s.binary, t1, wl)]
+    if w.w3_only:
+        return results  # --w3-only --w1: the publish rate only
+    results.append(_w2(s, t2, wl, settled=True))
     if system == "spate-direct":
         acked = _w2(s, t2, wl, settled=False)
         acked["system"] = "spate-direct-acked"
@@ -263,7 +267,7 @@ def run_once(
     shift = (run - 1) % len(systems)
     order = systems[shift:] + systems[:shift]
     by_name = {p.name: p for p in peers}
-    for size in w.sizes:
+    for size in w.sizes[:1] if w.w3_only and w.w1 else [] if w.w3_only else w.sizes:
         count = max(1000, COUNTS.get(size, 100_000) // (10 if w.quick else 1))
         for system in order:
             label = f"{system}/run{run}"
@@ -271,10 +275,9 @@ def run_once(
                 if system in by_name:
                     peer = by_name[system]
                     stream = f"sbs{size}r{run}"
-                    rows = [
-                        peer.run("w1", stream, size, count, w),
-                        peer.run("w2", stream, size, count, w),
-                    ]
+                    rows = [peer.run("w1", stream, size, count, w)]
+                    if not w.w3_only:
+                        rows.append(peer.run("w2", stream, size, count, w))
                     pids = peer.pids()
                 else:
                     rows = spate_w1_w2(s, system, size, count, w=w, label=label)
@@ -468,12 +471,24 @@ def main() -> int:
     ap.add_argument(
         "--no-w3", action="store_true", help="W1/W2 only (with --partitions '': no partitions)"
     )
+    ap.add_argument(
+        "--w3-only",
+        action="store_true",
+        help="W3 only (no W1/W2, no partitions; with --w1 also W1 at the first --sizes)",
+    )
+    ap.add_argument(
+        "--w1", action="store_true", help="with --w3-only: W1 publish too (throughput check)"
+    )
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages, W3 5 s")
     ap.add_argument("--out-dir", type=Path)
     ap.add_argument("--summarize", type=Path, help="only rebuild summary.md and the chart")
     w = ap.parse_args()
     w.sizes = [int(x) for x in w.sizes.split(",") if x]
     w.partitions = [int(x) for x in w.partitions.split(",") if x]
+    if w.w3_only:
+        w.partitions = []
+        if w.no_w3:
+            ap.error("--w3-only and --no-w3 exclude each other")
     if w.quick:
         w.duration = min(w.duration, 5.0)
     if w.summarize:

@@ -671,6 +671,8 @@ class ShellCluster(SimLoop[_Event]):
 
     def _drive(self, node: _Node) -> None:
         """What host.py's driver loop does when woken, with the sync as a disk event."""
+        if node.up and node.batch is not None and node.woken:
+            node.driver.send_early()  # host.py: woken while the fsyncs run
         runs = 0
         while node.up and node.batch is None and node.woken:
             node.woken = False
