@@ -110,6 +110,9 @@ class ShellBugs:
 
     ack_before_fsync: bool = False
     """Every message of a Ready leaves at write time: followers ack before their fsync."""
+    early_sends_all: bool = False
+    """Between batches (`ReplicationDriver.send_early`, a message received) every message the
+    core has queued leaves, not only a leader's Appends (ADR 0030): acks before the fsync."""
     skip_fsync: bool = False
     """The batch marks writes synced without fsyncing them (PartitionLog acks from the page
     cache)."""
@@ -306,6 +309,13 @@ class _SimDriver(ReplicationDriver[_SimReplica]):
         if self.sim.options.bugs.ack_before_fsync:
             return ()
         return super()._late_messages(ready)
+
+    def _early_leader_messages(self, group: _SimReplica) -> Sequence[Message]:
+        if self.sim.options.bugs.early_sends_all:
+            raft = group.raft
+            taken, raft._outbox = tuple(raft._outbox), []  # the planted bug
+            return taken
+        return super()._early_leader_messages(group)
 
     def run_syncs(self, batch: Batch[_SimReplica]) -> dict[_SimReplica, str]:
         if self.sim.options.bugs.skip_fsync:
