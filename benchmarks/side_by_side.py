@@ -19,9 +19,11 @@ RSS of every server process after W2; then W3 (100-byte messages at 5,000/s for 
 consumer on a follower for spate-direct, also on the leader, and via the gateway); then Spate's
 aggregate publish rate with 1, 3 and 12 partitions (partitions.py). COUNT per size keeps the
 bytes moderate: 200,000 at 100 B, 100,000 at 1 KiB, 20,000 at 16 KiB (--quick: a tenth, W3 5 s).
-Spate's W2 consumer asks for pre-settled deliveries (`--settled`, no disposition per message:
-the stream protocol's consumers do not acknowledge messages either); W2 with an `accepted` per
-message is measured beside it as `spate-direct-acked`.
+--w3-only runs W3 alone, with --w1 also W1 at the first --sizes (latency work, issue 16: W3
+before and after, and the publish rate it must not cost). Spate's W2 consumer asks for
+pre-settled deliveries (`--settled`, no disposition per message: the stream protocol's consumers
+do not acknowledge messages either); W2 with an `accepted` per message is measured beside it as
+`spate-direct-acked`.
 
 Writes JSON lines (`results.jsonl`), `summary.md` (medians with min-max, ratios Spate/peer) and
 `side_by_side.png` into --out-dir (default benchmarks/results/<UTC date>/side-by-side). Every
