@@ -21,6 +21,12 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; the
    shell goes again while anything woke it.
 
+A leader's Appends need not wait for a batch (ADR 0030): `receive` sends what a leader's core
+queued as it steps each message (the commit advance an ack made), and `send_early`, which the
+shell calls when woken while step 2 runs, sends what woken leaders queued meanwhile (entries
+proposed during the fsyncs); `Raft.take_leader_messages` hands out only what a leader may send
+before its own write.
+
 Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the local groups,
 and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
 for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
