@@ -2,7 +2,8 @@
 """Spate beside RabbitMQ Streams and NATS JetStream, three replicas each, in one run (issue 16).
 
   python benchmarks/side_by_side.py [--runs 3] [--sizes 100,1024,16384] [--partitions 1,3,12]
-      [--duration 20] [--no-peers | --peer rabbitmq|nats ...] [--no-w3] [--quick] [--out-dir DIR]
+      [--duration 20] [--no-peers | --peer rabbitmq|nats ...] [--no-w3 | --w3-only [--w1]]
+      [--quick] [--out-dir DIR]
 
 Systems, all up at once for the whole run (so that every run meets the same machine):
   spate-direct   `spate dev up --nodes 3` (a proxy gateway beside it), streams with 3 replicas,
@@ -18,9 +19,11 @@ RSS of every server process after W2; then W3 (100-byte messages at 5,000/s for 
 consumer on a follower for spate-direct, also on the leader, and via the gateway); then Spate's
 aggregate publish rate with 1, 3 and 12 partitions (partitions.py). COUNT per size keeps the
 bytes moderate: 200,000 at 100 B, 100,000 at 1 KiB, 20,000 at 16 KiB (--quick: a tenth, W3 5 s).
-Spate's W2 consumer asks for pre-settled deliveries (`--settled`, no disposition per message:
-the stream protocol's consumers do not acknowledge messages either); W2 with an `accepted` per
-message is measured beside it as `spate-direct-acked`.
+--w3-only runs W3 alone, with --w1 also W1 at the first --sizes (latency work, issue 16: W3
+before and after, and the publish rate it must not cost). Spate's W2 consumer asks for
+pre-settled deliveries (`--settled`, no disposition per message: the stream protocol's consumers
+do not acknowledge messages either); W2 with an `accepted` per message is measured beside it as
+`spate-direct-acked`.
 
 Writes JSON lines (`results.jsonl`), `summary.md` (medians with min-max, ratios Spate/peer) and
 `side_by_side.png` into --out-dir (default benchmarks/results/<UTC date>/side-by-side). Every
@@ -227,7 +230,10 @@ def spate_w1_w2(
         t1 = t2 = s.via_gateway()
     else:
         t1, t2 = s.node(s.c.node_ids()[0]), s.node(s.follower(leader))
-    results = [workload.w1(s.binary, t1, wl), _w2(s, t2, wl, settled=True)]
+    results = [workload.w1(s.binary, t1, wl)]
+    if w.w3_only:
+        return results  # --w3-only --w1: the publish rate only
+    results.append(_w2(s, t2, wl, settled=True))
     if system == "spate-direct":
         acked = _w2(s, t2, wl, settled=False)
         acked["system"] = "spate-direct-acked"
@@ -263,7 +269,7 @@ def run_once(
     shift = (run - 1) % len(systems)
     order = systems[shift:] + systems[:shift]
     by_name = {p.name: p for p in peers}
-    for size in w.sizes:
+    for size in w.sizes[:1] if w.w3_only and w.w1 else [] if w.w3_only else w.sizes:
         count = max(1000, COUNTS.get(size, 100_000) // (10 if w.quick else 1))
         for system in order:
             label = f"{system}/run{run}"
@@ -271,10 +277,9 @@ def run_once(
                 if system in by_name:
                     peer = by_name[system]
                     stream = f"sbs{size}r{run}"
-                    rows = [
-                        peer.run("w1", stream, size, count, w),
-                        peer.run("w2", stream, size, count, w),
-                    ]
+                    rows = [peer.run("w1", stream, size, count, w)]
+                    if not w.w3_only:
+                        rows.append(peer.run("w2", stream, size, count, w))
                     pids = peer.pids()
                 else:
                     rows = spate_w1_w2(s, system, size, count, w=w, label=label)
@@ -468,12 +473,24 @@ def main() -> int:
     ap.add_argument(
         "--no-w3", action="store_true", help="W1/W2 only (with --partitions '': no partitions)"
     )
+    ap.add_argument(
+        "--w3-only",
+        action="store_true",
+        help="W3 only (no W1/W2, no partitions; with --w1 also W1 at the first --sizes)",
+    )
+    ap.add_argument(
+        "--w1", action="store_true", help="with --w3-only: W1 publish too (throughput check)"
+    )
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages, W3 5 s")
     ap.add_argument("--out-dir", type=Path)
     ap.add_argument("--summarize", type=Path, help="only rebuild summary.md and the chart")
     w = ap.parse_args()
     w.sizes = [int(x) for x in w.sizes.split(",") if x]
     w.partitions = [int(x) for x in w.partitions.split(",") if x]
+    if w.w3_only:
+        w.partitions = []
+        if w.no_w3:
+            ap.error("--w3-only and --no-w3 exclude each other")
     if w.quick:
         w.duration = min(w.duration, 5.0)
     if w.summarize:

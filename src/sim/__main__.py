@@ -178,6 +178,7 @@ _CORE_BUGS = {
 }
 _SHELL_BUGS = {
     "ack-before-fsync": ShellBugs(ack_before_fsync=True),
+    "early-sends-all": ShellBugs(early_sends_all=True),
     "skip-fsync": ShellBugs(skip_fsync=True),
     "catchup-uncommitted": ShellBugs(catchup_uncommitted=True),
     "retention-without-floor": ShellBugs(retention_without_floor=True),

@@ -110,6 +110,9 @@ class ShellBugs:
 
     ack_before_fsync: bool = False
     """Every message of a Ready leaves at write time: followers ack before their fsync."""
+    early_sends_all: bool = False
+    """Between batches (`ReplicationDriver.send_early`, a message received) every message the
+    core has queued leaves, not only a leader's Appends (ADR 0033): acks before the fsync."""
     skip_fsync: bool = False
     """The batch marks writes synced without fsyncing them (PartitionLog acks from the page
     cache)."""
@@ -306,6 +309,13 @@ class _SimDriver(ReplicationDriver[_SimReplica]):
         if self.sim.options.bugs.ack_before_fsync:
             return ()
         return super()._late_messages(ready)
+
+    def _early_leader_messages(self, group: _SimReplica) -> Sequence[Message]:
+        if self.sim.options.bugs.early_sends_all:
+            raft = group.raft
+            taken, raft._outbox = tuple(raft._outbox), []  # the planted bug
+            return taken
+        return super()._early_leader_messages(group)
 
     def run_syncs(self, batch: Batch[_SimReplica]) -> dict[_SimReplica, str]:
         if self.sim.options.bugs.skip_fsync:
@@ -671,6 +681,8 @@ class ShellCluster(SimLoop[_Event]):
 
     def _drive(self, node: _Node) -> None:
         """What host.py's driver loop does when woken, with the sync as a disk event."""
+        if node.up and node.batch is not None and node.woken:
+            node.driver.send_early()  # host.py: woken while the fsyncs run
         runs = 0
         while node.up and node.batch is None and node.woken:
             node.woken = False

@@ -194,6 +194,42 @@ def test_commit_needs_a_majority_of_persisted_copies_counting_the_leader_disk() 
     group.release("n1")
 
 
+def test_a_leaders_appends_and_commit_advances_leave_while_its_ready_is_outstanding() -> None:
+    """Issue 16, ADR 0033: between `ready()` and `advance()` (its fsync running) a leader's new
+    entries, and the commit its followers' acks made, come out of `take_leader_messages` at
+    once rather than in the next Ready; the followers commit while the leader's disk has not
+    synced either entry. Nothing else leaves early: a follower's acks wait for its Ready."""
+    group = Group(3)
+    group.elect("n1")
+    group.hold("n1")
+    propose(group, "n1", b"x")  # in the held Ready: its Appends are pending already
+    second = propose(group, "n1", b"y")  # proposed while that Ready is outstanding
+    early = group["n1"].take_leader_messages()
+    assert sorted((m.target, m.entries[-1].index) for m in early if isinstance(m, Append)) == [
+        (N2, second.index),
+        (N3, second.index),
+    ]
+    assert group["n1"].take_leader_messages() == ()
+    group.pending.extend(early)
+    group.deliver()  # the followers persist both entries and ack
+    assert group["n2"].take_leader_messages() == ()
+    group.deliver()  # the acks: 2 of 3 copies persisted without the leader's
+    assert group["n1"].status().persisted < second.index
+    assert group["n1"].status().commit == second.index
+    commit = group["n1"].take_leader_messages()
+    assert sorted((m.target, m.commit) for m in commit if isinstance(m, Append)) == [
+        (N2, second.index),
+        (N3, second.index),
+    ]
+    group.pending.extend(commit)
+    group.deliver()
+    assert group["n2"].status().commit == group["n3"].status().commit == second.index
+    assert group.applied_payloads("n2") == [b"x", b"y"]
+    group.release("n1")
+    group.stabilize()
+    assert group.applied_payloads("n1") == [b"x", b"y"]
+
+
 def test_leader_epoch_increases_with_every_new_leader_and_is_reported() -> None:
     group = Group(3)
     group.elect("n1")

@@ -108,6 +108,13 @@ def test_acks_sent_before_the_fsync_are_caught() -> None:
     assert any(f.startswith("acknowledged-durable:") for f in failures), failures
 
 
+def test_acks_sent_between_batches_are_caught() -> None:
+    """ADR 0033's early sends, widened to every queued message (`_early_leader_messages`): a
+    follower's ack leaves as it steps the Append, before its write and fsync."""
+    failures = _until_caught(ShellBugs(early_sends_all=True), "acknowledged-durable:")
+    assert any(f.startswith("acknowledged-durable:") for f in failures), failures
+
+
 def test_a_batch_that_skips_its_fsync_is_caught() -> None:
     """The PartitionLog acks from the page cache: acknowledged entries vanish in a crash."""
     failures = _until_caught(ShellBugs(skip_fsync=True), "acknowledged-durable:")

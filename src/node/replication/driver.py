@@ -21,6 +21,12 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; the
    shell goes again while anything woke it.
 
+A leader's Appends need not wait for a batch (ADR 0033): `receive` sends what a leader's core
+queued as it steps each message (the commit advance an ack made), and `send_early`, which the
+shell calls when woken while step 2 runs, sends what woken leaders queued meanwhile (entries
+proposed during the fsyncs); `Raft.take_leader_messages` hands out only what a leader may send
+before its own write.
+
 Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the local groups,
 and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
 for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
@@ -349,6 +355,20 @@ class ReplicationDriver(Generic[R]):
             self._dirty[(group.stream, group.partition)] = group  # it may have more work
         self.wake()
 
+    def send_early(self) -> None:
+        """Between a batch's steps 1 and 3, when woken while its fsyncs run: send what the
+        woken leaders may send at once (`Raft.take_leader_messages`: the entries proposed
+        meanwhile) instead of in the next batch, which waits for these fsyncs (issue 16, ADR
+        0030). The groups stay marked for the next batch (their writes, applies and other
+        messages)."""
+        for group in self._dirty.values():
+            if group.failure is None and not group.closed:
+                self._send(group, self._early_leader_messages(group))
+
+    def _early_leader_messages(self, group: R) -> Sequence[Message]:
+        """Seam for the simulator's planted bugs: a leader's messages sent between batches."""
+        return group.raft.take_leader_messages()
+
     def _observe_ready(self, group: R, ready: Ready) -> None:
         """Seam for the simulator's checker: a Ready was just taken from `group`'s core."""
 
@@ -468,6 +488,10 @@ class ReplicationDriver(Generic[R]):
                 committed = group.raft.take_committed()
                 if committed:
                     group.apply_entries(committed)
+                # A leader answers at once: the commit advance an ack made (the followers'
+                # consumers wait for it) and the entries it unblocked leave on this loop turn,
+                # not in the next batch, which may wait for a running fsync (issue 16, ADR 0033).
+                self._send(group, self._early_leader_messages(group))
                 self._wake_group(key, group)
         elif kind == codec.KIND_FETCH_MANIFEST:
             key, request_id, raft_index = codec.decode_fetch_manifest(body)

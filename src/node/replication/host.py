@@ -85,11 +85,13 @@ class ReplicationHost:
         self.raft_config = raft_config or RaftConfig(quiesce=True)  # ADR 0026
         self._rng = random.Random(rng_seed)
         self._wake = asyncio.Event()
+        self._syncing = False
+        self._early_soon = False
         self._wall_ms = skewed_wall_clock()
         self.driver: ReplicationDriver[ReplicatedPartition] = ReplicationDriver(
             node_id,
             send=self._send,
-            wake=self._wake.set,
+            wake=self._woken,
             monotonic_ms=monotonic_clock_ms,
             wall_ms=self._wall_ms,
             request_id_base=random.SystemRandom().getrandbits(62) + 1,
@@ -117,6 +119,21 @@ class ReplicationHost:
 
     def _send(self, peer: NodeId, frame: bytes) -> bool:
         return self.transport.send(peer, frame)
+
+    def _woken(self) -> None:
+        """The driver has work. While a batch's fsyncs run, the leaders' Appends (entries
+        proposed meanwhile, commit advances) leave at the end of this loop turn, not after the
+        fsyncs (`ReplicationDriver.send_early`; issue 16, ADR 0033)."""
+        self._wake.set()
+        if self._syncing and not self._early_soon:
+            self._early_soon = True
+            asyncio.get_running_loop().call_soon(self._send_early)
+
+    def _send_early(self) -> None:
+        self._early_soon = False
+        if self._syncing:
+            self.driver.send_early()
+            self.transport.flush()
 
     # -- lifecycle
 
@@ -239,7 +256,11 @@ class ReplicationHost:
             failures: dict[ReplicatedPartition, str] = {}
             if batch.syncs:
                 started = time.perf_counter()
-                failures = await loop.run_in_executor(self._executor, driver.run_syncs, batch)
+                self._syncing = True
+                try:
+                    failures = await loop.run_in_executor(self._executor, driver.run_syncs, batch)
+                finally:
+                    self._syncing = False
                 driver.fsync_seconds.observe(time.perf_counter() - started)
             driver.finish_batch(batch, failures)
             self.transport.flush()

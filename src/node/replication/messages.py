@@ -377,7 +377,7 @@ class Ready:
             return self.messages
         if self.hard_state_sync:
             return ()
-        return tuple(m for m in self.messages if isinstance(m, _LEADER_OUTPUT))
+        return tuple(m for m in self.messages if isinstance(m, LEADER_OUTPUT))
 
     def messages_after_sync(self) -> tuple[Message, ...]:
         """The rest of `messages`, in order: acknowledgements (AppendResponse,
@@ -387,7 +387,7 @@ class Ready:
             return ()
         if self.hard_state_sync:
             return self.messages
-        return tuple(m for m in self.messages if not isinstance(m, _LEADER_OUTPUT))
+        return tuple(m for m in self.messages if not isinstance(m, LEADER_OUTPUT))
 
     def is_empty(self) -> bool:
         return (
@@ -435,5 +435,5 @@ def describe(message: Message) -> str:
             return head
 
 
-_LEADER_OUTPUT = (Append, Heartbeat, SnapshotNeeded, TimeoutNow)
+LEADER_OUTPUT = (Append, Heartbeat, SnapshotNeeded, TimeoutNow)
 """Messages only a leader sends, none of which promises anything about the sender's disk."""

@@ -38,6 +38,7 @@ from spate.node.replication import limits
 from spate.node.replication.log import RaftLog
 from spate.node.replication.messages import (
     HARD_STATE_EMPTY,
+    LEADER_OUTPUT,
     MEMBERSHIP_MAGIC,
     SNAPSHOT_EMPTY,
     Append,
@@ -538,6 +539,31 @@ class Raft:
         if entries:
             self.log.applied_to(entries[-1].index)
         return entries
+
+    def take_leader_messages(self) -> tuple[Message, ...]:
+        """A leader's Appends, Heartbeats, SnapshotNeeded and TimeoutNow produced since the
+        last Ready (new proposals, a commit advance learned from an ack), for the shell to send
+        at once instead of in the next Ready, which waits for the outstanding one's sync (issue
+        16: a follower learned every commit, and got the entries proposed meanwhile, one leader
+        fsync late). They promise nothing about this node's disk (the leader counts its own
+        *persisted* index), so they may leave before its write, as
+        `Ready.messages_before_sync` lets them; never while a Ready changing the term or the
+        vote is outstanding (or the term or vote is not yet handed to disk), nor from any other
+        role. The other messages stay for the next Ready."""
+        ready = self._outstanding
+        handed = self._handed_hard_state
+        if (
+            (ready is not None and ready.hard_state_sync)
+            or self.role is not Role.LEADER
+            or (self.term, self.vote) != (handed.term, handed.vote)
+        ):
+            return ()
+        self._flush_appends()
+        outbox = self._outbox
+        early = tuple(m for m in outbox if isinstance(m, LEADER_OUTPUT))
+        if early:
+            self._outbox = [m for m in outbox if not isinstance(m, LEADER_OUTPUT)]
+        return early
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._outstanding, "advance must get the last Ready back"
