@@ -1,7 +1,8 @@
 """Opening many replicas at once (ADR 0031): `ReplicationHost.open_partitions` opens them in
 batches on its opener thread and hands each batch to the driver only once every directory whose
 entries it changed was fsynced; every replica is then usable, a replica that cannot be opened
-fails alone, and the node reopens them all (the restart path, with data) in batches too."""
+fails alone, and the node reopens them all (the restart path, with data) in batches too. The
+driver batches of their elections and appends sync side by side on several threads."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def test_many_replicas_open_in_batches_durably_and_reopen(
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     monkeypatch.setattr(host_module, "OPEN_BATCH", BATCH)
+    # The elections' and appends' syncs run on the side-by-side path too (ADR 0031).
+    monkeypatch.setattr(host_module, "SIDE_BY_SIDE_SYNCS", 2)
     asyncio.run(_open_write_reopen(tmp_path, synced))
 
 
