@@ -69,6 +69,10 @@ durable with one fsync each at the end of the job, and the loop adds the batch t
 while the thread opens the next one."""
 
 
+OPEN_AWAKE_MAX = 4 * OPEN_BATCH
+"""Awake replicas above which the next batch waits (`ReplicationHost._pace`)."""
+OPEN_PACE_MAX_S = 5.0
+OPEN_PACE_POLL_S = 0.05
 SYNC_THREADS = 8
 """Threads running syncs side by side (ADR 0031): those of a batch of replicas being opened,
 and a driver batch's when it has at least `SIDE_BY_SIDE_SYNCS` (the kernel merges concurrent
@@ -294,6 +298,7 @@ class ReplicationHost:
             while pending:
                 batch, opening = pending.pop(0)
                 stores = await opening
+                await self._pace()
                 yield [
                     (request, self._add(request, store))
                     for request, store in zip(batch, stores, strict=True)
@@ -301,6 +306,16 @@ class ReplicationHost:
         finally:
             for _batch, opening in pending:  # abandoned (stop, or the caller gave up)
                 opening.add_done_callback(_close_stores)
+
+    async def _pace(self) -> None:
+        """Before the driver gets another batch: wait, up to `OPEN_PACE_MAX_S`, while more than
+        `OPEN_AWAKE_MAX` replicas are awake (ADR 0031). New groups elect and then go quiet;
+        thousands electing at once made every driver batch seconds long, longer than an
+        election timeout, so they timed out and voted again. Bounded, so a group that cannot
+        go quiet (a peer not up yet) slows the opening but never stops it."""
+        deadline = time.monotonic() + OPEN_PACE_MAX_S
+        while self.driver.awake > OPEN_AWAKE_MAX and time.monotonic() < deadline:
+            await asyncio.sleep(OPEN_PACE_POLL_S)
 
     def _open_batch(
         self, loop: asyncio.AbstractEventLoop, batch: list[OpenRequest]
