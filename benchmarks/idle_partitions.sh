@@ -4,8 +4,8 @@
 # waited for until every partition has a live leader), and optionally HOT more partitions
 # under a light load (a super stream of HOT one-partition streams, 3 replicas, `spate perf`
 # publishing 10 msg/s per hot partition of 100 B with one consumer). After 20 s ($SETTLE) to
-# settle, per node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then node n1's
-# quiet-replica gauge.
+# settle, per node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then
+# node n1's quiet-replica gauge.
 #   benchmarks/idle_partitions.sh 1 1000          # 1,000 idle partitions (one stream)
 #   benchmarks/idle_partitions.sh 5 990 50        # 5,000 partitions, 1% of them active
 #   benchmarks/idle_partitions.sh 0 0             # the empty cluster's own idle cost
