@@ -3,14 +3,15 @@
 # STREAMS streams of PARTS partitions with 3 replicas each (created one stream at a time, each
 # waited for until every partition has a live leader), and optionally HOT more partitions
 # under a light load (a super stream of HOT one-partition streams, 3 replicas, `spate perf`
-# publishing 10 msg/s per hot partition of 100 B with one consumer). After 20 s to settle, per
-# node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then node n1's
-# quiet-replica gauge.
+# publishing 10 msg/s per hot partition of 100 B with one consumer). After 20 s ($SETTLE) to
+# settle, per node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then
+# node n1's quiet-replica gauge.
 #   benchmarks/idle_partitions.sh 1 1000          # 1,000 idle partitions (one stream)
 #   benchmarks/idle_partitions.sh 5 990 50        # 5,000 partitions, 1% of them active
 #   benchmarks/idle_partitions.sh 0 0             # the empty cluster's own idle cost
 #   NOWAIT=900 benchmarks/idle_partitions.sh 5 1000  # all streams created at once; measured
 #                                                    # after every leader, or 900 s
+#   SETTLE=120 ...                                   # settle 120 s instead of 20 before measuring
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=$1; N=$2; HOT=${3:-0}
@@ -60,7 +61,7 @@ if [ "$HOT" -gt 0 ]; then
   PERF=$!
   echo "perf: $((HOT * 10)) msg/s over $HOT partitions (pid $PERF)"
 fi
-sleep 20
+sleep "${SETTLE:-20}"
 declare -A a
 for p in $PIDS; do a[$p]=$(awk '{print $14+$15}' /proc/$p/stat); done
 sleep 30

@@ -24,7 +24,7 @@ from spate.core.groups import GroupDefinition
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.node.log import LogConfig
-from spate.node.replication.host import ReplicationHost
+from spate.node.replication.host import OpenRequest, ReplicationHost
 from spate.node.replication.partition import ReplicatedPartition
 
 log = logging.getLogger(__name__)
@@ -85,24 +85,41 @@ class PartitionManager:
                     *key,
                     extra={"stream": key[0], "partition": key[1]},
                 )
-            for key, assignment in wanted.items():
-                if key in self._open:
-                    continue
-                config = assignment.config
-                await self.host.open_partition(
-                    config.name,
-                    assignment.partition,
-                    assignment.replicas,
-                    LogConfig.from_stream(config),
-                    learners=assignment.learners,
+            # Opened in batches (ADR 0031); each batch is served as soon as it is open.
+            requests = {
+                key: OpenRequest(
+                    a.config.name,
+                    a.partition,
+                    a.replicas,
+                    LogConfig.from_stream(a.config),
+                    a.learners,
                 )
-                self._open[key] = assignment
-                log.info(
-                    "hosting %s/%d with replicas %s",
-                    *key,
-                    ",".join(assignment.replicas),
-                    extra={"stream": key[0], "partition": key[1]},
-                )
+                for key, a in wanted.items()
+                if key not in self._open
+            }
+            failed: BaseException | None = None
+            async for batch in self.host.open_partitions(list(requests.values())):
+                for request, outcome in batch:
+                    key = (request.stream, request.partition)
+                    if isinstance(outcome, BaseException):
+                        log.error(
+                            "cannot open %s/%d: %s",
+                            *key,
+                            outcome,
+                            extra={"stream": key[0], "partition": key[1]},
+                        )
+                        failed = failed or outcome
+                        continue
+                    assignment = wanted[key]
+                    self._open[key] = assignment
+                    log.info(
+                        "hosting %s/%d with replicas %s",
+                        *key,
+                        ",".join(assignment.replicas),
+                        extra={"stream": key[0], "partition": key[1]},
+                    )
+            if failed is not None:
+                raise failed  # the others are open; the next apply retries the failed ones
 
     async def close(self) -> None:
         async with self._lock:

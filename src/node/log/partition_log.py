@@ -150,6 +150,7 @@ class PartitionLog:
         self._generation = 0  # bumped by truncate_from: sync plans from before are void
         self._failure: str | None = None
         self._chunks_synced = 0  # counters.chunks_appended covered by the last fsync
+        self._open_sync: str | None = None  # the segment `finish_open` syncs
         self.last_raft_index = self._find_last_raft_index()
         """Raft index of the last chunk written (0 when the log holds none with an index)."""
         self._snapshots: set[Offset] = set() if snapshots is None else snapshots
@@ -165,8 +166,11 @@ class PartitionLog:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, storage: Storage, config: LogConfig) -> PartitionLog:
-        """Recover the log in `storage` (creating an empty one) and make it all durable."""
+    def open(cls, storage: Storage, config: LogConfig, *, defer_sync: bool = False) -> PartitionLog:
+        """Recover the log in `storage` (creating an empty one) and make it all durable.
+
+        `defer_sync=True` (opening many replicas at once, ADR 0031): the syncs are left to
+        `finish_open`, which the caller runs (on any thread) before the log is used."""
         bases: set[Offset] = set()
         snapshots: set[Offset] = set()
         orphans: list[str] = []
@@ -182,7 +186,8 @@ class PartitionLog:
         try:
             for name in orphans:
                 storage.delete(name)
-            if not bases:
+            created = not bases
+            if created:
                 base = Offset(0)
                 for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                     storage.create(file_name(base, suffix))
@@ -208,18 +213,31 @@ class PartitionLog:
                 truncated += recovered.truncated_bytes
                 if recovered.indexes_rebuilt:
                     rebuilt.append(segment.name)
-            # What a killed process left in the page cache is on disk only after this.
-            storage.fsync(segments[-1].name)
-            storage.fsync_dir()
         except OSError as error:
             raise StorageFailure(f"cannot open the partition log: {error}") from error
-        return cls(
+        opened = cls(
             storage,
             config,
             segments,
             RecoveryReport(len(segments), truncated, rebuilt, orphans),
             snapshots,
         )
+        # A log created here has empty files: only their names need syncing.
+        opened._open_sync = None if created else segments[-1].name
+        if not defer_sync:
+            opened.finish_open()
+        return opened
+
+    def finish_open(self) -> None:
+        """The syncs `open` owes: what a killed process left in the page cache (the active
+        segment) and the directory's entries are on disk only after this. Thread-safe against
+        nothing else: call it before the log is used."""
+        try:
+            if self._open_sync is not None:
+                self._storage.fsync(self._open_sync)
+            self._storage.fsync_dir()
+        except OSError as error:
+            raise StorageFailure(f"cannot open the partition log: {error}") from error
 
     # ------------------------------------------------------------------ appending
 

@@ -111,6 +111,11 @@ class _FdSlotFile:
         self.release()
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a directory (or file) by name. Raises OSError."""
+    _fsync_path(path)
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -120,17 +125,32 @@ def _fsync_path(path: Path) -> None:
 
 
 class DirectoryFiles:
-    """ReplicaFiles on a real directory."""
+    """ReplicaFiles on a real directory.
 
-    def __init__(self, directory: Path) -> None:
+    `defer_syncs=True` (opening many replicas at once, ADR 0031): the directories this object
+    creates, and a new `raft.state`, are not fsynced here; `unsynced()` names the directories
+    whose entries changed, which the caller fsyncs before the replica is used (before it can
+    promise anything: a vote, an acknowledged entry)."""
+
+    def __init__(self, directory: Path, *, defer_syncs: bool = False) -> None:
         self.directory = directory
+        self._defer = defer_syncs
+        self._unsynced: dict[Path, None] = {}
+        missing = directory
+        while not missing.exists() and missing.parent != missing:
+            self._unsynced[missing.parent] = None  # its entry for `missing` is new
+            missing = missing.parent
         directory.mkdir(parents=True, exist_ok=True)
+        if not defer_syncs:
+            self._unsynced.clear()
 
     @property
     def name(self) -> str:
         return str(self.directory)
 
     def log_storage(self) -> Storage:
+        if self._defer and not (self.directory / "log").exists():
+            self._unsynced[self.directory] = None  # its entry for `log/` is new
         return FileStorage(self.directory / "log")
 
     def staging(self) -> Storage:
@@ -141,8 +161,20 @@ class DirectoryFiles:
         existed = path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         if not existed:
-            _fsync_path(self.directory)
+            if self._defer:
+                self._unsynced[self.directory] = None
+            else:
+                _fsync_path(self.directory)
         return _FdSlotFile(path, fd), existed
+
+    def unsynced(self) -> list[Path]:
+        """With `defer_syncs`: the directories to fsync before the replica is used (`log/` is
+        the log's own: `PartitionLog.finish_open`); from now on every creation syncs as
+        usual."""
+        found = list(self._unsynced)
+        self._defer = False
+        self._unsynced.clear()
+        return found
 
     def install_staged(self, names: list[str]) -> None:
         staging, log_dir = self.directory / "catchup", self.directory / "log"

@@ -180,11 +180,18 @@ class SyncWork:
 class RaftStore:
     """The log and hard state of one replica, and how a Ready is persisted into them."""
 
-    def __init__(self, files: ReplicaFiles, config: LogConfig) -> None:
+    def __init__(self, files: ReplicaFiles, config: LogConfig, *, defer_sync: bool = False) -> None:
+        """`defer_sync=True`: the log's opening syncs are left to the caller, who runs
+        `self.log.finish_open()` (and fsyncs the directories `DirectoryFiles(defer_syncs=True)`
+        names) before the replica is used (ADR 0031)."""
         self.files = files
         self.config = config
-        self.log = PartitionLog.open(files.log_storage(), config)
-        self.hard = HardStateFile(*files.open_state())
+        self.log = PartitionLog.open(files.log_storage(), config, defer_sync=defer_sync)
+        try:
+            self.hard = HardStateFile(*files.open_state())
+        except BaseException:
+            self.log.close()
+            raise
         self.fresh = self.hard.state is None and self.log.last_raft_index == 0
 
     # -- restart
