@@ -230,6 +230,8 @@ def main() -> None:
                         help="sizes at which the null source is also read as tuples")  # fmt: skip
     parser.add_argument("--read-modes", nargs="+", default=["true"],
                         help="option bulkRead values of the spate reads (ADR 0029)")  # fmt: skip
+    parser.add_argument("--credits", type=int, nargs="*", default=[],
+                        help="also read spate timed with these credit options")  # fmt: skip
     parser.add_argument("--reads-only", action="store_true", help="skip the write pipelines")
     parser.add_argument("--zip-pyspark", action="store_true",
                         help="leave pyspark.zip first on the workers' path")  # fmt: skip
@@ -387,6 +389,13 @@ def run_all(args: argparse.Namespace, rows_for: dict[int, int], work: Path, endp
                           lambda s=timed_stats: stream(spate_source("spate_timed", _stats=str(s)),
                                                        "noop"),
                           True, timed_stats))  # fmt: skip
+        for credit in args.credits:
+            credit_stats = work / f"timed-{size}-{credit}.jsonl"
+            cases.append(Case(f"read spate timed (credit={credit}) -> noop",
+                              lambda s=credit_stats, c=credit: stream(
+                                  spate_source("spate_timed", _stats=str(s), credit=str(c)),
+                                  "noop"),
+                              True, credit_stats))  # fmt: skip
         cases.append(Case("read null (Arrow batches) -> noop",
                           lambda: stream(null_source("false"), "noop"), False))  # fmt: skip
         if size in args.tuples_sizes:
