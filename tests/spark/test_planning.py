@@ -331,3 +331,10 @@ def test_planning_processes_do_not_load_the_client() -> None:
     site = Path(__file__).resolve().parents[2] / "src" / "spark"  # pyspark_spate's directory
     env = {**os.environ, "PYTHONPATH": str(site)}
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, env=env)
+
+
+def test_credit_default_is_larger_for_bulk_reads() -> None:
+    """bulkRead's default window is 25 bulk deliveries, not 4 (benchmarks/RESULTS.md §30)."""
+    assert read_options(EP, streaming=True).credit == 100_000
+    assert read_options({**EP, "bulkread": "false"}, streaming=True).credit == 10_000
+    assert read_options({**EP, "credit": "5000"}, streaming=True).credit == 5000
