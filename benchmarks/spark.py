@@ -27,9 +27,9 @@ CPU-seconds are Spark's: this process (the PySpark driver), its JVM and every Py
 (read from /proc for the live process tree, dead children included through cutime/cstime),
 split into the JVM's own and the Python processes'. That sum can lose processes reaped outside
 the tree (one run came out negative, benchmarks/RESULTS.md §30); the JVM's own figure holds.
-For CPU by process, robustly, run benchmarks/spark_cpu_sampler.py beside it. The broker's own CPU (nodes and gateway)
-is reported beside the Spate rows. The cluster is `spate dev up --nodes 3` in a temp dir,
-stopped at the end; everything on 127.0.0.1.
+For CPU by process, robustly, run benchmarks/spark_cpu_sampler.py beside it. The broker's own
+CPU (nodes and gateway) is reported beside the Spate rows. The cluster is `spate dev up
+--nodes 3` in a temp dir, stopped at the end; everything on 127.0.0.1.
 """
 
 from __future__ import annotations
