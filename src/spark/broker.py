@@ -31,7 +31,17 @@ from spate.core.ids import offset_from_symbol
 from spate.core.superstreams import hash_partition
 from spate.spark import limits
 from spate.spark.options import Connection, OptionError
-from spate.spark.planning import Chunk, Chunker, Key, Loss, Metadata, Offsets, PartitionState, Range
+from spate.spark.planning import (
+    Chunk,
+    Chunker,
+    Columns,
+    Key,
+    Loss,
+    Metadata,
+    Offsets,
+    PartitionState,
+    Range,
+)
 
 log = logging.getLogger("spate.spark")
 T = TypeVar("T")
@@ -173,19 +183,6 @@ def offsets_at(connection: Connection, meta: Metadata, timestamp_ms: int) -> Off
 
 # ---------------------------------------------------------------------------------------------
 # Reading
-
-
-@dataclass(frozen=True)
-class Columns:
-    """Which columns a read produces, in order, and which sections that needs decoded."""
-
-    names: tuple[str, ...]
-    nullable: tuple[bool, ...]
-    """As the schema Spark planned with says (Arrow batches must match it exactly)."""
-
-    @property
-    def decode(self) -> bool:
-        return bool({"key", "value", "properties", "application_properties"} & set(self.names))
 
 
 def _test_mode(marker: str | None) -> str | None:

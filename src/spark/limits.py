@@ -8,6 +8,11 @@ timeout_ms_default = 30_000
 credit_default = 10_000
 """Messages in flight to one reading task (link credit). research/proton.md: windows of
 5,000 and more keep a consumer link streaming; the node refills at half."""
+bulk_credit_default = 100_000
+"""The same with bulkRead (ADR 0029): 25 bulk deliveries of up to 4,096 messages / 1 MiB each,
+so at most ~25 MiB in flight per task. 10,000 (4 deliveries) left the broker short of credit
+whenever a task was busy or descheduled: a read blocked 1.4x longer waiting for deliveries and
+cost Spark and the broker more per row (benchmarks/RESULTS.md §30)."""
 credit_max = 100_000
 rows_per_batch = 8_192
 """Rows per Arrow record batch a reading task yields to Spark."""

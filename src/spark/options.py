@@ -376,6 +376,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
             extra = set(spec) - set(streams)
             if extra:
                 raise OptionError(f"option {name} names streams not read: {sorted(extra)}")
+    bulk_read = _bool(options, "bulkRead", True)
     return ReadOptions(
         connection=_connection(options),
         streams=streams,
@@ -388,7 +389,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         min_partitions=_int(options, "minPartitions", 1, limits.tasks_per_batch_max),
         max_records_per_partition=_int(options, "maxRecordsPerPartition", 1, 2**62),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
-        credit=_int(options, "credit", 1, limits.credit_max) or limits.credit_default,
+        credit=_int(options, "credit", 1, limits.credit_max)
+        or (limits.bulk_credit_default if bulk_read else limits.credit_default),
         metadata_refresh_ms=(
             _int(options, "metadataRefreshIntervalMs", 0, 600_000)
             if _get(options, "metadataRefreshIntervalMs") is not None
@@ -396,7 +398,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         )
         or 0,
         test_fail_marker=_get(options, "_testFailMarker"),
-        bulk_read=_bool(options, "bulkRead", True),
+        bulk_read=bulk_read,
     )
 
 

@@ -45,6 +45,19 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Columns:
+    """Which columns a read produces, in order, and which sections that needs decoded."""
+
+    names: tuple[str, ...]
+    nullable: tuple[bool, ...]
+    """As the schema Spark planned with says (Arrow batches must match it exactly)."""
+
+    @property
+    def decode(self) -> bool:
+        return bool({"key", "value", "properties", "application_properties"} & set(self.names))
+
+
+@dataclass(frozen=True)
 class Loss:
     """Offsets [start, first) of a partition the query still needed and retention removed."""
 

@@ -5,6 +5,11 @@ in short-lived planning workers and pickled; a streaming query's offset callback
 long-lived driver-side Python process per run; `read` and `write` run in executor workers on
 the pickled copies. So every object here holds plain data (parsed options, planned ranges)
 and connects only inside a call (spate.spark.broker).
+
+Spark starts several fresh Python processes per query (lookup, create, plan, the offsets
+runner); those that only plan never need the client. So this module imports spate.client
+(proton, ~0.23 CPU-s per process measured, benchmarks/RESULTS.md §30) only inside the calls
+that talk to the broker (`from spate.spark import broker` inside them).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -44,9 +49,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from spate.client.messages import MessageParts, encode_plain
-from spate.spark import broker, planning
-from spate.spark.columns import record_batch
+from spate.spark import planning
 from spate.spark.options import (
     EARLIEST,
     LATEST,
@@ -56,7 +59,10 @@ from spate.spark.options import (
     read_options,
     write_options,
 )
-from spate.spark.planning import Metadata, Offsets, Range
+from spate.spark.planning import Columns, Metadata, Offsets, Range
+
+if TYPE_CHECKING:
+    from spate.spark import broker
 
 log = logging.getLogger("spate.spark")
 
@@ -91,7 +97,7 @@ WRITE_COLUMNS = ("value", "key", "partition", "properties", "application_propert
 (stream, offset, timestamp) are ignored so that a read DataFrame can be written back."""
 
 
-def _columns(schema: StructType) -> broker.Columns:
+def _columns(schema: StructType) -> Columns:
     """A user-given schema picks columns of SCHEMA (any order, same types): only their
     sections are decoded."""
     known: dict[str, DataType] = {f.name: f.dataType for f in SCHEMA.fields}
@@ -107,10 +113,10 @@ def _columns(schema: StructType) -> broker.Columns:
                 f"not {f.dataType.simpleString()}"
             )
         names.append(f.name)
-    return broker.Columns(tuple(names), tuple(f.nullable for f in schema.fields))
+    return Columns(tuple(names), tuple(f.nullable for f in schema.fields))
 
 
-def _arrow_schema(columns: broker.Columns) -> pa.Schema:
+def _arrow_schema(columns: Columns) -> pa.Schema:
     return pa.schema(
         [
             pa.field(n, ARROW_TYPES[n], nullable)
@@ -128,8 +134,11 @@ class SpatePartition(InputPartition):
 
 
 def _read(
-    options: ReadOptions, columns: broker.Columns, partition: SpatePartition
+    options: ReadOptions, columns: Columns, partition: SpatePartition
 ) -> Iterator[pa.RecordBatch]:
+    from spate.spark import broker
+    from spate.spark.columns import record_batch
+
     schema = _arrow_schema(columns)
     reader = broker.RangeReader(
         options.connection,
@@ -159,6 +168,8 @@ def _streams(options: ReadOptions) -> tuple[str, ...]:
     if options.streams is not None:
         return options.streams
     assert options.super_stream is not None
+    from spate.spark import broker
+
     return broker.super_stream_partitions(options.connection, options.super_stream)
 
 
@@ -168,7 +179,9 @@ def _losses(start: Offsets, meta: Metadata, options: ReadOptions) -> Offsets:
     if not lost:
         return start
     if options.fail_on_data_loss:
-        raise broker.DataLoss(
+        from spate.spark.broker import DataLoss
+
+        raise DataLoss(
             "; ".join(loss.describe() for loss in lost)
             + ". Set failOnDataLoss=false to skip lost offsets with a warning."
         )
@@ -208,7 +221,9 @@ class SpateBatchReader(DataSourceReader):
     """A bounded read of the retained log, planned once: [startingOffsets | startingTimestamp,
     endingOffsets | endingTimestamp) per partition."""
 
-    def __init__(self, options: ReadOptions, columns: broker.Columns) -> None:
+    def __init__(self, options: ReadOptions, columns: Columns) -> None:
+        from spate.spark import broker
+
         self.options, self.columns = options, columns
         meta = broker.metadata(options.connection, _streams(options))
         if options.starting_timestamp_ms is not None:
@@ -245,7 +260,7 @@ class SpateBatchReader(DataSourceReader):
 class SpateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of per-partition offset ranges; Spark checkpoints the offsets."""
 
-    def __init__(self, options: ReadOptions, columns: broker.Columns) -> None:
+    def __init__(self, options: ReadOptions, columns: Columns) -> None:
         self.options, self.columns = options, columns
         self._cache: tuple[float, Metadata] | None = None
         self._target: Offsets | None = None
@@ -254,12 +269,17 @@ class SpateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _meta(self) -> Metadata:
         now = time.monotonic()
         if self._cache is None or now - self._cache[0] > self.options.metadata_refresh_ms / 1000:
-            self._cache = (now, broker.metadata(self.options.connection, _streams(self.options)))
+            from spate.spark import broker
+
+            meta = broker.metadata(self.options.connection, _streams(self.options))
+            self._cache = (now, meta)
         return self._cache[1]
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         options, meta = self.options, self._meta()
         if options.starting_timestamp_ms is not None:
+            from spate.spark import broker
+
             start = broker.offsets_at(options.connection, meta, options.starting_timestamp_ms)
         else:
             start = planning.resolve(options.starting, meta, name="startingOffsets", default=LATEST)
@@ -351,6 +371,8 @@ def _write_plan(options: WriteOptions, schema: StructType, overwrite: bool) -> W
                 f"column {f.name!r} is {f.dataType.simpleString()}; expected "
                 + " or ".join(t.__name__.removesuffix("Type").lower() for t in types[f.name])
             )
+    from spate.spark import broker
+
     meta = broker.metadata(options.connection, (options.stream,))
     return WritePlan(
         partitions=len(meta),
@@ -377,6 +399,8 @@ def _text(value: Any) -> str | None:
 def _rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[broker.Row]:
     """Each row as (explicit partition, key, its encoded message), without a Python object per
     section: rows with only a value and a key are encoded by `encode_plain` (~1 µs)."""
+    from spate.client.messages import MessageParts, encode_plain
+
     data = {name: batch.column(name).to_pylist() for name in columns}
     values = data["value"]
     n = len(values)
@@ -417,6 +441,8 @@ def _write(
     name: str,
     id_base: int,
 ) -> Published:
+    from spate.spark import broker
+
     ctx = TaskContext.get()
     spark_partition = ctx.partitionId() if ctx is not None else 0
     writer = broker.PartitionWriter(
@@ -479,6 +505,8 @@ class SpateStreamWriter(DataSourceStreamArrowWriter):
         self.options, self.plan = options, plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        from spate.spark.broker import ID_EPOCH_SHIFT
+
         ctx = TaskContext.get()
         assert ctx is not None, "a streaming write runs in a Spark task"
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
@@ -492,7 +520,7 @@ class SpateStreamWriter(DataSourceStreamArrowWriter):
             self.plan,
             iterator,
             name=name,
-            id_base=batch_id << broker.ID_EPOCH_SHIFT,
+            id_base=batch_id << ID_EPOCH_SHIFT,
         )
         published.batch_id = batch_id
         return published

@@ -307,3 +307,34 @@ def test_read_bodies_slices_what_read_parts_decodes() -> None:
             )
     with pytest.raises(MessageDamaged):
         read_bodies([delivered[-1]])
+
+
+def test_planning_processes_do_not_load_the_client() -> None:
+    """Spark starts fresh Python processes per query that only plan (lookup, create, plan
+    read): importing the source there must not load spate.client and proton (~0.23 CPU-s a
+    process, benchmarks/RESULTS.md §30); the calls that talk to the broker import it."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, spate.spark.source as s, pyspark_spate\n"
+        "reader = s.SpateDataSource({'endpoints': '127.0.0.1:1', 'stream': 'x'})"
+        ".streamReader(s.SCHEMA)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('spate.client', 'proton')))\n"
+        "assert not loaded, loaded\n"
+        "import pickle; pickle.loads(pickle.dumps(reader))\n"
+        "assert 'proton' not in sys.modules\n"
+        "from spate.spark import broker\n"
+        "assert 'proton' in sys.modules and broker.Columns is s.Columns\n"
+    )
+    site = Path(__file__).resolve().parents[2] / "src" / "spark"  # pyspark_spate's directory
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, env=env)
+
+
+def test_credit_default_is_larger_for_bulk_reads() -> None:
+    """bulkRead's default window is 25 bulk deliveries, not 4 (benchmarks/RESULTS.md §30)."""
+    assert read_options(EP, streaming=True).credit == 100_000
+    assert read_options({**EP, "bulkread": "false"}, streaming=True).credit == 10_000
+    assert read_options({**EP, "credit": "5000"}, streaming=True).credit == 5000
