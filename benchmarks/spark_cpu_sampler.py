@@ -24,24 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spark import tree  # the process tree walk spark.py sums CPU over
+
 TICK = 100.0
-
-
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            tasks = list(Path(f"/proc/{p}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return out
 
 
 def role(pid: int, root: int) -> str:
