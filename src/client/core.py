@@ -180,6 +180,9 @@ class Connector:
         self._turn = 0
         self._failures = 0
         self._first_failure_ms: int | None = None
+        self._come_back = False
+        """Some URL refused as retryable since the last attach: the broker is there and said to
+        come back, so a dead URL tried meanwhile does not end the attempt early."""
 
     @property
     def tls(self) -> bool:
@@ -194,20 +197,24 @@ class Connector:
     def on_attached(self) -> None:
         self._failures = 0
         self._first_failure_ms = None
+        self._come_back = False
 
     def on_refused(self, dial: Dial, refused: AttachRefused, now_ms: int) -> Dial | Wait | GiveUp:
         if refused.condition == REDIRECT:
             host, port = refused.info.get("network-host"), refused.info.get("port")
             if dial.hops < redirect_hops_max and host is not None and port is not None:
                 return Dial(str(host), int(port), dial.hops + 1, dial.tls)
+            self._come_back = True
             return self._failed(refused, now_ms, self.retryable_timeout_ms)
         if is_retryable(refused.condition, refused.info):
+            self._come_back = True
             return self._failed(refused, now_ms, self.retryable_timeout_ms)
         return GiveUp(refused)
 
     def on_failed(self, error: BaseException, now_ms: int) -> Wait | GiveUp:
         """The connection failed or was lost (while attaching or afterwards)."""
-        return self._failed(error, now_ms, self.reconnect_timeout_ms)
+        budget = self.retryable_timeout_ms if self._come_back else self.reconnect_timeout_ms
+        return self._failed(error, now_ms, budget)
 
     def _failed(self, error: BaseException, now_ms: int, budget_ms: int) -> Wait | GiveUp:
         if self._first_failure_ms is None:

@@ -247,6 +247,21 @@ def test_a_retryable_refusal_is_retried_for_the_attach_timeout_even_without_reco
     assert isinstance(connector.on_failed(ConnectionResetError(), 0), GiveUp)
 
 
+def test_a_dead_url_does_not_cut_short_the_retries_another_url_asked_for() -> None:
+    """`spate perf --url DEAD,LIVE` right after a stream was created: LIVE refuses as
+    retryable (the partition's election), the turn moves to DEAD, whose refused connection
+    used to end the attempt at once (reconnecting off): the broker had said to come back."""
+    connector = Connector(["n1:1", "n2:2"], reconnect_timeout_ms=0, attach_timeout_ms=1_000)
+    election = refused("amqp:resource-locked", **{"spate:retryable": True})
+    assert connector.next_dial().port == 1
+    assert isinstance(connector.on_failed(ConnectionRefusedError(), 0), Wait)  # n1 is dead
+    assert connector.next_dial().port == 2
+    assert isinstance(connector.on_refused(Dial("n2", 2, 0, False), election, 10), Wait)
+    assert connector.next_dial().port == 1
+    assert isinstance(connector.on_failed(ConnectionRefusedError(), 20), Wait)  # was GiveUp
+    assert isinstance(connector.on_failed(ConnectionRefusedError(), 1_000), GiveUp)
+
+
 def test_attaching_resets_the_failure_budget() -> None:
     connector = Connector(["n1:1"], reconnect_timeout_ms=100)
     assert isinstance(connector.on_failed(ConnectionRefusedError(), 0), Wait)
