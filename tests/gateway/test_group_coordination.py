@@ -153,7 +153,10 @@ def test_describe_shows_members_holders_and_the_generation(
             assert gone.members == () and gone.state is GroupState.REBALANCING
             await asyncio.sleep(0.01)
             gone = await coordinator.describe("g")
-        assert await stored_generation(broker, stream, "g") == stable.generation + 1
+        # one generation per leave, or one for both when the second leave came before the
+        # first one's generation was stored (timing: both happen)
+        stored = await stored_generation(broker, stream, "g")
+        assert stored in (stable.generation + 1, stable.generation + 2), stored
         assert await coordinator.describe("other") is None
 
     loop_thread.call(scenario(), timeout_s=60)
