@@ -3,7 +3,8 @@
 Every error a caller sees is one of these or a builtin: `PublishRefused` (one message not
 accepted), `AttachRefused` (the link was refused and following or retrying did not help),
 `ConnectionLost` (a `ConnectionError`, so an `OSError`: the connection is gone and reconnecting
-is off or gave up) and `TimeoutError` (a blocking call's bound ran out).
+is off or gave up; `LinkStolen` when a greater epoch took the consumer's partition) and
+`TimeoutError` (a blocking call's bound ran out).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 REDIRECT = "amqp:link:redirect"
+STOLEN = "amqp:link:stolen"
 UNAUTHORIZED = "amqp:unauthorized-access"
 RETRYABLE = "spate:retryable"
 """Key of a refusal's info map the broker sets when trying again later can succeed (an
@@ -56,9 +58,6 @@ class LinkStolen(ConnectionLost):
     """The broker detached the consumer's link with `amqp:link:stolen`: a consumer of the same
     group attached to its partition with a greater epoch and owns it now (ADR 0015). Attaching
     again with the old epoch would be refused, so no client reconnects after it."""
-
-
-STOLEN = "amqp:link:stolen"
 
 
 class ConsumerClosed(ConnectionLost):
