@@ -5,6 +5,7 @@ and a null Python data source that yields the connector's own batches with no br
 
     python benchmarks/spark.py                        # 100 B, 1 KiB and 16 KiB rows, 2 runs each
     python benchmarks/spark.py --sizes 100 --rows 100:50000 --runs 3    # quicker
+    python benchmarks/spark.py --sizes 100 --reads-only --pin 1:0   # broker on CPU 1, Spark on 0
 
 For each row size (`--sizes`, rows per size `--rows SIZE:N`), on one SparkSession:
   read  spate        readStream.format("spate") (availableNow, earliest, bulkRead) -> noop
@@ -237,7 +238,11 @@ def main() -> None:
     parser.add_argument("--reads-only", action="store_true", help="skip the write pipelines")
     parser.add_argument("--zip-pyspark", action="store_true",
                         help="leave pyspark.zip first on the workers' path")  # fmt: skip
+    parser.add_argument("--pin", metavar="BROKER_CPUS:SPARK_CPUS",
+                        help="pin the broker (nodes, gateway, publisher) and Spark (driver, "
+                        "JVM, Python workers) to disjoint CPUs, e.g. 1:0")  # fmt: skip
     args = parser.parse_args()
+    pin = parse_pin(args.pin) if args.pin else None
     rows_for = {int(s): int(n) for s, n in (item.split(":") for item in args.rows)}
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -267,6 +272,10 @@ def main() -> None:
         gateway = state["gateways"][0]["amqp"]
         endpoints = ",".join([gateway, *(n["amqp"] for n in state["nodes"])])
         broker_pids = [n["pid"] for n in state["nodes"]] + [state["gateways"][0]["pid"]]
+        if pin:
+            for pid in broker_pids:
+                pin_process(pid, pin[0])
+            pin_process(os.getpid(), pin[0])  # the publisher below runs in this process
         for size in args.sizes:
             for name in (f"bench-in-{size}", f"bench-out-{size}"):
                 spate("stream", "create", name, "--partitions", str(args.partitions),
@@ -275,6 +284,9 @@ def main() -> None:
             t0 = time.time()
             publish(f"amqp://{gateway}", f"bench-in-{size}", args.partitions, rows, size)
             print(f"# published {rows} x {size} B in {time.time() - t0:.1f} s", flush=True)
+        if pin:
+            pin_process(os.getpid(), pin[1])  # the JVM and Python workers start after this
+            print(f"# pinned: broker {sorted(pin[0])}, Spark {sorted(pin[1])}", flush=True)
         run_all(args, rows_for, work, endpoints, broker_pids)
     finally:
         subprocess.run(
@@ -284,6 +296,23 @@ def main() -> None:
             timeout=120,
         )
         shutil.rmtree(work, ignore_errors=True)
+
+
+def parse_pin(text: str) -> tuple[set[int], set[int]]:
+    broker, _, spark = text.partition(":")
+    cpus = (
+        {int(c) for c in broker.split(",") if c},
+        {int(c) for c in spark.split(",") if c},
+    )
+    if not all(cpus) or cpus[0] & cpus[1]:
+        raise SystemExit(f"--pin {text!r}: two disjoint, non-empty CPU lists, e.g. 1:0")
+    return cpus
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (threads started later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
 
 
 def run_all(args: argparse.Namespace, rows_for: dict[int, int], work: Path, endpoints: str,
