@@ -452,6 +452,11 @@ class MetadataRaft:
 
 
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
+    # pysyncobj's private attributes this class writes as well as reads (SyncObj.__init__ sets
+    # them; PYSYNCOBJ_VERSION lists every private name used here).
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__recvTransmission: bytes | str
+
     def __init__(
         self,
         adapter: MetadataRaft,
