@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser(
         "run",
         help="one run: cluster in network namespaces, workload, faults, checker, report",
-        description="Start three nodes and a gateway in network namespaces (root), run the "
+        description="Start three nodes and two gateways in network namespaces (root), run the "
         "workload under a fault schedule, heal, read everything back, check the history and "
         "write a report to OUT/<run-id>/. Exit code 0 only for a valid history. Example: "
         "python -m chaos run --schedule ci --seed 7 --minutes 3",

@@ -42,6 +42,10 @@ offset, value, epoch}) and `commit` (invoke/ok/info {partition, epoch, offset}).
 |               | granted the partition (a displaced member must be fenced); not one that   |
 |               | acknowledged only an offset the same member had had acknowledged before   |
 |               | it began (it stored nothing: voters seed 1)                               |
+| stale-grant   | a grant acknowledged for an epoch below one whose grant was acknowledged  |
+|               | before it began (epochs are linearizable as they arrive: the workload's  |
+|               | members now and then ask for such an epoch on purpose, `probe`, and must  |
+|               | be refused)                                                               |
 | commit-lost   | a grant reports a committed offset below one acknowledged before it began |
 | group-skip    | a member's first read after its grant is past the committed offset + 1    |
 |               | (messages no member of the group is given)                                |
@@ -67,9 +71,10 @@ are "indeterminate-lost" (allowed: the client never heard `accepted`).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +91,7 @@ ANOMALY_KINDS = (
     "diverged",
     "timestamp-backwards",
     "fenced-commit",
+    "stale-grant",
     "commit-lost",
     "group-skip",
     "admin-missing",
@@ -373,6 +379,7 @@ def check_groups(
                     f"{grant.value['epoch']} was granted at {grant.completed:.2f}s",
                 )
                 break
+    _check_stale_grants(grants, result)
     for grant in grants:
         partition, stored = int(grant.value["partition"]), grant.result.get("stored")
         before = [
@@ -418,6 +425,29 @@ def check_groups(
                     "read-mismatch",
                     f"{process} (epoch {epoch}) read {value!r} at offset {offset}; "
                     f"stored: {stored_value!r}",
+                )
+
+
+def _check_stale_grants(grants: Sequence[_Timed], result: Callable[[int], PartitionResult]) -> None:
+    """stale-grant: per partition, the greatest epoch acknowledged before each grant began."""
+    done: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for grant in grants:
+        if grant.completed is not None:
+            done[int(grant.value["partition"])].append((grant.completed, int(grant.value["epoch"])))
+    for partition, completions in done.items():
+        completions.sort()
+        times = [t for t, _ in completions]
+        greatest = list(itertools.accumulate((e for _, e in completions), max))
+        for grant in grants:
+            if int(grant.value["partition"]) != partition:
+                continue
+            earlier = bisect.bisect_left(times, grant.invoked)
+            epoch = int(grant.value["epoch"])
+            if earlier and greatest[earlier - 1] > epoch:
+                result(partition).add(
+                    "stale-grant",
+                    f"{grant.process} was granted epoch {epoch} at {grant.invoked:.2f}s; epoch "
+                    f"{greatest[earlier - 1]} had been granted before",
                 )
 
 

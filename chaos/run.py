@@ -1,5 +1,6 @@
-"""One chaos run (issue 13): a three-node cluster and a gateway in network namespaces, the
-workload, a fault schedule, then a heal, the final reads, the checker and the report.
+"""One chaos run (issue 13): three nodes (four for the `voters` schedule) and two gateways, each
+in its own network namespace, the workload, a fault schedule, then a heal, the final reads, the
+checker and the report.
 
     python -m chaos run [--schedule standard] [--seed S] [--minutes M] [--out chaos/reports]
 
@@ -225,18 +226,21 @@ def _report(
             f"refused, {meta.reads} lists checked against them; anomalies: {anomalies}.",
         ]
     group = Counter(
-        (str(op["f"]), str(op["type"]))
+        (str(op["f"]), str(op["type"]), bool((op.get("value") or {}).get("probe")))
         for op in ops
         if op.get("f") in ("grant", "commit", "group-read") and op.get("type") != "invoke"
     )
     if group:
         lines += [
             "",
-            f"Consumer group `chaos`: {group['grant', 'ok']} grants (epochs taken over), "
-            f"{group['grant', 'fail']} refused, {group['grant', 'info']} unknown; "
-            f"{group['group-read', 'ok']} reads; {group['commit', 'ok']} commits acknowledged, "
-            f"{group['commit', 'info']} unknown (the member was displaced or cut off first); "
-            "checked for fenced-commit, commit-lost, group-skip and read-mismatch (above).",
+            f"Consumer group `chaos`: {group['grant', 'ok', False]} grants (epochs taken over), "
+            f"{group['grant', 'fail', False]} refused, {group['grant', 'info', False]} unknown; "
+            f"{group['grant', 'fail', True]} stale epochs asked for on purpose and refused "
+            f"({group['grant', 'ok', True]} granted, {group['grant', 'info', True]} unknown); "
+            f"{group['group-read', 'ok', False]} reads; {group['commit', 'ok', False]} commits "
+            f"acknowledged, {group['commit', 'info', False]} unknown (the member was displaced "
+            "or cut off first); checked for fenced-commit, stale-grant, commit-lost, group-skip "
+            "and read-mismatch (above).",
         ]
     lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
     for p, r in sorted(verdict.partitions.items()):

@@ -13,7 +13,9 @@ recorded in the history (chaos.checker's format) as it happens.
 - Consumer-group members `g<p>a` and `g<p>b` (group `chaos`) take partition p from each other
   in turn, each time with the next epoch (`grant`: invoke {partition, epoch}; ok {partition,
   epoch, stored}), read it (`group-read`) and commit by hand every few messages (`commit`
-  {partition, epoch, offset}): the checker's fenced-commit, commit-lost and group-skip.
+  {partition, epoch, offset}): the checker's fenced-commit, commit-lost and group-skip. Now and
+  then (`STALE_PROBE_CHANCE`) a member first asks for an epoch below the greatest one already
+  granted (`grant` with "probe": true): it must be refused (the checker's stale-grant).
 - `final_read` reads every partition whole after the faults are healed, from the gateway
   (process "final") and from each node directly (the per-replica reads for `diverged`).
 """
@@ -42,6 +44,8 @@ from spate.client.errors import (
 
 GROUP = "chaos"
 GROUP_COMMIT_EVERY = 10
+STALE_PROBE_CHANCE = 0.25
+"""Of a member's turns, those that begin by asking for a stale epoch (which must be refused)."""
 SEND_TIMEOUT_S = 5.0
 RECONNECT_TIMEOUT_S = 10.0
 READ_IDLE_S = 3.0
@@ -94,6 +98,8 @@ class Workload:
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self._epochs = dict.fromkeys(range(partitions), 0)
+        self._granted = dict.fromkeys(range(partitions), 0)
+        """The greatest epoch whose grant has been acknowledged, per partition."""
         self._epoch_lock = threading.Lock()
 
     def start(self) -> None:
@@ -210,6 +216,8 @@ class Workload:
         process = f"g{partition}{slot}"
         rng = random.Random(f"{process}")
         while not self.stopping.is_set():
+            if rng.random() < STALE_PROBE_CHANCE:
+                self._probe_stale_epoch(process, partition, slot)
             with self._epoch_lock:  # the invoke is recorded in epoch order
                 self._epochs[partition] += 1
                 epoch = self._epochs[partition]
@@ -241,9 +249,40 @@ class Workload:
                 continue
             granted = {"partition": partition, "epoch": epoch, "stored": consumer.stored_offset}
             self.history.record(process, "ok", "grant", granted)
+            with self._epoch_lock:
+                self._granted[partition] = max(self._granted[partition], epoch)
             self._hold(process, consumer, partition, epoch, time.monotonic() + rng.uniform(2, 6))
             _closed(consumer)
             self.stopping.wait(rng.uniform(0.0, 1.0))
+
+    def _probe_stale_epoch(self, process: str, partition: int, slot: str) -> None:
+        """Ask for the epoch just below the greatest one granted so far: the partition's
+        stored epoch is at least that one and never goes back, so this must be refused."""
+        with self._epoch_lock:
+            epoch = self._granted[partition] - 1
+        if epoch < 1:
+            return
+        value = {"partition": partition, "epoch": epoch, "probe": True}
+        self.history.record(process, "invoke", "grant", value)
+        try:
+            consumer = Consumer(
+                self._gateways(partition + (slot == "b")),
+                self.stream,
+                partition=partition,
+                group=GROUP,
+                epoch=epoch,
+                commit="manual",
+                timeout_s=SEND_TIMEOUT_S,
+                reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+            )
+        except AttachRefused as refused:
+            self.history.record(process, "fail", "grant", {**value, "condition": refused.condition})
+            return
+        except Exception:  # no answer: granted or not
+            self.history.record(process, "info", "grant", value)
+            return
+        self.history.record(process, "ok", "grant", {**value, "stored": consumer.stored_offset})
+        _closed(consumer)
 
     def _hold(
         self, process: str, consumer: Consumer, partition: int, epoch: int, until: float

@@ -163,6 +163,16 @@ def grant(process: str, epoch: int, stored: int | None, at: float) -> list[dict[
     ]  # fmt: skip
 
 
+def probe(process: str, epoch: int, at: float, outcome: str) -> list[dict[str, Any]]:
+    """A stale epoch asked for on purpose (the workload's probe)."""
+    value = {"partition": 0, "epoch": epoch, "probe": True}
+    done = {**value, "stored": 2} if outcome == "ok" else value
+    return [
+        group_op(process, "invoke", "grant", value, at),
+        group_op(process, outcome, "grant", done, at + 0.1),
+    ]
+
+
 def group_read(process: str, epoch: int, offset: int, at: float) -> dict[str, Any]:
     value = {"partition": 0, "offset": offset, "value": f"p0-{offset}", "epoch": epoch}
     return group_op(process, "ok", "group-read", value, at)
@@ -207,6 +217,8 @@ WRONG_READ = group_op(
     [
         # the displaced member's commit, begun after epoch 2 was granted, acknowledged
         (lambda ops: [*ops, *commit("g0a", 1, 3, 3.3)], "fenced-commit"),
+        # epoch 1 granted again, asked for after epoch 2's grant was acknowledged
+        (lambda ops: [*ops, *probe("g0a", 1, 3.5, "ok")], "stale-grant"),
         # a later grant reports a committed offset below one acknowledged before it began
         (lambda ops: [*ops, *grant("g0a", 3, 2, 5.0)], "commit-lost"),
         (lambda ops: [*ops, *grant("g0a", 3, None, 5.0)], "commit-lost"),
@@ -242,3 +254,14 @@ def test_a_commit_that_only_repeats_a_confirmed_offset_is_not_a_fenced_store() -
     other = commit("g0c", 1, 4, 3.3)  # another process's repeat proves nothing for this one
     other[1]["value"] = {**other[1]["value"], "offset": 2}
     assert "fenced-commit" in check([*group_history(), *other]).totals()
+
+
+def test_a_refused_stale_epoch_and_grants_that_overlap_are_valid() -> None:
+    """Epoch grants are linearizable as they arrive: one asked for below an epoch already
+    granted must be refused (it is); a grant of a lower epoch that began before the greater one
+    was acknowledged may be acknowledged after it (its linearization point comes first)."""
+    ops = [*group_history(), *probe("g0a", 1, 3.5, "fail"), *probe("g0a", 1, 3.6, "info")]
+    assert check(ops).valid, check(ops).to_json()
+    overlapping = [*group_history(), *grant("g0c", 1, None, 3.05)]
+    overlapping[-1]["time"] = 3.2  # acknowledged after epoch 2's grant (3.1), begun before it
+    assert "stale-grant" not in check(overlapping).totals()

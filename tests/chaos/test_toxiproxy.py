@@ -231,3 +231,36 @@ def test_populate_creates_and_replaces_proxies(toxiproxy: Toxiproxy, echo: str) 
     assert sorted(p.name for p in made) == ["a", "b"]
     with connect(toxiproxy.get_proxy("b").listen) as sock:
         assert round_trip(sock, b"b") == b"b"
+
+
+def test_slow_close_delays_the_close_it_passes_on(toxiproxy: Toxiproxy, echo: str) -> None:
+    """slow_close (README "Toxics"): the close coming from the upstream reaches the client
+    `delay` ms late; the data before it is not delayed."""
+    proxy = toxiproxy.create(upstream=echo, name="slowclose")
+    proxy.add_toxic(type="slow_close", attributes={"delay": 300})
+    with connect(proxy.listen) as sock:
+        assert round_trip(sock, b"data") == b"data"
+        started = time.monotonic()
+        sock.shutdown(socket.SHUT_WR)  # the echo server closes when it reads the end
+        assert sock.recv(16) == b""
+        assert time.monotonic() - started >= 0.3
+
+
+def test_the_populate_endpoint_creates_and_replaces_proxies(
+    toxiproxy: Toxiproxy, echo: str, api: str
+) -> None:
+    """POST /populate (README "HTTP API"): 201 {"proxies": [...]}; a proxy of the same name
+    with other settings is replaced. (toxiproxy-python's `populate` creates one by one; this
+    is the server's own endpoint.)"""
+    body = [{"name": "pop", "listen": "127.0.0.1:0", "upstream": echo}]
+    answer = requests.post(f"{api}/populate", json=body, timeout=WAIT_S)
+    assert answer.status_code == 201
+    made = answer.json()["proxies"]
+    assert [p["name"] for p in made] == ["pop"] and not made[0]["listen"].endswith(":0")
+    with connect(made[0]["listen"]) as sock:
+        assert round_trip(sock, b"populated") == b"populated"
+    body[0]["upstream"] = "127.0.0.1:9"  # discard: nothing answers there
+    assert requests.post(f"{api}/populate", json=body, timeout=WAIT_S).status_code == 201
+    assert toxiproxy.get_proxy("pop").upstream == "127.0.0.1:9"
+    bad = requests.post(f"{api}/populate", json={"proxies": "none"}, timeout=WAIT_S)
+    assert bad.status_code == 400

@@ -22,6 +22,16 @@ One `SyncObj` whose single `@replicated` method takes our encoded command bytes,
   change and writes the voter set to `metadata.voters` (fsynced, replaced atomically); the
   service starts from that file rather than from its configured peers.
 
+- The follower's append (`_MetadataSyncObj._SyncObj__onMessageReceived`, ADR 0025 addendum):
+  pysyncobj's follower deletes its whole tail after `prevLogIdx` and appends what the message
+  carries, without comparing; a stale re-send carrying fewer entries than that tail left the
+  log shorter than what the replica had applied and acknowledged (benchmarks/RESULTS.md §29),
+  and such a replica could win an election without committed entries. The subclass plans each
+  append the Raft way first (`append_plan`: keep what matches, cut only from the first
+  conflict, never at or below the committed index) and hands pysyncobj the message rewritten
+  to that plan. It overrides pysyncobj's private, name-mangled methods, so the module refuses
+  to load with any pysyncobj but the one it was read against (`PYSYNCOBJ_VERSION`).
+
 - Stuck connections (`_close_stuck_connections`): pysyncobj closes a connection that has read
   nothing for its `connectionTimeout` only when that socket has an event. A connection whose
   handshake bytes were lost (accepted by a middlebox that dropped them: a Toxiproxy `timeout`
@@ -51,12 +61,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import pickle as syncobj_pickle
 from pysyncobj.journal import MetaStorer
 from pysyncobj.node import TCPNode
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.version import VERSION as _INSTALLED_PYSYNCOBJ
 from spate.cluster.metadata import limits
+from spate.cluster.metadata.append_plan import Append, Defer, Keep, Refuse, plan_append
 from spate.cluster.metadata.codec import (
     CodecError,
     LogEntry,
@@ -69,6 +83,20 @@ from spate.cluster.metadata.state import MetadataState, MetadataView, Rejected, 
 from spate.core.errors import InvalidArgument, StorageFailure, Unavailable
 
 log = logging.getLogger(__name__)
+
+PYSYNCOBJ_VERSION = "0.3.17"
+"""The pysyncobj whose private code `_MetadataSyncObj` overrides and reads (name-mangled
+`SyncObj.__onMessageReceived`, `__sendNextNodeIdx`, `__doChangeCluster`,
+`__updateClusterConfiguration`; attributes `__raftLog`, `__raftCommitIndex`,
+`__raftLastApplied`, `__raftCurrentTerm`, `__recvTransmission`, `__transport`). pyproject.toml
+pins the same version; an upgrade must re-read those and change both."""
+if _INSTALLED_PYSYNCOBJ != PYSYNCOBJ_VERSION:
+    raise ImportError(
+        f"spate.cluster.metadata.raft overrides pysyncobj {PYSYNCOBJ_VERSION}'s private "
+        f"methods, but pysyncobj {_INSTALLED_PYSYNCOBJ} is installed: install "
+        f"pysyncobj=={PYSYNCOBJ_VERSION} (or re-check the overrides in raft.py against the new "
+        "version and move the pin)"
+    )
 
 JOURNAL_FILE = "metadata.journal"
 """pysyncobj's log (its own record format; entries are our command bytes in its envelope)."""
@@ -424,12 +452,111 @@ class MetadataRaft:
 
 
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
+    # pysyncobj's private attributes this class writes as well as reads (SyncObj.__init__ sets
+    # them; PYSYNCOBJ_VERSION lists every private name used here).
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__recvTransmission: bytes | str
+
     def __init__(
-        self, adapter: MetadataRaft, self_address: str | None, peers: list[str], conf: SyncObjConf
+        self,
+        adapter: MetadataRaft,
+        self_address: str | None,
+        peers: list[str],
+        conf: SyncObjConf,
+        transport: object | None = None,
     ) -> None:
+        """`transport`: pysyncobj's TCP transport when None (tests pass an in-memory one)."""
         # Set before SyncObj.__init__: its tick thread may apply journal entries right away (§6.12).
         self._adapter = adapter
-        super().__init__(self_address, peers, conf)
+        self._acknowledge_max: int | None = None
+        """While an append is handled: the highest index the follower may acknowledge."""
+        super().__init__(self_address, peers, conf, transport=transport)
+
+    # The follower's append, the Raft way (module docstring; append_plan). pysyncobj calls both
+    # methods through `self`, so these overrides replace its own; the tick thread runs them.
+    def _SyncObj__onMessageReceived(self, node: object, message: dict[str, Any]) -> None:
+        if (
+            message.get("type") != "append_entries"
+            or "prevLogIdx" not in message
+            or message.get("transmission") in ("start", "process")
+            or int(message["term"]) < self._SyncObj__raftCurrentTerm
+        ):
+            super()._SyncObj__onMessageReceived(node, message)
+            return
+        if message.get("transmission") == "finish":  # one large entry, sent in pieces
+            whole = self._SyncObj__recvTransmission + message["data"]
+            self._SyncObj__recvTransmission = ""
+            message = {
+                k: v for k, v in message.items() if k not in ("transmission", "data", "entries")
+            }
+            message["entries"] = [syncobj_pickle.loads(whole)]
+        raft_log = self._SyncObj__raftLog
+        first, last = raft_log[0][1], raft_log[-1][1]
+
+        def term_at(index: int) -> int | None:
+            return int(raft_log[index - first][2]) if first <= index <= last else None
+
+        entries = list(message.get("entries", []))
+        committed = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
+        plan = plan_append(
+            term_at,
+            int(message["prevLogIdx"]),
+            int(message["prevLogTerm"]),
+            [(int(e[1]), int(e[2])) for e in entries],
+            committed,
+        )
+        match plan:
+            case Defer():
+                super()._SyncObj__onMessageReceived(node, message)
+                return
+            case Refuse(index, local_term, leader_term):
+                # Raft's safety says this cannot happen: a committed entry is in every later
+                # leader's log. Cut nothing (pysyncobj would) and stop serving; pysyncobj
+                # still hears its leader (no election) and answers "no match at `index`".
+                if self._adapter.failure is None:
+                    failure = StorageFailure(
+                        f"the metadata leader {getattr(node, 'id', node)} has term "
+                        f"{leader_term} at index {index}, committed here with term "
+                        f"{local_term}: the replicas have diverged; this replica stops "
+                        "serving (replace its metadata directory from a healthy voter)"
+                    )
+                    self._adapter.failure = failure
+                    log.critical("%s", failure.message)
+                message = {**message, "prevLogIdx": index, "prevLogTerm": leader_term}
+                message["entries"] = []
+                super()._SyncObj__onMessageReceived(node, message)
+                return
+            case Append(prev_index, prev_term, start, matched):
+                message = {**message, "prevLogIdx": prev_index, "prevLogTerm": prev_term}
+                message["entries"] = entries[start:]
+            case Keep(matched):
+                # Pointing pysyncobj at our own last entry makes it delete and add nothing.
+                message = {**message, "prevLogIdx": last, "prevLogTerm": term_at(last)}
+                message["entries"] = []
+        commit_before = self._SyncObj__raftCommitIndex
+        self._acknowledge_max = matched
+        try:
+            super()._SyncObj__onMessageReceived(node, message)
+        finally:
+            self._acknowledge_max = None
+        allowed = max(commit_before, min(int(message["commit_index"]), matched))
+        if self._SyncObj__raftCommitIndex > allowed:  # it took the leader's, up to our end
+            self._SyncObj__raftCommitIndex = allowed
+            raft_log.setRaftCommitIndex(allowed)
+
+    def _SyncObj__sendNextNodeIdx(
+        self,
+        node: object,
+        reset: bool = False,
+        nextNodeIdx: int | None = None,
+        success: bool = False,
+    ) -> None:
+        cap = self._acknowledge_max
+        if cap is not None and success and nextNodeIdx is not None:
+            nextNodeIdx = min(nextNodeIdx, cap + 1)
+        super()._SyncObj__sendNextNodeIdx(
+            node, reset=reset, nextNodeIdx=nextNodeIdx, success=success
+        )
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Result:
