@@ -115,6 +115,12 @@ class Track:
     """Where its cursor began: a holder that gives the partition up having finished nothing
     of a partition with no committed offset stores the offset before it, so the next holder
     goes on from there rather than from its own `next` (nothing between is skipped)."""
+    stream: str | None = None
+    """A super-stream consumer's partition (ADR 0034): the partition stream, named in each
+    delivery's `spate:stream` annotation."""
+    announce: bool = False
+    """A super-stream consumer's partition: the next delivery from it carries `spate:active`
+    (the link took the partition over)."""
 
     def final_offset(self) -> int | None:
         """What to store when the partition is given up (None: nothing)."""
@@ -196,7 +202,13 @@ class ConsumerPart:
         if plan.name is not None and not presettled and not plan.shared:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
             link.rcv_settle_mode = link.remote_rcv_settle_mode
-        if plan.coordinator is not None:
+        if plan.super_stream is not None:
+            state.tracks = {}
+            for membership in plan.memberships:
+                if membership.cursor is not None:
+                    self._track(state, membership.cursor).stream = membership.stream
+            self.tracked[link._impl] = state
+        elif plan.coordinator is not None:
             state.tracks = {}
             for cursor in plan.cursors:
                 self._track(state, cursor)
@@ -210,7 +222,10 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
-        if plan.coordinator is not None:
+        if plan.super_stream is not None:
+            for membership in plan.memberships:
+                self.host.own(asyncio.ensure_future(self._super_member(state, membership)))
+        elif plan.coordinator is not None:
             self.host.own(asyncio.ensure_future(self._group_member(state)))
             for track in (state.tracks or {}).values():
                 self.host.own(asyncio.ensure_future(self._hold(state, track)))
@@ -256,6 +271,82 @@ class ConsumerPart:
                 err,
                 lambda description: f"the single-active-consumer hand-over failed: {description}",
             )
+
+    # single active consumers of a super stream (ADR 0034) ----------------------------------------
+
+    async def _super_member(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """A super-stream consumer's turns on one partition stream, as long as its link lasts
+        (ADR 0013's `_membership`, per partition): while a standby, wait for the partition;
+        once active, read it after the group's stored offset (its first delivery announces
+        it), until asked to step down — then stop, store what the client finished, hand it
+        over, and wait again."""
+        plan = consumer.plan
+        name = plan.name
+        assert name is not None
+        owner = membership.owner
+        try:
+            while not consumer.closed and not self.host.closed:
+                if membership.cursor is None:
+                    now = await owner.until_active(name, membership.member)
+                    if not now.active or consumer.closed or self.host.closed:
+                        return
+                    cursor = await links.begin_membership(plan, membership, now.stored)
+                    if consumer.closed or self.host.closed:
+                        cursor.partition.detach()
+                        return
+                    membership.cursor = cursor
+                    plan.cursors.append(cursor)
+                    cursor.partition.add_listener(self.host.schedule_pump)
+                    track = self._track(consumer, cursor)
+                    track.stream, track.announce = membership.stream, True
+                    self.host.schedule_pump()
+                deposed = await owner.until_deposed(name, membership.member)
+                if deposed.active or consumer.closed or self.host.closed:
+                    return  # it left the group
+                await self._super_step_down(consumer, membership)
+        except BrokerError as err:
+            self._end_with(
+                consumer,
+                err,
+                lambda description: (
+                    f"super stream {plan.stream!r}, partition stream {membership.stream!r}: "
+                    f"{description}; attach again to rejoin"
+                ),
+            )
+
+    async def _super_step_down(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """Another link is designated on this partition stream: send nothing more of it,
+        store what the client finished (what it settles later is the next member's to
+        store), hand the partition over and settle the commits that store confirms."""
+        plan, cursor = consumer.plan, membership.cursor
+        assert cursor is not None and plan.name is not None and consumer.tracks is not None
+        membership.cursor = None
+        if cursor in plan.cursors:
+            plan.cursors.remove(cursor)
+        cursor.pending.clear()
+        cursor.partition.remove_listener(self.host.schedule_pump)
+        offset: int | None = None
+        through = 0
+        storing: asyncio.Future[Any] | None = None
+        track = consumer.tracks.pop(membership.index, None)
+        if track is not None:
+            track.dropped = True
+            consumer.sequences[track.pid] = track.next_tag - 1
+            through = track.tracker.done_tag
+            offset = track.final_offset()
+            storing = track.storing
+        step = asyncio.ensure_future(
+            _hand_over(membership, plan.name, storing, offset)
+        )  # a detach meanwhile waits for it before leaving the group
+        membership.step = step
+        try:
+            await step
+        finally:
+            membership.step = None
+            cursor.partition.detach()
+        if track is not None and track.awaiting and not consumer.closed and not self.host.closed:
+            self._settle_awaiting(track, through)  # stored: settling confirms the commits
+            self.host.schedule_pump()
 
     # partition-agnostic group links (ADR 0015) --------------------------------------------------
 
@@ -497,6 +588,8 @@ class ConsumerPart:
         consumer.closed = True
         for cursor in consumer.plan.cursors:
             cursor.partition.remove_listener(self.host.schedule_pump)
+        if consumer.plan.super_stream is not None:
+            return self._forget_super(consumer)
         if consumer.tracks is not None:
             self.tracked.pop(consumer.pointer, None)
             flushes = []
@@ -528,6 +621,24 @@ class ConsumerPart:
         )
         self.host.own(flushing)
         return flushing
+
+    def _forget_super(self, consumer: ConsumerLink) -> asyncio.Future[Any]:
+        """A super-stream consumer's link is going: on each partition stream, after the store
+        in flight, store what the client finished and leave the group (the next member takes
+        over after it)."""
+        self.tracked.pop(consumer.pointer, None)
+        tracks = consumer.tracks or {}
+        storing = []
+        offsets: dict[int, int | None] = {}
+        for pid, track in tracks.items():
+            track.dropped = True
+            offsets[pid] = track.final_offset()
+            if track.storing is not None:
+                storing.append(track.storing)
+        tracks.clear()
+        leaving = asyncio.ensure_future(_leave_super(consumer.plan, storing, offsets))
+        self.host.own(leaving)
+        return leaving
 
     # named consumers ----------------------------------------------------------------------------
 
@@ -844,7 +955,9 @@ class ConsumerPart:
     def _send_member(self, consumer: ConsumerLink, room: int) -> int:
         """A group member's sends: each run's deliveries tagged with its partition and that
         partition's sequence; the first after the link's partitions changed carries
-        `event-streams-associated-partitions-changed` (000 §4.6.5)."""
+        `event-streams-associated-partitions-changed` (000 §4.6.5). A super-stream consumer's
+        (ADR 0034) the same way, each delivery with `spate:stream`, and the first from a
+        partition it took over with `spate:active`."""
         tracks = consumer.tracks
         assert tracks is not None
         lp, presettled, address = consumer.pointer, consumer.presettled, consumer.address
@@ -856,15 +969,22 @@ class ConsumerPart:
             track = tracks.get(int(run.cursor.symbol))
             if track is None:
                 continue  # given up meanwhile
-            source = run.cursor.symbol
-            prefix, suffix = parts(run.timestamp_ms, source)
+            source, stream = run.cursor.symbol, track.stream
+            prefix, suffix = parts(run.timestamp_ms, source, stream=stream)
             records, first_offset, count = run.records, run.first_offset, len(run.records)
             base, sequence = track.pid << PARTITION_SHIFT, track.next_tag
             assert sequence + count <= _SEQUENCE_MASK
             track.tracker.sent(sequence, first_offset, count)
-            if consumer.associated is not None:
-                first, rest = parts(run.timestamp_ms, source, associated=consumer.associated)
+            if consumer.associated is not None or track.announce:
+                first, rest = parts(
+                    run.timestamp_ms,
+                    source,
+                    stream=stream,
+                    active=track.announce,
+                    associated=consumer.associated,
+                )
                 consumer.associated = None
+                track.announce = False
                 nbytes = send_run(
                     lp, address, records[:1], first_offset, base | sequence,
                     parts=(first, rest), presettled=presettled,
@@ -981,6 +1101,28 @@ async def _leave(consumer: ConsumerLink, flushes: Sequence[Awaitable[None]]) -> 
         assert plan.coordinator is not None and plan.group is not None
         with contextlib.suppress(BrokerError):
             await plan.coordinator.leave(plan.group, MemberId(plan.member_id))
+
+
+async def _hand_over(
+    membership: links.Membership,
+    name: bytes,
+    storing: asyncio.Future[Any] | None,
+    offset: int | None,
+) -> None:
+    """After the store in flight, store `offset` (if any) and step down on the partition."""
+    if storing is not None:
+        with contextlib.suppress(BrokerError):  # a failed store: this one covers it
+            await asyncio.shield(storing)
+    await membership.owner.step_down(name, membership.member, offset)
+
+
+async def _leave_super(
+    plan: links.ConsumerPlan, storing: list[asyncio.Future[Any]], offsets: dict[int, int | None]
+) -> None:
+    for future in storing:
+        with contextlib.suppress(BrokerError):  # a failed store: the last one covers it
+            await asyncio.shield(future)
+    await links.release_memberships(plan, offsets)
 
 
 async def _flush(
