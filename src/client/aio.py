@@ -77,6 +77,7 @@ P_STORED_OFFSET = "spate:stored-offset"
 P_SINGLE_ACTIVE = "spate:single-active-consumer"
 P_ACTIVE = "spate:active"
 P_ACTIVE_PARTITIONS = "spate:active-partitions"
+P_PARTITION_STREAMS = "spate:partition-streams"
 P_SUB_ENTRIES = sub_entries.AS_IS_PROPERTY
 P_BULK = bulk.PROPERTY
 SUB_ENTRY_MARKER = sub_entries.MARKER_BYTES
@@ -583,7 +584,8 @@ class AsyncConsumer:
         ADR 0034) a name and `single_active` make it a member of the name's group on every
         partition stream: it receives from those where it is the active member (spread over
         the links of that name), each event saying its partition stream (`Event.stream`);
-        `active_streams` names them. `group` makes it its consumer group's receiver of one
+        `active_streams` names them and `assignment` their indexes (as of the last event that
+        said they changed). `group` makes it its consumer group's receiver of one
         partition (`event-streams-consumer-group`, ADR 0015: the one `partition` names, else
         one the broker binds, then in `partition`); it commits the group's offset like a
         named consumer (default start `stored`), and `epoch` (`event-streams-epoch`) takes
@@ -748,10 +750,12 @@ class AsyncConsumer:
         """Attached to a super stream's address (ADR 0034): each event says its partition
         stream (`Event.stream`)."""
         self.active_streams: set[str] = set()
-        """A super-stream consumer: the partition streams the broker said it is active on —
-        at attach (`spate:active-partitions`), then each it took over (its first event says
-        `spate:active`). A partition it handed over to another link stays listed (the broker
-        sends nothing to say so, ADR 0013)."""
+        """A super-stream consumer: the partition streams it is active on, as the broker said
+        — at attach (`spate:active-partitions`), then with the first event after they changed
+        (`event-streams-associated-partitions-changed`: a partition taken over or handed
+        over)."""
+        self._partition_streams: list[str] = []
+        """A super-stream consumer: its partition streams by index (`spate:partition-streams`)."""
 
     def _spec(self) -> eng.LinkSpec:
         return eng.LinkSpec(
@@ -783,6 +787,11 @@ class AsyncConsumer:
             if streams is not None:  # a super stream's: every reattach starts after the
                 self.super_stream = self._core.group = True  # groups' stored offsets
                 self.active_streams = {str(s) for s in streams}
+                every = eng.link_property(link, P_PARTITION_STREAMS) or []
+                self._partition_streams = [str(s) for s in every]
+                self.assignment = frozenset(
+                    i for i, s in enumerate(self._partition_streams) if s in self.active_streams
+                )
             granted = eng.link_property(link, P_EPOCH)
             self.epoch = None if granted is None else int(granted)
         bound = eng.link_property(link, P_PARTITION)
@@ -829,6 +838,10 @@ class AsyncConsumer:
                     self.active_streams.add(stream)
             if associated is not None:
                 self.assignment = frozenset(int(p) for p in associated)
+                if self.super_stream:  # where it is active now (ADR 0034)
+                    every = self._partition_streams
+                    self.active_streams = {every[p] for p in self.assignment if p < len(every)}
+                    self.active = bool(self.assignment)
                 if self._on_assignment is not None:
                     self._on_assignment(self.assignment)
         link = self._link

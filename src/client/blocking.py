@@ -303,8 +303,8 @@ class Consumer:
     On a super stream's address (`Consumer(url, "invoices", name="billing",
     single_active=True)`, ADR 0034) it is a member on every partition stream, receives from
     those where it is active (the broker spreads them over the consumers of that name), and
-    each `Event.stream` names its partition stream (`active_streams`: where it was told it is
-    active).
+    each `Event.stream` names its partition stream (`active_streams`: where it is active, as
+    of the last event that said so).
 
     With `group="billing"` it is its consumer group's receiver of one partition (ADR 0015;
     `partition=` names it, else the broker binds a free one): it starts after the group's
@@ -422,8 +422,8 @@ class Consumer:
 
     @property
     def active_streams(self) -> frozenset[str]:
-        """A super-stream consumer (ADR 0034): the partition streams the broker said this
-        link is active on (at attach, then each it took over; one it handed over stays)."""
+        """A super-stream consumer (ADR 0034): the partition streams this link is active on,
+        as of the attach or the last event that said they changed."""
         return frozenset(self._aio.active_streams)
 
     @property

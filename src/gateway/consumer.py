@@ -279,7 +279,8 @@ class ConsumerPart:
         (ADR 0013's `_membership`, per partition): while a standby, wait for the partition;
         once active, read it after the group's stored offset (its first delivery announces
         it), until asked to step down — then stop, store what the client finished, hand it
-        over, and wait again."""
+        over, and wait again. Each change of the link's active partitions is told by the next
+        delivery (`event-streams-associated-partitions-changed`, as for a group member)."""
         plan = consumer.plan
         name = plan.name
         assert name is not None
@@ -299,7 +300,7 @@ class ConsumerPart:
                     cursor.partition.add_listener(self.host.schedule_pump)
                     track = self._track(consumer, cursor)
                     track.stream, track.announce = membership.stream, True
-                    self.host.schedule_pump()
+                    self._associations_changed(consumer)
                 deposed = await owner.until_deposed(name, membership.member)
                 if deposed.active or consumer.closed or self.host.closed:
                     return  # it left the group
@@ -335,6 +336,7 @@ class ConsumerPart:
             through = track.tracker.done_tag
             offset = track.final_offset()
             storing = track.storing
+        self._associations_changed(consumer)  # the next delivery says it (000 §4.6.5)
         step = asyncio.ensure_future(
             _hand_over(membership, plan.name, storing, offset)
         )  # a detach meanwhile waits for it before leaving the group
@@ -628,7 +630,7 @@ class ConsumerPart:
         over after it)."""
         self.tracked.pop(consumer.pointer, None)
         tracks = consumer.tracks or {}
-        storing = []
+        storing: list[asyncio.Future[Any]] = []
         offsets: dict[int, int | None] = {}
         for pid, track in tracks.items():
             track.dropped = True

@@ -76,6 +76,10 @@ partitions to an undefined group's members (a defined group's definition decides
 ACTIVE_PARTITIONS_PROPERTY = "spate:active-partitions"
 """Answered on a super-stream consumer's attach (ADR 0034): a list of the partition streams
 (strings) where the link is its group's active member at attach."""
+PARTITION_STREAMS_PROPERTY = "spate:partition-streams"
+"""Answered on a super-stream consumer's attach (ADR 0034): the super stream's partition
+streams in index order (`event-streams-source-partition` and
+`event-streams-associated-partitions-changed` name partitions by that index)."""
 STREAM_ANNOTATION = "spate:stream"
 """Delivery annotation (string) on a super-stream consumer's deliveries (ADR 0034): the
 partition stream the message was read from (`event-streams-source-partition` is its index)."""

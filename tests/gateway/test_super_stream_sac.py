@@ -8,8 +8,10 @@ single-active-consumer group on every partition stream; partition i's active mem
 i % size in joining order (004 "Single Active Consumer Support", RabbitMQ's rule), so the
 partitions spread over the links of one name. The attach reply says where the link is active
 (`spate:active`, `spate:active-partitions`); each delivery carries its partition stream
-(`spate:stream`) and index (`event-streams-source-partition`) with its offset, and the first
-from a partition the link took over carries `spate:active` = true. When a link goes, each of
+(`spate:stream`) and index (`event-streams-source-partition`) with its offset; the first from a
+partition the link took over carries `spate:active` = true, and the first after the link's
+active partitions changed (taken or handed over) lists them in
+`event-streams-associated-partitions-changed` (000 §4.6.5). When a link goes, each of
 its partitions is taken over after the group's stored offset: no gap, no repeat beyond what it
 had not settled.
 """
@@ -39,10 +41,17 @@ NAME = symbol("spate:consumer-name")
 SAC = symbol("spate:single-active-consumer")
 ACTIVE = symbol("spate:active")
 ACTIVE_PARTITIONS = symbol("spate:active-partitions")
+ASSOCIATED = "event-streams-associated-partitions-changed"
 
 
 def member(name: str) -> LinkProperties:
     return LinkProperties({NAME: name, SAC: True})
+
+
+def associated(message: Message) -> list[str] | None:
+    """`event-streams-associated-partitions-changed` (an array of symbols), if present."""
+    value = da(message, ASSOCIATED)
+    return None if value is None else [str(p) for p in value.elements]
 
 
 def put(gateway: RunningGateway, stream: str, *bodies: str) -> None:
@@ -90,8 +99,10 @@ def test_one_link_receives_every_partition_and_each_delivery_names_its_stream(
         link = conn.create_receiver(
             topology.name, name=unique("rx"), credit=20, options=[member("billing"), first()]
         )
-        assert link.link.remote_properties[ACTIVE] is True
-        assert list(link.link.remote_properties[ACTIVE_PARTITIONS]) == list(topology.partitions)
+        properties = link.link.remote_properties
+        assert properties[ACTIVE] is True
+        assert list(properties[ACTIVE_PARTITIONS]) == list(topology.partitions)
+        assert list(properties[symbol("spate:partition-streams")]) == list(topology.partitions)
         got = receive(link, 6)
         by_stream: dict[str, list[tuple[str, int]]] = {}
         for message in got:
@@ -99,6 +110,7 @@ def test_one_link_receives_every_partition_and_each_delivery_names_its_stream(
             assert stream == topology.partitions[int(index)]
             by_stream.setdefault(stream, []).append((message.body, offset))
             assert da(message, "spate:active") is None  # active from the attach: said there
+            assert associated(message) is None
         assert by_stream == {
             stream: [(f"p{i}-a", 0), (f"p{i}-b", 1)] for i, stream in enumerate(topology.partitions)
         }
@@ -132,9 +144,13 @@ def test_a_second_link_takes_partition_one_and_the_first_keeps_the_others(
             ("one-2", (p1, "1", 2)),
         ]
         assert da(took[0], "spate:active") is True
-        assert da(took[1], "spate:active") is None
-        kept = sorted(m.body for m in receive(a, 2))
-        assert kept == ["two-0", "zero-0"]
+        assert associated(took[0]) == ["1"]  # where it is active now (000 §4.6.5)
+        assert da(took[1], "spate:active") is None and associated(took[1]) is None
+        kept = receive(a, 2)
+        assert sorted(m.body for m in kept) == ["two-0", "zero-0"]
+        # the first's next delivery says it handed partition 1 over
+        assert associated(kept[0]) == ["0", "2"]
+        assert associated(kept[1]) is None
         assert nothing_arrives(a) and nothing_arrives(b)
 
 
@@ -318,14 +334,15 @@ def test_client_consumers_of_a_super_stream_spread_and_take_over(
             put(gateway, p1, "o0")
             event = two.receive(timeout=10)
             assert (event.body, event.stream, event.partition, event.offset) == ("o0", p1, "1", 0)
-            assert two.active and two.active_streams == {p1}
+            assert two.active and two.active_streams == {p1} and two.assignment == {1}
             event = one.receive(timeout=10)
             assert (event.body, event.stream, event.partition) == ("z0", p0, "0")
+            assert one.active_streams == {p0} and one.assignment == {0}  # said by z0
             one.close()  # z0 finished: stored, then partition 0 is two's
             put(gateway, p0, "z1")
             event = two.receive(timeout=10)
             assert (event.body, event.stream, event.offset) == ("z1", p0, 1)
-            assert two.active_streams == {p0, p1}
+            assert two.active_streams == {p0, p1} and two.assignment == {0, 1}
         finally:
             two.close()
 

@@ -183,6 +183,8 @@ def test_two_consumer_processes_share_the_partitions_and_one_takes_over_after_a_
         before = len(first.events())
         first.wait_for(lambda: len(first.events()) >= before + 30, "the second batch")
         first.kill9()  # mid-stream: it has up to CREDIT deliveries unsettled
+        # it was told it handed invoices-1 over (the first delivery after that said so)
+        assert first.events()[-1]["streams"] == ["invoices-0", "invoices-2"]
 
         second.wait_for(lambda: received() >= set(keys + more), "every message after the kill")
         had, took = by_stream(first.events()), by_stream(second.events())
