@@ -33,6 +33,7 @@ from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
 from spate.core import bulk
 from spate.core import limits as core_limits
+from spate.core.backend import Partition
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.subentry import SubEntryRecords
@@ -131,6 +132,12 @@ class Track:
 
 
 PARTITION_SHIFT = 40
+SUPER_REJOIN_S = 30.0
+"""How long a super-stream consumer's link tries to join a partition stream's group again
+after losing it (a leader change: an election, then the gateways' routes catching up, ~1-2 s)
+before it is ended (ADR 0034)."""
+SUPER_REJOIN_PAUSE_S = 0.2
+"""Between its attempts (each one asks the leader as the broker knows it now)."""
 _SEQUENCE_MASK = (1 << PARTITION_SHIFT) - 1
 
 
@@ -276,35 +283,25 @@ class ConsumerPart:
 
     async def _super_member(self, consumer: ConsumerLink, membership: links.Membership) -> None:
         """A super-stream consumer's turns on one partition stream, as long as its link lasts
-        (ADR 0013's `_membership`, per partition): while a standby, wait for the partition;
-        once active, read it after the group's stored offset (its first delivery announces
-        it), until asked to step down — then stop, store what the client finished, hand it
-        over, and wait again. Each change of the link's active partitions is told by the next
-        delivery (`event-streams-associated-partitions-changed`, as for a group member)."""
+        (ADR 0013's `_membership`, per partition). When the partition stream's group is lost
+        (its leader changed, or the leader no longer knows the member), the link joins the
+        group again at the leader (`_super_rejoin`) and the other partitions go on; a link that
+        cannot rejoin within `SUPER_REJOIN_S` is ended with the error (attach again)."""
         plan = consumer.plan
-        name = plan.name
-        assert name is not None
-        owner = membership.owner
         try:
             while not consumer.closed and not self.host.closed:
-                if membership.cursor is None:
-                    now = await owner.until_active(name, membership.member)
-                    if not now.active or consumer.closed or self.host.closed:
-                        return
-                    cursor = await links.begin_membership(plan, membership, now.stored)
-                    if consumer.closed or self.host.closed:
-                        cursor.partition.detach()
-                        return
-                    membership.cursor = cursor
-                    plan.cursors.append(cursor)
-                    cursor.partition.add_listener(self.host.schedule_pump)
-                    track = self._track(consumer, cursor)
-                    track.stream, track.announce = membership.stream, True
-                    self._associations_changed(consumer)
-                deposed = await owner.until_deposed(name, membership.member)
-                if deposed.active or consumer.closed or self.host.closed:
-                    return  # it left the group
-                await self._super_step_down(consumer, membership)
+                try:
+                    await self._super_turn(consumer, membership)
+                except BrokerError as err:
+                    if not err.retryable:
+                        raise
+                    log.info(
+                        "super stream %r: rejoining the group of %r (%s)",
+                        plan.stream,
+                        membership.stream,
+                        err.message,
+                    )
+                    await self._super_rejoin(consumer, membership)
         except BrokerError as err:
             self._end_with(
                 consumer,
@@ -314,6 +311,96 @@ class ConsumerPart:
                     f"{description}; attach again to rejoin"
                 ),
             )
+
+    async def _super_turn(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """While a standby, wait for the partition; once active, read it after the group's
+        stored offset (its first delivery announces it), until asked to step down — then
+        stop, store what the client finished and hand it over. Each change of the link's
+        active partitions is told by its next delivery
+        (`event-streams-associated-partitions-changed`, as for a group member)."""
+        plan = consumer.plan
+        name = plan.name
+        assert name is not None
+        if membership.cursor is None:
+            now = await membership.owner.until_active(name, membership.member)
+            if consumer.closed or self.host.closed:
+                return
+            if not now.active:  # the leader does not know the member (its groups went)
+                raise Unavailable(f"the group of {membership.stream!r} no longer has this link")
+            cursor = await links.begin_membership(plan, membership, now.stored)
+            if consumer.closed or self.host.closed:
+                cursor.partition.detach()
+                return
+            membership.cursor = cursor
+            plan.cursors.append(cursor)
+            cursor.partition.add_listener(self.host.schedule_pump)
+            track = self._track(consumer, cursor)
+            track.stream, track.announce = membership.stream, True
+            self._associations_changed(consumer)
+        deposed = await membership.owner.until_deposed(name, membership.member)
+        if consumer.closed or self.host.closed:
+            return
+        if deposed.active:  # "left": not by this link, which is open
+            raise Unavailable(f"the group of {membership.stream!r} no longer has this link")
+        await self._super_step_down(consumer, membership)
+
+    async def _super_rejoin(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """The partition stream's group lost this link (ADR 0034): stop reading it (nothing can
+        be stored at a former leader; the next member resumes after the last stored offset),
+        leave wherever it may still be known, and join the group again at the current leader,
+        retrying while there is none. Raises the last error after `SUPER_REJOIN_S`."""
+        plan = consumer.plan
+        name, broker = plan.name, plan.broker
+        assert name is not None and broker is not None
+        self._super_drop(consumer, membership)
+        old, membership.member = membership.member, 0  # a detach meanwhile leaves nothing
+        if old:
+            with contextlib.suppress(BrokerError):
+                await membership.owner.consumer_detach(name, None, old)
+        deadline = self.loop.time() + SUPER_REJOIN_S
+        while not consumer.closed and not self.host.closed:
+            await asyncio.sleep(SUPER_REJOIN_PAUSE_S)  # an election, routes catching up
+            if consumer.closed or self.host.closed:
+                return
+            owner: Partition | None = None
+            try:
+                owner = links.partition_or_agnostic_error(
+                    broker, membership.stream, PartitionId(0), True, write=True
+                )
+                attached = await owner.consumer_attach(
+                    name, single_active=True, spread=membership.index
+                )
+            except BrokerError as err:
+                if owner is not None:
+                    owner.detach()
+                if not err.retryable or self.loop.time() > deadline:
+                    raise
+                continue
+            if consumer.closed or self.host.closed:  # its detach did not know this member
+                with contextlib.suppress(BrokerError):
+                    await owner.consumer_detach(name, None, attached.member)
+                owner.detach()
+                return
+            membership.owner.detach()
+            membership.owner, membership.member = owner, attached.member
+            return
+
+    def _super_drop(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """Stop sending a partition stream without storing (its group is gone)."""
+        plan, cursor = consumer.plan, membership.cursor
+        if cursor is None:
+            return
+        membership.cursor = None
+        if cursor in plan.cursors:
+            plan.cursors.remove(cursor)
+        cursor.pending.clear()
+        cursor.partition.remove_listener(self.host.schedule_pump)
+        cursor.partition.detach()
+        track = (consumer.tracks or {}).pop(membership.index, None)
+        if track is not None:
+            track.dropped = True
+            consumer.sequences[track.pid] = track.next_tag - 1
+        self._associations_changed(consumer)
 
     async def _super_step_down(self, consumer: ConsumerLink, membership: links.Membership) -> None:
         """Another link is designated on this partition stream: send nothing more of it,

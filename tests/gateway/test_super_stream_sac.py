@@ -19,6 +19,7 @@ had not settled.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +34,11 @@ from support.amqp_clients import (
     da,
     offset_filter,
     receive,
+    LoopThread,
     run_rhea,
     unique,
 )
+from support.memory_broker import MemoryBroker
 
 NAME = symbol("spate:consumer-name")
 SAC = symbol("spate:single-active-consumer")
@@ -371,3 +374,57 @@ def test_many_links_of_one_name_each_receive_their_share_exactly_once(
         assert sorted(b for bodies in received.values() for b in bodies) == sorted(
             f"{i}-{n}" for i in range(3) for n in range(4)
         )
+
+
+def gather(receivers: list[Any], wanted: set[str], wait_s: float = 20.0) -> list[list[Message]]:
+    """What each receiver gets (accepted) until `wanted` were all received by some."""
+    got: list[list[Message]] = [[] for _ in receivers]
+    deadline = time.monotonic() + wait_s
+    while not wanted <= {m.body for messages in got for m in messages}:
+        assert time.monotonic() < deadline, [[m.body for m in g] for g in got]
+        for receiver, messages in zip(receivers, got, strict=True):
+            with contextlib.suppress(Timeout):
+                messages.append(receiver.receive(timeout=0.1))
+                receiver.accept()
+    return got
+
+
+@pytest.mark.memory_broker_only
+def test_a_partition_streams_leader_change_rejoins_its_group_and_the_others_go_on(
+    gateway: RunningGateway,
+    broker: MemoryBroker,
+    loop_thread: LoopThread,
+    make_super: Callable[..., SuperStream],
+) -> None:
+    """When one partition stream's leadership moves, its groups are disbanded and their waiting
+    members told NotLeader (ADR 0013); a super-stream link joins that group again at the new
+    leader and keeps its other partitions (ADR 0034) — it is not ended. One link is active on
+    the partition again, after its stored offset."""
+    topology = make_super(partitions=2)
+    p0, p1 = topology.partitions
+    with blocking(gateway) as one, blocking(gateway) as two:
+        a = one.create_receiver(
+            topology.name, name=unique("a"), credit=10, options=[member("moving"), first()]
+        )
+        b = two.create_receiver(
+            topology.name, name=unique("b"), credit=10, options=[member("moving")]
+        )
+        put(gateway, p0, "z0")
+        put(gateway, p1, "o0")
+        assert [m.body for m in receive(a, 1)] == ["z0"]
+        assert [m.body for m in receive(b, 1)] == ["o0"]
+        loop_thread.run(lambda: broker.lose_leadership(p1))
+        put(gateway, p1, "o1", "o2")
+        put(gateway, p0, "z1")
+        got_a, got_b = gather([a, b], {"o1", "o2", "z1"})
+        assert [m.body for m in got_a if where(m)[0] == p0] == ["z1"]  # partition 0 untouched
+        assert not [m for m in got_b if where(m)[0] == p0]
+        from_p1 = [where(m)[2] for m in got_a + got_b if where(m)[0] == p1]
+        assert set(from_p1) >= {1, 2} and set(from_p1) <= {0, 1, 2}  # o0 again if not stored
+        # one active link on each partition again
+        put(gateway, p1, "o3")
+        put(gateway, p0, "z2")
+        got_a, got_b = gather([a, b], {"o3", "z2"})
+        bodies = sorted(m.body for m in got_a + got_b)
+        assert bodies.count("o3") == 1 and bodies.count("z2") == 1, bodies
+        assert "z2" in [m.body for m in got_a]
