@@ -311,6 +311,13 @@ class ConsumerPart:
                     f"{description}; attach again to rejoin"
                 ),
             )
+        except Exception as err:  # a bug: end the link (the client attaches again), not silence
+            log.exception("super-stream consumer of %r failed", membership.stream)
+            self._end_with(
+                consumer,
+                Unavailable(f"the member's work failed ({type(err).__name__}: {err})"),
+                lambda description: f"super stream {plan.stream!r}: {description}; attach again",
+            )
 
     async def _super_turn(self, consumer: ConsumerLink, membership: links.Membership) -> None:
         """While a standby, wait for the partition; once active, read it after the group's
