@@ -10,7 +10,8 @@ from spate.client.engine import Message, decode_message
 class Event:
     """A message read from a stream: its offset, its append time (ms since the epoch), the
     partition it came from (on an unbound link over several partitions; None otherwise), the
-    partition stream (a super stream's consumer), and the message — kept as the bytes the broker sent (`raw`) and decoded on first use."""
+    partition stream (a super stream's consumer), and the message — kept as the bytes the
+    broker sent (`raw`) and decoded on first use."""
 
     __slots__ = ("_message", "offset", "partition", "raw", "stream", "timestamp_ms")
 

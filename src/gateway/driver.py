@@ -668,7 +668,9 @@ class AmqpConnection(asyncio.Protocol):
                     answer = {
                         symbol(links.ACTIVE_PROPERTY): bool(active),
                         symbol(links.ACTIVE_PARTITIONS_PROPERTY): active,
-                        symbol(links.PARTITION_STREAMS_PROPERTY): list(plan.super_stream.partitions),
+                        symbol(links.PARTITION_STREAMS_PROPERTY): list(
+                            plan.super_stream.partitions
+                        ),
                     }
                 elif plan.coordinator is not None:  # partition-agnostic: no partition, no epoch
                     answer = answer or {}

@@ -29,12 +29,12 @@ from spate.client import Consumer
 from spate.core.superstreams import SuperStream
 from support.amqp_clients import (
     LinkProperties,
+    LoopThread,
     RunningGateway,
     blocking,
     da,
     offset_filter,
     receive,
-    LoopThread,
     run_rhea,
     unique,
 )
@@ -134,7 +134,9 @@ def test_a_second_link_takes_partition_one_and_the_first_keeps_the_others(
         )
         assert [m.body for m in receive(a, 1)] == ["one-0"]  # accepted: stored on step-down
         flush(one)
-        b = two.create_receiver(topology.name, name=unique("b"), credit=10, options=[member("spread")])
+        b = two.create_receiver(
+            topology.name, name=unique("b"), credit=10, options=[member("spread")]
+        )
         # partition 1 is the first's until it has stepped down: the second is told by delivery
         assert b.link.remote_properties[ACTIVE] is False
         assert list(b.link.remote_properties[ACTIVE_PARTITIONS]) == []
@@ -166,7 +168,9 @@ def test_a_detached_link_hands_each_partition_over_after_what_it_accepted(
         a = one.create_receiver(
             topology.name, name=unique("a"), credit=10, options=[member("handover"), first()]
         )
-        b = two.create_receiver(topology.name, name=unique("b"), credit=10, options=[member("handover")])
+        b = two.create_receiver(
+            topology.name, name=unique("b"), credit=10, options=[member("handover")]
+        )
         put(gateway, p0, "z0", "z1", "z2")
         put(gateway, p1, "o0", "o1")
         assert sorted(m.body for m in receive(a, 3)) == ["z0", "z1", "z2"]  # partition 0: a's

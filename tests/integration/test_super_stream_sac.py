@@ -3,7 +3,9 @@
 tests/support/sac_member.py) attach to the super stream's address with one name — one through
 a node (partitions it does not lead are relayed), one through the gateway — and the broker
 spreads the partitions over them; one is killed with SIGKILL and the other takes its
-partitions over after the stored offsets.
+partitions over after the stored offsets; a raw python-qpid-proton link through the gateway in
+redirect mode joins and takes a partition over; then that partition's leader node is killed
+and the links join its group again at the new leader without being ended.
 
 Clauses proved (../shared/seeds/004_4cf6e8eab0240210.txt, cited as 004):
 - 004 "Single Active Consumer Support" (super streams): "only one consumer instance will
@@ -18,6 +20,7 @@ The AMQP contract is docs/amqp.md "Super streams"; its documented examples run h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proton import Message, symbol
+from proton import Message, Timeout, symbol
 from proton.utils import BlockingConnection
 from spate.client import Producer
 from spate.core.superstreams import hash_partition
@@ -225,9 +228,29 @@ def test_two_consumer_processes_share_the_partitions_and_one_takes_over_after_a_
             assert [m.body for m in got] == everything[offsets[0] :]
             assert {m.instructions[symbol("spate:stream")] for m in got} == {"invoices-1"}
             assert got[0].instructions[symbol("spate:active")] is True
+
+            # invoices-1's leader is killed: its groups go with it; both links join the group
+            # again at the new leader (neither is ended) and one of them receives what comes
+            # next, after the stored offset
+            dead = cluster3.index_of(cluster3.leader_of("invoices-1"))
+            cluster3.kill9(dead)
+            cluster3.refresh()
+            deadline = time.monotonic() + WAIT_S
+            while cluster3.leader_of("invoices-1") == cluster3.state["nodes"][dead]["node_id"]:
+                assert time.monotonic() < deadline, "invoices-1 kept its dead leader"
+                time.sleep(0.2)
+            live = [url for i, url in enumerate(nodes) if i != dead]
+            after = next(k for k in (f"after-{i}" for i in range(100)) if hash_partition(k, 3) == 1)
+            publish(live, [after])
+            seen_by_third: list[str] = []
+            while after not in seen_by_third and after not in received():
+                assert time.monotonic() < deadline + WAIT_S, "nobody received after the kill"
+                with contextlib.suppress(Timeout):  # LinkDetached here: the link was ended
+                    seen_by_third.append(third.receive(timeout=0.2).body)
+                    third.accept()
+            assert second.proc.poll() is None
         finally:
             connection.close()
     finally:
         for member in members:
             member.stop()
-
