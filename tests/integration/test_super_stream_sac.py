@@ -87,9 +87,9 @@ def publish(urls: list[str], keys: list[str]) -> dict[str, list[str]]:
     expected on each partition stream, in order."""
     expected: dict[str, list[str]] = {f"invoices-{p}": [] for p in range(3)}
     with Producer(urls, "invoices", timeout_s=30, reconnect_timeout_s=30) as producer:
-        for key in keys:
-            producer.send(Message(id=key, body=key))
-            expected[f"invoices-{hash_partition(key, 3)}"].append(key)
+        assert producer.send_batch([Message(id=key, body=key) for key in keys]) == len(keys)
+    for key in keys:
+        expected[f"invoices-{hash_partition(key, 3)}"].append(key)
     return expected
 
 
@@ -143,7 +143,7 @@ def test_two_consumer_processes_share_the_partitions_and_one_takes_over_after_a_
     }
     # the first through a node (its link relays the partitions led elsewhere), paced so that
     # it has deliveries in flight when it is killed; the second through the proxy gateway
-    first = Member(nodes, "invoices", "settlement", delay_s=0.02)
+    first = Member(nodes, "invoices", "settlement", delay_s=0.05)
     members = [first]
     try:
         first.wait_for(lambda: bool(first.lines), "attach")
@@ -182,8 +182,8 @@ def test_two_consumer_processes_share_the_partitions_and_one_takes_over_after_a_
         handed_over(kept.get("invoices-1", []), took["invoices-1"], expected["invoices-1"])
 
         more = [f"key-{i}" for i in range(60, 600)]
-        later = publish(nodes, more)
         before = len(first.events())
+        later = publish(nodes, more)
         first.wait_for(lambda: len(first.events()) >= before + 30, "the second batch")
         first.kill9()  # mid-stream: it has up to CREDIT deliveries unsettled
         # it was told it handed invoices-1 over (the first delivery after that said so)
