@@ -1218,7 +1218,32 @@ async def _leave_super(
     for future in storing:
         with contextlib.suppress(BrokerError):  # a failed store: the last one covers it
             await asyncio.shield(future)
-    await links.release_memberships(plan, offsets)
+    await release_memberships(plan, offsets)
+
+
+async def release_memberships(plan: links.ConsumerPlan, offsets: dict[int, int | None]) -> None:
+    """A super-stream consumer's link is going: on each partition stream at once, after a
+    step-down in flight, store its `offsets[index]` (if any) and leave the group, then stop
+    reading. A partition's failure does not keep the others from leaving."""
+    name = plan.name
+    assert name is not None
+
+    async def leave(membership: links.Membership) -> None:
+        try:
+            if membership.step is not None:
+                with contextlib.suppress(BrokerError):
+                    await asyncio.shield(membership.step)
+            if membership.member:
+                offset = offsets.get(membership.index)
+                with contextlib.suppress(BrokerError):
+                    await membership.owner.consumer_detach(name, offset, membership.member)
+        finally:
+            membership.owner.detach()
+            if membership.cursor is not None:
+                membership.cursor.partition.detach()
+                membership.cursor = None
+
+    await asyncio.gather(*(leave(m) for m in plan.memberships))
 
 
 async def _flush(

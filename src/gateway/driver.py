@@ -719,7 +719,7 @@ class AmqpConnection(asyncio.Protocol):
         """A planned link that will not open: let go of its partitions (and a named consumer's
         place at the leader)."""
         if isinstance(plan, links.ConsumerPlan) and plan.super_stream is not None:
-            self.own(asyncio.ensure_future(links.release_memberships(plan)))
+            self.own(asyncio.ensure_future(links.leave_memberships(plan)))
             return
         if isinstance(plan, links.ConsumerPlan) and plan.coordinator is not None:
             self.own(asyncio.ensure_future(_release_member(plan)))

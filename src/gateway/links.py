@@ -9,7 +9,6 @@ unknown node (amqp:not-found).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from collections import deque
@@ -510,8 +509,9 @@ class Membership:
     """Its member number in the group (0: not joined yet)."""
     cursor: Cursor | None = None
     """While it is the active member: its reader (`owner` holds the place)."""
-    step: asyncio.Future[None] | None = None
-    """A step-down in flight (the link's detach waits for it before leaving the group)."""
+    step: Awaitable[None] | None = None
+    """A step-down in flight (the link's detach waits for it before leaving the group; a
+    future, awaited shielded)."""
 
 
 @dataclass
@@ -821,7 +821,7 @@ async def plan_super_consumer(
                 membership.cursor = await begin_membership(plan, membership, attached.stored)
                 plan.cursors.append(membership.cursor)
     except BaseException:
-        await release_memberships(plan)
+        await leave_memberships(plan)
         raise
     return plan
 
@@ -859,31 +859,21 @@ async def begin_membership(
     )
 
 
-async def release_memberships(
-    plan: ConsumerPlan, offsets: dict[int, int | None] | None = None
-) -> None:
-    """A super-stream consumer's link is going (or never opened): on each partition stream,
-    after a step-down in flight, store its `offsets[index]` (if any) and leave the group, then
-    stop reading. A partition's failure does not keep the others from leaving."""
-    name = plan.name
-    assert name is not None
-
-    async def leave(membership: Membership) -> None:
+async def leave_memberships(plan: ConsumerPlan) -> None:
+    """A super-stream consumer's link that never opened: leave each group it joined and stop
+    reading (one partition at a time; an open link's are let go by the consumer's shell,
+    `spate.gateway.consumer.release_memberships`, after its stores)."""
+    assert plan.name is not None
+    for membership in plan.memberships:
         try:
-            if membership.step is not None:
-                with contextlib.suppress(BrokerError):
-                    await asyncio.shield(membership.step)
             if membership.member:
-                offset = (offsets or {}).get(membership.index)
                 with contextlib.suppress(BrokerError):
-                    await membership.owner.consumer_detach(name, offset, membership.member)
+                    await membership.owner.consumer_detach(plan.name, None, membership.member)
         finally:
             membership.owner.detach()
             if membership.cursor is not None:
                 membership.cursor.partition.detach()
                 membership.cursor = None
-
-    await asyncio.gather(*(leave(m) for m in plan.memberships))
 
 
 def group_settings(definition: Any, properties: dict[Any, Any]) -> GroupSettings:
