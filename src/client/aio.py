@@ -76,6 +76,8 @@ P_CONSUMER_NAME = "spate:consumer-name"
 P_STORED_OFFSET = "spate:stored-offset"
 P_SINGLE_ACTIVE = "spate:single-active-consumer"
 P_ACTIVE = "spate:active"
+P_ACTIVE_PARTITIONS = "spate:active-partitions"
+P_PARTITION_STREAMS = "spate:partition-streams"
 P_SUB_ENTRIES = sub_entries.AS_IS_PROPERTY
 P_BULK = bulk.PROPERTY
 SUB_ENTRY_MARKER = sub_entries.MARKER_BYTES
@@ -87,6 +89,7 @@ _DA_TIMESTAMP = "event-streams-timestamp"
 _DA_SOURCE = "event-streams-source-partition"
 _DA_ASSOCIATED = "event-streams-associated-partitions-changed"
 _DA_ACTIVE = "spate:active"
+_DA_STREAM = "spate:stream"
 
 Body = bytes | bytearray | eng.Message | SubEntryBatch | MessageParts
 """A body (framed as one data section), a `proton.Message` (encoded by proton), a sub-entry
@@ -577,7 +580,12 @@ class AsyncConsumer:
         the offset is replicated. `single_active` (with a name) joins the name's single active
         consumer group (`spate:single-active-consumer`, ADR 0013): one member receives, the
         others wait attached, and the next takes over after the stored offset when it goes;
-        `active` says which this one is. `group` makes it its consumer group's receiver of one
+        `active` says which this one is. On a super stream's address (`stream="invoices"`,
+        ADR 0034) a name and `single_active` make it a member of the name's group on every
+        partition stream: it receives from those where it is the active member (spread over
+        the links of that name), each event saying its partition stream (`Event.stream`);
+        `active_streams` names them and `assignment` their indexes (as of the last event that
+        said they changed). `group` makes it its consumer group's receiver of one
         partition (`event-streams-consumer-group`, ADR 0015: the one `partition` names, else
         one the broker binds, then in `partition`); it commits the group's offset like a
         named consumer (default start `stored`), and `epoch` (`event-streams-epoch`) takes
@@ -736,7 +744,18 @@ class AsyncConsumer:
         (`spate:stored-offset`), then the last offset a `commit()` confirmed."""
         self.active = True
         """Single active consumer: whether this member receives (`spate:active` on the attach
-        reply; a standby turns True with the first delivery after it took over)."""
+        reply; a standby turns True with the first delivery after it took over). On a super
+        stream: whether it receives from at least one partition stream."""
+        self.super_stream = False
+        """Attached to a super stream's address (ADR 0034): each event says its partition
+        stream (`Event.stream`)."""
+        self.active_streams: set[str] = set()
+        """A super-stream consumer: the partition streams it is active on, as the broker said
+        — at attach (`spate:active-partitions`), then with the first event after they changed
+        (`event-streams-associated-partitions-changed`: a partition taken over or handed
+        over)."""
+        self._partition_streams: list[str] = []
+        """A super-stream consumer: its partition streams by index (`spate:partition-streams`)."""
 
     def _spec(self) -> eng.LinkSpec:
         return eng.LinkSpec(
@@ -764,6 +783,15 @@ class AsyncConsumer:
             self._core.on_relinked()
             active = eng.link_property(link, P_ACTIVE)
             self.active = True if active is None else bool(active)
+            streams = eng.link_property(link, P_ACTIVE_PARTITIONS)
+            if streams is not None:  # a super stream's: every reattach starts after the
+                self.super_stream = self._core.group = True  # groups' stored offsets
+                self.active_streams = {str(s) for s in streams}
+                every = eng.link_property(link, P_PARTITION_STREAMS) or []
+                self._partition_streams = [str(s) for s in every]
+                self.assignment = frozenset(
+                    i for i, s in enumerate(self._partition_streams) if s in self.active_streams
+                )
             granted = eng.link_property(link, P_EPOCH)
             self.epoch = None if granted is None else int(granted)
         bound = eng.link_property(link, P_PARTITION)
@@ -796,17 +824,24 @@ class AsyncConsumer:
         if self._closed:
             return None
         fast = sections.read_spate_annotations(raw)
+        stream = None
         if fast is not None:
             offset, stamp, source = fast
         else:
             parsed = _scan(raw)
             if parsed is None:
                 return None  # not one of Spate's deliveries: no offset to resume from
-            offset, stamp, source, active, associated = parsed
+            offset, stamp, source, active, associated, stream = parsed
             if active:
                 self.active = True
+                if stream is not None:
+                    self.active_streams.add(stream)
             if associated is not None:
                 self.assignment = frozenset(int(p) for p in associated)
+                if self.super_stream:  # where it is active now (ADR 0034)
+                    every = self._partition_streams
+                    self.active_streams = {every[p] for p in self.assignment if p < len(every)}
+                    self.active = bool(self.assignment)
                 if self._on_assignment is not None:
                     self._on_assignment(self.assignment)
         link = self._link
@@ -816,7 +851,7 @@ class AsyncConsumer:
         if not self._core.on_message(offset, source):
             link.repeat = offset  # after resuming: already handed out (held, not accepted)
             return None
-        return self._hand_out(offset, stamp, source, raw)
+        return self._hand_out(offset, stamp, source, raw, stream)
 
     def _on_batch(self, raws: list[bytes]) -> None:
         """A burst for the batch handler: runs of deliveries in the link's usual layout read
@@ -910,7 +945,9 @@ class AsyncConsumer:
             self._link.repeat = first + len(envelope.messages) - 1  # every message a repeat
         return handed
 
-    def _hand_out(self, offset: int, stamp: int, source: str | None, raw: bytes) -> int | None:
+    def _hand_out(
+        self, offset: int, stamp: int, source: str | None, raw: bytes, stream: str | None = None
+    ) -> int | None:
         if self._batch is not None:  # taken when the batch handler returns
             self._batch[0].append(offset)
             self._batch[1].append(stamp)
@@ -927,9 +964,9 @@ class AsyncConsumer:
                 self._taken_unfinished += 1
                 self._loop.call_soon(self._finish_taken, 0)  # after the link holds it
         elif self._sink is not None:
-            self._sink(Event(offset, stamp, source, raw))
+            self._sink(Event(offset, stamp, source, raw, stream))
         else:
-            self._events.append(Event(offset, stamp, source, raw))
+            self._events.append(Event(offset, stamp, source, raw, stream))
             self._ready.set()
         return offset
 
@@ -1114,11 +1151,14 @@ class AsyncConsumer:
         self._finish(None)
 
 
-def _scan(raw: bytes) -> tuple[int, int, str | None, bool, list[str] | None] | None:
+def _scan(
+    raw: bytes,
+) -> tuple[int, int, str | None, bool, list[str] | None, str | None] | None:
     """Offset, timestamp, source partition, whether it says `spate:active` (the first
-    delivery after a single-active-consumer standby took over) and the partitions of
-    `event-streams-associated-partitions-changed` (a group member's, 000 §4.6.5), by the
-    section scanner."""
+    delivery after a single-active-consumer standby took over), the partitions of
+    `event-streams-associated-partitions-changed` (a group member's, 000 §4.6.5) and the
+    partition stream of `spate:stream` (a super-stream consumer's, ADR 0034), by the section
+    scanner."""
     try:
         incoming = sections.scan_incoming(raw)
     except sections.MalformedMessage:
@@ -1132,10 +1172,12 @@ def _scan(raw: bytes) -> tuple[int, int, str | None, bool, list[str] | None] | N
     source = annotations.get(_DA_SOURCE)
     stamp = int(annotations.get(_DA_TIMESTAMP) or 0)
     associated = annotations.get(_DA_ASSOCIATED)
+    stream = annotations.get(_DA_STREAM)
     return (
         offset,
         stamp,
         None if source is None else str(source),
         bool(annotations.get(_DA_ACTIVE)),
         None if associated is None else [str(p) for p in associated],
+        None if stream is None else str(stream),
     )

@@ -300,6 +300,11 @@ class Consumer:
     With `single_active=True` (and a name) the consumer joins the name's single active consumer
     group (ADR 0013): one member receives, the others wait attached; when the active one goes
     the next takes over after the stored offset. `active` says whether this one receives.
+    On a super stream's address (`Consumer(url, "invoices", name="billing",
+    single_active=True)`, ADR 0034) it is a member on every partition stream, receives from
+    those where it is active (the broker spreads them over the consumers of that name), and
+    each `Event.stream` names its partition stream (`active_streams`: where it is active, as
+    of the last event that said so).
 
     With `group="billing"` it is its consumer group's receiver of one partition (ADR 0015;
     `partition=` names it, else the broker binds a free one): it starts after the group's
@@ -414,6 +419,12 @@ class Consumer:
         """Single active consumer: whether this member receives now (a standby turns True
         with the first event after it took over)."""
         return self._aio.active
+
+    @property
+    def active_streams(self) -> frozenset[str]:
+        """A super-stream consumer (ADR 0034): the partition streams this link is active on,
+        as of the attach or the last event that said they changed."""
+        return frozenset(self._aio.active_streams)
 
     @property
     def assignment(self) -> frozenset[int]:

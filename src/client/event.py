@@ -9,15 +9,26 @@ from spate.client.engine import Message, decode_message
 
 class Event:
     """A message read from a stream: its offset, its append time (ms since the epoch), the
-    partition it came from (on an unbound link over several partitions; None otherwise), and
-    the message — kept as the bytes the broker sent (`raw`) and decoded on first use."""
+    partition it came from (on an unbound link over several partitions; None otherwise), the
+    partition stream (a super stream's consumer), and the message — kept as the bytes the
+    broker sent (`raw`) and decoded on first use."""
 
-    __slots__ = ("_message", "offset", "partition", "raw", "timestamp_ms")
+    __slots__ = ("_message", "offset", "partition", "raw", "stream", "timestamp_ms")
 
-    def __init__(self, offset: int, timestamp_ms: int, partition: str | None, raw: bytes) -> None:
+    def __init__(
+        self,
+        offset: int,
+        timestamp_ms: int,
+        partition: str | None,
+        raw: bytes,
+        stream: str | None = None,
+    ) -> None:
         self.offset, self.timestamp_ms, self.partition = offset, timestamp_ms, partition
         self.raw = raw
         """The delivered AMQP message, delivery annotations included."""
+        self.stream = stream
+        """A super-stream consumer's event (ADR 0034): the partition stream it was read from
+        (`partition` is its index in the super stream); None otherwise."""
         self._message: Message | None = None
 
     @property

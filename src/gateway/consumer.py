@@ -33,6 +33,7 @@ from cproton_ffi import ffi, lib
 from proton import Condition, Data, Link, symbol
 from spate.core import bulk
 from spate.core import limits as core_limits
+from spate.core.backend import Partition
 from spate.core.errors import BrokerError, InvalidArgument, Unavailable
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.subentry import SubEntryRecords
@@ -115,6 +116,12 @@ class Track:
     """Where its cursor began: a holder that gives the partition up having finished nothing
     of a partition with no committed offset stores the offset before it, so the next holder
     goes on from there rather than from its own `next` (nothing between is skipped)."""
+    stream: str | None = None
+    """A super-stream consumer's partition (ADR 0034): the partition stream, named in each
+    delivery's `spate:stream` annotation."""
+    announce: bool = False
+    """A super-stream consumer's partition: the next delivery from it carries `spate:active`
+    (the link took the partition over)."""
 
     def final_offset(self) -> int | None:
         """What to store when the partition is given up (None: nothing)."""
@@ -125,6 +132,12 @@ class Track:
 
 
 PARTITION_SHIFT = 40
+SUPER_REJOIN_S = 30.0
+"""How long a super-stream consumer's link tries to join a partition stream's group again
+after losing it (a leader change: an election, then the gateways' routes catching up, ~1-2 s)
+before it is ended (ADR 0034)."""
+SUPER_REJOIN_PAUSE_S = 0.2
+"""Between its attempts (each one asks the leader as the broker knows it now)."""
 _SEQUENCE_MASK = (1 << PARTITION_SHIFT) - 1
 
 
@@ -196,7 +209,13 @@ class ConsumerPart:
         if plan.name is not None and not presettled and not plan.shared:
             state.confirm = link.remote_rcv_settle_mode == Link.RCV_SECOND
             link.rcv_settle_mode = link.remote_rcv_settle_mode
-        if plan.coordinator is not None:
+        if plan.super_stream is not None:
+            state.tracks = {}
+            for membership in plan.memberships:
+                if membership.cursor is not None:
+                    self._track(state, membership.cursor).stream = membership.stream
+            self.tracked[link._impl] = state
+        elif plan.coordinator is not None:
             state.tracks = {}
             for cursor in plan.cursors:
                 self._track(state, cursor)
@@ -210,7 +229,10 @@ class ConsumerPart:
         for cursor in plan.cursors:
             cursor.partition.add_listener(self.host.schedule_pump)
         link.open()
-        if plan.coordinator is not None:
+        if plan.super_stream is not None:
+            for membership in plan.memberships:
+                self.host.own(asyncio.ensure_future(self._super_member(state, membership)))
+        elif plan.coordinator is not None:
             self.host.own(asyncio.ensure_future(self._group_member(state)))
             for track in (state.tracks or {}).values():
                 self.host.own(asyncio.ensure_future(self._hold(state, track)))
@@ -256,6 +278,171 @@ class ConsumerPart:
                 err,
                 lambda description: f"the single-active-consumer hand-over failed: {description}",
             )
+
+    # single active consumers of a super stream (ADR 0034) ----------------------------------------
+
+    async def _super_member(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """A super-stream consumer's turns on one partition stream, as long as its link lasts
+        (ADR 0013's `_membership`, per partition). When the partition stream's group is lost
+        (its leader changed, or the leader no longer knows the member), the link joins the
+        group again at the leader (`_super_rejoin`) and the other partitions go on; a link that
+        cannot rejoin within `SUPER_REJOIN_S` is ended with the error (attach again)."""
+        plan = consumer.plan
+        try:
+            while not consumer.closed and not self.host.closed:
+                try:
+                    await self._super_turn(consumer, membership)
+                except BrokerError as err:
+                    if not err.retryable:
+                        raise
+                    log.info(
+                        "super stream %r: rejoining the group of %r (%s)",
+                        plan.stream,
+                        membership.stream,
+                        err.message,
+                    )
+                    await self._super_rejoin(consumer, membership)
+        except BrokerError as err:
+            self._end_with(
+                consumer,
+                err,
+                lambda description: (
+                    f"super stream {plan.stream!r}, partition stream {membership.stream!r}: "
+                    f"{description}; attach again to rejoin"
+                ),
+            )
+        except Exception as err:  # a bug: end the link (the client attaches again), not silence
+            log.exception("super-stream consumer of %r failed", membership.stream)
+            self._end_with(
+                consumer,
+                Unavailable(f"the member's work failed ({type(err).__name__}: {err})"),
+                lambda description: f"super stream {plan.stream!r}: {description}; attach again",
+            )
+
+    async def _super_turn(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """While a standby, wait for the partition; once active, read it after the group's
+        stored offset (its first delivery announces it), until asked to step down — then
+        stop, store what the client finished and hand it over. Each change of the link's
+        active partitions is told by its next delivery
+        (`event-streams-associated-partitions-changed`, as for a group member)."""
+        plan = consumer.plan
+        name = plan.name
+        assert name is not None
+        if membership.cursor is None:
+            now = await membership.owner.until_active(name, membership.member)
+            if consumer.closed or self.host.closed:
+                return
+            if not now.active:  # the leader does not know the member (its groups went)
+                raise Unavailable(f"the group of {membership.stream!r} no longer has this link")
+            cursor = await links.begin_membership(plan, membership, now.stored)
+            if consumer.closed or self.host.closed:
+                cursor.partition.detach()
+                return
+            membership.cursor = cursor
+            plan.cursors.append(cursor)
+            cursor.partition.add_listener(self.host.schedule_pump)
+            track = self._track(consumer, cursor)
+            track.stream, track.announce = membership.stream, True
+            self._associations_changed(consumer)
+        deposed = await membership.owner.until_deposed(name, membership.member)
+        if consumer.closed or self.host.closed:
+            return
+        if deposed.active:  # "left": not by this link, which is open
+            raise Unavailable(f"the group of {membership.stream!r} no longer has this link")
+        await self._super_step_down(consumer, membership)
+
+    async def _super_rejoin(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """The partition stream's group lost this link (ADR 0034): stop reading it (nothing can
+        be stored at a former leader; the next member resumes after the last stored offset),
+        leave wherever it may still be known, and join the group again at the current leader,
+        retrying while there is none. Raises the last error after `SUPER_REJOIN_S`."""
+        plan = consumer.plan
+        name, broker = plan.name, plan.broker
+        assert name is not None and broker is not None
+        self._super_drop(consumer, membership)
+        old, membership.member = membership.member, 0  # a detach meanwhile leaves nothing
+        if old:
+            with contextlib.suppress(BrokerError):
+                await membership.owner.consumer_detach(name, None, old)
+        deadline = self.loop.time() + SUPER_REJOIN_S
+        while not consumer.closed and not self.host.closed:
+            await asyncio.sleep(SUPER_REJOIN_PAUSE_S)  # an election, routes catching up
+            if consumer.closed or self.host.closed:
+                return
+            owner: Partition | None = None
+            try:
+                owner = links.partition_or_agnostic_error(
+                    broker, membership.stream, PartitionId(0), True, write=True
+                )
+                attached = await owner.consumer_attach(
+                    name, single_active=True, spread=membership.index
+                )
+            except BrokerError as err:
+                if owner is not None:
+                    owner.detach()
+                if not err.retryable or self.loop.time() > deadline:
+                    raise
+                continue
+            if consumer.closed or self.host.closed:  # its detach did not know this member
+                with contextlib.suppress(BrokerError):
+                    await owner.consumer_detach(name, None, attached.member)
+                owner.detach()
+                return
+            membership.owner.detach()
+            membership.owner, membership.member = owner, attached.member
+            return
+
+    def _super_drop(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """Stop sending a partition stream without storing (its group is gone)."""
+        plan, cursor = consumer.plan, membership.cursor
+        if cursor is None:
+            return
+        membership.cursor = None
+        if cursor in plan.cursors:
+            plan.cursors.remove(cursor)
+        cursor.pending.clear()
+        cursor.partition.remove_listener(self.host.schedule_pump)
+        cursor.partition.detach()
+        track = (consumer.tracks or {}).pop(membership.index, None)
+        if track is not None:
+            track.dropped = True
+            consumer.sequences[track.pid] = track.next_tag - 1
+        self._associations_changed(consumer)
+
+    async def _super_step_down(self, consumer: ConsumerLink, membership: links.Membership) -> None:
+        """Another link is designated on this partition stream: send nothing more of it,
+        store what the client finished (what it settles later is the next member's to
+        store), hand the partition over and settle the commits that store confirms."""
+        plan, cursor = consumer.plan, membership.cursor
+        assert cursor is not None and plan.name is not None and consumer.tracks is not None
+        membership.cursor = None
+        if cursor in plan.cursors:
+            plan.cursors.remove(cursor)
+        cursor.pending.clear()
+        cursor.partition.remove_listener(self.host.schedule_pump)
+        offset: int | None = None
+        through = 0
+        storing: asyncio.Future[Any] | None = None
+        track = consumer.tracks.pop(membership.index, None)
+        if track is not None:
+            track.dropped = True
+            consumer.sequences[track.pid] = track.next_tag - 1
+            through = track.tracker.done_tag
+            offset = track.final_offset()
+            storing = track.storing
+        self._associations_changed(consumer)  # the next delivery says it (000 §4.6.5)
+        step = asyncio.ensure_future(
+            _hand_over(membership, plan.name, storing, offset)
+        )  # a detach meanwhile waits for it before leaving the group
+        membership.step = step
+        try:
+            await step
+        finally:
+            membership.step = None
+            cursor.partition.detach()
+        if track is not None and track.awaiting and not consumer.closed and not self.host.closed:
+            self._settle_awaiting(track, through)  # stored: settling confirms the commits
+            self.host.schedule_pump()
 
     # partition-agnostic group links (ADR 0015) --------------------------------------------------
 
@@ -497,6 +684,8 @@ class ConsumerPart:
         consumer.closed = True
         for cursor in consumer.plan.cursors:
             cursor.partition.remove_listener(self.host.schedule_pump)
+        if consumer.plan.super_stream is not None:
+            return self._forget_super(consumer)
         if consumer.tracks is not None:
             self.tracked.pop(consumer.pointer, None)
             flushes = []
@@ -528,6 +717,24 @@ class ConsumerPart:
         )
         self.host.own(flushing)
         return flushing
+
+    def _forget_super(self, consumer: ConsumerLink) -> asyncio.Future[Any]:
+        """A super-stream consumer's link is going: on each partition stream, after the store
+        in flight, store what the client finished and leave the group (the next member takes
+        over after it)."""
+        self.tracked.pop(consumer.pointer, None)
+        tracks = consumer.tracks or {}
+        storing: list[asyncio.Future[Any]] = []
+        offsets: dict[int, int | None] = {}
+        for pid, track in tracks.items():
+            track.dropped = True
+            offsets[pid] = track.final_offset()
+            if track.storing is not None:
+                storing.append(track.storing)
+        tracks.clear()
+        leaving = asyncio.ensure_future(_leave_super(consumer.plan, storing, offsets))
+        self.host.own(leaving)
+        return leaving
 
     # named consumers ----------------------------------------------------------------------------
 
@@ -844,7 +1051,9 @@ class ConsumerPart:
     def _send_member(self, consumer: ConsumerLink, room: int) -> int:
         """A group member's sends: each run's deliveries tagged with its partition and that
         partition's sequence; the first after the link's partitions changed carries
-        `event-streams-associated-partitions-changed` (000 §4.6.5)."""
+        `event-streams-associated-partitions-changed` (000 §4.6.5). A super-stream consumer's
+        (ADR 0034) the same way, each delivery with `spate:stream`, and the first from a
+        partition it took over with `spate:active`."""
         tracks = consumer.tracks
         assert tracks is not None
         lp, presettled, address = consumer.pointer, consumer.presettled, consumer.address
@@ -856,15 +1065,22 @@ class ConsumerPart:
             track = tracks.get(int(run.cursor.symbol))
             if track is None:
                 continue  # given up meanwhile
-            source = run.cursor.symbol
-            prefix, suffix = parts(run.timestamp_ms, source)
+            source, stream = run.cursor.symbol, track.stream
+            prefix, suffix = parts(run.timestamp_ms, source, stream=stream)
             records, first_offset, count = run.records, run.first_offset, len(run.records)
             base, sequence = track.pid << PARTITION_SHIFT, track.next_tag
             assert sequence + count <= _SEQUENCE_MASK
             track.tracker.sent(sequence, first_offset, count)
-            if consumer.associated is not None:
-                first, rest = parts(run.timestamp_ms, source, associated=consumer.associated)
+            if consumer.associated is not None or track.announce:
+                first, rest = parts(
+                    run.timestamp_ms,
+                    source,
+                    stream=stream,
+                    active=track.announce,
+                    associated=consumer.associated,
+                )
                 consumer.associated = None
+                track.announce = False
                 nbytes = send_run(
                     lp, address, records[:1], first_offset, base | sequence,
                     parts=(first, rest), presettled=presettled,
@@ -981,6 +1197,53 @@ async def _leave(consumer: ConsumerLink, flushes: Sequence[Awaitable[None]]) -> 
         assert plan.coordinator is not None and plan.group is not None
         with contextlib.suppress(BrokerError):
             await plan.coordinator.leave(plan.group, MemberId(plan.member_id))
+
+
+async def _hand_over(
+    membership: links.Membership,
+    name: bytes,
+    storing: asyncio.Future[Any] | None,
+    offset: int | None,
+) -> None:
+    """After the store in flight, store `offset` (if any) and step down on the partition."""
+    if storing is not None:
+        with contextlib.suppress(BrokerError):  # a failed store: this one covers it
+            await asyncio.shield(storing)
+    await membership.owner.step_down(name, membership.member, offset)
+
+
+async def _leave_super(
+    plan: links.ConsumerPlan, storing: list[asyncio.Future[Any]], offsets: dict[int, int | None]
+) -> None:
+    for future in storing:
+        with contextlib.suppress(BrokerError):  # a failed store: the last one covers it
+            await asyncio.shield(future)
+    await release_memberships(plan, offsets)
+
+
+async def release_memberships(plan: links.ConsumerPlan, offsets: dict[int, int | None]) -> None:
+    """A super-stream consumer's link is going: on each partition stream at once, after a
+    step-down in flight, store its `offsets[index]` (if any) and leave the group, then stop
+    reading. A partition's failure does not keep the others from leaving."""
+    name = plan.name
+    assert name is not None
+
+    async def leave(membership: links.Membership) -> None:
+        try:
+            if membership.step is not None:
+                with contextlib.suppress(BrokerError):
+                    await asyncio.shield(membership.step)
+            if membership.member:
+                offset = offsets.get(membership.index)
+                with contextlib.suppress(BrokerError):
+                    await membership.owner.consumer_detach(name, offset, membership.member)
+        finally:
+            membership.owner.detach()
+            if membership.cursor is not None:
+                membership.cursor.partition.detach()
+                membership.cursor = None
+
+    await asyncio.gather(*(leave(m) for m in plan.memberships))
 
 
 async def _flush(

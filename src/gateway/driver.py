@@ -663,7 +663,16 @@ class AmqpConnection(asyncio.Protocol):
                 if plan.stored is not None:
                     answer = answer or {}
                     answer[symbol(links.STORED_OFFSET_PROPERTY)] = plan.stored.offset
-                if plan.coordinator is not None:  # partition-agnostic: no partition, no epoch
+                if plan.super_stream is not None:  # ADR 0034: where it is active now
+                    active = [m.stream for m in plan.memberships if m.cursor is not None]
+                    answer = {
+                        symbol(links.ACTIVE_PROPERTY): bool(active),
+                        symbol(links.ACTIVE_PARTITIONS_PROPERTY): active,
+                        symbol(links.PARTITION_STREAMS_PROPERTY): list(
+                            plan.super_stream.partitions
+                        ),
+                    }
+                elif plan.coordinator is not None:  # partition-agnostic: no partition, no epoch
                     answer = answer or {}
                     answer[symbol(links.CONSUMER_GROUP_PROPERTY)] = plan.group
                 elif plan.group is not None:  # 000 §4.5.2: the granted epoch, a ulong
@@ -709,6 +718,9 @@ class AmqpConnection(asyncio.Protocol):
     def _release(self, plan: links.ProducerPlan | links.ConsumerPlan | StreamName | None) -> None:
         """A planned link that will not open: let go of its partitions (and a named consumer's
         place at the leader)."""
+        if isinstance(plan, links.ConsumerPlan) and plan.super_stream is not None:
+            self.own(asyncio.ensure_future(links.leave_memberships(plan)))
+            return
         if isinstance(plan, links.ConsumerPlan) and plan.coordinator is not None:
             self.own(asyncio.ensure_future(_release_member(plan)))
             return

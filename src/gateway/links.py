@@ -9,6 +9,7 @@ unknown node (amqp:not-found).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spate.core import groups, limits
-from spate.core.backend import Attached, Broker, ConsumerOffset, OffsetSpec, Partition
+from spate.core.backend import (
+    Attached,
+    Broker,
+    ConsumerOffset,
+    OffsetSpec,
+    OffsetSpecKind,
+    Partition,
+)
 from spate.core.coordinator import STRATEGIES, Assignment, GroupCoordinator, GroupSettings
 from spate.core.errors import (
     AlreadyExists,
@@ -64,6 +72,16 @@ type) and granted (ulong)."""
 STRATEGY_PROPERTY = "spate:group-strategy"
 """Receiver link property (string: round-robin, range, sticky): how the coordinator assigns
 partitions to an undefined group's members (a defined group's definition decides)."""
+ACTIVE_PARTITIONS_PROPERTY = "spate:active-partitions"
+"""Answered on a super-stream consumer's attach (ADR 0034): a list of the partition streams
+(strings) where the link is its group's active member at attach."""
+PARTITION_STREAMS_PROPERTY = "spate:partition-streams"
+"""Answered on a super-stream consumer's attach (ADR 0034): the super stream's partition
+streams in index order (`event-streams-source-partition` and
+`event-streams-associated-partitions-changed` name partitions by that index)."""
+STREAM_ANNOTATION = "spate:stream"
+"""Delivery annotation (string) on a super-stream consumer's deliveries (ADR 0034): the
+partition stream the message was read from (`event-streams-source-partition` is its index)."""
 ASSOCIATED_ANNOTATION = "event-streams-associated-partitions-changed"
 """Delivery annotation (000 §4.6.5; the seed also spells it
 `event-streams-assigned-partitions-changed`): the partitions a partition-agnostic group link
@@ -262,21 +280,16 @@ async def plan_super_producer(
     return plan
 
 
-async def lookup_source(broker: Broker, name: StreamName) -> StreamConfig:
-    """broker.lookup for a consumer; a super stream's name says where to consume instead."""
+async def lookup_source(broker: Broker, name: StreamName) -> StreamConfig | SuperStream:
+    """broker.lookup for a consumer; a super stream's topology for a super stream's name
+    (NotFound for neither)."""
     try:
         return await broker.lookup(name)
     except NotFound as unknown:
         try:
-            topology = await broker.super_stream(name)
-        except BrokerError:
+            return await broker.super_stream(name)
+        except NotFound:
             raise unknown from None
-        shown = ", ".join(repr(p) for p in topology.partitions[:3])
-        more = ", ..." if len(topology.partitions) > 3 else ""
-        raise NotFound(
-            f"{name!r} is a super stream: consume from its partition streams ({shown}{more}), "
-            "one link each"
-        ) from None
 
 
 def producer_name(properties: dict[Any, Any]) -> bytes | None:
@@ -482,6 +495,26 @@ class Cursor:
 
 
 @dataclass
+class Membership:
+    """A super-stream consumer's place in the single-active-consumer group of its name on one
+    partition stream (ADR 0034; the group is ADR 0013's spread group of that stream)."""
+
+    index: int
+    """The partition stream's index in the super stream (its `event-streams-source-partition`
+    and the group's spread)."""
+    stream: StreamName
+    owner: Partition
+    """The partition stream at its leader (here, or relayed): the group and the stores."""
+    member: int = 0
+    """Its member number in the group (0: not joined yet)."""
+    cursor: Cursor | None = None
+    """While it is the active member: its reader (`owner` holds the place)."""
+    step: Awaitable[None] | None = None
+    """A step-down in flight (the link's detach waits for it before leaving the group; a
+    future, awaited shielded)."""
+
+
+@dataclass
 class ConsumerPlan:
     stream: StreamName
     bound: PartitionId | None
@@ -522,6 +555,11 @@ class ConsumerPlan:
     """The coordinator's last answer the link acted on."""
     broker: Broker | None = None
     """A group member: the broker its partitions come from (it claims more later)."""
+    super_stream: SuperStream | None = None
+    """A single active consumer of a super stream (ADR 0034): `memberships[i]` is its place in
+    the group of the name on partition stream i; its cursors are the partitions where it is
+    the active member now."""
+    memberships: list[Membership] = field(default_factory=list)
 
     def available(self) -> bool:
         return any(c.available() for c in self.cursors)
@@ -553,6 +591,8 @@ async def plan_consumer(
     filters: dict[Any, Any] | None,
 ) -> ConsumerPlan:
     config = await lookup_source(broker, address.stream)
+    if isinstance(config, SuperStream):
+        return await plan_super_consumer(broker, config, properties, filters)
     selection = parse_filters(filters)
     requested = properties.get(PARTITION_PROPERTY)
     bound: PartitionId | None = None
@@ -696,6 +736,144 @@ async def _plan_group(  # noqa: PLR0917 (the attach's parts, in order)
         epoch=granted,
         shared=epoch is None and groups.takes_over_at_equal_epoch(group),
     )
+
+
+SUPER_REFUSED_PROPERTIES = (
+    PARTITION_PROPERTY,
+    CONSUMER_GROUP_PROPERTY,
+    EPOCH_PROPERTY,
+    STRATEGY_PROPERTY,
+)
+
+
+def _partition_streams(topology: SuperStream) -> str:
+    shown = ", ".join(repr(p) for p in topology.partitions[:3])
+    return shown + (", ..." if len(topology.partitions) > 3 else "")
+
+
+async def plan_super_consumer(
+    broker: Broker,
+    topology: SuperStream,
+    properties: dict[Any, Any],
+    filters: dict[Any, Any] | None,
+) -> ConsumerPlan:
+    """A receiver on a super stream's address (ADR 0034): with `spate:consumer-name` and
+    `spate:single-active-consumer` = true it joins the name's single-active-consumer group on
+    every partition stream (ADR 0013's spread groups: partition i's active member is member
+    i % size in joining order) and is sent the partitions where it is active. Each group is
+    at its partition stream's leader, reached here or relayed (like a super-stream sender's
+    partitions). A start filter applies to a partition whose group has no stored offset;
+    an offset names one partition's message, so it is refused."""
+    name_text = topology.name
+    streams = _partition_streams(topology)
+    name = consumer_name(properties)
+    sac = single_active(properties, name)
+    if name is None or not sac:
+        missing = (
+            f"'{CONSUMER_NAME_PROPERTY}' and '{SINGLE_ACTIVE_PROPERTY}' = true"
+            if name is None
+            else f"'{SINGLE_ACTIVE_PROPERTY}' = true"
+        )
+        raise InvalidArgument(
+            f"{name_text!r} is a super stream: consume from its partition streams ({streams}), "
+            f"one link each, or attach here with {missing} (one active consumer per partition "
+            "stream among the links of that name)"
+        )
+    for key in SUPER_REFUSED_PROPERTIES:
+        if properties.get(key) is not None:
+            raise InvalidArgument(
+                f"'{key}' is not taken on super stream {name_text!r}: its single active "
+                f"consumers are spread over the partition streams by the broker; to choose a "
+                f"partition, attach to its stream ({streams})"
+            )
+    selection = parse_filters(filters)
+    if any(spec.kind is OffsetSpecKind.OFFSET for spec in selection.specs):
+        raise InvalidArgument(
+            f"an offset filter names a message of one partition stream, and super stream "
+            f"{name_text!r} has {len(topology.partitions)}: start at first, last, next, -N or a "
+            f"timestamp here, or attach to a partition stream ({streams}) with the offset"
+        )
+    plan = ConsumerPlan(
+        name_text,
+        None,
+        [],
+        selection,
+        tag_source_partition=True,
+        name=name,
+        broker=broker,
+        super_stream=topology,
+    )
+    try:
+        for index, stream in enumerate(topology.partitions):
+            try:
+                await broker.lookup(stream)
+            except NotFound as missing_stream:  # the topology is newer than these streams
+                raise Unavailable(
+                    f"super stream {name_text!r} was just created or deleted: its partition "
+                    f"stream {stream!r} is not known here yet; retry"
+                ) from missing_stream
+            owner = partition_or_agnostic_error(broker, stream, PartitionId(0), True, write=True)
+            membership = Membership(index, stream, owner)
+            plan.memberships.append(membership)
+            attached = await owner.consumer_attach(name, single_active=True, spread=index)
+            membership.member = attached.member
+            if attached.active:
+                membership.cursor = await begin_membership(plan, membership, attached.stored)
+                plan.cursors.append(membership.cursor)
+    except BaseException:
+        await leave_memberships(plan)
+        raise
+    return plan
+
+
+async def begin_membership(
+    plan: ConsumerPlan, membership: Membership, stored: ConsumerOffset | None
+) -> Cursor:
+    """A super-stream consumer became the active member on one partition stream: its reader
+    (any replica, relayed when none is here) begins after the group's stored offset, else at
+    the link's start filter, else `next` — and then, when the group had stored nothing, the
+    offset before where it began is stored at once, so a later member goes on from there
+    rather than from its own `next` (nothing between is skipped; as ADR 0015's first holder)."""
+    assert plan.broker is not None and plan.name is not None
+    if stored is not None:
+        specs = resume_specs(stored)
+    else:
+        specs = plan.selection.specs if plan.selection.accepted_keys else (OffsetSpec.next(),)
+    reader = partition_or_agnostic_error(
+        plan.broker, membership.stream, PartitionId(0), True, write=False
+    )
+    try:
+        start = await reader.begin(specs, chunk_filter_of(plan.selection))
+        if stored is None:
+            await membership.owner.store_offset(plan.name, int(start) - 1, membership.member)
+    except BaseException:
+        reader.detach()
+        raise
+    return Cursor(
+        reader,
+        partition_symbol(PartitionId(membership.index)),
+        start,
+        owner=membership.owner,
+        member=membership.member,
+        resumed=True,  # the group has a stored offset now (above)
+    )
+
+
+async def leave_memberships(plan: ConsumerPlan) -> None:
+    """A super-stream consumer's link that never opened: leave each group it joined and stop
+    reading (one partition at a time; an open link's are let go by the consumer's shell,
+    `spate.gateway.consumer.release_memberships`, after its stores)."""
+    assert plan.name is not None
+    for membership in plan.memberships:
+        try:
+            if membership.member:
+                with contextlib.suppress(BrokerError):
+                    await membership.owner.consumer_detach(plan.name, None, membership.member)
+        finally:
+            membership.owner.detach()
+            if membership.cursor is not None:
+                membership.cursor.partition.detach()
+                membership.cursor = None
 
 
 def group_settings(definition: Any, properties: dict[Any, Any]) -> GroupSettings:

@@ -98,8 +98,8 @@ class RoutingTable:
 
 def super_stream_redirect(name: str) -> str:
     return (
-        f"{name!r} is a super stream: its messages go to several partitions' leaders, so a "
-        "node routes them (or use proxy mode: the 'spate:gateway-mode' property 'proxy')"
+        f"{name!r} is a super stream: its links reach several partitions' leaders, so a "
+        "node serves them (or use proxy mode: the 'spate:gateway-mode' property 'proxy')"
     )
 
 

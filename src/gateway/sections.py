@@ -246,6 +246,7 @@ _K_OFFSET = _sym8("event-streams-offset")
 _K_TIMESTAMP = _sym8("event-streams-timestamp")
 _K_SOURCE = _sym8("event-streams-source-partition")
 _K_ACTIVE = _sym8("spate:active")
+_K_STREAM = _sym8("spate:stream")
 _K_ASSOCIATED = _sym8("event-streams-associated-partitions-changed")
 
 
@@ -274,13 +275,16 @@ def delivery_annotation_parts(
     timestamp_ms: int,
     source_partition: str | None = None,
     *,
+    stream: str | None = None,
     active: bool = False,
     associated: Sequence[str] | None = None,
 ) -> tuple[bytes, bytes]:
     """(prefix, suffix) such that `prefix + b"%020d" % offset + suffix` is
     `encode_delivery_annotations(offset_to_symbol(offset), timestamp_ms, source_partition)`;
-    `active` adds `spate:active` = true (the first delivery a single-active-consumer link gets
-    after it became its group's active member, ADR 0013); `associated` adds
+    `stream` adds `spate:stream` (a string: the partition stream of a super-stream consumer's
+    delivery, ADR 0034); `active` adds `spate:active` = true (the first delivery a
+    single-active-consumer link gets after it became its group's active member, ADR 0013);
+    `associated` adds
     `event-streams-associated-partitions-changed` (000 §4.6.5) with those partitions.
 
     The offset symbol has a fixed width (`OFFSET_SYMBOL_DIGITS`), so everything but its digits
@@ -291,6 +295,9 @@ def delivery_annotation_parts(
     if source_partition is not None:
         body_tail += _K_SOURCE + _sym8(source_partition)
         count = 6
+    if stream is not None:
+        body_tail += _K_STREAM + codec.encode(stream)
+        count += 2
     if active:
         body_tail += _K_ACTIVE + b"\x41"
         count += 2

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from spate.core.ids import StreamName
 from spate.core.streams import StreamConfig
+from spate.core.superstreams import SuperStream, define
 from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, RunningGateway, unique
 from support.memory_broker import MemoryBroker
@@ -64,6 +65,24 @@ def make_stream(
         else:
             loop_thread.run(lambda: broker.create_stream(config))
         return name
+
+    return make
+
+
+@pytest.fixture
+def make_super(
+    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker | ProxyBroker
+) -> Callable[..., SuperStream]:
+    """Create a fresh super stream (ADR 0014; `partitions=N` or `binding_keys=(...)`) and its
+    partition streams; returns its topology."""
+
+    def make(**kwargs: Any) -> SuperStream:
+        topology = define(unique("ss"), **kwargs)
+        if isinstance(broker, NodeBroker | ProxyBroker):
+            loop_thread.call(broker.create_super_stream(topology))
+        else:
+            loop_thread.run(lambda: broker.create_super_stream(topology))
+        return topology
 
     return make
 

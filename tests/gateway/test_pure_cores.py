@@ -333,6 +333,25 @@ def test_splice_run_equals_splicing_one_by_one() -> None:
     assert message.instructions[symbol("event-streams-source-partition")] == symbol("11")
 
 
+def test_a_super_stream_consumers_annotations_name_the_partition_stream() -> None:
+    """ADR 0034: `spate:stream` (a string) beside the offset, timestamp and source partition,
+    and `spate:active` on the first delivery after a takeover; the parts decode as a map."""
+    for active in (False, True):
+        prefix, suffix = sections.delivery_annotation_parts(
+            1_700_000_000_123, "2", stream="invoices-2", active=active
+        )
+        (out,) = sections.splice_run([b"\x00\x53\x77\xa1\x01x"], 41, prefix, suffix)
+        message = Message()
+        message.decode(out)
+        annotations = message.instructions
+        assert annotations[symbol("event-streams-offset")] == offset_to_symbol(Offset(41))
+        assert annotations[symbol("event-streams-source-partition")] == symbol("2")
+        assert annotations[symbol("spate:stream")] == "invoices-2"
+        assert annotations.get(symbol("spate:active")) is (True if active else None)
+        assert message.body == "x"
+        assert sections.read_spate_annotations(out) is None  # not the fixed layout: scanned
+
+
 def test_cursor_takes_runs_across_chunks_in_log_order() -> None:
     """A consumer reads whole chunks and sends runs of consecutive offsets, split at `count`."""
 

@@ -38,21 +38,6 @@ from support.proxy_broker import ProxyBroker
 GROUP_KEY = symbol("event-streams-group-key")
 
 
-@pytest.fixture
-def make_super(
-    loop_thread: LoopThread, broker: MemoryBroker | NodeBroker | ProxyBroker
-) -> Callable[..., SuperStream]:
-    def make(**kwargs: Any) -> SuperStream:
-        topology = define(unique("ss"), **kwargs)
-        if isinstance(broker, NodeBroker | ProxyBroker):
-            loop_thread.call(broker.create_super_stream(topology))
-        else:
-            loop_thread.run(lambda: broker.create_super_stream(topology))
-        return topology
-
-    return make
-
-
 def keyed(body: str, key: str) -> Message:
     return Message(body=body, annotations={GROUP_KEY: key})
 
@@ -142,9 +127,9 @@ def test_attach_refusals_name_the_problem(
                 )
             assert "amqp:invalid-field" in str(refused.value)
             assert f"'{key}' is not taken on super stream" in str(refused.value)
-        with pytest.raises(Exception) as refused:
+        with pytest.raises(Exception) as refused:  # a plain receiver: see ADR 0034
             conn.create_receiver(topology.name, name=unique("rx"))
-        assert "amqp:not-found" in str(refused.value)
+        assert "amqp:invalid-field" in str(refused.value)
         assert "is a super stream: consume from its partition streams" in str(refused.value)
         # consuming: a partition stream is an ordinary stream
         conn.create_receiver(topology.partitions[1], name=unique("rx"))
@@ -199,6 +184,14 @@ def test_a_redirect_gateway_without_proxy_sends_super_stream_links_to_a_node() -
         with pytest.raises(NotLeader, match="'invoices' is a super stream") as redirected:
             asyncio.run(call(topology.name))
         assert (redirected.value.leader_node, redirected.value.leader_host) == ("n1", "10.0.0.1")
+    # a super stream's single active consumer (ADR 0034) goes to a node the same way
+    from spate.gateway import links
+
+    member = {"spate:consumer-name": "billing", "spate:single-active-consumer": True}
+    address = links.parse_address(topology.name, terminus="source")
+    with pytest.raises(NotLeader, match="a node serves them") as redirected:
+        asyncio.run(links.plan_consumer(broker, address, member, None))
+    assert redirected.value.leader_node == "n1"
 
 
 @pytest.mark.parametrize(

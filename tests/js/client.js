@@ -12,7 +12,7 @@
 //       accepted}} every n outcomes and when holding (the report stays the last line);
 //       sub_entries: [hex] instead of bodies: message k is a sub-entry (ADR 0017), its body
 //       one data section holding those bytes, annotated x-opt-spate-sub-entry = true
-//   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition, active}],
+//   {op: "consume", address, count, filter?, properties?, exact?} -> messages: [{body, offset, timestamp, source_partition, active, stream}],
 //       attach_properties; the step ends when the broker answered the detach; `exact`: credit
 //       for `count` deliveries only (a named consumer then stores exactly what it took)
 //   {op: "attach", address, role: "sender"|"receiver", filter?, properties?} -> error or attach info
@@ -205,6 +205,7 @@ function runStep(i) {
         timestamp: ts instanceof Date ? ts.getTime() : ts,
         source_partition: da["event-streams-source-partition"],
         active: da["spate:active"],
+        stream: da["spate:stream"],
       });
       if (out.messages.length === step.count) {
         receiver.once("receiver_close", () => next()); // the broker answers once it stored

@@ -7,7 +7,8 @@ appended; reads return whole chunks from the one holding `start`. `resolve` hand
 OffsetSpec kind. Failure injection (`fail_appends`) and remote partitions (`set_remote`, raising
 NotLeader) exist only here; tests that use them say so. A stream's consumer groups are
 coordinated at its partition 0 (`group_coordinator`, ADR 0015); `lose_home` disbands them as
-a leader change of that partition would.
+a leader change of that partition would, and `MemoryPartition.lose_leadership` does the same to
+a partition's single-active-consumer groups (ADR 0013).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class MemoryPartition(LocalPartition):
 
     groups: ActiveGroups = field(default_factory=ActiveGroups)
     """Single active consumer groups (ADR 0013)."""
+    standbys: set[asyncio.Future[Attached]] = field(default_factory=set)
+    """Members waiting for their turn or a step-down (failed by `lose_leadership`)."""
 
     async def consumer_attach(
         self, name: bytes, *, single_active: bool = False, spread: int | None = None
@@ -95,8 +98,26 @@ class MemoryPartition(LocalPartition):
         self.attached[name] = self.attached.get(name, 0) + 1
         return Attached(self.offsets.get(name), member, active)
 
-    def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+    def _standby(self) -> asyncio.Future[Attached]:
         future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+        self.standbys.add(future)
+        future.add_done_callback(self.standbys.discard)
+        return future
+
+    def lose_leadership(self) -> None:
+        """What a node does when the partition's leadership moves (ADR 0013): the groups are
+        disbanded and every member waiting here is told NotLeader; this object then plays the
+        new leader, which knows no group and counts no link."""
+        self.groups.disband()
+        self.attached.clear()
+        for future in list(self.standbys):
+            if not future.done():
+                future.set_exception(
+                    NotLeader(f"{self.stream}/{self.partition} has a new leader: attach again")
+                )
+
+    def until_active(self, name: bytes, member: int) -> asyncio.Future[Attached]:
+        future = self._standby()
 
         def told(active: bool) -> None:
             if not future.done():
@@ -111,7 +132,7 @@ class MemoryPartition(LocalPartition):
         return True
 
     def until_deposed(self, name: bytes, member: int) -> asyncio.Future[Attached]:
-        future: asyncio.Future[Attached] = asyncio.get_running_loop().create_future()
+        future = self._standby()
 
         def told(deposed: bool) -> None:
             if not future.done():
@@ -374,6 +395,11 @@ class MemoryBroker:
     def fail_appends(self, name: str, partition: int, *errors: BrokerError) -> None:
         """The next appends to this partition fail with these errors, in order."""
         self.partitions[(StreamName(name), PartitionId(partition))].failures.extend(errors)
+
+    def lose_leadership(self, name: str, partition: int = 0) -> None:
+        """This partition's leader changed: its single-active-consumer groups are disbanded
+        (`MemoryPartition.lose_leadership`)."""
+        self.partitions[(StreamName(name), PartitionId(partition))].lose_leadership()
 
     async def lookup(self, name: StreamName) -> StreamConfig:
         return self.stream(name)

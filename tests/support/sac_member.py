@@ -4,9 +4,10 @@
 
 spate.client `Consumer(name=NAME, single_active=True, start="first")` with reconnecting on
 (URLS comma-separated, redirects followed). Prints one JSON line when attached
-({"attached": true, "active": bool}) and one per event ({"offset", "body", "active"}), flushed
-at once; each event is finished (automatic commits) when the next is asked for, after
-DELAY_S. Runs until killed."""
+({"attached": true, "active": bool}, with "streams" on a super stream) and one per event
+({"offset", "body", "active"}; on a super stream's address, ADR 0034, also "stream" and the
+"streams" it was told it is active on), flushed at once; each event is finished (automatic
+commits) when the next is asked for, after DELAY_S. Runs until killed."""
 
 from __future__ import annotations
 
@@ -30,12 +31,18 @@ def main() -> None:
         timeout_s=20,
         reconnect_timeout_s=60,
     ) as consumer:
-        print(json.dumps({"attached": True, "active": consumer.active}), flush=True)
+        line: dict[str, object] = {"attached": True, "active": consumer.active}
+        if consumer.active_streams:
+            line["streams"] = sorted(consumer.active_streams)
+        print(json.dumps(line), flush=True)
         while True:
             event = consumer.receive(timeout=None)
             body = event.body
             text = body.decode() if isinstance(body, bytes) else str(body)
             line = {"offset": event.offset, "body": text, "active": consumer.active}
+            if event.stream is not None:  # a super stream's (ADR 0034)
+                line["stream"] = event.stream
+                line["streams"] = sorted(consumer.active_streams)
             print(json.dumps(line), flush=True)
             time.sleep(delay_s)
 
