@@ -17,12 +17,22 @@ For each row size (`--sizes`, rows per size `--rows SIZE:N`), on one SparkSessio
                      partitions, one micro-batch -> noop
   read  null tuples  the same rows yielded as Python tuples (Spark's row path; `--tuples-sizes`)
   read  parquet      readStream.parquet over the same rows                       -> noop
-  write spate        readStream parquet -> writeStream.format("spate") (exactly-once writer)
-  write parquet      readStream parquet -> writeStream.format("parquet")
+and the writes, streaming (readStream parquet -> writeStream, `Trigger.AvailableNow`) and batch
+(read.parquet -> write, mode append), columns `value, key`, into:
+  noop               Spark reads the input and drops it: Spark's own cost of the input side
+  null (count)       format "spate_null" (benchmarks/spark_null.py), encode=false: the same
+                     Python Data Source writer path as the connector's sink, the tasks only
+                     count the Arrow batches Spark hands them
+  null (encode)      encode=true: the connector's writer up to the client (rows encoded,
+                     routed, cut into sub-entries), sending nothing
+  spate              the connector's sink (exactly-once writer) to a stream
+  parquet            Spark's own file sink
 Every case runs once to warm up, then the cases alternate for `--runs` rounds; the median is
 reported (every run is printed as a JSON line). `spate - null` is the connector's whole share of
 a read (reader, planning, offsets, connections, its imports); `null - parquet` is Spark's Python
-Data Source path.
+Data Source path. For a write, `null (count) - noop` is Spark's Python Data Source writer path,
+`null (encode) - null (count)` the connector's encoding, `spate - null (encode)` its client
+and connections (the broker's CPU apart).
 
 CPU-seconds are Spark's: this process (the PySpark driver), its JVM and every Python worker
 (read from /proc for the live process tree, dead children included through cutime/cstime),
@@ -236,6 +246,13 @@ def main() -> None:
     parser.add_argument("--credits", type=int, nargs="*", default=[],
                         help="also read spate timed with these credit options")  # fmt: skip
     parser.add_argument("--reads-only", action="store_true", help="skip the write pipelines")
+    parser.add_argument(
+        "--writes-only",
+        action="store_true",
+        help="skip the read pipelines (and the capture for the null source)",
+    )
+    parser.add_argument("--no-batch-writes", action="store_true",
+                        help="streaming writes only")  # fmt: skip
     parser.add_argument("--zip-pyspark", action="store_true",
                         help="leave pyspark.zip first on the workers' path")  # fmt: skip
     parser.add_argument("--pin", metavar="BROKER_CPUS:SPARK_CPUS",
@@ -363,12 +380,11 @@ def run_all(args: argparse.Namespace, rows_for: dict[int, int], work: Path, endp
     summary: list[dict[str, Any]] = []
     for size in args.sizes:
         rows = rows_for.get(size, 200_000) // args.partitions * args.partitions
-        stream_in, stream_out = f"bench-in-{size}", f"bench-out-{size}"
         files = work / f"files-{size}"
         (
             spark.read.format("spate")
             .option("endpoints", endpoints)
-            .option("stream", stream_in)
+            .option("stream", f"bench-in-{size}")
             .load()
             .repartition(args.partitions)
             .write.parquet(str(files))
@@ -391,57 +407,14 @@ def run_all(args: argparse.Namespace, rows_for: dict[int, int], work: Path, endp
         def file_source(schema: Any = schema, files: Path = files) -> Any:
             return spark.readStream.schema(schema).parquet(str(files))
 
-        # Capture one spate read's batches for the null source (and warm the spate path up).
-        captured, stats = work / f"null-{size}", work / f"stats-{size}.jsonl"
-        got = stream(spate_source("spate_timed", _stats=str(stats), _capture=str(captured)),
-                     "noop")  # fmt: skip
-        assert got == rows, (got, rows)
-        tasks = [json.loads(line) for line in stats.read_text().splitlines()]
-        spark_null.write_index(
-            captured, stream_in, {t["partition"]: sum(b[0] for b in t["batches"]) for t in tasks}
-        )
-        print(f"# {size} B: captured {blocked_summary(stats)}", flush=True)
-
-        def null_source(tuples: str, captured: Path = captured) -> Any:
-            return (
-                spark.readStream.format("spate_null")
-                .option("path", str(captured))
-                .option("tuples", tuples)
-                .load()
-            )
-
         cases: list[Case] = []
-        for mode in args.read_modes:
-            cases.append(Case(f"read spate (bulkRead={mode}) -> noop",
-                              lambda mode=mode: stream(spate_source(bulk=mode), "noop"),
-                              True))  # fmt: skip
-        timed_stats = work / f"timed-{size}.jsonl"
-        cases.append(Case("read spate timed -> noop",
-                          lambda s=timed_stats: stream(spate_source("spate_timed", _stats=str(s)),
-                                                       "noop"),
-                          True, timed_stats))  # fmt: skip
-        for credit in args.credits:
-            credit_stats = work / f"timed-{size}-{credit}.jsonl"
-            cases.append(Case(f"read spate timed (credit={credit}) -> noop",
-                              lambda s=credit_stats, c=credit: stream(
-                                  spate_source("spate_timed", _stats=str(s), credit=str(c)),
-                                  "noop"),
-                              True, credit_stats))  # fmt: skip
-        cases.append(Case("read null (Arrow batches) -> noop",
-                          lambda: stream(null_source("false"), "noop"), False))  # fmt: skip
-        if size in args.tuples_sizes:
-            cases.append(Case("read null (tuples) -> noop",
-                              lambda: stream(null_source("true"), "noop"), False))  # fmt: skip
-        cases.append(Case("read parquet -> noop", lambda: stream(file_source(), "noop"), False))
+        if not args.writes_only:
+            cases += read_cases(args, size=size, rows=rows, work=work, spark=spark,
+                                stream=stream, spate_source=spate_source,
+                                file_source=file_source)  # fmt: skip
         if not args.reads_only:
-            cases.append(Case("write parquet -> spate",
-                              lambda s=stream_out: stream(file_source().select("value", "key"),
-                                                          "spate", endpoints=endpoints, stream=s),
-                              True))  # fmt: skip
-            cases.append(Case("write parquet -> parquet",
-                              lambda: stream(file_source(), "parquet",
-                                             path=str(work / f"out{next(runs)}")),
-                              False))  # fmt: skip
+            cases += write_cases(args, size=size, rows=rows, work=work, stream=stream,
+                                 endpoints=endpoints, spark=spark, files=files)  # fmt: skip
         if size == args.sizes[0]:  # warm-up: Python workers started, classes loaded
             for case in cases:
                 got = case.run()
@@ -460,6 +433,109 @@ def run_all(args: argparse.Namespace, rows_for: dict[int, int], work: Path, endp
     for row in summary:
         print(json.dumps(row))
     spark.stop()
+
+
+def read_cases(args: argparse.Namespace, *, size: int, rows: int, work: Path, spark: Any,
+               stream: Callable[..., int], spate_source: Callable[..., Any],
+               file_source: Callable[[], Any]) -> list[Case]:  # fmt: skip
+    """The read pipelines of one size (after capturing a spate read for the null source)."""
+    import spark_null
+
+    stream_in = f"bench-in-{size}"
+    captured, stats = work / f"null-{size}", work / f"stats-{size}.jsonl"
+    got = stream(spate_source("spate_timed", _stats=str(stats), _capture=str(captured)),
+                 "noop")  # fmt: skip
+    assert got == rows, (got, rows)
+    tasks = [json.loads(line) for line in stats.read_text().splitlines()]
+    spark_null.write_index(
+        captured, stream_in, {t["partition"]: sum(b[0] for b in t["batches"]) for t in tasks}
+    )
+    print(f"# {size} B: captured {blocked_summary(stats)}", flush=True)
+
+    def null_source(tuples: str) -> Any:
+        return (
+            spark.readStream.format("spate_null")
+            .option("path", str(captured))
+            .option("tuples", tuples)
+            .load()
+        )
+
+    cases: list[Case] = []
+    for mode in args.read_modes:
+        cases.append(Case(f"read spate (bulkRead={mode}) -> noop",
+                          lambda mode=mode: stream(spate_source(bulk=mode), "noop"),
+                          True))  # fmt: skip
+    timed_stats = work / f"timed-{size}.jsonl"
+    cases.append(Case("read spate timed -> noop",
+                      lambda: stream(spate_source("spate_timed", _stats=str(timed_stats)),
+                                     "noop"),
+                      True, timed_stats))  # fmt: skip
+    for credit in args.credits:
+        credit_stats = work / f"timed-{size}-{credit}.jsonl"
+        cases.append(Case(f"read spate timed (credit={credit}) -> noop",
+                          lambda s=credit_stats, c=credit: stream(
+                              spate_source("spate_timed", _stats=str(s), credit=str(c)),
+                              "noop"),
+                          True, credit_stats))  # fmt: skip
+    cases.append(Case("read null (Arrow batches) -> noop",
+                      lambda: stream(null_source("false"), "noop"), False))  # fmt: skip
+    if size in args.tuples_sizes:
+        cases.append(Case("read null (tuples) -> noop",
+                          lambda: stream(null_source("true"), "noop"), False))  # fmt: skip
+    cases.append(Case("read parquet -> noop", lambda: stream(file_source(), "noop"), False))
+    return cases
+
+
+def write_cases(args: argparse.Namespace, *, size: int, rows: int, work: Path,
+                stream: Callable[..., int], endpoints: str, spark: Any,
+                files: Path) -> list[Case]:  # fmt: skip
+    """The write pipelines of one size: streaming, then batch, into noop, the null sink
+    counting, the null sink encoding, Spate and parquet (see the module docstring)."""
+    schema = spark.read.parquet(str(files)).schema
+    stream_out = f"bench-out-{size}"
+    outs = iter(range(1_000_000))
+    null_options = {"partitions": str(args.partitions)}
+
+    def streamed() -> Any:
+        return spark.readStream.schema(schema).parquet(str(files)).select("value", "key")
+
+    def batch(sink: str, mode: str = "append", **options: str) -> int:
+        writer = spark.read.parquet(str(files)).select("value", "key").write.format(sink)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.mode(mode).save()
+        return rows
+
+    def batch_null(encode: str) -> int:
+        """A batch write to spate_null, counted by its commit (the report file)."""
+        report = work / f"null-report-{next(outs)}.jsonl"
+        batch("spate_null", encode=encode, report=str(report), **null_options)
+        return int(json.loads(report.read_text().splitlines()[-1])["rows"])
+
+    cases = [
+        Case("write stream parquet -> noop", lambda: stream(streamed(), "noop"), False),
+        Case("write stream parquet -> null (count)",
+             lambda: stream(streamed(), "spate_null", encode="false", **null_options),
+             False),
+        Case("write stream parquet -> null (encode)",
+             lambda: stream(streamed(), "spate_null", encode="true", **null_options), False),
+        Case("write stream parquet -> spate",
+             lambda: stream(streamed(), "spate", endpoints=endpoints, stream=stream_out), True),
+        Case("write stream parquet -> parquet",
+             lambda: stream(streamed(), "parquet", path=str(work / f"out{next(outs)}")),
+             False),
+    ]  # fmt: skip
+    if not args.no_batch_writes:
+        cases += [
+            Case("write batch parquet -> noop", lambda: batch("noop", "overwrite"), False),
+            Case("write batch parquet -> null (count)", lambda: batch_null("false"), False),
+            Case("write batch parquet -> null (encode)", lambda: batch_null("true"), False),
+            Case("write batch parquet -> spate",
+                 lambda: batch("spate", endpoints=endpoints, stream=stream_out), True),
+            Case("write batch parquet -> parquet",
+                 lambda: batch("parquet", path=str(work / f"out{next(outs)}")), False),
+        ]  # fmt: skip
+    return cases
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""A null Python data source for benchmarks/spark.py: format `spate_null`, no broker behind it.
+"""A null Python data source and sink for benchmarks/spark.py: format `spate_null`, no broker
+behind it.
+
+Reading
+-------
 
 It yields exactly the Arrow record batches a `spate` read produced — captured from one by
 benchmarks/spark.py into Arrow IPC files, one per stream partition, then loaded once per Python
@@ -19,17 +23,50 @@ Options:
 
 The module imports only pyspark and pyarrow, so a null query's Python workers load nothing the
 connector brings. benchmarks/spark.py puts this directory on the workers' PYTHONPATH.
+
+Writing
+-------
+`df.write.format("spate_null")` and `df.writeStream.format("spate_null")`: the same Python Data
+Source writer path as the connector's sink (`DataSourceArrowWriter` /
+`DataSourceStreamArrowWriter`: Spark hands each task the same Arrow record batches), sending
+nothing. Options:
+
+  encode      `false` (default): the task only counts the rows of the batches it is given —
+              Spark's Python Data Source writer path and nothing else. `true`: the task does
+              all the connector's writer does before the client — `source.send_batches`
+              (batches sliced by bytes, `_rows`: every row encoded as its message, routing by
+              key / partition column / spread, sub-entries cut by `planning.Chunker`, publishing
+              ids and the skip check) through a `PartitionWriter` whose producers send nothing:
+              each cut sub-entry is dropped where the real writer would ship it.
+  partitions  the destination's partition count for routing (`encode=true`; default 2)
+  report      a file: each commit appends one JSON line {"rows": .., "tasks": ..}
+
+So `null(encode=false) - parquet -> noop` is Spark's Python Data Source writer path,
+`null(encode=true) - null(encode=false)` the connector's encoding, and
+`spate - null(encode=true)` the connector's client and connections plus what the broker's
+confirms cost Spark (the broker's own CPU is counted apart). `encode=true` imports spate.spark
+(and its client) in the tasks, as the connector does.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -118,6 +155,12 @@ class NullDataSource(DataSource):
             raise ValueError("spate_null yields the connector's full schema only")
         return NullStreamReader(self.options["path"], self.options.get("tuples") == "true")
 
+    def writer(self, schema: StructType, overwrite: bool) -> NullBatchWriter:
+        return NullBatchWriter(NullSink.of(dict(self.options), schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> NullStreamWriter:
+        return NullStreamWriter(NullSink.of(dict(self.options), schema))
+
 
 class NullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, path: str, tuples: bool) -> None:
@@ -159,3 +202,125 @@ class NullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass
+class NullCommit(WriterCommitMessage):
+    rows: int
+    chunks: int
+    """Sub-entries the connector's writer would have sent (encode=true)."""
+
+
+@dataclass(frozen=True)
+class NullSink:
+    """What a null writing task needs (plain data: Spark pickles it to the tasks)."""
+
+    encode: bool
+    partitions: int
+    columns: tuple[str, ...]
+    report: str | None
+    write_id: str
+
+    @staticmethod
+    def of(options: dict[str, str], schema: StructType) -> NullSink:
+        options = {k.lower(): v for k, v in options.items()}
+        names = tuple(schema.names)
+        if "value" not in names:
+            raise ValueError("spate_null writes need a column value, as the connector's sink")
+        written = ("value", "key", "partition", "properties", "application_properties")
+        return NullSink(
+            encode=options.get("encode", "false") == "true",
+            partitions=int(options.get("partitions", "2")),
+            columns=tuple(n for n in names if n in written),
+            report=options.get("report"),
+            write_id=uuid.uuid4().hex[:16],
+        )
+
+    def write(self, batches: Iterator[pa.RecordBatch], id_base: int) -> NullCommit:
+        ctx = TaskContext.get()
+        spark_partition = ctx.partitionId() if ctx is not None else 0
+        if not self.encode:
+            return NullCommit(sum(batch.num_rows for batch in batches), 0)
+        from spate.spark import source
+
+        writer = null_partition_writer(
+            self.partitions, f"null:{self.write_id}:{spark_partition}", id_base, spark_partition
+        )
+        published = source.send_batches(
+            writer,
+            source.WritePlan(self.partitions, self.columns, self.write_id),
+            batches,
+            spark_partition=spark_partition,
+        )
+        return NullCommit(published.rows, writer.chunks)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        if self.report is None:
+            return
+        done = [m for m in messages if isinstance(m, NullCommit)]
+        line = {"rows": sum(m.rows for m in done), "chunks": sum(m.chunks for m in done),
+                "tasks": len(done)}  # fmt: skip
+        with open(self.report, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def null_partition_writer(partitions: int, name: str, id_base: int, spread_from: int) -> Any:
+    """The connector's `broker.PartitionWriter` with producers that send nothing: rows are
+    routed and cut into sub-entries as when writing to Spate (no name was written before: the
+    last stored id is -1), and each sub-entry is counted where it would be shipped."""
+    from spate.spark import broker, limits
+    from spate.spark.options import Connection
+
+    class NullPartitionWriter(broker.PartitionWriter):
+        chunks = 0
+
+        async def _producer(self, partition: int) -> Any:
+            self.producers[partition] = None  # type: ignore[assignment]
+            self.last_ids[partition] = -1
+
+        async def _ship(self, chunk: Any) -> None:
+            self.chunks += 1
+
+        def flush(self) -> None:
+            self.loop.run_until_complete(self._drain())
+
+        def close(self) -> broker.Written:
+            try:
+                self.flush()
+            finally:
+                self.loop.close()
+            return self.written
+
+    nowhere = Connection(("amqp://127.0.0.1:1",), None, None, 1.0)
+    return NullPartitionWriter(
+        nowhere, "null", partitions, name=name, id_base=id_base, spread_from=spread_from,
+        window=limits.window_default,
+    )  # fmt: skip
+
+
+class NullBatchWriter(DataSourceArrowWriter):
+    def __init__(self, sink: NullSink) -> None:
+        self.sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NullCommit:
+        return self.sink.write(iterator, 0)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.sink.commit(messages)
+
+
+class NullStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, sink: NullSink) -> None:
+        self.sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NullCommit:
+        ctx = TaskContext.get()
+        batch_id = int((ctx.getLocalProperty("streaming.sql.batchId") if ctx else None) or 0)
+        return self.sink.write(iterator, batch_id << 32)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self.sink.commit(messages)

@@ -35,12 +35,14 @@ from spate.spark.planning import (
     Chunk,
     Chunker,
     Columns,
+    FrameBuffer,
     Key,
     Loss,
     Metadata,
     Offsets,
     PartitionState,
     Range,
+    RowBuffer,
 )
 
 log = logging.getLogger("spate.spark")
@@ -208,18 +210,19 @@ def _fail_once(marker: str | None) -> bool:
 
 
 class _ReadState:
-    """A read in progress: the next offset wanted, rows buffered, whether the range is in."""
+    """A read in progress: the next offset wanted, whether the range is in, the rows received
+    and not yet handed to Spark (`buffer`: a `planning.RowBuffer` or `FrameBuffer`)."""
 
-    def __init__(self, start: int, done: bool) -> None:
-        self.next, self.done, self.rows = start, done, 0
+    def __init__(self, start: int, done: bool, buffer: RowBuffer | FrameBuffer) -> None:
+        self.next, self.done, self.buffer = start, done, buffer
         self.wake = asyncio.Event()
 
-    def took(self, next_offset: int, rows: int, end: int) -> None:
-        self.next, self.rows = next_offset, rows
+    def took(self, next_offset: int, end: int) -> None:
+        self.next = next_offset
         if next_offset >= end:
             self.done = True
             self.wake.set()
-        elif rows >= limits.rows_per_batch:
+        elif self.buffer.full():
             self.wake.set()
 
 
@@ -228,8 +231,9 @@ class RangeReader:
     `columns`. One consumer link, `credit` messages in flight; it follows the partition across
     a leader change (the client reconnects and resumes after the last offset it handed out).
 
-    A first offset above `start` means retention removed [start, first): `DataLoss` when
-    `fail_on_data_loss`, else a warning and the rest is read."""
+    A batch holds at most `limits.rows_per_batch` rows and `batch_bytes` bytes of messages
+    (at least one row). A first offset above `start` means retention removed [start, first):
+    `DataLoss` when `fail_on_data_loss`, else a warning and the rest is read."""
 
     def __init__(
         self,
@@ -240,8 +244,11 @@ class RangeReader:
         credit: int,
         fail_on_data_loss: bool,
         fail_marker: str | None = None,
+        batch_bytes: int = limits.batch_bytes_default,
     ) -> None:
+        assert batch_bytes > 0
         self.connection, self.range, self.columns = connection, r, columns
+        self.batch_bytes = batch_bytes
         self.credit = max(1, min(credit, r.count))
         self.fail_on_data_loss = fail_on_data_loss
         self.fail_marker = fail_marker
@@ -252,11 +259,9 @@ class RangeReader:
     def batches(self, make: Callable[[dict[str, list[Any]]], Any]) -> Iterator[Any]:
         """`make(columns)` turns the column lists into one record batch (deliveries one by
         one, the per-row way)."""
-        offsets: list[int] = []
-        stamps: list[int] = []
-        raws: list[bytes] = []
         r = self.range
-        state = _ReadState(r.start, r.count == 0)
+        buffer = RowBuffer(limits.rows_per_batch, self.batch_bytes)
+        state = _ReadState(r.start, r.count == 0, buffer)
 
         def handler(got: list[int], got_stamps: list[int], got_raws: list[bytes]) -> None:
             """A burst: offsets increase; keep those in [next, end)."""
@@ -266,19 +271,15 @@ class RangeReader:
             last = bisect.bisect_left(got, r.end, first)
             if first == last:
                 return
-            whole = first == 0 and last == len(got)
-            offsets.extend(got if whole else got[first:last])
-            stamps.extend(got_stamps if whole else got_stamps[first:last])
-            raws.extend(got_raws if whole else got_raws[first:last])
-            state.took(got[last - 1] + 1, len(offsets), r.end)
+            if first == 0 and last == len(got):
+                buffer.add(got, got_stamps, got_raws)
+            else:
+                buffer.add(got[first:last], got_stamps[first:last], got_raws[first:last])
+            state.took(got[last - 1] + 1, r.end)
 
         def take() -> tuple[int, int, Any]:
-            taken = (offsets[:], stamps[:], raws[:])
-            offsets.clear()
-            stamps.clear()
-            raws.clear()
-            state.rows = 0
-            return taken[0][0], taken[0][-1], lambda: make(self._columns(*taken))
+            offsets, stamps, raws = buffer.take()
+            return offsets[0], offsets[-1], lambda: make(self._columns(offsets, stamps, raws))
 
         yield from self._read(state, {"batch_handler": handler}, take)
 
@@ -286,9 +287,9 @@ class RangeReader:
         """`make(frames)` turns bulk frames (ADR 0029) into one record batch (`columns`). The
         link asks for bulk deliveries; a broker that does not grant them sends messages one by
         one, which the client hands over as frames all the same."""
-        frames: list[Frame] = []
         r = self.range
-        state = _ReadState(r.start, r.count == 0)
+        buffer = FrameBuffer(limits.rows_per_batch, self.batch_bytes)
+        state = _ReadState(r.start, r.count == 0, buffer)
 
         def handler(got: list[Frame]) -> None:
             """A burst of frames: offsets increase; keep the rows in [next, end)."""
@@ -300,17 +301,15 @@ class RangeReader:
                 last = bisect.bisect_left(offsets, r.end, first, frame.stop)
                 if first == last:
                     continue
-                frames.append(
+                buffer.add(
                     frame
                     if first == frame.first and last == frame.stop
                     else frame.rows(first, last)
                 )
-                state.took(offsets[last - 1] + 1, state.rows + last - first, r.end)
+                state.took(offsets[last - 1] + 1, r.end)
 
         def take() -> tuple[int, int, Any]:
-            taken = frames[:]
-            frames.clear()
-            state.rows = 0
+            taken = buffer.take()
             last = taken[-1]
             first_offset = taken[0].offsets[taken[0].first]
             return first_offset, last.offsets[last.stop - 1], lambda: make(taken)
@@ -320,9 +319,11 @@ class RangeReader:
     def _read(
         self, state: _ReadState, handler: dict[str, Any], take: Callable[[], tuple[int, int, Any]]
     ) -> Iterator[Any]:
-        """The read loop: one consumer link with `handler` (which fills a buffer and `state`),
-        a batch each time `limits.rows_per_batch` rows or the range's end are in; `take()`
-        empties the buffer: (first offset, last offset, a function making the batch)."""
+        """The read loop: one consumer link with `handler` (which fills `state.buffer`), a
+        batch each time the buffer is full (rows or bytes) or the range's end is in; `take()`
+        cuts the next batch off the buffer: (first offset, last offset, a function making
+        it). Nothing is received while Spark holds a batch (the loop is not running), so the
+        buffer stays near one batch."""
         r = self.range
         loop = asyncio.new_event_loop()
         consumer: AsyncConsumer | None = None
@@ -345,7 +346,7 @@ class RangeReader:
             self.bulk = consumer.bulk
             expected = r.start
             while True:
-                if not state.done and state.rows < limits.rows_per_batch:
+                if not state.done and not state.buffer.full():
                     state.wake.clear()
                     waiter = loop.create_task(state.wake.wait())
                     done = loop.create_task(consumer.wait())
@@ -363,13 +364,13 @@ class RangeReader:
                             f"stream {r.stream!r} partition {r.partition}: reading offsets "
                             f"[{state.next}, {r.end}) failed: {done.exception() or 'closed'}"
                         )
-                    if not finished and not state.rows:
+                    if not finished and not state.buffer.rows:
                         raise ReadFailed(
                             f"stream {r.stream!r} partition {r.partition}: no message at offset "
                             f"{state.next} within {self.connection.timeout_s:g} s (planned "
                             f"range [{r.start}, {r.end}))"
                         )
-                if not state.rows:
+                if not state.buffer.rows:
                     if state.done:
                         break
                     continue

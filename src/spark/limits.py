@@ -15,7 +15,21 @@ whenever a task was busy or descheduled: a read blocked 1.4x longer waiting for 
 cost Spark and the broker more per row (benchmarks/RESULTS.md §30)."""
 credit_max = 100_000
 rows_per_batch = 8_192
-"""Rows per Arrow record batch a reading task yields to Spark."""
+"""Rows per Arrow record batch a reading task yields to Spark, at most (Spark's own
+spark.sql.execution.arrow.maxRecordsPerBatch is 10,000)."""
+batch_bytes_default = 16 * 1024 * 1024
+"""The option maxBytesPerBatch: message bytes per Arrow record batch a reading task yields, at
+most (a larger message travels alone). Rows of 1 KiB and less still fill `rows_per_batch`;
+rows of 16 KiB were cut by rows alone into 128 MiB batches (benchmarks/RESULTS.md §30), held
+by the task while Spark's JVM took in the same again. Named after Spark's
+spark.sql.execution.arrow.maxBytesPerBatch (unbounded by default)."""
+batch_bytes_max = 1024 * 1024 * 1024
+"""An Arrow binary column holds under 2 GiB (int32 offsets); half of that, with room."""
+write_slice_bytes = 4 * 1024 * 1024
+"""A writing task turns Spark's Arrow batches (10,000 rows each, whatever their size) into
+messages this many value bytes at a time, so that its Python copies of a batch (values,
+encoded messages) stay bounded for large rows. Row boundaries of these slices play no part in
+which rows share a sub-entry (`planning.Chunker`: the row index alone)."""
 metadata_refresh_ms_default = 250
 """The driver-side runner caches `$info` this long: with the default trigger Spark polls
 `latestOffset` ~25 times a second per idle query (research/pyspark.md §3)."""
@@ -42,4 +56,5 @@ sub_entry_bytes = 256 * 1024
 below the 1 MiB message limit of the transfer that carries it. A row larger than this travels
 alone."""
 assert 0 < rows_per_sub_entry <= core_limits.sub_entry_messages_max
+assert 0 < batch_bytes_default <= batch_bytes_max < 2**31
 assert sub_entry_bytes <= core_limits.message_bytes_max // 2, "room for the envelope"

@@ -1,9 +1,12 @@
 """The connector's options: parsed and checked once, at planning time, with no Spark import.
 
 Spark hands a data source its options as a case-insensitive map of strings (keys arrive
-lower-cased, every value a string). Everything here is a plain frozen dataclass, so it pickles
-to the executors as it is. Unknown options and contradictory ones raise `OptionError` naming
-the option: a typo must not silently read from `latest` (research/pyspark.md §3, "a bug we hit").
+lower-cased, every value a string); a direct call (a test, a benchmark, a wrapper) may pass any
+spelling, so `read_options` and `write_options` fold the keys themselves (`folded`): option
+names are case-insensitive everywhere, as Spark's are. Everything here is a plain frozen
+dataclass, so it pickles to the executors as it is. Unknown options and contradictory ones
+raise `OptionError` naming the option: a typo must not silently read from `latest`
+(research/pyspark.md §3, "a bug we hit").
 
 Names follow Spark's Kafka source where they mean the same (docs/spark.md has the table).
 """
@@ -60,6 +63,7 @@ _READ = _COMMON | {
     "credit",
     "bulkread",
     "metadatarefreshintervalms",
+    "maxbytesperbatch",
 }
 _STREAM_ONLY = frozenset({"maxmessagespertrigger"})
 _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
@@ -88,6 +92,7 @@ _NAMES = {
         "credit",
         "bulkRead",
         "metadataRefreshIntervalMs",
+        "maxBytesPerBatch",
         "window",
         "producerName",
         "_testFailMarker",
@@ -169,6 +174,9 @@ class ReadOptions:
     bulk_read: bool = True
     """Ask for bulk deliveries (ADR 0029): many messages per transfer, cut into Arrow columns
     with vectorised work; false reads message by message as before."""
+    batch_bytes_max: int = limits.batch_bytes_default
+    """maxBytesPerBatch: an Arrow batch a reading task yields holds at most this many bytes of
+    messages (and at most `limits.rows_per_batch` rows); a larger message travels alone."""
 
 
 @dataclass(frozen=True)
@@ -181,9 +189,26 @@ class WriteOptions:
     test_fail_marker: str | None
 
 
+def folded(options: Mapping[str, str]) -> dict[str, str]:
+    """The options with their names lower-cased (Spark's rule: `startingOffsets`,
+    `startingoffsets` and `STARTINGOFFSETS` are one option), values as strings. One name
+    given twice in different spellings with different values is an error naming it."""
+    out: dict[str, str] = {}
+    given: dict[str, str] = {}
+    for key, value in options.items():
+        name, text = str(key).lower(), str(value)
+        if name in out and out[name] != text:
+            raise OptionError(
+                f"option {spelled(name)} is given twice, as {given[name]!r} = {out[name]!r} "
+                f"and {key!r} = {text!r} (option names are case-insensitive)"
+            )
+        out[name], given[name] = text, str(key)
+    return out
+
+
 def _get(options: Mapping[str, str], name: str) -> str | None:
-    value = options.get(name.lower())
-    return None if value is None else str(value)
+    """`options` are `folded`."""
+    return options.get(name.lower())
 
 
 def _int(options: Mapping[str, str], name: str, low: int, high: int) -> int | None:
@@ -348,8 +373,9 @@ def _streams(options: Mapping[str, str]) -> tuple[tuple[str, ...] | None, str | 
 
 def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Check and parse a reader's options (Kafka's defaults: a stream starts at `latest`,
-    a batch read covers `earliest` to `latest`)."""
+    a batch read covers `earliest` to `latest`). Option names in any case."""
     _unknown(options, _READ, "streaming source" if streaming else "batch source")
+    options = folded(options)
     for key in _BATCH_ONLY if streaming else _STREAM_ONLY:
         if _get(options, key) is not None:
             raise OptionError(
@@ -399,11 +425,15 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         or 0,
         test_fail_marker=_get(options, "_testFailMarker"),
         bulk_read=bulk_read,
+        batch_bytes_max=_int(options, "maxBytesPerBatch", 1, limits.batch_bytes_max)
+        or limits.batch_bytes_default,
     )
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Check and parse a writer's options (names in any case)."""
     _unknown(options, _WRITE | {"checkpointlocation", "path"}, "sink")
+    options = folded(options)
     stream = _get(options, "stream")
     if not stream or "," in stream:
         raise OptionError("option stream is required for writing: the one stream to write to")

@@ -49,7 +49,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from spate.spark import planning
+from spate.spark import limits, planning
 from spate.spark.options import (
     EARLIEST,
     LATEST,
@@ -147,6 +147,7 @@ def _read(
         credit=options.credit,
         fail_on_data_loss=options.fail_on_data_loss,
         fail_marker=options.test_fail_marker,
+        batch_bytes=options.batch_bytes_max,
     )
 
     if options.bulk_read:
@@ -433,6 +434,33 @@ def _rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[broker.Row]:
     return out
 
 
+def slices(batch: pa.RecordBatch, bytes_max: int) -> Iterator[pa.RecordBatch]:
+    """`batch` in consecutive slices (views, no copy) of at most `bytes_max` bytes of values
+    and keys, at least one row each: a writing task's Python copies (`_rows`) of a Spark batch
+    of large rows stay bounded (`limits.write_slice_bytes`)."""
+    n = batch.num_rows
+    if n == 0:
+        return
+    if batch.nbytes <= bytes_max:
+        yield batch
+        return
+    import numpy as np  # here: Spark's planning processes import this module too
+    import pyarrow.compute as pc
+
+    sizes = np.zeros(n, dtype=np.int64)
+    for name in ("value", "key"):
+        if name in batch.schema.names:
+            lengths = pc.binary_length(batch.column(name)).fill_null(0)
+            sizes += lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+    ends = np.cumsum(sizes)
+    at = 0
+    while at < n:
+        base = int(ends[at - 1]) if at else 0
+        stop = max(at + 1, int(np.searchsorted(ends, base + bytes_max, side="right")))
+        yield batch.slice(at, stop - at)
+        at = stop
+
+
 def _write(
     options: WriteOptions,
     plan: WritePlan,
@@ -455,12 +483,26 @@ def _write(
         window=options.window,
         fail_marker=options.test_fail_marker,
     )
+    return send_batches(writer, plan, batches, spark_partition=spark_partition)
+
+
+def send_batches(
+    writer: broker.PartitionWriter,
+    plan: WritePlan,
+    batches: Iterator[pa.RecordBatch],
+    *,
+    spark_partition: int,
+) -> Published:
+    """A writing task's loop: Spark's Arrow batches -> rows -> `writer` (which routes, cuts
+    sub-entries and sends), closed at the end. benchmarks/spark_null.py runs it with a writer
+    that sends nothing, to split a write's cost."""
     try:
         for batch in batches:
-            writer.send(_rows(batch, plan.columns))
+            for piece in slices(batch, limits.write_slice_bytes):
+                writer.send(_rows(piece, plan.columns))
     finally:
         written = writer.close()
-    return Published(spark_partition, name, written.rows, written.skipped)
+    return Published(spark_partition, writer.name, written.rows, written.skipped)
 
 
 class SpateBatchWriter(DataSourceArrowWriter):

@@ -37,6 +37,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["SPARK_AUTH_SOCKET_TIMEOUT"] = "120"
     auto = tmp_path_factory.mktemp("autoregister")
     (auto / "pyspark_spate").symlink_to(ROOT / "src" / "spark" / "pyspark_spate")
+    # benchmarks/spark_null.py (format spate_null), tested in test_null_sink.py: its classes
+    # are pickled by reference, so the workers import it by name, as in benchmarks/spark.py
+    (auto / "spark_null.py").symlink_to(ROOT / "benchmarks" / "spark_null.py")
     # Test speed only: Spark puts pyspark.zip first on the path of every Python process it
     # starts, and a zip import compiles pyspark each time (1.6 CPU-s per process, measured;
     # 0.4 from the installed package, the same version, with its bytecode). Each query starts

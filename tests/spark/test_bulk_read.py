@@ -109,3 +109,47 @@ def test_bulk_reads_give_the_rows_read_one_by_one(spark_cluster: Cluster) -> Non
 
     offsets, granted = asyncio.run(redirected())
     assert granted and offsets == list(range(total))
+
+
+ROW_BYTES = 16 * 1024
+
+
+def test_large_rows_make_batches_of_bounded_bytes(spark_cluster: Cluster) -> None:
+    """A read of 16 KiB rows yields Arrow batches of at most maxBytesPerBatch (default 16 MiB)
+    of messages — before, a task's batches were cut by rows alone, 8,192 rows (128 MiB) — and
+    the batches, in order, hold every row once; bulk or message by message; a row larger than
+    the limit travels alone."""
+    s = new_stream(spark_cluster, 1)
+    total = 1_100  # 17.6 MiB: more than one default batch
+    bodies = [b"%06d" % i + bytes([i % 256]) * (ROW_BYTES - 6) for i in range(total)]
+    with Producer(gateway_url(spark_cluster), s, partition=0) as producer:
+        producer.send_batch(bodies)
+    gateway = spark_cluster.state["gateways"][0]["amqp"]
+    columns = broker.Columns(("value", "offset"), (True, False))
+    cases = [  # (bulkRead, maxBytesPerBatch, rows read)
+        ("true", None, total),
+        ("false", None, total),
+        ("true", 256 * 1024, total),
+        ("false", 256 * 1024, 300),
+        ("true", 8 * 1024, 40),
+        ("false", 8 * 1024, 40),
+    ]
+    for in_bulk, bytes_max, n in cases:
+        given = {"endpoints": gateway, "stream": s, "bulkRead": in_bulk}
+        if bytes_max is not None:
+            given["maxBytesPerBatch"] = str(bytes_max)
+        options = read_options(given, streaming=False)
+        limit = bytes_max or 16 * 1024 * 1024
+        batches = list(source._read(options, columns, source.SpatePartition(Range(s, 0, 0, n))))
+        label = (in_bulk, bytes_max)
+        for batch in batches:
+            value_bytes = sum(len(v) for v in batch.column(0).to_pylist())
+            assert batch.num_rows == 1 or value_bytes <= limit, (label, batch.num_rows)
+        rows = [r for b in batches for r in b.to_pylist()]
+        assert [r["offset"] for r in rows] == list(range(n)), label
+        assert [r["value"] for r in rows] == bodies[:n], label
+        most = max(b.num_rows for b in batches)
+        if limit < ROW_BYTES:
+            assert most == 1, label
+        else:  # a message is its body and a few dozen bytes of sections
+            assert limit // (ROW_BYTES + 128) <= most <= limit // ROW_BYTES, (label, most)

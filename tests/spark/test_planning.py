@@ -338,3 +338,127 @@ def test_credit_default_is_larger_for_bulk_reads() -> None:
     assert read_options(EP, streaming=True).credit == 100_000
     assert read_options({**EP, "bulkread": "false"}, streaming=True).credit == 10_000
     assert read_options({**EP, "credit": "5000"}, streaming=True).credit == 5000
+
+
+def test_option_names_are_case_insensitive_in_a_direct_call() -> None:
+    """Spark lower-cases option keys; a direct call (a test, a benchmark, a wrapper) passes
+    them as spelled. Both must mean the same: before, `startingOffsets` given camel-cased to
+    read_options was accepted and silently ignored (the read started at latest)."""
+    spelled = read_options(
+        {
+            "Endpoints": "a:1",
+            "STREAM": "orders",
+            "startingOffsets": "earliest",
+            "maxMessagesPerTrigger": "100",
+            "failOnDataLoss": "false",
+            "bulkRead": "false",
+            "maxBytesPerBatch": "4096",
+        },
+        streaming=True,
+    )
+    lowered = read_options(
+        {
+            "endpoints": "a:1",
+            "stream": "orders",
+            "startingoffsets": "earliest",
+            "maxmessagespertrigger": "100",
+            "failondataloss": "false",
+            "bulkread": "false",
+            "maxbytesperbatch": "4096",
+        },
+        streaming=True,
+    )
+    assert spelled == lowered
+    assert spelled.starting == "earliest" and spelled.max_messages_per_trigger == 100
+    assert not spelled.fail_on_data_loss and not spelled.bulk_read
+    assert spelled.batch_bytes_max == 4096 and spelled.credit == 10_000
+    written = write_options({**EP, "producerName": "job", "Window": "7"})
+    assert (written.producer_name, written.window) == ("job", 7)
+    # still refused at planning, named as given
+    with pytest.raises(OptionError, match="unknown option 'startingOffset'"):
+        read_options({**EP, "startingOffset": "earliest"}, streaming=True)
+    with pytest.raises(OptionError, match="option endingOffsets is for batch reads"):
+        read_options({**EP, "endingOffsets": "latest"}, streaming=True)
+    with pytest.raises(OptionError, match="unknown option 'startingOffsets' for a Spate sink"):
+        write_options({**EP, "startingOffsets": "earliest"})
+    # one option spelled twice: the same value is one option, two values are refused
+    assert read_options({**EP, "Stream": "orders"}, streaming=True).streams == ("orders",)
+    with pytest.raises(OptionError, match="option stream is given twice"):
+        read_options({**EP, "Stream": "refunds"}, streaming=True)
+
+
+def test_max_bytes_per_batch() -> None:
+    assert read_options(EP, streaming=False).batch_bytes_max == 16 * 1024 * 1024
+    assert read_options({**EP, "maxbytesperbatch": "1"}, streaming=False).batch_bytes_max == 1
+    for bad in ("0", "2147483648", "1MiB"):
+        with pytest.raises(OptionError, match="option maxBytesPerBatch"):
+            read_options({**EP, "maxbytesperbatch": bad}, streaming=False)
+
+
+def _frame(offsets: list[int], sizes: list[int]) -> Any:
+    from spate.core import bulk
+
+    messages = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes)]
+    return bulk.parse(bulk.encode_rows(offsets, [0] * len(offsets), messages))
+
+
+def test_frame_buffer_cuts_batches_by_rows_and_bytes() -> None:
+    """Each batch holds at most rows_max rows and bytes_max bytes (one larger row alone);
+    the batches, in order, hold every row once."""
+    sizes = [10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10, 10]
+    frames = [
+        _frame(list(range(0, 5)), sizes[0:5]),
+        _frame(list(range(5, 12)), sizes[5:12]).rows(1, 7),  # row 5 dropped: a range's start
+    ]
+    buffer = planning.FrameBuffer(rows_max=4, bytes_max=30)
+    for frame in frames:
+        buffer.add(frame)
+    assert (buffer.rows, buffer.bytes, buffer.full()) == (11, 150, True)
+    batches = []
+    while buffer.rows:
+        taken = buffer.take()
+        rows = [zip(f.offset_list(), f.messages(), strict=True) for f in taken]
+        batches.append([(o, len(m)) for pairs in rows for o, m in pairs])
+    assert batches == [
+        [(0, 10), (1, 10), (2, 10)],
+        [(3, 50)],  # over bytes_max: alone
+        [(4, 10), (6, 10), (7, 10)],
+        [(8, 10), (9, 10), (10, 10)],
+        [(11, 10)],
+    ]
+    assert buffer.bytes == 0 and not buffer.frames
+    by_rows = planning.FrameBuffer(rows_max=4, bytes_max=1 << 20)
+    by_rows.add(frames[0])
+    by_rows.add(frames[1])
+    assert [sum(len(f) for f in by_rows.take()) for _ in range(3)] == [4, 4, 3]
+
+
+def test_row_buffer_cuts_batches_by_rows_and_bytes() -> None:
+    buffer = planning.RowBuffer(rows_max=3, bytes_max=25)
+    buffer.add([0, 1, 2, 3], [7] * 4, [b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 40])
+    buffer.add([4, 5, 6, 7], [8] * 4, [b"e"] * 4)
+    assert buffer.full() and buffer.bytes == 74
+    assert buffer.take() == ([0, 1], [7, 7], [b"a" * 10, b"b" * 10])
+    assert buffer.take() == ([2], [7], [b"c" * 10])
+    assert buffer.take() == ([3], [7], [b"d" * 40])
+    assert buffer.take() == ([4, 5, 6], [8] * 3, [b"e"] * 3)
+    assert buffer.take() == ([7], [8], [b"e"]) and buffer.bytes == 0 and not buffer.rows
+    assert planning.rows_that_fit([], 5, 5) == 0
+
+
+def test_writer_slices_large_batches_by_bytes() -> None:
+    """A writing task turns Spark's batches into messages a few MiB at a time (views); the
+    rows, in order, are the batch's."""
+    import pyarrow as pa
+    from spate.spark import source
+
+    values = [b"v" * n for n in (5, 5, 5, 30, 5, 5, 0, 5)]
+    keys = [None, "kk", None, None, "k", None, None, None]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(values, pa.binary()), pa.array(keys, pa.string())], names=["value", "key"]
+    )
+    pieces = list(source.slices(batch, 12))
+    assert [p.num_rows for p in pieces] == [2, 1, 1, 3, 1]
+    assert pa.Table.from_batches(pieces).equals(pa.Table.from_batches([batch]))
+    assert list(source.slices(batch, 1 << 20)) == [batch]
+    assert list(source.slices(batch.slice(0, 0), 12)) == []
