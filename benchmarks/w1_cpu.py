@@ -41,8 +41,9 @@ from loadclient import (
 
 from cluster import Cluster
 
-COUNTS = {100: 600_000, 1024: 200_000, 16384: 20_000}
-"""Messages per run by size (about 10-25 s each at the rates before issue 16's change)."""
+COUNTS = {100: 300_000, 1024: 100_000, 16384: 10_000}
+"""Messages per run by size (about 5-15 s each at the rates before issue 16's change on a quiet
+machine)."""
 COUNT_BYTES = 200 * 1024 * 1024
 """Other sizes: this many bytes of messages."""
 NODE_COUNTERS = (
