@@ -367,9 +367,10 @@ class AmqpConnection(asyncio.Protocol):
         """While one large read is pushed slice by slice, the messages drained from its slices
         are held and appended together at its last slice (or every
         `limits.ingress_hold_bytes_max` of input): one chunk per read, not one per 16 KiB
-        slice. Every chunk costs the same Python work on its way (encoding, a Raft entry, an
-        Append and its ack to each follower, a write, an apply: ~0.8 ms of CPU on the leader
-        at 1 KiB; issue 16, RESULTS §37), and a flooding producer's reads are 256 KB."""
+        slice. Every chunk costs the same work on its way, whatever it holds (encoding, a Raft
+        entry, an Append and its ack to each follower, a write and an fsync share, an apply:
+        ~0.5-0.7 ms of the leader's CPU and ~0.4 ms of each follower's; ADR 0035, RESULTS
+        §37), and a flooding producer's reads are 256 KB."""
         if self._rest is None or self._held_bytes >= limits.ingress_hold_bytes_max:
             self._held_bytes = 0
             return False
