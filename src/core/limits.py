@@ -92,6 +92,9 @@ bulk_delivery_bytes = 1024 * 1024
 over, up to message_bytes_max more)."""
 socket_read_slice_bytes = 16 * 1024
 """Input handed to proton per loop turn (research/proton.md §1: slicing cut loop stalls 6x)."""
+ingress_hold_bytes_max = 1024 * 1024
+"""Input of one large read whose messages a connection holds across slices before appending
+them (one chunk per read, not per slice; a flooding client's reads are 256 KB under uvloop)."""
 frame_bytes_max = 1024 * 1024 + 64 * 1024
 """AMQP max-frame-size offered to peers."""
 connections_max = 4096
@@ -103,6 +106,7 @@ assert sub_entry_uncompressed_bytes_max >= message_bytes_max, "one maximal messa
 assert segment_bytes_min >= 4096
 assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
 assert frame_bytes_max > message_bytes_max
+assert socket_read_slice_bytes <= ingress_hold_bytes_max <= chunk_bytes_max
 assert len("$generation/") + group_name_bytes_max <= tracked_name_bytes_max
 assert consumer_name_bytes_max <= tracked_name_bytes_max
 assert group_session_timeout_ms_min <= group_session_timeout_ms_default

@@ -316,6 +316,30 @@ class NodeCollector(Collector):
                 driver.fsyncs,
             ),
             (
+                CounterMetricFamily,
+                "spate_replication_appends_sent",
+                "Raft Append messages sent to followers (entries, or a commit advance).",
+                driver.appends_sent,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_appends_received",
+                "Raft Append messages received from leaders.",
+                driver.appends_received,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_entries_received",
+                "Raft entries (chunks) received in Append messages from leaders.",
+                driver.entries_received,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_acks_coalesced",
+                "Follower acks replaced by a later one to the same leader in one batch.",
+                sum(g.raft.acks_coalesced for g in driver.groups.values()),
+            ),
+            (
                 GaugeMetricFamily,
                 "spate_replication_catchup_transfers",
                 "Catch-up (snapshot) transfers in progress to replicas here.",

@@ -244,3 +244,72 @@ def test_deliveries_of_a_link_that_ends_before_its_batch_is_appended_stop_counti
     second = client.sender("orders")
     rig.pump()
     assert second.credit == limits.link_credit_max
+
+
+# -- one read, one chunk (issue 16)
+
+
+def held_records(memory: MemoryBroker) -> list[int]:
+    """Records per append waiting for `rig.release()` on orders/0, in order."""
+    partition = memory.partition(StreamName("orders"), PartitionId(0), write=True)
+    return [len(chunk.records) for chunk, _ in partition.held]
+
+
+def test_the_messages_of_one_large_read_are_appended_as_one_chunk(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """A read larger than `limits.socket_read_slice_bytes` goes into proton one slice per loop
+    turn (a flooding client cannot starve the loop), and the messages of all its slices are
+    appended together at its last: one chunk per read, not one per 16 KiB slice (issue 16:
+    every chunk costs the same CPU through Raft, encoding, an Append and an ack per follower,
+    a write and an apply, whatever it holds)."""
+    sender = client.sender("orders")
+    rig.pump()
+    deliveries = [client.send(sender, encode(body=bytes(1000))) for _ in range(200)]
+    transfers = len(client.sent_of("transfer"))
+    rig.pump_one_read(client)
+    sent = client.sent_of("transfer")[transfers:]
+    assert len({f.flush for f in sent}) == 1, "the rig moved the transfers in one read"
+    assert sum(len(f.raw) for f in sent) > 10 * limits.socket_read_slice_bytes
+    assert held_records(memory) == [200]
+    assert all(d.remote_state == 0 for d in deliveries)  # nothing accepted before it is stored
+    rig.release()
+    assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+
+
+def test_a_read_past_the_hold_limit_is_appended_every_hold_limit(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """Holding is bounded: every `limits.ingress_hold_bytes_max` of a read's input, what was
+    drained so far is appended, then the rest at the read's last slice."""
+    sender = client.sender("orders")
+    rig.pump()
+    count = 3 * limits.ingress_hold_bytes_max // 2 // 1000
+    deliveries = [client.send(sender, encode(body=bytes(1000))) for _ in range(count)]
+    transfers = len(client.sent_of("transfer"))
+    rig.pump_one_read(client)
+    sent = client.sent_of("transfer")[transfers:]
+    assert len({f.flush for f in sent}) == 1, "the rig moved the transfers in one read"
+    wire = sum(len(f.raw) for f in sent) / count  # bytes of one transfer frame
+    held = held_records(memory)
+    assert len(held) == 2 and sum(held) == count, held
+    assert abs(held[0] - limits.ingress_hold_bytes_max / wire) <= 2, (held, wire)
+    rig.release()
+    assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+
+
+def test_messages_held_in_a_large_read_are_appended_before_their_link_ends(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """Settled transfers, then their link's detach, in one read of many slices: the messages
+    held from the earlier slices are appended before the detach is handled (core §2.6.12: a
+    settled transfer is the sender's last word on it; the listener still stores what it read)."""
+    sender = client.sender("orders", settled=True)
+    rig.pump()
+    for i in range(200):
+        client.send(sender, encode(body=b"%04d" % i + bytes(1000)))
+    client.detach(sender)  # in the same bytes as the transfers: the read's last slice
+    rig.pump_one_read(client)
+    assert held_records(memory) == [200]
+    rig.release()
+    assert client.server.producer.unconfirmed == 0

@@ -18,6 +18,7 @@ from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec
 from spate.node.replication.driver import Batch, ReplicationDriver
+from spate.node.replication.messages import Append, AppendResponse
 from spate.node.replication.raft import RaftConfig, Role
 from spate.node.replication.replica import Replica
 from spate.node.replication.storage import RaftStore
@@ -162,3 +163,38 @@ def test_a_follower_learns_a_commit_while_the_leaders_fsync_runs() -> None:
     nodes.finish(n1, running)
     nodes.settle()
     assert all(nodes.replicas[n].end_offset() == Offset(2) for n in IDS)
+
+
+def test_a_follower_answers_the_appends_it_took_during_its_fsync_with_one_ack() -> None:
+    """ADR 0035: Appends a follower takes while its fsync runs are answered, after its next
+    sync, by one ack for the last (acks are cumulative; a leader stepped one ack per Append
+    before), and the leader commits them all from it. The counters say how many Appends and
+    entries went each way."""
+    nodes = Nodes()
+    n1, n2, n3 = nodes.elect()
+    leader = nodes.replicas[n1]
+    got, done = outcomes()
+    sent = nodes.drivers[n1].appends_sent
+    received = nodes.drivers[n2].appends_received
+    entries = nodes.drivers[n2].entries_received
+    coalesced = nodes.replicas[n2].raft.acks_coalesced
+    for record in (b"a", b"b", b"c"):
+        leader.propose([record], done)  # type: ignore[arg-type]
+        nodes.run(n1)  # one batch each: each entry leaves in its own Append
+    appends = [m for m in nodes.raft_frames(n1) if isinstance(m, Append) and m.target == n2]
+    assert [len(m.entries) for m in appends] == [1, 1, 1]
+    assert nodes.drivers[n1].appends_sent - sent == 6  # three to each follower
+    running = nodes.batch(n2)  # n2's fsync runs (a batch with nothing to write is None)
+    nodes.deliver(to=[n2, n3])
+    assert nodes.drivers[n2].appends_received - received == 3
+    assert nodes.drivers[n2].entries_received - entries == 3
+    nodes.finish(n2, running)
+    nodes.run(n2)
+    nodes.run(n3)
+    acks = [m for m in nodes.raft_frames(n2) if isinstance(m, AppendResponse)]
+    assert [(m.index, m.rejected) for m in acks] == [(appends[-1].entries[-1].index, False)]
+    assert nodes.replicas[n2].raft.acks_coalesced - coalesced == 2
+    nodes.deliver(to=[n1])
+    nodes.run(n1)  # applies the commit the ack made
+    assert got == [Offset(0), Offset(1), Offset(2)]
+    nodes.settle()

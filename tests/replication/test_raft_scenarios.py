@@ -15,6 +15,7 @@ from spate.node.replication import limits
 from spate.node.replication.messages import (
     Append,
     AppendResponse,
+    Entry,
     HardState,
     LeaderChange,
     Message,
@@ -228,6 +229,59 @@ def test_a_leaders_appends_and_commit_advances_leave_while_its_ready_is_outstand
     group.release("n1")
     group.stabilize()
     assert group.applied_payloads("n1") == [b"x", b"y"]
+
+
+def test_a_follower_answers_the_appends_of_one_ready_with_one_ack() -> None:
+    """§5.3: an accepted AppendResponse tells the leader the follower's log matches its own up
+    to `index`, so a later one says all an earlier one does. Appends a follower took while its
+    sync ran (here: before its next Ready) are answered by one ack, for the last, after the
+    sync; the leader commits them all from it (issue 16: the leader stepped one ack per
+    Append)."""
+    group = Group(3)
+    group.elect("n1")
+    coalesced = group["n2"].acks_coalesced, group["n3"].acks_coalesced
+    indexes = [propose(group, "n1", b"m%d" % i).index for i in range(3)]
+    appends = [m for m in group.pending if isinstance(m, Append) and m.target == N2]
+    assert [m.entries[-1].index for m in appends] == indexes  # one Append per Ready of n1
+    group.deliver()  # each follower steps its three Appends, then takes one Ready
+    acks = [m for m in group.pending if isinstance(m, AppendResponse)]
+    assert sorted((m.source, m.index) for m in acks) == [(N2, indexes[-1]), (N3, indexes[-1])]
+    assert (group["n2"].acks_coalesced, group["n3"].acks_coalesced) == (
+        coalesced[0] + 2,
+        coalesced[1] + 2,
+    )
+    group.deliver()
+    assert group["n1"].status().commit == indexes[-1]
+    group.stabilize()
+    assert group.applied_payloads("n2") == [b"m0", b"m1", b"m2"]
+
+
+def test_a_rejection_between_two_acks_keeps_its_place() -> None:
+    """Only an accepted ack directly after another to the same leader is replaced: a rejection
+    (the leader backs off on it, §5.3) and the acks around it leave as they were made."""
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    follower = group["n2"]
+    coalesced = follower.acks_coalesced
+    term, last = follower.term, follower.log.last_index
+    entry = Entry(last + 1, term, b"a")
+
+    def append(prev_index: int, prev_term: Term, *entries: Entry) -> Append:
+        return Append(term, N1, N2, prev_index, prev_term, entries, last)
+
+    follower.step(append(last, term, entry))
+    follower.step(append(last + 5, term))  # a gap: rejected
+    follower.step(append(last + 1, term, Entry(last + 2, term, b"b")))
+    messages = follower.ready().messages
+    acks = [m for m in messages if isinstance(m, AppendResponse)]
+    assert len(acks) == len(messages)
+    assert [(m.index, m.rejected) for m in acks] == [
+        (last + 1, False),
+        (last + 5, True),
+        (last + 2, False),
+    ]
+    assert follower.acks_coalesced == coalesced
 
 
 def test_leader_epoch_increases_with_every_new_leader_and_is_reported() -> None:

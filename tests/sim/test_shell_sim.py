@@ -125,14 +125,17 @@ def test_a_catch_up_from_an_uncommitted_point_is_caught() -> None:
     """A transfer that installs the leader's written-but-uncommitted tail as committed. The
     leader's PartitionLog refuses to describe non-durable data for a transfer (an assertion
     that stays on), or the replica's log disagrees with what the cluster commits there."""
-    failures = _failures(ShellBugs(catchup_uncommitted=True))
+    failures = _failures(ShellBugs(catchup_uncommitted=True), seeds=40)
     caught = (
         "assertion at partition_log.py",
         "logs-identical:",
         "state-machine-safety:",
         "log-matching:",
     )
-    assert sum(1 for f in failures if f.startswith(caught)) >= 10, failures
+    # About half the seeds reach a catch-up from an uncommitted point (21 of 40 at 9d5f42d, 18
+    # of 40 since a follower's acks of one Ready fold into one, ADR 0035; 20 seeds gave 10 and
+    # 9, on the old threshold of 10): over a third is asked of it.
+    assert sum(1 for f in failures if f.startswith(caught)) >= 14, failures
 
 
 def test_a_bloom_filter_missing_a_value_is_caught() -> None:

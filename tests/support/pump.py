@@ -425,15 +425,18 @@ class Client:
 
     # bytes
 
-    def move(self) -> int:
+    def move(self, *, whole: bool = False) -> int:
         """Client bytes to the server, server bytes to the client; how many moved. Runs on
-        the rig's loop (the server schedules callbacks and tasks on it)."""
+        the rig's loop (the server schedules callbacks and tasks on it). `whole`: all the
+        client engine has to send, in one read (proton hands its output over in pieces of its
+        buffer's size; a flooding client's socket delivers it in 256 KB reads)."""
         moved = 0
-        pending = self.transport.pending()
         out = b""
-        if pending > 0:
-            out = bytes(self.transport.peek(pending) or b"")
+        while (pending := self.transport.pending()) > 0:
+            out += bytes(self.transport.peek(pending) or b"")
             self.transport.pop(pending)
+            if not whole:
+                break
         if out or self._injected:
             frames = self._tap_out.feed(out)
             wire = bytearray()
@@ -530,6 +533,16 @@ class PumpRig:
             assert turns <= loop_turns_max, "the loop keeps scheduling callbacks"
             await asyncio.sleep(0)
         return moved + sum(client.move() for client in self.clients)
+
+    def pump_one_read(self, client: Client) -> int:
+        """Hand all `client` has to send to the listener as one read, then pump."""
+
+        async def move() -> int:
+            return client.move(whole=True)
+
+        moved = self.run(move())
+        self.pump()
+        return moved
 
     def release(self) -> int:
         """Let held appends commit (MemoryBroker(commit_delay_s=None)), then pump."""

@@ -61,7 +61,7 @@ from spate.core.errors import BrokerError, NotFound
 from spate.core.histogram import Histogram
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.node.replication import catchup, codec, limits
-from spate.node.replication.messages import Message, Ready, SnapshotRequest
+from spate.node.replication.messages import Append, Message, Ready, SnapshotRequest
 from spate.node.replication.raft import Role
 from spate.node.replication.replica import Replica
 from spate.node.replication.storage import SyncWork
@@ -143,6 +143,12 @@ class ReplicationDriver(Generic[R]):
         self._retention_due_ms = 0.0
         self.batches = 0
         self.fsyncs = 0
+        self.appends_sent = 0
+        """Append messages sent (entries or a commit advance; /metrics: how many Appends, and
+        so acks, a MiB costs)."""
+        self.appends_received = 0
+        self.entries_received = 0
+        """Append messages, and the Raft entries in them, received from leaders."""
         self.append_seconds = Histogram()
         """Every local leader's appends, proposed to committed (ADR 0023: /metrics)."""
         self.fsync_seconds = Histogram()
@@ -461,6 +467,8 @@ class ReplicationDriver(Generic[R]):
             return
         key = (group.stream, group.partition)
         for message in messages:
+            if type(message) is Append:
+                self.appends_sent += 1
             self._send_frame(message.target, codec.encode_raft(key, message))
 
     # -- receiving
@@ -480,6 +488,9 @@ class ReplicationDriver(Generic[R]):
             return
         if kind == codec.KIND_RAFT:
             key, message = codec.decode_raft(body)
+            if type(message) is Append:
+                self.appends_received += 1
+                self.entries_received += len(message.entries)
             group = self.groups.get(key)
             if group is not None and message.source == peer and group.failure is None:
                 group.step(message)

@@ -178,6 +178,9 @@ class Raft:
         self._commit_pending = False
         self.appends_dropped = 0
         self.messages_dropped = 0
+        self.acks_coalesced = 0
+        """Accepted AppendResponses replaced by a later one to the same leader in the same
+        Ready (`_send`)."""
         self.quiesced = False
         """Quiet (ADR 0026): not ticking, no heartbeats; `wake()` or a message ends it."""
         self._quiet_rounds = 0
@@ -994,7 +997,25 @@ class Raft:
         return replace(snapshot, membership=self.membership_at(snapshot.index))
 
     def _send(self, message: Message) -> None:
-        if len(self._outbox) >= limits.messages_per_ready_max:
+        outbox = self._outbox
+        if type(message) is AppendResponse and not message.rejected and outbox:
+            last = outbox[-1]
+            if (
+                type(last) is AppendResponse
+                and not last.rejected
+                and last.target == message.target
+                and last.term == message.term
+                and last.index <= message.index
+            ):
+                # Acks are cumulative: this one says all the one before it says (the log
+                # matches the leader's up to a later index), and both leave together after the
+                # same sync (the outbox is one Ready's). A follower that took several Appends
+                # while its fsync ran sends one ack for them, and the leader steps one (issue
+                # 16: the leader's per-ack work was paid per Append).
+                outbox[-1] = message
+                self.acks_coalesced += 1
+                return
+        if len(outbox) >= limits.messages_per_ready_max:
             # Bounded memory while the shell is slow to take a Ready: drop, as a lossy network
             # would; every message is retried or superseded by a later one.
             self.messages_dropped += 1
