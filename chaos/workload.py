@@ -225,16 +225,7 @@ class Workload:
                     process, "invoke", "grant", {"partition": partition, "epoch": epoch}
                 )
             try:
-                consumer = Consumer(
-                    self._gateways(partition + (slot == "b")),
-                    self.stream,
-                    partition=partition,
-                    group=GROUP,
-                    epoch=epoch,
-                    commit="manual",
-                    timeout_s=SEND_TIMEOUT_S,
-                    reconnect_timeout_s=RECONNECT_TIMEOUT_S,
-                )
+                consumer = self._member(partition, slot, epoch)
             except AttachRefused as refused:  # locked by a newer epoch, or stale: not granted
                 self.history.record(
                     process, "fail", "grant", {"partition": partition, "epoch": epoch,
@@ -255,6 +246,20 @@ class Workload:
             _closed(consumer)
             self.stopping.wait(rng.uniform(0.0, 1.0))
 
+    def _member(self, partition: int, slot: str, epoch: int) -> Consumer:
+        """A group member's manual-commit link on `partition` asking for `epoch` (slot b
+        starts at the other gateway)."""
+        return Consumer(
+            self._gateways(partition + (slot == "b")),
+            self.stream,
+            partition=partition,
+            group=GROUP,
+            epoch=epoch,
+            commit="manual",
+            timeout_s=SEND_TIMEOUT_S,
+            reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+        )
+
     def _probe_stale_epoch(self, process: str, partition: int, slot: str) -> None:
         """Ask for the epoch just below the greatest one granted so far: the partition's
         stored epoch is at least that one and never goes back, so this must be refused."""
@@ -265,16 +270,7 @@ class Workload:
         value = {"partition": partition, "epoch": epoch, "probe": True}
         self.history.record(process, "invoke", "grant", value)
         try:
-            consumer = Consumer(
-                self._gateways(partition + (slot == "b")),
-                self.stream,
-                partition=partition,
-                group=GROUP,
-                epoch=epoch,
-                commit="manual",
-                timeout_s=SEND_TIMEOUT_S,
-                reconnect_timeout_s=RECONNECT_TIMEOUT_S,
-            )
+            consumer = self._member(partition, slot, epoch)
         except AttachRefused as refused:
             self.history.record(process, "fail", "grant", {**value, "condition": refused.condition})
             return
