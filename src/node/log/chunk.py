@@ -99,6 +99,7 @@ from dataclasses import dataclass
 
 import crc32c
 from spate.core import filtering, subentry
+from spate.core.errors import MessageSizeExceeded
 from spate.core.ids import Offset
 from spate.node.log import producers, tracking
 
@@ -114,6 +115,45 @@ HEADER_BYTES = 56
 RECORD_PREFIX_BYTES = 4
 CRC_START = 8
 """The CRC covers the chunk from this byte to its end."""
+
+
+def record_lengths(records: Sequence[bytes], message_bytes_max: int) -> list[int]:
+    """The records' lengths, MessageSizeExceeded when one is over `message_bytes_max`. Per-record
+    work in C (map, max), none in Python: a chunk of a whole socket read holds hundreds of
+    records (issue 16; on 1 MiB of 1 KiB records interpreted loops cost three times the chunk
+    encoding)."""
+    lengths = list(map(len, records))
+    longest = max(lengths)
+    if longest > message_bytes_max:
+        raise MessageSizeExceeded(
+            f"a message of {longest} bytes is over the limit of {message_bytes_max} bytes"
+        )
+    return lengths
+
+
+def chunk_ranges(lengths: Sequence[int], records_max: int, bytes_max: int) -> list[tuple[int, int]]:
+    """Cut records of these lengths into chunks of at most `records_max` records and
+    `bytes_max` payload bytes (length prefixes included; a larger record goes alone):
+    [(start, end), ...]. One sum in C when they all fit in one, the common case."""
+    prefix = RECORD_PREFIX_BYTES
+    count = len(lengths)
+    if count <= records_max and sum(lengths) + prefix * count <= bytes_max:
+        return [(0, count)]
+    bounds = []
+    start = 0
+    while start < count:
+        end = start
+        payload = 0
+        while end < count and end - start < records_max:
+            size = lengths[end] + prefix
+            if end > start and payload + size > bytes_max:
+                break
+            payload += size
+            end += 1
+        bounds.append((start, end))
+        start = end
+    return bounds
+
 
 _HEADER = struct.Struct(">4sIBBHIQqQQII")
 _AFTER_CRC = struct.Struct(">BBHIQqQQII")

@@ -46,7 +46,6 @@ from spate.core.errors import (
     BrokerError,
     FailedPrecondition,
     InvalidArgument,
-    MessageSizeExceeded,
     NotLeader,
     ResourceLimitExceeded,
     StorageFailure,
@@ -99,32 +98,6 @@ class _Pending:
     done: AppendDone
     deadline_ms: float
     proposed_ms: float
-
-
-def _chunk_ranges(
-    lengths: Sequence[int], records_max: int, bytes_max: int
-) -> list[tuple[int, int]]:
-    """Cut records of these lengths into chunks of at most `records_max` records and
-    `bytes_max` payload bytes (length prefixes included; a larger record goes alone):
-    [(start, end), ...]. One sum in C when they all fit in one, the common case."""
-    prefix = chunk_codec.RECORD_PREFIX_BYTES
-    count = len(lengths)
-    if count <= records_max and sum(lengths) + prefix * count <= bytes_max:
-        return [(0, count)]
-    bounds = []
-    start = 0
-    while start < count:
-        end = start
-        payload = 0
-        while end < count and end - start < records_max:
-            size = lengths[end] + prefix
-            if end > start and payload + size > bytes_max:
-                break
-            payload += size
-            end += 1
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def wall_clock_ms() -> int:
@@ -475,15 +448,7 @@ class Replica(LocalPartition):
                 f"{limits.pending_appends_max} appends already wait for their commit"
             )
         config = self.store.config
-        # Per-record work in C (map, max, sum), none in Python: a chunk of a whole socket read
-        # holds hundreds of records (issue 16).
-        lengths = list(map(len, records))
-        longest = max(lengths)
-        if longest > config.message_bytes_max:
-            raise MessageSizeExceeded(
-                f"a message of {longest} bytes is over the limit of "
-                f"{config.message_bytes_max} bytes"
-            )
+        lengths = chunk_codec.record_lengths(records, config.message_bytes_max)
         timestamp_ms = self._clock_ms()
         last_ts = self.store.log.last_timestamp_ms
         if last_ts is not None and timestamp_ms < last_ts:
@@ -493,7 +458,7 @@ class Replica(LocalPartition):
         if len(records) == 1 and isinstance(records[0], subentry.SubEntry):
             return self._propose_sub_entry(records[0], timestamp_ms, first, producer, ids)
         index = 0
-        bounds = _chunk_ranges(lengths, config.chunk_records_max, config.chunk_bytes_max)
+        bounds = chunk_codec.chunk_ranges(lengths, config.chunk_records_max, config.chunk_bytes_max)
         for start, end in bounds:
             part = records if len(bounds) == 1 else records[start:end]
             index = self.raft.log.last_index + 1
