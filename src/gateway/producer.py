@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from cproton_ffi import ffi, lib
 from proton import Link, symbol
-from spate.core import limits
+from spate.core import filtering, limits
 from spate.core.backend import Partition, PublishingIds
 from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded, NotFound
 from spate.core.ids import PartitionId
@@ -214,6 +214,7 @@ class ProducerPart:
         routed = producer.routed
         id_at = sections.ULONG.unpack_from
         sub_marker = sub_entries.MARKER_BYTES
+        has_key = filtering.has_annotation_key  # keys only where annotations can be
         got = 0
         while True:
             cur = current(lp)
@@ -239,7 +240,7 @@ class ProducerPart:
                 size = 0  # an empty transfer: not a message, scan_incoming says why
             raw = unpack(buf, size)
             advance(lp)
-            if sub_marker in raw and self._accept_sub_entry(producer, cur, raw):
+            if has_key(raw, sub_marker) and self._accept_sub_entry(producer, cur, raw):
                 got += 1
                 if producer.closed:
                     break
@@ -274,7 +275,7 @@ class ProducerPart:
                 self._accept_incoming(producer, cur, raw)
                 got += 1
                 continue
-            if keyed and GROUP_KEY_BYTES in raw:
+            if keyed and has_key(raw, GROUP_KEY_BYTES):
                 self._accept_keyed(producer, cur, raw)
                 got += 1
                 if producer.closed:
