@@ -13,7 +13,8 @@
 #                                                    # after every leader, or 900 s
 #   SETTLE=120 ...                                   # settle 120 s instead of 20 before measuring
 #   VENV=/work/main/.venv ...                        # another build's venv (a before/after pair)
-# Node liveness per node (benchmarks/node_liveness.py) is printed before and after the CPU window.
+# Node liveness per node (benchmarks/node_liveness.py) is printed before settling and after the
+# CPU window.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=$1; N=$2; HOT=${3:-0}
@@ -64,9 +65,11 @@ if [ "$HOT" -gt 0 ]; then
   PERF=$!
   echo "perf: $((HOT * 10)) msg/s over $HOT partitions (pid $PERF)"
 fi
-sleep "${SETTLE:-20}"
 URLS=$(python3 -c "import json;print(' '.join(n['metrics'] for n in json.load(open('$D/endpoints.json'))['nodes']))")
-echo "liveness before the CPU window:"; python3 benchmarks/node_liveness.py $URLS
+# A scrape builds every partition's metrics on the node's loop (seconds at 5,000 partitions
+# under load: a stall its peers see), so liveness is read before settling and after measuring.
+echo "liveness before settling:"; python3 benchmarks/node_liveness.py $URLS
+sleep "${SETTLE:-20}"
 uptime
 declare -A a
 for p in $PIDS; do a[$p]=$(awk '{print $14+$15}' /proc/$p/stat); done

@@ -57,6 +57,7 @@ def line(url: str) -> str:
         f" (leader {get('wakes_leader_suspected')} quorum {get('wakes_quorum_suspected')}"
         f" back {get('wakes_peer_back')})"
         f" settled {get('spate_replication_liveness_settled_total')}"
+        f" quorum_back {get('spate_replication_quorum_back_total')}"
         f" suspicions {get('spate_replication_suspicions_total')}"
         f" message_wakes {get('spate_replication_message_wakes_total')}"
         f" ticks_late>0.25/0.5/1/2.5s {late}"

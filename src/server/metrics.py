@@ -348,6 +348,13 @@ class NodeCollector(Collector):
             ),
             (
                 CounterMetricFamily,
+                "spate_replication_quorum_back",
+                "Quiet leaders whose quorum node liveness suspected, heard from again within an "
+                "election timeout (never woken).",
+                driver.quorum_back,
+            ),
+            (
+                CounterMetricFamily,
                 "spate_replication_message_wakes",
                 "Quiet replicas woken by a Raft message from a peer.",
                 driver.message_wakes,

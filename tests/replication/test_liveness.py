@@ -238,3 +238,40 @@ def test_a_peer_back_gets_the_entries_its_leaders_went_quiet_without() -> None:
     nodes.until(lambda: nodes.replica(n1, 1).end_offset() == Offset(1), "n1 gets the record")
     nodes.until(nodes.all_quiet, "every group quiet again")
     assert all(nodes.replica(n, 1).end_offset() == Offset(1) for n in IDS)
+
+
+def test_both_peers_late_wake_none_of_the_leaders_that_lost_their_quorum() -> None:
+    """n2 and n3 stall together for 14 ticks: n1 suspects both, so its leaders have no quorum
+    of unsuspected voters; they are not woken (their heartbeats would wake every replica), and
+    once n2 and n3 are heard from within an election timeout nothing was sent at all."""
+    nodes = Nodes()
+    nodes.at_rest()
+    n1, n2, n3 = IDS
+    terms = {key: r.raft.term for key, r in nodes.replicas.items()}
+    nodes.sent.clear()
+    nodes.stalled.update({n2, n3})
+    nodes.tick(14)
+    assert nodes.drivers[n1].suspected == {n2, n3}
+    assert all(nodes.replica(n1, p).raft.quiesced for p in range(0, PARTITIONS, 3))
+    nodes.stalled.clear()
+    nodes.tick(60)
+    assert nodes.sent == [], nodes.sent[:5]
+    assert nodes.all_quiet()
+    assert {key: r.raft.term for key, r in nodes.replicas.items()} == terms
+    assert nodes.drivers[n1].quorum_back == PARTITIONS // 3
+
+
+def test_a_leader_cut_off_from_its_quorum_steps_down_when_check_quorum_would() -> None:
+    """n2 and n3 stay silent: n1 suspects them after 10 ticks and its quiet leaders step down
+    an election timeout later, counting the tick of the suspicion: the tick on which a leader
+    woken then was deposed by check-quorum (ADR 0015's settle rule relies on it)."""
+    nodes = Nodes()
+    nodes.at_rest()
+    n1, n2, n3 = IDS
+    led = range(0, PARTITIONS, 3)
+    nodes.stalled.update({n2, n3})
+    nodes.tick(18)  # suspected at tick 10; tick 18 is the ninth of the window
+    assert all(nodes.replica(n1, p).raft.role is Role.LEADER for p in led)
+    nodes.tick()
+    assert all(nodes.replica(n1, p).raft.role is not Role.LEADER for p in led)
+    assert nodes.drivers[n1].wakes_by_reason["quorum_suspected"] == len(led)

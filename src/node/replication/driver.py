@@ -87,8 +87,8 @@ WAKE_QUORUM_SUSPECTED = "quorum_suspected"
 WAKE_PEER_BACK = "peer_back"
 WAKE_REASONS = (WAKE_LEADER_SUSPECTED, WAKE_QUORUM_SUSPECTED, WAKE_PEER_BACK)
 """Why node liveness woke a quiet group: a follower's leader (or every leader it knew) is
-suspected; a leader's voters not suspected are no longer a quorum; a suspected peer came back
-and lacks entries of a group led here."""
+suspected; a leader's voters not suspected have been no quorum for an election timeout (it
+steps down); a suspected peer came back and lacks entries of a group led here."""
 
 LeaderListener = Callable[[StreamName, PartitionId, NodeId | None, LeaderEpoch], None]
 Send = Callable[[NodeId, bytes], bool]
@@ -177,6 +177,12 @@ class ReplicationDriver(Generic[R]):
         self.tick_gap_seconds = Histogram()
         """Time between two ticks, observed by the shell that runs them: past `tick_ms`, the
         loop was late (a long batch, a GC pause), and so were this node's PINGs."""
+        self._quorum_lost: dict[frames.GroupKey, tuple[R, int]] = {}
+        """Quiet leaders whose voters not suspected are no quorum, with the tick that found it:
+        they step down an election timeout later unless the quorum is heard from again."""
+        self.quorum_back = 0
+        """Quiet leaders that lost their quorum to node liveness and got it back within an
+        election timeout: never woken, nothing sent."""
         self._woken_for: dict[NodeId, dict[frames.GroupKey, R]] = {}
         """Followers woken because their leader's node is suspected, by that node: settled
         again if it is heard from before anything else happens to them."""
@@ -229,6 +235,7 @@ class ReplicationDriver(Generic[R]):
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
         self._dirty.pop((stream, partition), None)
         self._awake.pop((stream, partition), None)
+        self._quorum_lost.pop((stream, partition), None)
         for request_id, transfer in list(self._transfers.items()):
             if transfer.group is group:
                 self._end_transfer(request_id)
@@ -291,6 +298,32 @@ class ReplicationDriver(Generic[R]):
                 self.suspected.add(peer)
                 self.suspicions += 1
                 self._wake_on_suspicion(peer)
+        if self._quorum_lost:
+            self._check_quorum_lost()
+
+    def _check_quorum_lost(self) -> None:
+        """Leaders that were quiet when their unsuspected voters stopped being a quorum:
+        forgotten when the quorum is heard from again (or they no longer lead); stepped down
+        (`Raft.step_down`) once it has been missing for an election timeout, counting the tick
+        that found it: the tick on which check-quorum deposed a leader woken then (ADR 0026
+        addendum; ADR 0015's settle rule relies on that timing). Woken meanwhile for other
+        work, a leader still steps down then: a suspected voter sent nothing, not even an
+        answer to the woken leader's heartbeats."""
+        suspected = self.suspected
+        for key, (group, since) in list(self._quorum_lost.items()):
+            raft = group.raft
+            if self.groups.get(key) is not group or raft.role is not Role.LEADER:
+                del self._quorum_lost[key]
+                continue
+            live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+            if live >= raft.quorum:
+                del self._quorum_lost[key]
+                self.quorum_back += int(raft.quiesced)
+            elif self.ticks - since + 1 >= raft.config.election_timeout_ticks:
+                del self._quorum_lost[key]
+                raft.step_down()
+                self._count_wake(WAKE_QUORUM_SUSPECTED)
+                self._wake_group(key, group)
 
     def _heard(self, peer: NodeId) -> None:
         self._silence[peer] = 0
@@ -307,14 +340,15 @@ class ReplicationDriver(Generic[R]):
                 continue
             if raft.role is Role.LEADER:
                 # A leader that still reaches a quorum (itself and the voters not suspected)
-                # has nothing to do: it wakes once a quorum is suspected, and steps down by
-                # check-quorum (ADR 0027: waking every group on every suspicion made an
-                # overloaded node's 3,000 groups heartbeat for good).
+                # has nothing to do (ADR 0027: waking every group on every suspicion made an
+                # overloaded node's 3,000 groups heartbeat for good). One without is not
+                # woken either (its heartbeats would wake every replica of the group, and a
+                # quorum that was only late would answer them all): it steps down an election
+                # timeout from now unless the quorum is heard from first (`_check_quorum_lost`).
                 live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
-                if live >= raft.quorum:
-                    continue
-                raft.wake()
-                self._count_wake(WAKE_QUORUM_SUSPECTED)
+                if live < raft.quorum:
+                    self._quorum_lost.setdefault(key, (group, self.ticks))
+                continue
             elif (leader := raft.leader) is None:
                 raft.wake()
                 self._count_wake(WAKE_LEADER_SUSPECTED)

@@ -327,6 +327,15 @@ class Raft:
         self._election_elapsed = 0
         return True
 
+    def step_down(self) -> None:
+        """On a leader: the shell's node liveness has heard nothing at all from a quorum of its
+        voters for an election timeout, so none of them answered anything either: step down,
+        as check-quorum would (ADR 0026 addendum: a quiet leader is not woken when its quorum
+        is suspected, so a quorum that was only late and is heard from again in time costs
+        no heartbeat at all; this keeps the time at which a cut-off leader steps down)."""
+        assert self.role is Role.LEADER
+        self._become_follower(self.term, None)
+
     def lags(self, peer: NodeId) -> bool:
         """On a leader: `peer` has not acknowledged this log to its end (a leader goes quiet
         without the acknowledgements of peers node liveness suspects)."""
