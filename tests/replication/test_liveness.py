@@ -134,9 +134,7 @@ class Nodes:
 
     def at_rest(self) -> None:
         """Every partition led by its preferred leader, every replica quiet, not visited."""
-        self.until(
-            lambda: all(self.leader_of(p) is not None for p in range(PARTITIONS)), "leaders"
-        )
+        self.until(lambda: all(self.leader_of(p) is not None for p in range(PARTITIONS)), "leaders")
         for p in range(PARTITIONS):  # new replicas refuse votes for a while: any may win
             leader = self.leader_of(p)
             assert leader is not None
@@ -168,10 +166,7 @@ def test_a_late_node_heard_again_leaves_every_group_at_rest() -> None:
     nodes.tick(14)
     assert n1 in nodes.drivers[n2].suspected and n1 in nodes.drivers[n3].suspected
     woken = [
-        (n, p)
-        for n in (n2, n3)
-        for p in range(PARTITIONS)
-        if not nodes.replica(n, p).raft.quiesced
+        (n, p) for n in (n2, n3) for p in range(PARTITIONS) if not nodes.replica(n, p).raft.quiesced
     ]
     # The followers of n1's groups, and nothing else (n2's and n3's leaders keep a quorum).
     assert sorted(woken) == [(n, p) for n in (n2, n3) for p in range(0, PARTITIONS, 3)], woken
@@ -219,7 +214,7 @@ def test_a_peer_back_gets_the_entries_its_leaders_went_quiet_without() -> None:
     stay asleep."""
     nodes = Nodes()
     nodes.at_rest()
-    n1, n2, n3 = IDS
+    n1, n2, _ = IDS
     nodes.stalled.add(n1)
     nodes.dropping.add(n1)
     nodes.until(lambda: n1 in nodes.drivers[n2].suspected, "n2 suspects n1", rounds=20)
