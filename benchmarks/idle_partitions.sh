@@ -3,7 +3,7 @@
 # STREAMS streams of PARTS partitions with 3 replicas each (created one stream at a time, each
 # waited for until every partition has a live leader), and optionally HOT more partitions
 # under a light load (a super stream of HOT one-partition streams, 3 replicas, `spate perf`
-# publishing 10 msg/s per hot partition of 100 B with one consumer). After 20 s ($SETTLE) to
+# publishing 10 msg/s per hot partition of 100 B with one consumer, for $SETTLE + 70 s). After 20 s ($SETTLE) to
 # settle, per node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then
 # node n1's quiet-replica gauge.
 #   benchmarks/idle_partitions.sh 1 1000          # 1,000 idle partitions (one stream)
@@ -61,7 +61,7 @@ done
 if [ "$HOT" -gt 0 ]; then
   $V/bin/spate perf --url "amqp://$AMQP" --admin "$ADMIN" --super-stream hot \
     --super-stream-partitions "$HOT" --replicas 3 --producers 1 --consumers 1 --size 100 \
-    --rate $((HOT * 10)) --time 90 --output json > "$D/perf.out" 2>&1 &
+    --rate $((HOT * 10)) --time $((${SETTLE:-20} + 70)) --output json > "$D/perf.out" 2>&1 &
   PERF=$!
   echo "perf: $((HOT * 10)) msg/s over $HOT partitions (pid $PERF)"
 fi
