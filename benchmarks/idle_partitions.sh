@@ -3,7 +3,7 @@
 # STREAMS streams of PARTS partitions with 3 replicas each (created one stream at a time, each
 # waited for until every partition has a live leader), and optionally HOT more partitions
 # under a light load (a super stream of HOT one-partition streams, 3 replicas, `spate perf`
-# publishing 10 msg/s per hot partition of 100 B with one consumer). After 20 s ($SETTLE) to
+# publishing 10 msg/s per hot partition of 100 B with one consumer, for $SETTLE + 70 s). After 20 s ($SETTLE) to
 # settle, per node: CPU over 30 s (utime + stime from /proc), RSS, open file descriptors; then
 # node n1's quiet-replica gauge.
 #   benchmarks/idle_partitions.sh 1 1000          # 1,000 idle partitions (one stream)
@@ -12,24 +12,28 @@
 #   NOWAIT=900 benchmarks/idle_partitions.sh 5 1000  # all streams created at once; measured
 #                                                    # after every leader, or 900 s
 #   SETTLE=120 ...                                   # settle 120 s instead of 20 before measuring
+#   VENV=/work/main/.venv ...                        # another build's venv (a before/after pair)
+# Node liveness per node (benchmarks/node_liveness.py) is printed before settling and after the
+# CPU window.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=$1; N=$2; HOT=${3:-0}
 export SPATE_DEV_PORTS=${SPATE_DEV_PORTS:-20000-23000}
+V=${VENV:-.venv}
 D=$(mktemp -d /tmp/spate-idle-XXXX)
 PERF=""
 cleanup() {
   [ -n "$PERF" ] && kill "$PERF" 2> /dev/null && wait "$PERF" 2> /dev/null
-  .venv/bin/spate dev down --data-dir "$D" > /dev/null
+  $V/bin/spate dev down --data-dir "$D" > /dev/null
   rm -rf "$D"
 }
 trap cleanup EXIT
-.venv/bin/spate dev up --nodes 3 --gateways 0 --data-dir "$D" --output json > /dev/null
+$V/bin/spate dev up --nodes 3 --gateways 0 --data-dir "$D" --output json > /dev/null
 ADMIN=$(python3 -c "import json;print(json.load(open('$D/endpoints.json'))['admin'])")
 AMQP=$(python3 -c "import json;print(json.load(open('$D/endpoints.json'))['nodes'][0]['amqp'])")
 PIDS=$(python3 -c "import json;print(' '.join(str(n['pid']) for n in json.load(open('$D/endpoints.json'))['nodes']))")
 led() {  # partitions of stream $1 with a live leader (0 while the admin API does not answer)
-  { .venv/bin/spate partition list "$1" --admin $ADMIN --output json 2> /dev/null || true; } |
+  { $V/bin/spate partition list "$1" --admin $ADMIN --output json 2> /dev/null || true; } |
     python3 -c "import json,sys
 try: r=json.load(sys.stdin)['partitions']; print(sum(1 for x in r if x.get('leader') and x.get('leader_alive')))
 except ValueError: print(0)"
@@ -37,7 +41,7 @@ except ValueError: print(0)"
 t0=$(date +%s)
 if [ -n "${NOWAIT:-}" ]; then  # create every stream at once, then wait up to $NOWAIT s for all leaders
   for s in $(seq 1 $S); do
-    .venv/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
+    $V/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
   done
   while :; do
     ok=0; for s in $(seq 1 $S); do ok=$((ok + $(led idle$s))); done
@@ -47,7 +51,7 @@ if [ -n "${NOWAIT:-}" ]; then  # create every stream at once, then wait up to $N
   S=0
 fi
 for s in $(seq 1 $S); do
-  .venv/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
+  $V/bin/spate stream create idle$s --partitions $N --replicas 3 --admin $ADMIN > /dev/null
   for i in $(seq 1 300); do
     ok=$(led idle$s)
     [ "$ok" -ge "$N" ] && break; sleep 1
@@ -55,13 +59,18 @@ for s in $(seq 1 $S); do
   echo "stream $s: leaders $ok/$N at $(( $(date +%s)-t0 )) s"
 done
 if [ "$HOT" -gt 0 ]; then
-  .venv/bin/spate perf --url "amqp://$AMQP" --admin "$ADMIN" --super-stream hot \
+  $V/bin/spate perf --url "amqp://$AMQP" --admin "$ADMIN" --super-stream hot \
     --super-stream-partitions "$HOT" --replicas 3 --producers 1 --consumers 1 --size 100 \
-    --rate $((HOT * 10)) --time 90 --output json > "$D/perf.out" 2>&1 &
+    --rate $((HOT * 10)) --time $((${SETTLE:-20} + 70)) --output json > "$D/perf.out" 2>&1 &
   PERF=$!
   echo "perf: $((HOT * 10)) msg/s over $HOT partitions (pid $PERF)"
 fi
+URLS=$(python3 -c "import json;print(' '.join(n['metrics'] for n in json.load(open('$D/endpoints.json'))['nodes']))")
+# A scrape builds every partition's metrics on the node's loop (seconds at 5,000 partitions
+# under load: a stall its peers see), so liveness is read before settling and after measuring.
+echo "liveness before settling:"; python3 benchmarks/node_liveness.py $URLS
 sleep "${SETTLE:-20}"
+uptime
 declare -A a
 for p in $PIDS; do a[$p]=$(awk '{print $14+$15}' /proc/$p/stat); done
 sleep 30
@@ -70,7 +79,7 @@ for p in $PIDS; do
   fds=$(ls /proc/$p/fd | wc -l); lim=$(awk '/Max open files/{print $4}' /proc/$p/limits)
   echo "pid $p: cpu $(( (b-${a[$p]}) * 10 / 30 )) ms/s rss $((rss/1024)) MiB fds $fds (limit $lim)"
 done
-M=$(python3 -c "import json;print(json.load(open('$D/endpoints.json'))['nodes'][0]['metrics'])"); curl -s $M | grep -E "^spate_replication_(quiet|peers)" || true
+echo "liveness after the CPU window:"; python3 benchmarks/node_liveness.py $URLS
 if [ -n "$PERF" ]; then
   kill -INT "$PERF" 2> /dev/null || true; wait "$PERF" 2> /dev/null || true; PERF=""
   tail -1 "$D/perf.out" | python3 -c "import json,sys

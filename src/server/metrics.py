@@ -359,14 +359,50 @@ class NodeCollector(Collector):
             ),
             (
                 CounterMetricFamily,
-                "spate_replication_liveness_wakes",
-                "Quiet replicas woken because a peer node went silent or came back.",
-                driver.wakes,
+                "spate_replication_suspicions",
+                "Times a peer node was suspected (silent for an election timeout).",
+                driver.suspicions,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_liveness_settled",
+                "Followers woken by a suspicion of their leader's node, put back to sleep "
+                "when it was heard from again.",
+                driver.settled,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_quorum_back",
+                "Quiet leaders whose quorum node liveness suspected, heard from again within an "
+                "election timeout (never woken).",
+                driver.quorum_back,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_message_wakes",
+                "Quiet replicas woken by a Raft message from a peer.",
+                driver.message_wakes,
             ),
         ):
             family = family_of(name, doc, labels=["node"])
             family.add_metric([node], value)
             yield family
+        wakes = CounterMetricFamily(
+            "spate_replication_liveness_wakes",
+            "Quiet replicas woken by node liveness: a follower's leader suspected, a leader's "
+            "quorum suspected, a suspected peer back and lacking entries.",
+            labels=["node", "reason"],
+        )
+        for reason, count in driver.wakes_by_reason.items():
+            wakes.add_metric([node, reason], count)
+        yield wakes
+        yield histogram_family(
+            "spate_replication_tick_gap_seconds",
+            "Time between two replication ticks (past the tick period the loop was late, and "
+            "so were this node's liveness PINGs).",
+            node,
+            driver.tick_gap_seconds,
+        )
         yield from self._metadata()
 
     def _metadata(self) -> Iterator[Metric]:

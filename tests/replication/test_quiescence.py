@@ -145,3 +145,59 @@ def test_the_heartbeat_codec_carries_the_quiesce_flag_and_reads_old_frames() -> 
         len(old)
         == len(codec.encode_raft(key, Heartbeat(3, NodeId("n1"), NodeId("n2"), 7, True))) - 1
     )
+
+
+def test_a_follower_woken_for_a_suspected_leader_settles_again_if_nothing_happened() -> None:
+    """ADR 0026 addendum: node liveness wakes n2 because n1's node is late; n1's node is
+    heard from again before n2's election timeout: n2 goes back to sleep with its lease on n1,
+    nothing sent, and stays asleep."""
+    group = quiet_group()
+    group["n2"].wake(leader_suspected=True)
+    assert not group["n2"].quiesced
+    group.tick_all(5)  # within the lease: n2 does nothing yet
+    assert group["n2"].settle_again()
+    assert group["n2"].quiesced and group["n2"].leader == NodeId("n1")
+    assert not group["n2"].settle_again()  # once
+    before = len(group.trace)
+    group.tick_all(100)
+    assert group.trace[before:] == []
+    assert group.leaders() == [NodeId("n1")]
+
+
+def test_a_woken_follower_that_did_something_does_not_settle_again() -> None:
+    """Only liveness's own wake-up is undone: a follower that campaigned, stepped a message
+    or was woken for work stays awake and finishes what it started."""
+    group = quiet_group()
+    group["n2"].wake(leader_suspected=True)
+    group.tick("n2", 25)  # past its election timeout: it campaigns (a pre-vote)
+    assert group["n2"].role is Role.PRE_CANDIDATE
+    assert not group["n2"].settle_again()
+
+    group = quiet_group()
+    group["n2"].wake(leader_suspected=True)
+    group["n3"].wake()
+    group.tick("n3", 25)  # n3's pre-vote reaches n2 (and wakes n1)
+    group.deliver(lambda m: m.target == NodeId("n2"))
+    assert not group["n2"].settle_again()
+
+    group = quiet_group()
+    group["n2"].wake(leader_suspected=True)
+    group["n2"].wake()  # something else woke it too (a proposal, a transfer)
+    assert not group["n2"].settle_again()
+
+    group = quiet_group()
+    group["n2"].wake()  # woken for a reason other than its leader's node
+    assert not group["n2"].settle_again()
+
+
+def test_a_quiet_leader_lags_a_peer_it_went_quiet_without() -> None:
+    group = Group(3, config=QUIET)
+    group.elect("n1")
+    group.cut.add(NodeId("n3"))
+    group["n1"].dead_peers = {NodeId("n3")}
+    assert isinstance(group["n1"].propose(b"n3 misses this"), Proposed)
+    group.stabilize()
+    group.tick_all(5)
+    assert group["n1"].quiesced
+    assert group["n1"].lags(NodeId("n3")) and not group["n1"].lags(NodeId("n2"))
+    assert not group["n2"].lags(NodeId("n3"))  # a follower lags nobody

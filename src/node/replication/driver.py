@@ -31,7 +31,9 @@ Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the 
 and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
 for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
 follower whose leader it is, a leader left without a quorum not suspected; ADR 0027); heard
-from again, the groups led here that it belongs to wake so it learns its leader. Quiet groups
+from again, the followers it woke that did nothing since go back to sleep, and the quiet groups
+led here that lack its acknowledgement wake so it gets what it missed (ADR 0026 addendum: a
+late node is not a dead one). Quiet groups
 are not ticked at all: the tick visits the awake ones (`_awake`), a quiet replica's `ticks`
 count from the driver's clock, and a group rejoins the awake ones when it wakes (every wake-up
 passes through `_wake_group` or a batch; a sweep of all replicas every SWEEP_TICKS is the
@@ -79,6 +81,14 @@ every wake-up known is reported at once)."""
 PEERS_REFRESH_TICKS = 200
 """How often the peer nodes of the local groups are collected again (membership changes; a new
 peer is PINGed at the latest this many ticks after it joins a group)."""
+
+WAKE_LEADER_SUSPECTED = "leader_suspected"
+WAKE_QUORUM_SUSPECTED = "quorum_suspected"
+WAKE_PEER_BACK = "peer_back"
+WAKE_REASONS = (WAKE_LEADER_SUSPECTED, WAKE_QUORUM_SUSPECTED, WAKE_PEER_BACK)
+"""Why node liveness woke a quiet group: a follower's leader (or every leader it knew) is
+suspected; a leader's voters not suspected have been no quorum for an election timeout (it
+steps down); a suspected peer came back and lacks entries of a group led here."""
 
 LeaderListener = Callable[[StreamName, PartitionId, NodeId | None, LeaderEpoch], None]
 Send = Callable[[NodeId, bytes], bool]
@@ -160,7 +170,28 @@ class ReplicationDriver(Generic[R]):
         self.suspected: set[NodeId] = set()
         """Peer nodes silent for `liveness_ticks` or more."""
         self.wakes = 0
-        """Quiet groups woken by node liveness (a figure for tests and /metrics)."""
+        """Quiet groups woken by node liveness (a figure for tests and /metrics)..."""
+        self.wakes_by_reason: dict[str, int] = dict.fromkeys(WAKE_REASONS, 0)
+        """... by reason (WAKE_REASONS)."""
+        self.settled = 0
+        """Followers woken by a suspicion of their leader's node put back to sleep when it was
+        heard from again (`Raft.settle_again`)."""
+        self.suspicions = 0
+        """Times a peer node was suspected."""
+        self.message_wakes = 0
+        """Quiet replicas woken by a Raft message from a peer (a pre-vote, an append...)."""
+        self.tick_gap_seconds = Histogram()
+        """Time between two ticks, observed by the shell that runs them: past `tick_ms`, the
+        loop was late (a long batch, a GC pause), and so were this node's PINGs."""
+        self._quorum_lost: dict[frames.GroupKey, tuple[R, int]] = {}
+        """Quiet leaders whose voters not suspected are no quorum, with the tick that found it:
+        they step down an election timeout later unless the quorum is heard from again."""
+        self.quorum_back = 0
+        """Quiet leaders that lost their quorum to node liveness and got it back within an
+        election timeout: never woken, nothing sent."""
+        self._woken_for: dict[NodeId, dict[frames.GroupKey, R]] = {}
+        """Followers woken because their leader's node is suspected, by that node: settled
+        again if it is heard from before anything else happens to them."""
         self._peers: list[NodeId] = []
         self._peers_of = -1
         self._liveness_ticks = 0
@@ -210,6 +241,7 @@ class ReplicationDriver(Generic[R]):
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
         self._dirty.pop((stream, partition), None)
         self._awake.pop((stream, partition), None)
+        self._quorum_lost.pop((stream, partition), None)
         for request_id, transfer in list(self._transfers.items()):
             if transfer.group is group:
                 self._end_transfer(request_id)
@@ -263,41 +295,98 @@ class ReplicationDriver(Generic[R]):
             if peer not in peers:
                 del self._silence[peer]
                 self.suspected.discard(peer)
+                self._woken_for.pop(peer, None)
         for peer in peers:
             self._send_frame(peer, codec.PING_FRAME)
             silence = self._silence.get(peer, 0) + 1
             self._silence[peer] = silence
             if silence >= self.liveness_ticks and peer not in self.suspected:
                 self.suspected.add(peer)
-                self._wake_groups(peer, led_here_only=False)
+                self.suspicions += 1
+                self._wake_on_suspicion(peer)
+        if self._quorum_lost:
+            self._check_quorum_lost()
+
+    def _check_quorum_lost(self) -> None:
+        """Leaders that were quiet when their unsuspected voters stopped being a quorum:
+        forgotten when the quorum is heard from again (or they no longer lead); stepped down
+        (`Raft.step_down`) once it has been missing for an election timeout, counting the tick
+        that found it: the tick on which check-quorum deposed a leader woken then (ADR 0026
+        addendum; ADR 0015's settle rule relies on that timing). Woken meanwhile for other
+        work, a leader still steps down then: a suspected voter sent nothing, not even an
+        answer to the woken leader's heartbeats."""
+        suspected = self.suspected
+        for key, (group, since) in list(self._quorum_lost.items()):
+            raft = group.raft
+            if self.groups.get(key) is not group or raft.role is not Role.LEADER:
+                del self._quorum_lost[key]
+                continue
+            live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+            if live >= raft.quorum:
+                del self._quorum_lost[key]
+                self.quorum_back += int(raft.quiesced)
+            elif self.ticks - since + 1 >= raft.config.election_timeout_ticks:
+                del self._quorum_lost[key]
+                raft.step_down()
+                self._count_wake(WAKE_QUORUM_SUSPECTED)
+                self._wake_group(key, group)
 
     def _heard(self, peer: NodeId) -> None:
         self._silence[peer] = 0
         if peer in self.suspected:
             self.suspected.discard(peer)
-            self._wake_groups(peer, led_here_only=True)
+            self._peer_back(peer)
 
-    def _wake_groups(self, peer: NodeId, *, led_here_only: bool) -> None:
+    def _wake_on_suspicion(self, peer: NodeId) -> None:
+        """`peer` went silent: wake the quiet groups that have something to do without it."""
         suspected = self.suspected
         for key, group in self.groups.items():
             raft = group.raft
-            if raft.quiesced and peer in raft.peers:
-                if led_here_only:
-                    if raft.role is not Role.LEADER:
-                        continue
-                elif raft.role is Role.LEADER:
-                    # A leader that still reaches a quorum (itself and the voters not
-                    # suspected) has nothing to do: it wakes once a quorum is suspected, and
-                    # steps down by check-quorum (ADR 0027: waking every group on every
-                    # suspicion made an overloaded node's 3,000 groups heartbeat for good).
-                    live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
-                    if live >= raft.quorum:
-                        continue
-                elif raft.leader is not None and raft.leader not in suspected:
-                    continue  # a follower whose leader is not suspected: nothing to elect
+            if not raft.quiesced or peer not in raft.peers:
+                continue
+            if raft.role is Role.LEADER:
+                # A leader that still reaches a quorum (itself and the voters not suspected)
+                # has nothing to do (ADR 0027: waking every group on every suspicion made an
+                # overloaded node's 3,000 groups heartbeat for good). One without is not
+                # woken either (its heartbeats would wake every replica of the group, and a
+                # quorum that was only late would answer them all): it steps down an election
+                # timeout from now unless the quorum is heard from first (`_check_quorum_lost`).
+                live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+                if live < raft.quorum:
+                    self._quorum_lost.setdefault(key, (group, self.ticks))
+                continue
+            elif (leader := raft.leader) is None:
                 raft.wake()
-                self.wakes += 1
+                self._count_wake(WAKE_LEADER_SUSPECTED)
+            elif leader in suspected:
+                raft.wake(leader_suspected=True)  # settled again if its leader comes back
+                self._woken_for.setdefault(leader, {})[key] = group
+                self._count_wake(WAKE_LEADER_SUSPECTED)
+            else:
+                continue  # a follower whose leader is not suspected: nothing to elect
+            self._wake_group(key, group)
+
+    def _peer_back(self, peer: NodeId) -> None:
+        """A suspected `peer` is heard from again. Its followers woken here by the suspicion
+        that have done nothing since go back to sleep (`Raft.settle_again`): a late node is
+        not a dead one, and campaigns for thousands of groups, each waking its leader and
+        third replica, are what made nodes late (issue 16). The quiet groups led here that
+        went quiet without its acknowledgements wake, so it gets what it missed; one that
+        went quiet with its acknowledgement has nothing to tell it (a restarted peer's
+        replica is awake and campaigns, and its pre-vote wakes the leader, which answers)."""
+        for key, group in self._woken_for.pop(peer, {}).items():
+            if self.groups.get(key) is group and group.raft.settle_again():
+                self.settled += 1  # the next tick stops visiting it
+        for key, group in self.groups.items():
+            raft = group.raft
+            if raft.quiesced and raft.lags(peer):
+                raft.wake()
+                self._count_wake(WAKE_PEER_BACK)
                 self._wake_group(key, group)
+
+    def _count_wake(self, reason: str) -> None:
+        self.wakes += 1
+        self.wakes_by_reason[reason] += 1
 
     # -- batches
 
@@ -493,7 +582,10 @@ class ReplicationDriver(Generic[R]):
                 self.entries_received += len(message.entries)
             group = self.groups.get(key)
             if group is not None and message.source == peer and group.failure is None:
+                quiet = group.raft.quiesced
                 group.step(message)
+                if quiet and not group.raft.quiesced:
+                    self.message_wakes += 1
                 # A commit learned while this group's Ready is in the fsync thread: apply it
                 # now (producers' confirms), not after that fsync.
                 committed = group.raft.take_committed()

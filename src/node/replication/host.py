@@ -404,7 +404,8 @@ class ReplicationHost:
 
     async def _tick(self) -> None:
         period = self.tick_ms / 1000
-        next_at = time.monotonic()
+        next_at = last = time.monotonic()
+        gaps = self.driver.tick_gap_seconds
         while True:
             next_at += period
             now = time.monotonic()
@@ -413,6 +414,9 @@ class ReplicationHost:
                 # count peers' silence before their frames, waiting in the sockets, are read.
                 next_at = now
             await asyncio.sleep(max(0.0, next_at - now))
+            now = time.monotonic()
+            gaps.observe(now - last)
+            last = now
             self.driver.tick()
 
     async def _drive(self) -> None:

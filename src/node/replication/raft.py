@@ -184,6 +184,9 @@ class Raft:
         self.quiesced = False
         """Quiet (ADR 0026): not ticking, no heartbeats; `wake()` or a message ends it."""
         self._quiet_rounds = 0
+        self._woken_by_liveness = False
+        """A follower woken only because node liveness suspects its leader's node, with nothing
+        happened to the group since (`settle_again`)."""
         self.dead_peers: AbstractSet[NodeId] = frozenset()
         """Peers the shell's node liveness suspects (the driver shares its set): a leader may go
         quiet without their answers, as long as a quorum is up to date (ADR 0026)."""
@@ -286,12 +289,16 @@ class Raft:
         else:
             self._become_candidate(transfer=transfer)
 
-    def wake(self) -> None:
+    def wake(self, *, leader_suspected: bool = False) -> None:
         """End quiet (ADR 0026): the shell suspects a peer node, or has work for the group.
         A leader heartbeats on its next tick and restarts its check-quorum window (a quorum
         must answer within an election timeout); a follower restarts its election timer,
-        keeping its lease on the leader for one election timeout."""
+        keeping its lease on the leader for one election timeout. `leader_suspected`: the
+        shell's node liveness suspects this follower's leader, and nothing else woke it; if
+        that node is heard from again before anything happens here, `settle_again` puts the
+        follower back to sleep."""
         self._quiet_rounds = 0
+        self._woken_by_liveness = False
         if not self.quiesced:
             return
         self.quiesced = False
@@ -300,6 +307,45 @@ class Raft:
             self._heartbeat_elapsed = self.config.heartbeat_interval_ticks - 1
             for progress in self._progress.values():
                 progress.recent_active = False
+        else:
+            self._woken_by_liveness = leader_suspected and self.leader is not None
+
+    def settle_again(self) -> bool:
+        """Back to quiet after `wake(leader_suspected=True)`, when the suspected leader's node
+        is heard from again and nothing happened to this follower meanwhile: no message
+        stepped, no campaign, no proposal, no change of term or role (ADR 0026 addendum). The
+        group is then as it was before the suspicion: its leader was quiet (a leader with work
+        sends heartbeats and appends, which this follower would have stepped), the lease holds
+        again, and a leader that did change (its node restarted, say) campaigns, and its
+        pre-vote wakes this follower as it wakes any quiet one. Without this, every follower of
+        a node that was late for an election timeout (an overloaded loop, not a dead node)
+        campaigned, woke its leader and the third replica, and the heartbeats of those
+        thousands of groups made the nodes late again (issue 16: 5,000 partitions per node
+        never came to rest). False: nothing to do (the wake-up was not liveness's alone)."""
+        if not self._woken_by_liveness:
+            return False
+        assert self.role is Role.FOLLOWER and not self.quiesced and self.leader is not None
+        self._woken_by_liveness = False
+        self.quiesced = True
+        self._election_elapsed = 0
+        return True
+
+    def step_down(self) -> None:
+        """On a leader: the shell's node liveness has heard nothing at all from a quorum of its
+        voters for an election timeout, so none of them answered anything either: step down,
+        as check-quorum would (ADR 0026 addendum: a quiet leader is not woken when its quorum
+        is suspected, so a quorum that was only late and is heard from again in time costs
+        no heartbeat at all; this keeps the time at which a cut-off leader steps down)."""
+        assert self.role is Role.LEADER
+        self._become_follower(self.term, None)
+
+    def lags(self, peer: NodeId) -> bool:
+        """On a leader: `peer` has not acknowledged this log to its end (a leader goes quiet
+        without the acknowledgements of peers node liveness suspects)."""
+        if self.role is not Role.LEADER:
+            return False
+        progress = self._progress.get(peer)
+        return progress is not None and progress.match < self.log.last_index
 
     def propose(self, payload: bytes) -> Proposed | Refusal:
         self.wake()
@@ -405,6 +451,7 @@ class Raft:
         ignored by the leader; votes from non-voters are not counted."""
         assert message.target == self.id, message
         assert message.source != self.id, message
+        self._woken_by_liveness = False  # something happens: the group stays awake
         if self.quiesced and not (
             isinstance(message, HeartbeatResponse)
             or (isinstance(message, Heartbeat) and message.quiesce)
@@ -446,6 +493,7 @@ class Raft:
         make it the log's new start, with `membership` (the SnapshotNeeded's) in force there.
         Returns False when the log already covers it."""
         assert self.role is not Role.LEADER
+        self._woken_by_liveness = False
         if snapshot_index <= self.log.committed:
             if self.leader is not None:
                 self._send(AppendResponse(self.term, self.id, self.leader, self.log.committed))
@@ -601,6 +649,7 @@ class Raft:
         self._transfer_to = None
         self.quiesced = False
         self._quiet_rounds = 0
+        self._woken_by_liveness = False
 
     def _become_follower(self, term: Term, leader: NodeId | None) -> None:
         self._reset(term)
@@ -614,6 +663,7 @@ class Raft:
         self._votes = {}
         self.leader = None
         self.role = Role.PRE_CANDIDATE
+        self._woken_by_liveness = False
         self._election_elapsed = 0
         self._timeout = self._rng.randrange(
             self.config.election_timeout_ticks, 2 * self.config.election_timeout_ticks
