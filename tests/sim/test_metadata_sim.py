@@ -17,11 +17,15 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert [(r.seed, r.failure) for r, _ in runs if not r.ok] == []
     assert sum(r.crashes for r, _ in runs) > 2 * SEEDS
     assert sum(r.acknowledged for r, _ in runs) > 20 * SEEDS
-    # The workload reached every kind of command and the state grew real content.
-    plugin = runs[-1][1].plugin
-    assert isinstance(plugin, MetadataPlugin)
-    last = plugin.reference.view
-    assert last.nodes and last.version > 10
+    # The workload reached every kind of command and the state grew real content: in most
+    # seeds, not in one chosen seed (a change in the Raft core's messages shifts each seed's
+    # trace; seed 49 ended at version 11, then 10 once followers folded their acks).
+    views = []
+    for _, run in runs:
+        assert isinstance(run.plugin, MetadataPlugin)
+        views.append(run.plugin.reference.view)
+    grown = [v for v in views if v.nodes and v.version > 10]
+    assert len(grown) > SEEDS // 2, [v.version for v in views]
 
 
 def test_same_seed_same_trace() -> None:
