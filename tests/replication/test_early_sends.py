@@ -13,10 +13,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import pytest
 from spate.core.errors import BrokerError
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec
+from spate.node.replication import raft as raft_module
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import Append, AppendResponse
 from spate.node.replication.raft import RaftConfig, Role
@@ -165,11 +167,14 @@ def test_a_follower_learns_a_commit_while_the_leaders_fsync_runs() -> None:
     assert all(nodes.replicas[n].end_offset() == Offset(2) for n in IDS)
 
 
-def test_a_follower_answers_the_appends_it_took_during_its_fsync_with_one_ack() -> None:
+def test_a_follower_answers_the_appends_it_took_during_its_fsync_with_one_ack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """ADR 0035: Appends a follower takes while its fsync runs are answered, after its next
     sync, by one ack for the last (acks are cumulative; a leader stepped one ack per Append
     before), and the leader commits them all from it. The counters say how many Appends and
     entries went each way."""
+    monkeypatch.setattr(raft_module, "FOLD_ACKS", True)  # off by default: see FOLD_ACKS
     nodes = Nodes()
     n1, n2, n3 = nodes.elect()
     leader = nodes.replicas[n1]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from replication.harness import Group
 from spate.core.errors import MessageSizeExceeded, NotLeader, ResourceLimitExceeded
 from spate.core.ids import LeaderEpoch, NodeId, Term
 from spate.node.replication import limits
+from spate.node.replication import raft as raft_module
 from spate.node.replication.messages import (
     Append,
     AppendResponse,
@@ -231,12 +233,15 @@ def test_a_leaders_appends_and_commit_advances_leave_while_its_ready_is_outstand
     assert group.applied_payloads("n1") == [b"x", b"y"]
 
 
-def test_a_follower_answers_the_appends_of_one_ready_with_one_ack() -> None:
+def test_a_follower_answers_the_appends_of_one_ready_with_one_ack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """§5.3: an accepted AppendResponse tells the leader the follower's log matches its own up
     to `index`, so a later one says all an earlier one does. Appends a follower took while its
     sync ran (here: before its next Ready) are answered by one ack, for the last, after the
     sync; the leader commits them all from it (issue 16: the leader stepped one ack per
     Append)."""
+    monkeypatch.setattr(raft_module, "FOLD_ACKS", True)  # off by default: see FOLD_ACKS
     group = Group(3)
     group.elect("n1")
     coalesced = group["n2"].acks_coalesced, group["n3"].acks_coalesced

@@ -71,6 +71,13 @@ class Role(Enum):
     LEADER = "leader"
 
 
+FOLD_ACKS = False
+"""Fold a follower's accepted acks of one Ready into the last (ADR 0035). Off: with it on, the
+shell simulator's seed 208 (`python -m spate.sim --model shell --seed 208`) reports
+offset-durable ("g0 n1 answered no stored offset, after the store at index 5 was
+acknowledged"), not yet explained; the tests of the folding itself switch it on."""
+
+
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
     election_timeout_ticks: int = 10
@@ -1048,7 +1055,7 @@ class Raft:
 
     def _send(self, message: Message) -> None:
         outbox = self._outbox
-        if type(message) is AppendResponse and not message.rejected and outbox:
+        if FOLD_ACKS and type(message) is AppendResponse and not message.rejected and outbox:
             last = outbox[-1]
             if (
                 type(last) is AppendResponse
