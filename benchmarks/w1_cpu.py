@@ -84,7 +84,14 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
 
 
 def one_size(  # noqa: PLR0917 (one run's settings)
-    cluster: Cluster, binary: Path, size: int, count: int, window: int, n: int, via: str
+    cluster: Cluster,
+    binary: Path,
+    size: int,
+    count: int,
+    window: int,
+    n: int,
+    via: str,
+    extra: list[str],
 ) -> dict[str, Any]:
     stream = f"w1cpu-{size}-{n}"
     cluster.create_stream(stream, replicas=3)
@@ -101,7 +108,7 @@ def one_size(  # noqa: PLR0917 (one run's settings)
     load_before = loadavg()
     host, port = split_hostport(str(gateway["amqp"])) if via == "gateway" else cluster.amqp(leader)
     args = ["--host", host, "--port", port, "--address", stream]
-    args += ["--count", str(count), "--size", str(size), "--window", str(window)]
+    args += ["--count", str(count), "--size", str(size), "--window", str(window), *extra]
     result = run_client(binary, "publish", args, 600.0)
     cpu1 = {node: cpu_ticks(pid) for node, pid in pids.items()}
     after = {node: scrape(urls[node]) for node in nodes}
@@ -174,17 +181,31 @@ def main() -> int:
         default="leader",
         help="publish straight to the leader (default) or through the cluster's gateway",
     )
+    parser.add_argument(
+        "--producer-name",
+        default="",
+        help="a named producer (deduplication on, x-opt-publishing-id per message; issue 8)",
+    )
+    parser.add_argument(
+        "--annotate",
+        action="store_true",
+        help="unnamed, but every message carries x-opt-publishing-id (named's wire bytes)",
+    )
     parser.add_argument("--label", default="", help="tag every row (e.g. before, after)")
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
     a = parser.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    extra = ["--producer-name", a.producer_name] if a.producer_name else []
+    extra += ["--annotate"] if a.annotate else []
     binary = build_client()
     with Cluster(3) as cluster:
         log(f"cluster up: {[split_hostport(str(n['amqp'])) for n in cluster.endpoints['nodes']]}")
         for n, size in enumerate(sizes):
             count = a.count or COUNTS.get(size) or max(1000, COUNT_BYTES // size)
-            row = one_size(cluster, binary, size, count, a.window, n, a.via)
+            row = one_size(cluster, binary, size, count, a.window, n, a.via, extra)
             row["label"] = a.label
+            row["producer_name"] = a.producer_name or None
+            row["annotate"] = a.annotate
             emit(row, a.out)
     return 0
 

@@ -52,7 +52,7 @@ from spate.core.backend import Broker, Partition
 from spate.core.errors import BrokerError, InvalidArgument, NotFound, Unauthorized
 from spate.core.ids import MemberId, PartitionId, StreamName
 from spate.core.permissions import ANONYMOUS, Permission, UserStore
-from spate.gateway import eventhubs, inbound, links
+from spate.gateway import eventhubs, fastsend, inbound, links
 from spate.gateway.consumer import ConsumerLink, ConsumerPart, InfoLink, filter_map
 from spate.gateway.errors import (
     FRAMING_ERROR,
@@ -173,6 +173,7 @@ class AmqpConnection(asyncio.Protocol):
         self.conn = Connection()
         self.collector = Collector()
         self.conn.collect(self.collector)
+        self._collector_address = int(ffi.cast("uintptr_t", self.collector._impl))
         self.engine.bind(self.conn)
         self.sock: asyncio.Transport | None = None
         self.closed = False
@@ -496,7 +497,13 @@ class AmqpConnection(asyncio.Protocol):
         is_receiver, settle = lib.pn_link_is_receiver, lib.pn_delivery_settle
         producers, drain = self.producer.links, self.producer.drain
         tracked, settled = self.consumer.tracked, self.consumer.settled
+        skip = None if fastsend.native is None else fastsend.native.skip_events
+        skip_functions, collector_address = fastsend.SKIP_FUNCTIONS, self._collector_address
         while True:
+            if skip is not None:
+                # one event per transfer: a producer's later ones find their delivery drained
+                # by the first one's; C pops those without a Python step each (ADR 0038)
+                skip(skip_functions, collector_address, DELIVERY)
             ev = peek(collector)
             if ev == ffi.NULL:
                 return

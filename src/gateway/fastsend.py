@@ -1,5 +1,6 @@
-"""A run of consumer deliveries handed to proton (ADR 0030): the C extension `_fastsend` when it
-is built (`tools/build_native.py`, run by tools/bootstrap.sh), else the same sends in Python.
+"""A run of consumer deliveries handed to proton (ADR 0030), and a producer link's plain
+deliveries taken from it (ADR 0038): the C extension `_fastsend` when it is built
+(`tools/build_native.py`, run by tools/bootstrap.sh), else the same work in Python.
 
 Both send, for record i of a run, the delivery `sections.splice_run` builds (the run's delivery
 annotations spliced after the record's header, offset `first_offset + i`) with the 8-byte
@@ -7,8 +8,8 @@ little-endian tag `first_tag + i`; pre-settled deliveries are settled (which adv
 past them), others leave the link advanced. Same frames on the wire either way
 (tests/gateway/test_fastsend.py runs every case through both).
 
-`SPATE_FASTSEND=0` in the environment makes a process use the Python sends (for A/B
-measurements, RESULTS §31)."""
+`SPATE_FASTSEND=0` in the environment makes a process use the Python sends and receives (for
+A/B measurements, RESULTS §31, §38)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def _load() -> ModuleType | None:
     except ImportError:  # not built on this machine: the Python sends
         return None
     module: ModuleType = _fastsend
+    if not all(hasattr(module, name) for name in ("send_run", "recv_run", "accept_run")):
+        return None  # built from an older source: `tools/build_native.py` builds it again
     return module
 
 
@@ -44,6 +47,48 @@ _FUNCTIONS = tuple(
     int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
     for name in ("pn_delivery", "pn_link_send", "pn_link_advance", "pn_delivery_settle")
 )
+
+
+RECV_FUNCTIONS = tuple(
+    int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+    for name in (
+        "pn_link_current", "pn_delivery_partial", "pn_delivery_aborted", "pn_delivery_pending",
+        "pn_link_recv", "pn_link_advance", "pn_delivery_settled", "pn_delivery_settle",
+    )
+)  # fmt: skip
+"""`_fastsend.recv_run`'s proton functions (ADR 0038)."""
+
+SKIP_FUNCTIONS = tuple(
+    int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+    for name in (
+        "pn_collector_peek", "pn_collector_pop", "pn_event_type", "pn_event_delivery",
+        "pn_delivery_link", "pn_link_is_receiver", "pn_delivery_readable",
+    )
+)  # fmt: skip
+"""`_fastsend.skip_events`'s proton functions (ADR 0038)."""
+
+ACCEPT_FUNCTIONS = tuple(
+    int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+    for name in ("pn_delivery_update", "pn_delivery_settle")
+)
+"""`_fastsend.accept_run`'s proton functions (ADR 0038)."""
+
+
+def delivery_pointer(delivery: Any) -> Any:
+    """A delivery as proton's functions take it: `recv_run` notes deliveries as addresses."""
+    return ffi.cast("pn_delivery_t *", delivery) if type(delivery) is int else delivery
+
+
+def accept_all(deliveries: list[Any], state: int) -> None:
+    """Give every delivery (pointer or address; None: came settled) `state` and settle it."""
+    fast = native
+    rest = deliveries if fast is None else fast.accept_run(ACCEPT_FUNCTIONS, deliveries, state)
+    update, settle = lib.pn_delivery_update, lib.pn_delivery_settle
+    for entry in rest:
+        if entry is not None:
+            delivery = delivery_pointer(entry)
+            update(delivery, state)
+            settle(delivery)
 
 
 def address(link: Any) -> int:

@@ -42,7 +42,7 @@ from spate.core.errors import BrokerError, InvalidArgument, MessageSizeExceeded,
 from spate.core.ids import PartitionId
 from spate.core.subentry import SubEntry
 from spate.core.superstreams import GROUP_KEY_ANNOTATION, hash_partition, routing_key
-from spate.gateway import codec, eventhubs, links, sections
+from spate.gateway import codec, eventhubs, fastsend, links, sections
 from spate.gateway import subentry as sub_entries
 from spate.gateway.errors import (
     DECODE_ERROR,
@@ -95,7 +95,8 @@ class ProducerLink:
     """Drained this turn, for the bound partition (or, on an agnostic link, unannotated ones for
     this batch's round-robin partition)."""
     deliveries: list[Any] = field(default_factory=list)
-    """`records[i]`'s delivery, None when it came settled (nothing to confirm)."""
+    """`records[i]`'s delivery, None when it came settled (nothing to confirm): a pointer, or
+    its address (an int) when the C loop took it (`fastsend.delivery_pointer` reads both)."""
     routed: dict[PartitionId, tuple[list[bytes], list[Any]]] = field(default_factory=dict)
     """Agnostic links: records routed by their event-streams-target-partition annotation or
     their event-streams-group-key (000 §4.6.7)."""
@@ -215,31 +216,49 @@ class ProducerPart:
         id_at = sections.ULONG.unpack_from
         sub_marker = sub_entries.MARKER_BYTES
         has_key = filtering.has_annotation_key  # keys only where annotations can be
+        # The C loop (ADR 0038) takes the plain messages of a bound or unkeyed link as the
+        # steps below would; it hands back any other one, received, for the steps after recv.
+        fast = None if route_key is not None or oversize else fastsend.native
+        if fast is not None:
+            fast_keys = (sub_marker, GROUP_KEY_BYTES) if keyed else (sub_marker,)
+            link_address = fastsend.address(lp)
         got = 0
         while True:
-            cur = current(lp)
-            if cur == ffi.NULL:
-                break
-            if partial(cur):
-                if lib.pn_delivery_aborted(cur):
-                    self._discard_aborted(producer, cur)
+            if fast is not None:
+                taken, unconfirmed, last_id, raw, address = fast.recv_run(
+                    fastsend.RECV_FUNCTIONS, link_address, size_max, presettled, fast_keys,
+                    producer.id_prefix if named else None, producer.last_id,
+                    producer.id_section, records, deliveries, producer.ids,
+                )  # fmt: skip
+                got += taken
+                self.unconfirmed += unconfirmed
+                producer.last_id = last_id
+            if fast is not None and raw is not None:
+                cur = ffi.cast("pn_delivery_t *", address)
+            else:
+                cur = current(lp)
+                if cur == ffi.NULL:
+                    break
+                if partial(cur):
+                    if lib.pn_delivery_aborted(cur):
+                        self._discard_aborted(producer, cur)
+                        continue
+                    if cur in oversize or lib.pn_delivery_pending(cur) > size_max:
+                        oversize.add(cur)  # discard what arrived: the message is too big to store
+                        while recv(lp, buf, size_max + 1) > 0:
+                            pass
+                    break
+                size = recv(lp, buf, size_max + 1)
+                if size > size_max or (oversize and cur in oversize):
+                    self._reject_oversize(producer, cur)
                     continue
-                if cur in oversize or lib.pn_delivery_pending(cur) > size_max:
-                    oversize.add(cur)  # discard what arrived: the message is too big to store
-                    while recv(lp, buf, size_max + 1) > 0:
-                        pass
-                break
-            size = recv(lp, buf, size_max + 1)
-            if size > size_max or (oversize and cur in oversize):
-                self._reject_oversize(producer, cur)
-                continue
-            if size < 0:
-                if lib.pn_delivery_aborted(cur):
-                    self._discard_aborted(producer, cur)
-                    continue
-                size = 0  # an empty transfer: not a message, scan_incoming says why
-            raw = unpack(buf, size)
-            advance(lp)
+                if size < 0:
+                    if lib.pn_delivery_aborted(cur):
+                        self._discard_aborted(producer, cur)
+                        continue
+                    size = 0  # an empty transfer: not a message, scan_incoming says why
+                raw = unpack(buf, size)
+                advance(lp)
             if has_key(raw, sub_marker) and self._accept_sub_entry(producer, cur, raw):
                 got += 1
                 if producer.closed:
@@ -645,6 +664,7 @@ class ProducerPart:
             self._reject(delivery, error)
 
     def _reject(self, delivery: Any, error: AmqpError) -> None:
+        delivery = fastsend.delivery_pointer(delivery)
         if not lib.pn_delivery_settled(delivery):
             condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
             lib.pn_condition_set_name(condition, error.condition.encode())
@@ -769,11 +789,7 @@ class ProducerPart:
         if self.host.closed or producer.closed:
             return  # the link or connection is gone; nobody is waiting for the outcome
         if error is None:
-            update, settle, accepted = lib.pn_delivery_update, lib.pn_delivery_settle, ACCEPTED
-            for delivery in deliveries:
-                if delivery is not None:
-                    update(delivery, accepted)
-                    settle(delivery)
+            fastsend.accept_all(deliveries, ACCEPTED)
         else:
             amqp = amqp_error(error)
             for delivery in deliveries:

@@ -16,6 +16,7 @@ import pytest
 from spate.core.ids import StreamName
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream, define
+from spate.gateway import fastsend
 from spate.gateway.server import GatewayServer, ListenerConfig
 from support.amqp_clients import LoopThread, RunningGateway, unique
 from support.memory_broker import MemoryBroker
@@ -31,12 +32,37 @@ def loop_thread() -> Iterator[LoopThread]:
     thread.stop()
 
 
+INGRESS_BOTH = frozenset(
+    {"test_dedup", "test_sub_entries", "test_publish_consume", "test_super_streams",
+     "test_refusals", "test_flow_and_failures", "test_inbound"}
+)  # fmt: skip
+"""Producer-path modules run again with the Python loop instead of the C one (ADR 0038),
+against the in-memory broker: the two take the same messages the same way."""
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "broker" in metafunc.fixturenames:
         kinds = ["memory"]
         if metafunc.definition.get_closest_marker("memory_broker_only") is None:
             kinds += ["node", "proxy"]
-        metafunc.parametrize("broker", kinds, indirect=True)
+        if metafunc.module.__name__.rpartition(".")[2] in INGRESS_BOTH:
+            pairs = [(kind, "c") for kind in kinds] + [("memory", "python")]
+            metafunc.parametrize(
+                ("broker", "ingress"), pairs, indirect=True, ids=[f"{b}-{i}" for b, i in pairs]
+            )
+        else:
+            metafunc.parametrize("broker", kinds, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def ingress(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """ "c": the gateway takes producers' messages with `_fastsend.recv_run` when built (the
+    default); "python": with the Python loop it falls back to (`fastsend.native` None, which
+    also makes the consumers' sends Python)."""
+    kind: str = getattr(request, "param", "c")
+    if kind == "python":
+        monkeypatch.setattr(fastsend, "native", None)
+    return kind
 
 
 @pytest.fixture
