@@ -499,11 +499,9 @@ class AmqpConnection(asyncio.Protocol):
         tracked, settled = self.consumer.tracked, self.consumer.settled
         skip = None if fastsend.native is None else fastsend.native.skip_events
         skip_functions, collector_address = fastsend.SKIP_FUNCTIONS, self._collector_address
+        if skip is not None:
+            skip(skip_functions, collector_address, DELIVERY)
         while True:
-            if skip is not None:
-                # one event per transfer: a producer's later ones find their delivery drained
-                # by the first one's; C pops those without a Python step each (ADR 0038)
-                skip(skip_functions, collector_address, DELIVERY)
             ev = peek(collector)
             if ev == ffi.NULL:
                 return
@@ -516,6 +514,13 @@ class AmqpConnection(asyncio.Protocol):
                         producer = producers.get(link)
                         if producer is not None:
                             drain(producer)
+                            if skip is not None:
+                                # one event per transfer: the later ones find their delivery
+                                # taken by this drain; C pops them without a Python step
+                                # each (ADR 0038)
+                                pop(collector)
+                                skip(skip_functions, collector_address, DELIVERY)
+                                continue
                         elif self.eventhubs:
                             self.nodes.readable(delivery)
                 elif remote_settled(delivery) or remote_state(delivery):
