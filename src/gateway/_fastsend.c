@@ -529,6 +529,95 @@ static PyObject *accept_run(PyObject *self, PyObject *args) {
     return others;
 }
 
+/* -- the inbound guard's hot path (ADR 0038): format-0 transfers on producer links ------------ */
+
+#define GUARD_HEAD_BYTES 1024 /* spate.gateway.inbound.HEAD_BYTES */
+
+/* inbound.InboundGuard._plain_transfer, with every read bounded by n (a read past the data
+   answers "not plain": the Python step decides) and the link looked up in `senders`
+   (senders[channel * 256 + handle] is 1 for a link the client sends on). */
+static int plain_transfer(const unsigned char *d, Py_ssize_t n, Py_ssize_t body,
+                          Py_ssize_t length, unsigned channel, const unsigned char *senders,
+                          Py_ssize_t senders_len) {
+    if (length < 12 || body + 12 > n) return 0;
+    if (d[body] != 0 || d[body + 1] != 0x53 || d[body + 2] != 0x14) return 0;
+    int kind = d[body + 3];
+    Py_ssize_t count, at;
+    if (kind == 0xC0) {
+        count = d[body + 5];
+        at = body + 6;
+    } else if (kind == 0xD0) {
+        count = (Py_ssize_t)be32(d + body + 8);
+        at = body + 12;
+    } else {
+        return 0;
+    }
+    if (count < 4 || at + 2 > n) return 0;
+    unsigned handle;
+    if (d[at] == 0x43) {
+        handle = 0;
+        at += 1;
+    } else if (d[at] == 0x52) {
+        handle = d[at + 1];
+        at += 2;
+    } else {
+        return 0;
+    }
+    Py_ssize_t index = (Py_ssize_t)channel * 256 + handle;
+    if (index >= senders_len || !senders[index]) return 0;
+    if (at >= n) return 0;
+    if (d[at] == 0x52)
+        at += 2;
+    else if (d[at] == 0x43)
+        at += 1;
+    else if (d[at] == 0x70)
+        at += 5;
+    else
+        return 0;
+    if (at + 2 > n || d[at] != 0xA0) return 0;
+    at += 2 + d[at + 1];
+    return at < n && d[at] == 0x43;
+}
+
+PyDoc_STRVAR(scan_transfers_doc,
+"scan_transfers(data, at, senders) -> (at, skip)\n\n"
+"The inbound guard's hot path: from `at` (a frame boundary), pass over every frame that is a\n"
+"format-0 transfer on a link the client sends on, in the encodings clients use\n"
+"(InboundGuard._plain_transfer). Stops at the first other frame, or one whose head is not all\n"
+"in `data`, and returns its position; `skip` is what the last frame passed over still has\n"
+"beyond `data` (then `at` is len(data)).");
+
+static PyObject *scan_transfers(PyObject *self, PyObject *args) {
+    Py_buffer data, senders;
+    Py_ssize_t at;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*ny*", &data, &at, &senders)) return NULL;
+    const unsigned char *d = (const unsigned char *)data.buf;
+    Py_ssize_t n = data.len;
+    Py_ssize_t skip = 0;
+    if (at < 0) at = n;
+    while (at < n) {
+        if (n - at < 8) break;
+        Py_ssize_t size = (Py_ssize_t)be32(d + at);
+        Py_ssize_t doff = d[at + 4];
+        if (n - at < (size < GUARD_HEAD_BYTES ? size : GUARD_HEAD_BYTES)) break;
+        if (d[at + 5] != 0 || size < 8 || doff < 2 || doff * 4 > size) break;
+        unsigned channel = ((unsigned)d[at + 6] << 8) | d[at + 7];
+        if (!plain_transfer(d, n, at + 4 * doff, size - 4 * doff, channel,
+                            (const unsigned char *)senders.buf, senders.len))
+            break;
+        if (size <= n - at) {
+            at += size;
+        } else {
+            skip = size - (n - at);
+            at = n;
+        }
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&senders);
+    return Py_BuildValue("nn", at, skip);
+}
+
 /* The two readers recv_run decides with, callable alone so tests can hold them to the Python
    they mirror (tests/gateway/test_fastrecv.py). */
 static PyObject *is_plain_py(PyObject *self, PyObject *raw) {
@@ -559,6 +648,7 @@ static PyMethodDef methods[] = {
      "filtering.key_search_end, as recv_run reads it."},
     {"skip_events", skip_events, METH_VARARGS, skip_events_doc},
     {"accept_run", accept_run, METH_VARARGS, accept_run_doc},
+    {"scan_transfers", scan_transfers, METH_VARARGS, scan_transfers_doc},
     {NULL, NULL, 0, NULL},
 };
 

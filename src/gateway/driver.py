@@ -184,7 +184,10 @@ class AmqpConnection(asyncio.Protocol):
         self._pump_scheduled = False
         self._hang_up = False
         """Close the socket once proton's output is written (a framing error was answered)."""
-        self.guard = inbound.InboundGuard(eventhubs.BATCH_FORMAT if self.eventhubs else None)
+        self.guard = inbound.InboundGuard(
+            eventhubs.BATCH_FORMAT if self.eventhubs else None,
+            None if fastsend.native is None else fastsend.native.scan_transfers,
+        )
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self.producer = ProducerPart(self, ctx.recv_buffer, ctx.stats)

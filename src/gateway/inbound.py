@@ -23,6 +23,7 @@ across reads is kept (at most `HEAD_BYTES`), its body skipped, never copied.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PROTOCOL_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -35,6 +36,9 @@ desired-capabilities, after source and target)."""
 IDEMPOTENT_NOTED_MAX = 1024
 """Links noted as idempotent and not taken yet, at most (the driver takes each at attach)."""
 PERFORMATIVES = range(0x10, 0x19)
+SENDER_CHANNELS = 16
+"""Sessions whose producer transfers the C scan passes over (clients use the first few);
+transfers on higher channels take the Python step, which answers the same."""
 
 
 _HEADER = struct.Struct(">IBBH")
@@ -132,7 +136,14 @@ def _text(data: bytes, at: int) -> tuple[str | None, int]:
 
 
 class InboundGuard:
-    def __init__(self, batch_format: int | None = None) -> None:
+    def __init__(
+        self,
+        batch_format: int | None = None,
+        scan: Callable[[bytes, int, bytearray], tuple[int, int]] | None = None,
+    ) -> None:
+        self.scan = scan
+        """`_fastsend.scan_transfers` when the driver has it (ADR 0038): this pure module does
+        not import the extension's proton side; None reads every frame in Python."""
         self.batch_format = batch_format
         """A message-format taken on producer links besides 0 (the Event Hubs dialect's batch,
         0x80013700): such transfers are noted in `batches` for the producer to split."""
@@ -144,7 +155,11 @@ class InboundGuard:
         self.skip = 0
         """Bytes of the current frame's body still to pass over."""
         self.links: dict[tuple[int, int], tuple[str | None, bool]] = {}
-        """(channel, handle) -> (link name, whether the client receives on it)."""
+        """(channel, handle) -> (link name, whether the client receives on it); changed only
+        through `_note_link` and `_forget_links`, which keep `senders` in step."""
+        self.senders = bytearray(SENDER_CHANNELS * 256)
+        """`senders[channel * 256 + handle]` is 1 for a link the client sends on (channels
+        below SENDER_CHANNELS): what the C scan of transfers looks links up in (ADR 0038)."""
         self.idempotent: set[str] = set()
         """With `batch_format` (the Event Hubs dialect): names of links whose attach desires
         `com.microsoft:idempotent-producer` (proton 0.40 does not show a link's capabilities),
@@ -160,12 +175,19 @@ class InboundGuard:
             taken = min(self.header_left, n)
             self.header_left -= taken
             at = taken
+        scan = self.scan
         while at < n:
             if self.skip:
                 step = min(self.skip, n - at)
                 self.skip -= step
                 at += step
                 continue
+            if scan is not None and not self.head:
+                # the hot path in C: every format-0 transfer on a producer link at once; it
+                # stops before any other frame, which the steps below read (ADR 0038)
+                at, self.skip = scan(data, at, self.senders)
+                if at >= n:
+                    break
             start = at
             if self.head:
                 size = int.from_bytes(self.head[:4], "big") if len(self.head) >= 4 else 0
@@ -269,11 +291,21 @@ class InboundGuard:
             if count >= 1:
                 handle, _ = _uint(data, at)
                 if handle is not None:
-                    self.links.pop((channel, handle), None)
+                    self._forget_links([(channel, handle)])
         elif code == END:
-            for key in [k for k in self.links if k[0] == channel]:
-                del self.links[key]
+            self._forget_links([k for k in self.links if k[0] == channel])
         return None
+
+    def _note_link(self, channel: int, handle: int, name: str | None, receives: bool) -> None:
+        self.links[(channel, handle)] = (name, receives)
+        if channel < SENDER_CHANNELS and handle < 256:
+            self.senders[channel * 256 + handle] = 0 if receives else 1
+
+    def _forget_links(self, keys: list[tuple[int, int]]) -> None:
+        for channel, handle in keys:
+            self.links.pop((channel, handle), None)
+            if channel < SENDER_CHANNELS and handle < 256:
+                self.senders[channel * 256 + handle] = 0
 
     def _attach(self, data: bytes, at: int, channel: int, limit: int) -> None:
         """Track the link; an attach the guard cannot read within its head (a name longer
@@ -288,7 +320,7 @@ class InboundGuard:
         except (_Malformed, IndexError):
             return
         if handle is not None and at < limit:
-            self.links[(channel, handle)] = (name, role)
+            self._note_link(channel, handle, name, role)
             if (
                 self.batch_format is not None
                 and name is not None

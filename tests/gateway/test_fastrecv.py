@@ -13,8 +13,11 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from proton import uint
 from spate.core import filtering
 from spate.gateway import fastsend, sections
+from spate.gateway.inbound import PROTOCOL_HEADER, InboundGuard
+from support.pump import frame
 
 native = fastsend.native
 
@@ -116,3 +119,82 @@ def test_generated_messages_get_the_same_answers(raw: bytes) -> None:
     assert native is not None
     assert native.is_plain(raw) == sections.is_plain(raw)
     assert native.key_search_end(raw) == filtering.key_search_end(raw)
+
+
+# -- the inbound guard's C scan (`scan_transfers`) ------------------------------------------------
+
+
+@st.composite
+def _guard_session(draw: st.DrawFn) -> bytes:
+    """A few links attached (either role; channels and handles inside and past the C scan's
+    table), then transfers on them — mostly format 0, some not, some on a link the client
+    receives on, some on no link — with detaches, ends, heartbeats, and maybe junk at the end."""
+    links = draw(
+        st.lists(
+            st.tuples(st.sampled_from([0, 1, 16]), st.sampled_from([0, 1, 256]), st.booleans()),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    out = [frame("attach", [f"l{c}-{h}", uint(h), r], channel=c) for c, h, r in links]
+    for _ in range(draw(st.integers(0, 25))):
+        kind = draw(st.sampled_from(["transfer"] * 6 + ["other", "detach", "end", "beat"]))
+        c, h, _r = draw(st.sampled_from(links))
+        if kind == "transfer":
+            delivery = draw(st.integers(0, 2**32 - 1))
+            fmt = draw(st.sampled_from([0, 0, 0, 1, 0x80013700]))
+            body = b"\x00Sw\xa1\x01x" + b"y" * draw(st.integers(0, 1500))
+            fields = [uint(h), uint(delivery), b"t%d" % delivery, uint(fmt), False]
+            out.append(frame("transfer", fields, channel=c, payload=body))
+        elif kind == "other":  # a transfer on a handle never attached
+            out.append(frame("transfer", [uint(9), uint(1), b"t", uint(0), False], channel=c))
+        elif kind == "detach":
+            out.append(frame("detach", [uint(h), True], channel=c))
+        elif kind == "end":
+            out.append(frame("end", [], channel=c))
+        else:
+            out.append(b"\x00\x00\x00\x08\x02\x00\x00\x00")
+    if draw(st.booleans()):
+        out.append(draw(st.binary(min_size=1, max_size=40)))  # anything at all
+    return PROTOCOL_HEADER + b"".join(out)
+
+
+def _feed_all(stream: bytes, cuts: list[int], use_c: bool) -> tuple[object, ...]:
+    assert native is not None
+    guard = InboundGuard(scan=native.scan_transfers if use_c else None)
+    problems = []
+    start = 0
+    for end in [*sorted(set(cuts)), len(stream)]:
+        problems += [(start + p.cut, p) for p in guard.feed(stream[start:end])]
+        start = max(start, end)
+    return problems, guard.links, guard.skip, guard.head, guard.failed, bytes(guard.senders)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_guard_session(), st.lists(st.integers(0, 40_000), max_size=12))
+def test_the_guard_finds_the_same_with_the_c_scan_as_without(
+    stream: bytes, cuts: list[int]
+) -> None:
+    """Problems (where and what), the links known, and the state left between reads."""
+    cuts = [c for c in cuts if c < len(stream)]
+    assert _feed_all(stream, cuts, use_c=True) == _feed_all(stream, cuts, use_c=False)
+
+
+def test_the_c_scan_passes_over_producer_transfers_only() -> None:
+    """Held to what it must skip: a test of the scan itself, not only of agreement."""
+    assert native is not None
+    senders = bytearray(16 * 256)
+    senders[1 * 256 + 3] = 1  # channel 1, handle 3: the client sends
+    ok = frame(
+        "transfer",
+        [uint(3), uint(9), b"t", uint(0), False],
+        channel=1,
+        payload=b"\x00Sw\xb0\x00\x00\x07\xd0" + b"z" * 2000,  # longer than a frame head
+    )
+    other_handle = frame("transfer", [uint(4), uint(9), b"t", uint(0), False], channel=1)
+    wrong_format = frame("transfer", [uint(3), uint(9), b"t", uint(1), False], channel=1)
+    assert native.scan_transfers(ok * 3, 0, senders) == (3 * len(ok), 0)
+    assert native.scan_transfers(ok + other_handle, 0, senders) == (len(ok), 0)
+    assert native.scan_transfers(ok + wrong_format, 0, senders) == (len(ok), 0)
+    assert native.scan_transfers(ok[:-2], 0, senders) == (len(ok) - 2, 2)  # the rest skipped
+    assert native.scan_transfers(ok[:7], 0, senders) == (0, 0)  # no whole frame head
