@@ -344,3 +344,33 @@ def test_messages_straddling_the_slices_of_a_read_are_stored_byte_for_byte(
     assert held_bytes(memory) == messages
     rig.release()
     assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+
+
+def test_the_slices_of_a_held_read_run_one_pump_not_one_each(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """RESULTS §41: a read's slices before its last are pushed into proton and drained, and
+    the rest of a pump (credit, sends, proton's output, the idle timer) runs once, at its last
+    slice: at 16 KiB a slice is about one message, and a pump per slice was a cost per byte."""
+    sender = client.sender("orders")
+    rig.pump()
+    for _ in range(200):
+        client.send(sender, encode(body=bytes(1000)))
+    server = client.server
+    pumps = 0
+    pump = server.pump
+
+    def counted() -> None:
+        nonlocal pumps
+        pumps += 1
+        pump()
+
+    server.pump = counted  # type: ignore[method-assign]
+    rig.pump_one_read(client)
+    slices = -(
+        -sum(len(f.raw) for f in client.sent_of("transfer")) // limits.socket_read_slice_bytes
+    )
+    assert slices > 10
+    assert pumps <= 3, (pumps, slices)
+    assert held_records(memory) == [200]
+    rig.release()
