@@ -16,12 +16,20 @@ and prints one JSON line per size:
 
     SPATE_DEV_PORTS=16000-19000 .venv/bin/python benchmarks/w1_cpu.py --sizes 100,1024,16384 \
         --label after --out benchmarks/results/w1_cpu.jsonl
+
+`--profile DIR` also samples the leader and one follower with py-spy (`--native`, idle threads
+left out, collapsed stacks in DIR/SIZE-ROLE.txt) for the length of each run;
+benchmarks/profile_table.py turns those into CPU microseconds per message per function
+(RESULTS §41); `--profiler perf` takes `perf record -g` instead (kernel frames too). Sampling
+slows the nodes: the CPU figures of a profiled run are not comparable with unprofiled ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -55,6 +63,9 @@ NODE_COUNTERS = (
     "spate_replication_acks_coalesced_total",
 )
 METRICS_TIMEOUT_S = 10.0
+PY_SPY = Path(sys.executable).parent / "py-spy"
+PROFILE_RATE_HZ = 200
+PROFILE_STOP_S = 60.0
 _SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$")
 
 
@@ -83,6 +94,38 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+def start_profiles(
+    pids: dict[str, int], directory: Path, size: int, profiler: str
+) -> list[subprocess.Popen[bytes]]:
+    """A sampler on each (role -> pid) until stopped: py-spy's collapsed stacks in
+    DIRECTORY/SIZE-ROLE.txt, or `perf record -g` (kernel and native frames, for
+    `perf report`) in DIRECTORY/SIZE-ROLE.perf.data."""
+    directory.mkdir(parents=True, exist_ok=True)
+    samplers = []
+    for role, pid in pids.items():
+        if profiler == "perf":
+            cmd = ["perf", "record", "-F", str(PROFILE_RATE_HZ), "-g", "-p", str(pid)]
+            cmd += ["-o", str(directory / f"{size}-{role}.perf.data")]
+        else:
+            cmd = [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(PROFILE_RATE_HZ)]
+            cmd += ["--native", "--threads", "--format", "raw"]
+            cmd += ["--output", str(directory / f"{size}-{role}.txt")]
+        samplers.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # the samplers attach
+    return samplers
+
+
+def stop_profiles(samplers: list[subprocess.Popen[bytes]]) -> None:
+    for sampler in samplers:
+        sampler.send_signal(signal.SIGINT)  # both write their output on SIGINT
+    for sampler in samplers:
+        try:
+            sampler.wait(PROFILE_STOP_S)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
+            raise BenchError(f"the profiler {sampler.args[0]} did not stop") from None
+
+
 def one_size(  # noqa: PLR0917 (one run's settings)
     cluster: Cluster,
     binary: Path,
@@ -92,6 +135,8 @@ def one_size(  # noqa: PLR0917 (one run's settings)
     n: int,
     via: str,
     extra: list[str],
+    profile: Path | None = None,
+    profiler: str = "py-spy",
 ) -> dict[str, Any]:
     stream = f"w1cpu-{size}-{n}"
     cluster.create_stream(stream, replicas=3)
@@ -104,13 +149,24 @@ def one_size(  # noqa: PLR0917 (one run's settings)
     urls = {node: str(cluster.node(node)["metrics"]) for node in nodes}
     time.sleep(1.0)  # the new group's election and first heartbeats settle
     before = {node: scrape(urls[node]) for node in nodes}
+    followers = [node for node in nodes if node != leader]
+    samplers = (
+        []
+        if profile is None
+        else start_profiles(
+            {"leader": pids[leader], "follower": pids[followers[0]]}, profile, size, profiler
+        )
+    )
     cpu0 = {node: cpu_ticks(pid) for node, pid in pids.items()}
     load_before = loadavg()
     host, port = split_hostport(str(gateway["amqp"])) if via == "gateway" else cluster.amqp(leader)
     args = ["--host", host, "--port", port, "--address", stream]
     args += ["--count", str(count), "--size", str(size), "--window", str(window), *extra]
-    result = run_client(binary, "publish", args, 600.0)
-    cpu1 = {node: cpu_ticks(pid) for node, pid in pids.items()}
+    try:
+        result = run_client(binary, "publish", args, 600.0)
+        cpu1 = {node: cpu_ticks(pid) for node, pid in pids.items()}
+    finally:
+        stop_profiles(samplers)
     after = {node: scrape(urls[node]) for node in nodes}
     confirmed = int(result.get("confirmed") or 0)
     if result.get("error") or confirmed != count:
@@ -126,7 +182,6 @@ def one_size(  # noqa: PLR0917 (one run's settings)
     def per_mib(value: float | None) -> float | None:
         return None if value is None else round(value / mib, 2)
 
-    followers = [node for node in nodes if node != leader]
     row: dict[str, Any] = {
         "size": size,
         "count": count,
@@ -139,6 +194,7 @@ def one_size(  # noqa: PLR0917 (one run's settings)
         "cpu_us_per_msg": {},
         "user_us_per_msg": {},
         "per_mib": {},
+        "profile": None if profile is None else str(profile),
     }
     for node in [leader, *followers, *(["gateway"] if via == "gateway" else [])]:
         user = (cpu1[node][0] - cpu0[node][0]) * tick_us / count
@@ -193,6 +249,13 @@ def main() -> int:
     )
     parser.add_argument("--label", default="", help="tag every row (e.g. before, after)")
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="sample the leader and a follower into this directory (--profiler)",
+    )
+    parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy")
     a = parser.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     extra = ["--producer-name", a.producer_name] if a.producer_name else []
@@ -202,7 +265,9 @@ def main() -> int:
         log(f"cluster up: {[split_hostport(str(n['amqp'])) for n in cluster.endpoints['nodes']]}")
         for n, size in enumerate(sizes):
             count = a.count or COUNTS.get(size) or max(1000, COUNT_BYTES // size)
-            row = one_size(cluster, binary, size, count, a.window, n, a.via, extra)
+            row = one_size(
+                cluster, binary, size, count, a.window, n, a.via, extra, a.profile, a.profiler
+            )
             row["label"] = a.label
             row["producer_name"] = a.producer_name or None
             row["annotate"] = a.annotate

@@ -59,6 +59,23 @@ def frame(kind: int, *parts: bytes | memoryview) -> bytes:
     return b"".join((FRAME_HEAD.pack(body_length, kind), *parts))
 
 
+FrameParts = tuple[bytes | memoryview, ...]
+"""One frame as its pieces in order, the first starting with the frame head: a frame that
+carries large payloads (an Append's chunks) is written with one vectored write, never joined
+(RESULTS §41: every join was a copy of every byte, per follower)."""
+Frame = bytes | FrameParts
+"""An encoded frame, whole or in pieces (`frame_bytes` joins it)."""
+
+
+def frame_size(data: Frame) -> int:
+    return len(data) if isinstance(data, bytes) else sum(map(len, data))
+
+
+def frame_bytes(data: Frame) -> bytes:
+    """The frame in one piece (tests and the simulator)."""
+    return data if isinstance(data, bytes) else b"".join(data)
+
+
 @functools.lru_cache(maxsize=1024)
 def str8(text: str) -> bytes:
     data = text.encode()

@@ -358,7 +358,20 @@ class AmqpConnection(asyncio.Protocol):
         # pushed (or `ingress_hold_bytes_max` of it), not once per slice (`_holding`).
         self._rest = rest if len(rest) else None
         self._held_bytes += len(chunk)
-        self._push(bytes(chunk))
+        self._push(chunk)  # a view of the read: proton copies what it takes (RESULTS §41)
+        if (
+            self._rest is not None
+            and not self.closed
+            and not self._hang_up
+            and self._held_bytes < limits.ingress_hold_bytes_max
+        ):
+            # A held slice: `_push` had proton read it and drained its deliveries; the rest of a
+            # pump (credit, consumers' sends, proton's output, the idle timer) waits for the
+            # read's last slice, a few loop turns on (at 16 KiB a slice is about one message,
+            # and a pump per slice was a cost per byte; RESULTS §41). A pump scheduled
+            # meanwhile (an append's outcome) still runs in full.
+            self.loop.call_soon(self._continue)
+            return
         self.pump()
         if self._rest is not None and not self.closed:
             self.loop.call_soon(self._continue)
@@ -380,7 +393,7 @@ class AmqpConnection(asyncio.Protocol):
             return False
         return True
 
-    def _push(self, data: bytes) -> None:
+    def _push(self, data: bytes | memoryview) -> None:
         problems = self.guard.feed(data)
         if not problems:
             self._push_engine(data)
@@ -422,7 +435,7 @@ class AmqpConnection(asyncio.Protocol):
                 state.link.close()
                 return
 
-    def _push_engine(self, data: bytes) -> None:
+    def _push_engine(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view and not self.closed:
             capacity = self.engine.capacity()
@@ -435,7 +448,7 @@ class AmqpConnection(asyncio.Protocol):
                     return
             n = min(capacity, len(view))
             try:
-                self.engine.push(bytes(view[:n]))
+                self.engine.push(view[:n])  # type: ignore[arg-type]  # any buffer: ffi.from_buffer
             except TransportException:
                 log.info("transport error from peer input: %s", self.engine.condition)
                 return

@@ -45,7 +45,7 @@ _HEADER = struct.Struct(">IBBH")
 _U32 = struct.Struct(">I")
 
 
-def _past_id_and_tag(data: bytes, at: int) -> int:
+def _past_id_and_tag(data: bytes | memoryview, at: int) -> int:
     """Position after a transfer's delivery-id and delivery-tag in their usual encodings
     (uint0 / smalluint / uint, vbin8), or -1 for the full decoder."""
     code = data[at]
@@ -139,7 +139,7 @@ class InboundGuard:
     def __init__(
         self,
         batch_format: int | None = None,
-        scan: Callable[[bytes, int, bytearray], tuple[int, int]] | None = None,
+        scan: Callable[[bytes | memoryview, int, bytearray], tuple[int, int]] | None = None,
     ) -> None:
         self.scan = scan
         """`_fastsend.scan_transfers` when the driver has it (ADR 0038): this pure module does
@@ -166,7 +166,10 @@ class InboundGuard:
         until the driver takes them."""
         self.failed = False
 
-    def feed(self, data: bytes) -> list[Problem]:
+    def feed(self, data: bytes | memoryview) -> list[Problem]:
+        """The problems in `data` (the next bytes of the connection's input, a view of a read
+        or the read itself: only the frames' heads are read, a frame's head split across reads
+        is kept as bytes)."""
         if self.failed:
             return []
         problems: list[Problem] = []
@@ -193,7 +196,7 @@ class InboundGuard:
                 size = int.from_bytes(self.head[:4], "big") if len(self.head) >= 4 else 0
                 want = max(min(size, HEAD_BYTES), 8)
                 take = max(want - len(self.head), 0)
-                self.head += data[at : at + take]
+                self.head += bytes(data[at : at + take])
                 at += take
                 if len(self.head) < max(min(int.from_bytes(self.head[:4], "big"), HEAD_BYTES), 8):
                     continue
@@ -202,11 +205,11 @@ class InboundGuard:
                 consumed = len(frame)
             else:
                 if n - at < 8:
-                    self.head = data[at:]
+                    self.head = bytes(data[at:])
                     break
                 size, doff, kind, channel = _HEADER.unpack_from(data, at)
                 if n - at < min(size, HEAD_BYTES):
-                    self.head = data[at:]
+                    self.head = bytes(data[at:])
                     break
                 if kind == 0 and self._plain_transfer(
                     data, at + 4 * doff, size - 4 * doff, channel
@@ -217,8 +220,8 @@ class InboundGuard:
                     else:
                         self.skip, at = size - (n - at), n
                     continue
-                frame, base = data, at
                 consumed = min(size, HEAD_BYTES)
+                frame, base = bytes(data[at : at + consumed]), 0  # a control frame: its head
                 at += consumed
             size = int.from_bytes(frame[base : base + 4], "big")
             try:
@@ -234,7 +237,9 @@ class InboundGuard:
                     return problems
         return problems
 
-    def _plain_transfer(self, data: bytes, body: int, length: int, channel: int) -> bool:
+    def _plain_transfer(
+        self, data: bytes | memoryview, body: int, length: int, channel: int
+    ) -> bool:
         """A transfer on a link the client sends on, with message-format 0, in the encodings
         clients use (list8 or list32; small handle, delivery-id and tag): True means nothing
         to report. False sends the frame through the full decoder."""

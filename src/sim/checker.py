@@ -97,9 +97,10 @@ class Checker:
     def committed(self, node: NodeId, group: int, entry: Entry, what: str) -> None:
         history = self.history[group]
         known = history.get(entry.index)
+        payload = bytes(entry.payload)  # a follower's is a view of its frame (ADR 0037)
         if known is None:
-            history[entry.index] = (entry.term, entry.payload)
-        elif known != (entry.term, entry.payload):
+            history[entry.index] = (entry.term, payload)
+        elif known != (entry.term, payload):
             raise InvariantViolation(
                 "state-machine-safety",
                 f"{node} {what} {entry.describe()} {entry.payload!r} in group {group}, but "
@@ -113,9 +114,10 @@ class Checker:
         for entry in entries:
             key = (group, entry.index, entry.term)
             known = self._entries.get(key)
+            payload = bytes(entry.payload)
             if known is None:
-                self._entries[key] = (entry.payload, prev_term)
-            elif known != (entry.payload, prev_term):
+                self._entries[key] = (payload, prev_term)
+            elif known != (payload, prev_term):
                 raise InvariantViolation(
                     "log-matching",
                     f"{node} group {group} has {entry.describe()} {entry.payload!r} after term "

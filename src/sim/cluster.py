@@ -503,7 +503,7 @@ class SimCluster(SimLoop[_Event]):
         proposal = replica.proposals.pop(entry.index, None)
         if proposal is not None and proposal == (entry.term, entry.payload):
             self._record(f"ack g{group} {entry.describe()}")
-            self.checker.acknowledged(group, entry.index, entry.term, entry.payload)
+            self.checker.acknowledged(group, entry.index, entry.term, bytes(entry.payload))
             if not self.faults and self._acked_after[group] is None:
                 self._acked_after[group] = entry.index
 

@@ -70,11 +70,11 @@ from spate.node.log.producers import ProducerState
 from spate.node.log.tracking import OffsetTable
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import (
-    MEMBERSHIP_MAGIC,
     Entry,
     Message,
     Ready,
     SnapshotRequest,
+    is_membership,
 )
 from spate.node.replication.raft import RaftConfig
 from spate.node.replication.replica import AppendDone, OffsetDone, Replica
@@ -516,7 +516,7 @@ class ShellCluster(SimLoop[_Event]):
         last_by_index: dict[int, int] = {}
         for index in sorted(history):
             _, payload = history[index]
-            if not payload or payload.startswith(MEMBERSHIP_MAGIC):
+            if not payload or is_membership(payload):
                 continue  # a barrier, a membership entry (ADR 0022)
             header, records = chunk_codec.decode_chunk(payload)
             if header.flags & chunk_codec.FLAG_TRACKING:
@@ -751,9 +751,10 @@ class ShellCluster(SimLoop[_Event]):
             case _Kind.HEAL:
                 self.heal()
 
-    def _send(self, source: NodeId, target: NodeId, frame: bytes) -> bool:
+    def _send(self, source: NodeId, target: NodeId, data: frames.Frame) -> bool:
         if target not in self.nodes:
             return False
+        frame = frames.frame_bytes(data)
         if self.faults:
             if (source, target) in self.blocked or self.rng.random() < self.options.loss:
                 self._record(f"{source}>{target} dropped")

@@ -168,3 +168,57 @@ def test_the_bounded_search_answers_as_the_whole_search_for_annotation_keys(seed
     assert filtering.has_annotation_key(raw, key) == (
         in_annotations or (len(raw) <= filtering.SMALL_MESSAGE_BYTES and key in raw)
     )
+
+
+def _reference_section(records: list[bytes], size_bytes: int) -> bytes | None:
+    """What `section` must answer: the Bloom filter of every record's filter value."""
+    return filtering.build([filtering.filter_value(r) for r in records], size_bytes)
+
+
+def _random_record(rng: random.Random) -> bytes:
+    """A stored message in one of the layouts `_no_filter_values` tells apart (and some it
+    must leave to the search): no sections, header first, annotations first or after a
+    header, delivery annotations, long descriptors, garbage, bodies holding the key's bytes."""
+    key = filtering.FILTER_VALUE_ANNOTATION
+    body = rng.choice([b"x" * rng.randrange(0, 3000), key.encode() * 3, b"\x00\x53\x72\xa3"])
+    annotations: dict[object, object] = {}
+    if rng.random() < 0.3:
+        annotations[symbol(key)] = rng.choice(["eu", "us", symbol("apac"), 7])
+    if rng.random() < 0.3:
+        annotations[symbol("x-opt-other")] = key
+    kind = rng.randrange(8)
+    if kind == 0:
+        return body  # not an AMQP message at all (the storage benchmark's records)
+    if kind == 1:
+        return b"\x00\x80" + bytes(7) + b"\x72" + bytes(rng.randrange(0, 40))  # long descriptor
+    if kind == 2:
+        delivery = bytes.fromhex("0053 71 c1 0d 02 a3 09") + b"x-opt-foo" + b"\x41"
+        return delivery + _ma(annotations or {symbol("a"): 1}) + body
+    # proton writes a header always: list0 when empty, list8 when durable
+    message = Message(durable=rng.random() < 0.5, annotations=annotations or None, body=body)
+    return bytes(message.encode())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_chunk_without_filter_values_is_told_by_its_first_bytes_as_the_search_tells_it(
+    seed: int,
+) -> None:
+    """RESULTS §41: `section` decides "no filter value" from the records' first bytes; for any
+    mix of layouts it answers what reading every record's value answers."""
+    rng = random.Random(seed)
+    layout = rng.randrange(3)
+    records = [_random_record(rng) for _ in range(rng.randrange(1, 40))]
+    if layout == 0:  # one layout per chunk, the usual case
+        records = [records[0]] * len(records)
+    assert filtering.section(records, 16) == _reference_section(records, 16)
+
+
+def test_headers_then_annotations_are_read_for_their_value_not_skipped() -> None:
+    header = bytes(Message(durable=True, body=None).encode())[: -len(b"\x00Sw@")]
+    annotated = _sections(header, _ma({symbol(filtering.FILTER_VALUE_ANNOTATION): "eu"}), _BIG_BODY)
+    plain = _sections(header, _BIG_BODY)
+    assert filtering.section([plain] * 5, 16) is None
+    assert filtering.section([b"x" * 1024] * 5, 16) is None  # not AMQP: no value
+    section = filtering.section([plain, annotated, plain], 16)
+    assert section is not None
+    assert filtering.decode(section, 0, len(section))[0].may_match(["eu"], match_unfiltered=False)

@@ -5,6 +5,7 @@ messaging (../shared/seeds/002_97824e4f1076426d.txt)."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from proton import Delivery, Described, symbol, timestamp, ulong
@@ -313,3 +314,63 @@ def test_messages_held_in_a_large_read_are_appended_before_their_link_ends(
     assert held_records(memory) == [200]
     rig.release()
     assert client.server.producer.unconfirmed == 0
+
+
+def held_bytes(memory: MemoryBroker) -> list[bytes]:
+    """Every record waiting for `rig.release()` on orders/0, as stored, in order."""
+    partition = memory.partition(StreamName("orders"), PartitionId(0), write=True)
+    return [bytes(r) for chunk, _ in partition.held for r in chunk.records]
+
+
+def test_messages_straddling_the_slices_of_a_read_are_stored_byte_for_byte(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """The slices of a read go to proton as views of the read, not copies (RESULTS §41): every
+    message, whatever slice boundaries and frame heads it straddles, is stored as it was sent,
+    in order; so is a message of the largest size a producer may send (`limits.
+    message_bytes_max`, 64 slices) between them."""
+    sender = client.sender("orders")
+    rig.pump()
+    rng = random.Random(41)
+    messages = [
+        encode(body=rng.randbytes(rng.randrange(1, 3 * limits.socket_read_slice_bytes)))
+        for _ in range(40)
+    ]
+    overhead = len(encode(body=b"")) + 8  # the data section's vbin32 length and more
+    messages.insert(17, encode(body=rng.randbytes(limits.message_bytes_max - overhead)))
+    assert len(messages[17]) <= limits.message_bytes_max
+    deliveries = [client.send(sender, m) for m in messages]
+    rig.pump_one_read(client)
+    assert held_bytes(memory) == messages
+    rig.release()
+    assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+
+
+def test_the_slices_of_a_held_read_run_one_pump_not_one_each(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """RESULTS §41: a read's slices before its last are pushed into proton and drained, and
+    the rest of a pump (credit, sends, proton's output, the idle timer) runs once, at its last
+    slice: at 16 KiB a slice is about one message, and a pump per slice was a cost per byte."""
+    sender = client.sender("orders")
+    rig.pump()
+    for _ in range(200):
+        client.send(sender, encode(body=bytes(1000)))
+    server = client.server
+    pumps = 0
+    pump = server.pump
+
+    def counted() -> None:
+        nonlocal pumps
+        pumps += 1
+        pump()
+
+    server.pump = counted  # type: ignore[method-assign]
+    rig.pump_one_read(client)
+    slices = -(
+        -sum(len(f.raw) for f in client.sent_of("transfer")) // limits.socket_read_slice_bytes
+    )
+    assert slices > 10
+    assert pumps <= 3, (pumps, slices)
+    assert held_records(memory) == [200]
+    rig.release()

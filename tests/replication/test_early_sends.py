@@ -14,7 +14,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from spate.core.errors import BrokerError
+from spate.core.errors import BrokerError, StorageFailure
+from spate.core.frames import Frame, frame_bytes
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec
@@ -38,7 +39,7 @@ class Nodes:
         for node in IDS:
             driver: ReplicationDriver[Replica] = ReplicationDriver(
                 node,
-                send=lambda peer, frame, node=node: self.frames.append((node, peer, frame)) or True,
+                send=lambda peer, frame, node=node: self._queue(node, peer, frame),
                 wake=lambda: None,
                 monotonic_ms=lambda: 0.0,
                 wall_ms=lambda: 1_700_000_000_000,
@@ -69,6 +70,10 @@ class Nodes:
         if batch is not None:
             driver = self.drivers[node]
             driver.finish_batch(batch, driver.run_syncs(batch))
+
+    def _queue(self, source: NodeId, target: NodeId, frame: Frame) -> bool:
+        self.frames.append((source, target, frame_bytes(frame)))
+        return True
 
     def run(self, node: NodeId) -> None:
         for _ in range(10):
@@ -203,3 +208,56 @@ def test_a_follower_answers_the_appends_it_took_during_its_fsync_with_one_ack(
     nodes.run(n1)  # applies the commit the ack made
     assert got == [Offset(0), Offset(1), Offset(2)]
     nodes.settle()
+
+
+def _chunk_frames(nodes: Nodes, source: NodeId, target: NodeId) -> list[int]:
+    """Positions in `nodes.frames` of the Appends with entries from `source` to `target`."""
+    found = []
+    for i, (s, t, frame) in enumerate(nodes.frames):
+        if (s, t) == (source, target) and frame[4] == codec.KIND_RAFT:
+            message = codec.decode_raft(memoryview(frame)[5:])[1]
+            if isinstance(message, Append) and any(e.payload for e in message.entries):
+                found.append(i)
+    return found
+
+
+def test_a_follower_stores_the_leaders_chunk_bytes_as_they_came() -> None:
+    """ADR 0037: a follower's entries are views of the Append frame, written as they are; what
+    each replica stores and serves is the leader's chunk byte for byte, a 1 MiB record and
+    records of every size between, and the CRC its reads check still holds."""
+    nodes = Nodes()
+    n1, _, _ = nodes.elect()
+    rng = random.Random(37)
+    records = [rng.randbytes(n) for n in (1 << 20, 1, 16_384, 16_385, 70_000, 0, 3)]
+    got, done = outcomes()
+    nodes.replicas[n1].propose(records, done)  # type: ignore[arg-type]
+    nodes.settle()
+    assert got == [Offset(0)]
+    for node in IDS:
+        replica = nodes.replicas[node]
+        stored = [bytes(r) for v in replica.read(Offset(0), 2 << 20) for r in v.records]
+        assert stored == records, node
+        assert replica.store.log.chunks_from_index(1, 4 << 20)  # every chunk's CRC checked
+
+
+def test_a_chunk_corrupted_on_its_way_is_refused_by_the_follower_s_reads() -> None:
+    """A follower never re-encodes a chunk and does not recompute its CRC on the way in (the
+    leader computed it once, ADR 0037); a chunk whose bytes changed in flight is stored as it
+    came, and the follower's reads refuse it by its CRC: a storage failure, never wrong data."""
+    nodes = Nodes()
+    n1, n2, n3 = nodes.elect()
+    got, done = outcomes()
+    nodes.replicas[n1].propose([b"a" * 5000, b"b" * 5000], done)  # type: ignore[arg-type]
+    batch = nodes.batch(n1)
+    assert batch is not None
+    (at,) = _chunk_frames(nodes, n1, n2)
+    source, target, frame = nodes.frames[at]
+    flipped = bytearray(frame)
+    flipped[-100] ^= 0x01  # inside the last record of the chunk
+    nodes.frames[at] = (source, target, bytes(flipped))
+    nodes.finish(n1, batch)
+    nodes.settle()
+    assert got == [Offset(0)]  # n1 and n3 hold it intact: a majority
+    assert nodes.replicas[n3].read(Offset(0), 1 << 20)
+    with pytest.raises(StorageFailure, match="CRC mismatch"):
+        nodes.replicas[n2].read(Offset(0), 1 << 20)

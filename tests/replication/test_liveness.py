@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from spate.core.frames import Frame, frame_bytes
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec
@@ -71,7 +72,8 @@ class Nodes:
                 driver.add(replica)
                 self.replicas[(node, partition)] = replica
 
-    def _send(self, source: NodeId, target: NodeId, frame: bytes) -> bool:
+    def _send(self, source: NodeId, target: NodeId, data: Frame) -> bool:
+        frame = frame_bytes(data)
         if frame[4] == codec.KIND_RAFT:
             self.sent.append((source, codec.decode_raft(memoryview(frame)[5:])[1]))
         self.frames.append((source, target, frame))

@@ -10,7 +10,9 @@ import ssl
 from pathlib import Path
 
 import pytest
+import uvloop
 from spate.core import frames
+from spate.core.frames import Frame
 from spate.core.ids import NodeId, PartitionId, StreamName, Term
 from spate.node.log import LogConfig
 from spate.node.replication import codec
@@ -58,14 +60,32 @@ MESSAGES: list[Message] = [
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_every_raft_message_round_trips(message: Message) -> None:
-    data = codec.encode_raft(KEY, message)
+    data = frames.frame_bytes(codec.encode_raft(KEY, message))
     length, kind = frames.FRAME_HEAD.unpack_from(data)
     assert kind == codec.KIND_RAFT and length == len(data) - 4
     assert codec.decode_raft(data[frames.FRAME_HEAD_BYTES :]) == (KEY, message)
 
 
+def test_an_append_is_encoded_around_its_payloads_not_through_them() -> None:
+    """RESULTS §41: the leader sends a chunk to each follower without copying it; the pieces
+    hold the entries' payloads themselves, and join to the frame a whole encoding would be."""
+    chunks = [b"a" * 300_000, b"", b"b" * 70_000]
+    message = Append(
+        Term(4), A, B, 9, Term(3), tuple(Entry(10 + i, Term(4), c) for i, c in enumerate(chunks)), 9
+    )
+    parts = codec.encode_raft(KEY, message)
+    assert isinstance(parts, tuple)
+    assert parts[1] is chunks[0] and parts[3] is chunks[2]
+    assert all(len(p) < 100 for i, p in enumerate(parts) if i % 2 == 0)
+    data = frames.frame_bytes(parts)
+    assert frames.frame_size(parts) == len(data)
+    length, kind = frames.FRAME_HEAD.unpack_from(data)
+    assert (kind, length) == (codec.KIND_RAFT, len(data) - 4)  # the length counts the kind
+    assert codec.decode_raft(data[frames.FRAME_HEAD_BYTES :]) == (KEY, message)
+
+
 def test_truncated_or_padded_frames_are_refused() -> None:
-    body = codec.encode_raft(KEY, MESSAGES[4])[frames.FRAME_HEAD_BYTES :]
+    body = frames.frame_bytes(codec.encode_raft(KEY, MESSAGES[4]))[frames.FRAME_HEAD_BYTES :]
     for cut in (0, 3, 20, len(body) - 1):
         with pytest.raises(frames.CodecError):
             codec.decode_raft(body[:cut])
@@ -122,7 +142,7 @@ async def _pair(
 
 
 async def _send_until_delivered(
-    b: Transport, received: list[tuple[NodeId, int, bytes]], frames: list[bytes]
+    b: Transport, received: list[tuple[NodeId, int, bytes]], frames: list[Frame]
 ) -> bool:
     b.dial(A)
     for _ in range(300):
@@ -154,6 +174,36 @@ def test_a_peer_without_the_secret_is_refused(caplog: pytest.LogCaptureFixture) 
     caplog.set_level(logging.WARNING, logger="spate.node.replication.transport")
     asyncio.run(main())
     assert "claiming to be node 'n2': it does not hold the cluster secret" in caplog.text
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_appends_in_pieces_arrive_whole_and_in_order(loop: str) -> None:
+    """Appends sent in pieces (a 1 MiB chunk, small ones, barriers) between whole frames, more
+    than one write takes and than the socket buffers (partial vectored writes), arrive byte for
+    byte and in order, on the node's loop (uvloop) and asyncio's."""
+    chunks = [bytes([i % 251]) * size for i, size in enumerate([1 << 20, 100, 16_384, 0, 70_000])]
+    sent: list[Message] = []
+    for n in range(24):
+        entries = tuple(
+            Entry(10 + n * 8 + i, Term(4), c) for i, c in enumerate(chunks[n % 5 :] or chunks)
+        )
+        sent.append(Append(Term(4), B, A, 9 + n * 8, Term(3), entries, n))
+        sent.append(Heartbeat(Term(4), B, A, n))
+
+    async def main() -> None:
+        a, b, received = await _pair("right")
+        try:
+            encoded = [codec.encode_raft(KEY, m) for m in sent]
+            assert await _send_until_delivered(b, received, encoded)
+            assert [codec.decode_raft(body)[1] for _, _, body in received] == sent
+        finally:
+            await b.stop()
+            await a.stop()
+
+    if loop == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 def test_frames_of_many_partitions_share_one_link_in_order() -> None:

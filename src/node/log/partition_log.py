@@ -255,10 +255,11 @@ class PartitionLog:
         if self._failure is not None:
             raise StorageFailure(f"the partition log refuses writes since: {self._failure}")
 
-    def append_chunk_bytes(self, data: bytes) -> ChunkHeader:
+    def append_chunk_bytes(self, data: bytes | memoryview) -> ChunkHeader:
         """Write one already encoded chunk (a Raft entry from the leader, stored byte for byte:
-        never re-encoded), not synced. Its first offset must be the log's end offset and its
-        Raft index the next one. The CRC is checked by recovery and reads, not here."""
+        never re-encoded or copied: a view of the leader's frame on a follower), not synced. Its
+        first offset must be the log's end offset and its Raft index the next one. The CRC is
+        checked by recovery and reads, not here (the leader computed it once, ADR 0037)."""
         self._check_usable()
         try:
             header = chunk.decode_header(data)
@@ -362,7 +363,7 @@ class PartitionLog:
         )
         self._write_chunk(data, header)
 
-    def _write_chunk(self, data: bytes | bytearray, header: ChunkHeader) -> None:
+    def _write_chunk(self, data: bytes | bytearray | memoryview, header: ChunkHeader) -> None:
         try:
             segment = self._segments[-1]
             # A segment holding barriers only is never sealed: its successor would have the
@@ -392,7 +393,9 @@ class PartitionLog:
             self._note_state(data, 0, header)
         self.counters.chunks_appended += 1
 
-    def _note_state(self, buffer: bytes | bytearray, at: int, header: ChunkHeader) -> None:
+    def _note_state(
+        self, buffer: bytes | bytearray | memoryview, at: int, header: ChunkHeader
+    ) -> None:
         """The producer or tracking section of a chunk with flags, into its table."""
         if header.flags & chunk.FLAG_TRACKING:
             for name, offset in chunk.tracking_section(buffer, at, header):

@@ -43,8 +43,12 @@ type  message            fields
 ```
 
 An entry's payload is the storage chunk as the leader encoded it (or empty for a barrier): it is
-sliced out of the frame once, never decoded here. Decoding failures raise CodecError (the
-connection is then closed: a peer that sends garbage is broken or hostile).
+a view of the frame (a copy only when the frame's buffer is writable), never decoded here. An
+Append with entries is encoded in pieces (`frames.FrameParts`: the heads joined, each payload
+as it is), which the transport writes with one vectored write: the leader never copies a chunk
+to send it, to any follower (ADR 0037).
+Decoding failures raise CodecError (the connection is then closed: a peer that sends garbage is
+broken or hostile).
 """
 
 from __future__ import annotations
@@ -52,11 +56,14 @@ from __future__ import annotations
 import struct
 
 from spate.core.frames import (
+    FRAME_HEAD,
     U8,
     U16,
     U32,
     U64,
     CodecError,
+    Frame,
+    FrameParts,
     GroupKey,
     Reader,
     frame,
@@ -103,17 +110,46 @@ _MANIFEST_ITEM = struct.Struct(">Q")
 # -- Raft messages
 
 
-def encode_raft(key: GroupKey, message: Message) -> bytes:
-    """One RAFT frame."""
+def _append_parts(key: GroupKey, message: Append) -> FrameParts:
+    """An Append frame as pieces: the small heads joined (the frame's, the message's, each
+    entry's), each payload as it is, never copied."""
+    body = [
+        _group(key),
+        _MSG_HEAD.pack(_TYPE_OF[Append], message.term),
+        _str8(message.source),
+        _str8(message.target),
+        _APPEND.pack(message.prev_index, message.prev_term, message.commit, len(message.entries)),
+    ]
+    size = 1 + sum(map(len, body))
+    parts: list[bytes | memoryview] = []
+    for entry in message.entries:
+        payload = entry.payload
+        body.append(_ENTRY.pack(entry.index, entry.term, len(payload)))
+        size += _ENTRY.size + len(payload)
+        if payload:
+            parts.append(b"".join(body))
+            parts.append(payload)
+            body = []
+    if body:
+        parts.append(b"".join(body))
+    parts[0] = FRAME_HEAD.pack(size, KIND_RAFT) + parts[0]
+    return tuple(parts)
+
+
+def encode_raft(key: GroupKey, message: Message) -> Frame:
+    """One RAFT frame; in pieces for an Append with entries (`_append_parts`)."""
+    if type(message) is Append and message.entries:
+        return _append_parts(key, message)
     head = (
         _group(key)
         + _MSG_HEAD.pack(_TYPE_OF[type(message)], message.term)
         + _str8(message.source)
         + _str8(message.target)
     )
+    tail: list[bytes | memoryview]
     match message:
         case VoteRequest():
-            tail: list[bytes] = [
+            tail = [
                 _VOTE_REQ.pack(
                     message.last_index,
                     message.last_term,
@@ -178,9 +214,13 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
     elif kind == 3:
         prev_index, prev_term, commit, count = reader.unpack(_APPEND)
         entries = []
+        # Views of the frame, not copies, when it cannot change (a frame read off the socket
+        # is bytes): a follower writes them to its log as they came (ADR 0037).
+        keep = reader.view.readonly
         for _ in range(count):
             index, entry_term, length = reader.unpack(_ENTRY)
-            entries.append(Entry(index, Term(entry_term), bytes(reader.take(length))))
+            payload = reader.take(length)
+            entries.append(Entry(index, Term(entry_term), payload if keep else bytes(payload)))
         message = Append(term, source, target, prev_index, Term(prev_term), tuple(entries), commit)
     elif kind == 4:
         index, rejected, hint_index, hint_term = reader.unpack(_APPEND_RESP)

@@ -91,8 +91,9 @@ suspected; a leader's voters not suspected have been no quorum for an election t
 steps down); a suspected peer came back and lacks entries of a group led here."""
 
 LeaderListener = Callable[[StreamName, PartitionId, NodeId | None, LeaderEpoch], None]
-Send = Callable[[NodeId, bytes], bool]
-"""Queue one encoded frame for a peer; False when it was dropped."""
+Send = Callable[[NodeId, frames.Frame], bool]
+"""Queue one encoded frame (whole, or in pieces: `frames.FrameParts`) for a peer; False when it
+was dropped."""
 
 R = TypeVar("R", bound=Replica)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spate.core.errors import BrokerError, InvalidArgument, StorageFailure, Unavailable
+from spate.core.frames import Frame
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication.driver import Batch, LeaderListener, ReplicationDriver
@@ -210,7 +211,7 @@ class ReplicationHost:
     def fsyncs(self) -> int:
         return self.driver.fsyncs
 
-    def _send(self, peer: NodeId, frame: bytes) -> bool:
+    def _send(self, peer: NodeId, frame: Frame) -> bool:
         return self.transport.send(peer, frame)
 
     def _woken(self) -> None:

@@ -35,17 +35,28 @@ class Entry:
     An empty payload is the barrier entry a new leader appends at the start of its term (it
     commits earlier terms' entries and marks where the leader epoch begins); storage keeps it as
     an empty chunk and readers skip it.
+
+    A follower's entries are views of the Append frame they came in (codec.decode_raft: never
+    copied on their way to the disk, ADR 0037); the frame's bytes are immutable, so a view is
+    as good as a copy, and it keeps the frame alive while the entry is in memory.
     """
 
     index: int
     term: Term
-    payload: bytes
+    payload: bytes | memoryview
 
     def describe(self) -> str:
         return f"{self.term}/{self.index}" + ("" if self.payload else "(barrier)")
 
 
 MEMBERSHIP_MAGIC = b"SPCF"
+
+
+def is_membership(payload: bytes | memoryview) -> bool:
+    """Whether an entry's payload is a membership entry (bytes or a view alike)."""
+    return payload[: len(MEMBERSHIP_MAGIC)] == MEMBERSHIP_MAGIC
+
+
 _MEMBERSHIP_HEAD = struct.Struct(">4sBBB")
 MEMBERSHIP_VERSION = 1
 MEMBER_NAME_BYTES_MAX = 31
@@ -106,10 +117,10 @@ class Membership:
         return bytes(out)
 
     @staticmethod
-    def decode(payload: bytes) -> Membership | None:
+    def decode(payload: bytes | memoryview) -> Membership | None:
         """The membership a payload holds, or None when it is not a membership entry.
         A payload that starts with the magic but does not parse is a bug: it asserts."""
-        if not payload.startswith(MEMBERSHIP_MAGIC):
+        if not is_membership(payload):
             return None
         _, version, voters, learners = _MEMBERSHIP_HEAD.unpack_from(payload)
         assert version == MEMBERSHIP_VERSION, version
@@ -117,7 +128,7 @@ class Membership:
         names: list[NodeId] = []
         for _ in range(voters + learners):
             length = payload[position]
-            names.append(NodeId(payload[position + 1 : position + 1 + length].decode()))
+            names.append(NodeId(bytes(payload[position + 1 : position + 1 + length]).decode()))
             position += 1 + length
         assert position == len(payload), (position, len(payload))
         return Membership(tuple(names[:voters]), tuple(names[voters:]))

@@ -39,7 +39,6 @@ from spate.node.replication.log import RaftLog
 from spate.node.replication.messages import (
     HARD_STATE_EMPTY,
     LEADER_OUTPUT,
-    MEMBERSHIP_MAGIC,
     SNAPSHOT_EMPTY,
     Append,
     AppendResponse,
@@ -60,6 +59,7 @@ from spate.node.replication.messages import (
     TimeoutNow,
     VoteRequest,
     VoteResponse,
+    is_membership,
 )
 from spate.node.replication.progress import Progress, ProgressState
 
@@ -354,7 +354,7 @@ class Raft:
         progress = self._progress.get(peer)
         return progress is not None and progress.match < self.log.last_index
 
-    def propose(self, payload: bytes) -> Proposed | Refusal:
+    def propose(self, payload: bytes | memoryview) -> Proposed | Refusal:
         self.wake()
         if self.role is not Role.LEADER:
             return Refusal(RefusalReason.NOT_LEADER, self.leader)
@@ -364,7 +364,7 @@ class Raft:
             return Refusal(RefusalReason.MEMBERSHIP_INVALID, self.id)  # propose_membership
         return self._append_proposal(payload)
 
-    def _append_proposal(self, payload: bytes) -> Proposed | Refusal:
+    def _append_proposal(self, payload: bytes | memoryview) -> Proposed | Refusal:
         if self._transfer_to is not None:
             return Refusal(RefusalReason.TRANSFERRING, self.id)
         if len(payload) > limits.entry_bytes_max:
@@ -870,7 +870,7 @@ class Raft:
         """After an accepted Append: the log now holds `entries` at (prev_index, last_new],
         and nothing past last_new if it truncated. Bring the membership entries in line."""
         if not any(c[0] > prev_index for c in self._configs[1:]) and not any(
-            e.payload.startswith(MEMBERSHIP_MAGIC) for e in entries
+            is_membership(e.payload) for e in entries
         ):
             return
         beyond = self.log.last_index if self.log.last_index > last_new else last_new

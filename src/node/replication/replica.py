@@ -60,7 +60,6 @@ from spate.node.log.producers import ProducerState
 from spate.node.log.tracking import ENTRIES_PER_CHUNK_MAX, NAME_BYTES_MAX, TrackedOffset
 from spate.node.replication import limits
 from spate.node.replication.messages import (
-    MEMBERSHIP_MAGIC,
     Entry,
     Membership,
     Message,
@@ -69,6 +68,7 @@ from spate.node.replication.messages import (
     Refusal,
     RefusalReason,
     VoteRequest,
+    is_membership,
 )
 from spate.node.replication.raft import Raft, RaftConfig, Role
 from spate.node.replication.storage import RaftStore, SyncWork
@@ -466,7 +466,7 @@ class Replica(LocalPartition):
             if producer is not None:
                 assert ids is not None
                 section = producer_codec.encode_section(producer, ids[end - 1])
-            data = chunk_codec.encode_chunk(
+            buffer, _ = chunk_codec.encode_chunk_buffer(
                 part,
                 offset,
                 timestamp_ms,
@@ -475,6 +475,10 @@ class Replica(LocalPartition):
                 producer=section,
                 filter_section=self._filter_section(part),
             )
+            # The entry is a read-only view of the one buffer the chunk was built in, never
+            # copied: to the log, and to every follower (ADR 0037). Nothing writes the buffer
+            # after this.
+            data = memoryview(buffer).toreadonly()
             last_id = None if ids is None else ids[end - 1]
             self._propose_chunk(data, index, producer, last_id, timestamp_ms, offset + end - start)
             self.messages_in += end - start
@@ -528,7 +532,7 @@ class Replica(LocalPartition):
 
     def _propose_chunk(  # noqa: PLR0917 (the chunk and what a named producer's state needs)
         self,
-        data: bytes,
+        data: bytes | memoryview,
         index: int,
         producer: bytes | None,
         last_id: int | None,
@@ -553,7 +557,7 @@ class Replica(LocalPartition):
         index = log.last_index
         while index > log.snapshot.index:
             payload = log.entry(index).payload
-            if payload and not payload.startswith(MEMBERSHIP_MAGIC):
+            if payload and not is_membership(payload):
                 return chunk_codec.decode_header(payload).end_offset
             index -= 1
         # Only barriers (and membership entries) above the snapshot point: the end is the
@@ -754,7 +758,7 @@ class Replica(LocalPartition):
                 listener(change.leader, change.epoch)
 
     def _apply(self, entry: Entry) -> None:
-        if entry.payload and not entry.payload.startswith(MEMBERSHIP_MAGIC):
+        if entry.payload and not is_membership(entry.payload):
             header = chunk_codec.decode_header(entry.payload)
             self._committed_end = max(self._committed_end, header.end_offset)
         pending = self._pending.pop(entry.index, None)

@@ -64,13 +64,13 @@ from spate.node.log.partition_log import SyncPlan
 from spate.node.replication import limits
 from spate.node.replication.files import ReplicaFiles, SlotFile
 from spate.node.replication.messages import (
-    MEMBERSHIP_MAGIC,
     SNAPSHOT_EMPTY,
     Entry,
     HardState,
     Membership,
     Ready,
     SnapshotMeta,
+    is_membership,
 )
 
 _SLOT = struct.Struct(">4sIQQQB31s")
@@ -278,13 +278,14 @@ class RaftStore:
                 log.last_raft_index,
             )
             for entry in ready.entries:
-                if entry.payload.startswith(MEMBERSHIP_MAGIC):
+                data: bytes | memoryview
+                if is_membership(entry.payload):
                     data = chunk_codec.encode_membership(
                         log.end_offset,
                         log.last_timestamp_ms or 0,
                         entry.term,
                         entry.index,
-                        entry.payload,
+                        bytes(entry.payload),
                     )
                 elif entry.payload:
                     data = entry.payload

@@ -7,11 +7,12 @@ inbound socket. Every partition's Raft traffic between two nodes shares that one
 (frames carry the group id, see codec.py).
 
 Sending never blocks and never raises: `send` queues an encoded frame for the peer's writer
-task; frames queued during one loop turn go out in one `write` (up to
-`limits.peer_write_bytes_max`), so many small Raft messages cost one syscall. The queue is
-bounded by `limits.peer_send_queue_bytes_max`: past it frames are dropped, as a lossy network
-would drop them (Raft retransmits). While a peer is unreachable its frames are dropped and the
-writer redials with backoff.
+task; frames queued during one loop turn go out in one vectored write (`writelines`, up to
+`limits.peer_write_bytes_max`), so many small Raft messages cost one syscall, and a frame in
+pieces (an Append's chunks, `frames.FrameParts`) is never joined: the kernel reads each large
+piece where it is (ADR 0037). The queue is bounded by `limits.peer_send_queue_bytes_max`: past
+it frames are dropped, as a lossy network would drop them (Raft retransmits). While a peer is
+unreachable its frames are dropped and the writer redials with backoff.
 
 Handshake (codec.py kinds 10-12), both sides proving they hold the cluster secret:
 
@@ -60,22 +61,46 @@ async def read_frame(
     return kind, memoryview(body)
 
 
+JOIN_BYTES_MAX = 4096
+"""Pieces up to this size are joined into their neighbours before a write (a copy cheaper
+than an iovec each: many partitions' heartbeats make many small frames a turn); larger ones,
+an Append's chunks, are handed to the kernel where they are."""
+
+
 def _write_some(peer: _Peer, writer: asyncio.StreamWriter) -> None:
-    """Write up to `peer_write_bytes_max` of the queued frames, coalesced into one write."""
-    batch: list[bytes] = []
+    """Write up to `peer_write_bytes_max` of the queued frames with one vectored write (uvloop's
+    `writelines` hands the pieces to one `writev` and keeps what the socket did not take
+    without copying it): runs of small pieces joined, large ones as they are."""
+    batch: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
     size = 0
-    while peer.frames and size < limits.peer_write_bytes_max:
-        data = peer.frames.popleft()
-        batch.append(data)
-        size += len(data)
+    queued, sizes = peer.frames, peer.sizes
+    while queued and size < limits.peer_write_bytes_max:
+        data = queued.popleft()
+        size += sizes.popleft()
+        for piece in (data,) if isinstance(data, bytes) else data:
+            if len(piece) <= JOIN_BYTES_MAX:
+                small.append(piece)
+                continue
+            if small:
+                batch.append(b"".join(small) if len(small) > 1 else small[0])
+                small = []
+            batch.append(piece)
+    if small:
+        batch.append(b"".join(small) if len(small) > 1 else small[0])
     peer.queued_bytes -= size
-    writer.write(b"".join(batch) if len(batch) > 1 else batch[0])
+    if len(batch) == 1:
+        writer.write(batch[0])
+    else:
+        writer.writelines(batch)
 
 
 class _Peer:
     def __init__(self, node: NodeId) -> None:
         self.node = node
-        self.frames: deque[bytes] = deque()
+        self.frames: deque[frames.Frame] = deque()
+        self.sizes: deque[int] = deque()
+        """`frames[i]`'s bytes."""
         self.queued_bytes = 0
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -144,8 +169,9 @@ class Transport:
 
     # -- sending
 
-    def send(self, peer: NodeId, data: bytes) -> bool:
-        """Queue one encoded frame; False when it was dropped (queue full or closing)."""
+    def send(self, peer: NodeId, data: frames.Frame) -> bool:
+        """Queue one encoded frame (whole or in pieces); False when it was dropped (queue full
+        or closing)."""
         assert peer != self.node
         if self._closing:
             return False
@@ -155,13 +181,13 @@ class Transport:
             state.task = asyncio.get_running_loop().create_task(
                 self._dial_loop(state), name=f"replication-send-{peer}"
             )
-        if not state.connected or (
-            state.queued_bytes + len(data) > limits.peer_send_queue_bytes_max
-        ):
+        size = frames.frame_size(data)
+        if not state.connected or (state.queued_bytes + size > limits.peer_send_queue_bytes_max):
             self.frames_dropped += 1
             return False
         state.frames.append(data)
-        state.queued_bytes += len(data)
+        state.sizes.append(size)
+        state.queued_bytes += size
         if state.writer is None:
             state.wake.set()  # the write loop is draining or not writing yet: it sends this
         elif not self._flush_soon:
@@ -230,6 +256,7 @@ class Transport:
                 peer.connected = False
                 self.frames_dropped += len(peer.frames)
                 peer.frames.clear()
+                peer.sizes.clear()
                 peer.queued_bytes = 0
                 if opened is not None:
                     opened.close()
