@@ -164,6 +164,7 @@ def test_retention_without_its_floor_is_caught() -> None:
         (0, 3, 3, "a lagging replica never caught up once retention passed the restart point"),
         (134, None, None, "a transfer slower than the leader's retention never finished"),
         (265, None, None, "the same, with 5% loss"),
+        (208, None, None, "a leader left behind by a transfer answered a stale stored offset"),
     ],
 )
 def test_found_bugs_stay_fixed(seed: int, nodes: int | None, groups: int | None, what: str) -> None:
@@ -235,6 +236,17 @@ def test_a_leader_answering_an_uncommitted_offset_is_caught() -> None:
     the answer is a store the cluster has not committed (and may never)."""
     failures = _until_caught(ShellBugs(offset_query_uncommitted=True), "offset-durable:")
     assert any(f.startswith("offset-durable:") for f in failures), failures
+
+
+def test_a_leader_reading_without_a_leadership_check_is_caught() -> None:
+    """Seed 208 (issue 16, ADR 0035's second addendum): n1 transfers g0's leadership to n3 as
+    a partition cuts n1 off; n3's vote request to it is lost, so n1 still believes it leads
+    term 3 while n3, elected in term 4 (the transfer waives the lease), stores offsets and has
+    them acknowledged. With the leadership check skipped (the code before the fix) n1 answers
+    a query from its own log: "never stored". (Found with folded acks, which only changed
+    which run the seed's random draws made.)"""
+    failure = run_shell_seed(208, bugs=ShellBugs(read_unconfirmed=True)).failure or ""
+    assert failure.startswith("offset-durable: g0 n1 answered no stored offset"), failure
 
 
 def test_storing_the_committed_end_instead_of_the_accepted_offset_is_caught() -> None:

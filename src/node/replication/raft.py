@@ -73,11 +73,12 @@ class Role(Enum):
     LEADER = "leader"
 
 
-FOLD_ACKS = False
-"""Fold a follower's accepted acks of one Ready into the last (ADR 0035). Off: with it on, the
-shell simulator's seed 208 (`python -m spate.sim --model shell --seed 208`) reports
-offset-durable ("g0 n1 answered no stored offset, after the store at index 5 was
-acknowledged"), not yet explained; the tests of the folding itself switch it on."""
+FOLD_ACKS = True
+"""Fold a follower's accepted acks of one Ready into the last (ADR 0035, `_send`). Switched off
+for a day while the shell simulator's seed 208 failed `offset-durable` with it on; the folding
+was not the fault (ADR 0035's second addendum): it changed which messages the seed's network
+lost, and so reached a stale leader answering a stored-offset query from its own log, which
+`confirm_leadership` now prevents. A switch for A/B measurements (benchmarks/w1_cpu.py)."""
 
 
 @dataclass(frozen=True, slots=True)
