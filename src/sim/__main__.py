@@ -185,6 +185,7 @@ _SHELL_BUGS = {
     "dedup-forgets-proposals": ShellBugs(dedup_forgets_proposals=True),
     "catchup-forgets-offsets": ShellBugs(catchup_forgets_offsets=True),
     "offset-query-uncommitted": ShellBugs(offset_query_uncommitted=True),
+    "read-unconfirmed": ShellBugs(read_unconfirmed=True),
     "store-committed-end": ShellBugs(store_committed_end=True),
     "filter-misses-last": ShellBugs(filter_misses_last=True),
     "sub-entry-first-value": ShellBugs(sub_entry_first_value=True),

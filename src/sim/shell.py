@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -130,6 +130,10 @@ class ShellBugs:
     offset_query_uncommitted: bool = False
     """The leader answers a stored-offset query from its written log and proposals at once,
     without waiting for the entry that stored it to commit."""
+    read_unconfirmed: bool = False
+    """The leader reads its log for a stored-offset query without first confirming that it
+    still leads (`Replica._when_confirmed`, the code before issue 16's fix): a stale leader
+    answers from a log missing a newer leader's acknowledged store."""
     store_committed_end: bool = False
     """A store records the last committed offset, not the one the consumer asked for (what a
     listener that tracked deliveries instead of settlements would store)."""
@@ -280,6 +284,12 @@ class _SimReplica(Replica):
         if self.sim.options.bugs.store_committed_end:
             entries = [(name, self.end_offset() - 1) for name, _ in entries]
         super().propose_offsets(entries, done)
+
+    def _when_confirmed(self, done: Callable[[BrokerError | None], None]) -> None:
+        if self.sim.options.bugs.read_unconfirmed:
+            done(None)
+            return
+        super()._when_confirmed(done)
 
     def query_offset(self, name: bytes, done: OffsetDone) -> None:
         if self.sim.options.bugs.offset_query_uncommitted and self.is_leader:

@@ -19,6 +19,7 @@ from spate.node.replication.messages import (
     AppendResponse,
     Entry,
     HardState,
+    Heartbeat,
     LeaderChange,
     Message,
     Proposed,
@@ -241,7 +242,7 @@ def test_a_follower_answers_the_appends_of_one_ready_with_one_ack(
     sync ran (here: before its next Ready) are answered by one ack, for the last, after the
     sync; the leader commits them all from it (issue 16: the leader stepped one ack per
     Append)."""
-    monkeypatch.setattr(raft_module, "FOLD_ACKS", True)  # off by default: see FOLD_ACKS
+    monkeypatch.setattr(raft_module, "FOLD_ACKS", True)  # whatever the switch says
     group = Group(3)
     group.elect("n1")
     coalesced = group["n2"].acks_coalesced, group["n3"].acks_coalesced
@@ -287,6 +288,63 @@ def test_a_rejection_between_two_acks_keeps_its_place() -> None:
         (last + 2, False),
     ]
     assert follower.acks_coalesced == coalesced
+
+
+def test_a_leadership_check_is_confirmed_by_a_quorum_answering_heartbeats_sent_after_it() -> None:
+    """Thesis §6.4 (ReadIndex): a read may be answered from the leader's log only once a
+    quorum has answered a heartbeat sent after the read began; answers to earlier heartbeats
+    do not count, however late they arrive."""
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    leader = group["n1"]
+    assert leader.leadership_confirmed == 0
+    group.tick("n1")  # heartbeats of no check (round 0)
+    before = [m for m in group.pending if isinstance(m, Heartbeat)]
+    assert [m.round for m in before] == [0, 0]
+    check = leader.confirm_leadership()
+    group.process(N1)  # the check's heartbeats leave at once, not at the next tick
+    assert sorted((m.target, m.round) for m in group.pending if isinstance(m, Heartbeat)) == [
+        (N2, 0),
+        (N2, check),
+        (N3, 0),
+        (N3, check),
+    ]
+    group.deliver(lambda m: not isinstance(m, Heartbeat) or m.round == 0)
+    group.deliver()  # the answers to the round-0 heartbeats only
+    assert leader.leadership_confirmed < check
+    group.tick("n1")  # lost: the next heartbeats carry the round again
+    group.deliver(lambda m: m.target != N3)  # n2 answers: with the leader, a quorum
+    group.deliver()
+    assert leader.leadership_confirmed == check
+    single = Group(1)  # a single voter: nobody else can lead
+    single.elect("n1")
+    assert single["n1"].confirm_leadership() == single["n1"].leadership_confirmed
+
+
+def test_a_leader_left_behind_by_a_transfer_never_confirms_its_leadership() -> None:
+    """§6.4: a transfer's vote waives the voters' lease, so the new leader is elected at once;
+    an old leader that has not heard its new term yet (the vote request to it lost) still
+    believes it leads, and check-quorum would not tell it otherwise for an election timeout
+    or two. Its leadership check is never confirmed: the voters answer its heartbeats with
+    their new term, and it steps down."""
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    old = group["n1"]
+    assert old.transfer_leadership(N2) is None
+    group.process(N1)
+    group.deliver(lambda m: m.target != N1)  # TimeoutNow; then nothing reaches n1
+    for _ in range(5):
+        group.deliver(lambda m: m.target != N1)
+    assert group["n2"].role is Role.LEADER and group.term("n2") > group.term("n1")
+    assert old.role is Role.LEADER  # it has heard nothing
+    check = old.confirm_leadership()
+    group.process(N1)
+    for _ in range(5):
+        group.deliver(lambda m: m.source != N1 or isinstance(m, Heartbeat))
+        assert old.leadership_confirmed < check
+    assert old.role is Role.FOLLOWER and old.term == group.term("n2")
 
 
 def test_leader_epoch_increases_with_every_new_leader_and_is_reported() -> None:

@@ -53,7 +53,11 @@ MESSAGES: list[Message] = [
     AppendResponse(Term(4), B, A, 9, rejected=True, hint_index=5, hint_term=Term(2)),
     AppendResponse(Term(4), B, A, 0, rejected=True, hint_index=0, lost=True),
     Heartbeat(Term(4), A, B, 11),
+    Heartbeat(Term(4), A, B, 11, quiesce=True),
+    Heartbeat(Term(4), A, B, 11, round=7),  # a leadership check (Raft.confirm_leadership)
+    Heartbeat(Term(4), A, B, 11, quiesce=True, round=2**40),
     HeartbeatResponse(Term(4), B, A),
+    HeartbeatResponse(Term(4), B, A, round=7),
     SnapshotNeeded(Term(4), A, B, SnapshotMeta(1000, Term(3))),
 ]
 

@@ -35,8 +35,9 @@ type  message            fields
                          (index u64 | term u64 | length u32 | payload)*
  4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
                          hint_term u64
- 5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0026; absent: 0)]
- 6    HeartbeatResponse  (nothing)
+ 5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0026; absent: 0)
+                         [| round u64 (Raft.confirm_leadership; absent: 0)]]
+ 6    HeartbeatResponse  [round u64 (the Heartbeat's; absent: 0)]
  7    SnapshotNeeded     snapshot_index u64 | snapshot_term u64 | membership length u16 |
                          membership (messages.Membership.encode(); length 0: unknown)
  8    TimeoutNow         (nothing; ADR 0022)
@@ -178,10 +179,12 @@ def encode_raft(key: GroupKey, message: Message) -> Frame:
             ]
         case Heartbeat():
             tail = [_U64.pack(message.commit)]
-            if message.quiesce:
-                tail.append(_U8.pack(1))
+            if message.quiesce or message.round:
+                tail.append(_U8.pack(int(message.quiesce)))
+            if message.round:
+                tail.append(_U64.pack(message.round))
         case HeartbeatResponse():
-            tail = []
+            tail = [_U64.pack(message.round)] if message.round else []
         case SnapshotNeeded():
             membership = message.snapshot.membership
             encoded = b"" if membership is None else membership.encode()
@@ -237,9 +240,11 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
     elif kind == 5:
         commit = reader.u64()
         quiesce = reader.at < len(reader.view) and bool(reader.unpack(_U8)[0] & 1)
-        message = Heartbeat(term, source, target, commit, quiesce)
+        read_round = reader.u64() if reader.at < len(reader.view) else 0
+        message = Heartbeat(term, source, target, commit, quiesce, read_round)
     elif kind == 6:
-        message = HeartbeatResponse(term, source, target)
+        read_round = reader.u64() if reader.at < len(reader.view) else 0
+        message = HeartbeatResponse(term, source, target, read_round)
     elif kind == 7:
         index, snap_term = reader.unpack(_SNAP)
         encoded = bytes(reader.take(reader.unpack(_U16)[0]))

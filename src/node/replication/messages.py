@@ -234,6 +234,9 @@ class Heartbeat:
     commit: int
     quiesce: bool = False
     """The leader goes quiet after this one (ADR 0026): stop the election timer."""
+    round: int = 0
+    """The leader's latest leadership check (`Raft.confirm_leadership`; 0: none yet), echoed
+    in the response: an answer carrying round r was sent after that check began."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +244,8 @@ class HeartbeatResponse:
     term: Term
     source: NodeId
     target: NodeId
+    round: int = 0
+    """The round of the Heartbeat this answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,9 +442,11 @@ def describe(message: Message) -> str:
                 )
             return f"{head} ok {message.index}"
         case Heartbeat():
-            return f"{head} commit={message.commit}"
+            return f"{head} commit={message.commit}" + (
+                f" round={message.round}" if message.round else ""
+            )
         case HeartbeatResponse():
-            return head
+            return head + (f" round={message.round}" if message.round else "")
         case SnapshotNeeded():
             return f"{head} snapshot={message.snapshot.term}/{message.snapshot.index}"
         case TimeoutNow():

@@ -68,6 +68,8 @@ class Progress:
         self.probe_sent = False
         self.pending_snapshot = 0
         self.recent_active = False
+        self.read_round = 0
+        """The highest leadership check round this follower has answered in this term."""
         self.inflights = Inflights(inflight_max)
 
     def paused(self) -> bool:

@@ -1,9 +1,11 @@
 """A sans-IO Raft core for one partition's replication group, in the etcd-raft style.
 
 Inputs: `step(message)`, `tick()`, `propose(payload)`, `campaign()`, `restore(index, term)`,
-`snapshot_failed(peer)`. Outputs: `ready()` returns a `Ready` (what to persist, then send, then
-apply) and the shell hands it back with `advance(ready)`. Time is abstract ticks; randomness
-(election jitter) comes from the `random.Random` passed in. No I/O, no clock, no threads.
+`snapshot_failed(peer)`, `confirm_leadership()` (a read's check that this replica still leads:
+`leadership_confirmed`). Outputs: `ready()` returns a `Ready` (what to persist, then send,
+then apply) and the shell hands it back with `advance(ready)`. Time is abstract ticks;
+randomness (election jitter) comes from the `random.Random` passed in. No I/O, no clock, no
+threads.
 
 Role table (pre-vote and check-quorum on, as the shell always runs it)::
 
@@ -71,11 +73,12 @@ class Role(Enum):
     LEADER = "leader"
 
 
-FOLD_ACKS = False
-"""Fold a follower's accepted acks of one Ready into the last (ADR 0035). Off: with it on, the
-shell simulator's seed 208 (`python -m spate.sim --model shell --seed 208`) reports
-offset-durable ("g0 n1 answered no stored offset, after the store at index 5 was
-acknowledged"), not yet explained; the tests of the folding itself switch it on."""
+FOLD_ACKS = True
+"""Fold a follower's accepted acks of one Ready into the last (ADR 0035, `_send`). Switched off
+for a day while the shell simulator's seed 208 failed `offset-durable` with it on; the folding
+was not the fault (ADR 0035's second addendum): it changed which messages the seed's network
+lost, and so reached a stale leader answering a stored-offset query from its own log, which
+`confirm_leadership` now prevents. A switch for A/B measurements (benchmarks/w1_cpu.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,10 @@ class Raft:
         self._serial = 0
         self._entries_pending = False
         self._commit_pending = False
+        self._read_round = 0
+        """The latest leadership check (`confirm_leadership`); rises for this object's life."""
+        self._read_pending = False
+        """A check began since the last heartbeats: send them at the next flush."""
         self.appends_dropped = 0
         self.messages_dropped = 0
         self.acks_coalesced = 0
@@ -255,6 +262,22 @@ class Raft:
     def progress(self, peer: NodeId) -> Progress:
         assert self.role is Role.LEADER
         return self._progress[peer]
+
+    @property
+    def leadership_confirmed(self) -> int:
+        """The highest leadership check (`confirm_leadership`) a quorum of voters has answered
+        in this term, this replica counting itself if it votes; 0 when not leading."""
+        if self.role is not Role.LEADER:
+            return 0
+        voters = self.membership.voters
+        rounds = sorted(
+            [
+                *([self._read_round] if self.is_voter else []),
+                *(p.read_round for peer, p in self._progress.items() if peer in voters),
+            ],
+            reverse=True,
+        )
+        return rounds[self.quorum - 1] if len(rounds) >= self.quorum else 0
 
     def match_of(self, peer: NodeId) -> int | None:
         """On a leader: the highest index `peer` has persisted, as far as known (None: not a
@@ -345,6 +368,24 @@ class Raft:
         no heartbeat at all; this keeps the time at which a cut-off leader steps down)."""
         assert self.role is Role.LEADER
         self._become_follower(self.term, None)
+
+    def confirm_leadership(self) -> int:
+        """On a leader: check that it still leads (Raft thesis §6.4, ReadIndex's heartbeat
+        round). Returns a round r; Heartbeats carrying it go to every peer at the next flush,
+        and `leadership_confirmed` reaches r once a quorum of voters has answered one sent
+        after this call, still in this term. No leader of a later term had then been elected
+        when this was called (its voters would have left this term first), so whatever was
+        committed before this call is in this replica's log: a read of the log's state taken
+        at any moment from this call until r is confirmed, answered once the entry it read is
+        committed, is never older than a write acknowledged before the call. Without the round
+        a leader cut off from a quorum, or left behind by a leadership transfer, answers from
+        a log that misses what a newer leader committed (issue 16: the shell simulator's seed
+        208 with acks folded)."""
+        assert self.role is Role.LEADER
+        self.wake()
+        self._read_round += 1
+        self._read_pending = True
+        return self._read_round
 
     def lags(self, peer: NodeId) -> bool:
         """On a leader: `peer` has not acknowledged this log to its end (a leader goes quiet
@@ -653,6 +694,7 @@ class Raft:
         self._votes = {}
         self._progress = {}
         self._entries_pending = self._commit_pending = False
+        self._read_pending = False
         self._transfer_to = None
         self.quiesced = False
         self._quiet_rounds = 0
@@ -823,7 +865,7 @@ class Raft:
                     )
                     return
                 self.log.commit_to(message.commit)
-                self._send(HeartbeatResponse(self.term, self.id, message.source))
+                self._send(HeartbeatResponse(self.term, self.id, message.source, message.round))
                 if message.quiesce:  # quiet until woken (ADR 0026); the lease holds meanwhile
                     self.quiesced = True
                     self._election_elapsed = 0
@@ -912,10 +954,15 @@ class Raft:
         if self._heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
             self._heartbeat_elapsed = 0
             quiesce = self._may_quiesce()
-            for peer in self.peers:
-                commit = min(self._progress[peer].match, self.log.committed)
-                self._send(Heartbeat(self.term, self.id, peer, commit, quiesce))
+            self._send_heartbeats(quiesce=quiesce)
             self.quiesced = quiesce
+
+    def _send_heartbeats(self, *, quiesce: bool) -> None:
+        """To every peer, with the latest leadership check's round (`confirm_leadership`)."""
+        self._read_pending = False
+        for peer in self.peers:
+            commit = min(self._progress[peer].match, self.log.committed)
+            self._send(Heartbeat(self.term, self.id, peer, commit, quiesce, self._read_round))
 
     def _may_quiesce(self) -> bool:
         """Two heartbeat rounds in a row with nothing to do (ADR 0026): the log committed,
@@ -929,6 +976,7 @@ class Raft:
         dead = self.dead_peers
         idle = (
             self._transfer_to is None
+            and self.leadership_confirmed >= self._read_round
             and not self._entries_pending
             and not self._commit_pending
             and log.committed == last
@@ -983,6 +1031,7 @@ class Raft:
     def _handle_heartbeat_response(self, message: HeartbeatResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
+        progress.read_round = max(progress.read_round, message.round)
         progress.probe_sent = False
         if progress.state is ProgressState.SNAPSHOT:
             # The SnapshotNeeded may have been lost; the follower's shell ignores duplicates.
@@ -1014,6 +1063,8 @@ class Raft:
     def _flush_appends(self) -> None:
         if self.role is not Role.LEADER:
             return
+        if self._read_pending:
+            self._send_heartbeats(quiesce=False)
         if self._entries_pending or self._commit_pending:
             for peer in self.peers:
                 self._send_appends(peer, send_if_empty=self._commit_pending)

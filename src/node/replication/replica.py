@@ -23,6 +23,10 @@ the asyncio `append` of spate.core.backend.Partition on top. What it adds to the
   tracking chunk (consumer names' offsets, no records) and calls `done` once it is applied
   with the same term; `query_offset(name, done)` answers a name's stored offset once the entry
   that stored it is committed (a proposal not yet written counts: `_proposed_offsets`).
+- reads of the log's state on the leader (`query_offset`, `query_publishing_id`) read it only
+  once a quorum has confirmed, in this term, that this replica still leads (`_when_confirmed`,
+  `Raft.confirm_leadership`): a stale leader (cut off, or left behind by a transfer) would
+  answer from a log missing a newer leader's acknowledged writes.
 """
 
 from __future__ import annotations
@@ -92,6 +96,17 @@ class _Waiting:
 
 
 @dataclass(slots=True)
+class _Confirming:
+    """A read waiting for this leader's leadership check `round` (`Raft.confirm_leadership`)
+    in `term`: `done(None)` once a quorum has answered it, `done(error)` if it never will."""
+
+    round: int
+    term: Term
+    done: Callable[[BrokerError | None], None]
+    deadline_ms: float
+
+
+@dataclass(slots=True)
 class _Pending:
     term: Term
     first_offset: Offset
@@ -146,6 +161,8 @@ class Replica(LocalPartition):
         self._monotonic_ms = monotonic_ms
         self._pending: dict[int, _Pending] = {}
         self._waiting: dict[int, list[_Waiting]] = {}
+        self._confirming: list[_Confirming] = []
+        """Reads waiting for a leadership check, in round order."""
         self._applied_index = snapshot.index
         self._proposed: dict[bytes, ProducerState] = {}
         """Producer states of this leader's proposals not yet written to the log."""
@@ -309,6 +326,45 @@ class Replica(LocalPartition):
         )
         return [], []
 
+    def _when_confirmed(self, done: Callable[[BrokerError | None], None]) -> None:
+        """`done(None)` once a quorum of voters has answered a leadership check begun now
+        (`Raft.confirm_leadership`, Raft thesis §6.4), still in this term; `done(NotLeader)`
+        if the term ends first, `done(Unavailable)` past `append_commit_timeout_ms`. A read of
+        the log's state from then on (answered once the entry it read is committed) is never
+        older than a write acknowledged before this call, wherever that write was led. Without
+        it a leader cut off from its quorum, or left behind by a leadership transfer whose new
+        term it has not heard yet, answered from a log missing what the new leader had
+        committed and acknowledged (issue 16, ADR 0035 addendum: the shell simulator's seed
+        208, `offset-durable`). Costs one heartbeat round trip per read, none on a single
+        voter."""
+        round_ = self.raft.confirm_leadership()
+        if self.raft.leadership_confirmed >= round_:
+            done(None)  # a single voter: nobody else can lead
+            return
+        deadline_ms = self._monotonic_ms() + limits.append_commit_timeout_ms
+        self._confirming.append(_Confirming(round_, self.raft.term, done, deadline_ms))
+        self._wake()
+
+    def _settle_confirming(self) -> None:
+        """Answer the reads whose leadership check a quorum confirmed; fail them all once this
+        replica no longer leads in their term."""
+        raft = self.raft
+        leading = raft.role is Role.LEADER
+        confirmed = raft.leadership_confirmed
+        settled: list[tuple[_Confirming, BrokerError | None]] = []
+        waiting: list[_Confirming] = []
+        for one in self._confirming:
+            if not leading or one.term != raft.term:
+                lost = NotLeader("leadership lost before the read; retry", leader_node=raft.leader)
+                settled.append((one, lost))
+            elif one.round <= confirmed:
+                settled.append((one, None))
+            else:
+                waiting.append(one)
+        self._confirming = waiting
+        for one, error in settled:  # after the list is consistent: `done` may read again
+            one.done(error)
+
     def _when_applied(
         self, index: int, term: int, done: Callable[[BrokerError | None], None]
     ) -> None:
@@ -329,19 +385,26 @@ class Replica(LocalPartition):
         except BrokerError as error:
             done(error)
             return
-        state = self._producer_state(name)
-        if state is None:
-            done(None)
-            return
-        info = ProducerInfo(
-            name.decode(errors="replace"),
-            state.last_id,
-            Offset(state.last_offset),
-            state.timestamp_ms,
-        )
-        self._when_applied(
-            state.raft_index, state.epoch, lambda error: done(info if error is None else error)
-        )
+
+        def confirmed(error: BrokerError | None) -> None:
+            if error is not None:
+                done(error)
+                return
+            state = self._producer_state(name)
+            if state is None:
+                done(None)
+                return
+            info = ProducerInfo(
+                name.decode(errors="replace"),
+                state.last_id,
+                Offset(state.last_offset),
+                state.timestamp_ms,
+            )
+            self._when_applied(
+                state.raft_index, state.epoch, lambda error: done(info if error is None else error)
+            )
+
+        self._when_confirmed(confirmed)
 
     def producers(self) -> list[ProducerInfo]:
         """Every producer name this replica has stored, most recently written last (the table
@@ -399,21 +462,31 @@ class Replica(LocalPartition):
         return self.store.log.offsets.get(name)
 
     def query_offset(self, name: bytes, done: OffsetDone) -> None:
-        """The name's stored offset, answered once the entry that stored it is committed.
-        Leader only."""
+        """The name's stored offset, read once a quorum has confirmed this replica still leads
+        (`_when_confirmed`) and answered once the entry that stored it is committed. Leader
+        only."""
         try:
             self._check_leader()
         except BrokerError as error:
             done(error)
             return
-        state = self._tracked(name)
-        if state is None:
-            done(None)
-            return
-        answer = ConsumerOffset(name.decode(errors="replace"), state.offset, state.timestamp_ms)
-        self._when_applied(
-            state.raft_index, state.epoch, lambda error: done(answer if error is None else error)
-        )
+
+        def confirmed(error: BrokerError | None) -> None:
+            if error is not None:
+                done(error)
+                return
+            state = self._tracked(name)
+            if state is None:
+                done(None)
+                return
+            answer = ConsumerOffset(name.decode(errors="replace"), state.offset, state.timestamp_ms)
+            self._when_applied(
+                state.raft_index,
+                state.epoch,
+                lambda error: done(answer if error is None else error),
+            )
+
+        self._when_confirmed(confirmed)
 
     def offsets(self) -> list[ConsumerOffset]:
         """Every consumer name this replica has stored an offset for, most recent last (the
@@ -662,6 +735,14 @@ class Replica(LocalPartition):
             for index in [i for i, ws in self._waiting.items() if ws[0].deadline_ms <= now_ms]:
                 for waiting in self._waiting.pop(index):
                     waiting.done(Unavailable("the original's commit is late; retry"))
+        if self._confirming:
+            self._settle_confirming()
+        if self._confirming:
+            now_ms = self._monotonic_ms()
+            while self._confirming and self._confirming[0].deadline_ms <= now_ms:
+                self._confirming.pop(0).done(
+                    Unavailable("no quorum confirmed the leader in time; retry")
+                )
 
     def step(self, message: Message) -> None:
         if message.target != self.node or message.source == self.node:
@@ -677,6 +758,8 @@ class Replica(LocalPartition):
         ):
             return  # a new directory may be a wiped one that forgot its vote (ADR 0005)
         self.raft.step(message)
+        if self._confirming:
+            self._settle_confirming()
 
     def persist(self, ready: Ready) -> SyncWork | None:
         if ready.entries and self._pending and not self.is_leader:
@@ -795,6 +878,7 @@ class Replica(LocalPartition):
         for one in pending:
             one.done(StorageFailure(f"the disk failed: {reason}"))
         self._fail_waiting(None, f"the disk failed: {reason}")
+        self._fail_confirming(StorageFailure(f"the disk failed: {reason}"))
 
     def close(self) -> None:
         self.closed = True
@@ -802,7 +886,13 @@ class Replica(LocalPartition):
         for one in pending:
             one.done(Unavailable("the partition was closed; retry"))
         self._fail_waiting(None, "the partition was closed; retry")
+        self._fail_confirming(Unavailable("the partition was closed; retry"))
         self.store.close()
+
+    def _fail_confirming(self, error: BrokerError) -> None:
+        confirming, self._confirming = self._confirming, []
+        for one in confirming:
+            one.done(error)
 
     def _fail_waiting(self, up_to: int | None, reason: str) -> None:
         """Fail the waits on entries at or below `up_to` (all with None)."""
