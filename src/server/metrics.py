@@ -324,7 +324,7 @@ class NodeCollector(Collector):
             (
                 CounterMetricFamily,
                 "spate_replication_sync_backoffs",
-                "Inline fsyncs slower than 2 ms: the next second's batches synced in a thread.",
+                "Inline fsyncs slower than 20 ms: the next second's batches synced in a thread.",
                 self.host.inline_backoffs,
             ),
             (
