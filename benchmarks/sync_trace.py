@@ -4,7 +4,7 @@ wrote with $SPATE_SYNC_TRACE set (spate.node.replication.synctrace) and prints p
 step, leaders' batches and followers' batches apart.
 
   SPATE_SYNC_TRACE=/tmp/tr .venv/bin/python benchmarks/offset_commits.py --runs 1
-  python benchmarks/sync_trace.py /tmp/tr [--json]
+  python benchmarks/sync_trace.py /tmp/tr [/tmp/tr2 ...] [--json]   (several: rows pooled)
 
 Steps (milliseconds), for leaders' and followers' batches, those that synced and those that
 did not (a follower applying a commit, a leader's commit-only batch) apart:
@@ -102,10 +102,10 @@ def summarize(rows: list[dict[str, int]]) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("directory", type=Path)
+    p.add_argument("directory", type=Path, nargs="+")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     a = p.parse_args()
-    rows = read(a.directory)
+    rows = [row for directory in a.directory for row in read(directory)]
     if not rows:
         print(f"no trace rows in {a.directory}", file=sys.stderr)
         return 1

@@ -554,13 +554,18 @@ class ReplicationHost:
                 trace.end()
 
     def _inline(self, batch: Batch[ReplicatedPartition]) -> bool:
-        """Run this batch's syncs on the loop thread (ADR 0036)?"""
+        """Run this batch's syncs on the loop thread (ADR 0036)? Not when a replica in it
+        leads: a leader's own fsync is needed for a commit only when a follower is slower,
+        and while its loop blocked in it, the followers' acks that commit without it would
+        wait in the socket (RESULTS §40: with leaders inline, commits got slower)."""
+        syncs = batch.syncs
         return (
             self.inline_sync_bytes > 0
-            and len(batch.syncs) <= INLINE_SYNCS_MAX
+            and len(syncs) <= INLINE_SYNCS_MAX
             and batch.bytes_written <= self.inline_sync_bytes
             and self.loop_busy < INLINE_LOOP_BUSY_MAX
             and time.monotonic() >= self._inline_after
+            and not any(group.raft.role is Role.LEADER for group, _ in syncs)
         )
 
     async def _run_syncs(
