@@ -96,6 +96,7 @@ def summarize(rows: list[dict[str, int]]) -> dict[str, Any]:
             out[name] = {
                 "p50": round(percentile(values, 0.5), 3),
                 "p99": round(percentile(values, 0.99), 3),
+                "mean": round(sum(values) / len(values), 3),
             }
     return out
 
@@ -130,13 +131,16 @@ def main() -> int:
     for kind, s in result.items():
         if not s["batches"]:
             continue
-        cells = [f"{s[n]['p50']:.3f} / {s[n]['p99']:.3f}" if n in s else "-" for n in names]
+        cells = [
+            f"{s[n]['p50']:.2f} / {s[n]['p99']:.2f} / {s[n]['mean']:.2f}" if n in s else "-"
+            for n in names
+        ]
         print(
             f"| {kind} | {s['batches']} | {s['inline_share']:.2f} | {s['busy_p50']:.2f} | "
             + " | ".join(cells)
             + " |"
         )
-    print("(ms, p50 / p99; leader = batches with a replica that leads)")
+    print("(ms, p50 / p99 / mean; leader = batches with a replica that leads)")
     return 0
 
 

@@ -1,11 +1,13 @@
-"""Small batches sync on the loop thread (ADR 0036); nothing is acknowledged before its sync.
+"""A follower's small batches may sync on the loop thread (ADR 0036, off by default); nothing
+is acknowledged before its sync either way.
 
 Three ReplicationHosts in one process (real sockets on 127.0.0.1, real files with fdatasync),
-run both ways: syncs inline on the loop thread (the default for small batches) and all on the
-fsync thread (`inline_sync_bytes=0`, as before ADR 0036). The followers' `RaftStore.run_sync`
-is wrapped to record what each sync made durable, and their transports' `send` to look at
-every frame leaving: an ack (an accepted AppendResponse) must never name an index its node has
-not synced yet (ADR 0005's send rule; BRIEF §2.3: `accepted` only after a majority fsync).
+run both ways: syncs inline on the loop thread (`inline_sync_bytes=INLINE_SYNC_BYTES_MAX`) and
+all on the fsync thread (0, the default and the path before ADR 0036). The followers'
+`RaftStore.run_sync` is wrapped to record what each sync made durable, and their transports'
+`send` to look at every frame leaving: an ack (an accepted AppendResponse) must never name an
+index its node has not synced yet (ADR 0005's send rule; BRIEF §2.3: `accepted` only after a
+majority fsync).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from pathlib import Path
 
 import pytest
 from spate.core import frames
-from spate.core.errors import BrokerError
+from spate.core.errors import BrokerError, InvalidArgument
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec, synctrace
 from spate.node.replication import host as host_module
 from spate.node.replication.host import (
     INLINE_LOOP_BUSY_MAX,
+    INLINE_SYNC_BYTES_MAX,
     INLINE_SYNC_SLOW_S,
     ReplicationHost,
 )
@@ -37,7 +40,8 @@ from tests.replication.test_shell_cluster import SECRET, TICK_MS, until
 STREAM = StreamName("s")
 P0 = PartitionId(0)
 IDS = [NodeId("n1"), NodeId("n2"), NodeId("n3")]
-MODES = {"inline": None, "threaded": 0}
+MODES = {"inline": INLINE_SYNC_BYTES_MAX, "threaded": 0}
+"""Inline syncs on with the limit tried (ADR 0036), and off (the default)."""
 
 
 class Watched:
@@ -296,3 +300,18 @@ def test_the_trace_stamps_each_batch_in_order(
                 assert not r["leaders"], r  # a leader's own sync stays on the fsync thread
         flags = [r["inline"] for r in synced]
         assert any(flags) if mode == "inline" else not any(flags), flags
+
+
+def test_inline_syncs_are_off_unless_the_environment_turns_them_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off by default (RESULTS §40: on a loaded machine they did not pay);
+    $SPATE_SYNC_INLINE_BYTES_MAX turns them on, and a bad value names what to change."""
+    monkeypatch.delenv(host_module.INLINE_BYTES_ENV, raising=False)
+    assert host_module.inline_sync_bytes_max() == 0
+    monkeypatch.setenv(host_module.INLINE_BYTES_ENV, "131072")
+    assert host_module.inline_sync_bytes_max() == 131072
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv(host_module.INLINE_BYTES_ENV, bad)
+        with pytest.raises(InvalidArgument, match="SPATE_SYNC_INLINE_BYTES_MAX must be a byte"):
+            host_module.inline_sync_bytes_max()

@@ -9,9 +9,11 @@ thread, in batches: ADR 0031) and closing replicas' files off the loop. The driv
     wait until woken -> driver.begin_batch() -> send its Appends -> driver.run_syncs(batch)
     -> driver.finish_batch(batch, failures) -> send its acks -> go again while woken
 
-`run_syncs` runs on the loop thread itself when the batch is small (`INLINE_SYNCS_MAX` files,
-`INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms here, less than the two
-thread hand-offs around it; ADR 0036), else in the fsync thread, while the loop reads the next
+With $SPATE_SYNC_INLINE_BYTES_MAX set (off by default: ADR 0036, RESULTS §40), `run_syncs`
+runs on the loop thread itself when the batch is a follower's and small
+(`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
+on a quiet disk, less than the two thread hand-offs around it) and the loop is not busy (ADR
+0036), else in the fsync thread, while the loop reads the next
 frames (W1's pipelining). Nothing changes in what waits for what: acks and votes leave in
 `finish_batch`, after `run_syncs` returned, on either path.
 
@@ -112,13 +114,16 @@ INLINE_SYNCS_MAX = 4
 """A driver batch with at most this many syncs (files: one per replica in the batch) ...
 (ADR 0036)"""
 INLINE_SYNC_BYTES_MAX = 128 * 1024
-"""... and at most this many entry bytes written runs its syncs on the loop thread: the loop
+"""... and at most this many entry bytes written (when inline syncs are on:
+$SPATE_SYNC_INLINE_BYTES_MAX) runs its syncs on the loop thread: the loop
 blocks for the fdatasync (0.06-0.33 ms on this machine's disk for a few KiB; ~0.1 ms more per
 100 KiB at ~1 GB/s) instead of handing the batch to the fsync thread and back (0.5-1 ms p50,
 2.5-5 ms p99 measured around it: a thread wake-up, the GIL, the loop's self-pipe)."""
 INLINE_BYTES_ENV = "SPATE_SYNC_INLINE_BYTES_MAX"
-"""Overrides `INLINE_SYNC_BYTES_MAX` (bytes; 0: every sync on the fsync thread, as before ADR
-0036). For benchmarks' A/B runs; unset in production."""
+"""Turns inline syncs on with this byte limit (`INLINE_SYNC_BYTES_MAX` is the value tried).
+Unset or 0: off, every sync on the fsync thread as before ADR 0036 — the default, until an A/B
+on a quiet machine shows that they pay: on a loaded one (RESULTS §40, load 8-24) the inline
+syncs took longer than the hand-offs they saved."""
 INLINE_SYNC_SLOW_S = 0.02
 """An inline sync that took longer than this (a disk that stalls: 20 ms is 40 times the
 usual sync here, and under another engineer's load syncs took 4 ms at p90, RESULTS §40, when
@@ -137,10 +142,10 @@ assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 
 
 def inline_sync_bytes_max() -> int:
-    """`INLINE_SYNC_BYTES_MAX`, or $SPATE_SYNC_INLINE_BYTES_MAX when set."""
+    """$SPATE_SYNC_INLINE_BYTES_MAX, 0 (inline syncs off) when unset."""
     raw = os.environ.get(INLINE_BYTES_ENV, "").strip()
     if not raw:
-        return INLINE_SYNC_BYTES_MAX
+        return 0
     try:
         value = int(raw)
     except ValueError:
