@@ -317,6 +317,18 @@ class NodeCollector(Collector):
             ),
             (
                 CounterMetricFamily,
+                "spate_replication_sync_batches_inline",
+                "Batches whose fsyncs ran on the event-loop thread (small batches, ADR 0036).",
+                self.host.syncs_inline,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_sync_backoffs",
+                "Inline fsyncs slower than 20 ms: the next second's batches synced in a thread.",
+                self.host.inline_backoffs,
+            ),
+            (
+                CounterMetricFamily,
                 "spate_replication_appends_sent",
                 "Raft Append messages sent to followers (entries, or a commit advance).",
                 driver.appends_sent,

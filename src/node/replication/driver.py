@@ -103,6 +103,9 @@ class Batch(Generic[R]):
     """The Readies taken by one `begin_batch`, and the syncs they need."""
 
     items: list[tuple[R, Ready, SyncWork | None]]
+    bytes_written: int = 0
+    """Bytes of entries written by the Readies that need a sync: what the batch's fsyncs
+    flush (the host runs a small batch's syncs on its loop thread, ADR 0036)."""
 
     @property
     def syncs(self) -> list[tuple[R, SyncWork]]:
@@ -395,6 +398,7 @@ class ReplicationDriver(Generic[R]):
         """Steps 1 of a batch (see the module docstring); None when no replica has work."""
         self._between_batches()
         items: list[tuple[R, Ready, SyncWork | None]] = []
+        written = 0
         dirty, self._dirty = self._dirty, {}
         awake = self._awake
         for key, group in dirty.items():
@@ -411,13 +415,16 @@ class ReplicationDriver(Generic[R]):
                 self._fail(group, str(error))
                 continue
             items.append((group, ready, work))
+            if work is not None:
+                for entry in ready.entries:
+                    written += len(entry.payload)
             # Before the sync: a leader's Appends and Heartbeats (its commit counts its own
             # *persisted* index, so a follower may hold an entry before the leader's disk
             # does), everything when there is nothing to sync, and the committed entries (a
             # quorum holds them on disk; this replica has written them).
             self._send(group, self._early_messages(ready))
             group.apply_committed(ready)
-        return Batch(items) if items else None
+        return Batch(items, written) if items else None
 
     def run_syncs(self, batch: Batch[R]) -> dict[R, str]:
         """Step 2: the fsyncs (the only blocking I/O; the asyncio shell runs this in its fsync

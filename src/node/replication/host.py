@@ -6,8 +6,16 @@ left here is what cannot run in a simulation: the asyncio tasks (a ticker every 
 driver loop), the TCP transport (transport.py), the fsync thread, and opening (on the opener
 thread, in batches: ADR 0031) and closing replicas' files off the loop. The driver loop:
 
-    wait until woken -> driver.begin_batch() -> driver.run_syncs(batch) in the fsync thread
-    -> driver.finish_batch(batch, failures) -> go again while woken
+    wait until woken -> driver.begin_batch() -> send its Appends -> driver.run_syncs(batch)
+    -> driver.finish_batch(batch, failures) -> send its acks -> go again while woken
+
+With $SPATE_SYNC_INLINE_BYTES_MAX set (off by default: ADR 0036, RESULTS §40), `run_syncs`
+runs on the loop thread itself when the batch is a follower's and small
+(`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
+on a quiet disk, less than the two thread hand-offs around it) and the loop is not busy (ADR
+0036), else in the fsync thread, while the loop reads the next
+frames (W1's pipelining). Nothing changes in what waits for what: acks and votes leave in
+`finish_batch`, after `run_syncs` returned, on either path.
 
 Frames are written to the sockets on the same loop turn (`Transport.flush`), not by waking the
 per-peer writer tasks, which costs several loop turns per hop.
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -34,9 +43,28 @@ from spate.node.log import LogConfig
 from spate.node.replication.driver import Batch, LeaderListener, ReplicationDriver
 from spate.node.replication.files import DirectoryFiles, fsync_path
 from spate.node.replication.partition import ReplicatedPartition
-from spate.node.replication.raft import RaftConfig
+from spate.node.replication.raft import RaftConfig, Role
 from spate.node.replication.replica import monotonic_clock_ms, wall_clock_ms
 from spate.node.replication.storage import RaftStore, SyncWork
+from spate.node.replication.synctrace import (
+    BEGIN,
+    BEGUN,
+    BUSY,
+    BYTES,
+    DUMP_TICKS,
+    FINISHED,
+    FLUSHED,
+    INLINE,
+    JOB_END,
+    JOB_START,
+    LEADERS,
+    RESUMED,
+    SENT,
+    SYNCS,
+    WOKEN,
+    SyncTrace,
+    now_ns,
+)
 from spate.node.replication.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -82,6 +110,50 @@ driver batch, longer than an election timeout, so the groups timed out and voted
 SIDE_BY_SIDE_SYNCS = 16
 """A driver batch with fewer syncs runs them one after the other on the fsync thread, as it
 always did (a few busy partitions: no thread hand-offs on the latency path)."""
+
+INLINE_SYNCS_MAX = 4
+"""A driver batch with at most this many syncs (files: one per replica in the batch) ...
+(ADR 0036)"""
+INLINE_SYNC_BYTES_MAX = 128 * 1024
+"""... and at most this many entry bytes written (when inline syncs are on:
+$SPATE_SYNC_INLINE_BYTES_MAX) runs its syncs on the loop thread: the loop
+blocks for the fdatasync (0.06-0.33 ms on this machine's disk for a few KiB; ~0.1 ms more per
+100 KiB at ~1 GB/s) instead of handing the batch to the fsync thread and back (0.5-1 ms p50,
+2.5-5 ms p99 measured around it: a thread wake-up, the GIL, the loop's self-pipe)."""
+INLINE_BYTES_ENV = "SPATE_SYNC_INLINE_BYTES_MAX"
+"""Turns inline syncs on with this byte limit (`INLINE_SYNC_BYTES_MAX` is the value tried).
+Unset or 0: off, every sync on the fsync thread as before ADR 0036 — the default, until an A/B
+on a quiet machine shows that they pay: on a loaded one (RESULTS §40, load 8-24) the inline
+syncs took longer than the hand-offs they saved."""
+INLINE_SYNC_SLOW_S = 0.02
+"""An inline sync that took longer than this (a disk that stalls: 20 ms is 40 times the
+usual sync here, and under another engineer's load syncs took 4 ms at p90, RESULTS §40, when
+inline was still better than the hand-offs) ..."""
+INLINE_BACKOFF_S = 1.0
+"""... sends the next batches' syncs to the fsync thread for this long: a slow disk stalls the
+loop (reads, ticks, every client) at most once per `INLINE_BACKOFF_S`."""
+INLINE_LOOP_BUSY_MAX = 0.5
+"""Syncs run inline only while the loop thread's CPU time over the last tick was below this
+share of the tick's wall time. A busy loop (W1: a leader parsing and proposing at full rate)
+has work to do during a sync, so its syncs stay on the fsync thread, as the pipelining they
+were there for; an idle one (a producer waiting for each confirm, W3's 5,000 msg/s) loses
+nothing by waiting for the disk itself. An inline sync sleeps in the kernel: it does not count
+as busy."""
+assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
+
+
+def inline_sync_bytes_max() -> int:
+    """$SPATE_SYNC_INLINE_BYTES_MAX, 0 (inline syncs off) when unset."""
+    raw = os.environ.get(INLINE_BYTES_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgument(f"${INLINE_BYTES_ENV} must be a byte count >= 0, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +238,11 @@ class ReplicationHost:
         tick_ms: int = TICK_MS_DEFAULT,
         rng_seed: int | None = None,
         raft_config: RaftConfig | None = None,
+        inline_sync_bytes: int | None = None,
     ) -> None:
+        """`inline_sync_bytes`: batches that wrote at most this many bytes (and sync at most
+        `INLINE_SYNCS_MAX` files) sync on the loop thread (ADR 0036); None:
+        `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread)."""
         assert tick_ms > 0
         self.node_id = node_id
         self.data_dir = data_dir
@@ -176,6 +252,23 @@ class ReplicationHost:
         self._wake = asyncio.Event()
         self._syncing = False
         self._early_soon = False
+        self.inline_sync_bytes = (
+            inline_sync_bytes_max() if inline_sync_bytes is None else inline_sync_bytes
+        )
+        assert self.inline_sync_bytes >= 0
+        self._inline_after = 0.0
+        self.loop_busy = 0.0
+        """The loop thread's CPU time over the last tick, as a share of the tick's wall time
+        (measured by the ticker; `INLINE_LOOP_BUSY_MAX`)."""
+        self.syncs_inline = 0
+        """Batches whose syncs ran on the loop thread (ADR 0036)..."""
+        self.syncs_threaded = 0
+        """... and on the fsync thread (or side by side)."""
+        self.inline_backoffs = 0
+        """Inline syncs slower than `INLINE_SYNC_SLOW_S` (each sent the next
+        `INLINE_BACKOFF_S` of batches to the fsync thread)."""
+        self._trace = SyncTrace.from_env(node_id)
+        self._woken_ns = 0
         self._wall_ms = skewed_wall_clock()
         self.driver: ReplicationDriver[ReplicatedPartition] = ReplicationDriver(
             node_id,
@@ -219,6 +312,8 @@ class ReplicationHost:
         proposed meanwhile, commit advances) leave at the end of this loop turn, not after the
         fsyncs (`ReplicationDriver.send_early`; issue 16, ADR 0033)."""
         self._wake.set()
+        if self._trace is not None and not self._woken_ns:
+            self._woken_ns = now_ns()
         if self._syncing and not self._early_soon:
             self._early_soon = True
             asyncio.get_running_loop().call_soon(self._send_early)
@@ -251,6 +346,8 @@ class ReplicationHost:
         # The fsync thread may still run a batch the cancelled driver loop started: let it
         # finish before the files are closed (one worker, so this job runs after it).
         await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+        if self._trace is not None:
+            self._trace.dump()
         for stream, partition in list(self.driver.groups):
             self.driver.remove(stream, partition).close()
         self._executor.shutdown(wait=True)
@@ -406,6 +503,7 @@ class ReplicationHost:
     async def _tick(self) -> None:
         period = self.tick_ms / 1000
         next_at = last = time.monotonic()
+        last_cpu = time.thread_time()  # the ticker runs on the loop thread
         gaps = self.driver.tick_gap_seconds
         while True:
             next_at += period
@@ -417,35 +515,101 @@ class ReplicationHost:
             await asyncio.sleep(max(0.0, next_at - now))
             now = time.monotonic()
             gaps.observe(now - last)
-            last = now
+            cpu = time.thread_time()
+            self.loop_busy = (cpu - last_cpu) / max(now - last, 1e-6)
+            last, last_cpu = now, cpu
             self.driver.tick()
+            if self._trace is not None and self.driver.ticks % DUMP_TICKS == 0:
+                self._trace.dump()
 
     async def _drive(self) -> None:
-        loop = asyncio.get_running_loop()
         driver = self.driver
+        trace = self._trace
         while True:
             await self._wake.wait()
             self._wake.clear()
+            row: list[int] | None = None
+            if trace is not None:
+                row = trace.row
+                row[WOKEN], self._woken_ns = self._woken_ns, 0
+                row[BEGIN] = now_ns()
             batch = driver.begin_batch()
             if batch is None:
                 continue
-            self.transport.flush()
+            if row is not None:
+                row[BEGUN] = now_ns()
+            self.transport.flush()  # a leader's Appends: the followers write while we sync
+            if row is not None:
+                row[SENT] = now_ns()
             failures: dict[ReplicatedPartition, str] = {}
             if batch.syncs:
                 started = time.perf_counter()
-                run = (
-                    self._run_syncs_side_by_side
-                    if len(batch.syncs) >= SIDE_BY_SIDE_SYNCS
-                    else driver.run_syncs
-                )
-                self._syncing = True
-                try:
-                    failures = await loop.run_in_executor(self._executor, run, batch)
-                finally:
-                    self._syncing = False
+                failures = await self._run_syncs(batch, row)
                 driver.fsync_seconds.observe(time.perf_counter() - started)
             driver.finish_batch(batch, failures)
+            if row is not None:
+                row[FINISHED] = now_ns()
             self.transport.flush()
+            if trace is not None:
+                assert row is not None
+                row[FLUSHED] = now_ns()
+                row[SYNCS] = len(batch.syncs)
+                row[BYTES] = batch.bytes_written
+                row[LEADERS] = sum(1 for g, _, _ in batch.items if g.raft.role is Role.LEADER)
+                row[BUSY] = round(self.loop_busy * 1000)
+                trace.end()
+
+    def _inline(self, batch: Batch[ReplicatedPartition]) -> bool:
+        """Run this batch's syncs on the loop thread (ADR 0036)? Not when a replica in it
+        leads: a leader's own fsync is needed for a commit only when a follower is slower,
+        and while its loop blocked in it, the followers' acks that commit without it would
+        wait in the socket (RESULTS §40: with leaders inline, commits got slower)."""
+        syncs = batch.syncs
+        return (
+            self.inline_sync_bytes > 0
+            and len(syncs) <= INLINE_SYNCS_MAX
+            and batch.bytes_written <= self.inline_sync_bytes
+            and self.loop_busy < INLINE_LOOP_BUSY_MAX
+            and time.monotonic() >= self._inline_after
+            and not any(group.raft.role is Role.LEADER for group, _ in syncs)
+        )
+
+    async def _run_syncs(
+        self, batch: Batch[ReplicatedPartition], row: list[int] | None
+    ) -> dict[ReplicatedPartition, str]:
+        """Step 2 of a batch: its fsyncs, inline when small (ADR 0036), else on the fsync
+        thread (side by side for `SIDE_BY_SIDE_SYNCS` or more, ADR 0031) while the loop goes
+        on reading and stepping frames (a leader's Appends leave meanwhile: `_woken`)."""
+        driver = self.driver
+        if self._inline(batch):
+            self.syncs_inline += 1
+            started = time.perf_counter()
+            if row is not None:
+                row[INLINE] = 1
+                row[JOB_START] = now_ns()
+            failures = driver.run_syncs(batch)
+            if row is not None:
+                row[JOB_END] = row[RESUMED] = now_ns()
+            if time.perf_counter() - started > INLINE_SYNC_SLOW_S:
+                self.inline_backoffs += 1
+                self._inline_after = time.monotonic() + INLINE_BACKOFF_S
+            return failures
+        self.syncs_threaded += 1
+        run: Callable[[Batch[ReplicatedPartition]], dict[ReplicatedPartition, str]] = (
+            self._run_syncs_side_by_side
+            if len(batch.syncs) >= SIDE_BY_SIDE_SYNCS
+            else driver.run_syncs
+        )
+        if row is not None:
+            run = functools.partial(_stamped, run, row)
+        self._syncing = True
+        try:
+            failures = await asyncio.get_running_loop().run_in_executor(self._executor, run, batch)
+        finally:
+            self._syncing = False
+        if row is not None:
+            row[RESUMED] = now_ns()
+        return failures
 
     def _run_syncs_side_by_side(
         self, batch: Batch[ReplicatedPartition]
@@ -473,3 +637,16 @@ class ReplicationHost:
         for future in lanes:
             failures.update(future.result())
         return failures
+
+
+def _stamped(
+    run: Callable[[Batch[ReplicatedPartition]], dict[ReplicatedPartition, str]],
+    row: list[int],
+    batch: Batch[ReplicatedPartition],
+) -> dict[ReplicatedPartition, str]:
+    """`run` on the fsync thread, its start and end stamped into the trace row."""
+    row[JOB_START] = now_ns()
+    try:
+        return run(batch)
+    finally:
+        row[JOB_END] = now_ns()
