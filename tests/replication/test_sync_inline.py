@@ -71,10 +71,11 @@ class Watched:
         store.run_sync = watched_sync  # type: ignore[method-assign]
         send = host.transport.send
 
-        def watched_send(peer: NodeId, frame: bytes) -> bool:
-            _length, kind = frames.FRAME_HEAD.unpack_from(frame)
+        def watched_send(peer: NodeId, frame: frames.Frame) -> bool:
+            whole = frames.frame_bytes(frame)  # an Append may leave in pieces (ADR 0037)
+            _length, kind = frames.FRAME_HEAD.unpack_from(whole)
             if kind == codec.KIND_RAFT:
-                _key, message = codec.decode_raft(memoryview(frame)[frames.FRAME_HEAD_BYTES :])
+                _key, message = codec.decode_raft(memoryview(whole)[frames.FRAME_HEAD_BYTES :])
                 if type(message) is AppendResponse and not message.rejected:
                     self.acks.append((message.index, self.synced_index))
             return send(peer, frame)
