@@ -30,22 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-FIELDS = (
-    "woken",
-    "begin",
-    "begun",
-    "sent",
-    "job_start",
-    "job_end",
-    "resumed",
-    "finished",
-    "flushed",
-    "syncs",
-    "bytes",
-    "leaders",
-    "inline",
-    "busy",
-)
+from spate.node.replication.synctrace import FIELDS
+
 STEPS = (
     ("wait", "woken", "begin"),
     ("write", "begin", "begun"),

@@ -260,6 +260,18 @@ static Py_ssize_t key_search_end(const unsigned char *raw, Py_ssize_t n) {
     return n;
 }
 
+/* 0 when every one of `count` proton function addresses is set, else -1 with a ValueError
+   naming `caller`. */
+static int check_functions(const unsigned long long *f, int count, const char *caller) {
+    for (int k = 0; k < count; k++) {
+        if (!f[k]) {
+            PyErr_Format(PyExc_ValueError, "%s: a null function address", caller);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(recv_run_doc,
 "recv_run(functions, link, size_max, presettled, keys, id_prefix, last_id, id_section,\n"
 "         records, deliveries, ids) -> (taken, unconfirmed, last_id, raw, delivery)\n\n"
@@ -287,12 +299,7 @@ static PyObject *recv_run(PyObject *self, PyObject *args) {
                           &PyTuple_Type, &keys, &id_prefix, &last_id_object, &id_section,
                           &PyList_Type, &records, &PyList_Type, &deliveries, &PyList_Type, &ids))
         return NULL;
-    for (int k = 0; k < 8; k++) {
-        if (!f[k]) {
-            PyErr_SetString(PyExc_ValueError, "recv_run: a null function address");
-            return NULL;
-        }
-    }
+    if (check_functions(f, 8, "recv_run") < 0) return NULL;
     if (!link_address || size_max <= 0) {
         PyErr_SetString(PyExc_ValueError, "recv_run: a null link or no size limit");
         return NULL;
@@ -456,12 +463,7 @@ static PyObject *skip_events(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "(KKKKKKK)Ki", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6],
                           &collector_address, &delivery_type))
         return NULL;
-    for (int k = 0; k < 7; k++) {
-        if (!f[k]) {
-            PyErr_SetString(PyExc_ValueError, "skip_events: a null function address");
-            return NULL;
-        }
-    }
+    if (check_functions(f, 7, "skip_events") < 0) return NULL;
     if (!collector_address) {
         PyErr_SetString(PyExc_ValueError, "skip_events: a null collector");
         return NULL;
