@@ -68,7 +68,7 @@ fi
 URLS=$(python3 -c "import json;print(' '.join(n['metrics'] for n in json.load(open('$D/endpoints.json'))['nodes']))")
 # A scrape builds every partition's metrics on the node's loop (seconds at 5,000 partitions
 # under load: a stall its peers see), so liveness is read before settling and after measuring.
-echo "liveness before settling:"; python3 benchmarks/node_liveness.py $URLS
+echo "liveness before settling:"; python3 benchmarks/node_liveness.py --state "$D/liveness.json" $URLS
 sleep "${SETTLE:-20}"
 uptime
 declare -A a
@@ -79,7 +79,7 @@ for p in $PIDS; do
   fds=$(ls /proc/$p/fd | wc -l); lim=$(awk '/Max open files/{print $4}' /proc/$p/limits)
   echo "pid $p: cpu $(( (b-${a[$p]}) * 10 / 30 )) ms/s rss $((rss/1024)) MiB fds $fds (limit $lim)"
 done
-echo "liveness after the CPU window:"; python3 benchmarks/node_liveness.py $URLS
+echo "liveness after the CPU window:"; python3 benchmarks/node_liveness.py --state "$D/liveness.json" $URLS
 if [ -n "$PERF" ]; then
   kill -INT "$PERF" 2> /dev/null || true; wait "$PERF" 2> /dev/null || true; PERF=""
   tail -1 "$D/perf.out" | python3 -c "import json,sys

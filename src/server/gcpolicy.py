@@ -17,11 +17,49 @@ from __future__ import annotations
 
 import gc
 import os
+import time
+from typing import Any
+
+from spate.core.histogram import Histogram
 
 GC_ENV = "SPATE_GC"
 THRESHOLDS = (50_000, 20, 20)
 """gen0 net allocations between young collections, then collections of the next generation
 between older ones (Python's default: 700, 10, 10)."""
+
+
+class Pauses:
+    """The wall time of the older generations' collections (issue 16, RESULTS §42): a
+    collection holds the GIL from start to end, so the loop (and with it the node's liveness
+    PINGs) stops for that long; with 5,000 replicas a full one is the loop's longest pause
+    candidate. Young collections (every 700 net allocations) are not timed: one callback per
+    collection is all they cost here."""
+
+    __slots__ = ("_started", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds = (Histogram(), Histogram())
+        """Pauses of generation 1 and generation 2 collections."""
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        generation = info["generation"]
+        if generation == 0:
+            return
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+        else:
+            self.seconds[generation - 1].observe(now - self._started)
+
+
+PAUSES = Pauses()
+
+
+def record_pauses() -> None:
+    """Time the older generations' collections into `PAUSES` (idempotent)."""
+    if PAUSES not in gc.callbacks:
+        gc.callbacks.append(PAUSES)
 
 
 def after_startup() -> None:

@@ -176,13 +176,12 @@ class NodeProcess:
             ),
         )
         self.metrics = MetricsServer(
-            metrics.registry(
-                [
-                    metrics.BuildCollector(settings.node_id, "node"),
-                    metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
-                    metrics.ListenerCollector(settings.node_id, self.gateway),
-                ]
-            ),
+            [
+                metrics.BuildCollector(settings.node_id, "node"),
+                metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
+                metrics.ListenerCollector(settings.node_id, self.gateway),
+                metrics.GcCollector(settings.node_id, gcpolicy.PAUSES),
+            ],
             settings.host,
             settings.metrics_port,
         )
@@ -295,6 +294,7 @@ class NodeProcess:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints.to_json(), indent=2))
         tmp.replace(path)
+        gcpolicy.record_pauses()
         gcpolicy.after_startup()
         log.info(
             "node %s ready: amqp %s admin %s",
