@@ -191,6 +191,7 @@ class NodeProcess:
         self._changed = asyncio.Event()
         self._assigned: dict[StreamName, tuple[StreamRecord, list[Assignment]]] = {}
         self._applied_once = False
+        self._freezer = gcpolicy.Freezer()
         self._routed: dict[
             StreamName, tuple[StreamRecord, dict[tuple[StreamName, PartitionId], Route]]
         ] = {}
@@ -441,6 +442,11 @@ class NodeProcess:
             self._changed.clear()
             await self._apply_metadata()
             self._update_routes()
+            if self._freezer.after_opening(len(self.manager.hosted())):
+                log.info(
+                    "%d replicas hosted: frozen for the garbage collector",
+                    len(self.manager.hosted()),
+                )
 
     def _update_routes(self) -> None:
         """Routes for relayed links (NodeFront) from this node's metadata replica; a stream's
