@@ -13,6 +13,8 @@
 #                                                    # after every leader, or 900 s
 #   SETTLE=120 ...                                   # settle 120 s instead of 20 before measuring
 #   VENV=/work/main/.venv ...                        # another build's venv (a before/after pair)
+#   STALLS="0.8 1.2" ...                             # then stop node n1 (SIGSTOP) for 0.8 s, and
+#                                                    # 10 s later for 1.2 s: leaders lost to stalls
 # Node liveness per node (benchmarks/node_liveness.py) is printed before settling and after the
 # CPU window.
 set -euo pipefail
@@ -64,12 +66,13 @@ if [ "$HOT" -gt 0 ]; then
     --rate $((HOT * 10)) --time $((${SETTLE:-20} + 70)) --output json > "$D/perf.out" 2>&1 &
   PERF=$!
   echo "perf: $((HOT * 10)) msg/s over $HOT partitions (pid $PERF)"
+  sleep 10  # its super stream created and led: the liveness reads below see its traffic only
 fi
 URLS=$(python3 -c "import json;print(' '.join(n['metrics'] for n in json.load(open('$D/endpoints.json'))['nodes']))")
 # A scrape builds every partition's metrics on the node's loop (seconds at 5,000 partitions
 # under load: a stall its peers see), so liveness is read before settling and after measuring.
-echo "liveness before settling:"; python3 benchmarks/node_liveness.py $URLS
-sleep "${SETTLE:-20}"
+echo "liveness before settling:"; python3 benchmarks/node_liveness.py --state "$D/liveness.json" $URLS
+sleep "$(( ${SETTLE:-20} - (HOT > 0 ? 10 : 0) ))"
 uptime
 declare -A a
 for p in $PIDS; do a[$p]=$(awk '{print $14+$15}' /proc/$p/stat); done
@@ -79,7 +82,14 @@ for p in $PIDS; do
   fds=$(ls /proc/$p/fd | wc -l); lim=$(awk '/Max open files/{print $4}' /proc/$p/limits)
   echo "pid $p: cpu $(( (b-${a[$p]}) * 10 / 30 )) ms/s rss $((rss/1024)) MiB fds $fds (limit $lim)"
 done
-echo "liveness after the CPU window:"; python3 benchmarks/node_liveness.py $URLS
+echo "liveness after the CPU window:"; python3 benchmarks/node_liveness.py --state "$D/liveness.json" $URLS
+if [ -n "${STALLS:-}" ]; then  # e.g. STALLS="0.8 1.2": node n1 stopped (SIGSTOP) for each, 10 s apart
+  P1=${PIDS%% *}
+  for s in $STALLS; do
+    kill -STOP "$P1"; sleep "$s"; kill -CONT "$P1"; echo "n1 (pid $P1) stopped for $s s"; sleep 10
+  done
+  echo "liveness after the stalls:"; python3 benchmarks/node_liveness.py --state "$D/liveness.json" $URLS
+fi
 if [ -n "$PERF" ]; then
   kill -INT "$PERF" 2> /dev/null || true; wait "$PERF" 2> /dev/null || true; PERF=""
   tail -1 "$D/perf.out" | python3 -c "import json,sys

@@ -301,15 +301,13 @@ class GatewayProcess:
         self.metrics: MetricsServer | None = None
         if settings.metrics_port is not None:
             self.metrics = MetricsServer(
-                metrics.registry(
-                    [
-                        metrics.BuildCollector(settings.gateway_id, "gateway"),
-                        metrics.ListenerCollector(settings.gateway_id, self.server),
-                        metrics.GatewayCollector(
-                            settings.gateway_id, self.table, lambda: self.refresh_failures
-                        ),
-                    ]
-                ),
+                [
+                    metrics.BuildCollector(settings.gateway_id, "gateway"),
+                    metrics.ListenerCollector(settings.gateway_id, self.server),
+                    metrics.GatewayCollector(
+                        settings.gateway_id, self.table, lambda: self.refresh_failures
+                    ),
+                ],
                 settings.host,
                 settings.metrics_port,
             )

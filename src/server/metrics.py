@@ -16,9 +16,10 @@ every series so a dashboard can tell the processes apart without relabelling.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -39,6 +40,7 @@ from spate.gateway.server import GatewayServer
 from spate.node.replication.host import ReplicationHost
 from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.raft import Role
+from spate.server import gcpolicy
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +276,12 @@ class _Families:
         return [value for value in vars(self).values() if isinstance(value, Metric)]
 
 
+SCRAPE_REPLICAS_PER_TURN = 250
+"""Replicas whose series one loop turn of a scrape builds (issue 16, RESULTS §42): a node with
+5,000 replicas built them all in one callback, seconds under load, and its peers' node
+liveness saw the stall (RESULTS §34)."""
+
+
 class NodeCollector(Collector):
     """A storage node: its replicas, its replication shell and its metadata replica."""
 
@@ -283,11 +291,26 @@ class NodeCollector(Collector):
         self.metadata = metadata
 
     def collect(self) -> Iterator[Metric]:
-        node = self.node
-        families = _Families(node)
-        for replica in sorted(self.host.partitions(), key=lambda r: (r.stream, r.partition)):
+        families = _Families(self.node)
+        for replica in self._replicas():
             families.add(replica)
         yield from families.families()
+        yield from self._node_families()
+
+    async def collect_async(self) -> list[Metric]:
+        """`collect`, giving the loop back every `SCRAPE_REPLICAS_PER_TURN` replicas."""
+        families = _Families(self.node)
+        for i, replica in enumerate(self._replicas()):
+            if i and i % SCRAPE_REPLICAS_PER_TURN == 0:
+                await asyncio.sleep(0)
+            families.add(replica)
+        return [*families.families(), *self._node_families()]
+
+    def _replicas(self) -> list[ReplicatedPartition]:
+        return sorted(self.host.partitions(), key=lambda r: (r.stream, r.partition))
+
+    def _node_families(self) -> Iterator[Metric]:
+        node = self.node
         driver = self.host.driver
         yield histogram_family(
             "spate_fsync_duration_seconds",
@@ -366,14 +389,34 @@ class NodeCollector(Collector):
             (
                 GaugeMetricFamily,
                 "spate_replication_peers_suspected",
-                "Peer nodes silent for an election timeout (node liveness, ADR 0026).",
+                "Peer nodes silent for longer than their lateness allows (ADR 0026).",
                 len(driver.suspected),
             ),
             (
                 CounterMetricFamily,
                 "spate_replication_suspicions",
-                "Times a peer node was suspected (silent for an election timeout).",
+                "Times a peer node was suspected (silent for longer than its lateness allows).",
                 driver.suspicions,
+            ),
+            (
+                GaugeMetricFamily,
+                "spate_replication_peers_late",
+                "Peer nodes silent for an election timeout but not suspected yet (late lately).",
+                len(driver.liveness.late),
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_late",
+                "Times a peer node went silent for an election timeout without being suspected "
+                "(its lateness learned: liveness.py).",
+                driver.liveness.lates,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_campaigns_held",
+                "Ticks on which a follower's election timer had run out while its leader's node "
+                "was late, not suspected (no campaign).",
+                sum(g.raft.campaigns_held for g in driver.groups.values()),
             ),
             (
                 CounterMetricFamily,
@@ -408,6 +451,15 @@ class NodeCollector(Collector):
         for reason, count in driver.wakes_by_reason.items():
             wakes.add_metric([node, reason], count)
         yield wakes
+        suspect_after = GaugeMetricFamily(
+            "spate_replication_suspect_after_ticks",
+            "Ticks of silence after which each peer node is suspected (liveness.py: one election "
+            "timeout for a punctual peer, more for one that was late lately).",
+            labels=["node", "peer"],
+        )
+        for peer in sorted(driver.liveness.peers):
+            suspect_after.add_metric([node, str(peer)], driver.liveness.suspect_after(peer))
+        yield suspect_after
         yield histogram_family(
             "spate_replication_tick_gap_seconds",
             "Time between two replication ticks (past the tick period the loop was late, and "
@@ -504,6 +556,28 @@ class GatewayCollector(Collector):
         yield failures
 
 
+class GcCollector(Collector):
+    """The cyclic garbage collector's pauses (spate.server.gcpolicy): the loop's own stalls."""
+
+    def __init__(self, node: str, pauses: gcpolicy.Pauses) -> None:
+        self.node, self.pauses = node, pauses
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "spate_gc_pause_seconds",
+            "Wall time of the cyclic garbage collector's generation 1 and 2 collections (the "
+            "process's loop, and its liveness PINGs, stop meanwhile).",
+            labels=["node", "generation"],
+        )
+        for generation, histogram in enumerate(self.pauses.seconds, start=1):
+            family.add_metric(
+                [self.node, str(generation)],
+                [(_bound(bound), count) for bound, count in histogram.buckets()],
+                histogram.sum,
+            )
+        yield family
+
+
 class BuildCollector(Collector):
     def __init__(self, node: str, role: str) -> None:
         self.node, self.role = node, role
@@ -527,11 +601,27 @@ def registry(collectors: Iterable[Collector]) -> CollectorRegistry:
     return registry
 
 
-class MetricsServer:
-    """`GET /metrics` over aiohttp on the process's loop."""
+class _Collected(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self.registry = registry
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def render(families: list[Metric]) -> bytes:
+    """The text exposition of families already collected (any thread: it reads only them)."""
+    return generate_latest(registry([_Collected(families)]))
+
+
+class MetricsServer:
+    """`GET /metrics` over aiohttp on the process's loop. A scrape collects on the loop, a
+    node's replicas a slice per loop turn (`NodeCollector.collect_async`), and renders the
+    text in a thread: at 5,000 replicas, collecting and rendering in one callback held the
+    loop for seconds (issue 16, RESULTS §34, §42)."""
+
+    def __init__(self, collectors: Sequence[Collector], host: str, port: int) -> None:
+        self.collectors = list(collectors)
         self.host = host
         self.port = port
         app = web.Application()
@@ -552,6 +642,15 @@ class MetricsServer:
     async def close(self) -> None:
         await self.runner.cleanup()
 
+    async def scrape(self) -> bytes:
+        families: list[Metric] = []
+        for collector in self.collectors:
+            if isinstance(collector, NodeCollector):
+                families += await collector.collect_async()
+            else:
+                families += collector.collect()
+        return await asyncio.to_thread(render, families)
+
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        body = await self.scrape()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -176,13 +176,12 @@ class NodeProcess:
             ),
         )
         self.metrics = MetricsServer(
-            metrics.registry(
-                [
-                    metrics.BuildCollector(settings.node_id, "node"),
-                    metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
-                    metrics.ListenerCollector(settings.node_id, self.gateway),
-                ]
-            ),
+            [
+                metrics.BuildCollector(settings.node_id, "node"),
+                metrics.NodeCollector(settings.node_id, self.replication, self.metadata),
+                metrics.ListenerCollector(settings.node_id, self.gateway),
+                metrics.GcCollector(settings.node_id, gcpolicy.PAUSES),
+            ],
             settings.host,
             settings.metrics_port,
         )
@@ -192,6 +191,7 @@ class NodeProcess:
         self._changed = asyncio.Event()
         self._assigned: dict[StreamName, tuple[StreamRecord, list[Assignment]]] = {}
         self._applied_once = False
+        self._freezer = gcpolicy.Freezer()
         self._routed: dict[
             StreamName, tuple[StreamRecord, dict[tuple[StreamName, PartitionId], Route]]
         ] = {}
@@ -295,6 +295,7 @@ class NodeProcess:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.endpoints.to_json(), indent=2))
         tmp.replace(path)
+        gcpolicy.record_pauses()
         gcpolicy.after_startup()
         log.info(
             "node %s ready: amqp %s admin %s",
@@ -441,6 +442,11 @@ class NodeProcess:
             self._changed.clear()
             await self._apply_metadata()
             self._update_routes()
+            if self._freezer.after_opening(len(self.manager.hosted())):
+                log.info(
+                    "%d replicas hosted: frozen for the garbage collector",
+                    len(self.manager.hosted()),
+                )
 
     def _update_routes(self) -> None:
         """Routes for relayed links (NodeFront) from this node's metadata replica; a stream's

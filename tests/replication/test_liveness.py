@@ -19,7 +19,7 @@ from collections.abc import Callable
 from spate.core.frames import Frame, frame_bytes
 from spate.core.ids import NodeId, Offset, PartitionId, StreamName
 from spate.node.log import LogConfig
-from spate.node.replication import codec
+from spate.node.replication import codec, limits
 from spate.node.replication.driver import ReplicationDriver
 from spate.node.replication.messages import Message, VoteRequest
 from spate.node.replication.raft import RaftConfig, Role
@@ -272,3 +272,86 @@ def test_a_leader_cut_off_from_its_quorum_steps_down_when_check_quorum_would() -
     nodes.tick()
     assert all(nodes.replica(n1, p).raft.role is not Role.LEADER for p in led)
     assert nodes.drivers[n1].wakes_by_reason["quorum_suspected"] == len(led)
+
+
+def learn_lateness(nodes: Nodes, node: NodeId, ticks: int = 16) -> None:
+    """`node`'s loop stalls for `ticks` and is heard from again (its peers learn it is late)."""
+    nodes.stalled.add(node)
+    nodes.tick(ticks)
+    nodes.stalled.discard(node)
+    nodes.tick(30)
+    nodes.until(nodes.all_quiet, "every group quiet again")
+
+
+def test_a_node_late_lately_keeps_its_leaders_through_a_longer_stall() -> None:
+    """Issue 16 (RESULTS §42): n1 was heard from again after a 16-tick stall, so its peers now
+    allow it 1.5 times that before suspecting it. It stalls again for 22 ticks while leading a
+    busy group (its followers' election timers running) and three quiet ones: silent after 10,
+    late, never suspected. The busy group's followers hold their campaigns, the quiet groups
+    are not even woken, and nothing changes hands. Before, the busy group's followers
+    campaigned after their election timeout (10-19 ticks) and elected one of them."""
+    nodes = Nodes()
+    nodes.at_rest()
+    n1, n2, n3 = IDS
+    learn_lateness(nodes, n1)
+    got: list[object] = []
+    nodes.replica(n1, 0).propose([b"busy"], got.append)  # type: ignore[arg-type]
+    nodes.tick()
+    assert got == [Offset(0)] and not nodes.replica(n2, 0).raft.quiesced
+    terms = {key: r.raft.term for key, r in nodes.replicas.items()}
+    suspicions = [nodes.drivers[n].suspicions for n in (n2, n3)]
+    nodes.sent.clear()
+    nodes.stalled.add(n1)
+    nodes.tick(22)
+    assert not any(n1 in nodes.drivers[n].suspected for n in (n2, n3))
+    late = all(n1 in nodes.drivers[n].liveness.late for n in (n2, n3))
+    nodes.stalled.discard(n1)
+    nodes.tick(60)
+    assert votes(nodes.sent) == [], votes(nodes.sent)[:5]
+    assert [nodes.drivers[n].suspicions for n in (n2, n3)] == suspicions
+    assert all(nodes.leader_of(p) == IDS[p % 3] for p in range(PARTITIONS))
+    assert {key: r.raft.term for key, r in nodes.replicas.items()} == terms
+    nodes.until(nodes.all_quiet, "every group quiet again")
+    assert late and all(nodes.drivers[n].liveness.suspect_after(n1) >= 24 for n in (n2, n3))
+    assert sum(nodes.replica(n, 0).raft.campaigns_held for n in (n2, n3)) > 0
+
+
+def test_a_late_node_that_stays_silent_is_replaced_after_its_allowance() -> None:
+    """A node late lately that then goes silent for good is suspected once its allowance (at
+    most `liveness_ticks_max`) runs out, and loses its leaderships as a dead one does."""
+    nodes = Nodes()
+    nodes.at_rest()
+    n1, n2, n3 = IDS
+    learn_lateness(nodes, n1)
+    allowance = min(nodes.drivers[n].liveness.suspect_after(n1) for n in (n2, n3))
+    assert allowance <= limits.liveness_ticks_max
+    nodes.sent.clear()
+    nodes.stalled.add(n1)
+    nodes.tick(allowance - 1)
+    assert votes(nodes.sent) == [] and not nodes.drivers[n2].suspected
+    nodes.until(
+        lambda: all(nodes.leader_of(p) in (n2, n3) for p in range(0, PARTITIONS, 3)),
+        "n1's partitions led by n2 or n3",
+        rounds=40,  # suspicion, an election timeout (10-20 ticks), the election
+    )
+
+
+def test_a_late_node_whose_process_closed_its_links_is_suspected_after_an_election_timeout() -> (
+    None
+):
+    """A dead process's sockets close, a stalled one's do not: once the transport reports n1's
+    link closed, its peers forget the lateness they learned and suspect it after 10 ticks."""
+    nodes = Nodes()
+    nodes.at_rest()
+    n1, n2, n3 = IDS
+    learn_lateness(nodes, n1)
+    nodes.stalled.add(n1)
+    for n in (n2, n3):
+        nodes.drivers[n].link_closed(n1)
+    nodes.tick(limits.liveness_ticks)
+    assert all(n1 in nodes.drivers[n].suspected for n in (n2, n3))
+    nodes.until(
+        lambda: all(nodes.leader_of(p) in (n2, n3) for p in range(0, PARTITIONS, 3)),
+        "n1's partitions led by n2 or n3",
+        rounds=40,
+    )

@@ -201,3 +201,52 @@ def test_a_quiet_leader_lags_a_peer_it_went_quiet_without() -> None:
     assert group["n1"].quiesced
     assert group["n1"].lags(NodeId("n3")) and not group["n1"].lags(NodeId("n2"))
     assert not group["n2"].lags(NodeId("n3"))  # a follower lags nobody
+
+
+def test_a_follower_whose_leaders_node_is_late_holds_its_campaign_until_it_is_suspected() -> None:
+    """Issue 16 (RESULTS §42): n1's node is silent, and node liveness finds it late (it was
+    heard from again after long silences lately), not dead. Its followers' election timers run
+    out but they do not campaign, however long it lasts; once node liveness suspects n1 they
+    campaign within an election timeout, each at a random tick, and elect one of them.
+    (Before: a follower campaigned after its election timeout whatever node liveness knew, and
+    a node whose loop stalled for a second lost the leadership of every busy group it led.)"""
+    group = Group(3)  # a busy group: heartbeats every tick, election timers running
+    group.elect("n1")
+    term = group.term("n1")
+    n1 = NodeId("n1")
+    group["n2"].late_peers = {n1}
+    group["n3"].late_peers = {n1}
+    group.cut.add(n1)
+    before = len(group.trace)
+    group.tick_all(60)  # three times the longest election timeout
+    assert [line for line in group.trace[before:] if "VoteRequest" in line] == []
+    assert group["n2"].role is group["n3"].role is Role.FOLLOWER
+    assert group["n2"].leader == group["n3"].leader == n1 and group.term("n2") == term
+    assert group["n2"].campaigns_held > 0 and group["n3"].campaigns_held > 0
+    group["n2"].late_peers = group["n3"].late_peers = set()  # suspected now
+    group.tick_all(10)  # each campaigns within an election timeout, at a tick of its own
+    campaigns = [line for line in group.trace[before:] if "VoteRequest" in line and "pre" in line]
+    assert campaigns, group.trace[-10:]
+    leaders = group.leaders()
+    assert len(leaders) == 1 and leaders[0] != n1 and group.term(leaders[0]) > term
+
+
+def test_a_follower_whose_leaders_node_is_late_grants_no_vote() -> None:
+    """The lease follows the hold: n3 does not find n1 late (it has not learned n1's lateness)
+    and campaigns; n2 does, and refuses it as within its lease, so n1 keeps the group until
+    n2 suspects n1 too."""
+    group = Group(3)
+    group.elect("n1")
+    term = group.term("n1")
+    n1 = NodeId("n1")
+    group["n2"].late_peers = {n1}
+    group.cut.add(n1)
+    before = len(group.trace)
+    group.tick_all(60)
+    campaign = [line for line in group.trace[before:] if line.startswith("n3->n2 VoteRequest")]
+    assert campaign, group.trace[before:][-10:]
+    assert group.leaders() == [] and group.term("n2") == term and group["n2"].leader == n1
+    group["n2"].late_peers = set()
+    group.tick_all(40)
+    leaders = group.leaders()
+    assert len(leaders) == 1 and leaders[0] != n1 and group.term(leaders[0]) > term

@@ -27,13 +27,16 @@ shell calls when woken while step 2 runs, sends what woken leaders queued meanwh
 proposed during the fsyncs); `Raft.take_leader_messages` hands out only what a leader may send
 before its own write.
 
-Node liveness (ADR 0026): every tick a PING frame goes to each peer node of the local groups,
-and each peer's silence is counted in ticks (any frame from it ends the count). A peer silent
-for `liveness_ticks` is suspected: the quiet groups that need it wake (`Raft.wake`: a
-follower whose leader it is, a leader left without a quorum not suspected; ADR 0027); heard
-from again, the followers it woke that did nothing since go back to sleep, and the quiet groups
-led here that lack its acknowledgement wake so it gets what it missed (ADR 0026 addendum: a
-late node is not a dead one). Quiet groups
+Node liveness (ADR 0026, liveness.py): every tick a PING frame goes to each peer node of the
+local groups, and each peer's silence is counted in ticks (any frame from it ends the count). A
+peer silent for `liveness_ticks` is *silent*: a quiet leader here left without a quorum of
+voters not silent steps down an election timeout later unless they are heard from (ADR 0027).
+A peer silent for longer than its lateness allows (`liveness_ticks` if it has been punctual,
+up to `liveness_ticks_max`) is *suspected*: the quiet followers whose leader it is wake
+(`Raft.wake`); in between it is *late*, and followers whose leader's node is late hold their
+campaigns (`Raft.late_peers`; RESULTS §42). Heard from again, the followers it woke that did
+nothing since go back to sleep, and the quiet groups led here that lack its acknowledgement
+wake so it gets what it missed (ADR 0026 addendum: a late node is not a dead one). Quiet groups
 are not ticked at all: the tick visits the awake ones (`_awake`), a quiet replica's `ticks`
 count from the driver's clock, and a group rejoins the awake ones when it wakes (every wake-up
 passes through `_wake_group` or a batch; a sweep of all replicas every SWEEP_TICKS is the
@@ -63,6 +66,7 @@ from spate.core.errors import BrokerError, NotFound
 from spate.core.histogram import Histogram
 from spate.core.ids import LeaderEpoch, NodeId, PartitionId, StreamName
 from spate.node.replication import catchup, codec, limits
+from spate.node.replication.liveness import Liveness
 from spate.node.replication.messages import Append, Message, Ready, SnapshotRequest
 from spate.node.replication.raft import Role
 from spate.node.replication.replica import Replica
@@ -133,6 +137,7 @@ class ReplicationDriver(Generic[R]):
         catchup_request_timeout_ms: int = limits.catchup_request_timeout_ms,
         request_id_base: int = 1,
         liveness_ticks: int = limits.liveness_ticks,
+        liveness_ticks_max: int = limits.liveness_ticks_max,
     ) -> None:
         assert retention_interval_ms > 0 and catchup_request_timeout_ms > 0
         self.node_id = node_id
@@ -167,12 +172,13 @@ class ReplicationDriver(Generic[R]):
         """Every local leader's appends, proposed to committed (ADR 0023: /metrics)."""
         self.fsync_seconds = Histogram()
         """Wall time of each batch's fsyncs (`run_syncs`), observed by the shell that ran it."""
-        assert liveness_ticks > 0
-        self.liveness_ticks = liveness_ticks
-        self._silence: dict[NodeId, int] = {}
-        """Ticks since each peer node was last heard from (ADR 0026)."""
-        self.suspected: set[NodeId] = set()
-        """Peer nodes silent for `liveness_ticks` or more."""
+        self.liveness = Liveness(liveness_ticks, liveness_ticks_max)
+        """Each peer node's silence, and its lateness learned (ADR 0026, liveness.py)."""
+        self.silent: set[NodeId] = self.liveness.silent
+        """Peer nodes silent for `liveness_ticks` or more: what leaders here decide on."""
+        self.suspected: set[NodeId] = self.liveness.suspected
+        """Peer nodes silent for longer than their lateness allows: what followers here decide
+        on (their groups elect another leader)."""
         self.wakes = 0
         """Quiet groups woken by node liveness (a figure for tests and /metrics)..."""
         self.wakes_by_reason: dict[str, int] = dict.fromkeys(WAKE_REASONS, 0)
@@ -219,7 +225,10 @@ class ReplicationDriver(Generic[R]):
         group.leader_listeners.append(report)
         group.append_seconds = self.append_seconds
         group.set_wake(functools.partial(self._wake_group, key, group))
-        group.raft.dead_peers = self.suspected  # shared: the core reads node liveness (ADR 0026)
+        # Shared: the core reads node liveness (ADR 0026): a leader may go quiet without a silent
+        # peer's acknowledgement; a follower holds its campaign while its leader's node is late.
+        group.raft.dead_peers = self.silent
+        group.raft.late_peers = self.liveness.late
         self.groups[key] = group
         self._awake[key] = group
         if not group.raft.peers or (group.replicas[0] == self.node_id and group.raft.term == 0):
@@ -295,21 +304,25 @@ class ReplicationDriver(Generic[R]):
             # sorted: a set's order depends on the hash seed; the simulator replays exactly
             self._peers, self._peers_of = sorted(found), len(self.groups)
         peers = self._peers
-        for peer in list(self._silence):
+        for peer in list(self._woken_for):
             if peer not in peers:
-                del self._silence[peer]
-                self.suspected.discard(peer)
-                self._woken_for.pop(peer, None)
+                del self._woken_for[peer]
         for peer in peers:
             self._send_frame(peer, codec.PING_FRAME)
-            silence = self._silence.get(peer, 0) + 1
-            self._silence[peer] = silence
-            if silence >= self.liveness_ticks and peer not in self.suspected:
-                self.suspected.add(peer)
-                self.suspicions += 1
-                self._wake_on_suspicion(peer)
+        went_silent, suspected = self.liveness.tick(peers)
+        for peer in went_silent:
+            self._on_silent(peer)
+        for peer in suspected:
+            self.suspicions += 1
+            self._on_suspected(peer)
         if self._quorum_lost:
             self._check_quorum_lost()
+
+    def link_closed(self, peer: NodeId) -> None:
+        """The transport saw `peer`'s process close its connection (a dead process's sockets
+        close; a late one's stay open): suspect it after `liveness_ticks`, whatever lateness
+        it showed before."""
+        self.liveness.link_closed(peer)
 
     def _check_quorum_lost(self) -> None:
         """Leaders that were quiet when their unsuspected voters stopped being a quorum:
@@ -319,13 +332,13 @@ class ReplicationDriver(Generic[R]):
         addendum; ADR 0015's settle rule relies on that timing). Woken meanwhile for other
         work, a leader still steps down then: a suspected voter sent nothing, not even an
         answer to the woken leader's heartbeats."""
-        suspected = self.suspected
+        silent = self.silent
         for key, (group, since) in list(self._quorum_lost.items()):
             raft = group.raft
             if self.groups.get(key) is not group or raft.role is not Role.LEADER:
                 del self._quorum_lost[key]
                 continue
-            live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
+            live = sum(1 for v in raft.voters if v == self.node_id or v not in silent)
             if live >= raft.quorum:
                 del self._quorum_lost[key]
                 self.quorum_back += int(raft.quiesced)
@@ -336,30 +349,34 @@ class ReplicationDriver(Generic[R]):
                 self._wake_group(key, group)
 
     def _heard(self, peer: NodeId) -> None:
-        self._silence[peer] = 0
-        if peer in self.suspected:
-            self.suspected.discard(peer)
-            self._peer_back(peer)
+        was_silent, was_suspected = self.liveness.heard(peer)
+        if was_silent:
+            self._peer_back(peer, was_suspected)
 
-    def _wake_on_suspicion(self, peer: NodeId) -> None:
-        """`peer` went silent: wake the quiet groups that have something to do without it."""
+    def _on_silent(self, peer: NodeId) -> None:
+        """`peer` has been silent for an election timeout: the quiet leaders here whose voters
+        not silent are no quorum step down an election timeout from now unless the quorum is
+        heard from first (`_check_quorum_lost`). Not woken (their heartbeats would wake every
+        replica of the group, and a quorum that was only late would answer them all); a leader
+        that still reaches a quorum has nothing to do (ADR 0027: waking every group on every
+        suspicion made an overloaded node's 3,000 groups heartbeat for good)."""
+        silent = self.silent
+        for key, group in self.groups.items():
+            raft = group.raft
+            if raft.quiesced and raft.role is Role.LEADER and peer in raft.peers:
+                live = sum(1 for v in raft.voters if v == self.node_id or v not in silent)
+                if live < raft.quorum:
+                    self._quorum_lost.setdefault(key, (group, self.ticks))
+
+    def _on_suspected(self, peer: NodeId) -> None:
+        """`peer` has been silent for longer than its lateness allows: wake the quiet followers
+        here that need another leader (their leader's node is suspected)."""
         suspected = self.suspected
         for key, group in self.groups.items():
             raft = group.raft
-            if not raft.quiesced or peer not in raft.peers:
+            if not raft.quiesced or raft.role is Role.LEADER or peer not in raft.peers:
                 continue
-            if raft.role is Role.LEADER:
-                # A leader that still reaches a quorum (itself and the voters not suspected)
-                # has nothing to do (ADR 0027: waking every group on every suspicion made an
-                # overloaded node's 3,000 groups heartbeat for good). One without is not
-                # woken either (its heartbeats would wake every replica of the group, and a
-                # quorum that was only late would answer them all): it steps down an election
-                # timeout from now unless the quorum is heard from first (`_check_quorum_lost`).
-                live = sum(1 for v in raft.voters if v == self.node_id or v not in suspected)
-                if live < raft.quorum:
-                    self._quorum_lost.setdefault(key, (group, self.ticks))
-                continue
-            elif (leader := raft.leader) is None:
+            if (leader := raft.leader) is None:
                 raft.wake()
                 self._count_wake(WAKE_LEADER_SUSPECTED)
             elif leader in suspected:
@@ -370,17 +387,19 @@ class ReplicationDriver(Generic[R]):
                 continue  # a follower whose leader is not suspected: nothing to elect
             self._wake_group(key, group)
 
-    def _peer_back(self, peer: NodeId) -> None:
-        """A suspected `peer` is heard from again. Its followers woken here by the suspicion
-        that have done nothing since go back to sleep (`Raft.settle_again`): a late node is
-        not a dead one, and campaigns for thousands of groups, each waking its leader and
-        third replica, are what made nodes late (issue 16). The quiet groups led here that
-        went quiet without its acknowledgements wake, so it gets what it missed; one that
-        went quiet with its acknowledgement has nothing to tell it (a restarted peer's
-        replica is awake and campaigns, and its pre-vote wakes the leader, which answers)."""
-        for key, group in self._woken_for.pop(peer, {}).items():
-            if self.groups.get(key) is group and group.raft.settle_again():
-                self.settled += 1  # the next tick stops visiting it
+    def _peer_back(self, peer: NodeId, was_suspected: bool) -> None:
+        """A silent `peer` is heard from again. If it was suspected, its followers woken here
+        by the suspicion that have done nothing since go back to sleep
+        (`Raft.settle_again`): a late node is not a dead one, and campaigns for thousands of
+        groups, each waking its leader and third replica, are what made nodes late (issue
+        16). The quiet groups led here that went quiet without its acknowledgements wake, so
+        it gets what it missed; one that went quiet with its acknowledgement has nothing to
+        tell it (a restarted peer's replica is awake and campaigns, and its pre-vote wakes
+        the leader, which answers)."""
+        if was_suspected:
+            for key, group in self._woken_for.pop(peer, {}).items():
+                if self.groups.get(key) is group and group.raft.settle_again():
+                    self.settled += 1  # the next tick stops visiting it
         for key, group in self.groups.items():
             raft = group.raft
             if raft.quiesced and raft.lags(peer):
@@ -579,8 +598,7 @@ class ReplicationDriver(Generic[R]):
             log.warning("replication: bad frame from %s: %s", peer, error)
 
     def _receive(self, peer: NodeId, kind: int, body: memoryview) -> None:
-        if peer in self._silence:
-            self._heard(peer)
+        self._heard(peer)
         if kind == codec.KIND_PING:
             return
         if kind == codec.KIND_RAFT:

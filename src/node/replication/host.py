@@ -40,6 +40,7 @@ from spate.core.errors import BrokerError, InvalidArgument, StorageFailure, Unav
 from spate.core.frames import Frame
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.node.log import LogConfig
+from spate.node.replication import limits
 from spate.node.replication.driver import Batch, LeaderListener, ReplicationDriver
 from spate.node.replication.files import DirectoryFiles, fsync_path
 from spate.node.replication.partition import ReplicatedPartition
@@ -77,6 +78,32 @@ CLOCK_OFFSET_ENV = "SPATE_CLOCK_OFFSET_MS"
 """Fault injection (the chaos suite's clock faults): milliseconds added to this node's wall
 clock, which stamps chunks (message timestamps) and drives time-based retention. Unset or 0 in
 production."""
+
+
+LIVENESS_TICKS_MAX_ENV = "SPATE_LIVENESS_TICKS_MAX"
+"""Ticks of silence after which a peer node that was late lately is suspected, at most
+(`limits.liveness_ticks_max`, liveness.py). Set to `limits.liveness_ticks` (10) to suspect every
+peer after one election timeout whatever lateness it showed: the fastest failover of a stalled
+or cut node, and the leaderships of a node whose loop stalls for a second lost (RESULTS §42)."""
+LIVENESS_TICKS_MAX_LIMIT = 200
+"""The most `$SPATE_LIVENESS_TICKS_MAX` may ask for (10 s at the default tick)."""
+
+
+def liveness_ticks_max() -> int:
+    """`limits.liveness_ticks_max`, or $SPATE_LIVENESS_TICKS_MAX when set."""
+    raw = os.environ.get(LIVENESS_TICKS_MAX_ENV, "").strip()
+    if not raw:
+        return limits.liveness_ticks_max
+    try:
+        ticks = int(raw)
+    except ValueError:
+        ticks = 0
+    if not limits.liveness_ticks <= ticks <= LIVENESS_TICKS_MAX_LIMIT:
+        raise InvalidArgument(
+            f"${LIVENESS_TICKS_MAX_ENV} must be an integer from {limits.liveness_ticks} to "
+            f"{LIVENESS_TICKS_MAX_LIMIT}, got {raw!r}"
+        )
+    return ticks
 
 
 def skewed_wall_clock() -> Callable[[], int]:
@@ -277,6 +304,7 @@ class ReplicationHost:
             monotonic_ms=monotonic_clock_ms,
             wall_ms=self._wall_ms,
             request_id_base=random.SystemRandom().getrandbits(62) + 1,
+            liveness_ticks_max=liveness_ticks_max(),
         )
         self.transport = Transport(
             node_id,
@@ -285,6 +313,7 @@ class ReplicationHost:
             port=port,
             peers=peers,
             on_frame=self.driver.receive,
+            on_link_closed=self.driver.link_closed,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
         )

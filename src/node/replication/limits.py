@@ -94,5 +94,13 @@ assert frame_bytes_max > catchup_piece_bytes + 64 * 1024
 assert peer_send_queue_bytes_max >= frame_bytes_max
 
 liveness_ticks = 10
-"""A peer node silent (no frame, not even a PING) for this many ticks is suspected, and the
-quiet groups it belongs to wake (ADR 0026): one election timeout at the default 10 ticks."""
+"""A peer node silent (no frame, not even a PING) for this many ticks is *silent* (what a leader
+here decides on: ADR 0026) and, if it has been punctual, suspected: the quiet groups it leads
+wake to elect another leader. One election timeout at the default 10 ticks."""
+
+liveness_ticks_max = 4 * liveness_ticks
+"""The longest silence after which a peer that has been late lately is suspected (liveness.py;
+issue 16, RESULTS §42): 2 s at the default 50 ms tick. A node late by more than this, or
+silent for good, loses its leaderships as a dead one does."""
+
+assert 0 < liveness_ticks <= liveness_ticks_max

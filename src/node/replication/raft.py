@@ -202,8 +202,19 @@ class Raft:
         """A follower woken only because node liveness suspects its leader's node, with nothing
         happened to the group since (`settle_again`)."""
         self.dead_peers: AbstractSet[NodeId] = frozenset()
-        """Peers the shell's node liveness suspects (the driver shares its set): a leader may go
-        quiet without their answers, as long as a quorum is up to date (ADR 0026)."""
+        """Peers the shell's node liveness finds silent (the driver shares its set): a leader
+        may go quiet without their answers, as long as a quorum is up to date (ADR 0026)."""
+        self.late_peers: AbstractSet[NodeId] = frozenset()
+        """Peers the shell's node liveness finds silent but, from the lateness they have shown,
+        not dead yet (the driver shares its set; liveness.py). A follower whose leader's node
+        is late holds its campaign and keeps its lease until that node is heard from (its
+        heartbeats follow) or suspected (issue 16: a node whose loop stalls for a second lost
+        its leaders to followers that counted the stall as a death)."""
+        self.campaigns_held = 0
+        """Ticks on which a follower's election timer had run out but its leader's node was
+        late (`late_peers`)."""
+        self._held = False
+        self._release_ticks = 0
         self._become_follower(self.term, None)
 
     # -- reading
@@ -305,6 +316,19 @@ class Raft:
             return
         self._election_elapsed += 1
         if self._election_elapsed >= self._timeout:
+            if self.leader is not None and self.leader in self.late_peers:
+                self.campaigns_held += 1  # its node is late, not dead (yet): wait for it
+                self._held = True
+                return
+            if self._held:
+                # Released by node liveness (the leader's node is suspected now): campaign
+                # after a random share of an election timeout, as the other followers released
+                # on the same tick will, not all at once (split votes).
+                self._held = False
+                self._release_ticks = self._rng.randrange(self.config.election_timeout_ticks)
+            if self._release_ticks:
+                self._release_ticks -= 1
+                return
             self._election_elapsed = 0
             self.campaign()
 
@@ -522,6 +546,8 @@ class Raft:
                 if self.role is not Role.FOLLOWER:
                     self._become_follower(self.term, message.source)
                 self._election_elapsed = 0
+                self._held = False
+                self._release_ticks = 0
                 self._set_leader(message.source)
                 self._handle_from_leader(message)
             case AppendResponse():
@@ -692,6 +718,8 @@ class Raft:
             self.config.election_timeout_ticks, 2 * self.config.election_timeout_ticks
         )
         self._votes = {}
+        self._held = False
+        self._release_ticks = 0
         self._progress = {}
         self._entries_pending = self._commit_pending = False
         self._read_pending = False
@@ -813,11 +841,15 @@ class Raft:
                 self.config.check_quorum
                 and not message.transfer
                 and self.leader is not None
-                and self._election_elapsed < self.config.election_timeout_ticks
+                and (
+                    self._election_elapsed < self.config.election_timeout_ticks
+                    or self.leader in self.late_peers
+                )
             )
             if in_lease:
-                # We heard from a live leader within the election timeout: a node that wants
-                # to be elected now is partitioned or slow, and must not disrupt the group.
+                # We heard from a live leader within the election timeout (or its node is late,
+                # not dead: liveness.py): a node that wants to be elected now is partitioned
+                # or slow, or counted a late node as dead, and must not disrupt the group.
                 return False
             if message.pre_vote:
                 return True  # answering a pre-vote never changes our term

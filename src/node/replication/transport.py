@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 FrameHandler = Callable[[NodeId, int, memoryview], None]
 """Called on the loop for every frame received: (peer, kind, body)."""
 PeerAddress = Callable[[NodeId], tuple[str, int] | None]
+LinkClosed = Callable[[NodeId], None]
+"""Called on the loop when a peer's process closed the connection it dialed to this node."""
 SessionHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 """Serves one authenticated gateway session (frames.KIND_SESSION) until it ends."""
 _mac = frames.mac
@@ -122,6 +124,7 @@ class Transport:
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
         on_session: SessionHandler | None = None,
+        on_link_closed: LinkClosed | None = None,
     ) -> None:
         self.node = node
         self._secret = secret.encode()
@@ -133,6 +136,9 @@ class Transport:
         self._ssl_client = ssl_client
         self.on_session = on_session
         """Serves gateway sessions (ADR 0008); None refuses them."""
+        self.on_link_closed = on_link_closed
+        """Told when a peer closes its connection here (a dead process's sockets close: node
+        liveness need not wait for what it learned of that peer's lateness)."""
         self._peers: dict[NodeId, _Peer] = {}
         self._server: asyncio.Server | None = None
         self._inbound: set[asyncio.Task[None]] = set()
@@ -332,9 +338,14 @@ class Transport:
                 await self.on_session(peer, reader, writer)
                 return
             node = NodeId(peer)
-            while True:
-                kind, body = await read_frame(reader)
-                self._on_frame(node, kind, body)
+            try:
+                while True:
+                    kind, body = await read_frame(reader)
+                    self._on_frame(node, kind, body)
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                if not self._closing and self.on_link_closed is not None:
+                    self.on_link_closed(node)
+                raise
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
             log.debug("replication link from %s closed: %s", where, error)
         except frames.CodecError as error:
