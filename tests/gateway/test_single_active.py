@@ -20,6 +20,7 @@ import pytest
 from proton import Timeout, symbol
 from spate.client import Consumer
 from support.amqp_clients import (
+    ACTIVE,
     LinkProperties,
     RunningGateway,
     blocking,
@@ -30,15 +31,11 @@ from support.amqp_clients import (
     run_rhea,
     unique,
 )
+from support.amqp_clients import CONSUMER_NAME as NAME
+from support.amqp_clients import SINGLE_ACTIVE as SAC
+from support.amqp_clients import sac_member as member
 
-NAME = symbol("spate:consumer-name")
-SAC = symbol("spate:single-active-consumer")
-ACTIVE = symbol("spate:active")
 STORED = symbol("spate:stored-offset")
-
-
-def member(name: str, value: Any = True) -> LinkProperties:
-    return LinkProperties({NAME: name, SAC: value})
 
 
 def nothing_arrives(receiver: Any, wait_s: float = 0.3) -> bool:

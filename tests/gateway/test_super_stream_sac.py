@@ -28,6 +28,7 @@ from proton import Message, Timeout, symbol
 from spate.client import Consumer
 from spate.core.superstreams import SuperStream
 from support.amqp_clients import (
+    ACTIVE,
     LinkProperties,
     LoopThread,
     RunningGateway,
@@ -38,17 +39,13 @@ from support.amqp_clients import (
     run_rhea,
     unique,
 )
+from support.amqp_clients import CONSUMER_NAME as NAME
+from support.amqp_clients import SINGLE_ACTIVE as SAC
+from support.amqp_clients import sac_member as member
 from support.memory_broker import MemoryBroker
 
-NAME = symbol("spate:consumer-name")
-SAC = symbol("spate:single-active-consumer")
-ACTIVE = symbol("spate:active")
 ACTIVE_PARTITIONS = symbol("spate:active-partitions")
 ASSOCIATED = "event-streams-associated-partitions-changed"
-
-
-def member(name: str) -> LinkProperties:
-    return LinkProperties({NAME: name, SAC: True})
 
 
 def associated(message: Message) -> list[str] | None:

@@ -96,6 +96,17 @@ def partition_option(partition: str) -> LinkProperties:
     return LinkProperties({symbol("event-streams-partition"): symbol(partition)})
 
 
+CONSUMER_NAME = symbol("spate:consumer-name")
+SINGLE_ACTIVE = symbol("spate:single-active-consumer")
+ACTIVE = symbol("spate:active")
+"""Link properties of named and single-active consumers (docs/amqp.md)."""
+
+
+def sac_member(name: str, value: Any = True) -> LinkProperties:
+    """A receiver's properties joining `name`'s single-active-consumer group."""
+    return LinkProperties({CONSUMER_NAME: name, SINGLE_ACTIVE: value})
+
+
 @contextmanager
 def blocking(
     gateway: RunningGateway,
