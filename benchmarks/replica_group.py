@@ -3,7 +3,9 @@
 Each process is tests/replication/replica_process.py (one ReplicationHost, driven by JSON lines
 on stdin/stdout). `replica_group` starts them in a temp dir, wires their peers, opens the
 partition on all three, waits for a leader and yields (call, leader); on exit it closes their
-stdin, waits, and kills only what does not stop.
+stdin, waits, and kills only what does not stop. With `entry_points=DIR` each process is
+benchmarks/entry_points.py instead (the same process with its driver's entry points timed,
+reports written into DIR at exit).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SPATE_REPLICA = REPO / "tests" / "replication" / "replica_process.py"
+ENTRY_POINTS = REPO / "benchmarks" / "entry_points.py"
 IDS = ["n1", "n2", "n3"]
 leader_wait_s = 30.0
 stop_wait_s = 10.0
@@ -29,21 +32,28 @@ Call = Callable[..., Awaitable[dict[str, Any]]]
 
 
 @asynccontextmanager
-async def replica_group(stream: str, tick_ms: int = 50) -> AsyncIterator[tuple[Call, str]]:
+async def replica_group(
+    stream: str, tick_ms: int = 50, entry_points: Path | None = None
+) -> AsyncIterator[tuple[Call, str]]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPATE_BENCH_DIR")) as tmp:
         procs: dict[str, asyncio.subprocess.Process] = {}
         try:
             ports = {}
             for node in IDS:
+                script = SPATE_REPLICA if entry_points is None else ENTRY_POINTS
+                env = None
+                if entry_points is not None:
+                    env = {**os.environ, "SPATE_ENTRY_POINTS": str(entry_points)}
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
-                    str(SPATE_REPLICA),
+                    str(script),
                     node,
                     str(Path(tmp) / node),
                     str(tick_ms),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     limit=64 * 1024 * 1024,
+                    env=env,
                 )
                 procs[node] = proc
                 assert proc.stdout is not None

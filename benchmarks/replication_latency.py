@@ -11,7 +11,10 @@ Reported, per append:
   consumer on a follower could read it;
 - fsyncs (file syncs) and fsync batches per append on the leader, and the leader process's
   CPU milliseconds per append: figures that a busy machine disturbs less than wall clock;
-- the load average before and after (other work on the machine skews every latency).
+- the load average before and after (other work on the machine skews every latency);
+- with `--entry-points DIR`: per node, the loop thread's CPU per append and, per replication
+  driver entry point, calls per append and CPU µs per call (benchmarks/entry_points.py; the
+  count covers the warm-up appends too, and the per-append figures divide by both).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import json
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 from replica_group import IDS, replica_group
@@ -35,8 +39,10 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-async def run(count: int, size: int, window: int, warmup: int, tick_ms: int) -> dict[str, Any]:
-    async with replica_group("lat", tick_ms) as (call, leader):
+async def run(
+    count: int, size: int, window: int, warmup: int, tick_ms: int, *, entry_points: Path | None
+) -> dict[str, Any]:
+    async with replica_group("lat", tick_ms, entry_points) as (call, leader):
         burst = {"op": "burst", "stream": "lat", "partition": 0, "bytes": size}
         await call(leader, **burst, count=warmup, window=window)
         result = await call(leader, **burst, count=count, window=window)
@@ -55,7 +61,8 @@ async def run(count: int, size: int, window: int, warmup: int, tick_ms: int) -> 
                 position += 1
             if position < len(visible):
                 follower_ms.append((visible[position][1] - started) * 1000)
-    return {
+    out: dict[str, Any] = {
+        "leader": leader,
         "count": count,
         "record_bytes": size,
         "window": window,
@@ -66,6 +73,32 @@ async def run(count: int, size: int, window: int, warmup: int, tick_ms: int) -> 
         "leader_batches_per_append": round(result["batches"] / count, 3),
         "leader_cpu_ms_per_append": round(result["cpu_seconds"] * 1000 / count, 3),
     }
+    if entry_points is not None:
+        out["entry_points"] = entry_point_table(entry_points, count + warmup)
+    return out
+
+
+def entry_point_table(directory: Path, appends: int) -> dict[str, Any]:
+    """The reports benchmarks/entry_points.py wrote at exit, per append."""
+    table: dict[str, Any] = {}
+    for node in IDS:
+        report = json.loads((directory / f"{node}.json").read_text())
+        points = {
+            name: {
+                "calls_per_append": round(point["calls"] / appends, 2),
+                "us_per_call": round(point["cpu_ns"] / max(point["calls"], 1) / 1000, 1),
+                "us_per_append": round(point["cpu_ns"] / appends / 1000, 1),
+            }
+            for name, point in sorted(
+                report["entry_points"].items(), key=lambda item: -item[1]["cpu_ns"]
+            )
+        }
+        table[node] = {
+            "loop_thread_ms_per_append": round(report["loop_thread_ns"] / appends / 1e6, 3),
+            "process_ms_per_append": round(report["process_ns"] / appends / 1e6, 3),
+            "points": points,
+        }
+    return table
 
 
 def main() -> None:
@@ -75,9 +108,27 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--tick-ms", type=int, default=50)
+    parser.add_argument(
+        "--entry-points",
+        type=Path,
+        metavar="DIR",
+        help="time the replication driver's entry points in every replica process; reports "
+        "(JSON per node) land in DIR, the table in the output",
+    )
     args = parser.parse_args()
+    if args.entry_points is not None:
+        args.entry_points.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    out = asyncio.run(run(args.count, args.bytes, args.window, args.warmup, args.tick_ms))
+    out = asyncio.run(
+        run(
+            args.count,
+            args.bytes,
+            args.window,
+            args.warmup,
+            args.tick_ms,
+            entry_points=args.entry_points,
+        )
+    )
     out["loadavg_before"] = [round(x, 2) for x in load_before]
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=2))
