@@ -52,6 +52,25 @@ offset, value, epoch}) and `commit` (invoke/ok/info {partition, epoch, offset}).
 | read-mismatch | (as above) a member read a value at an offset where the final read has   |
 |               | another                                                                   |
 
+Named consumers (server-side offset tracking, `spate:consumer-name`, ADR 0012; process `n<p>`
+is the name on partition p): sessions one after another, each `attach` (invoke {partition,
+session}; ok {partition, session, stored}: the stored offset the attach reply carried, None
+when there is none), `named-read` (ok {partition, offset, value, session}) and `named-commit`
+(invoke {partition, session, offset}; ok {.., offset}: what `commit()` returned; info). A
+manual-commit consumer accepts only at `commit()`, so what the broker may store is bounded
+by the commits invoked.
+
+| kind              | meaning                                                              |
+|-------------------|----------------------------------------------------------------------|
+| named-commit-lost | an attach reports a stored offset below one a commit acknowledged     |
+|                   | before the attach began (or none)                                     |
+| named-ahead       | an attach reports a stored offset above every commit invoked before   |
+|                   | it ended (stored beyond what the consumer accepted)                   |
+| named-resume      | a session's first read is not the stored offset + 1 (a repeat or a    |
+|                   | skip: it must resume right after it)                                  |
+| named-skip        | a session's reads are not consecutive                                 |
+| read-mismatch     | (as above) a read value differs from the final read's at its offset   |
+
 The metadata service (partition -1 in the verdict, "metadata" in reports): process "admin"
 creates streams with new names, lists them and deletes them, each through any node's admin API
 (`f` "create" / "delete" with the name as value, "list" with the names seen as value). Each name
@@ -94,6 +113,10 @@ ANOMALY_KINDS = (
     "stale-grant",
     "commit-lost",
     "group-skip",
+    "named-commit-lost",
+    "named-ahead",
+    "named-resume",
+    "named-skip",
     "admin-missing",
     "admin-resurrected",
     "admin-premature",
@@ -223,6 +246,9 @@ def check(
     group_ops = [op for op in ops if op.get("f") in ("grant", "group-read", "commit")]
     if group_ops:
         check_groups(group_ops, final, results)
+    named_ops = [op for op in ops if op.get("f") in ("attach", "named-read", "named-commit")]
+    if named_ops:
+        check_named(named_ops, final, results)
     admin = [op for op in ops if op.get("process") == "admin"]
     if admin:
         results[METADATA] = check_admin(admin)
@@ -424,6 +450,78 @@ def check_groups(
                 result(partition).add(
                     "read-mismatch",
                     f"{process} (epoch {epoch}) read {value!r} at offset {offset}; "
+                    f"stored: {stored_value!r}",
+                )
+
+
+def check_named(
+    ops: Sequence[Mapping[str, Any]],
+    final: Mapping[int, list[tuple[int, str]]],
+    results: dict[int, PartitionResult],
+) -> None:
+    """The named-consumer checks (module docstring), per partition."""
+    attaches = [a for a in _pair(ops, "attach") if a.outcome == "ok"]
+    commits = _pair(ops, "named-commit")
+
+    def result(partition: int) -> PartitionResult:
+        return results.setdefault(partition, PartitionResult(partition))
+
+    reads: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+    for op in ops:
+        value = op.get("value") or {}
+        if op.get("f") == "named-read" and op.get("type") == "ok":
+            key = (str(op.get("process")), int(value["session"]))
+            reads[key].append((int(value["offset"]), str(value["value"])))
+    for attach in attaches:
+        partition, session = int(attach.value["partition"]), int(attach.value["session"])
+        stored = attach.result.get("stored")
+        mine = [c for c in commits if c.process == attach.process]
+        acknowledged = [
+            int(c.result["offset"])
+            for c in mine
+            if c.outcome == "ok" and c.completed is not None and c.completed < attach.invoked
+        ]
+        if acknowledged and (stored is None or int(stored) < max(acknowledged)):
+            result(partition).add(
+                "named-commit-lost",
+                f"{attach.process} session {session} attached at {attach.invoked:.2f}s with "
+                f"stored offset {stored}; {max(acknowledged)} had been committed",
+            )
+        assert attach.completed is not None
+        invoked = [int(c.value["offset"]) for c in mine if c.invoked < attach.completed]
+        if stored is not None and (not invoked or int(stored) > max(invoked)):
+            result(partition).add(
+                "named-ahead",
+                f"{attach.process} session {session} attached with stored offset {stored}; "
+                f"the greatest commit asked for before was {max(invoked, default=None)}",
+            )
+        entries = reads.get((attach.process, session), [])
+        if stored is not None and entries and entries[0][0] != int(stored) + 1:
+            result(partition).add(
+                "named-resume",
+                f"{attach.process} session {session} attached with stored offset {stored} "
+                f"first read offset {entries[0][0]}",
+            )
+    session_partition = {
+        (a.process, int(a.value["session"])): int(a.value["partition"]) for a in attaches
+    }
+    for (process, session), entries in reads.items():
+        if (process, session) not in session_partition:
+            continue  # reads of a session whose attach was never acknowledged: none happen
+        partition = session_partition[(process, session)]
+        truth = dict(final.get(partition, []))
+        result(partition).reads += len(entries)
+        for (o1, _), (o2, _) in itertools.pairwise(entries):
+            if o2 != o1 + 1:
+                result(partition).add(
+                    "named-skip", f"{process} session {session} read offset {o2} after {o1}"
+                )
+        for offset, value in entries:
+            stored_value = truth.get(offset)
+            if stored_value is not None and stored_value != value:
+                result(partition).add(
+                    "read-mismatch",
+                    f"{process} session {session} read {value!r} at offset {offset}; "
                     f"stored: {stored_value!r}",
                 )
 

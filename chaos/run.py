@@ -242,6 +242,22 @@ def _report(
             "or cut off first); checked for fenced-commit, stale-grant, commit-lost, group-skip "
             "and read-mismatch (above).",
         ]
+    named = Counter(
+        (str(op["f"]), str(op["type"]))
+        for op in ops
+        if op.get("f") in ("attach", "named-read", "named-commit") and op.get("type") != "invoke"
+    )
+    if named:
+        resumed = _named_resumes(ops)
+        lines += [
+            "",
+            f"Named consumers (server-side offsets): {named['attach', 'ok']} sessions attached "
+            f"({resumed} resumed after a stored offset), {named['attach', 'fail']} refused, "
+            f"{named['attach', 'info']} unknown; {named['named-read', 'ok']} reads; "
+            f"{named['named-commit', 'ok']} commits acknowledged, {named['named-commit', 'info']} "
+            "unknown; checked for named-commit-lost, named-ahead, named-resume, named-skip and "
+            "read-mismatch (above).",
+        ]
     lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
     for p, r in sorted(verdict.partitions.items()):
         for kind, examples in sorted(r.examples.items()):
@@ -324,3 +340,17 @@ def _plot(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _named_resumes(ops: list[dict[str, Any]]) -> int:
+    """Named-consumer sessions that attached with a stored offset and read after it."""
+    stored: set[tuple[str, int]] = set()
+    read: set[tuple[str, int]] = set()
+    for op in ops:
+        value = op.get("value") or {}
+        key = (str(op.get("process")), int(value.get("session", 0)))
+        if op.get("f") == "attach" and op.get("type") == "ok" and value.get("stored") is not None:
+            stored.add(key)
+        elif op.get("f") == "named-read" and op.get("type") == "ok":
+            read.add(key)
+    return len(stored & read)

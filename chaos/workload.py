@@ -16,6 +16,12 @@ recorded in the history (chaos.checker's format) as it happens.
   {partition, epoch, offset}): the checker's fenced-commit, commit-lost and group-skip. Now and
   then (`STALE_PROBE_CHANCE`) a member first asks for an epoch below the greatest one already
   granted (`grant` with "probe": true): it must be refused (the checker's stale-grant).
+- Named consumer `n<p>` (server-side offset tracking: the broker stores its offset under the
+  name `n<p>`, ADR 0012) reads partition p through the gateways in sessions of a few seconds
+  each: `attach` with no start (so: right after the stored offset) and the stored offset the
+  attach reply carried, `named-read`s, a `named-commit` by hand every few messages and before
+  closing; a session ends early when its link fails (no transparent reattach: the next
+  session's attach is the resume the checker judges).
 - `final_read` reads every partition whole after the faults are healed, from the gateway
   (process "final") and from each node directly (the per-replica reads for `diverged`).
 """
@@ -44,6 +50,7 @@ from spate.client.errors import (
 
 GROUP = "chaos"
 GROUP_COMMIT_EVERY = 10
+NAMED_COMMIT_EVERY = 7
 STALE_PROBE_CHANCE = 0.25
 """Of a member's turns, those that begin by asking for a stale epoch (which must be refused)."""
 SEND_TIMEOUT_S = 5.0
@@ -110,6 +117,8 @@ class Workload:
         for p in range(self.partitions):
             for slot in "ab":
                 self._spawn(f"g{p}{slot}", functools.partial(self._group_member, p, slot))
+        for p in range(self.partitions):
+            self._spawn(f"n{p}", functools.partial(self._named_consumer, p))
         if self.admin_addresses:
             self._spawn("admin", self._administer)
 
@@ -314,6 +323,75 @@ class Workload:
             self.history.record(process, "info", "commit", value)
             return False
         self.history.record(process, "ok", "commit", {**value, "offset": stored})
+        return True
+
+    def _named_consumer(self, partition: int) -> None:
+        """Sessions of a named manual-commit consumer on `partition`, one after another."""
+        process = f"n{partition}"
+        rng = random.Random(process)
+        session = 0
+        while not self.stopping.is_set():
+            session += 1
+            value = {"partition": partition, "session": session}
+            self.history.record(process, "invoke", "attach", value)
+            try:
+                consumer = Consumer(
+                    self._gateways(partition),
+                    self.stream,
+                    partition=partition,
+                    name=process,
+                    commit="manual",
+                    timeout_s=SEND_TIMEOUT_S,
+                )
+            except AttachRefused as refused:
+                self.history.record(
+                    process, "fail", "attach", {**value, "condition": refused.condition}
+                )
+                self.stopping.wait(rng.uniform(0.2, 1.0))
+                continue
+            except Exception:  # no answer: attached or not
+                self.history.record(process, "info", "attach", value)
+                self.stopping.wait(rng.uniform(0.2, 1.0))
+                continue
+            attached = {**value, "stored": consumer.stored_offset}
+            self.history.record(process, "ok", "attach", attached)
+            self._named_session(process, consumer, value, time.monotonic() + rng.uniform(1.5, 4))
+            _closed(consumer)
+            self.stopping.wait(rng.uniform(0.0, 0.5))
+
+    def _named_session(
+        self, process: str, consumer: Consumer, session: dict[str, int], until: float
+    ) -> None:
+        last: int | None = None
+        pending = 0
+        while not self.stopping.is_set() and time.monotonic() < until:
+            try:
+                event = consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            except Exception:  # the link failed: this session is over
+                return
+            read = {**session, "offset": event.offset, "value": _body(event)}
+            self.history.record(process, "ok", "named-read", read)
+            last, pending = event.offset, pending + 1
+            if pending == NAMED_COMMIT_EVERY:
+                if not self._named_commit(process, consumer, session, last):
+                    return
+                pending = 0
+        if pending and last is not None:
+            self._named_commit(process, consumer, session, last)
+
+    def _named_commit(
+        self, process: str, consumer: Consumer, session: dict[str, int], offset: int
+    ) -> bool:
+        value = {**session, "offset": offset}
+        self.history.record(process, "invoke", "named-commit", value)
+        try:
+            stored = consumer.commit()
+        except Exception:  # the link went away first: stored or not
+            self.history.record(process, "info", "named-commit", value)
+            return False
+        self.history.record(process, "ok", "named-commit", {**value, "offset": stored})
         return True
 
     def _administer(self) -> None:

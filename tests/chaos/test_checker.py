@@ -265,3 +265,84 @@ def test_a_refused_stale_epoch_and_grants_that_overlap_are_valid() -> None:
     overlapping = [*group_history(), *grant("g0c", 1, None, 3.05)]
     overlapping[-1]["time"] = 3.2  # acknowledged after epoch 2's grant (3.1), begun before it
     assert "stale-grant" not in check(overlapping).totals()
+
+
+def named_op(kind: str, f: str, value: dict[str, Any], at: float) -> dict[str, Any]:
+    return {"process": "n0", "type": kind, "f": f, "value": value, "time": at}
+
+
+def attach(session: int, stored: int | None, at: float) -> list[dict[str, Any]]:
+    value = {"partition": 0, "session": session}
+    return [
+        named_op("invoke", "attach", value, at),
+        named_op("ok", "attach", {**value, "stored": stored}, at + 0.1),
+    ]
+
+
+def named_read(session: int, offset: int, at: float) -> dict[str, Any]:
+    value = {"partition": 0, "session": session, "offset": offset, "value": f"p0-{offset}"}
+    return named_op("ok", "named-read", value, at)
+
+
+def named_commit(session: int, offset: int, at: float, outcome: str = "ok") -> list[Any]:
+    value = {"partition": 0, "session": session, "offset": offset}
+    return [
+        named_op("invoke", "named-commit", value, at),
+        named_op(outcome, "named-commit", value, at + 0.1),
+    ]
+
+
+def mismatched(op: dict[str, Any]) -> dict[str, Any]:
+    """Session 2's read of offset 4 with another value than the final read's."""
+    value = op["value"]
+    if op["f"] == "named-read" and value["session"] == 2 and value["offset"] == 4:
+        return {**op, "value": {**value, "value": "p0-0"}}
+    return op
+
+
+def named_history() -> list[dict[str, Any]]:
+    """n0's first session (nothing stored: it starts at the end, offset 1) reads 1-3 and
+    commits 3; the second resumes at 4, reads 4-5, and its commit of 5 is lost with its link
+    (info); the third finds 5 stored (the accept reached the broker) and reads nothing."""
+    return [
+        *clean(),
+        *attach(1, None, 1.0),
+        *[named_read(1, o, 1.2 + o / 10) for o in (1, 2, 3)],
+        *named_commit(1, 3, 1.6),
+        *attach(2, 3, 2.0),
+        *[named_read(2, o, 2.2 + o / 10) for o in (4, 5)],
+        *named_commit(2, 5, 2.8, outcome="info"),
+        *attach(3, 5, 3.0),
+    ]
+
+
+def test_a_clean_named_consumer_history_is_valid() -> None:
+    verdict = check(named_history())
+    assert verdict.valid, verdict.to_json()
+    assert verdict.partitions[0].reads == 4 + 5
+    # the unknown commit may as well not have been stored
+    not_stored = [*named_history()[:-2], *attach(3, 3, 3.0), named_read(3, 4, 3.2)]
+    assert check(not_stored).valid, check(not_stored).to_json()
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [
+        # the stored offset went back below an acknowledged commit (ADR 0012: never lost)
+        (lambda ops: [*ops, *attach(4, 2, 4.0)], "named-commit-lost"),
+        (lambda ops: [*ops, *attach(4, None, 4.0)], "named-commit-lost"),
+        # stored beyond any commit asked for: ahead of what the consumer accepted
+        (lambda ops: [*ops, *attach(4, 6, 4.0)], "named-ahead"),
+        (lambda ops: [*attach(1, 0, 0.5), *ops], "named-ahead"),
+        # not resumed right after the stored offset: a repeat, or a skip
+        (lambda ops: [*ops, named_read(3, 5, 3.5)], "named-resume"),
+        (lambda ops: [*ops, named_read(3, 7, 3.5)], "named-resume"),
+        # a gap within one session
+        (lambda ops: [*ops, named_read(3, 6, 3.5), named_read(3, 8, 3.6)], "named-skip"),
+        (lambda ops: [mismatched(op) for op in ops], "read-mismatch"),
+    ],
+)
+def test_each_named_consumer_anomaly_is_found(change: Any, kind: str) -> None:
+    verdict = check(change(named_history()))
+    assert kind in verdict.totals(), verdict.to_json()
+    assert verdict.partitions[0].examples[kind]
