@@ -71,6 +71,19 @@ by the commits invoked.
 | named-skip        | a session's reads are not consecutive                                 |
 | read-mismatch     | (as above) a read value differs from the final read's at its offset   |
 
+Single active consumers (ADR 0013; processes `s<p>a` and `s<p>b` share the name `s<p>` on
+partition p, one active at a time, each in sessions like a named consumer's): `sac-attach`,
+`sac-read` (ok {partition, name, session, offset, value}) and `sac-commit` (invoke/ok/info
+{partition, name, session, offset}). A member's first read is where it took over (or began):
+
+| kind       | meaning                                                                     |
+|------------|-----------------------------------------------------------------------------|
+| sac-repeat | a member's first read is at or below an offset a commit of the name had     |
+|            | acknowledged before it (delivered again beyond the unsettled window)        |
+| sac-gap    | a member's first read is past every commit of the name asked for before it  |
+|            | + 1 (messages no member is given), once one has been acknowledged           |
+| sac-skip   | a member's reads within one session are not consecutive                     |
+
 The metadata service (partition -1 in the verdict, "metadata" in reports): process "admin"
 creates streams with new names, lists them and deletes them, each through any node's admin API
 (`f` "create" / "delete" with the name as value, "list" with the names seen as value). Each name
@@ -117,6 +130,9 @@ ANOMALY_KINDS = (
     "named-ahead",
     "named-resume",
     "named-skip",
+    "sac-repeat",
+    "sac-gap",
+    "sac-skip",
     "admin-missing",
     "admin-resurrected",
     "admin-premature",
@@ -249,6 +265,9 @@ def check(
     named_ops = [op for op in ops if op.get("f") in ("attach", "named-read", "named-commit")]
     if named_ops:
         check_named(named_ops, final, results)
+    sac_ops = [op for op in ops if op.get("f") in ("sac-attach", "sac-read", "sac-commit")]
+    if sac_ops:
+        check_sac(sac_ops, final, results)
     admin = [op for op in ops if op.get("process") == "admin"]
     if admin:
         results[METADATA] = check_admin(admin)
@@ -517,6 +536,64 @@ def check_named(
                     "named-skip", f"{process} session {session} read offset {o2} after {o1}"
                 )
         for offset, value in entries:
+            stored_value = truth.get(offset)
+            if stored_value is not None and stored_value != value:
+                result(partition).add(
+                    "read-mismatch",
+                    f"{process} session {session} read {value!r} at offset {offset}; "
+                    f"stored: {stored_value!r}",
+                )
+
+
+def check_sac(
+    ops: Sequence[Mapping[str, Any]],
+    final: Mapping[int, list[tuple[int, str]]],
+    results: dict[int, PartitionResult],
+) -> None:
+    """The single-active-consumer checks (module docstring), per partition."""
+    commits = _pair(ops, "sac-commit")
+    reads: dict[tuple[str, int], list[tuple[int, str, float]]] = defaultdict(list)
+    where: dict[tuple[str, int], tuple[int, str]] = {}
+    for op in ops:
+        value = op.get("value") or {}
+        if op.get("f") == "sac-read" and op.get("type") == "ok":
+            key = (str(op.get("process")), int(value["session"]))
+            reads[key].append((int(value["offset"]), str(value["value"]), float(op["time"])))
+            where[key] = (int(value["partition"]), str(value["name"]))
+
+    def result(partition: int) -> PartitionResult:
+        return results.setdefault(partition, PartitionResult(partition))
+
+    for key, entries in reads.items():
+        (process, session), (partition, name) = key, where[key]
+        first, _, at = entries[0]
+        of_name = [c for c in commits if c.value.get("name") == name]
+        acknowledged = [
+            int(c.result["offset"])
+            for c in of_name
+            if c.outcome == "ok" and c.completed is not None and c.completed < at
+        ]
+        invoked = [int(c.value["offset"]) for c in of_name if c.invoked < at]
+        if acknowledged and first <= max(acknowledged):
+            result(partition).add(
+                "sac-repeat",
+                f"{process} session {session} of {name} first read offset {first} at {at:.2f}s; "
+                f"{max(acknowledged)} had been committed",
+            )
+        if acknowledged and first > max(invoked) + 1:
+            result(partition).add(
+                "sac-gap",
+                f"{process} session {session} of {name} first read offset {first} at {at:.2f}s; "
+                f"the greatest commit asked for before was {max(invoked)}",
+            )
+        truth = dict(final.get(partition, []))
+        result(partition).reads += len(entries)
+        for (o1, _, _), (o2, _, _) in itertools.pairwise(entries):
+            if o2 != o1 + 1:
+                result(partition).add(
+                    "sac-skip", f"{process} session {session} read offset {o2} after {o1}"
+                )
+        for offset, value, _ in entries:
             stored_value = truth.get(offset)
             if stored_value is not None and stored_value != value:
                 result(partition).add(

@@ -258,6 +258,21 @@ def _report(
             "unknown; checked for named-commit-lost, named-ahead, named-resume, named-skip and "
             "read-mismatch (above).",
         ]
+    sac = Counter(
+        (str(op["f"]), str(op["type"]))
+        for op in ops
+        if op.get("f") in ("sac-attach", "sac-read", "sac-commit") and op.get("type") != "invoke"
+    )
+    if sac:
+        members = sorted({str(op["process"]) for op in ops if op.get("f") == "sac-read"})
+        lines += [
+            "",
+            f"Single active consumers: {sac['sac-attach', 'ok']} member sessions attached, "
+            f"{sac['sac-attach', 'fail']} refused, {sac['sac-attach', 'info']} unknown; "
+            f"{sac['sac-read', 'ok']} reads by {len(members)} members; "
+            f"{sac['sac-commit', 'ok']} commits acknowledged, {sac['sac-commit', 'info']} "
+            "unknown; checked for sac-repeat, sac-gap, sac-skip and read-mismatch (above).",
+        ]
     lines += ["", f"Anomalies in all: {dict(totals) or 'none'}."]
     for p, r in sorted(verdict.partitions.items()):
         for kind, examples in sorted(r.examples.items()):
@@ -347,10 +362,12 @@ def _named_resumes(ops: list[dict[str, Any]]) -> int:
     stored: set[tuple[str, int]] = set()
     read: set[tuple[str, int]] = set()
     for op in ops:
-        value = op.get("value") or {}
-        key = (str(op.get("process")), int(value.get("session", 0)))
-        if op.get("f") == "attach" and op.get("type") == "ok" and value.get("stored") is not None:
+        if op.get("f") not in ("attach", "named-read") or op.get("type") != "ok":
+            continue
+        value = op["value"]
+        key = (str(op.get("process")), int(value["session"]))
+        if op["f"] == "attach" and value.get("stored") is not None:
             stored.add(key)
-        elif op.get("f") == "named-read" and op.get("type") == "ok":
+        elif op["f"] == "named-read":
             read.add(key)
     return len(stored & read)

@@ -22,6 +22,10 @@ recorded in the history (chaos.checker's format) as it happens.
   attach reply carried, `named-read`s, a `named-commit` by hand every few messages and before
   closing; a session ends early when its link fails (no transparent reattach: the next
   session's attach is the resume the checker judges).
+- Single active consumers `s<p>a` and `s<p>b` share the name `s<p>` on partition p (ADR 0013):
+  the same sessions as a named consumer's (`sac-attach`, `sac-read`, `sac-commit`), one of
+  the two receiving at a time; when the active one's session ends the other takes over after
+  the stored offset.
 - `final_read` reads every partition whole after the faults are healed, from the gateway
   (process "final") and from each node directly (the per-replica reads for `diverged`).
 """
@@ -51,6 +55,10 @@ from spate.client.errors import (
 GROUP = "chaos"
 GROUP_COMMIT_EVERY = 10
 NAMED_COMMIT_EVERY = 7
+NAMED_FS = ("attach", "named-read", "named-commit")
+SAC_FS = ("sac-attach", "sac-read", "sac-commit")
+"""The history's `f` of a named consumer's and a single active consumer's attach, read and
+commit (chaos.checker)."""
 STALE_PROBE_CHANCE = 0.25
 """Of a member's turns, those that begin by asking for a stale epoch (which must be refused)."""
 SEND_TIMEOUT_S = 5.0
@@ -119,6 +127,9 @@ class Workload:
                 self._spawn(f"g{p}{slot}", functools.partial(self._group_member, p, slot))
         for p in range(self.partitions):
             self._spawn(f"n{p}", functools.partial(self._named_consumer, p))
+            for slot in "ab":
+                sac = functools.partial(self._named_consumer, p, f"s{p}{slot}", f"s{p}")
+                self._spawn(f"s{p}{slot}", sac)
         if self.admin_addresses:
             self._spawn("admin", self._administer)
 
@@ -325,42 +336,55 @@ class Workload:
         self.history.record(process, "ok", "commit", {**value, "offset": stored})
         return True
 
-    def _named_consumer(self, partition: int) -> None:
-        """Sessions of a named manual-commit consumer on `partition`, one after another."""
-        process = f"n{partition}"
+    def _named_consumer(
+        self, partition: int, process: str | None = None, sac_name: str | None = None
+    ) -> None:
+        """Sessions of a named manual-commit consumer on `partition`, one after another; with
+        `sac_name`, a member of that name's single active consumer group."""
+        process = process or f"n{partition}"
+        fs = NAMED_FS if sac_name is None else SAC_FS
         rng = random.Random(process)
         session = 0
         while not self.stopping.is_set():
             session += 1
-            value = {"partition": partition, "session": session}
-            self.history.record(process, "invoke", "attach", value)
+            value: dict[str, Any] = {"partition": partition, "session": session}
+            if sac_name is not None:
+                value["name"] = sac_name
+            self.history.record(process, "invoke", fs[0], value)
             try:
                 consumer = Consumer(
-                    self._gateways(partition),
+                    self._gateways(partition + (process.endswith("b"))),
                     self.stream,
                     partition=partition,
-                    name=process,
+                    name=sac_name or process,
+                    single_active=sac_name is not None,
                     commit="manual",
                     timeout_s=SEND_TIMEOUT_S,
                 )
             except AttachRefused as refused:
                 self.history.record(
-                    process, "fail", "attach", {**value, "condition": refused.condition}
+                    process, "fail", fs[0], {**value, "condition": refused.condition}
                 )
                 self.stopping.wait(rng.uniform(0.2, 1.0))
                 continue
             except Exception:  # no answer: attached or not
-                self.history.record(process, "info", "attach", value)
+                self.history.record(process, "info", fs[0], value)
                 self.stopping.wait(rng.uniform(0.2, 1.0))
                 continue
             attached = {**value, "stored": consumer.stored_offset}
-            self.history.record(process, "ok", "attach", attached)
-            self._named_session(process, consumer, value, time.monotonic() + rng.uniform(1.5, 4))
+            self.history.record(process, "ok", fs[0], attached)
+            until = time.monotonic() + rng.uniform(1.5, 4)
+            self._named_session(process, consumer, value, until, fs)
             _closed(consumer)
             self.stopping.wait(rng.uniform(0.0, 0.5))
 
     def _named_session(
-        self, process: str, consumer: Consumer, session: dict[str, int], until: float
+        self,
+        process: str,
+        consumer: Consumer,
+        session: dict[str, Any],
+        until: float,
+        fs: tuple[str, str, str],
     ) -> None:
         last: int | None = None
         pending = 0
@@ -372,26 +396,25 @@ class Workload:
             except Exception:  # the link failed: this session is over
                 return
             read = {**session, "offset": event.offset, "value": _body(event)}
-            self.history.record(process, "ok", "named-read", read)
+            self.history.record(process, "ok", fs[1], read)
             last, pending = event.offset, pending + 1
             if pending == NAMED_COMMIT_EVERY:
-                if not self._named_commit(process, consumer, session, last):
+                if not self._named_commit(process, consumer, {**session, "offset": last}, fs[2]):
                     return
                 pending = 0
         if pending and last is not None:
-            self._named_commit(process, consumer, session, last)
+            self._named_commit(process, consumer, {**session, "offset": last}, fs[2])
 
     def _named_commit(
-        self, process: str, consumer: Consumer, session: dict[str, int], offset: int
+        self, process: str, consumer: Consumer, value: dict[str, Any], f: str
     ) -> bool:
-        value = {**session, "offset": offset}
-        self.history.record(process, "invoke", "named-commit", value)
+        self.history.record(process, "invoke", f, value)
         try:
             stored = consumer.commit()
         except Exception:  # the link went away first: stored or not
-            self.history.record(process, "info", "named-commit", value)
+            self.history.record(process, "info", f, value)
             return False
-        self.history.record(process, "ok", "named-commit", {**value, "offset": stored})
+        self.history.record(process, "ok", f, {**value, "offset": stored})
         return True
 
     def _administer(self) -> None:
