@@ -84,6 +84,16 @@ partition p, one active at a time, each in sessions like a named consumer's): `s
 |            | + 1 (messages no member is given), once one has been acknowledged           |
 | sac-skip   | a member's reads within one session are not consecutive                     |
 
+Super streams: producers `r<i>` publish to a super stream's address, each message routed by
+the broker on its `event-streams-group-key`; the workload records each `send` with the
+partition stream the key must land on (RabbitMQ's rule, MurmurHash3 computed by the workload)
+as partition `SUPER_BASE + i`, and the final reads of the partition streams likewise. All the
+checks above apply to them (no deduplication: each value is sent once, never resent), and:
+
+| kind      | meaning                                                                     |
+|-----------|-----------------------------------------------------------------------------|
+| misrouted | a value stored in another partition stream than its key's                   |
+
 The metadata service (partition -1 in the verdict, "metadata" in reports): process "admin"
 creates streams with new names, lists them and deletes them, each through any node's admin API
 (`f` "create" / "delete" with the name as value, "list" with the names seen as value). Each name
@@ -133,6 +143,7 @@ ANOMALY_KINDS = (
     "sac-repeat",
     "sac-gap",
     "sac-skip",
+    "misrouted",
     "admin-missing",
     "admin-resurrected",
     "admin-premature",
@@ -140,6 +151,9 @@ ANOMALY_KINDS = (
 )
 METADATA = -1
 """The verdict's key for the metadata service's result."""
+SUPER_BASE = 100
+"""Partition `SUPER_BASE + i` in a history and the verdict is the super stream's i-th
+partition stream."""
 EXAMPLES_MAX = 10
 """Examples kept per anomaly kind and partition (the counts are exact)."""
 
@@ -649,6 +663,13 @@ def _check_final(
         kind = outcome.get(value)
         if kind is None:
             result.add("unexpected", f"{value!r} at offset {offset} was never sent")
+        elif partition_of.get(value) != result.partition and result.partition >= SUPER_BASE:
+            result.add(
+                "misrouted",
+                f"{value!r} at offset {offset} of partition stream "
+                f"{result.partition - SUPER_BASE}; its key routes to "
+                f"{partition_of[value] - SUPER_BASE}",
+            )
         elif partition_of.get(value) != result.partition:
             result.add("unexpected", f"{value!r} at offset {offset} was sent to another partition")
     for value, count in counts.items():

@@ -39,6 +39,8 @@ from chaos.workload import History, Workload, read_partition
 
 STREAM = "chaos"
 PARTITIONS = 3
+SUPER_STREAM = "chaos-routed"
+SUPER_PARTITIONS = 3
 PRODUCERS = 6
 HEAL_TIMEOUT_S = 120.0
 
@@ -106,11 +108,18 @@ def _exercise(
     """Start the cluster and the workload, inject the faults, heal, read everything back."""
     cluster.start()
     cluster.cli("stream", "create", STREAM, "--partitions", str(PARTITIONS), "--replicas", "3")
+    cluster.cli(
+        "superstream", "create", SUPER_STREAM, "--partitions", str(SUPER_PARTITIONS),
+        "--replicas", "3",
+    )  # fmt: skip
     _wait_for_leaders(cluster)
     node_urls = [cluster.url(n) for n in cluster.node_names]
     admin = [f"{cluster.host(n).address}:{ADMIN_PORT}" for n in cluster.node_names]
     gateway_urls = [cluster.url(g) for g in cluster.gateway_names]
-    workload = Workload(history, gateway_urls, node_urls, STREAM, PARTITIONS, PRODUCERS, admin)
+    workload = Workload(
+        history, gateway_urls, node_urls, STREAM, PARTITIONS, PRODUCERS, admin,
+        (SUPER_STREAM, SUPER_PARTITIONS),
+    )  # fmt: skip
     nemesis = Nemesis(cluster, history, STREAM, faults)
     workload.start()
     nemesis.start()
@@ -136,13 +145,22 @@ def _wait_for_leaders(cluster: ChaosCluster) -> None:
     while True:
         try:
             leaders = cluster.leaders(STREAM)
-            if len(leaders) == PARTITIONS and all(leaders.values()):
+            routed = [cluster.leaders(s) for s in _super_partition_streams()]
+            if (
+                len(leaders) == PARTITIONS
+                and all(leaders.values())
+                and all(len(r) == 1 and all(r.values()) for r in routed)
+            ):
                 return
         except RuntimeError:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"the partitions of {STREAM} have no leaders after the heal")
         time.sleep(0.5)
+
+
+def _super_partition_streams() -> list[str]:
+    return [f"{SUPER_STREAM}-{i}" for i in range(SUPER_PARTITIONS)]
 
 
 def _heal(cluster: ChaosCluster) -> None:
@@ -180,11 +198,35 @@ def _final_reads(
         for offset, value, stamp in read_partition(cluster.url("g1"), STREAM, partition, end):
             read = {"partition": partition, "offset": offset, "value": value, "timestamp": stamp}
             history.record("final", "ok", "read", read)
+    # The super stream's partition streams (one partition each): partition SUPER_BASE + i.
+    super_ends: dict[int, int] = {}
+    super_hosted: dict[str, list[int]] = defaultdict(list)
+    for i, name in enumerate(_super_partition_streams()):
+        for node in cluster.node_names:
+            try:
+                described = cluster.cli("stream", "describe", name, at=node)
+            except RuntimeError:
+                continue
+            for p in described["partitions"]:
+                if p["available"]:
+                    super_ends[i] = max(super_ends.get(i, 0), int(p["end_offset"] or 0))
+                    super_hosted[node].append(i)
+        if i not in super_ends:
+            raise RuntimeError(f"no node reports the end offset of {name}")
+        entries = read_partition(cluster.url("g1"), name, 0, super_ends[i])
+        for offset, value, stamp in entries:
+            read = {"partition": checker.SUPER_BASE + i, "offset": offset, "value": value,
+                    "timestamp": stamp}  # fmt: skip
+            history.record("final", "ok", "read", read)
     replicas: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(dict)
     for node in cluster.node_names:
         for partition in hosted[node]:
             entries = read_partition(cluster.url(node), STREAM, partition, ends[partition])
             replicas[node][partition] = [(o, v) for o, v, _ in entries]
+        for i in super_hosted[node]:
+            name = _super_partition_streams()[i]
+            entries = read_partition(cluster.url(node), name, 0, super_ends[i])
+            replicas[node][checker.SUPER_BASE + i] = [(o, v) for o, v, _ in entries]
     return replicas
 
 
@@ -217,6 +259,14 @@ def _report(
             f"| {p} | {r.acknowledged} | {r.stored} | {r.recovered} | {r.indeterminate_lost} "
             f"| {r.failed} | {r.reads} | {anomalies} |"
         )
+    if any(p >= checker.SUPER_BASE for p in verdict.partitions):
+        lines += [
+            "",
+            f"Partitions {checker.SUPER_BASE}.. are the super stream `{SUPER_STREAM}`'s "
+            f"partition streams (`{SUPER_STREAM}-0`..), written by routed producers (`r<i>`, "
+            "the broker routing each message by its key) and checked as partitions, and for "
+            "misrouted values.",
+        ]
     meta = verdict.partitions.get(checker.METADATA)
     if meta is not None:
         anomalies = ", ".join(f"{k} {v}" for k, v in sorted(meta.anomalies.items())) or "none"

@@ -26,6 +26,11 @@ recorded in the history (chaos.checker's format) as it happens.
   the same sessions as a named consumer's (`sac-attach`, `sac-read`, `sac-commit`), one of
   the two receiving at a time; when the active one's session ends the other takes over after
   the stored offset.
+- Routed producers `r<i>` publish to the super stream (its partition streams `<super>-0`..)
+  through the gateways, each message with the routing key `k<n mod 37>` in its
+  `event-streams-group-key`, no deduplication (a super-stream sender takes no producer name),
+  one at a time, never resending: `send` with partition `SUPER_BASE + mmh3(key) % N`, the
+  partition stream the key must land on, computed here (RabbitMQ's rule, ADR 0014).
 - `final_read` reads every partition whole after the faults are healed, from the gateway
   (process "final") and from each node directly (the per-replica reads for `diverged`).
 """
@@ -44,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import mmh3
 from spate.client import Consumer, Producer
 from spate.client.errors import (
     AttachRefused,
@@ -51,8 +57,14 @@ from spate.client.errors import (
     PublishRefused,
     is_retryable_outcome,
 )
+from spate.client.messages import MessageParts
+
+from chaos.checker import SUPER_BASE
 
 GROUP = "chaos"
+ROUTING_SEED = 104729
+"""RabbitMQ's stream clients' MurmurHash3 seed (issue 8)."""
+ROUTING_KEYS = 37
 GROUP_COMMIT_EVERY = 10
 NAMED_COMMIT_EVERY = 7
 NAMED_FS = ("attach", "named-read", "named-commit")
@@ -104,10 +116,13 @@ class Workload:
         partitions: int,
         producers: int,
         admin_addresses: list[str] | None = None,
+        super_stream: tuple[str, int] | None = None,
     ) -> None:
+        """`super_stream`: (name, partition count) for the routed producers, none without."""
         self.history = history
         self.gateway_urls, self.node_urls = gateway_urls, node_urls
         self.admin_addresses = admin_addresses or []
+        self.super_stream = super_stream
         self.stream, self.partitions, self.producers = stream, partitions, producers
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -130,6 +145,9 @@ class Workload:
             for slot in "ab":
                 sac = functools.partial(self._named_consumer, p, f"s{p}{slot}", f"s{p}")
                 self._spawn(f"s{p}{slot}", sac)
+        if self.super_stream is not None:
+            for i in range(2):
+                self._spawn(f"r{i}", functools.partial(self._route, i, *self.super_stream))
         if self.admin_addresses:
             self._spawn("admin", self._administer)
 
@@ -189,6 +207,38 @@ class Workload:
                 producer = None
             except (AttachRefused, ConnectionLost, TimeoutError, OSError):
                 # no answer, or the resend's re-attach was refused until the client gave up
+                self.history.record(process, "info", "send", value)
+                _closed(producer)
+                producer = None
+            n += 1
+        if producer is not None:
+            _closed(producer)
+
+    def _route(self, i: int, super_stream: str, partitions: int) -> None:
+        """Publish to `super_stream`'s address, the broker routing each message by its key."""
+        process = f"r{i}"
+        producer: Producer | None = None
+        n = 0
+        while not self.stopping.is_set():
+            if producer is None:
+                try:
+                    producer = Producer(self._gateways(i), super_stream, timeout_s=SEND_TIMEOUT_S)
+                except Exception:  # no cluster to talk to yet, or refused during a fault
+                    self.stopping.wait(0.5)
+                    continue
+            text, key = f"{process}-{n}", f"k{n % ROUTING_KEYS}"
+            routed = mmh3.hash(key.encode(), ROUTING_SEED, signed=False) % partitions
+            value = {"partition": SUPER_BASE + routed, "value": text, "key": key}
+            self.history.record(process, "invoke", "send", value)
+            try:
+                producer.send(MessageParts(text.encode(), group_key=key))
+                self.history.record(process, "ok", "send", value)
+            except PublishRefused as refused:
+                retryable = is_retryable_outcome(refused.condition, refused.info)
+                self.history.record(process, "info" if retryable else "fail", "send", value)
+                _closed(producer)
+                producer = None
+            except (AttachRefused, ConnectionLost, TimeoutError, OSError):
                 self.history.record(process, "info", "send", value)
                 _closed(producer)
                 producer = None

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from chaos import run
-from chaos.checker import check
+from chaos.checker import SUPER_BASE, check
 
 
 def send(process: str, partition: int, value: str, outcome: str) -> list[dict[str, Any]]:
@@ -443,3 +443,36 @@ def test_the_report_summarises_every_workload(tmp_path: Path) -> None:
     assert "Single active consumers: 0 member sessions attached" in summary
     assert "6 reads by 2 members" in summary
     assert json.loads((tmp_path / "verdict.json").read_text())["valid"] is True
+
+
+def routed_history() -> list[dict[str, Any]]:
+    """r0's messages to the super stream: keys routed to partition streams 0 and 2 (SUPER_BASE
+    + i); one unknown send not stored, one refused."""
+    ops = []
+    for n, routed in enumerate((0, 2, 2, 0)):
+        ops += send("r0", SUPER_BASE + routed, f"r0-{n}", "ok")
+    ops += send("r0", SUPER_BASE + 2, "r0-4", "info")
+    ops += send("r0", SUPER_BASE + 0, "r0-5", "fail")
+    ops += [read("final", SUPER_BASE, 0, "r0-0"), read("final", SUPER_BASE, 1, "r0-3")]
+    ops += [read("final", SUPER_BASE + 2, 0, "r0-1"), read("final", SUPER_BASE + 2, 1, "r0-2")]
+    return ops
+
+
+def test_a_clean_routed_history_is_valid() -> None:
+    verdict = check([*clean(), *routed_history()])
+    assert verdict.valid, verdict.to_json()
+    assert verdict.partitions[SUPER_BASE + 2].acknowledged == 2
+
+
+def test_a_value_stored_in_another_partition_stream_is_misrouted_and_lost() -> None:
+    ops = [*clean(), *routed_history()]
+    ops = [
+        {**op, "value": {**op["value"], "partition": SUPER_BASE + 1}}
+        if op["process"] == "final" and op["value"]["value"] == "r0-3"
+        else op
+        for op in ops
+    ]
+    totals = check(ops).totals()
+    assert totals["misrouted"] == 1 and totals["lost"] == 1, totals
+    # in a plain stream's partitions the same is "unexpected", as before
+    assert "misrouted" not in check([*clean(), read("final", 1, 0, "p0-1")]).totals()
