@@ -475,16 +475,7 @@ def check_groups(
                 f"read offset {first_read[key][0]}",
             )
     for (process, epoch, partition), entries in reads.items():
-        truth = dict(final.get(partition, []))
-        result(partition).reads += len(entries)
-        for offset, value in entries:
-            stored_value = truth.get(offset)
-            if stored_value is not None and stored_value != value:
-                result(partition).add(
-                    "read-mismatch",
-                    f"{process} (epoch {epoch}) read {value!r} at offset {offset}; "
-                    f"stored: {stored_value!r}",
-                )
+        _judge_reads(result(partition), f"{process} (epoch {epoch})", entries, final, None)
 
 
 def check_named(
@@ -542,21 +533,8 @@ def check_named(
         if (process, session) not in session_partition:
             continue  # reads of a session whose attach was never acknowledged: none happen
         partition = session_partition[(process, session)]
-        truth = dict(final.get(partition, []))
-        result(partition).reads += len(entries)
-        for (o1, _), (o2, _) in itertools.pairwise(entries):
-            if o2 != o1 + 1:
-                result(partition).add(
-                    "named-skip", f"{process} session {session} read offset {o2} after {o1}"
-                )
-        for offset, value in entries:
-            stored_value = truth.get(offset)
-            if stored_value is not None and stored_value != value:
-                result(partition).add(
-                    "read-mismatch",
-                    f"{process} session {session} read {value!r} at offset {offset}; "
-                    f"stored: {stored_value!r}",
-                )
+        who = f"{process} session {session}"
+        _judge_reads(result(partition), who, entries, final, "named-skip")
 
 
 def check_sac(
@@ -600,21 +578,34 @@ def check_sac(
                 f"{process} session {session} of {name} first read offset {first} at {at:.2f}s; "
                 f"the greatest commit asked for before was {max(invoked)}",
             )
-        truth = dict(final.get(partition, []))
-        result(partition).reads += len(entries)
-        for (o1, _, _), (o2, _, _) in itertools.pairwise(entries):
+        pairs = [(offset, value) for offset, value, _ in entries]
+        who = f"{process} session {session}"
+        _judge_reads(result(partition), who, pairs, final, "sac-skip")
+
+
+def _judge_reads(
+    result: PartitionResult,
+    who: str,
+    entries: Sequence[tuple[int, str]],
+    final: Mapping[int, list[tuple[int, str]]],
+    skip: str | None,
+) -> None:
+    """One reader's reads of `result`'s partition: counted, each value held to the final
+    read's at its offset (read-mismatch) and, with `skip` (the kind to report), each offset
+    to the one before + 1."""
+    truth = dict(final.get(result.partition, []))
+    result.reads += len(entries)
+    if skip is not None:
+        for (o1, _), (o2, _) in itertools.pairwise(entries):
             if o2 != o1 + 1:
-                result(partition).add(
-                    "sac-skip", f"{process} session {session} read offset {o2} after {o1}"
-                )
-        for offset, value, _ in entries:
-            stored_value = truth.get(offset)
-            if stored_value is not None and stored_value != value:
-                result(partition).add(
-                    "read-mismatch",
-                    f"{process} session {session} read {value!r} at offset {offset}; "
-                    f"stored: {stored_value!r}",
-                )
+                result.add(skip, f"{who} read offset {o2} after {o1}")
+    for offset, value in entries:
+        stored_value = truth.get(offset)
+        if stored_value is not None and stored_value != value:
+            result.add(
+                "read-mismatch",
+                f"{who} read {value!r} at offset {offset}; stored: {stored_value!r}",
+            )
 
 
 def _check_stale_grants(grants: Sequence[_Timed], result: Callable[[int], PartitionResult]) -> None:

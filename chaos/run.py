@@ -292,11 +292,7 @@ def _report(
             "or cut off first); checked for fenced-commit, stale-grant, commit-lost, group-skip "
             "and read-mismatch (above).",
         ]
-    named = Counter(
-        (str(op["f"]), str(op["type"]))
-        for op in ops
-        if op.get("f") in ("attach", "named-read", "named-commit") and op.get("type") != "invoke"
-    )
+    named = _completions(ops, ("attach", "named-read", "named-commit"))
     if named:
         resumed = _named_resumes(ops)
         lines += [
@@ -308,11 +304,7 @@ def _report(
             "unknown; checked for named-commit-lost, named-ahead, named-resume, named-skip and "
             "read-mismatch (above).",
         ]
-    sac = Counter(
-        (str(op["f"]), str(op["type"]))
-        for op in ops
-        if op.get("f") in ("sac-attach", "sac-read", "sac-commit") and op.get("type") != "invoke"
-    )
+    sac = _completions(ops, ("sac-attach", "sac-read", "sac-commit"))
     if sac:
         members = sorted({str(op["process"]) for op in ops if op.get("f") == "sac-read"})
         lines += [
@@ -405,6 +397,15 @@ def _plot(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _completions(ops: list[dict[str, Any]], fs: tuple[str, ...]) -> Counter[tuple[str, str]]:
+    """(f, type) counts of the completed operations of these `f`s."""
+    return Counter(
+        (str(op["f"]), str(op["type"]))
+        for op in ops
+        if op.get("f") in fs and op.get("type") != "invoke"
+    )
 
 
 def _named_resumes(ops: list[dict[str, Any]]) -> int:

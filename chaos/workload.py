@@ -196,18 +196,7 @@ class Workload:
                     continue
             text = f"{process}-{n}"
             value = {"partition": partition, "value": text}
-            self.history.record(process, "invoke", "send", value)
-            try:
-                producer.send(text.encode(), publishing_id=n + 1)
-                self.history.record(process, "ok", "send", value)
-            except PublishRefused as refused:
-                retryable = is_retryable_outcome(refused.condition, refused.info)
-                self.history.record(process, "info" if retryable else "fail", "send", value)
-                _closed(producer)
-                producer = None
-            except (AttachRefused, ConnectionLost, TimeoutError, OSError):
-                # no answer, or the resend's re-attach was refused until the client gave up
-                self.history.record(process, "info", "send", value)
+            if not self._send(process, producer, value, text.encode(), n + 1):
                 _closed(producer)
                 producer = None
             n += 1
@@ -229,22 +218,35 @@ class Workload:
             text, key = f"{process}-{n}", f"k{n % ROUTING_KEYS}"
             routed = mmh3.hash(key.encode(), ROUTING_SEED, signed=False) % partitions
             value = {"partition": SUPER_BASE + routed, "value": text, "key": key}
-            self.history.record(process, "invoke", "send", value)
-            try:
-                producer.send(MessageParts(text.encode(), group_key=key))
-                self.history.record(process, "ok", "send", value)
-            except PublishRefused as refused:
-                retryable = is_retryable_outcome(refused.condition, refused.info)
-                self.history.record(process, "info" if retryable else "fail", "send", value)
-                _closed(producer)
-                producer = None
-            except (AttachRefused, ConnectionLost, TimeoutError, OSError):
-                self.history.record(process, "info", "send", value)
+            if not self._send(process, producer, value, MessageParts(text.encode(), key)):
                 _closed(producer)
                 producer = None
             n += 1
         if producer is not None:
             _closed(producer)
+
+    def _send(
+        self,
+        process: str,
+        producer: Producer,
+        value: dict[str, Any],
+        body: bytes | MessageParts,
+        publishing_id: int | None = None,
+    ) -> bool:
+        """One send waiting for its confirm, recorded; False when the producer is done for."""
+        self.history.record(process, "invoke", "send", value)
+        try:
+            producer.send(body, publishing_id=publishing_id)
+        except PublishRefused as refused:
+            retryable = is_retryable_outcome(refused.condition, refused.info)
+            self.history.record(process, "info" if retryable else "fail", "send", value)
+            return False
+        except (AttachRefused, ConnectionLost, TimeoutError, OSError):
+            # no answer, or the resend's re-attach was refused until the client gave up
+            self.history.record(process, "info", "send", value)
+            return False
+        self.history.record(process, "ok", "send", value)
+        return True
 
     def _consume(self, partition: int) -> None:
         process = f"c{partition}"
