@@ -62,11 +62,20 @@ SUMMARY: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("filter section (`filtering.section`)", ("section",), False),
     ("replication batch (`ReplicationHost._drive`)", ("ReplicationHost._drive",), False),
     ("- the log write (`RaftStore.persist`)", ("RaftStore.persist",), False),
-    ("replication input (`Transport._accept`)", ("Transport._accept",), False),
+    (
+        "replication input (`Transport._accept`; `FrameReceiver.buffer_updated`, ADR 0039)",
+        ("Transport._accept", "FrameReceiver.buffer_updated"),
+        False,
+    ),
     (
         "- frame read (`read_frame`) and decode (`decode_raft`)",
         ("read_frame", "decode_raft"),
         False,
+    ),
+    (
+        "- the frame splitter, self (`FrameSplitter`, ADR 0039)",
+        ("FrameSplitter.wrote", "FrameSplitter._split", "FrameSplitter.buffer"),
+        True,
     ),
     ("Raft frame encode (`encode_raft`)", ("encode_raft",), False),
     (
