@@ -2,8 +2,9 @@
 is acknowledged before its sync either way.
 
 Three ReplicationHosts in one process (real sockets on 127.0.0.1, real files with fdatasync),
-run both ways: syncs inline on the loop thread (`inline_sync_bytes=INLINE_SYNC_BYTES_MAX`) and
-all on the fsync thread (0, the default and the path before ADR 0036). The followers'
+run three ways: syncs inline on the loop thread (`inline_sync_bytes=INLINE_SYNC_BYTES_MAX`),
+and all on the fsync thread (0, the default) handed over either by the sync thread's queue and
+eventfd (ADR 0040, the default) or by `run_in_executor` (the path before it). The followers'
 `RaftStore.run_sync` is wrapped to record what each sync made durable, and their transports'
 `send` to look at every frame leaving: an ack (an accepted AppendResponse) must never name an
 index its node has not synced yet (ADR 0005's send rule; BRIEF §2.3: `accepted` only after a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -40,8 +42,13 @@ from tests.replication.test_shell_cluster import SECRET, TICK_MS, until
 STREAM = StreamName("s")
 P0 = PartitionId(0)
 IDS = [NodeId("n1"), NodeId("n2"), NodeId("n3")]
-MODES = {"inline": INLINE_SYNC_BYTES_MAX, "threaded": 0}
-"""Inline syncs on with the limit tried (ADR 0036), and off (the default)."""
+MODES: dict[str, tuple[int, str]] = {
+    "inline": (INLINE_SYNC_BYTES_MAX, "thread"),
+    "thread": (0, "thread"),
+    "executor": (0, "executor"),
+}
+"""(inline_sync_bytes, handoff): inline syncs on with the limit tried (ADR 0036); off, the
+others on the sync thread (ADR 0040, the default); off, through `run_in_executor`."""
 
 
 class Watched:
@@ -87,9 +94,7 @@ class Watched:
 
 
 @contextlib.asynccontextmanager
-async def three_hosts(
-    root: Path, inline_sync_bytes: int | None
-) -> AsyncIterator[dict[NodeId, Watched]]:
+async def three_hosts(root: Path, mode: str) -> AsyncIterator[dict[NodeId, Watched]]:
     """Three hosts with a leader and one entry committed on every replica; only then are
     their syncs and acks watched (what was synced before is known from `raft.log.stable`)."""
     addresses: dict[NodeId, tuple[str, int]] = {}
@@ -106,7 +111,8 @@ async def three_hosts(
                 peers=addresses.get,
                 tick_ms=TICK_MS,
                 rng_seed=IDS.index(node),
-                inline_sync_bytes=inline_sync_bytes,
+                inline_sync_bytes=MODES[mode][0],
+                handoff=MODES[mode][1],
             )
             hosts[node] = host
             addresses[node] = ("127.0.0.1", await host.start())
@@ -133,10 +139,10 @@ def leader_of(nodes: dict[NodeId, Watched]) -> tuple[Watched, list[Watched]]:
 def run(
     body: Callable[[dict[NodeId, Watched]], Coroutine[None, None, None]],
     root: Path,
-    inline: int | None,
+    mode: str,
 ) -> None:
     async def main() -> None:
-        async with three_hosts(root, inline) as nodes:
+        async with three_hosts(root, mode) as nodes:
             await body(nodes)
 
     asyncio.run(main())
@@ -166,7 +172,7 @@ def test_acks_leave_only_after_the_sync_that_covers_them(
             else:
                 assert follower.host.syncs_inline == 0 and follower.host.syncs_threaded > 0
 
-    run(body, tmp_path, MODES[mode])
+    run(body, tmp_path, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -195,7 +201,7 @@ def test_a_failing_sync_acknowledges_nothing(tmp_path: Path, mode: str) -> None:
             assert follower.part.failure is not None
         append.cancel()
 
-    run(body, tmp_path, MODES[mode])
+    run(body, tmp_path, mode)
 
 
 def test_a_slow_inline_sync_sends_the_next_ones_to_the_fsync_thread(tmp_path: Path) -> None:
@@ -214,7 +220,7 @@ def test_a_slow_inline_sync_sends_the_next_ones_to_the_fsync_thread(tmp_path: Pa
         await until(lambda: follower.host.syncs_threaded > threaded, "later syncs are threaded")
         assert follower.early_acks() == []
 
-    run(body, tmp_path, MODES["inline"])
+    run(body, tmp_path, "inline")
 
 
 def test_a_busy_loop_keeps_its_syncs_on_the_fsync_thread(
@@ -249,7 +255,7 @@ def test_a_busy_loop_keeps_its_syncs_on_the_fsync_thread(
         assert all(h.syncs_inline > n for h, n in zip(following, inline, strict=True))
         assert all(w.early_acks() == [] for w in nodes.values())
 
-    run(body, tmp_path, MODES["inline"])
+    run(body, tmp_path, "inline")
 
 
 def test_the_trace_stamps_each_batch_in_order(
@@ -259,14 +265,14 @@ def test_the_trace_stamps_each_batch_in_order(
     its steps, on both paths (the trace is what RESULTS §40's breakdown is read from)."""
     trace_dir = tmp_path / "trace"
     monkeypatch.setenv(synctrace.TRACE_ENV, str(trace_dir))
-    for mode, inline in MODES.items():
+    for mode in MODES:
 
         async def body(nodes: dict[NodeId, Watched]) -> None:
             leader, _followers = leader_of(nodes)
             for i in range(10):
                 await leader.part.append([b"r%d" % i])
 
-        run(body, tmp_path / mode, inline)
+        run(body, tmp_path / mode, mode)
         rows = []
         for path in sorted(trace_dir.glob("sync-trace-*.tsv")):
             lines = path.read_text().splitlines()
@@ -305,3 +311,57 @@ def test_inline_syncs_are_off_unless_the_environment_turns_them_on(
         monkeypatch.setenv(host_module.INLINE_BYTES_ENV, bad)
         with pytest.raises(InvalidArgument, match="SPATE_SYNC_INLINE_BYTES_MAX must be a byte"):
             host_module.inline_sync_bytes_max()
+
+
+def test_the_sync_handoff_is_the_sync_thread_unless_the_environment_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ADR 0040: the sync thread by default; $SPATE_SYNC_HANDOFF=executor puts back
+    `run_in_executor` (for A/B runs); a bad value names what to change."""
+    monkeypatch.delenv(host_module.HANDOFF_ENV, raising=False)
+    assert host_module.sync_handoff() == "thread"
+    monkeypatch.setenv(host_module.HANDOFF_ENV, "executor")
+    assert host_module.sync_handoff() == "executor"
+    monkeypatch.setenv(host_module.HANDOFF_ENV, "inline")
+    with pytest.raises(InvalidArgument, match="SPATE_SYNC_HANDOFF must be one of thread, exec"):
+        host_module.sync_handoff()
+
+
+@pytest.mark.parametrize("mode", ["thread", "executor"])
+def test_a_follower_stopping_with_its_sync_in_flight(tmp_path: Path, mode: str) -> None:
+    """A follower's host stops while its batch's fsync runs (200 ms): `stop` waits for the
+    sync before it closes the replica's files (the sync returns cleanly), the abandoned batch
+    sends no ack (the stopping host finishes nothing), and the leader commits the entry with
+    the other follower. On the sync thread (ADR 0040) the batch is finished by the thread's
+    completion callback, not the driver task, so the callback must see the stop."""
+
+    async def main() -> None:
+        async with three_hosts(tmp_path, mode) as nodes:
+            leader, followers = leader_of(nodes)
+            follower = followers[0]
+            started = threading.Event()
+            outcomes: list[str] = []
+            store = follower.part.store
+            run_sync = store.run_sync
+
+            def slow_sync(work: SyncWork) -> None:
+                started.set()
+                time.sleep(0.2)
+                try:
+                    run_sync(work)
+                except OSError as error:
+                    outcomes.append(f"failed: {error}")
+                    raise
+                outcomes.append("ok")
+
+            store.run_sync = slow_sync  # type: ignore[method-assign]
+            acks = len(follower.acks)
+            append = asyncio.ensure_future(leader.part.append([b"late"]))
+            await until(started.is_set, "the follower's sync started")
+            await follower.host.stop()
+            assert outcomes == ["ok"]
+            assert follower.part.closed
+            assert len(follower.acks) == acks, follower.acks[acks:]
+            await asyncio.wait_for(append, 10)
+
+    asyncio.run(main())

@@ -9,6 +9,12 @@ thread, in batches: ADR 0031) and closing replicas' files off the loop. The driv
     wait until woken -> driver.begin_batch() -> send its Appends -> driver.run_syncs(batch)
     -> driver.finish_batch(batch, failures) -> send its acks -> go again while woken
 
+The syncs run on the node's sync thread (`SyncThread`, ADR 0040): one long-lived thread that
+takes a batch from a queue and signals the loop through an eventfd when it is done; the loop's
+reader callback finishes the batch (acks queued and flushed) on the turn that sees the sync
+done. `$SPATE_SYNC_HANDOFF=executor` puts back the path before ADR 0040 (`run_in_executor`: a
+`concurrent.futures` round trip and the driver task resumed a loop turn later), for A/B runs.
+
 With $SPATE_SYNC_INLINE_BYTES_MAX set (off by default: ADR 0036, RESULTS §40), `run_syncs`
 runs on the loop thread itself when the batch is a follower's and small
 (`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
@@ -47,6 +53,7 @@ from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.raft import RaftConfig, Role
 from spate.node.replication.replica import monotonic_clock_ms, wall_clock_ms
 from spate.node.replication.storage import RaftStore, SyncWork
+from spate.node.replication.syncthread import SyncThread
 from spate.node.replication.synctrace import (
     BEGIN,
     BEGUN,
@@ -169,6 +176,21 @@ as busy."""
 assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 
 
+HANDOFF_ENV = "SPATE_SYNC_HANDOFF"
+"""How a batch's syncs reach the fsync thread and come back (ADR 0040): `thread` (the default,
+`SyncThread`: a queue in, an eventfd out, the batch finished in the loop's reader callback) or
+`executor` (`loop.run_in_executor`, the path before ADR 0040: kept for A/B runs)."""
+HANDOFFS = ("thread", "executor")
+
+
+def sync_handoff() -> str:
+    """$SPATE_SYNC_HANDOFF, `thread` when unset."""
+    raw = os.environ.get(HANDOFF_ENV, "").strip() or HANDOFFS[0]
+    if raw not in HANDOFFS:
+        raise InvalidArgument(f"${HANDOFF_ENV} must be one of {', '.join(HANDOFFS)}, got {raw!r}")
+    return raw
+
+
 def inline_sync_bytes_max() -> int:
     """$SPATE_SYNC_INLINE_BYTES_MAX, 0 (inline syncs off) when unset."""
     raw = os.environ.get(INLINE_BYTES_ENV, "").strip()
@@ -266,10 +288,12 @@ class ReplicationHost:
         rng_seed: int | None = None,
         raft_config: RaftConfig | None = None,
         inline_sync_bytes: int | None = None,
+        handoff: str | None = None,
     ) -> None:
         """`inline_sync_bytes`: batches that wrote at most this many bytes (and sync at most
         `INLINE_SYNCS_MAX` files) sync on the loop thread (ADR 0036); None:
-        `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread)."""
+        `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread). `handoff`: how
+        the others reach the fsync thread (`HANDOFFS`, ADR 0040); None: `sync_handoff()`."""
         assert tick_ms > 0
         self.node_id = node_id
         self.data_dir = data_dir
@@ -283,6 +307,10 @@ class ReplicationHost:
             inline_sync_bytes_max() if inline_sync_bytes is None else inline_sync_bytes
         )
         assert self.inline_sync_bytes >= 0
+        self.handoff = sync_handoff() if handoff is None else handoff
+        assert self.handoff in HANDOFFS, self.handoff
+        self._sync_thread: SyncThread | None = None
+        """The fsync thread with `handoff == "thread"` (made in `start`: it needs the loop)."""
         self._inline_after = 0.0
         self.loop_busy = 0.0
         """The loop thread's CPU time over the last tick, as a share of the tick's wall time
@@ -318,6 +346,7 @@ class ReplicationHost:
             ssl_client=ssl_client,
         )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{node_id}")
+        """The fsync thread with `handoff == "executor"` (no thread is started unless used)."""
         self._opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{node_id}")
         """Opens replicas' files (ADR 0031): not the fsync thread, whose batches (every vote of
         an election fsyncs a hard state) would queue each open behind them."""
@@ -358,6 +387,8 @@ class ReplicationHost:
     async def start(self) -> int:
         port = await self.transport.start()
         loop = asyncio.get_running_loop()
+        if self.handoff == "thread":
+            self._sync_thread = SyncThread(f"fsync-{self.node_id}", loop)
         self._tasks = [
             loop.create_task(self._drive(), name=f"replication-drive-{self.node_id}"),
             loop.create_task(self._tick(), name=f"replication-tick-{self.node_id}"),
@@ -365,6 +396,8 @@ class ReplicationHost:
         return port
 
     async def stop(self) -> None:
+        if self._stopped:  # stopped already (or stopping)
+            return
         self._stopped = True
         for task in self._tasks:
             task.cancel()
@@ -373,12 +406,15 @@ class ReplicationHost:
                 await task
         await self.transport.stop()
         # The fsync thread may still run a batch the cancelled driver loop started: let it
-        # finish before the files are closed (one worker, so this job runs after it).
-        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+        # finish before the files are closed (the batch itself is abandoned, as the driver
+        # task that would have finished it).
+        await self._syncs_done()
         if self._trace is not None:
             self._trace.dump()
         for stream, partition in list(self.driver.groups):
             self.driver.remove(stream, partition).close()
+        if self._sync_thread is not None:
+            self._sync_thread.close()
         self._executor.shutdown(wait=True)
         self._opener.shutdown(wait=True, cancel_futures=True)
         self._syncers.shutdown(wait=True)
@@ -511,11 +547,18 @@ class ReplicationHost:
         self, stream: StreamName, partition: PartitionId, *, delete: bool
     ) -> None:
         group = self.driver.remove(stream, partition)
-        # Not while the fsync thread may hold its files: the executor runs one job at a time.
-        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+        # Not while the fsync thread may hold its files.
+        await self._syncs_done()
         group.close()
         if delete:
             group.store.files.remove()
+
+    async def _syncs_done(self) -> None:
+        """Wait until the syncs handed to the fsync thread so far have returned."""
+        if self._sync_thread is not None:
+            await self._sync_thread.drain()
+        else:  # one worker: this job runs after them
+            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
 
     def partition(self, stream: StreamName, partition: PartitionId) -> ReplicatedPartition:
         return self.driver.get(stream, partition)
@@ -570,23 +613,41 @@ class ReplicationHost:
             self.transport.flush()  # a leader's Appends: the followers write while we sync
             if row is not None:
                 row[SENT] = now_ns()
-            failures: dict[ReplicatedPartition, str] = {}
-            if batch.syncs:
+            if not batch.syncs:
+                self._finish(batch, {}, row, None)
+            elif self._inline(batch):
                 started = time.perf_counter()
-                failures = await self._run_syncs(batch, row)
-                driver.fsync_seconds.observe(time.perf_counter() - started)
-            driver.finish_batch(batch, failures)
-            if row is not None:
-                row[FINISHED] = now_ns()
-            self.transport.flush()
-            if trace is not None:
-                assert row is not None
-                row[FLUSHED] = now_ns()
-                row[SYNCS] = len(batch.syncs)
-                row[BYTES] = batch.bytes_written
-                row[LEADERS] = sum(1 for g, _, _ in batch.items if g.raft.role is Role.LEADER)
-                row[BUSY] = round(self.loop_busy * 1000)
-                trace.end()
+                self._finish(batch, self._sync_inline(batch, row), row, started)
+            elif self._sync_thread is not None:
+                await self._sync_on_thread(self._sync_thread, batch, row)
+            else:
+                started = time.perf_counter()
+                self._finish(batch, await self._sync_in_executor(batch, row), row, started)
+
+    def _finish(
+        self,
+        batch: Batch[ReplicatedPartition],
+        failures: dict[ReplicatedPartition, str],
+        row: list[int] | None,
+        started: float | None,
+    ) -> None:
+        """Step 3 of a batch, once its syncs returned (`started`: when they were handed off,
+        None without syncs): acks and votes queued and flushed, the trace row closed."""
+        driver = self.driver
+        if started is not None:
+            driver.fsync_seconds.observe(time.perf_counter() - started)
+        driver.finish_batch(batch, failures)
+        if row is not None:
+            row[FINISHED] = now_ns()
+        self.transport.flush()
+        if row is not None:
+            assert self._trace is not None
+            row[FLUSHED] = now_ns()
+            row[SYNCS] = len(batch.syncs)
+            row[BYTES] = batch.bytes_written
+            row[LEADERS] = sum(1 for g, _, _ in batch.items if g.raft.role is Role.LEADER)
+            row[BUSY] = round(self.loop_busy * 1000)
+            self._trace.end()
 
     def _inline(self, batch: Batch[ReplicatedPartition]) -> bool:
         """Run this batch's syncs on the loop thread (ADR 0036)? Not when a replica in it
@@ -603,34 +664,91 @@ class ReplicationHost:
             and not any(group.raft.role is Role.LEADER for group, _ in syncs)
         )
 
-    async def _run_syncs(
+    def _sync_inline(
         self, batch: Batch[ReplicatedPartition], row: list[int] | None
     ) -> dict[ReplicatedPartition, str]:
-        """Step 2 of a batch: its fsyncs, inline when small (ADR 0036), else on the fsync
-        thread (side by side for `SIDE_BY_SIDE_SYNCS` or more, ADR 0031) while the loop goes
-        on reading and stepping frames (a leader's Appends leave meanwhile: `_woken`)."""
-        driver = self.driver
-        if self._inline(batch):
-            self.syncs_inline += 1
-            started = time.perf_counter()
-            if row is not None:
-                row[INLINE] = 1
-                row[JOB_START] = now_ns()
-            failures = driver.run_syncs(batch)
-            if row is not None:
-                row[JOB_END] = row[RESUMED] = now_ns()
-            if time.perf_counter() - started > INLINE_SYNC_SLOW_S:
-                self.inline_backoffs += 1
-                self._inline_after = time.monotonic() + INLINE_BACKOFF_S
-            return failures
+        """Step 2 of a small follower's batch on the loop thread (ADR 0036)."""
+        self.syncs_inline += 1
+        started = time.perf_counter()
+        if row is not None:
+            row[INLINE] = 1
+            row[JOB_START] = now_ns()
+        failures = self.driver.run_syncs(batch)
+        if row is not None:
+            row[JOB_END] = row[RESUMED] = now_ns()
+        if time.perf_counter() - started > INLINE_SYNC_SLOW_S:
+            self.inline_backoffs += 1
+            self._inline_after = time.monotonic() + INLINE_BACKOFF_S
+        return failures
+
+    def _sync_job(
+        self, batch: Batch[ReplicatedPartition], row: list[int] | None
+    ) -> Callable[[Batch[ReplicatedPartition]], dict[ReplicatedPartition, str]]:
+        """What the fsync thread runs for a batch: its syncs one after the other, or side by
+        side for `SIDE_BY_SIDE_SYNCS` or more (ADR 0031), stamped when traced."""
         self.syncs_threaded += 1
         run: Callable[[Batch[ReplicatedPartition]], dict[ReplicatedPartition, str]] = (
             self._run_syncs_side_by_side
             if len(batch.syncs) >= SIDE_BY_SIDE_SYNCS
-            else driver.run_syncs
+            else self.driver.run_syncs
         )
         if row is not None:
             run = functools.partial(_stamped, run, row)
+        return run
+
+    async def _sync_on_thread(
+        self, thread: SyncThread, batch: Batch[ReplicatedPartition], row: list[int] | None
+    ) -> None:
+        """Steps 2 and 3 of a batch (ADR 0040): its syncs on the sync thread while the loop
+        goes on reading and stepping frames (a leader's Appends leave meanwhile: `_woken`);
+        `_synced` finishes the batch in the loop's reader callback for the thread's eventfd,
+        and this returns once it has."""
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        self._syncing = True
+        thread.submit(
+            self._sync_job(batch, row),
+            batch,
+            functools.partial(self._synced, batch, row, started, finished),
+        )
+        try:
+            await finished
+        finally:
+            self._syncing = False
+
+    def _synced(
+        self,
+        batch: Batch[ReplicatedPartition],
+        row: list[int] | None,
+        started: float,
+        finished: asyncio.Future[None],
+        outcome: dict[ReplicatedPartition, str] | BaseException,
+    ) -> None:
+        """On the loop thread, as soon as the sync thread signals the batch's syncs done: step
+        3 at once, not on the driver task's next turn. A batch whose driver task was cancelled
+        meanwhile (the host stops) is abandoned, as before ADR 0040; an exception from the
+        thread (a bug: `run_syncs` catches OSError per replica) is raised in the driver task."""
+        self._syncing = False
+        if finished.cancelled():
+            return
+        if isinstance(outcome, BaseException):
+            finished.set_exception(outcome)
+            return
+        if row is not None:
+            row[RESUMED] = now_ns()
+        try:
+            self._finish(batch, outcome, row, started)
+        except Exception as error:  # a bug in step 3: the driver task raises it, as before
+            finished.set_exception(error)
+            return
+        finished.set_result(None)
+
+    async def _sync_in_executor(
+        self, batch: Batch[ReplicatedPartition], row: list[int] | None
+    ) -> dict[ReplicatedPartition, str]:
+        """Step 2 through `run_in_executor` (`$SPATE_SYNC_HANDOFF=executor`: the path before
+        ADR 0040, kept for A/B runs)."""
+        run = self._sync_job(batch, row)
         self._syncing = True
         try:
             failures = await asyncio.get_running_loop().run_in_executor(self._executor, run, batch)
