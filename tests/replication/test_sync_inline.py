@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from spate.core import frames
-from spate.core.errors import BrokerError, InvalidArgument
+from spate.core.errors import BrokerError, InvalidArgument, NotLeader
 from spate.core.ids import NodeId, PartitionId, StreamName
 from spate.node.log import LogConfig
 from spate.node.replication import codec, synctrace
@@ -38,6 +38,8 @@ from spate.node.replication.partition import ReplicatedPartition
 from spate.node.replication.storage import SyncWork
 
 from tests.replication.test_shell_cluster import SECRET, TICK_MS, until
+
+WARM_ATTEMPTS = 20
 
 STREAM = StreamName("s")
 P0 = PartitionId(0)
@@ -117,9 +119,7 @@ async def three_hosts(root: Path, mode: str) -> AsyncIterator[dict[NodeId, Watch
             hosts[node] = host
             addresses[node] = ("127.0.0.1", await host.start())
             parts[node] = await host.open_partition(STREAM, P0, IDS, LogConfig())
-        await until(lambda: any(p.is_leader for p in parts.values()), "a leader")
-        leader = next(p for p in parts.values() if p.is_leader)
-        await leader.append([b"warm"])
+        leader = await _warm(parts)
         await until(
             lambda: all(p.raft.log.applied >= leader.raft.log.committed for p in parts.values()),
             "every replica applied the first entry",
@@ -129,6 +129,22 @@ async def three_hosts(root: Path, mode: str) -> AsyncIterator[dict[NodeId, Watch
     finally:
         for host in hosts.values():
             await host.stop()
+
+
+async def _warm(parts: dict[NodeId, ReplicatedPartition]) -> ReplicatedPartition:
+    """One entry committed through whichever host leads; an append lost in a leader change
+    (the first election can be followed by a second on a loaded machine: CI saw it) is made
+    again at the next leader."""
+    for _ in range(WARM_ATTEMPTS):
+        await until(lambda: any(p.is_leader for p in parts.values()), "a leader")
+        leader = next(p for p in parts.values() if p.is_leader)
+        try:
+            await leader.append([b"warm"])
+        except NotLeader:
+            await asyncio.sleep(TICK_MS / 1000)
+            continue
+        return leader
+    raise AssertionError(f"no append committed in {WARM_ATTEMPTS} leaderships")
 
 
 def leader_of(nodes: dict[NodeId, Watched]) -> tuple[Watched, list[Watched]]:
