@@ -90,7 +90,7 @@ def _uint(data: bytes, at: int) -> tuple[int | None, int]:
     if code == 0x52:
         return data[at + 1], at + 2
     if code == 0x70:
-        return int.from_bytes(data[at + 1 : at + 5], "big"), at + 5
+        return _U32.unpack_from(data, at + 1)[0], at + 5
     if code == 0x40:
         return None, at + 1
     raise _Malformed(f"expected a uint, found type 0x{code:02x}")
@@ -124,7 +124,7 @@ def _list(data: bytes, at: int) -> tuple[int, int]:
     if code == 0xC0:
         return data[at + 2], at + 3
     if code == 0xD0:
-        return int.from_bytes(data[at + 5 : at + 9], "big"), at + 9
+        return _U32.unpack_from(data, at + 5)[0], at + 9
     raise _Malformed(f"a performative's fields are a list, found type 0x{code:02x}")
 
 
@@ -230,7 +230,7 @@ class InboundGuard:
                 problem = self._frame(frame, size, start)
             except _Malformed as error:
                 problem = Problem(start, "frame", f"malformed frame: {error}")
-            except IndexError:
+            except (IndexError, struct.error):  # a read past the head
                 problem = Problem(
                     start,
                     "frame",
@@ -292,7 +292,9 @@ class InboundGuard:
 
     def _frame(self, data: bytes, size: int, start: int) -> Problem | None:
         """The problem in a frame whose head is `data` (`head_bytes` of it, or the whole frame
-        when it is shorter); IndexError when its performative runs past that."""
+        when it is shorter); IndexError or struct.error when its performative runs past that
+        (every read of a performative's list and uints is an index or an unpack, which
+        raise, not a slice, which would read short)."""
         doff, kind = data[4], data[5]
         if size < 8 or doff < 2 or doff * 4 > size:
             raise _Malformed(f"frame size {size}, data offset {doff}")
@@ -348,7 +350,7 @@ class InboundGuard:
             name, at = _text(data, at)
             handle, at = _uint(data, at)
             role = data[at] == 0x41 or (data[at] == 0x56 and data[at + 1] == 1)
-        except (_Malformed, IndexError):
+        except (_Malformed, IndexError, struct.error):
             return
         if handle is not None and at < limit:
             self._note_link(channel, handle, name, role)

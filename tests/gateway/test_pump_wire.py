@@ -174,7 +174,7 @@ def test_a_transfer_with_an_extended_header_is_taken_wherever_the_read_ends(
     """The listener's inbound guard reads each frame's head before proton: the header, the
     extended header and the start of the performative. Before, it read 1024 bytes of a frame
     in all, and a read ending at that point left the performative 4 bytes in: `feed` raised
-    IndexError out of the connection's input (the C scan gave the frame to the Python step,
+    struct.error out of the connection's input (the C scan gave the frame to the Python step,
     which read past the read), so the transfer was never answered."""
     if scan == "python":
         client.server.guard.scan = None
