@@ -535,13 +535,22 @@ static PyObject *accept_run(PyObject *self, PyObject *args) {
 
 #define GUARD_HEAD_BYTES 1024 /* spate.gateway.inbound.HEAD_BYTES */
 
-/* inbound.InboundGuard._plain_transfer, with every read bounded by n (a read past the data
-   answers "not plain": the Python step decides) and the link looked up in `senders`
-   (senders[channel * 256 + handle] is 1 for a link the client sends on). */
-static int plain_transfer(const unsigned char *d, Py_ssize_t n, Py_ssize_t body,
-                          Py_ssize_t length, unsigned channel, const unsigned char *senders,
+/* inbound.head_bytes: the bytes of a frame the guard reads (header, extended header, then
+   GUARD_HEAD_BYTES of the body; the whole frame when shorter; at least the 8-byte header). */
+static Py_ssize_t head_bytes(Py_ssize_t size, Py_ssize_t doff) {
+    Py_ssize_t window = 4 * doff + GUARD_HEAD_BYTES;
+    if (size < window) window = size;
+    return window < 8 ? 8 : window;
+}
+
+/* inbound.InboundGuard._plain_transfer, with every read bounded by `end`, the end of the
+   frame's head (a read at or past it answers "not plain": the Python step decides, from the
+   same head) and the link looked up in `senders` (senders[channel * 256 + handle] is 1 for a
+   link the client sends on). */
+static int plain_transfer(const unsigned char *d, Py_ssize_t end, Py_ssize_t body,
+                          unsigned channel, const unsigned char *senders,
                           Py_ssize_t senders_len) {
-    if (length < 12 || body + 12 > n) return 0;
+    if (end - body < 12) return 0;
     if (d[body] != 0 || d[body + 1] != 0x53 || d[body + 2] != 0x14) return 0;
     int kind = d[body + 3];
     Py_ssize_t count, at;
@@ -554,7 +563,7 @@ static int plain_transfer(const unsigned char *d, Py_ssize_t n, Py_ssize_t body,
     } else {
         return 0;
     }
-    if (count < 4 || at + 2 > n) return 0;
+    if (count < 4 || at + 2 > end) return 0;
     unsigned handle;
     if (d[at] == 0x43) {
         handle = 0;
@@ -567,7 +576,7 @@ static int plain_transfer(const unsigned char *d, Py_ssize_t n, Py_ssize_t body,
     }
     Py_ssize_t index = (Py_ssize_t)channel * 256 + handle;
     if (index >= senders_len || !senders[index]) return 0;
-    if (at >= n) return 0;
+    if (at >= end) return 0;
     if (d[at] == 0x52)
         at += 2;
     else if (d[at] == 0x43)
@@ -576,18 +585,18 @@ static int plain_transfer(const unsigned char *d, Py_ssize_t n, Py_ssize_t body,
         at += 5;
     else
         return 0;
-    if (at + 2 > n || d[at] != 0xA0) return 0;
+    if (at + 2 > end || d[at] != 0xA0) return 0;
     at += 2 + d[at + 1];
-    return at < n && d[at] == 0x43;
+    return at < end && d[at] == 0x43;
 }
 
 PyDoc_STRVAR(scan_transfers_doc,
 "scan_transfers(data, at, senders) -> (at, skip)\n\n"
 "The inbound guard's hot path: from `at` (a frame boundary), pass over every frame that is a\n"
 "format-0 transfer on a link the client sends on, in the encodings clients use\n"
-"(InboundGuard._plain_transfer). Stops at the first other frame, or one whose head is not all\n"
-"in `data`, and returns its position; `skip` is what the last frame passed over still has\n"
-"beyond `data` (then `at` is len(data)).");
+"(InboundGuard._plain_transfer, reading each frame's head only: inbound.head_bytes). Stops at\n"
+"the first other frame, or one whose head is not all in `data`, and returns its position;\n"
+"`skip` is what the last frame passed over still has beyond `data` (then `at` is len(data)).");
 
 static PyObject *scan_transfers(PyObject *self, PyObject *args) {
     Py_buffer data, senders;
@@ -602,10 +611,11 @@ static PyObject *scan_transfers(PyObject *self, PyObject *args) {
         if (n - at < 8) break;
         Py_ssize_t size = (Py_ssize_t)be32(d + at);
         Py_ssize_t doff = d[at + 4];
-        if (n - at < (size < GUARD_HEAD_BYTES ? size : GUARD_HEAD_BYTES)) break;
+        Py_ssize_t window = head_bytes(size, doff);
+        if (n - at < window) break;
         if (d[at + 5] != 0 || size < 8 || doff < 2 || doff * 4 > size) break;
         unsigned channel = ((unsigned)d[at + 6] << 8) | d[at + 7];
-        if (!plain_transfer(d, n, at + 4 * doff, size - 4 * doff, channel,
+        if (!plain_transfer(d, at + window, at + 4 * doff, channel,
                             (const unsigned char *)senders.buf, senders.len))
             break;
         if (size <= n - at) {

@@ -17,7 +17,13 @@ rest. Spate stores AMQP messages (message-format 0, core §2.7.5 / 002 §3.2); a
 another format is refused by ending its link with `amqp:not-implemented` (docs/amqp.md).
 
 Cost: one header unpack per frame, a few bytes more per transfer; the head of a frame split
-across reads is kept (at most `HEAD_BYTES`), its body skipped, never copied.
+across reads is kept (at most `head_bytes`: the frame header with any extended header, then
+`HEAD_BYTES` of the performative), its body skipped, never copied.
+
+Every decision about a frame reads its head and nothing else: not the bytes past the frame's
+end (the next frame's), not more than the head of a long one. So where the reads are cut never
+changes what is found, and a read past the head is the frame's fault (a performative cut short
+by its frame's size: `amqp:connection:framing-error`), never an exception out of `feed`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from dataclasses import dataclass
 
 PROTOCOL_HEADER = b"AMQP\x00\x01\x00\x00"
 HEAD_BYTES = 1024
-"""Bytes of a frame's head decoded at most (an attach's name beyond it is not needed)."""
+"""Bytes of a frame's body (its performative) decoded at most, after the frame header and any
+extended header (an attach's name beyond it is not needed)."""
 ATTACH, DETACH, END, TRANSFER = 0x12, 0x16, 0x17, 0x14
 IDEMPOTENT_PRODUCER = b"com.microsoft:idempotent-producer"
 """The Event Hubs capability an idempotent sender desires (in its attach's head: its
@@ -45,21 +52,20 @@ _HEADER = struct.Struct(">IBBH")
 _U32 = struct.Struct(">I")
 
 
-def _past_id_and_tag(data: bytes | memoryview, at: int) -> int:
-    """Position after a transfer's delivery-id and delivery-tag in their usual encodings
-    (uint0 / smalluint / uint, vbin8), or -1 for the full decoder."""
-    code = data[at]
-    if code == 0x52:
-        at += 2
-    elif code == 0x43:
-        at += 1
-    elif code == 0x70:
-        at += 5
-    else:
-        return -1
-    if data[at] != 0xA0:
-        return -1
-    return at + 2 + data[at + 1]
+def head_bytes(size: int, doff: int) -> int:
+    """The bytes of a frame that the guard reads, its head: the 8-byte header, the extended
+    header (core §2.3.1: data offset `doff` in 4-byte words, up to 1020 bytes, which the
+    receiver ignores) and `HEAD_BYTES` of the body; the whole frame when it is shorter, and
+    never fewer than the 8 bytes of the header. At most 2044 bytes. The C scan's
+    `head_bytes` (_fastsend.c) is the same."""
+    return max(min(size, 4 * doff + HEAD_BYTES), 8)
+
+
+def _head_bytes_of(head: bytes) -> int:
+    """`head_bytes` of a frame whose first bytes are `head`; 8 until its header is all there."""
+    if len(head) < 8:
+        return 8
+    return head_bytes(int.from_bytes(head[:4], "big"), head[4])
 
 
 class _Malformed(Exception):
@@ -84,7 +90,7 @@ def _uint(data: bytes, at: int) -> tuple[int | None, int]:
     if code == 0x52:
         return data[at + 1], at + 2
     if code == 0x70:
-        return int.from_bytes(data[at + 1 : at + 5], "big"), at + 5
+        return _U32.unpack_from(data, at + 1)[0], at + 5
     if code == 0x40:
         return None, at + 1
     raise _Malformed(f"expected a uint, found type 0x{code:02x}")
@@ -118,7 +124,7 @@ def _list(data: bytes, at: int) -> tuple[int, int]:
     if code == 0xC0:
         return data[at + 2], at + 3
     if code == 0xD0:
-        return int.from_bytes(data[at + 5 : at + 9], "big"), at + 9
+        return _U32.unpack_from(data, at + 5)[0], at + 9
     raise _Malformed(f"a performative's fields are a list, found type 0x{code:02x}")
 
 
@@ -193,41 +199,45 @@ class InboundGuard:
                     break
             start = at
             if self.head:
-                size = int.from_bytes(self.head[:4], "big") if len(self.head) >= 4 else 0
-                want = max(min(size, HEAD_BYTES), 8)
-                take = max(want - len(self.head), 0)
+                take = max(_head_bytes_of(self.head) - len(self.head), 0)
                 self.head += bytes(data[at : at + take])
                 at += take
-                if len(self.head) < max(min(int.from_bytes(self.head[:4], "big"), HEAD_BYTES), 8):
-                    continue
-                frame, base, start = self.head, 0, 0
+                if len(self.head) < _head_bytes_of(self.head):
+                    continue  # the header told how long the head is: take the rest
+                frame, start = self.head, 0
                 self.head = b""
-                consumed = len(frame)
             else:
                 if n - at < 8:
                     self.head = bytes(data[at:])
                     break
                 size, doff, kind, channel = _HEADER.unpack_from(data, at)
-                if n - at < min(size, HEAD_BYTES):
+                window = head_bytes(size, doff)
+                if n - at < window:
                     self.head = bytes(data[at:])
                     break
-                if kind == 0 and self._plain_transfer(
-                    data, at + 4 * doff, size - 4 * doff, channel
-                ):
+                if kind == 0 and self._plain_transfer(data, at + 4 * doff, at + window, channel):
                     # the hot path: a format-0 transfer on a producer link
                     if size <= n - at:
                         at += size
                     else:
                         self.skip, at = size - (n - at), n
                     continue
-                consumed = min(size, HEAD_BYTES)
-                frame, base = bytes(data[at : at + consumed]), 0  # a control frame: its head
-                at += consumed
-            size = int.from_bytes(frame[base : base + 4], "big")
+                frame = bytes(data[at : at + window])  # a control frame: its head
+                at += window
+            consumed = len(frame)
+            size = int.from_bytes(frame[:4], "big")
             try:
-                problem = self._frame(frame, base, size, start, base + consumed)
-            except (_Malformed, IndexError) as error:
+                problem = self._frame(frame, size, start)
+            except _Malformed as error:
                 problem = Problem(start, "frame", f"malformed frame: {error}")
+            except (IndexError, struct.error):  # a read past the head
+                problem = Problem(
+                    start,
+                    "frame",
+                    f"malformed frame: its performative runs past the frame's end (frame size "
+                    f"{size}, data offset {frame[4]}; the guard reads {HEAD_BYTES} bytes of a "
+                    "frame's body, and a transfer's first fields take a few dozen)",
+                )
             if size > consumed:
                 self.skip = size - consumed
             if problem is not None:
@@ -237,13 +247,15 @@ class InboundGuard:
                     return problems
         return problems
 
-    def _plain_transfer(
-        self, data: bytes | memoryview, body: int, length: int, channel: int
-    ) -> bool:
+    def _plain_transfer(self, data: bytes | memoryview, body: int, end: int, channel: int) -> bool:
         """A transfer on a link the client sends on, with message-format 0, in the encodings
         clients use (list8 or list32; small handle, delivery-id and tag): True means nothing
-        to report. False sends the frame through the full decoder."""
-        if length < 12 or data[body] != 0 or data[body + 1] != 0x53 or data[body + 2] != TRANSFER:
+        to report. False sends the frame through the full decoder, which answers the same for
+        such a transfer; so does a read at or past `end`, the end of the frame's head (the C
+        scan's `plain_transfer` bounds its reads the same way)."""
+        if end - body < 12 or data[body] != 0 or data[body + 1] != 0x53:
+            return False
+        if data[body + 2] != TRANSFER:
             return False
         kind = data[body + 3]
         if kind == 0xC0:
@@ -252,7 +264,7 @@ class InboundGuard:
             count, at = _U32.unpack_from(data, body + 8)[0], body + 12
         else:
             return False
-        if count < 4:
+        if count < 4 or at + 2 > end:
             return False
         code = data[at]
         if code == 0x43:
@@ -262,21 +274,37 @@ class InboundGuard:
         else:
             return False
         link = self.links.get((channel, handle))
-        if link is None or link[1]:
+        if link is None or link[1] or at >= end:
             return False
-        at = _past_id_and_tag(data, at)
-        return at >= 0 and data[at] == 0x43
+        code = data[at]  # the delivery-id: uint0, smalluint or uint
+        if code == 0x52:
+            at += 2
+        elif code == 0x43:
+            at += 1
+        elif code == 0x70:
+            at += 5
+        else:
+            return False
+        if at + 2 > end or data[at] != 0xA0:  # the delivery-tag, a vbin8
+            return False
+        at += 2 + data[at + 1]
+        return at < end and data[at] == 0x43
 
-    def _frame(self, data: bytes, base: int, size: int, start: int, limit: int) -> Problem | None:
-        doff, kind = data[base + 4], data[base + 5]
+    def _frame(self, data: bytes, size: int, start: int) -> Problem | None:
+        """The problem in a frame whose head is `data` (`head_bytes` of it, or the whole frame
+        when it is shorter); IndexError or struct.error when its performative runs past that
+        (every read of a performative's list and uints is an index or an unpack, which
+        raise, not a slice, which would read short)."""
+        doff, kind = data[4], data[5]
         if size < 8 or doff < 2 or doff * 4 > size:
             raise _Malformed(f"frame size {size}, data offset {doff}")
         if kind != 0:
             raise _Malformed(f"frame type {kind} after SASL (only AMQP frames, type 0)")
         if size == doff * 4:
             return None  # an empty frame (heartbeat)
-        channel = int.from_bytes(data[base + 6 : base + 8], "big")
-        at = base + doff * 4
+        channel = int.from_bytes(data[6:8], "big")
+        limit = len(data)
+        at = doff * 4
         if data[at] != 0x00:
             raise _Malformed("the frame body is not a described performative")
         if data[at + 1] == 0x53:
@@ -322,7 +350,7 @@ class InboundGuard:
             name, at = _text(data, at)
             handle, at = _uint(data, at)
             role = data[at] == 0x41 or (data[at] == 0x56 and data[at + 1] == 1)
-        except (_Malformed, IndexError):
+        except (_Malformed, IndexError, struct.error):
             return
         if handle is not None and at < limit:
             self._note_link(channel, handle, name, role)

@@ -124,11 +124,25 @@ def test_generated_messages_get_the_same_answers(raw: bytes) -> None:
 # -- the inbound guard's C scan (`scan_transfers`) ------------------------------------------------
 
 
+_DATA_OFFSETS = st.sampled_from([2, 2, 2, 3, 200, 250, 254, 255])
+"""Frame data offsets (4-byte words): mostly none extended, some with an extended header of up
+to 1012 bytes (core §2.3.1), which leaves a frame's body a few bytes in the guard's first
+1024 (what the guard read before `inbound.head_bytes`)."""
+
+
+def _cut_short(raw: bytes, keep: int) -> bytes:
+    """The frame with its size cut to `keep` bytes of body: a performative cut short."""
+    doff = raw[4]
+    return struct.pack(">I", 4 * doff + keep) + raw[4 : 4 * doff + keep]
+
+
 @st.composite
-def _guard_session(draw: st.DrawFn) -> bytes:
+def _guard_session(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     """A few links attached (either role; channels and handles inside and past the C scan's
     table), then transfers on them — mostly format 0, some not, some on a link the client
-    receives on, some on no link — with detaches, ends, heartbeats, and maybe junk at the end."""
+    receives on, some on no link, some cut short by their frame's size — with detaches, ends,
+    heartbeats, and maybe junk at the end; frames with extended headers among them. With the
+    places to cut it into reads: anywhere, and often where a frame's head ends."""
     links = draw(
         st.lists(
             st.tuples(st.sampled_from([0, 1, 16]), st.sampled_from([0, 1, 256]), st.booleans()),
@@ -136,27 +150,49 @@ def _guard_session(draw: st.DrawFn) -> bytes:
             max_size=4,
         )
     )
-    out = [frame("attach", [f"l{c}-{h}", uint(h), r], channel=c) for c, h, r in links]
+    out = [
+        frame("attach", [f"l{c}-{h}", uint(h), r], channel=c, data_offset=draw(_DATA_OFFSETS))
+        for c, h, r in links
+    ]
     for _ in range(draw(st.integers(0, 25))):
-        kind = draw(st.sampled_from(["transfer"] * 6 + ["other", "detach", "end", "beat"]))
+        kind = draw(st.sampled_from(["transfer"] * 6 + ["other", "short", "detach", "end", "beat"]))
         c, h, _r = draw(st.sampled_from(links))
-        if kind == "transfer":
+        doff = draw(_DATA_OFFSETS)
+        if kind in ("transfer", "short"):
             delivery = draw(st.integers(0, 2**32 - 1))
             fmt = draw(st.sampled_from([0, 0, 0, 1, 0x80013700]))
             body = b"\x00Sw\xa1\x01x" + b"y" * draw(st.integers(0, 1500))
             fields = [uint(h), uint(delivery), b"t%d" % delivery, uint(fmt), False]
-            out.append(frame("transfer", fields, channel=c, payload=body))
+            raw = frame("transfer", fields, channel=c, payload=body, data_offset=doff)
+            if kind == "short":
+                raw = _cut_short(raw, draw(st.integers(0, 24)))
+            out.append(raw)
         elif kind == "other":  # a transfer on a handle never attached
-            out.append(frame("transfer", [uint(9), uint(1), b"t", uint(0), False], channel=c))
+            fields = [uint(9), uint(1), b"t", uint(0), False]
+            out.append(frame("transfer", fields, channel=c, data_offset=doff))
         elif kind == "detach":
-            out.append(frame("detach", [uint(h), True], channel=c))
+            out.append(frame("detach", [uint(h), True], channel=c, data_offset=doff))
         elif kind == "end":
-            out.append(frame("end", [], channel=c))
+            out.append(frame("end", [], channel=c, data_offset=doff))
         else:
-            out.append(b"\x00\x00\x00\x08\x02\x00\x00\x00")
+            out.append(struct.pack(">IBBH", 4 * doff, doff, 0, 0) + b"\xee" * (4 * doff - 8))
     if draw(st.booleans()):
         out.append(draw(st.binary(min_size=1, max_size=40)))  # anything at all
-    return PROTOCOL_HEADER + b"".join(out)
+    stream = PROTOCOL_HEADER + b"".join(out)
+    starts = [len(PROTOCOL_HEADER)]
+    for raw in out:
+        starts.append(starts[-1] + len(raw))
+    near_a_head = st.builds(
+        lambda start, offset: start + offset,
+        st.sampled_from(starts),
+        st.one_of(
+            st.integers(0, 12),
+            st.integers(1000, 1040),  # where HEAD_BYTES ends, with or without a header
+            st.integers(2030, 2050),  # where the longest head ends (inbound.head_bytes)
+        ),
+    )
+    cuts = draw(st.lists(st.one_of(near_a_head, st.integers(0, len(stream))), max_size=12))
+    return stream, sorted({c for c in cuts if 0 < c < len(stream)})
 
 
 def _feed_all(stream: bytes, cuts: list[int], use_c: bool) -> tuple[object, ...]:
@@ -164,20 +200,76 @@ def _feed_all(stream: bytes, cuts: list[int], use_c: bool) -> tuple[object, ...]
     guard = InboundGuard(scan=native.scan_transfers if use_c else None)
     problems = []
     start = 0
-    for end in [*sorted(set(cuts)), len(stream)]:
+    for end in [*cuts, len(stream)]:
         problems += [(start + p.cut, p) for p in guard.feed(stream[start:end])]
-        start = max(start, end)
+        start = end
     return problems, guard.links, guard.skip, guard.head, guard.failed, bytes(guard.senders)
 
 
+def _found(fed: tuple[object, ...]) -> tuple[object, ...]:
+    """What was found, whatever the reads: the problems without their positions (a problem in
+    a frame whose head came in pieces is placed at the start of the read that completed it),
+    the links, whether the guard failed."""
+    problems, links, _skip, _head, failed, senders = fed
+    assert isinstance(problems, list)
+    found = [(p.kind, p.description, p.link_name, p.client_receives) for _, p in problems]
+    return found, links, failed, senders
+
+
 @settings(max_examples=500, deadline=None)
-@given(_guard_session(), st.lists(st.integers(0, 40_000), max_size=12))
+@given(_guard_session())
 def test_the_guard_finds_the_same_with_the_c_scan_as_without(
-    stream: bytes, cuts: list[int]
+    session: tuple[bytes, list[int]],
 ) -> None:
-    """Problems (where and what), the links known, and the state left between reads."""
-    cuts = [c for c in cuts if c < len(stream)]
-    assert _feed_all(stream, cuts, use_c=True) == _feed_all(stream, cuts, use_c=False)
+    """Problems (where and what), the links known, and the state left between reads; and the
+    same as the whole stream fed in one read, wherever it is cut. Never an exception."""
+    stream, cuts = session
+    with_c = _feed_all(stream, cuts, use_c=True)
+    assert with_c == _feed_all(stream, cuts, use_c=False)
+    assert _found(with_c) == _found(_feed_all(stream, [], use_c=False))
+
+
+def _long_headed_transfer(handle: int, message_format: int = 0, keep: int | None = None) -> bytes:
+    """A transfer with the longest extended header (data offset 255: 1012 bytes, core §2.3.1),
+    so its performative starts 4 bytes before the guard's first 1024; `keep`: its body cut to
+    that many bytes by the frame's size."""
+    fields = [uint(handle), uint(7), b"tag-7", uint(message_format), False]
+    payload = b"\x00Sw\xa1\x05hello" + b"x" * 2000
+    raw = frame("transfer", fields, payload=payload, data_offset=255)
+    return raw if keep is None else _cut_short(raw, keep)
+
+
+@pytest.mark.parametrize(
+    ("transfer", "found"),
+    [
+        (_long_headed_transfer(0), []),
+        (_long_headed_transfer(0, message_format=3), ["format"]),
+        (_long_headed_transfer(1), ["role"]),
+        (_long_headed_transfer(0, keep=14), ["frame"]),  # cut after the handle
+        (_long_headed_transfer(0, keep=10), ["frame"]),  # cut inside the list's count
+    ],
+    ids=["plain", "format", "role", "cut-short", "cut-in-list"],
+)
+@pytest.mark.parametrize("use_c", [True, False], ids=["c", "python"])
+def test_an_extended_header_is_read_past_at_every_cut(
+    transfer: bytes, found: list[str], use_c: bool
+) -> None:
+    """A frame's head is its header, its extended header and 1024 bytes of its body. Before,
+    it was 1024 bytes in all: a long extended header left the performative past the head, so
+    the guard raised struct.error or IndexError out of `feed` when a read ended at the head's
+    end (the C scan too: it handed the frame to the Python step, which read past the read),
+    and read a list32 transfer's fields as an empty list when its head came whole: a transfer
+    of another format, or on the client's receiving link, went to proton unchecked."""
+    stream = PROTOCOL_HEADER + frame("attach", ["p", uint(0), False])
+    stream += frame("attach", ["c", uint(1), True])
+    at = len(stream)
+    stream += transfer + frame("detach", [uint(0), True])
+    whole = _feed_all(stream, [], use_c)
+    assert [p.kind for _, p in whole[0]] == found
+    for cut in range(at + 1, at + min(len(transfer), 1100)):
+        assert _found(_feed_all(stream, [cut], use_c)) == _found(whole), cut
+    if found == ["frame"]:
+        assert "runs past the frame's end" in whole[0][0][1].description
 
 
 def test_the_c_scan_passes_over_producer_transfers_only() -> None:

@@ -153,6 +153,74 @@ def test_an_undecodable_performative_closes_the_connection(rig: PumpRig, client:
     assert close_error(client)[0] in ("amqp:connection:framing-error", "amqp:decode-error")
 
 
+# -- extended frame headers (core §2.3.1) wherever the reads cut them
+
+
+def _extended(body: str, *, keep: int | None = None) -> bytes:
+    """A transfer on handle 0 with the longest extended header (data offset 255: 1012 bytes
+    the receiver ignores, core §2.3.1); `keep`: its body cut to that many bytes by the frame's
+    size (a performative cut short)."""
+    fields = [uint(0), uint(0), b"t0", uint(0), False]
+    raw = frame("transfer", fields, payload=encode(body=body), data_offset=255)
+    if keep is not None:
+        raw = (4 * 255 + keep).to_bytes(4, "big") + raw[4 : 4 * 255 + keep]
+    return raw
+
+
+@pytest.mark.parametrize("scan", ["c", "python"])
+def test_a_transfer_with_an_extended_header_is_taken_wherever_the_read_ends(
+    rig: PumpRig, client: Client, scan: str
+) -> None:
+    """The listener's inbound guard reads each frame's head before proton: the header, the
+    extended header and the start of the performative. Before, it read 1024 bytes of a frame
+    in all, and a read ending at that point left the performative 4 bytes in: `feed` raised
+    struct.error out of the connection's input (the C scan gave the frame to the Python step,
+    which read past the read), so the transfer was never answered."""
+    if scan == "python":
+        client.server.guard.scan = None
+    sender = client.sender("orders")
+    rig.pump()
+    assert sender.credit > 0
+    raw = _extended("extended")
+    assert len(raw) > 1024
+    client.inject(raw[:1024])
+    rig.pump()
+    client.inject(raw[1024:])
+    rig.pump()
+    rig.release()
+    assert not client.heard_of("close")
+    outcomes = [f.field(4) for f in client.heard_of("disposition")]
+    assert [o.descriptor for o in outcomes if isinstance(o, Described)] == [0x24], outcomes
+    receiver = client.receiver("orders", filters=offset_filter("first"), credit=10)
+    rig.pump()
+    assert [decode(d).body for d, _ in client.received(receiver)] == ["extended"]
+
+
+@pytest.mark.parametrize("scan", ["c", "python"])
+def test_a_performative_cut_short_by_its_frame_closes_only_its_connection(
+    rig: PumpRig, client: Client, memory: MemoryBroker, scan: str
+) -> None:
+    """A transfer frame whose size ends inside its fields (after an extended header) is a
+    framing error (core §2.3.2), found before proton reads it: the connection closes with
+    `amqp:connection:framing-error` naming the frame, another connection carries on."""
+    if scan == "python":
+        client.server.guard.scan = None
+    bystander = rig.connect()
+    client.sender("orders")
+    rig.pump()
+    raw = _extended("never", keep=14)
+    client.inject(raw[:1020])
+    rig.pump()
+    client.inject(raw[1020:])
+    rig.pump()
+    condition, description = close_error(client)
+    assert condition == "amqp:connection:framing-error", description
+    assert "runs past the frame's end" in description and "data offset 255" in description
+    assert client.server_transport.closed
+    assert stored(memory) == 0
+    assert publish_one(rig, bystander, "still here").remote_state == Delivery.ACCEPTED
+
+
 def test_a_transfer_on_a_link_the_listener_sends_on_is_refused(
     rig: PumpRig, client: Client, memory: MemoryBroker
 ) -> None:

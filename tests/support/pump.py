@@ -159,15 +159,25 @@ class Frame:
 
 
 def frame(
-    name: str, fields: list[Any], *, channel: int = 0, payload: bytes = b"", sasl: bool = False
+    name: str,
+    fields: list[Any],
+    *,
+    channel: int = 0,
+    payload: bytes = b"",
+    sasl: bool = False,
+    data_offset: int = 2,
 ) -> bytes:
     """A frame's bytes: `name` a performative of `PERFORMATIVES`, `fields` its list (typed with
-    proton's `uint`, `ulong`, `symbol`... where the type matters on the wire)."""
+    proton's `uint`, `ulong`, `symbol`... where the type matters on the wire). `data_offset`
+    above 2 (4-byte words, up to 255) puts an extended header of that many words less two
+    before the body (core §2.3.1: the receiver ignores it)."""
     data = Data()
     data.put_object(Described(ulong(CODES[name]), fields))
     body = bytes(data.encode()) + payload
     kind = _SASL_FRAME if sasl else _AMQP_FRAME
-    return _FRAME_HEADER.pack(8 + len(body), 2, kind, channel) + body
+    extended = b"\xee" * (4 * data_offset - 8)
+    head = _FRAME_HEADER.pack(4 * data_offset + len(body), data_offset, kind, channel)
+    return head + extended + body
 
 
 def _plain(value: Any) -> Any:

@@ -18,15 +18,18 @@ the asyncio `append` of spate.core.backend.Partition on top. What it adds to the
   a proposal not yet written: `_proposed`) and stores the rest with a producer section. A
   batch of duplicates only resolves once the entry that stored its name's last id is applied
   with the same term (`_waiting`): a duplicate is never acknowledged before its original is.
+  It resolves to the end offset, read once a quorum confirmed this replica still leads (the
+  leadership check below, ADR 0041): a cut-off leader never answers one.
   `query_publishing_id(name, done)` answers the same way: the last id, once committed.
 - offset tracking (ADR 0012): `propose_offsets(entries, done)` on the leader proposes one
   tracking chunk (consumer names' offsets, no records) and calls `done` once it is applied
   with the same term; `query_offset(name, done)` answers a name's stored offset once the entry
   that stored it is committed (a proposal not yet written counts: `_proposed_offsets`).
-- reads of the log's state on the leader (`query_offset`, `query_publishing_id`) read it only
-  once a quorum has confirmed, in this term, that this replica still leads (`_when_confirmed`,
-  `Raft.confirm_leadership`): a stale leader (cut off, or left behind by a transfer) would
-  answer from a log missing a newer leader's acknowledged writes.
+- reads of the log's state on the leader (`query_offset`, `query_publishing_id`, a batch of
+  duplicates' end offset) read it only once a quorum has confirmed, in this term, that this
+  replica still leads (`_when_confirmed`, `Raft.confirm_leadership`): a stale leader (cut
+  off, or left behind by a transfer) would answer from a log missing a newer leader's
+  acknowledged writes.
 """
 
 from __future__ import annotations
@@ -320,10 +323,20 @@ class Replica(LocalPartition):
         if kept.keep:
             return [records[i] for i in kept.keep], [ids[i] for i in kept.keep]
         assert state is not None
-        end = self._next_offset()
-        self._when_applied(
-            state.raft_index, state.epoch, lambda error: done(end if error is None else error)
-        )
+
+        def confirmed(error: BrokerError | None) -> None:
+            # The batch's answer is the end offset as this leader knows it: read once a quorum
+            # has confirmed it still leads (ADR 0041), so never older than an append
+            # acknowledged before the batch came, wherever that append was led.
+            if error is not None:
+                done(error)
+                return
+            end = self._next_offset()
+            self._when_applied(
+                state.raft_index, state.epoch, lambda error: done(end if error is None else error)
+            )
+
+        self._when_confirmed(confirmed)
         return [], []
 
     def _when_confirmed(self, done: Callable[[BrokerError | None], None]) -> None:
