@@ -612,6 +612,8 @@ async def attach(
         engine.close()
         if not opened.done():
             opened.cancel()
+        elif not opened.cancelled():
+            opened.exception()  # a refusal that came with the cancellation: dropped with it
         raise
     return engine, link
 

@@ -4,6 +4,7 @@ window, callbacks, refusals, redirects, and a consumer reading back byte for byt
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -201,5 +202,37 @@ def test_without_reconnecting_a_lost_connection_fails_every_pending_confirm() ->
                 await future
         with pytest.raises(ConnectionError):
             producer.send_nowait(b"after")
+
+    run(scenario)
+
+
+def test_an_attach_refused_as_it_is_cancelled_leaves_no_unretrieved_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's timeout cancels `engine.attach` in the same turn as the broker's refusal
+    completes it: the refusal is dropped with the cancellation, silently (a chaos run at load
+    ~20 printed asyncio's "Future exception was never retrieved ... AttachRefused")."""
+    from spate.client import engine as engine_module
+
+    real_wait = asyncio.wait
+
+    async def wait_then_cancelled(*args: Any, **kwargs: Any) -> Any:
+        await real_wait(*args, **kwargs)
+        raise asyncio.CancelledError  # the cancellation lands as the attach completes
+
+    async def scenario(broker: MemoryBroker, url: str) -> None:
+        host, port = url.removeprefix("amqp://").split(":")
+        spec = engine_module.LinkSpec("refused", "nope")
+        unretrieved: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: unretrieved.append(c))
+        monkeypatch.setattr(engine_module.asyncio, "wait", wait_then_cancelled)
+        with pytest.raises(asyncio.CancelledError):
+            await engine_module.attach(host, int(port), spec, None, None)
+        monkeypatch.setattr(engine_module.asyncio, "wait", real_wait)
+        gc.collect()
+        await asyncio.sleep(0)
+        assert not [c for c in unretrieved if "never retrieved" in c.get("message", "")], (
+            unretrieved
+        )
 
     run(scenario)
