@@ -176,57 +176,41 @@ def _final_reads(
     cluster: ChaosCluster, history: History
 ) -> dict[str, dict[int, list[tuple[int, str]]]]:
     """The whole of every partition through the gateway (the truth the checker uses), then
-    each node's own copy (for divergence)."""
+    each node's own copy (for divergence): the stream's partitions, and the super stream's
+    partition streams (one partition each) as partitions SUPER_BASE + i."""
+    sources = {p: (STREAM, p) for p in range(PARTITIONS)}
+    for i, name in enumerate(_super_partition_streams()):
+        sources[checker.SUPER_BASE + i] = (name, 0)
     # A node reports the end offsets of the partitions it hosts only (four nodes and more:
     # not every one): the highest any node reports.
     ends: dict[int, int] = {}
     hosted: dict[str, list[int]] = defaultdict(list)
-    for node in cluster.node_names:
-        try:
-            described = cluster.cli("stream", "describe", STREAM, at=node)
-        except RuntimeError:
-            continue  # the others say
-        for p in described["partitions"]:
-            if p["available"]:
-                partition = int(p["partition"])
-                ends[partition] = max(ends.get(partition, 0), int(p["end_offset"] or 0))
-                hosted[node].append(partition)
-    if len(ends) < PARTITIONS:
-        missing = sorted(set(range(PARTITIONS)) - set(ends))
-        raise RuntimeError(f"no node reports the end offset of partitions {missing}")
-    for partition, end in sorted(ends.items()):
-        for offset, value, stamp in read_partition(cluster.url("g1"), STREAM, partition, end):
-            read = {"partition": partition, "offset": offset, "value": value, "timestamp": stamp}
-            history.record("final", "ok", "read", read)
-    # The super stream's partition streams (one partition each): partition SUPER_BASE + i.
-    super_ends: dict[int, int] = {}
-    super_hosted: dict[str, list[int]] = defaultdict(list)
-    for i, name in enumerate(_super_partition_streams()):
+    by_stream = {(name, p): key for key, (name, p) in sources.items()}
+    for name in dict.fromkeys(name for name, _ in sources.values()):
         for node in cluster.node_names:
             try:
                 described = cluster.cli("stream", "describe", name, at=node)
             except RuntimeError:
-                continue
+                continue  # the others say
             for p in described["partitions"]:
-                if p["available"]:
-                    super_ends[i] = max(super_ends.get(i, 0), int(p["end_offset"] or 0))
-                    super_hosted[node].append(i)
-        if i not in super_ends:
-            raise RuntimeError(f"no node reports the end offset of {name}")
-        entries = read_partition(cluster.url("g1"), name, 0, super_ends[i])
-        for offset, value, stamp in entries:
-            read = {"partition": checker.SUPER_BASE + i, "offset": offset, "value": value,
-                    "timestamp": stamp}  # fmt: skip
+                key = by_stream.get((name, int(p["partition"])))
+                if p["available"] and key is not None:
+                    ends[key] = max(ends.get(key, 0), int(p["end_offset"] or 0))
+                    hosted[node].append(key)
+    missing = sorted(set(sources) - set(ends))
+    if missing:
+        raise RuntimeError(f"no node reports the end offset of partitions {missing}")
+    for key, end in sorted(ends.items()):
+        name, partition = sources[key]
+        for offset, value, stamp in read_partition(cluster.url("g1"), name, partition, end):
+            read = {"partition": key, "offset": offset, "value": value, "timestamp": stamp}
             history.record("final", "ok", "read", read)
     replicas: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(dict)
     for node in cluster.node_names:
-        for partition in hosted[node]:
-            entries = read_partition(cluster.url(node), STREAM, partition, ends[partition])
-            replicas[node][partition] = [(o, v) for o, v, _ in entries]
-        for i in super_hosted[node]:
-            name = _super_partition_streams()[i]
-            entries = read_partition(cluster.url(node), name, 0, super_ends[i])
-            replicas[node][checker.SUPER_BASE + i] = [(o, v) for o, v, _ in entries]
+        for key in hosted[node]:
+            name, partition = sources[key]
+            entries = read_partition(cluster.url(node), name, partition, ends[key])
+            replicas[node][key] = [(o, v) for o, v, _ in entries]
     return replicas
 
 
