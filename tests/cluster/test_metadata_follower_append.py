@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObjConf
+from pysyncobj import FAIL_REASON, SyncObjConf
 from spate.cluster.metadata.append_plan import Append, Defer, Keep, Refuse, plan_append
 from spate.cluster.metadata.codec import encode_command
 from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, _MetadataSyncObj
-from spate.cluster.metadata.state import RegisterNode, RequestId
+from spate.cluster.metadata.state import Barrier, RegisterNode, RequestId
 from spate.core.errors import StorageFailure
 from spate.core.ids import NodeId
 
@@ -162,12 +162,30 @@ class Net:
     cut: set[str] = field(default_factory=set)
     """Voters whose messages, both ways, are lost."""
 
-    def add(self, address: str, peers: list[str], tmp_path: Path, batch_bytes: int) -> Voter:
+    def add(
+        self,
+        address: str,
+        peers: list[str],
+        tmp_path: Path,
+        batch_bytes: int,
+        compact_after: int | None = None,
+    ) -> Voter:
+        """`compact_after`: take a full dump (our codec's, as in production) and drop the log
+        before it whenever the log holds more entries than this; None: never."""
         config = RaftConfig(
             address, tuple(peers), tmp_path / address, password="x", sync_journal=False
         )
         adapter = MetadataRaft(config, on_change=lambda _view: None)
         wire = Wire(self, address)
+        dumps: dict[str, Any] = {}
+        if compact_after is not None:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            dumps = {
+                "fullDumpFile": str(adapter.dump_path),
+                "serializer": adapter._write_dump,
+                "deserializer": adapter._read_dump,
+                "logCompactionMinEntries": compact_after,
+            }
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
@@ -176,6 +194,7 @@ class Net:
             raftMaxTimeout=1001.0,
             connectionTimeout=1001.0,
             dynamicMembershipChange=True,
+            **dumps,
         )
         obj = _MetadataSyncObj(adapter, address, peers, conf, transport=wire)
         adapter._obj = obj
@@ -327,6 +346,95 @@ def test_a_stale_reset_cannot_shrink_a_followers_log_and_lose_committed_entries(
             assert not lost, f"{voter.address} lost acknowledged registrations {sorted(lost)}"
         assert follower.registered() == other.registered()
         assert follower.adapter.view().version == other.adapter.view().version
+    finally:
+        net.close()
+
+
+def test_a_deposed_leaders_barrier_is_not_committed_by_a_snapshot_piece(tmp_path: Path) -> None:
+    """The chaos suite's ci seed 49255 (docs/reliability.md): `stream list` through the
+    metadata leader, paused (SIGSTOP) while the others elected a new leader and deleted a
+    stream, answered from its stale state right after it resumed, although the read commits a
+    barrier first. The resumed leader appends the barrier to its own log (in its eyes it still
+    leads), learns the new term, and, being behind a compacted log, is sent a snapshot; the
+    snapshot comes in pieces, and pysyncobj's follower takes every piece's commit index as its
+    own, capped only by its log's end: it commits its deposed tail (a registration nobody else
+    holds, then the barrier) and applies it before the snapshot replaces its state. A read
+    through it then misses the delete. The adapter commits nothing on a snapshot piece, and a
+    command waiting on an index the installed snapshot covers fails (outcome unknown: the
+    service resubmits it) instead of waiting for ever."""
+    a, f, g = "127.0.0.1:7301", "127.0.0.1:7302", "127.0.0.1:7303"
+    net = Net()
+    for me in (a, f, g):
+        net.add(me, [p for p in (a, f, g) if p != me], tmp_path, 1 << 16, compact_after=4)
+    net.connect_all()
+    old, new = net.voters[a], net.voters[f]
+    acknowledged: list[str] = []
+    applied: dict[str, list[bytes]] = {v.address: [] for v in net.voters.values()}
+    for voter in net.voters.values():
+        apply = voter.adapter._apply
+
+        def recording(data: bytes, address: str = voter.address, apply: Any = apply) -> Any:
+            applied[address].append(data)
+            return apply(data)
+
+        voter.adapter._apply = recording  # type: ignore[method-assign]
+
+    def register(leader: Voter, names: list[str]) -> None:
+        for name in names:
+            leader.obj.apply_command(
+                registration(name),
+                callback=lambda result, error, name=name: error == 0 and acknowledged.append(name),
+            )
+        net.pump(lambda: set(names) <= set(acknowledged))
+
+    try:
+        net.elect(old)
+        net.pump(lambda: net.leader() is old)
+        register(old, ["n1", "n2"])
+        voters = list(net.voters.values())
+        net.pump(lambda: all(v.obj.raftLastApplied == old.obj.raftCommitIndex for v in voters))
+
+        # `a` is paused: what it appends now reaches nobody.
+        net.cut = {a}
+        old.obj.apply_command(registration("stale"), callback=lambda result, error: None)
+        old.obj.doTick(0)
+        assert old.last_index() > old.obj.raftCommitIndex, "an uncommitted tail"
+
+        # f leads with g, registers more (the delete of the chaos run) and compacts its log
+        # past a's end, so a can only catch up from a snapshot.
+        net.elect(new)
+        net.pump(lambda: net.leader() is new)
+        register(new, [f"d{i}" for i in range(1, 9)])
+        net.pump(lambda: new.obj._SyncObj__raftLog[0][1] > old.last_index())
+
+        # a resumes and serves a read: the barrier goes into its own log first.
+        outcome: list[tuple[int, set[str]]] = []
+        old.obj.apply_command(
+            encode_command(Barrier(RequestId("read"))),
+            callback=lambda result, error: outcome.append((error, old.registered())),
+        )
+        old.obj.doTick(0)
+        net.cut = set()
+        # Messages one at a time, a tick after each (pieces of a large snapshot arrive in
+        # separate reads; the follower ticks between them).
+        deadline = time.monotonic() + SETTLE_S
+        while not (outcome and old.obj._SyncObj__raftLog[0][1] > 1):
+            assert time.monotonic() < deadline, "a did not catch up from the snapshot"
+            if net.sent:
+                net.deliver(net.sent.pop(0))
+            else:
+                time.sleep(0.005)  # heartbeats are timed
+            for voter in net.voters.values():
+                voter.obj.doTick(0)
+        error, seen = outcome[0]
+        if error == 0:
+            missing = set(acknowledged) - seen
+            assert not missing, f"the barrier completed on a state without {sorted(missing)}"
+        else:
+            assert error == FAIL_REASON.UNKNOWN_OUTCOME
+        assert registration("stale") not in applied[a], "a applied an entry no quorum held"
+        assert set(acknowledged) <= old.registered()
+        assert "stale" not in old.registered()
     finally:
         net.close()
 

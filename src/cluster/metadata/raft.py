@@ -32,6 +32,17 @@ One `SyncObj` whose single `@replicated` method takes our encoded command bytes,
   to that plan. It overrides pysyncobj's private, name-mangled methods, so the module refuses
   to load with any pysyncobj but the one it was read against (`PYSYNCOBJ_VERSION`).
 
+- Snapshot pieces (`_MetadataSyncObj._snapshot_piece`): a leader sends a follower whose next
+  entry it has compacted away its full dump, in pieces (at least two: the data, then an empty
+  last piece). pysyncobj's follower takes every piece's commit index as its own, capped only
+  by the end of its log, which the piece proves nothing about: a deposed leader's uncommitted
+  tail was committed and applied before the snapshot replaced it (chaos ci seed 49255: a
+  paused metadata leader resumed, appended a read's barrier, was sent a snapshot and answered
+  the read without a delete acknowledged meanwhile). The subclass commits nothing on a piece;
+  once the snapshot is installed, commands waiting on an index it covers (pysyncobj never
+  answers them) fail with UNKNOWN_OUTCOME, and the service resubmits them (request ids make
+  that safe).
+
 - Stuck connections (`_close_stuck_connections`): pysyncobj closes a connection that has read
   nothing for its `connectionTimeout` only when that socket has an event. A connection whose
   handshake bytes were lost (accepted by a middlebox that dropped them: a Toxiproxy `timeout`
@@ -88,7 +99,8 @@ PYSYNCOBJ_VERSION = "0.3.17"
 """The pysyncobj whose private code `_MetadataSyncObj` overrides and reads (name-mangled
 `SyncObj.__onMessageReceived`, `__sendNextNodeIdx`, `__doChangeCluster`,
 `__updateClusterConfiguration`; attributes `__raftLog`, `__raftCommitIndex`,
-`__raftLastApplied`, `__raftCurrentTerm`, `__recvTransmission`, `__transport`). pyproject.toml
+`__raftLastApplied`, `__raftCurrentTerm`, `__recvTransmission`, `__transport`,
+`__commandsWaitingCommit`). pyproject.toml
 pins the same version; an upgrade must re-read those and change both."""
 if _INSTALLED_PYSYNCOBJ != PYSYNCOBJ_VERSION:
     raise ImportError(
@@ -203,6 +215,8 @@ class MetadataRaft:
         self._obj: _MetadataSyncObj | None = None
         self._dump_expected = False
         self._dump_read = False
+        self._dumps_loaded = 0
+        """Full dumps restored (ours at start, or a leader's snapshot): `_snapshot_piece`."""
         self._voters: tuple[str, ...] = config.voters
         self._last_status: RaftStatus | None = None
         self._on_tick: collections.deque[Callable[[], None]] = collections.deque()
@@ -435,6 +449,7 @@ class MetadataRaft:
             log.error("%s", self.failure.message)
             raise
         self.state.restore(snapshot)
+        self._dumps_loaded += 1
         installed = self._dump_read or not self._dump_expected  # else: our own, at start
         self._dump_read = True
         self._on_change(self.state.view)
@@ -470,14 +485,18 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._adapter = adapter
         self._acknowledge_max: int | None = None
         """While an append is handled: the highest index the follower may acknowledge."""
+        self._incoming: bytearray | None = None
+        """The snapshot pieces received so far (pysyncobj keeps its own copy in a file)."""
         super().__init__(self_address, peers, conf, transport=transport)
 
     # The follower's append, the Raft way (module docstring; append_plan). pysyncobj calls both
     # methods through `self`, so these overrides replace its own; the tick thread runs them.
     def _SyncObj__onMessageReceived(self, node: object, message: dict[str, Any]) -> None:
+        if message.get("type") == "append_entries" and "prevLogIdx" not in message:
+            self._snapshot_piece(node, message)
+            return
         if (
             message.get("type") != "append_entries"
-            or "prevLogIdx" not in message
             or message.get("transmission") in ("start", "process")
             or int(message["term"]) < self._SyncObj__raftCurrentTerm
         ):
@@ -544,6 +563,77 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             self._SyncObj__raftCommitIndex = allowed
             raft_log.setRaftCommitIndex(allowed)
 
+    def _snapshot_piece(self, node: object, message: dict[str, Any]) -> None:
+        """A piece of a leader's snapshot (module docstring, "Snapshots"). pysyncobj's follower
+        (1) takes each piece's commit index as its own, capped only by its log's end, which a
+        piece proves nothing about, and (2) installs every complete snapshot, clearing its log,
+        even one its log already holds. Here (1) a piece commits nothing, (2) a snapshot whose
+        last entry this replica holds (or has committed) is not installed: the replica keeps
+        its log, commits as far as the snapshot proves, and acknowledges the snapshot's end.
+        After an install, what waited on an index it covers fails (UNKNOWN_OUTCOME: pysyncobj
+        would never answer it) and the service resubmits."""
+        piece = message.get("serialized")
+        current = int(message["term"]) >= self._SyncObj__raftCurrentTerm
+        if current and isinstance(piece, tuple) and len(piece) == 3:
+            data, first, last = piece
+            if first:
+                self._incoming = bytearray()
+            if self._incoming is not None and isinstance(data, bytes | bytearray):
+                self._incoming += data
+            if last and self._incoming is not None:
+                whole, self._incoming = bytes(self._incoming), None
+                end = _snapshot_end(whole)
+                if end is not None and self._holds(*end):
+                    self._keep_log(node, message, *end)
+                    return
+        commit_before = self._SyncObj__raftCommitIndex
+        loads_before = self._adapter._dumps_loaded
+        super()._SyncObj__onMessageReceived(node, message)
+        if self._adapter._dumps_loaded == loads_before:
+            self._restore_commit(commit_before)
+            return
+        installed = self._SyncObj__raftLastApplied
+        waiting = self._SyncObj__commandsWaitingCommit
+        for index in sorted(i for i in waiting if i <= installed):
+            for _term, callback in waiting.pop(index):
+                callback(None, FAIL_REASON.UNKNOWN_OUTCOME)
+
+    def _holds(self, index: int, term: int) -> bool:
+        """Whether this replica's log already holds entry (index, term): it has that entry, or
+        has committed past it (a committed prefix is every leader's)."""
+        raft_log = self._SyncObj__raftLog
+        committed = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
+        if index <= committed:
+            return True
+        first, last = raft_log[0][1], raft_log[-1][1]
+        return first <= index <= last and int(raft_log[index - first][2]) == term
+
+    def _keep_log(self, node: object, message: dict[str, Any], index: int, term: int) -> None:
+        """A snapshot ending at entry (index, term), which this log holds: pysyncobj's follower
+        bookkeeping (term, leader, election deadline) without the install, then commit what
+        the snapshot proves and acknowledge its end (Raft's InstallSnapshot, "retain log
+        entries following it and reply")."""
+        commit_before = self._SyncObj__raftCommitIndex
+        super()._SyncObj__onMessageReceived(node, {**message, "serialized": None})
+        allowed = max(commit_before, min(int(message["commit_index"]), index))
+        self._restore_commit(commit_before)
+        if allowed > commit_before:
+            self._SyncObj__raftCommitIndex = allowed
+            self._SyncObj__raftLog.setRaftCommitIndex(allowed)
+        log.info(
+            "metadata snapshot from %s ends at entry %d (term %d), which this log holds: "
+            "kept the log",
+            getattr(node, "id", node),
+            index,
+            term,
+        )
+        super()._SyncObj__sendNextNodeIdx(node, nextNodeIdx=index + 1, success=True)
+
+    def _restore_commit(self, commit: int) -> None:
+        if self._SyncObj__raftCommitIndex > commit:
+            self._SyncObj__raftCommitIndex = commit
+            self._SyncObj__raftLog.setRaftCommitIndex(commit)
+
     def _SyncObj__sendNextNodeIdx(
         self,
         node: object,
@@ -586,6 +676,17 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         )
         super()._SyncObj__updateClusterConfiguration(nodes)
         self._adapter._membership_changed(self)
+
+
+def _snapshot_end(data: bytes) -> tuple[int, int] | None:
+    """The (index, term) of a full dump's last entry; None if it does not decode (pysyncobj
+    then fails to load it and logs why)."""
+    try:
+        checkpoint, _snapshot = decode_dump(data)
+    except CodecError:
+        return None
+    last = checkpoint.entries[1]
+    return last.index, last.term
 
 
 def _log_entry(entry: object) -> LogEntry:
