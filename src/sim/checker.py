@@ -126,9 +126,18 @@ class Checker:
             prev_term = entry.term
             membership = Membership.decode(entry.payload)
             if membership is not None:
-                seen = self._memberships[group].setdefault(entry.index, [])
-                if membership not in seen:
-                    seen.append(membership)
+                self.membership_appended(group, entry.index, membership)
+
+    def membership_appended(self, group: int, index: int, membership: Membership) -> None:
+        """A membership entry a leader's core appended at `index`. It counts from then (Raft
+        thesis §4.1: a server uses the newest configuration in its log, committed or not), so
+        it is recorded when proposed, not only when a Ready hands it to a disk: a leader may
+        commit under it before its next Ready (found with ADR 0042's quiet commit updates,
+        which changed which run core seed 29 made: an entry committed on the leader and the
+        promoted learner before the promotion's Ready was reported not durable)."""
+        seen = self._memberships[group].setdefault(index, [])
+        if membership not in seen:
+            seen.append(membership)
 
     def acknowledged(self, group: int, index: int, term: Term, payload: bytes) -> None:
         known = self.history[group].get(index)

@@ -619,6 +619,7 @@ class SimCluster(SimLoop[_Event]):
         match result:
             case Proposed():
                 self.membership_changes += 1
+                self.checker.membership_appended(group, result.index, new)
                 self._record(
                     f"membership g{group} at {target} -> {result.term}/{result.index}: "
                     f"{new.describe()}"

@@ -71,6 +71,7 @@ from spate.node.log.tracking import OffsetTable
 from spate.node.replication.driver import Batch, ReplicationDriver
 from spate.node.replication.messages import (
     Entry,
+    Membership,
     Message,
     Ready,
     SnapshotRequest,
@@ -1029,19 +1030,24 @@ class ShellCluster(SimLoop[_Event]):
         voters, learners = list(membership.voters), list(membership.learners)
         others = [v for v in voters if v != leader.node]
         choice = self.rng.random()
+        proposed: Membership | None = None
         if learners:
             result: object = leader.propose_membership([*voters, *learners], [])
             what = f"promote {','.join(learners)}"
+            proposed = Membership.of([*voters, *learners], [])
         elif choice < 0.5 and len(voters) == 3 and others:
             demoted = others[self.rng.randrange(len(others))]
             result = leader.propose_membership([v for v in voters if v != demoted], [demoted])
             what = f"demote {demoted}"
+            proposed = Membership.of([v for v in voters if v != demoted], [demoted])
         elif others:
             target = others[self.rng.randrange(len(others))]
             result = leader.transfer_leadership(target)
             what = f"transfer to {target}"
         else:
             return
+        if isinstance(result, int) and proposed is not None:  # appended at that index
+            self.checker.membership_appended(group, result, proposed)
         self.membership_changes += 1
         self._record(f"g{group} at {leader.node}: {what}: {result}")
 

@@ -262,6 +262,57 @@ def test_a_follower_answers_the_appends_of_one_ready_with_one_ack(
     assert group.applied_payloads("n2") == [b"m0", b"m1", b"m2"]
 
 
+def test_a_commit_update_to_a_replicating_follower_is_quiet_and_not_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ADR 0042: once a quorum acknowledged an entry, the leader tells the followers the new
+    commit index in an empty Append. To a follower in REPLICATE state it is `quiet`, and the
+    follower, accepting it, does not answer (the answer told the leader nothing its acks and
+    heartbeat answers do not); the entries still commit and apply everywhere."""
+    monkeypatch.setattr(raft_module, "QUIET_COMMITS", True)
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    index = propose(group, "n1", b"m").index
+    group.deliver()  # the Appends
+    group.deliver()  # the acks: n1 commits and tells the followers
+    updates = [m for m in group.pending if isinstance(m, Append) and not m.entries]
+    assert sorted(m.target for m in updates) == [N2, N3]
+    assert all(m.quiet and m.commit == index for m in updates)
+    group.deliver()
+    assert not [m for m in group.pending if isinstance(m, AppendResponse)], "not answered"
+    assert group["n2"].log.committed == group["n3"].log.committed == index
+    group.stabilize()
+    assert group.applied_payloads("n2") == group.applied_payloads("n3") == [b"m"]
+
+
+def test_a_quiet_commit_update_is_answered_when_rejected_and_off_when_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quiet Append the follower cannot accept (a gap) is answered like any: the leader must
+    back off (§5.3). `QUIET_COMMITS` off: the update is not quiet, and answered."""
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    follower = group["n2"]
+    term, last = follower.term, follower.log.last_index
+    follower.step(Append(term, N1, N2, last + 5, term, (), last, quiet=True))
+    answers = [m for m in follower.ready().messages if isinstance(m, AppendResponse)]
+    assert [(m.index, m.rejected) for m in answers] == [(last + 5, True)]
+
+    monkeypatch.setattr(raft_module, "QUIET_COMMITS", False)
+    group = Group(3)
+    group.elect("n1")
+    group.stabilize()
+    propose(group, "n1", b"m")
+    group.deliver()
+    group.deliver()
+    updates = [m for m in group.pending if isinstance(m, Append) and not m.entries]
+    assert updates and not any(m.quiet for m in updates)
+    group.deliver()
+    assert len([m for m in group.pending if isinstance(m, AppendResponse)]) == 2
+
+
 def test_a_rejection_between_two_acks_keeps_its_place() -> None:
     """Only an accepted ack directly after another to the same leader is replaced: a rejection
     (the leader backs off on it, §5.3) and the acks around it leave as they were made."""

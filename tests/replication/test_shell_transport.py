@@ -59,6 +59,7 @@ MESSAGES: list[Message] = [
     HeartbeatResponse(Term(4), B, A),
     HeartbeatResponse(Term(4), B, A, round=7),
     SnapshotNeeded(Term(4), A, B, SnapshotMeta(1000, Term(3))),
+    Append(Term(4), A, B, 9, Term(3), (), 8, quiet=True),  # a commit update (ADR 0042)
 ]
 
 

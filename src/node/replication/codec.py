@@ -33,6 +33,8 @@ type  message            fields
  2    VoteResponse       granted u8 | pre_vote u8
  3    Append             prev_index u64 | prev_term u64 | commit u64 | count u32 |
                          (index u64 | term u64 | length u32 | payload)*
+                         [| flags u8 (bit 0 quiet: an accepted commit update is not
+                         answered; ADR 0042; absent: 0; only on an Append without entries)]
  4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
                          hint_term u64
  5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0026; absent: 0)
@@ -168,6 +170,8 @@ def encode_raft(key: GroupKey, message: Message) -> Frame:
             for entry in message.entries:
                 tail.append(_ENTRY.pack(entry.index, entry.term, len(entry.payload)))
                 tail.append(entry.payload)
+            if message.quiet:
+                tail.append(_U8.pack(1))
         case AppendResponse():
             tail = [
                 _APPEND_RESP.pack(
@@ -224,7 +228,10 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
             index, entry_term, length = reader.unpack(_ENTRY)
             payload = reader.take(length)
             entries.append(Entry(index, Term(entry_term), payload if keep else bytes(payload)))
-        message = Append(term, source, target, prev_index, Term(prev_term), tuple(entries), commit)
+        quiet = not count and reader.at < len(reader.view) and bool(reader.unpack(_U8)[0] & 1)
+        message = Append(
+            term, source, target, prev_index, Term(prev_term), tuple(entries), commit, quiet
+        )
     elif kind == 4:
         index, rejected, hint_index, hint_term = reader.unpack(_APPEND_RESP)
         message = AppendResponse(

@@ -194,7 +194,11 @@ class VoteResponse:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Entries following (prev_index, prev_term); may be empty (a probe or a commit update)."""
+    """Entries following (prev_index, prev_term); may be empty (a probe or a commit update).
+
+    `quiet`: an empty commit update to a follower in REPLICATE state; accepted, it is not
+    answered (ADR 0042): the leader learns nothing from the answer that the follower's acks of
+    the entries and its heartbeat answers do not tell it. A rejection is still answered."""
 
     term: Term
     source: NodeId
@@ -203,6 +207,7 @@ class Append:
     prev_term: Term
     entries: tuple[Entry, ...]
     commit: int
+    quiet: bool = False
 
 
 @dataclass(frozen=True, slots=True)

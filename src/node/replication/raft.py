@@ -29,6 +29,7 @@ may leave before its own sync (`Ready.messages_before_sync`).
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -72,6 +73,11 @@ class Role(Enum):
     CANDIDATE = "candidate"
     LEADER = "leader"
 
+
+QUIET_COMMITS = os.environ.get("SPATE_QUIET_COMMITS", "1") != "0"
+"""Send a commit update to a follower in REPLICATE state as a quiet Append, which it does not
+answer when it accepts it (ADR 0042: the leader stepped about two answers per append that told
+it nothing new). `$SPATE_QUIET_COMMITS=0` turns it off, for A/B measurements."""
 
 FOLD_ACKS = True
 """Fold a follower's accepted acks of one Ready into the last (ADR 0035, `_send`). Switched off
@@ -923,7 +929,8 @@ class Raft:
         if last_new is not None:
             self._track_appended(message.prev_index, message.entries, last_new)
             self.log.commit_to(min(message.commit, last_new))
-            self._send(AppendResponse(self.term, self.id, message.source, last_new))
+            if not (message.quiet and not message.entries):
+                self._send(AppendResponse(self.term, self.id, message.source, last_new))
             return
         hint_index, hint_term = self.log.find_conflict_by_term(
             min(message.prev_index, self.log.last_index), message.prev_term
@@ -1098,18 +1105,20 @@ class Raft:
         if self._read_pending:
             self._send_heartbeats(quiesce=False)
         if self._entries_pending or self._commit_pending:
+            quiet = self._commit_pending and QUIET_COMMITS
             for peer in self.peers:
-                self._send_appends(peer, send_if_empty=self._commit_pending)
+                self._send_appends(peer, send_if_empty=self._commit_pending, quiet=quiet)
         self._entries_pending = self._commit_pending = False
 
-    def _send_appends(self, peer: NodeId, *, send_if_empty: bool) -> None:
+    def _send_appends(self, peer: NodeId, *, send_if_empty: bool, quiet: bool = False) -> None:
         """Fill the follower's pipeline: batches of entries up to the byte limit per message
-        and up to the in-flight limit of messages."""
-        sent = self._maybe_send_append(peer, send_if_empty=send_if_empty)
+        and up to the in-flight limit of messages. `quiet`: an empty Append sent to a follower
+        in REPLICATE state is a commit update it does not answer (ADR 0042)."""
+        sent = self._maybe_send_append(peer, send_if_empty=send_if_empty, quiet=quiet)
         while sent and self._progress[peer].state is ProgressState.REPLICATE:
             sent = self._maybe_send_append(peer, send_if_empty=False)
 
-    def _maybe_send_append(self, peer: NodeId, *, send_if_empty: bool) -> bool:
+    def _maybe_send_append(self, peer: NodeId, *, send_if_empty: bool, quiet: bool = False) -> bool:
         progress = self._progress[peer]
         if progress.paused():
             return False
@@ -1125,8 +1134,11 @@ class Raft:
             return True
         if not entries and not send_if_empty:
             return False
+        quiet = quiet and not entries and progress.state is ProgressState.REPLICATE
         self._send(
-            Append(self.term, self.id, peer, prev_index, prev_term, entries, self.log.committed)
+            Append(
+                self.term, self.id, peer, prev_index, prev_term, entries, self.log.committed, quiet
+            )
         )
         progress.sent(entries[-1].index if entries else prev_index, len(entries))
         return True
