@@ -219,6 +219,13 @@ def _fixed(s: struct.Struct, cls: type = int) -> Any:
     return lambda b, i: cls(s.unpack_from(b, i)[0])
 
 
+def _char(code: int, i: int) -> str:
+    """AMQP `char` (0x73): one UTF-32BE Unicode scalar value; anything else is damage."""
+    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+        raise DecodeError(f"char at byte {i - 1} is not a Unicode scalar value (0x{code:x})")
+    return chr(code)
+
+
 _SIMPLE: dict[int, Any] = {
     0x40: lambda b, i: None,
     0x41: lambda b, i: True,
@@ -238,7 +245,7 @@ _SIMPLE: dict[int, Any] = {
     0x70: _fixed(_U32),
     0x71: _fixed(_I32),
     0x72: _fixed(_F32, float),
-    0x73: lambda b, i: chr(_U32.unpack_from(b, i)[0]),
+    0x73: lambda b, i: _char(_U32.unpack_from(b, i)[0], i),
     0x80: _fixed(_U64, ULong),
     0x81: _fixed(_I64),
     0x82: _fixed(_F64, float),

@@ -64,7 +64,17 @@ def test_codec_encoding_is_read_back_by_proton() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [b"", b"\xa1\x05ab", b"\xd1\x00\x00\x00\x09\x00\x00\x00\x02", b"\xff", b"\xc1\x03\x01\x41"],
+    [
+        b"",
+        b"\xa1\x05ab",
+        b"\xd1\x00\x00\x00\x09\x00\x00\x00\x02",
+        b"\xff",
+        b"\xc1\x03\x01\x41",
+        # a char past U+10FFFF, and a surrogate (found by the envelope fuzz test: chr() raised
+        # ValueError out of the parser)
+        b"\x73\x78\x2d\x6f\x70",
+        b"\x73\x00\x00\xd8\x00",
+    ],
 )
 def test_codec_rejects_malformed_input(bad: bytes) -> None:
     with pytest.raises(codec.DecodeError):
