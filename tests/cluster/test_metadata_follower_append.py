@@ -13,7 +13,6 @@ it applied) and, past that, the new leader has lost five acknowledged registrati
 
 from __future__ import annotations
 
-import pickle
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, _MetadataSyncO
 from spate.cluster.metadata.state import Barrier, RegisterNode, RequestId
 from spate.core.errors import StorageFailure
 from spate.core.ids import NodeId
+from support.syncobj_wire import MemoryWire
 
 NO_OP = b"\x01"
 """pysyncobj's no-op entry (`_COMMAND_TYPE.NO_OP`): applied as nothing."""
@@ -91,62 +91,12 @@ class Sent:
     message: dict[str, Any]
 
 
-class Wire:
-    """pysyncobj's Transport interface (pysyncobj/transport.py) in memory: what a voter sends
-    is queued on the Net and delivered when the test says."""
-
-    ready = True
-
-    def __init__(self, net: Net, address: str) -> None:
-        self.net, self.address = net, address
-        self.on_message: Callable[[object, dict[str, Any]], None] | None = None
-        self.on_connected: Callable[[object], None] | None = None
-
-    def setOnMessageReceivedCallback(self, callback: Any) -> None:
-        self.on_message = callback
-
-    def setOnNodeConnectedCallback(self, callback: Any) -> None:
-        self.on_connected = callback
-
-    def setOnNodeDisconnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnReadonlyNodeConnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnReadonlyNodeDisconnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:
-        pass
-
-    def tryGetReady(self) -> None:
-        pass
-
-    def waitReady(self) -> None:
-        pass
-
-    def addNode(self, node: object) -> None:
-        pass
-
-    def dropNode(self, node: object) -> None:
-        pass
-
-    def destroy(self) -> None:
-        pass
-
-    def send(self, node: Any, message: dict[str, Any]) -> bool:
-        copy = pickle.loads(pickle.dumps(message))  # what a real wire hands over
-        self.net.sent.append(Sent(self.address, str(node.id), copy))
-        return True
-
-
 @dataclass(eq=False)
 class Voter:
     address: str
     adapter: MetadataRaft
     obj: Any
-    wire: Wire
+    wire: MemoryWire
 
     def last_index(self) -> int:
         return int(self.obj._getRaftLogSize())  # no compaction here: entries 1..N
@@ -176,7 +126,7 @@ class Net:
             address, tuple(peers), tmp_path / address, password="x", sync_journal=False
         )
         adapter = MetadataRaft(config, on_change=lambda _view: None)
-        wire = Wire(self, address)
+        wire = MemoryWire(address, lambda s, t, m: self.sent.append(Sent(s, t, m)))
         dumps: dict[str, Any] = {}
         if compact_after is not None:
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -231,6 +181,16 @@ class Net:
                     voter.obj.doTick(0)
             time.sleep(0.005)
 
+    def register(self, leader: Voter, names: list[str], acknowledged: list[str]) -> None:
+        """Submit node registrations through `leader`; pump until each is acknowledged (its
+        name appended to `acknowledged`)."""
+        for name in names:
+            leader.obj.apply_command(
+                registration(name),
+                callback=lambda result, error, name=name: error == 0 and acknowledged.append(name),
+            )
+        self.pump(lambda: set(names) <= set(acknowledged))
+
     def elect(self, voter: Voter) -> None:
         """Start an election at `voter` now (pysyncobj campaigns when its deadline has passed)."""
         voter.obj._SyncObj__raftElectionDeadline = 0
@@ -270,12 +230,7 @@ def test_a_stale_reset_cannot_shrink_a_followers_log_and_lose_committed_entries(
     acknowledged: list[str] = []
 
     def register(names: list[str]) -> None:
-        for name in names:
-            leader.obj.apply_command(
-                registration(name),
-                callback=lambda result, error, name=name: error == 0 and acknowledged.append(name),
-            )
-        net.pump(lambda: set(names) <= set(acknowledged))
+        net.register(leader, names, acknowledged)
 
     try:
         # a leads, with g; f is cut off: n3..n5 are committed by a and g alone.
@@ -379,18 +334,10 @@ def test_a_deposed_leaders_barrier_is_not_committed_by_a_snapshot_piece(tmp_path
 
         voter.adapter._apply = recording  # type: ignore[method-assign]
 
-    def register(leader: Voter, names: list[str]) -> None:
-        for name in names:
-            leader.obj.apply_command(
-                registration(name),
-                callback=lambda result, error, name=name: error == 0 and acknowledged.append(name),
-            )
-        net.pump(lambda: set(names) <= set(acknowledged))
-
     try:
         net.elect(old)
         net.pump(lambda: net.leader() is old)
-        register(old, ["n1", "n2"])
+        net.register(old, ["n1", "n2"], acknowledged)
         voters = list(net.voters.values())
         net.pump(lambda: all(v.obj.raftLastApplied == old.obj.raftCommitIndex for v in voters))
 
@@ -404,7 +351,7 @@ def test_a_deposed_leaders_barrier_is_not_committed_by_a_snapshot_piece(tmp_path
         # past a's end, so a can only catch up from a snapshot.
         net.elect(new)
         net.pump(lambda: net.leader() is new)
-        register(new, [f"d{i}" for i in range(1, 9)])
+        net.register(new, [f"d{i}" for i in range(1, 9)], acknowledged)
         net.pump(lambda: new.obj._SyncObj__raftLog[0][1] > old.last_index())
 
         # a resumes and serves a read: the barrier goes into its own log first.

@@ -25,10 +25,8 @@ committing a deposed leader's tail, and a snapshot installed over a log that alr
 from __future__ import annotations
 
 import os
-import pickle
 import random
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from spate.cluster.metadata.codec import encode_command
 from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, _MetadataSyncObj
 from spate.cluster.metadata.state import Barrier, RegisterNode, RequestId
 from spate.core.ids import NodeId
+from support.syncobj_wire import MemoryWire
 
 VOTERS = ("127.0.0.1:7401", "127.0.0.1:7402", "127.0.0.1:7403")
 STEPS = 3000
@@ -47,55 +46,6 @@ COMPACT_AFTER = 8
 SEEDS = int(os.environ.get("SPATE_METADATA_SCHEDULES", "40"))
 CLOCK = [1000.0]
 """pysyncobj's clock while a schedule runs (seconds); each step moves it on."""
-
-
-class _Wire:
-    """pysyncobj's transport interface in memory: sends go to the schedule's per-link queues."""
-
-    ready = True
-
-    def __init__(self, schedule: Schedule, address: str) -> None:
-        self.schedule, self.address = schedule, address
-        self.on_message: Callable[[object, dict[str, Any]], None] | None = None
-        self.on_connected: Callable[[object], None] | None = None
-
-    def setOnMessageReceivedCallback(self, callback: Any) -> None:
-        self.on_message = callback
-
-    def setOnNodeConnectedCallback(self, callback: Any) -> None:
-        self.on_connected = callback
-
-    def setOnNodeDisconnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnReadonlyNodeConnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnReadonlyNodeDisconnectedCallback(self, callback: Any) -> None:
-        pass
-
-    def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:
-        pass
-
-    def tryGetReady(self) -> None:
-        pass
-
-    def waitReady(self) -> None:
-        pass
-
-    def addNode(self, node: object) -> None:
-        pass
-
-    def dropNode(self, node: object) -> None:
-        pass
-
-    def destroy(self) -> None:
-        pass
-
-    def send(self, node: Any, message: dict[str, Any]) -> bool:
-        copy = pickle.loads(pickle.dumps(message))  # what a real wire hands over
-        self.schedule.links[(self.address, str(node.id))].append(copy)
-        return True
 
 
 class Schedule:
@@ -107,7 +57,7 @@ class Schedule:
         }
         self.voters: dict[str, Any] = {}
         self.adapters: dict[str, MetadataRaft] = {}
-        self.wires: dict[str, _Wire] = {}
+        self.wires: dict[str, MemoryWire] = {}
         self.applied: dict[int, tuple[str, bytes]] = {}
         self.acknowledged: list[str] = []
         self.paused: str | None = None
@@ -131,7 +81,7 @@ class Schedule:
                 return apply(data)
 
             adapter._apply = recording  # type: ignore[method-assign]
-            wire = _Wire(self, address)
+            wire = MemoryWire(address, lambda s, t, m: self.links[(s, t)].append(m))
             conf = SyncObjConf(
                 autoTick=False,
                 appendEntriesUseBatch=False,
