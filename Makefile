@@ -17,7 +17,7 @@ help:
 	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
-	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core|metadata|groups)"
+	@echo "make sim    - run the deterministic simulators over SEEDS seeds (MODEL=all|shell|core|metadata|groups|pysyncobj)"
 	@echo "make image  - build the container image localhost/spate:latest as root (deploy/build-image.sh)"
 	@echo "make test-image - build it, run 3 nodes and a gateway from it, publish and consume (root)"
 	@echo "make chaos  - a chaos run as root: SCHEDULE (standard, 10 min) with SEED=1; report in chaos/reports/"

@@ -13,6 +13,10 @@ Models (`--model`, default `shell`; `all` runs each in turn):
   groups the consumer-group coordinator (spate.core.coordinator) and the partitions'
          ownership layer (spate.core.ownership) with crashing hosts, members and leaders
          (groups.py)
+  pysyncobj  pysyncobj itself: three real metadata voters (the adapter's class, our dump
+         codec, compaction every 8 entries) wired in memory under random schedules of
+         deliveries, pauses, resets and elections; reads, agreement and acknowledged writes
+         checked (metadata_raft.py)
 
 Exits 1 when any seed fails, after printing the invariant, the seed and the command that
 replays it exactly. The summary line gives seeds per second.
@@ -32,6 +36,7 @@ from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions
 from spate.sim.groups import NO_BUGS as NO_GROUP_BUGS
 from spate.sim.groups import GroupBugs, run_group_seed
 from spate.sim.metadata import MetadataBugs, run_state_machine_seed
+from spate.sim.metadata_raft import run_pysyncobj_seed
 from spate.sim.shell import NO_BUGS as NO_SHELL_BUGS
 from spate.sim.shell import ShellBugs, ShellCluster, ShellOptions
 
@@ -152,6 +157,28 @@ def _run_groups(seed: int, args: argparse.Namespace, bug: str | None, trace: boo
     )
 
 
+def _run_pysyncobj(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
+    result = run_pysyncobj_seed(
+        seed, steps=args.steps or 3000, pysyncobj_snapshots=bug == "pysyncobj-snapshots"
+    )
+    summary = {
+        "acknowledged writes": result.acknowledged,
+        "barriers": result.barriers,
+        "forced elections": result.elections,
+        "pauses": result.pauses,
+    }
+    return _Outcome(
+        result.ok,
+        result.failure,
+        result.digest,
+        result.steps,
+        summary,
+        f"3 voters, {args.steps or 3000} steps",
+        result.trace if trace else [],
+    )
+
+
+_PYSYNCOBJ_BUGS = {"pysyncobj-snapshots": True}
 _GROUP_BUGS = {
     "announce-before-store": GroupBugs(announce_before_store=True),
     "forget-generation": GroupBugs(forget_generation=True),
@@ -197,6 +224,7 @@ MODELS: dict[str, tuple[Runner, dict[str, Any]]] = {
     "core": (_run_core, _CORE_BUGS),
     "metadata": (_run_metadata, _METADATA_BUGS),
     "groups": (_run_groups, _GROUP_BUGS),
+    "pysyncobj": (_run_pysyncobj, _PYSYNCOBJ_BUGS),
 }
 
 
@@ -271,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         type=int,
         default=None,
-        help="events in the fault phase (default: core 3000, groups 1500, others 2000)",
+        help="events in the fault phase (default: core and pysyncobj 3000, groups 1500, "
+        "others 2000)",
     )
     parser.add_argument("--trace", action="store_true", help="print the event trace (--seed)")
     every_bug = sorted({name for _, bugs in MODELS.values() for name in bugs})

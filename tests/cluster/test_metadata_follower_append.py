@@ -29,7 +29,7 @@ from spate.cluster.metadata.raft import MetadataRaft, RaftConfig, _MetadataSyncO
 from spate.cluster.metadata.state import Barrier, RegisterNode, RequestId
 from spate.core.errors import StorageFailure
 from spate.core.ids import NodeId
-from support.syncobj_wire import MemoryWire
+from spate.sim.metadata_raft import MemoryWire
 
 NO_OP = b"\x01"
 """pysyncobj's no-op entry (`_COMMAND_TYPE.NO_OP`): applied as nothing."""
