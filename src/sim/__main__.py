@@ -36,6 +36,7 @@ from spate.sim.cluster import NO_BUGS, Bugs, SimCluster, SimOptions
 from spate.sim.groups import NO_BUGS as NO_GROUP_BUGS
 from spate.sim.groups import GroupBugs, run_group_seed
 from spate.sim.metadata import MetadataBugs, run_state_machine_seed
+from spate.sim.metadata_raft import BUGS as PYSYNCOBJ_BUGS
 from spate.sim.metadata_raft import run_pysyncobj_seed
 from spate.sim.shell import NO_BUGS as NO_SHELL_BUGS
 from spate.sim.shell import ShellBugs, ShellCluster, ShellOptions
@@ -158,9 +159,7 @@ def _run_groups(seed: int, args: argparse.Namespace, bug: str | None, trace: boo
 
 
 def _run_pysyncobj(seed: int, args: argparse.Namespace, bug: str | None, trace: bool) -> _Outcome:
-    result = run_pysyncobj_seed(
-        seed, steps=args.steps or 3000, pysyncobj_snapshots=bug == "pysyncobj-snapshots"
-    )
+    result = run_pysyncobj_seed(seed, steps=args.steps or 3000, bug=bug)
     summary = {
         "acknowledged writes": result.acknowledged,
         "barriers": result.barriers,
@@ -178,7 +177,7 @@ def _run_pysyncobj(seed: int, args: argparse.Namespace, bug: str | None, trace: 
     )
 
 
-_PYSYNCOBJ_BUGS = {"pysyncobj-snapshots": True}
+_PYSYNCOBJ_BUGS = {name: True for name in PYSYNCOBJ_BUGS}
 _GROUP_BUGS = {
     "announce-before-store": GroupBugs(announce_before_store=True),
     "forget-generation": GroupBugs(forget_generation=True),

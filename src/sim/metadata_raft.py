@@ -19,7 +19,8 @@ leader's tail, and a snapshot installed over a log that already held it. Invaria
 | acknowledged-lost     | after the schedule, healed and quiet, every voter holds every       |
 |                       | acknowledged write                                                  |
 
-Planted bug (`--bug pysyncobj-snapshots`): the voters handle snapshots as pysyncobj alone does.
+Planted bugs (`--bug`): `pysyncobj-snapshots`, the voters handle snapshots as pysyncobj alone
+does; `pysyncobj-resets`, they answer a conflict's resets as pysyncobj alone does.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ VOTERS = ("127.0.0.1:7401", "127.0.0.1:7402", "127.0.0.1:7403")
 STEPS = 3000
 COMPACT_AFTER = 8
 """Entries in a voter's log before it compacts (production: limits.compaction_min_entries)."""
+APPEND_BYTES = 512
+"""pysyncobj's `appendEntriesBatchSizeBytes` here: a few entries per message, so a follower's
+tail goes in several pipelined messages (production: one message up to 64 KiB), which is where
+the reset floor (raft.py `_defer`) and ADR 0025's first addendum matter."""
 CLOCK = [1000.0]
 """pysyncobj's clock while a schedule runs (seconds): `schedule_clock`."""
 
@@ -121,10 +126,24 @@ class MemoryWire:
 
 
 class _PysyncobjSnapshots(_MetadataSyncObj):
-    """The planted bug: snapshots handled as pysyncobj alone does (no `_snapshot_piece`)."""
+    """Planted bug `pysyncobj-snapshots`: snapshots handled as pysyncobj alone does."""
 
     def _snapshot_piece(self, node: object, message: dict[str, Any]) -> None:
         SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+
+class _PysyncobjResets(_MetadataSyncObj):
+    """Planted bug `pysyncobj-resets`: a conflict's reset answered as pysyncobj alone does (no
+    reset floor): a follower whose tail conflicts never catches up (unsettled)."""
+
+    def _defer(self, node: object, message: dict[str, Any], term_at: Any) -> None:
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+
+BUGS: dict[str, type[_MetadataSyncObj]] = {
+    "pysyncobj-snapshots": _PysyncobjSnapshots,
+    "pysyncobj-resets": _PysyncobjResets,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +162,7 @@ class ScheduleResult:
 class Schedule:
     """One seed's voters, links and workload; `run_pysyncobj_seed` drives it."""
 
-    def __init__(self, seed: int, tmp: Path, *, pysyncobj_snapshots: bool = False) -> None:
+    def __init__(self, seed: int, tmp: Path, *, bug: str | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.links: dict[tuple[str, str], deque[dict[str, Any]]] = {
@@ -159,7 +178,7 @@ class Schedule:
         self.trace: deque[str] = deque(maxlen=80)
         self._digest = hashlib.blake2b(digest_size=16)
         self.writes = self.barriers = self.elections = self.pauses = 0
-        kind = _PysyncobjSnapshots if pysyncobj_snapshots else _MetadataSyncObj
+        kind = BUGS[bug] if bug is not None else _MetadataSyncObj
         for address in VOTERS:
             peers = tuple(p for p in VOTERS if p != address)
             config = RaftConfig(address, peers, tmp / address, password="x", sync_journal=False)
@@ -182,6 +201,7 @@ class Schedule:
                 autoTick=False,
                 appendEntriesUseBatch=False,
                 appendEntriesPeriod=0.05,
+                appendEntriesBatchSizeBytes=APPEND_BYTES,
                 raftMinTimeout=1000.0,  # elections only when the schedule forces one
                 raftMaxTimeout=1001.0,
                 connectionTimeout=1001.0,
@@ -319,14 +339,12 @@ class Schedule:
             obj.destroy()
 
 
-def run_pysyncobj_seed(
-    seed: int, *, steps: int = STEPS, pysyncobj_snapshots: bool = False
-) -> ScheduleResult:
+def run_pysyncobj_seed(seed: int, *, steps: int = STEPS, bug: str | None = None) -> ScheduleResult:
     """One schedule: `steps` random steps (stopping at the first problem), then healed and
     settled, then every voter checked for every acknowledged write."""
     CLOCK[0] = 1000.0
     with schedule_clock(), tempfile.TemporaryDirectory(prefix="spate-sim-pysyncobj-") as tmp:
-        schedule = Schedule(seed, Path(tmp), pysyncobj_snapshots=pysyncobj_snapshots)
+        schedule = Schedule(seed, Path(tmp), bug=bug)
         done = 0
         try:
             schedule.voters[VOTERS[0]]._SyncObj__raftElectionDeadline = 0

@@ -463,6 +463,29 @@ def test_a_conflict_at_a_committed_index_is_refused_and_the_replica_stops_servin
     assert "diverged" in voter.adapter.failure.message
 
 
+def test_after_a_conflict_no_reset_answer_goes_above_it(follower: tuple[Net, Voter]) -> None:
+    """A leader pipelines a tail in several messages and takes each answer as it comes.
+    pysyncobj answers a conflict at prevLogIdx with "send from prevLogIdx", and the next
+    message (prevLogIdx past this log's end) with "send from my end + 1", which undid the
+    first every round (the `pysyncobj` simulator model: a follower that never caught up). After
+    the conflict, no reset goes above it until an append is accepted."""
+    net, voter = follower
+    leader = LEADER
+    net.deliver(Sent(leader, voter.address, append(1, 0, [(i, 1) for i in range(2, 7)], 3)))
+    answers(net)
+    # A new leader (term 2) whose entry 5 differs: two pipelined messages.
+    net.deliver(Sent(leader, voter.address, append(5, 2, [(6, 2), (7, 2)], 3, term=2)))
+    net.deliver(Sent(leader, voter.address, append(7, 2, [(8, 2)], 3, term=2)))
+    first, second = answers(net)
+    assert (first["next_node_idx"], first["reset"], first["success"]) == (5, True, False)
+    assert (second["next_node_idx"], second["reset"]) == (5, True), "pysyncobj alone: 7"
+    # The leader backs off; the append from 4 matches and is accepted; the floor is gone.
+    net.deliver(Sent(leader, voter.address, append(4, 1, [(5, 2), (6, 2), (7, 2)], 3, term=2)))
+    assert answers(net)[-1]["success"] and voter.last_index() == 7
+    net.deliver(Sent(leader, voter.address, append(9, 2, [(10, 2)], 3, term=2)))
+    assert answers(net)[-1]["next_node_idx"] == 8, "past the end again: from the end + 1"
+
+
 def test_the_adapter_refuses_another_pysyncobj_version() -> None:
     """It overrides pysyncobj's private methods: an upgrade must fail loudly, not run them."""
     code = (

@@ -43,6 +43,14 @@ One `SyncObj` whose single `@replicated` method takes our encoded command bytes,
   answers them) fail with UNKNOWN_OUTCOME, and the service resubmits them (request ids make
   that safe).
 
+- Reset floor (`_MetadataSyncObj._defer`): a leader pipelines a follower's tail in several
+  messages and takes each "reset: send from N" answer as it comes. pysyncobj's follower
+  answers a term conflict at prevLogIdx with N = prevLogIdx but a prevLogIdx past its end with
+  N = end + 1, so the later messages' answers undid the conflict's every round and a follower
+  whose tail conflicted never caught up (found by the `pysyncobj` simulator model with small
+  append batches; in production, a tail longer than one 64 KiB message). After a conflict at
+  N the follower answers no reset above N until it accepts an append from that leader.
+
 - Stuck connections (`_close_stuck_connections`): pysyncobj closes a connection that has read
   nothing for its `connectionTimeout` only when that socket has an event. A connection whose
   handshake bytes were lost (accepted by a middlebox that dropped them: a Toxiproxy `timeout`
@@ -485,6 +493,11 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._adapter = adapter
         self._acknowledge_max: int | None = None
         """While an append is handled: the highest index the follower may acknowledge."""
+        self._reset_floor: tuple[tuple[object, int], int] | None = None
+        """((leader, term), N): this leader's message conflicted with the log at N; no reset
+        answer above N until an append is accepted (`_defer`)."""
+        self._reset_cap: int | None = None
+        """While `_defer` hands a message to pysyncobj: the highest reset answer allowed."""
         self._incoming: bytearray | None = None
         """The snapshot pieces received so far (pysyncobj keeps its own copy in a file)."""
         super().__init__(self_address, peers, conf, transport=transport)
@@ -526,7 +539,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         )
         match plan:
             case Defer():
-                super()._SyncObj__onMessageReceived(node, message)
+                self._defer(node, message, term_at)
                 return
             case Refuse(index, local_term, leader_term):
                 # Raft's safety says this cannot happen: a committed entry is in every later
@@ -554,6 +567,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                 message["entries"] = []
         commit_before = self._SyncObj__raftCommitIndex
         self._acknowledge_max = matched
+        self._reset_floor = None  # the log matches the leader's up to `matched` now
         try:
             super()._SyncObj__onMessageReceived(node, message)
         finally:
@@ -562,6 +576,31 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if self._SyncObj__raftCommitIndex > allowed:  # it took the leader's, up to our end
             self._SyncObj__raftCommitIndex = allowed
             raft_log.setRaftCommitIndex(allowed)
+
+    def _defer(
+        self, node: object, message: dict[str, Any], term_at: Callable[[int], int | None]
+    ) -> None:
+        """The log has no entry (prevLogIdx, prevLogTerm): pysyncobj answers "reset: send from
+        N", N = prevLogIdx on a term conflict, or the log's end + 1 when prevLogIdx lies past
+        it. A leader pipelines several messages to a follower (its tail in
+        appendEntriesBatchSizeBytes pieces) and takes each answer as it comes, so the second
+        message's "from my end + 1" undid the first's "from prevLogIdx" every round: a
+        follower whose tail conflicted never caught up (the `pysyncobj` simulator model, with
+        small append batches). After a conflict at N, this replica answers no reset above N
+        until an append is accepted (module docstring, "Reset floor")."""
+        key = (getattr(node, "id", node), int(message["term"]))
+        if self._reset_floor is not None and self._reset_floor[0] != key:
+            self._reset_floor = None
+        prev = int(message["prevLogIdx"])
+        conflict = term_at(prev) is not None  # present with another term
+        self._reset_cap = self._reset_floor[1] if self._reset_floor is not None else None
+        try:
+            super()._SyncObj__onMessageReceived(node, message)
+        finally:
+            self._reset_cap = None
+        if conflict:
+            floor = prev if self._reset_floor is None else min(prev, self._reset_floor[1])
+            self._reset_floor = (key, floor)
 
     def _snapshot_piece(self, node: object, message: dict[str, Any]) -> None:
         """A piece of a leader's snapshot (module docstring, "Snapshots"). pysyncobj's follower
@@ -592,6 +631,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if self._adapter._dumps_loaded == loads_before:
             self._restore_commit(commit_before)
             return
+        self._reset_floor = None  # the log is the snapshot's now
         installed = self._SyncObj__raftLastApplied
         waiting = self._SyncObj__commandsWaitingCommit
         for index in sorted(i for i in waiting if i <= installed):
@@ -627,6 +667,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             index,
             term,
         )
+        self._reset_floor = None  # the log matches the leader's up to the snapshot's end
         super()._SyncObj__sendNextNodeIdx(node, nextNodeIdx=index + 1, success=True)
 
     def _restore_commit(self, commit: int) -> None:
@@ -644,6 +685,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         cap = self._acknowledge_max
         if cap is not None and success and nextNodeIdx is not None:
             nextNodeIdx = min(nextNodeIdx, cap + 1)
+        floor = self._reset_cap
+        if floor is not None and reset and not success:
+            end = self._SyncObj__raftLog[-1][1] + 1
+            nextNodeIdx = min(end if nextNodeIdx is None else nextNodeIdx, floor)
         super()._SyncObj__sendNextNodeIdx(
             node, reset=reset, nextNodeIdx=nextNodeIdx, success=success
         )
