@@ -4,7 +4,9 @@ entries) wired in memory. Per-link FIFO queues delivered one message at a time i
 order; paused voters (their inbound messages wait, as in a stopped process's socket buffers);
 connection resets (a link's queued messages lost); elections forced at random voters; writes
 and read barriers submitted anywhere. pysyncobj's clock is replaced by the schedule's (a
-millisecond per read), so a seed replays exactly. `python -m spate.sim --model pysyncobj`.
+millisecond per read), so a seed replays exactly under the same PYTHONHASHSEED (pysyncobj
+iterates sets of nodes, so runs under different hash seeds differ; the other models do not
+depend on it). `python -m spate.sim --model pysyncobj`.
 
 The `metadata` model checks the state machine over our own Raft core, never over pysyncobj;
 this one runs pysyncobj's replication. It found both halves of the chaos suite's ci seed
