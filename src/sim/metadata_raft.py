@@ -6,7 +6,8 @@ connection resets (a link's queued messages lost); elections forced at random vo
 and read barriers submitted anywhere. pysyncobj's clock is replaced by the schedule's (a
 millisecond per read), so a seed replays exactly under the same PYTHONHASHSEED (pysyncobj
 iterates sets of nodes, so runs under different hash seeds differ; the other models do not
-depend on it). `python -m spate.sim --model pysyncobj`.
+depend on it): `python -m spate.sim` pins it (`__main__.HASH_SEED`) unless one is set.
+`python -m spate.sim --model pysyncobj`.
 
 The `metadata` model checks the state machine over our own Raft core, never over pysyncobj;
 this one runs pysyncobj's replication. It found both halves of the chaos suite's ci seed
