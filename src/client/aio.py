@@ -50,7 +50,7 @@ from spate.client.core import (
     window_default,
 )
 from spate.client.errors import AttachRefused, ConnectionLost, ConsumerClosed, LinkStolen
-from spate.client.event import Event
+from spate.client.event import NO_STANDING, Event, Standing
 from spate.client.messages import MessageParts
 from spate.core import bulk
 from spate.core import limits as core_limits
@@ -725,9 +725,10 @@ class AsyncConsumer:
         self.epoch: int | None = None
         """A group consumer's epoch as granted (`event-streams-epoch` on the attach reply)."""
         self._on_assignment: Callable[[frozenset[int]], None] | None = None
-        self.assignment: frozenset[int] = frozenset()
-        """A group member: the partitions the coordinator gave its link (from the
-        `event-streams-associated-partitions-changed` annotation, 000 §4.6.5)."""
+        self._standing = self._shown = NO_STANDING
+        """Where the broker last said this consumer stands (attach reply or delivery), and
+        where it stood as of the attach or the last event the application took — what
+        `active`, `active_streams` and `assignment` show."""
         self.partition: int | None = partition
         """The bound partition (`event-streams-partition` on the attach reply, when bound)."""
         self._manual = False
@@ -742,20 +743,43 @@ class AsyncConsumer:
         self.stored_offset: int | None = None
         """Named consumers: the broker's stored offset when the link attached
         (`spate:stored-offset`), then the last offset a `commit()` confirmed."""
-        self.active = True
-        """Single active consumer: whether this member receives (`spate:active` on the attach
-        reply; a standby turns True with the first delivery after it took over). On a super
-        stream: whether it receives from at least one partition stream."""
         self.super_stream = False
         """Attached to a super stream's address (ADR 0034): each event says its partition
         stream (`Event.stream`)."""
-        self.active_streams: set[str] = set()
+        self._partition_streams: list[str] = []
+        """A super-stream consumer: its partition streams by index (`spate:partition-streams`)."""
+
+    @property
+    def active(self) -> bool:
+        """Single active consumer: whether this member receives (`spate:active` on the attach
+        reply; a standby turns True with the first event after it took over, once the
+        application has taken that event). On a super stream: whether it receives from at
+        least one partition stream."""
+        return self._shown.active
+
+    @property
+    def active_streams(self) -> frozenset[str]:
         """A super-stream consumer: the partition streams it is active on, as the broker said
         — at attach (`spate:active-partitions`), then with the first event after they changed
         (`event-streams-associated-partitions-changed`: a partition taken over or handed
-        over)."""
-        self._partition_streams: list[str] = []
-        """A super-stream consumer: its partition streams by index (`spate:partition-streams`)."""
+        over), once the application has taken that event."""
+        return self._shown.streams
+
+    @property
+    def assignment(self) -> frozenset[int]:
+        """A group member: the partitions the coordinator gave its link (from the
+        `event-streams-associated-partitions-changed` annotation, 000 §4.6.5), as of the
+        last event the application took that said so."""
+        return self._shown.assignment
+
+    def _stand(self, active: bool, streams: frozenset[str], assignment: frozenset[int]) -> None:
+        """The broker said where this consumer stands now (attach reply or delivery)."""
+        self._standing = Standing(self._standing.seq + 1, active, streams, assignment)
+
+    def _show(self, standing: Standing) -> None:
+        """The application reached `standing` (an attach, or an event it took)."""
+        if standing.seq > self._shown.seq:
+            self._shown = standing
 
     def _spec(self) -> eng.LinkSpec:
         return eng.LinkSpec(
@@ -782,16 +806,18 @@ class AsyncConsumer:
                 self.stored_offset = max(int(stored), self.stored_offset or -1)
             self._core.on_relinked()
             active = eng.link_property(link, P_ACTIVE)
-            self.active = True if active is None else bool(active)
-            streams = eng.link_property(link, P_ACTIVE_PARTITIONS)
-            if streams is not None:  # a super stream's: every reattach starts after the
+            streams, assignment = self._standing.streams, self._standing.assignment
+            said = eng.link_property(link, P_ACTIVE_PARTITIONS)
+            if said is not None:  # a super stream's: every reattach starts after the
                 self.super_stream = self._core.group = True  # groups' stored offsets
-                self.active_streams = {str(s) for s in streams}
+                streams = frozenset(str(s) for s in said)
                 every = eng.link_property(link, P_PARTITION_STREAMS) or []
                 self._partition_streams = [str(s) for s in every]
-                self.assignment = frozenset(
-                    i for i, s in enumerate(self._partition_streams) if s in self.active_streams
+                assignment = frozenset(
+                    i for i, s in enumerate(self._partition_streams) if s in streams
                 )
+            self._stand(True if active is None else bool(active), streams, assignment)
+            self._show(self._standing)
             granted = eng.link_property(link, P_EPOCH)
             self.epoch = None if granted is None else int(granted)
         bound = eng.link_property(link, P_PARTITION)
@@ -832,18 +858,8 @@ class AsyncConsumer:
             if parsed is None:
                 return None  # not one of Spate's deliveries: no offset to resume from
             offset, stamp, source, active, associated, stream = parsed
-            if active:
-                self.active = True
-                if stream is not None:
-                    self.active_streams.add(stream)
-            if associated is not None:
-                self.assignment = frozenset(int(p) for p in associated)
-                if self.super_stream:  # where it is active now (ADR 0034)
-                    every = self._partition_streams
-                    self.active_streams = {every[p] for p in self.assignment if p < len(every)}
-                    self.active = bool(self.assignment)
-                if self._on_assignment is not None:
-                    self._on_assignment(self.assignment)
+            if active or associated is not None:
+                self._stood(active, associated, stream)
         link = self._link
         link.partition = source
         if self._sub_entries and SUB_ENTRY_MARKER in raw:
@@ -852,6 +868,25 @@ class AsyncConsumer:
             link.repeat = offset  # after resuming: already handed out (held, not accepted)
             return None
         return self._hand_out(offset, stamp, source, raw, stream)
+
+    def _stood(self, active: bool, associated: list[str] | None, stream: str | None) -> None:
+        """A delivery said the consumer's standing changed: `spate:active` (it took over, on
+        `stream` for a super stream's) and/or the partitions it is associated with now."""
+        now = self._standing
+        is_active, streams, assignment = now.active, now.streams, now.assignment
+        if active:
+            is_active = True
+            if stream is not None:
+                streams = streams | {stream}
+        if associated is not None:
+            assignment = frozenset(int(p) for p in associated)
+            if self.super_stream:  # where it is active now (ADR 0034)
+                every = self._partition_streams
+                streams = frozenset(every[p] for p in assignment if p < len(every))
+                is_active = bool(assignment)
+        self._stand(is_active, streams, assignment)
+        if associated is not None and self._on_assignment is not None:
+            self._on_assignment(assignment)
 
     def _on_batch(self, raws: list[bytes]) -> None:
         """A burst for the batch handler: runs of deliveries in the link's usual layout read
@@ -949,11 +984,13 @@ class AsyncConsumer:
         self, offset: int, stamp: int, source: str | None, raw: bytes, stream: str | None = None
     ) -> int | None:
         if self._batch is not None:  # taken when the batch handler returns
+            self._show(self._standing)
             self._batch[0].append(offset)
             self._batch[1].append(stamp)
             self._batch[2].append(raw)
             return offset
         if self._handler is not None:
+            self._show(self._standing)
             try:
                 self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)
             except Exception as error:  # the application's: stop and report it from wait()
@@ -964,9 +1001,9 @@ class AsyncConsumer:
                 self._taken_unfinished += 1
                 self._loop.call_soon(self._finish_taken, 0)  # after the link holds it
         elif self._sink is not None:
-            self._sink(Event(offset, stamp, source, raw, stream))
+            self._sink(Event(offset, stamp, source, raw, stream, standing=self._standing))
         else:
-            self._events.append(Event(offset, stamp, source, raw, stream))
+            self._events.append(Event(offset, stamp, source, raw, stream, standing=self._standing))
             self._ready.set()
         return offset
 
@@ -1115,6 +1152,7 @@ class AsyncConsumer:
         if isinstance(item, BaseException):
             raise item  # stays queued: every later receive raises it too
         self._events.popleft()
+        self._show(item.standing)
         self._taken(1)
         return item
 

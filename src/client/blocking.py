@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from spate.client.aio import AsyncConsumer, AsyncProducer, Body, Handler, encode
 from spate.client.core import SubEntryBatch, credit_default, redirect_hops_max, window_default
 from spate.client.errors import ConnectionLost, ConsumerClosed
-from spate.client.event import Event
+from spate.client.event import NO_STANDING, Event, Standing
 
 R = TypeVar("R")
 
@@ -351,6 +351,8 @@ class Consumer:
         self._queue: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
         self._taken = 0
         self._report_every = max(1, credit // 4)
+        self._standing = NO_STANDING
+        """Where the consumer stood as of the last event `receive()` returned."""
         self._aio = self._thread.run(
             AsyncConsumer.connect(
                 urls,
@@ -392,6 +394,8 @@ class Consumer:
             self._queue.put(item)  # nothing follows it: every later receive raises it too
             raise item
         self._taken += 1
+        if item.standing.seq > self._standing.seq:
+            self._standing = item.standing
         if self._taken >= self._report_every or self._queue.empty():
             self._report()
         return item
@@ -417,20 +421,26 @@ class Consumer:
     @property
     def active(self) -> bool:
         """Single active consumer: whether this member receives now (a standby turns True
-        with the first event after it took over)."""
-        return self._aio.active
+        with the first event after it took over, once `receive()` returned that event)."""
+        return self._shown().active
 
     @property
     def active_streams(self) -> frozenset[str]:
         """A super-stream consumer (ADR 0034): the partition streams this link is active on,
-        as of the attach or the last event that said they changed."""
-        return frozenset(self._aio.active_streams)
+        as of the attach or the last event `receive()` returned that said they changed."""
+        return self._shown().streams
 
     @property
     def assignment(self) -> frozenset[int]:
-        """A group member: the partitions its link is associated with now (as of the last
-        event that said so)."""
-        return self._aio.assignment
+        """A group member: the partitions its link is associated with (as of the last event
+        `receive()` returned that said so)."""
+        return self._shown().assignment
+
+    def _shown(self) -> Standing:
+        """Where the consumer stands as of its attach or the last event `receive()` returned,
+        whichever the broker said last (with a handler: the last event handed to it)."""
+        attached, taken = self._aio._shown, self._standing
+        return taken if taken.seq > attached.seq else attached
 
     @property
     def epoch(self) -> int | None:

@@ -204,6 +204,14 @@ def test_client_consumers_share_a_name_and_the_standby_knows_when_it_took_over(
             with pytest.raises(TimeoutError):
                 second.receive(timeout=0.3)
             first.close()  # every event it took is finished: stored offset 2
+            # the takeover's deliveries arrive before the application takes them: `active`
+            # says what the events it took said (CI's seed: a member printed active before
+            # the event that made it so)
+            deadline = time.monotonic() + 10
+            while second._queue.empty():
+                assert time.monotonic() < deadline, "the standby received nothing"
+                time.sleep(0.01)
+            assert not second.active
             assert [second.receive(timeout=10).body for _ in range(2)] == ["m3", "m4"]
             assert second.active
         finally:
