@@ -23,7 +23,8 @@ leader's tail, and a snapshot installed over a log that already held it. Invaria
 |                       | acknowledged write                                                  |
 
 Planted bugs (`--bug`): `pysyncobj-snapshots`, the voters handle snapshots as pysyncobj alone
-does; `pysyncobj-resets`, they answer a conflict's resets as pysyncobj alone does.
+does; `pysyncobj-resets`, they answer a conflict's resets as pysyncobj alone does;
+`pysyncobj-append`, followers take a leader's entries as pysyncobj alone does.
 """
 
 from __future__ import annotations
@@ -143,9 +144,22 @@ class _PysyncobjResets(_MetadataSyncObj):
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
 
+class _PysyncobjAppend(_MetadataSyncObj):
+    """Planted bug `pysyncobj-append`: a follower takes a leader's entries as pysyncobj alone
+    does (ADR 0025's first addendum: a late or stale append cuts the tail it already acked,
+    and commits up to the leader's index over entries the message does not prove)."""
+
+    def _SyncObj__onMessageReceived(self, node: object, message: dict[str, Any]) -> None:
+        if message.get("type") == "append_entries" and "prevLogIdx" not in message:
+            self._snapshot_piece(node, message)
+            return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+
 BUGS: dict[str, type[_MetadataSyncObj]] = {
     "pysyncobj-snapshots": _PysyncobjSnapshots,
     "pysyncobj-resets": _PysyncobjResets,
+    "pysyncobj-append": _PysyncobjAppend,
 }
 
 

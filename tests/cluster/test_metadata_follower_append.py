@@ -386,6 +386,49 @@ def test_a_deposed_leaders_barrier_is_not_committed_by_a_snapshot_piece(tmp_path
         net.close()
 
 
+def test_a_declined_snapshot_leaves_no_file_open_or_on_disk(tmp_path: Path) -> None:
+    """A snapshot whose last entry the follower's log holds is declined (the log is kept,
+    above); pysyncobj's serializer had written its first pieces to `<dump>.1.tmp` and keeps
+    that file open until a last piece it never sees: the adapter closes and removes it."""
+    a, f, g = "127.0.0.1:7311", "127.0.0.1:7312", "127.0.0.1:7313"
+    net = Net()
+    for me in (a, f, g):
+        net.add(me, [p for p in (a, f, g) if p != me], tmp_path, 1 << 16, compact_after=4)
+    net.connect_all()
+    leader, follower = net.voters[a], net.voters[f]
+    try:
+        net.elect(leader)
+        net.pump(lambda: net.leader() is leader)
+        net.register(leader, [f"n{i}" for i in range(1, 9)], [])
+        voters = list(net.voters.values())
+        net.pump(lambda: all(v.obj.raftLastApplied == leader.obj.raftCommitIndex for v in voters))
+        net.pump(leader.adapter.dump_path.exists)
+        dump = leader.adapter.dump_path.read_bytes()
+        last = follower.last_index()
+        term = leader.obj.raftCurrentTerm
+        serializer = follower.obj._SyncObj__serializer
+        for i, piece in enumerate([dump[:10], dump[10:20], dump[20:]]):
+            snapshot = (piece, i == 0, i == 2)
+            message = {
+                "type": "append_entries",
+                "term": term,
+                "commit_index": leader.obj.raftCommitIndex,
+                "serialized": snapshot,
+            }
+            net.deliver(Sent(a, f, message))
+            if i == 0:
+                opened = serializer._Serializer__incomingTransmissionFile
+                assert opened is not None and not opened.closed
+        assert follower.last_index() == last, "the log was kept"
+        assert opened.closed, "the declined snapshot's file is still open"
+        assert serializer._Serializer__incomingTransmissionFile is None
+        assert not Path(f"{follower.adapter.dump_path}.1.tmp").exists()
+        net.register(leader, ["after"], [])  # and the follower goes on as before
+        net.pump(lambda: "after" in follower.registered())
+    finally:
+        net.close()
+
+
 # -- one follower, messages crafted by hand ------------------------------------------------------
 
 

@@ -44,3 +44,12 @@ def test_pysyncobjs_own_reset_answers_are_caught() -> None:
     sweep = (run_pysyncobj_seed(s, bug="pysyncobj-resets").failure or "" for s in range(1, 31))
     failures = until_caught(sweep, lambda f: f.startswith("unsettled"))
     assert any(f.startswith("unsettled") for f in failures), failures
+
+
+def test_pysyncobjs_own_follower_append_is_caught() -> None:
+    """The planted bug: followers take a leader's entries as pysyncobj alone does (ADR 0025's
+    first addendum: a late append cuts an acknowledged tail; a follower commits up to the
+    leader's index over entries the message does not prove)."""
+    sweep = (run_pysyncobj_seed(s, bug="pysyncobj-append").failure or "" for s in range(1, 31))
+    failures = until_caught(sweep, bool)
+    assert any(failures), failures

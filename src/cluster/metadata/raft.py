@@ -572,10 +572,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             super()._SyncObj__onMessageReceived(node, message)
         finally:
             self._acknowledge_max = None
-        allowed = max(commit_before, min(int(message["commit_index"]), matched))
-        if self._SyncObj__raftCommitIndex > allowed:  # it took the leader's, up to our end
-            self._SyncObj__raftCommitIndex = allowed
-            raft_log.setRaftCommitIndex(allowed)
+        # it took the leader's commit index, capped only by our end
+        self._restore_commit(max(commit_before, min(int(message["commit_index"]), matched)))
 
     def _defer(
         self, node: object, message: dict[str, Any], term_at: Callable[[int], int | None]
@@ -655,11 +653,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         entries following it and reply")."""
         commit_before = self._SyncObj__raftCommitIndex
         super()._SyncObj__onMessageReceived(node, {**message, "serialized": None})
-        allowed = max(commit_before, min(int(message["commit_index"]), index))
-        self._restore_commit(commit_before)
-        if allowed > commit_before:
-            self._SyncObj__raftCommitIndex = allowed
-            self._SyncObj__raftLog.setRaftCommitIndex(allowed)
+        self._drop_transmission()
+        self._set_commit(max(commit_before, min(int(message["commit_index"]), index)))
         log.info(
             "metadata snapshot from %s ends at entry %d (term %d), which this log holds: "
             "kept the log",
@@ -670,10 +665,28 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._reset_floor = None  # the log matches the leader's up to the snapshot's end
         super()._SyncObj__sendNextNodeIdx(node, nextNodeIdx=index + 1, success=True)
 
+    def _drop_transmission(self) -> None:
+        """pysyncobj's serializer holds the pieces of a snapshot it was sent in a temporary
+        file, open until the last piece; the last piece of a declined snapshot never reaches
+        it, so close and remove that file here (else it stays open, on disk, until the next
+        snapshot starts)."""
+        serializer = self._SyncObj__serializer
+        incoming = serializer._Serializer__incomingTransmissionFile
+        serializer._Serializer__incomingTransmissionFile = None
+        if hasattr(incoming, "close"):
+            incoming.close()
+        name = serializer._Serializer__fileName
+        if name is not None:
+            Path(f"{name}.1.tmp").unlink(missing_ok=True)
+
     def _restore_commit(self, commit: int) -> None:
+        """Take back what pysyncobj committed above `commit`."""
         if self._SyncObj__raftCommitIndex > commit:
-            self._SyncObj__raftCommitIndex = commit
-            self._SyncObj__raftLog.setRaftCommitIndex(commit)
+            self._set_commit(commit)
+
+    def _set_commit(self, commit: int) -> None:
+        self._SyncObj__raftCommitIndex = commit
+        self._SyncObj__raftLog.setRaftCommitIndex(commit)
 
     def _SyncObj__sendNextNodeIdx(
         self,
