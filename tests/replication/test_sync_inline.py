@@ -51,6 +51,9 @@ MODES: dict[str, tuple[int, str]] = {
 }
 """(inline_sync_bytes, handoff): inline syncs on with the limit tried (ADR 0036); off, the
 others on the sync thread (ADR 0040, the default); off, through `run_in_executor`."""
+LEADERS_INLINE = 4096
+"""`inline_leader_bytes` of the one test whose leaders' small syncs run inline too (RESULTS
+§49; off by default)."""
 
 
 class Watched:
@@ -96,7 +99,9 @@ class Watched:
 
 
 @contextlib.asynccontextmanager
-async def three_hosts(root: Path, mode: str) -> AsyncIterator[dict[NodeId, Watched]]:
+async def three_hosts(
+    root: Path, mode: str, leader_bytes: int = 0
+) -> AsyncIterator[dict[NodeId, Watched]]:
     """Three hosts with a leader and one entry committed on every replica; only then are
     their syncs and acks watched (what was synced before is known from `raft.log.stable`)."""
     addresses: dict[NodeId, tuple[str, int]] = {}
@@ -115,6 +120,7 @@ async def three_hosts(root: Path, mode: str) -> AsyncIterator[dict[NodeId, Watch
                 rng_seed=IDS.index(node),
                 inline_sync_bytes=MODES[mode][0],
                 handoff=MODES[mode][1],
+                inline_leader_bytes=leader_bytes,
             )
             hosts[node] = host
             addresses[node] = ("127.0.0.1", await host.start())
@@ -156,9 +162,10 @@ def run(
     body: Callable[[dict[NodeId, Watched]], Coroutine[None, None, None]],
     root: Path,
     mode: str,
+    leader_bytes: int = 0,
 ) -> None:
     async def main() -> None:
-        async with three_hosts(root, mode) as nodes:
+        async with three_hosts(root, mode, leader_bytes) as nodes:
             await body(nodes)
 
     asyncio.run(main())
@@ -381,3 +388,29 @@ def test_a_follower_stopping_with_its_sync_in_flight(tmp_path: Path, mode: str) 
             await asyncio.wait_for(append, 10)
 
     asyncio.run(main())
+
+
+def test_a_leaders_small_syncs_inline_still_commit_only_on_a_majority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`inline_leader_bytes` (off by default, RESULTS §49): a leader's small batches sync on
+    its loop thread too, and its appends commit; with both followers' syncs failing, the
+    leader's own inline sync is one of three: nothing is accepted."""
+    monkeypatch.setattr(host_module, "INLINE_SYNC_SLOW_S", 10.0)
+
+    async def body(nodes: dict[NodeId, Watched]) -> None:
+        leader, followers = leader_of(nodes)
+        before = leader.host.syncs_inline
+        for i in range(20):
+            await leader.part.append([b"r%d" % i])
+        assert leader.host.syncs_inline > before, "the leader's small syncs ran inline"
+        for follower in followers:
+            assert follower.early_acks() == []
+            follower.sync_error = OSError(5, "injected EIO")
+        append = leader.part.append([b"never"])
+        with pytest.raises((TimeoutError, BrokerError)):
+            await asyncio.wait_for(asyncio.shield(append), 1.0)
+        assert not append.done() or append.exception() is not None
+        append.cancel()
+
+    run(body, tmp_path, "inline", LEADERS_INLINE)

@@ -19,7 +19,8 @@ With $SPATE_SYNC_INLINE_BYTES_MAX set (off by default: ADR 0036, RESULTS §40), 
 runs on the loop thread itself when the batch is a follower's and small
 (`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
 on a quiet disk, less than the two thread hand-offs around it) and the loop is not busy (ADR
-0036), else in the fsync thread, while the loop reads the next
+0036; a leader's batch too when it wrote at most $SPATE_SYNC_INLINE_LEADER_BYTES_MAX, off by
+default, RESULTS §49), else in the fsync thread, while the loop reads the next
 frames (W1's pipelining). Nothing changes in what waits for what: acks and votes leave in
 `finish_batch`, after `run_syncs` returned, on either path.
 
@@ -176,6 +177,15 @@ as busy."""
 assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 
 
+INLINE_LEADER_BYTES_ENV = "SPATE_SYNC_INLINE_LEADER_BYTES_MAX"
+"""With inline syncs on, a batch in which a replica leads may sync inline too when it wrote
+at most this many bytes (unset or 0: never, the default; `ReplicationHost._inline`). RESULTS
+§49, quiet machine: 4096 (W3's batches, not W1's) cut W3's p50 on the leader by ~12% and
+through the gateway by ~10-18%, did nothing for a follower's, and cost W1 3-8% (the followers'
+inline syncs during W1's second: the busy rule lags a tick); kept off until the gain comes
+without that cost."""
+
+
 HANDOFF_ENV = "SPATE_SYNC_HANDOFF"
 """How a batch's syncs reach the fsync thread and come back (ADR 0040): `thread` (the default,
 `SyncThread`: a queue in, an eventfd out, the batch finished in the loop's reader callback) or
@@ -191,9 +201,9 @@ def sync_handoff() -> str:
     return raw
 
 
-def inline_sync_bytes_max() -> int:
-    """$SPATE_SYNC_INLINE_BYTES_MAX, 0 (inline syncs off) when unset."""
-    raw = os.environ.get(INLINE_BYTES_ENV, "").strip()
+def inline_sync_bytes_max(name: str = INLINE_BYTES_ENV) -> int:
+    """$SPATE_SYNC_INLINE_BYTES_MAX (or the variable `name`), 0 (off) when unset."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return 0
     try:
@@ -201,7 +211,7 @@ def inline_sync_bytes_max() -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise InvalidArgument(f"${INLINE_BYTES_ENV} must be a byte count >= 0, got {raw!r}")
+        raise InvalidArgument(f"${name} must be a byte count >= 0, got {raw!r}")
     return value
 
 
@@ -289,10 +299,14 @@ class ReplicationHost:
         raft_config: RaftConfig | None = None,
         inline_sync_bytes: int | None = None,
         handoff: str | None = None,
+        inline_leader_bytes: int | None = None,
     ) -> None:
         """`inline_sync_bytes`: batches that wrote at most this many bytes (and sync at most
         `INLINE_SYNCS_MAX` files) sync on the loop thread (ADR 0036); None:
-        `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread). `handoff`: how
+        `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread).
+        `inline_leader_bytes`: the same for a batch in which a replica leads (at most this
+        many bytes, and only with inline syncs on); None: $SPATE_SYNC_INLINE_LEADER_BYTES_MAX;
+        0: never (the default). `handoff`: how
         the others reach the fsync thread (`HANDOFFS`, ADR 0040); None: `sync_handoff()`."""
         assert tick_ms > 0
         self.node_id = node_id
@@ -307,6 +321,11 @@ class ReplicationHost:
             inline_sync_bytes_max() if inline_sync_bytes is None else inline_sync_bytes
         )
         assert self.inline_sync_bytes >= 0
+        self.inline_leader_bytes = (
+            inline_sync_bytes_max(INLINE_LEADER_BYTES_ENV)
+            if inline_leader_bytes is None
+            else inline_leader_bytes
+        )
         self.handoff = sync_handoff() if handoff is None else handoff
         assert self.handoff in HANDOFFS, self.handoff
         self._sync_thread: SyncThread | None = None
@@ -653,15 +672,21 @@ class ReplicationHost:
         """Run this batch's syncs on the loop thread (ADR 0036)? Not when a replica in it
         leads: a leader's own fsync is needed for a commit only when a follower is slower,
         and while its loop blocked in it, the followers' acks that commit without it would
-        wait in the socket (RESULTS §40: with leaders inline, commits got slower)."""
+        wait in the socket (RESULTS §40: with leaders inline, commits got slower) — unless
+        `inline_leader_bytes` allows a small one (RESULTS §49: on a quiet machine W3's leader
+        p50 gained ~12%, W1 lost 3-8%; off by default)."""
         syncs = batch.syncs
+        leader_bytes = self.inline_leader_bytes
         return (
             self.inline_sync_bytes > 0
             and len(syncs) <= INLINE_SYNCS_MAX
             and batch.bytes_written <= self.inline_sync_bytes
             and self.loop_busy < INLINE_LOOP_BUSY_MAX
             and time.monotonic() >= self._inline_after
-            and not any(group.raft.role is Role.LEADER for group, _ in syncs)
+            and (
+                not any(group.raft.role is Role.LEADER for group, _ in syncs)
+                or (leader_bytes > 0 and batch.bytes_written <= leader_bytes)
+            )
         )
 
     def _sync_inline(

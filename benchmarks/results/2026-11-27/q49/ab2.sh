@@ -1,0 +1,15 @@
+#!/bin/bash
+# second round: C A alternated x3, W3 with W1 at 100 B
+cd /work/main
+for i in 4 5 6; do
+  for mode in C A; do
+    tag=$mode$i
+    case $mode in
+      A) envs="" ;;
+      C) envs="SPATE_SYNC_INLINE_BYTES_MAX=131072 SPATE_SYNC_INLINE_LEADERS=1" ;;
+    esac
+    echo "$(date +%T) $tag $(cut -d' ' -f1-3 /proc/loadavg)"
+    env $envs timeout 600 .venv/bin/python benchmarks/side_by_side.py --no-peers --w3-only --w1 --sizes 100 --runs 1 --duration 10 --out-dir /tmp/q49/ab/w3-$tag > /tmp/q49/ab/w3-$tag.log 2>&1
+  done
+done
+echo done
