@@ -208,6 +208,15 @@ class Net:
             voter.obj.destroy()
 
 
+def compacting_trio(addresses: tuple[str, str, str], tmp_path: Path) -> Net:
+    """Three connected voters that compact (a full dump) past four entries."""
+    net = Net()
+    for me in addresses:
+        net.add(me, [p for p in addresses if p != me], tmp_path, 1 << 16, compact_after=4)
+    net.connect_all()
+    return net
+
+
 def registration(name: str) -> bytes:
     address = f"{name}.example:5672"
     command = RegisterNode(
@@ -317,11 +326,8 @@ def test_a_deposed_leaders_barrier_is_not_committed_by_a_snapshot_piece(tmp_path
     through it then misses the delete. The adapter commits nothing on a snapshot piece, and a
     command waiting on an index the installed snapshot covers fails (outcome unknown: the
     service resubmits it) instead of waiting for ever."""
-    a, f, g = "127.0.0.1:7301", "127.0.0.1:7302", "127.0.0.1:7303"
-    net = Net()
-    for me in (a, f, g):
-        net.add(me, [p for p in (a, f, g) if p != me], tmp_path, 1 << 16, compact_after=4)
-    net.connect_all()
+    a, f, _g = addresses = ("127.0.0.1:7301", "127.0.0.1:7302", "127.0.0.1:7303")
+    net = compacting_trio(addresses, tmp_path)
     old, new = net.voters[a], net.voters[f]
     acknowledged: list[str] = []
     applied: dict[str, list[bytes]] = {v.address: [] for v in net.voters.values()}
@@ -390,11 +396,8 @@ def test_a_declined_snapshot_leaves_no_file_open_or_on_disk(tmp_path: Path) -> N
     """A snapshot whose last entry the follower's log holds is declined (the log is kept,
     above); pysyncobj's serializer had written its first pieces to `<dump>.1.tmp` and keeps
     that file open until a last piece it never sees: the adapter closes and removes it."""
-    a, f, g = "127.0.0.1:7311", "127.0.0.1:7312", "127.0.0.1:7313"
-    net = Net()
-    for me in (a, f, g):
-        net.add(me, [p for p in (a, f, g) if p != me], tmp_path, 1 << 16, compact_after=4)
-    net.connect_all()
+    a, f, _g = addresses = ("127.0.0.1:7311", "127.0.0.1:7312", "127.0.0.1:7313")
+    net = compacting_trio(addresses, tmp_path)
     leader, follower = net.voters[a], net.voters[f]
     try:
         net.elect(leader)

@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from spate.core import frames
@@ -29,12 +31,14 @@ from spate.node.replication import codec, synctrace
 from spate.node.replication import host as host_module
 from spate.node.replication.host import (
     INLINE_LOOP_BUSY_MAX,
+    INLINE_RECENT_BYTES_MAX,
     INLINE_SYNC_BYTES_MAX,
     INLINE_SYNC_SLOW_S,
     ReplicationHost,
 )
 from spate.node.replication.messages import AppendResponse
 from spate.node.replication.partition import ReplicatedPartition
+from spate.node.replication.raft import Role
 from spate.node.replication.storage import SyncWork
 
 from tests.replication.test_shell_cluster import SECRET, TICK_MS, until
@@ -414,3 +418,34 @@ def test_a_leaders_small_syncs_inline_still_commit_only_on_a_majority(
         append.cancel()
 
     run(body, tmp_path, "inline", LEADERS_INLINE)
+
+
+def test_a_stream_of_writes_keeps_the_syncs_on_the_fsync_thread(tmp_path: Path) -> None:
+    """Small batches sync inline only while the node wrote at most INLINE_RECENT_BYTES_MAX in
+    this tick and the last (RESULTS §49: W1's burst lost 3-10% to inline syncs the loop-busy
+    rule, a tick late, did not stop); a quiet tick later they are inline again."""
+    host = ReplicationHost(
+        IDS[0],
+        tmp_path,
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        peers=lambda _node: None,
+        inline_sync_bytes=INLINE_SYNC_BYTES_MAX,
+    )
+    follower = SimpleNamespace(raft=SimpleNamespace(role=Role.FOLLOWER))
+
+    def batch(size: int) -> Any:
+        return SimpleNamespace(syncs=[(follower, None)], bytes_written=size)
+
+    assert host._inline(batch(2048))
+    written = 2048
+    while written + 16384 <= INLINE_RECENT_BYTES_MAX:
+        assert host._inline(batch(16384))
+        written += 16384
+    assert not host._inline(batch(16384)), "past the recent bytes: the fsync thread"
+    assert not host._inline(batch(100)), "still this tick"
+    host._bytes_last_tick, host._bytes_this_tick = host._bytes_this_tick, 0  # a tick
+    assert not host._inline(batch(100)), "the last tick counts too"
+    host._bytes_last_tick, host._bytes_this_tick = host._bytes_this_tick, 0  # a quiet one
+    assert host._inline(batch(100))

@@ -174,6 +174,11 @@ has work to do during a sync, so its syncs stay on the fsync thread, as the pipe
 were there for; an idle one (a producer waiting for each confirm, W3's 5,000 msg/s) loses
 nothing by waiting for the disk itself. An inline sync sleeps in the kernel: it does not count
 as busy."""
+INLINE_RECENT_BYTES_MAX = 256 * 1024
+"""Syncs run inline only while the node wrote at most this many entry bytes in the current
+tick and the one before (~37 KiB a tick at W3's 5,000 msg/s of 100 B; W1 writes that much in
+~13 ms): a stream of writes keeps the fsync thread's pipelining from its first milliseconds,
+where the loop-busy rule, which reads the last whole tick, saw it a tick late (RESULTS §49)."""
 assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 
 
@@ -331,6 +336,10 @@ class ReplicationHost:
         self._sync_thread: SyncThread | None = None
         """The fsync thread with `handoff == "thread"` (made in `start`: it needs the loop)."""
         self._inline_after = 0.0
+        self._bytes_this_tick = 0
+        self._bytes_last_tick = 0
+        """Entry bytes written by this node's batches in the current and the last tick
+        (`INLINE_RECENT_BYTES_MAX`)."""
         self.loop_busy = 0.0
         """The loop thread's CPU time over the last tick, as a share of the tick's wall time
         (measured by the ticker; `INLINE_LOOP_BUSY_MAX`)."""
@@ -608,6 +617,7 @@ class ReplicationHost:
             gaps.observe(now - last)
             cpu = time.thread_time()
             self.loop_busy = (cpu - last_cpu) / max(now - last, 1e-6)
+            self._bytes_last_tick, self._bytes_this_tick = self._bytes_this_tick, 0
             last, last_cpu = now, cpu
             self.driver.tick()
             if self._trace is not None and self.driver.ticks % DUMP_TICKS == 0:
@@ -677,8 +687,10 @@ class ReplicationHost:
         p50 gained ~12%, W1 lost 3-8%; off by default)."""
         syncs = batch.syncs
         leader_bytes = self.inline_leader_bytes
+        self._bytes_this_tick += batch.bytes_written
         return (
             self.inline_sync_bytes > 0
+            and self._bytes_this_tick + self._bytes_last_tick <= INLINE_RECENT_BYTES_MAX
             and len(syncs) <= INLINE_SYNCS_MAX
             and batch.bytes_written <= self.inline_sync_bytes
             and self.loop_busy < INLINE_LOOP_BUSY_MAX
