@@ -185,10 +185,10 @@ assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 INLINE_LEADER_BYTES_ENV = "SPATE_SYNC_INLINE_LEADER_BYTES_MAX"
 """With inline syncs on, a batch in which a replica leads may sync inline too when it wrote
 at most this many bytes (unset or 0: never, the default; `ReplicationHost._inline`). RESULTS
-§49, quiet machine: 4096 (W3's batches, not W1's) cut W3's p50 on the leader by ~12% and
-through the gateway by ~10-18%, did nothing for a follower's, and cost W1 3-8% (the followers'
-inline syncs during W1's second: the busy rule lags a tick); kept off until the gain comes
-without that cost."""
+§49, quiet machine: 4096 (W3's batches, not W1's) cut W3's p50 on the leader by ~14-19%, did
+nothing for a follower's; before `INLINE_RECENT_BYTES_MAX` W1 lost 3-10%, after it W1 did not
+lose but W3 through the gateway was worse in two of three pairs: kept off until more pairs
+decide it."""
 
 
 HANDOFF_ENV = "SPATE_SYNC_HANDOFF"
@@ -683,8 +683,8 @@ class ReplicationHost:
         leads: a leader's own fsync is needed for a commit only when a follower is slower,
         and while its loop blocked in it, the followers' acks that commit without it would
         wait in the socket (RESULTS §40: with leaders inline, commits got slower) — unless
-        `inline_leader_bytes` allows a small one (RESULTS §49: on a quiet machine W3's leader
-        p50 gained ~12%, W1 lost 3-8%; off by default)."""
+        `inline_leader_bytes` allows a small one (off by default; RESULTS §49: W3's leader p50
+        gained ~14-19% on a quiet machine, the gateway's W3 was mixed)."""
         syncs = batch.syncs
         leader_bytes = self.inline_leader_bytes
         self._bytes_this_tick += batch.bytes_written
