@@ -885,8 +885,6 @@ class AsyncConsumer:
                 streams = frozenset(every[p] for p in assignment if p < len(every))
                 is_active = bool(assignment)
         self._stand(is_active, streams, assignment)
-        if self._handler is not None or self._batch_handler is not None:
-            self._show(self._standing)  # its events go to the application as they arrive
         if associated is not None and self._on_assignment is not None:
             self._on_assignment(assignment)
 
@@ -986,11 +984,13 @@ class AsyncConsumer:
         self, offset: int, stamp: int, source: str | None, raw: bytes, stream: str | None = None
     ) -> int | None:
         if self._batch is not None:  # taken when the batch handler returns
+            self._show(self._standing)
             self._batch[0].append(offset)
             self._batch[1].append(stamp)
             self._batch[2].append(raw)
             return offset
         if self._handler is not None:
+            self._show(self._standing)
             try:
                 self._handler(offset, stamp, eng.decode_message(raw) if self._decode else raw)
             except Exception as error:  # the application's: stop and report it from wait()
