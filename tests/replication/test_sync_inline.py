@@ -330,15 +330,28 @@ def test_the_trace_stamps_each_batch_in_order(
         assert any(flags) if mode == "inline" else not any(flags), flags
 
 
-def test_inline_syncs_are_off_unless_the_environment_turns_them_on(
-    monkeypatch: pytest.MonkeyPatch,
+def test_inline_syncs_are_on_unless_the_environment_turns_them_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Off by default (RESULTS §40: on a loaded machine they did not pay);
-    $SPATE_SYNC_INLINE_BYTES_MAX turns them on, and a bad value names what to change."""
-    monkeypatch.delenv(host_module.INLINE_BYTES_ENV, raising=False)
-    assert host_module.inline_sync_bytes_max() == 0
-    monkeypatch.setenv(host_module.INLINE_BYTES_ENV, "131072")
-    assert host_module.inline_sync_bytes_max() == 131072
+    """On by default since RESULTS §50 (followers' batches up to INLINE_SYNC_BYTES_MAX,
+    leaders' up to INLINE_LEADER_BYTES_DEFAULT); 0 turns either off, another value sets its
+    limit, and a bad value names what to change."""
+    for name in (host_module.INLINE_BYTES_ENV, host_module.INLINE_LEADER_BYTES_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert host_module.inline_sync_bytes_max() == INLINE_SYNC_BYTES_MAX
+    host = ReplicationHost(
+        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda _node: None
+    )
+    assert host.inline_sync_bytes == INLINE_SYNC_BYTES_MAX
+    assert host.inline_leader_bytes == host_module.INLINE_LEADER_BYTES_DEFAULT == 4096
+    monkeypatch.setenv(host_module.INLINE_BYTES_ENV, "0")
+    monkeypatch.setenv(host_module.INLINE_LEADER_BYTES_ENV, "0")
+    host = ReplicationHost(
+        IDS[0], tmp_path, host="127.0.0.1", port=0, secret=SECRET, peers=lambda _node: None
+    )
+    assert host.inline_sync_bytes == 0 and host.inline_leader_bytes == 0
+    monkeypatch.setenv(host_module.INLINE_BYTES_ENV, "65536")
+    assert host_module.inline_sync_bytes_max() == 65536
     for bad in ("-1", "lots"):
         monkeypatch.setenv(host_module.INLINE_BYTES_ENV, bad)
         with pytest.raises(InvalidArgument, match="SPATE_SYNC_INLINE_BYTES_MAX must be a byte"):

@@ -15,14 +15,14 @@ reader callback finishes the batch (acks queued and flushed) on the turn that se
 done. `$SPATE_SYNC_HANDOFF=executor` puts back the path before ADR 0040 (`run_in_executor`: a
 `concurrent.futures` round trip and the driver task resumed a loop turn later), for A/B runs.
 
-With $SPATE_SYNC_INLINE_BYTES_MAX set (off by default: ADR 0036, RESULTS §40), `run_syncs`
-runs on the loop thread itself when the batch is a follower's and small
+`run_syncs` runs on the loop thread itself (ADR 0036; on by default since RESULTS §50,
+`$SPATE_SYNC_INLINE_BYTES_MAX=0` turns it off) when the batch is a follower's and small
 (`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
-on a quiet disk, less than the two thread hand-offs around it) and the loop is not busy (ADR
-0036; a leader's batch too when it wrote at most $SPATE_SYNC_INLINE_LEADER_BYTES_MAX, off by
-default, RESULTS §49), else in the fsync thread, while the loop reads the next
-frames (W1's pipelining). Nothing changes in what waits for what: acks and votes leave in
-`finish_batch`, after `run_syncs` returned, on either path.
+on a quiet disk, less than the two thread hand-offs around it), the node wrote little lately
+and the loop is not busy (a leader's batch too when it wrote at most
+$SPATE_SYNC_INLINE_LEADER_BYTES_MAX, 4 KiB by default), else in the fsync thread, while the
+loop reads the next frames (W1's pipelining). Nothing changes in what waits for what: acks
+and votes leave in `finish_batch`, after `run_syncs` returned, on either path.
 
 Frames are written to the sockets on the same loop turn (`Transport.flush`), not by waking the
 per-peer writer tasks, which costs several loop turns per hop.
@@ -156,10 +156,11 @@ blocks for the fdatasync (0.06-0.33 ms on this machine's disk for a few KiB; ~0.
 100 KiB at ~1 GB/s) instead of handing the batch to the fsync thread and back (0.5-1 ms p50,
 2.5-5 ms p99 measured around it: a thread wake-up, the GIL, the loop's self-pipe)."""
 INLINE_BYTES_ENV = "SPATE_SYNC_INLINE_BYTES_MAX"
-"""Turns inline syncs on with this byte limit (`INLINE_SYNC_BYTES_MAX` is the value tried).
-Unset or 0: off, every sync on the fsync thread as before ADR 0036 — the default, until an A/B
-on a quiet machine shows that they pay: on a loaded one (RESULTS §40, load 8-24) the inline
-syncs took longer than the hand-offs they saved."""
+"""The byte limit of inline syncs; unset: `INLINE_SYNC_BYTES_MAX` (on, the default since
+RESULTS §50: eight A/B pairs on a quiet machine, §49 and §50, W3's p50 on a leader lower in
+seven, W1 no different beyond its run-to-run spread); 0: off, every sync on the fsync thread
+as before ADR 0036 (on a machine at load 8-24, RESULTS §40, inline syncs took longer than the
+hand-offs they saved)."""
 INLINE_SYNC_SLOW_S = 0.02
 """An inline sync that took longer than this (a disk that stalls: 20 ms is 40 times the
 usual sync here, and under another engineer's load syncs took 4 ms at p90, RESULTS §40, when
@@ -184,11 +185,14 @@ assert INLINE_SYNCS_MAX < SIDE_BY_SIDE_SYNCS and 0 < INLINE_LOOP_BUSY_MAX <= 1
 
 INLINE_LEADER_BYTES_ENV = "SPATE_SYNC_INLINE_LEADER_BYTES_MAX"
 """With inline syncs on, a batch in which a replica leads may sync inline too when it wrote
-at most this many bytes (unset or 0: never, the default; `ReplicationHost._inline`). RESULTS
-§49, quiet machine: 4096 (W3's batches, not W1's) cut W3's p50 on the leader by ~14-19%, did
-nothing for a follower's; before `INLINE_RECENT_BYTES_MAX` W1 lost 3-10%, after it W1 did not
-lose but W3 through the gateway was worse in two of three pairs: kept off until more pairs
-decide it."""
+at most this many bytes (`ReplicationHost._inline`); unset: `INLINE_LEADER_BYTES_DEFAULT`;
+0: never (as before RESULTS §50)."""
+INLINE_LEADER_BYTES_DEFAULT = 4096
+"""W3's batches (1-2 KiB), not W1's (~12 KiB). RESULTS §49 (quiet machine): W3's p50 on the
+leader ~14-19% lower, a follower's no different; before `INLINE_RECENT_BYTES_MAX` W1 lost
+3-10%. §49's last round and §50 (eight pairs with the recent-bytes rule): W3's leader p50 lower
+in seven (median of §50's five: 5.73 -> 5.25 ms), the gateway's in five, W1 no different
+beyond its spread (better in four, worse in four)."""
 
 
 HANDOFF_ENV = "SPATE_SYNC_HANDOFF"
@@ -206,11 +210,13 @@ def sync_handoff() -> str:
     return raw
 
 
-def inline_sync_bytes_max(name: str = INLINE_BYTES_ENV) -> int:
-    """$SPATE_SYNC_INLINE_BYTES_MAX (or the variable `name`), 0 (off) when unset."""
+def inline_sync_bytes_max(
+    name: str = INLINE_BYTES_ENV, default: int = INLINE_SYNC_BYTES_MAX
+) -> int:
+    """$SPATE_SYNC_INLINE_BYTES_MAX (or the variable `name`); `default` when unset, 0: off."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return 0
+        return default
     try:
         value = int(raw)
     except ValueError:
@@ -310,8 +316,8 @@ class ReplicationHost:
         `INLINE_SYNCS_MAX` files) sync on the loop thread (ADR 0036); None:
         `inline_sync_bytes_max()`; 0: never (every sync on the fsync thread).
         `inline_leader_bytes`: the same for a batch in which a replica leads (at most this
-        many bytes, and only with inline syncs on); None: $SPATE_SYNC_INLINE_LEADER_BYTES_MAX;
-        0: never (the default). `handoff`: how
+        many bytes, and only with inline syncs on); None: $SPATE_SYNC_INLINE_LEADER_BYTES_MAX
+        (`INLINE_LEADER_BYTES_DEFAULT` when unset); 0: never. `handoff`: how
         the others reach the fsync thread (`HANDOFFS`, ADR 0040); None: `sync_handoff()`."""
         assert tick_ms > 0
         self.node_id = node_id
@@ -327,7 +333,7 @@ class ReplicationHost:
         )
         assert self.inline_sync_bytes >= 0
         self.inline_leader_bytes = (
-            inline_sync_bytes_max(INLINE_LEADER_BYTES_ENV)
+            inline_sync_bytes_max(INLINE_LEADER_BYTES_ENV, INLINE_LEADER_BYTES_DEFAULT)
             if inline_leader_bytes is None
             else inline_leader_bytes
         )
@@ -683,8 +689,8 @@ class ReplicationHost:
         leads: a leader's own fsync is needed for a commit only when a follower is slower,
         and while its loop blocked in it, the followers' acks that commit without it would
         wait in the socket (RESULTS §40: with leaders inline, commits got slower) — unless
-        `inline_leader_bytes` allows a small one (off by default; RESULTS §49: W3's leader p50
-        gained ~14-19% on a quiet machine, the gateway's W3 was mixed)."""
+        `inline_leader_bytes` allows a small one (4 KiB by default: W3's batches; RESULTS
+        §49-§50: W3's leader p50 lower in seven of eight pairs on a quiet machine)."""
         syncs = batch.syncs
         leader_bytes = self.inline_leader_bytes
         self._bytes_this_tick += batch.bytes_written
