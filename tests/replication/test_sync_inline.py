@@ -34,6 +34,7 @@ from spate.node.replication.host import (
     INLINE_RECENT_BYTES_MAX,
     INLINE_SYNC_BYTES_MAX,
     INLINE_SYNC_SLOW_S,
+    INLINE_SYNC_TYPICAL_MAX_S,
     ReplicationHost,
 )
 from spate.node.replication.messages import AppendResponse
@@ -250,6 +251,41 @@ def test_a_slow_inline_sync_sends_the_next_ones_to_the_fsync_thread(
             await leader.part.append([b"r%d" % i])
         await until(lambda: follower.host.inline_backoffs >= 1, "the slow sync is noticed")
         await until(lambda: follower.host.syncs_threaded > threaded, "later syncs are threaded")
+        assert follower.early_acks() == []
+
+    run(body, tmp_path, "inline")
+
+
+def test_a_disk_whose_syncs_take_milliseconds_keeps_them_on_the_fsync_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose every sync takes 5 ms (network block storage: under
+    INLINE_SYNC_SLOW_S, so no single one backs off) stops syncing inline once its syncs'
+    average passes INLINE_SYNC_TYPICAL_MAX_S, goes on measuring them on the fsync thread, and
+    syncs inline again once the disk is fast. (The busy rule set aside, as above.)"""
+    monkeypatch.setattr(host_module, "INLINE_LOOP_BUSY_MAX", 1.01)
+    slow_s = 0.005
+    assert 2 * INLINE_SYNC_TYPICAL_MAX_S < slow_s < INLINE_SYNC_SLOW_S
+
+    async def body(nodes: dict[NodeId, Watched]) -> None:
+        leader, followers = leader_of(nodes)
+        follower = followers[0]
+        host = follower.host
+        follower.sync_delay_s = slow_s
+        for i in range(40):
+            await leader.part.append([b"slow%d" % i])
+        await until(lambda: host.sync_seconds_avg > INLINE_SYNC_TYPICAL_MAX_S, "the average")
+        inline = host.syncs_inline
+        threaded = host.syncs_threaded
+        for i in range(10):
+            await leader.part.append([b"still%d" % i])
+        await until(lambda: host.syncs_threaded > threaded, "the slow syncs are threaded")
+        assert host.syncs_inline == inline, "no inline sync while they are slow"
+        assert host.inline_backoffs == 0, "none slower than INLINE_SYNC_SLOW_S"
+        follower.sync_delay_s = 0.0
+        for i in range(60):
+            await leader.part.append([b"fast%d" % i])
+        await until(lambda: host.syncs_inline > inline, "inline again on a fast disk")
         assert follower.early_acks() == []
 
     run(body, tmp_path, "inline")

@@ -18,11 +18,12 @@ done. `$SPATE_SYNC_HANDOFF=executor` puts back the path before ADR 0040 (`run_in
 `run_syncs` runs on the loop thread itself (ADR 0036; on by default since RESULTS §50,
 `$SPATE_SYNC_INLINE_BYTES_MAX=0` turns it off) when the batch is a follower's and small
 (`INLINE_SYNCS_MAX` files, `INLINE_SYNC_BYTES_MAX` bytes written: an fdatasync of 0.06-0.3 ms
-on a quiet disk, less than the two thread hand-offs around it), the node wrote little lately
-and the loop is not busy (a leader's batch too when it wrote at most
-$SPATE_SYNC_INLINE_LEADER_BYTES_MAX, 4 KiB by default), else in the fsync thread, while the
-loop reads the next frames (W1's pipelining). Nothing changes in what waits for what: acks
-and votes leave in `finish_batch`, after `run_syncs` returned, on either path.
+on a quiet disk, less than the two thread hand-offs around it), the node wrote little lately,
+its syncs are fast (2 ms on average at most) and the loop is not busy (a leader's batch too
+when it wrote at most $SPATE_SYNC_INLINE_LEADER_BYTES_MAX, 4 KiB by default), else in the
+fsync thread, while the loop reads the next frames (W1's pipelining). Nothing changes in
+what waits for what: acks and votes leave in `finish_batch`, after `run_syncs` returned, on
+either path.
 
 Frames are written to the sockets on the same loop turn (`Transport.flush`), not by waking the
 per-peer writer tasks, which costs several loop turns per hop.
@@ -168,6 +169,15 @@ inline was still better than the hand-offs) ..."""
 INLINE_BACKOFF_S = 1.0
 """... sends the next batches' syncs to the fsync thread for this long: a slow disk stalls the
 loop (reads, ticks, every client) at most once per `INLINE_BACKOFF_S`."""
+INLINE_SYNC_TYPICAL_MAX_S = 0.002
+"""Syncs run inline only while the node's small batches' syncs (inline or on the fsync thread)
+took at most this long on average (`INLINE_SYNC_AVG_WEIGHT`): a disk whose every fdatasync
+takes milliseconds (network block storage) would stall the loop at each one without ever
+tripping `INLINE_SYNC_SLOW_S`; on such a disk the hand-offs an inline sync saves (~0.5 ms)
+are the smaller cost. This machine's in place: 0.3-0.55 ms p50, 3-4 ms p99 (RESULTS §50)."""
+INLINE_SYNC_AVG_WEIGHT = 0.1
+"""The weight of each small batch's sync time in that average (an exponential moving one:
+about the last ten batches; one slow sync moves it a tenth of the way)."""
 INLINE_LOOP_BUSY_MAX = 0.5
 """Syncs run inline only while the loop thread's CPU time over the last tick was below this
 share of the tick's wall time. A busy loop (W1: a leader parsing and proposing at full rate)
@@ -356,6 +366,12 @@ class ReplicationHost:
         self.inline_backoffs = 0
         """Inline syncs slower than `INLINE_SYNC_SLOW_S` (each sent the next
         `INLINE_BACKOFF_S` of batches to the fsync thread)."""
+        self.sync_seconds_avg = 0.0
+        """The average time of a small batch's syncs, wherever they ran
+        (`INLINE_SYNC_TYPICAL_MAX_S`)."""
+        self._thread_sync_s = 0.0
+        """How long the fsync thread's last job ran (written on that thread, read once the
+        loop is told the job is done)."""
         self._trace = SyncTrace.from_env(node_id)
         self._woken_ns = 0
         self._wall_ms = skewed_wall_clock()
@@ -700,6 +716,7 @@ class ReplicationHost:
             and len(syncs) <= INLINE_SYNCS_MAX
             and batch.bytes_written <= self.inline_sync_bytes
             and self.loop_busy < INLINE_LOOP_BUSY_MAX
+            and self.sync_seconds_avg <= INLINE_SYNC_TYPICAL_MAX_S
             and time.monotonic() >= self._inline_after
             and (
                 not any(group.raft.role is Role.LEADER for group, _ in syncs)
@@ -719,10 +736,29 @@ class ReplicationHost:
         failures = self.driver.run_syncs(batch)
         if row is not None:
             row[JOB_END] = row[RESUMED] = now_ns()
-        if time.perf_counter() - started > INLINE_SYNC_SLOW_S:
+        took = time.perf_counter() - started
+        self._note_sync(batch, took)
+        if took > INLINE_SYNC_SLOW_S:
             self.inline_backoffs += 1
             self._inline_after = time.monotonic() + INLINE_BACKOFF_S
         return failures
+
+    def _note_sync(self, batch: Batch[ReplicatedPartition], seconds: float) -> None:
+        """A batch's syncs took `seconds`: a small batch's count in `sync_seconds_avg`."""
+        if len(batch.syncs) <= INLINE_SYNCS_MAX:
+            self.sync_seconds_avg += (seconds - self.sync_seconds_avg) * INLINE_SYNC_AVG_WEIGHT
+
+    def _timed(
+        self,
+        run: Callable[[Batch[ReplicatedPartition]], dict[ReplicatedPartition, str]],
+        batch: Batch[ReplicatedPartition],
+    ) -> dict[ReplicatedPartition, str]:
+        """`run` on the fsync thread, timed (`_thread_sync_s`, noted by the loop after)."""
+        started = time.perf_counter()
+        try:
+            return run(batch)
+        finally:
+            self._thread_sync_s = time.perf_counter() - started
 
     def _sync_job(
         self, batch: Batch[ReplicatedPartition], row: list[int] | None
@@ -737,7 +773,7 @@ class ReplicationHost:
         )
         if row is not None:
             run = functools.partial(_stamped, run, row)
-        return run
+        return functools.partial(self._timed, run)
 
     async def _sync_on_thread(
         self, thread: SyncThread, batch: Batch[ReplicatedPartition], row: list[int] | None
@@ -779,6 +815,7 @@ class ReplicationHost:
             return
         if row is not None:
             row[RESUMED] = now_ns()
+        self._note_sync(batch, self._thread_sync_s)
         try:
             self._finish(batch, outcome, row, started)
         except Exception as error:  # a bug in step 3: the driver task raises it, as before
@@ -797,6 +834,7 @@ class ReplicationHost:
             failures = await asyncio.get_running_loop().run_in_executor(self._executor, run, batch)
         finally:
             self._syncing = False
+        self._note_sync(batch, self._thread_sync_s)
         if row is not None:
             row[RESUMED] = now_ns()
         return failures
