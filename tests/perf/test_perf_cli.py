@@ -203,12 +203,21 @@ def test_tls_and_credentials_through_a_tls_gateway(cluster: Cluster, tmp_path: P
         assert "could not attach" in wrong.stderr
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT back to its default. A suite started in the
+    background by a non-interactive shell (`(pytest &)`) runs with SIGINT ignored, which every
+    child inherits; the Python it starts then never installs its Ctrl-C handler, and this test
+    saw a run ignore the signal (a local run of 2026-11-27)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_run_and_prints_the_summary(cluster: Cluster) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "spate.cli.main", "perf", "--url", cluster.amqp_url(0),
          "--admin", cluster.admin, "--time", "60", "--rate", "500", "--stream", "perf-ctrl-c",
          "--output", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_sigint_as_in_a_terminal,  # noqa: PLW1509 (signal disposition only)
     )  # fmt: skip
     try:
         assert process.stderr is not None
