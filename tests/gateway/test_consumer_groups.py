@@ -55,10 +55,14 @@ def grouped(group: str, partition: str | None = "0", epoch: Any = None) -> LinkP
     return LinkProperties(props)
 
 
-def pump(conn: Any, seconds: float = 0.2) -> None:
-    """Let a blocking connection send what it queued (dispositions) and read what came."""
+def pump(conn: Any, stream: str, seconds: float = 0.2) -> None:
+    """Let a blocking connection send what it queued (dispositions) and read what came; then
+    a round trip on it (a sender attached and detached: the node answers frames in order), so
+    the node has taken the dispositions in however long a loaded machine needs (the wait alone
+    was not enough once in CI)."""
     with contextlib.suppress(Timeout):
         conn.wait(lambda: False, timeout=seconds)
+    conn.create_sender(stream, name=unique("sync")).close()
 
 
 def test_one_receiver_per_partition_and_group_with_its_epoch_echoed(
@@ -106,7 +110,7 @@ def test_a_greater_epoch_takes_over_after_the_owner_committed_what_it_finished(
             stream, name=unique("old"), credit=3, options=[grouped("g"), offset_filter("first")]
         )
         assert [m.body for m in receive(old, 3)] == ["m0", "m1", "m2"]
-        pump(one)  # the accepts reach the node
+        pump(one, stream)  # the accepts reach the node
         new = two.create_receiver(
             stream, name=unique("new"), credit=10, options=[grouped("g", epoch=epoch_type(7))]
         )
@@ -123,7 +127,7 @@ def test_a_greater_epoch_takes_over_after_the_owner_committed_what_it_finished(
         assert "greater epoch" in str(stolen.value)
         # and the stale epoch is refused from now on, even with no owner
         new.close()
-        pump(two)
+        pump(two, stream)
         with pytest.raises(Exception, match="precondition-failed") as stale:
             one.create_receiver(stream, name=unique("z"), options=[grouped("g", epoch=3)])
         assert "stale" in str(stale.value)
@@ -226,7 +230,7 @@ def test_rhea_takes_over_a_proton_owner_with_a_greater_epoch(
             stream, name=unique("o"), credit=2, options=[grouped("rg"), offset_filter("first")]
         )
         assert [m.body for m in receive(owner, 2)] == ["m0", "m1"]
-        pump(conn)
+        pump(conn, stream)
         step = {"op": "consume", "address": stream, "count": 2, "exact": True}
         report = run_rhea(gateway, [step | {"properties": rhea_group("rg", 5)}])
         (done,) = report["steps"]
@@ -360,7 +364,7 @@ def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
             "2",
             "3",
         }
-        pump(one)
+        pump(one, stream)
         b = two.create_receiver(stream, name=unique("b"), credit=50, options=[grouped("g", None)])
         for p in range(4):
             publish_to(gateway, stream, p, [f"b{p}"])
@@ -371,7 +375,7 @@ def test_agnostic_members_share_the_partitions_and_are_told_when_theirs_change(
         assert sorted(m.body for m in got_a) == ["b0", "b2"]
         assert associated(got_a[0]) == ["0", "2"]
         b.close()  # leaves: `a` gets every partition back
-        pump(two)
+        pump(two, stream)
         for p in range(4):
             publish_to(gateway, stream, p, [f"c{p}"])
         got_a = take(a, 4)
@@ -402,7 +406,7 @@ def test_a_surplus_member_waits_attached_until_a_partition_frees_up(
         time.sleep(0.5)
         assert not attached  # pending: two members hold the two partitions
         first.close()
-        pump(conn)
+        pump(conn, stream)
         thread.join(20)
         assert attached, "the pending attach never completed"
         publish_to(gateway, stream, 0, ["x"])
@@ -430,10 +434,10 @@ def test_a_member_that_goes_hands_its_partitions_over_after_its_commits(
         assert sorted(m.body for m in first) == sorted(
             f"m{p}-{i}" for p in range(2) for i in range(3)
         )
-        pump(one)
+        pump(one, stream)
         b = two.create_receiver(stream, name=unique("b"), credit=50, options=[grouped("h", None)])
         a.close()  # b now holds both, starting after a's commits
-        pump(one)
+        pump(one, stream)
         for p in range(2):
             publish_to(gateway, stream, p, [f"n{p}"])
         assert sorted(m.body for m in take(b, 2)) == ["n0", "n1"]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from proton import Message, symbol, ulong
 from proton.utils import BlockingConnection
 from support.amqp_clients import LinkProperties, run_doc_examples
-from support.cluster import Cluster
+from support.cluster import Cluster, running_cluster
 from support.group_crew import Crew, settle
 
 MEMBER = Path(__file__).resolve().parents[1] / "support" / "group_member.py"
@@ -55,6 +56,17 @@ class Member:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+
+
+# The tests that kill no node share one cluster (a start is ~10 s), on one worker.
+shared = pytest.mark.xdist_group("consumer-groups-shared")
+
+
+@pytest.fixture(scope="module")
+def shared3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Shared: each test creates its own stream and group and kills no node."""
+    with running_cluster(tmp_path_factory.mktemp("groups") / "cluster3", nodes=3) as cluster:
+        yield cluster
 
 
 def publish(url: str, stream: str, bodies: list[str]) -> None:
@@ -193,10 +205,11 @@ def test_a_holder_rides_a_leader_kill_by_attaching_again_with_its_epoch(
         conn.close()
 
 
-def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
-    cluster3.cli("stream", "create", "orders", "--replicas", "3")
-    cluster3.leader_of("orders")
-    host, port = cluster3.state["gateways"][0]["amqp"].rsplit(":", 1)
+@shared
+def test_the_docs_examples_run_as_written(shared3: Cluster) -> None:
+    shared3.cli("stream", "create", "orders", "--replicas", "3")
+    shared3.leader_of("orders")
+    host, port = shared3.state["gateways"][0]["amqp"].rsplit(":", 1)
     wait_served(f"amqp://{host}:{port}", "orders")
     for output in run_doc_examples("consumer-group example", host, int(port)):
         assert "epoch" in output
@@ -205,16 +218,17 @@ def test_the_docs_examples_run_as_written(cluster3: Cluster) -> None:
 # coordinator members on three nodes (003 "Consumer Groups", "Consumer Group Rebalancing") ------
 
 
+@shared
 def test_three_then_five_then_two_members_share_six_partitions_without_loss(
-    cluster3: Cluster,
+    shared3: Cluster,
 ) -> None:
-    cluster3.cli("stream", "create", "work", "--partitions", "6", "--replicas", "3")
-    cluster3.cli(
+    shared3.cli("stream", "create", "work", "--partitions", "6", "--replicas", "3")
+    shared3.cli(
         "group", "create", "work", "crew", "--strategy", "round-robin", "--rebalance-delay-ms", "0"
     )
     for p in range(6):
-        cluster3.leader_of("work", p)
-    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+        shared3.leader_of("work", p)
+    gateway = f"amqp://{shared3.state['gateways'][0]['amqp']}"
     wait_served(gateway, "work", 6)
     published: dict[int, int] = dict.fromkeys(range(6), 0)
     conn = BlockingConnection(gateway, timeout=30)
@@ -252,19 +266,20 @@ def test_three_then_five_then_two_members_share_six_partitions_without_loss(
         # only around hand-overs: what a member had been sent and not finished when it gave
         # the partition up (its unsettled window, credit 20), at most 6 moves per rebalance
         assert len(twice) <= 3 * 6 * 20, twice
-        described = cluster3.cli_json("group", "describe", "work", "crew")
+        described = shared3.cli_json("group", "describe", "work", "crew")
         assert described["name"] == "crew" and described["defined"] is True
     finally:
         crew.close()
         conn.close()
 
 
-def test_a_killed_member_s_partitions_move_to_the_others(cluster3: Cluster) -> None:
-    cluster3.cli("stream", "create", "jobs", "--partitions", "4", "--replicas", "3")
-    cluster3.cli("group", "create", "jobs", "pool", "--rebalance-delay-ms", "0")
+@shared
+def test_a_killed_member_s_partitions_move_to_the_others(shared3: Cluster) -> None:
+    shared3.cli("stream", "create", "jobs", "--partitions", "4", "--replicas", "3")
+    shared3.cli("group", "create", "jobs", "pool", "--rebalance-delay-ms", "0")
     for p in range(4):
-        cluster3.leader_of("jobs", p)
-    gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+        shared3.leader_of("jobs", p)
+    gateway = f"amqp://{shared3.state['gateways'][0]['amqp']}"
     wait_served(gateway, "jobs", 4)
     victim = subprocess.Popen(
         [sys.executable, "-c", VICTIM, gateway, "jobs", "pool"], stdout=subprocess.PIPE, text=True
@@ -406,24 +421,25 @@ def test_a_group_consumer_rides_the_kill_of_its_coordinator_s_leader(cluster3: C
         member.close()
 
 
-def test_members_on_nodes_that_do_not_lead_the_home_partition(cluster3: Cluster) -> None:
+@shared
+def test_members_on_nodes_that_do_not_lead_the_home_partition(shared3: Cluster) -> None:
     """A member attached to a node's own listener where partition 0 (the coordinator's home)
     is led elsewhere: the node relays the coordinator's calls, claims at each partition's
     leader and reads from its own replicas."""
     from spate.client import GroupConsumer
 
-    cluster3.cli("stream", "create", "spread", "--partitions", "3", "--replicas", "3")
-    cluster3.cli("group", "create", "spread", "readers", "--rebalance-delay-ms", "0")
+    shared3.cli("stream", "create", "spread", "--partitions", "3", "--replicas", "3")
+    shared3.cli("group", "create", "spread", "readers", "--rebalance-delay-ms", "0")
     for p in range(3):
-        cluster3.leader_of("spread", p)
-    wait_served(f"amqp://{cluster3.state['gateways'][0]['amqp']}", "spread", 3)
-    home = cluster3.index_of(cluster3.leader_of("spread", 0))
+        shared3.leader_of("spread", p)
+    wait_served(f"amqp://{shared3.state['gateways'][0]['amqp']}", "spread", 3)
+    home = shared3.index_of(shared3.leader_of("spread", 0))
     others = [i for i in range(3) if i != home]
     members = [
-        GroupConsumer(cluster3.amqp_url(i), "spread", "readers", start="first") for i in others
+        GroupConsumer(shared3.amqp_url(i), "spread", "readers", start="first") for i in others
     ]
     try:
-        gateway = f"amqp://{cluster3.state['gateways'][0]['amqp']}"
+        gateway = f"amqp://{shared3.state['gateways'][0]['amqp']}"
         for p in range(3):
             publish_one(gateway, "spread", p, f"x{p}")
         deadline = time.monotonic() + 60

@@ -13,6 +13,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,12 @@ from support.cluster import Cluster, spate
 PARTITIONS = 6
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    data_dir = tmp_path / "proxy"
+# The tests that kill nothing share one cluster (a start is ~10 s), on one worker.
+shared = pytest.mark.xdist_group("gateway-proxy-shared")
+
+
+@contextmanager
+def proxy_cluster(data_dir: Path) -> Iterator[Cluster]:
     cluster = Cluster(data_dir, {})
     try:
         out = spate(
@@ -45,6 +49,20 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         spate("dev", "down", "--data-dir", str(data_dir), check=False)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Shared: each test creates its own stream and kills nothing."""
+    with proxy_cluster(tmp_path_factory.mktemp("proxy") / "cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A test's own cluster, for the tests that kill a process."""
+    with proxy_cluster(tmp_path / "proxy") as cluster:
+        yield cluster
 
 
 def gateways(cluster: Cluster) -> list[str]:
@@ -72,12 +90,14 @@ def consume_all(url: str, stream: str, expect: int, timeout_s: float = 30) -> li
         connection.close()
 
 
+@shared
 def test_status_lists_proxy_gateways(cluster: Cluster) -> None:
     listed = cluster.state["gateways"]
     assert [g["role"] for g in listed] == ["gateway", "gateway"]
     assert {g["mode"] for g in listed} == {"proxy"}
 
 
+@shared
 def test_blocking_connection_publishes_agnostic_and_consumes_through_proxy(
     cluster: Cluster,
 ) -> None:
@@ -113,6 +133,7 @@ def test_blocking_connection_publishes_agnostic_and_consumes_through_proxy(
         assert offsets == sorted(offsets) == list(range(len(offsets)))
 
 
+@shared
 def test_bound_links_and_rhea_through_proxy(cluster: Cluster) -> None:
     cluster.cli("stream", "create", "bound", "--partitions", "3", "--replicas", "3")
     wait_leaders(cluster, "bound", 3)
@@ -153,6 +174,7 @@ def test_bound_links_and_rhea_through_proxy(cluster: Cluster) -> None:
     )
 
 
+@shared
 def test_redirect_mode_on_request(cluster: Cluster) -> None:
     """A client may ask a proxy gateway for a redirect per link (spate:gateway-mode)."""
     cluster.cli("stream", "create", "ask", "--replicas", "3")
@@ -180,12 +202,13 @@ def test_redirect_mode_on_request(cluster: Cluster) -> None:
         connection.close()
 
 
-def test_leader_kill9_during_proxied_publish_and_consume(cluster: Cluster) -> None:
+def test_leader_kill9_during_proxied_publish_and_consume(own_cluster: Cluster) -> None:
     """A BlockingConnection publishes through one gateway while another BlockingConnection
     consumes through the other gateway, and the partition's leader is killed -9 midway (the
     consuming gateway reads from the leader, so its reader must move too). Every accepted
     message is consumed, in publish order; the consumer sees every offset once, in order;
     messages refused while the leader changed carried a retryable condition and were resent."""
+    cluster = own_cluster
     cluster.cli("stream", "create", "orders", "--replicas", "3")
     leader = cluster.leader_of("orders")
     time.sleep(1.0)
@@ -240,9 +263,10 @@ def test_leader_kill9_during_proxied_publish_and_consume(cluster: Cluster) -> No
     assert positions == sorted(positions)
 
 
-def test_gateway_kill9_during_publish_and_consume(cluster: Cluster) -> None:
+def test_gateway_kill9_during_publish_and_consume(own_cluster: Cluster) -> None:
     """spate.client with both gateways' URLs rides through one gateway's kill -9: it keeps its
     unconfirmed messages and resends them; every confirmed one is consumed, in order."""
+    cluster = own_cluster
     cluster.cli("stream", "create", "events", "--replicas", "3")
     wait_leaders(cluster, "events", 1)
     urls = gateways(cluster)
@@ -279,6 +303,7 @@ def test_gateway_kill9_during_publish_and_consume(cluster: Cluster) -> None:
     assert positions == sorted(positions)
 
 
+@shared
 def test_any_node_serves_partition_agnostic_links(cluster: Cluster) -> None:
     """000 §4.1-4.2 through a node, not a gateway: with one replica per partition each node
     leads two of the six partitions and holds no copy of the other four; a plain
@@ -300,6 +325,7 @@ def test_any_node_serves_partition_agnostic_links(cluster: Cluster) -> None:
     assert partitions == {str(p) for p in range(PARTITIONS)}
 
 
+@shared
 def test_a_redirect_gateway_proxies_partition_agnostic_links(cluster: Cluster) -> None:
     """A link that cannot be redirected to one leader is proxied by a gateway that can."""
     cluster.cli("stream", "create", "agnostic", "--partitions", "3", "--replicas", "3")
