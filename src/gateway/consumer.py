@@ -796,12 +796,9 @@ class ConsumerPart:
                 consumer.storing_tag = tracker.done_tag
                 offset = tracker.take()
                 assert offset is not None and consumer.plan.name is not None
-                partition = consumer.plan.cursors[0].partition
-                then = getattr(partition, "store_offset_then", None)
-                if then is not None:  # a replica on this node: no future's hop
-                    self._store_then(then, consumer, offset)
-                    continue
-                store = partition.store_offset(consumer.plan.name, offset, consumer.plan.member)
+                store = consumer.plan.cursors[0].partition.store_offset(
+                    consumer.plan.name, offset, consumer.plan.member
+                )
                 future = asyncio.ensure_future(store)
                 consumer.storing = future
                 self.host.own(future)
@@ -857,36 +854,6 @@ class ConsumerPart:
     def _store_wake(self) -> None:
         self._store_timer = None
         self.host.schedule_pump()
-
-    def _store_then(self, then: Callable[..., None], consumer: ConsumerLink, offset: int) -> None:
-        """A store through `ReplicatedPartition.store_offset_then`: `consumer.storing` is still
-        a future (a takeover awaits it), and `_stored` runs on the loop turn that learns the
-        commit, not one turn after the future's result: the settles that confirm the client's
-        commit leave before that turn's commit updates and batch work. An outcome known at once
-        (fenced) is handled on the next turn, as the future's callback would be."""
-        future = self.loop.create_future()
-        consumer.storing = future
-        self.host.own(future)
-        inside = True
-
-        def done(error: BrokerError | None) -> None:
-            if future.done():
-                return
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
-            if inside:
-                self.loop.call_soon(self._stored, consumer, future)
-                return
-            try:
-                self._stored(consumer, future)
-            except Exception:  # never into the replication driver that called us
-                log.exception("settling a stored offset's commits failed")
-
-        assert consumer.plan.name is not None
-        then(consumer.plan.name, offset, consumer.plan.member, done)
-        inside = False
 
     def _stored(self, consumer: ConsumerLink, future: asyncio.Future[Any]) -> None:
         consumer.storing = None

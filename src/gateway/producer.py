@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -751,10 +751,6 @@ class ProducerPart:
     ) -> None:
         """One chunk; `deliveries[i]` is record i's delivery, None when it came settled."""
         partition = producer.plan.targets.get(pid)
-        then = getattr(partition, "append_then", None)
-        if then is not None:  # a replica on this node: the outcome without a future's hop
-            self._append_then(then, producer, records, deliveries, named)
-            return
         try:
             if partition is None:
                 raise NotFound(f"partition {int(pid)} is not served on this link")
@@ -773,46 +769,6 @@ class ProducerPart:
         future = asyncio.ensure_future(pending)
         self.host.own(future)
         future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
-
-    def _append_then(
-        self,
-        then: Callable[..., None],
-        producer: ProducerLink,
-        records: list[bytes],
-        deliveries: list[Any],
-        named: PublishingIds | None,
-    ) -> None:
-        """`_append` through `ReplicatedPartition.append_then`: the confirm is settled on the
-        loop turn that learns the commit (in the replication driver's receive or batch),
-        before that turn's commit updates and batch work, and the pump scheduled from there. An
-        outcome known at once (refused, all duplicates) is handled as the future's would be:
-        at once for a named producer's refusal, else on the next turn."""
-        inside = True
-        early: list[Any] = []
-
-        def done(outcome: Any) -> None:
-            if inside:
-                early.append(outcome)
-                return
-            try:
-                self._appended(
-                    producer, deliveries, outcome if isinstance(outcome, BrokerError) else None
-                )
-            except Exception:  # never into the replication driver that called us
-                log.exception("settling an append's outcome failed")
-
-        then(records, named, done)
-        inside = False
-        stats = self.stats
-        stats.messages_in += len(records)
-        stats.bytes_in += sum(map(len, records))
-        if early:
-            (outcome,) = early
-            error = outcome if isinstance(outcome, BrokerError) else None
-            if named is not None and error is not None:
-                self._appended(producer, deliveries, error)
-            else:
-                asyncio.get_running_loop().call_soon(self._appended, producer, deliveries, error)
 
     def _append_done(
         self, producer: ProducerLink, deliveries: list[Any], future: asyncio.Future[Any]

@@ -13,7 +13,7 @@ leader starts over from the stored generations."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from spate.core import claiming, ownership
@@ -100,18 +100,6 @@ class ReplicatedPartition(Replica):
         self.propose(records, _settle(future), producer)
         return future
 
-    def append_then(
-        self,
-        records: Sequence[bytes],
-        producer: PublishingIds | None,
-        then: Callable[[Offset | BrokerError], None],
-    ) -> None:
-        """`append` with its outcome handed to `then` when it is known, on the loop turn that
-        learns it (the commit's), not through a future's callbacks one turn later: a producer's
-        confirm then leaves before the turn's other work (the followers' commit updates, the
-        next batch). `then` may run before this returns (refused at once, all duplicates)."""
-        self.propose(records, then, producer)
-
     def last_publishing_id(self, name: bytes) -> asyncio.Future[ProducerInfo | None]:
         future: asyncio.Future[ProducerInfo | None] = asyncio.get_running_loop().create_future()
         self.query_publishing_id(name, _settle(future))
@@ -131,20 +119,6 @@ class ReplicatedPartition(Replica):
             [(name, offset)], lambda o: done(o if isinstance(o, BrokerError) else None)
         )
         return future
-
-    def store_offset_then(
-        self, name: bytes, offset: int, member: int, then: Callable[[BrokerError | None], None]
-    ) -> None:
-        """`store_offset` with its outcome handed to `then` on the loop turn that learns it
-        (see `append_then`); `then` may run before this returns (fenced)."""
-        try:
-            ownership.check_store(self.groups, f"{self.stream}/{self.partition}", name, member)
-        except BrokerError as fenced:
-            then(fenced)
-            return
-        self.propose_offsets(
-            [(name, offset)], lambda o: then(o if isinstance(o, BrokerError) else None)
-        )
 
     def _store_unfenced(self, name: bytes, offset: int) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
