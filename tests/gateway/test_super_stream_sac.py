@@ -75,10 +75,14 @@ def first() -> Any:
     return offset_filter("first")
 
 
-def flush(conn: Any) -> None:
-    """Put what the blocking connection has queued (dispositions) on the wire."""
+def flush(conn: Any, stream: str) -> None:
+    """Put what the blocking connection has queued (dispositions) on the wire; then a round
+    trip on it (a sender attached to `stream` and detached: the node answers frames in order),
+    so the node has taken the dispositions however loaded the machine (a fixed wait alone
+    failed once in CI in test_consumer_groups.py)."""
     with contextlib.suppress(Timeout):
         conn.wait(lambda: False, timeout=0.2)
+    conn.create_sender(stream, name=unique("sync")).close()
 
 
 def nothing_arrives(receiver: Any, wait_s: float = 0.3) -> bool:
@@ -130,7 +134,7 @@ def test_a_second_link_takes_partition_one_and_the_first_keeps_the_others(
             topology.name, name=unique("a"), credit=10, options=[member("spread"), first()]
         )
         assert [m.body for m in receive(a, 1)] == ["one-0"]  # accepted: stored on step-down
-        flush(one)
+        flush(one, p1)
         b = two.create_receiver(
             topology.name, name=unique("b"), credit=10, options=[member("spread")]
         )
