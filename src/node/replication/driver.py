@@ -238,6 +238,8 @@ class ReplicationDriver(Generic[R]):
         self._wake_group(key, group)
 
     def _wake_group(self, key: frames.GroupKey, group: R) -> None:
+        if self.groups.get(key) is not group:
+            return  # removed (closing): no batch may touch its files again (`remove`)
         self._dirty[key] = group
         if key not in self._awake and not group.raft.quiesced:
             group.resume()
@@ -248,7 +250,8 @@ class ReplicationDriver(Generic[R]):
         return self.ticks
 
     def remove(self, stream: StreamName, partition: PartitionId) -> R:
-        """Forget a replica (the caller closes it once no sync can touch its files)."""
+        """Forget a replica (the caller closes it once no sync can touch its files): from now
+        on no batch takes it, not even one begun while a batch holding it syncs, nor a wake."""
         group = self.groups.pop((stream, partition), None)
         if group is None:
             raise NotFound(f"{stream}/{partition} is not open on {self.node_id}")
@@ -420,8 +423,11 @@ class ReplicationDriver(Generic[R]):
         written = 0
         dirty, self._dirty = self._dirty, {}
         awake = self._awake
+        groups = self.groups
         for key, group in dirty.items():
-            if key not in awake and not group.raft.quiesced and key in self.groups:
+            if groups.get(key) is not group:
+                continue  # removed since it was marked (`remove`)
+            if key not in awake and not group.raft.quiesced:
                 group.resume()  # woken by a path that did not go through `_wake_group`
                 awake[key] = group
             if group.failure is not None or group.closed or not group.raft.has_ready():
@@ -469,12 +475,15 @@ class ReplicationDriver(Generic[R]):
         for group, ready, _ in batch.items:
             if group.failure is not None or group.closed:
                 continue
-            self._send(group, self._late_messages(ready))
+            self._send(group, self._late_messages(ready))  # synced: its acks are true
             group.report_leader(ready)
+            group.raft.advance(ready)
+            key = (group.stream, group.partition)
+            if self.groups.get(key) is not group:
+                continue  # removed while it synced: no transfer, no next batch (`remove`)
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)
-            group.raft.advance(ready)
-            self._dirty[(group.stream, group.partition)] = group  # it may have more work
+            self._dirty[key] = group  # it may have more work
         self.wake()
 
     def send_early(self) -> None:
@@ -506,6 +515,8 @@ class ReplicationDriver(Generic[R]):
         """Work that must not overlap an fsync batch: installs and retention."""
         installs, self._installs = self._installs, []
         for group in installs:
+            if self.groups.get((group.stream, group.partition)) is not group:
+                continue  # removed while its transfer ran
             self._dirty[(group.stream, group.partition)] = group
             if group.install is not None and group.failure is None and not group.closed:
                 manifest, index, term = group.install
