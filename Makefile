@@ -9,11 +9,12 @@ MINUTES ?=
 MODEL  ?= all
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test check fmt bench sim chaos image test-image install proto clean help
+.PHONY: demo test test-long test-all check fmt bench sim chaos image test-image install proto clean help
 
 help:
 	@echo "make demo   - install, start a local Spate cluster, publish and consume over AMQP 1.0"
-	@echo "make test   - install and run the test suite (TEST_WORKERS=2 processes)"
+	@echo "make test   - install and run the test suite but the longest scenarios (TEST_WORKERS=2 processes)"
+	@echo "make test-long - the longest kill/restart scenarios (marker long; CI runs both); make test-all: both"
 	@echo "make check  - ruff, mypy --strict on src/, import contracts, stale generated code"
 	@echo "make fmt    - format and autofix with ruff"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print figures"
@@ -34,9 +35,17 @@ demo: install
 # Two pytest-xdist workers: most tests wait on real processes and timers, so two run in about
 # half the time on CI's two cores. loadgroup keeps each `xdist_group` (the Spark stage's one
 # JVM) on one worker. `make test TEST_WORKERS=0` runs serially; PYTEST_ARGS comes last and wins.
+# The longest kill/restart scenarios (marker `long`, 15-50 s each) are a tier of their own,
+# `make test-long`, which .ci/run runs after `make test`; `make test-all` runs both.
 TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 test: install
-	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST) -m "not long" $(PYTEST_ARGS)
+
+test-long: install
+	$(PYTEST) -m long $(PYTEST_ARGS)
+
+test-all: test test-long
 
 check: install
 	$(VENV)/bin/ruff check src tests benchmarks tools chaos

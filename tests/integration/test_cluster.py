@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from proton import ProtonException, symbol
 from proton.utils import BlockingConnection
 from spate.client import AttachRefused, Consumer, Producer, PublishRefused
@@ -155,6 +156,7 @@ def test_a_wiped_replica_catches_up_and_serves_reads(cluster3: Cluster) -> None:
     assert bodies == acked
 
 
+@pytest.mark.long
 def test_without_a_majority_publishing_is_refused_then_resumes(cluster3: Cluster) -> None:
     cluster3.cli("stream", "create", "quorum", "--replicas", "3")
     before = [f"before {i}".encode() for i in range(50)]

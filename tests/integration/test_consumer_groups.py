@@ -127,6 +127,7 @@ def attach_when_led(url: str, stream: str, group: str, epoch: int | None) -> tup
             time.sleep(0.2)
 
 
+@pytest.mark.long
 def test_an_epoch_takeover_between_processes_commits_then_survives_kill9_of_every_node(
     cluster3: Cluster,
 ) -> None:
@@ -455,6 +456,7 @@ def test_members_on_nodes_that_do_not_lead_the_home_partition(shared3: Cluster) 
             member.close()
 
 
+@pytest.mark.long
 def test_a_paused_leader_s_partition_moves_on_without_a_second_holder(cluster3: Cluster) -> None:
     """SIGSTOP the leader of a partition a member holds (a pause longer than the election
     and the gateway's liveness limit, ADR 0008 "Liveness"): the gateway gives the silent node

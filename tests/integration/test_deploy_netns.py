@@ -169,6 +169,7 @@ def _bodies(consumer: Consumer, count: int) -> list[bytes]:
     return [bytes(consumer.receive(timeout=30).body) for _ in range(count)]
 
 
+@pytest.mark.long
 def test_three_hosts_from_the_config_files_survive_losing_one(deployment: Deployment) -> None:
     d = deployment
     for i in (1, 2, 3):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from proton import Described, Message, Timeout, symbol, ulong
 from proton.reactor import Filter
 from proton.utils import BlockingConnection
@@ -76,6 +77,7 @@ def expected(partitions: range, count: int, keep: Any) -> set[str]:
     return {f"p{p}-{k}" for p in partitions for k in range(count) if keep(k)}
 
 
+@pytest.mark.long
 def test_every_filter_form_on_a_partitioned_stream_and_after_a_leader_kill(
     cluster3: Cluster,
 ) -> None:

@@ -95,6 +95,7 @@ def _port_pairs(count: int) -> list[int]:
     return found
 
 
+@pytest.mark.long
 def test_a_node_of_two_shards_serves_partitions_led_by_each_and_survives_a_shard_kill(
     tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from integration.test_cluster import check_log, consume_all, publish_with_failover
 from spate.client import Consumer
 from support.cluster import Cluster, running_cluster
@@ -90,6 +91,7 @@ def _replicas(cluster: Cluster, stream: str, partition: int = 0) -> dict[str, An
     return next(p for p in found if p["partition"] == partition)
 
 
+@pytest.mark.long
 def test_grow_move_drain_and_stop_lose_nothing(tmp_path: Any) -> None:
     with running_cluster(tmp_path / "ops", nodes=3) as cluster:
         cluster.up(4)  # a fourth node: a non-voting metadata replica
@@ -194,6 +196,7 @@ def _change_metadata_voters(cluster: Cluster, stopped: str) -> None:
     assert shown["state"] == "succeeded" and shown["log"] == removed["log"], shown
 
 
+@pytest.mark.long
 def test_rebalance_moves_leaders_back_to_their_preferred_nodes(tmp_path: Any) -> None:
     with running_cluster(tmp_path / "skew", nodes=3) as cluster:
         cluster.cli("stream", "create", "events", "--partitions", "3", "--replicas", "3")

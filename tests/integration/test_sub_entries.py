@@ -16,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
 from proton import Message, Timeout, symbol
 from proton.reactor import Filter
 from proton.utils import BlockingConnection
@@ -133,6 +134,7 @@ def read_filtered(url: str, value: str) -> list[str]:
         connection.close()
 
 
+@pytest.mark.long
 def test_compressed_sub_entries_survive_a_leader_kill_and_a_wiped_replica_s_catch_up(
     cluster3: Cluster,
 ) -> None:

@@ -237,6 +237,7 @@ def test_ctrl_c_stops_the_run_and_prints_the_summary(cluster: Cluster) -> None:
     assert summary["duration_s"] < 60
 
 
+@pytest.mark.long
 def test_a_leader_killed_mid_run_is_survived_with_reconnect_timeout(cluster: Cluster) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "spate.cli.main", "perf", "--url", ",".join(cluster.urls()),

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 SCRIPT = Path(__file__).with_name("replica_process.py")
 IDS = ["n1", "n2", "n3"]
 WAIT_S = 20.0
@@ -194,6 +196,7 @@ def check_history(records: list[str], acked: list[str], *, after_retention: bool
     assert order == sorted(order), "acknowledged records reordered"
 
 
+@pytest.mark.long
 def test_kill_leader_mid_append_then_wipe_and_rebuild(tmp_path: Path) -> None:
     asyncio.run(_kill_and_rebuild(tmp_path))
 
