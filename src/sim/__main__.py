@@ -96,6 +96,7 @@ def _run_shell(seed: int, args: argparse.Namespace, bug: str | None, trace: bool
         "offset stores acknowledged": result.offsets_acknowledged,
         "offset queries answered": result.offset_queries,
         "membership changes": result.membership_changes,
+        "replicas closed and reopened": result.reopens,
         "simulated ms": result.time_ms,
     }
     return _Outcome(
@@ -216,6 +217,7 @@ _SHELL_BUGS = {
     "store-committed-end": ShellBugs(store_committed_end=True),
     "filter-misses-last": ShellBugs(filter_misses_last=True),
     "sub-entry-first-value": ShellBugs(sub_entry_first_value=True),
+    "batch-removed-replica": ShellBugs(batch_removed_replica=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

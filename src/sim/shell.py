@@ -56,7 +56,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from spate.core import filtering, frames, subentry
@@ -144,6 +144,10 @@ class ShellBugs:
     sub_entry_first_value: bool = False
     """The gateway sends a sub-entry's first message's filter value only, not every message's
     (ADR 0017): the chunk's Bloom filter lacks the others."""
+    batch_removed_replica: bool = False
+    """A replica removed from its driver (its partition closing) is still taken into batches:
+    a batch that finishes re-marks it, a wake marks it, so the batch begun next writes and
+    syncs files the host closes meanwhile (the driver before 2026-11-27)."""
 
 
 NO_BUGS = ShellBugs()
@@ -178,6 +182,12 @@ class ShellOptions:
     back, transfer leadership, through `Replica.propose_membership`/`transfer_leadership`.
     Drawn from a generator of its own, so seeds without it keep their histories."""
     sub_entries: bool = False
+    reopen_weight: int = 0
+    """Weight of the close-and-reopen nemesis: a node closes one replica as
+    `ReplicationHost.close_partition` does (removed from the driver at once, its files closed
+    once the syncs in flight have returned) and opens it again later from the same files, as
+    a partition moved away and back does. Last in the draw, and drawn from a generator of its
+    own, so seeds without it keep their histories."""
     """Every third publishing id is a compressed sub-entry of 2-4 records (ADR 0017) with their
     filter values beside it, as the gateway sends them: on seeds divisible by 4 (not drawn
     from the generator either)."""
@@ -208,6 +218,7 @@ class ShellOptions:
             filter_values=seed % 2 == 0,
             sub_entries=seed % 4 == 0,
             membership_weight=random.Random(f"shell-membership/{seed}").choice((0, 0, 4, 8)),
+            reopen_weight=random.Random(f"shell-reopen/{seed}").choice((0, 0, 2, 6)),
         )
 
     def log_config(self) -> LogConfig:
@@ -227,6 +238,7 @@ class _Kind(Enum):
     NEMESIS = "nemesis"
     RESTART = "restart"
     HEAL = "heal"
+    REOPEN = "reopen"
 
 
 @dataclass(slots=True)
@@ -321,6 +333,11 @@ class _SimDriver(ReplicationDriver[_SimReplica]):
             return ()
         return super()._late_messages(ready)
 
+    def _open(self, key: frames.GroupKey, group: _SimReplica) -> bool:
+        if self.sim.options.bugs.batch_removed_replica:
+            return True  # the planted bug: a removed replica is batched as before
+        return super()._open(key, group)
+
     def _early_leader_messages(self, group: _SimReplica) -> Sequence[Message]:
         if self.sim.options.bugs.early_sends_all:
             raft = group.raft
@@ -400,6 +417,9 @@ class _Node:
     woken: bool = False
     batch: Batch[_SimReplica] | None = None  # the batch whose syncs are in flight
     disk_failing: bool = False
+    closing: list[_SimReplica] = field(default_factory=list)
+    """Removed from the driver, closed once the batch in flight has synced (`close_partition`
+    waits for the syncs handed out so far)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +439,7 @@ class ShellResult:
     offsets_acknowledged: int
     offset_queries: int
     membership_changes: int = 0
+    reopens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -448,6 +469,7 @@ class ShellCluster(SimLoop[_Event]):
         self.crashes = 0
         self.wipes = 0
         self.membership_changes = 0
+        self.reopens = 0
         self.retention_deletes = 0
         self._rebuilding: set[tuple[NodeId, int]] = set()
         self.snapshots = 0
@@ -504,6 +526,7 @@ class ShellCluster(SimLoop[_Event]):
             offsets_acknowledged=sum(len(a) for a in self.store_acked),
             offset_queries=self.offset_queries,
             membership_changes=self.membership_changes,
+            reopens=self.reopens,
         )
 
     def liveness_failure(self) -> str:
@@ -668,24 +691,28 @@ class ShellCluster(SimLoop[_Event]):
     def _start(self, node: _Node) -> None:
         if node.id not in self.replicas:
             return
-        for group, files in enumerate(node.files):
-            store = RaftStore(files, self.log_config)
-            replica = _SimReplica(
-                node.id,
-                stream=STREAM,
-                partition=PartitionId(group),
-                replicas=self.replicas,
-                store=store,
-                raft_config=self.config,
-                rng=random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}"),
-                wake=functools.partial(self._wake, node.id),
-                clock_ms=lambda: wall_clock_base_ms + self.now_ms,
-                monotonic_ms=lambda: float(self.now_ms),
-            )
-            replica.sim = self
-            replica.group_number = group
-            self.checker.restarted(node.id, group, replica.raft.log.committed)
-            node.driver.add(replica)
+        for group in range(len(node.files)):
+            self._open_replica(node, group)
+
+    def _open_replica(self, node: _Node, group: int, reopened: int = 0) -> None:
+        store = RaftStore(node.files[group], self.log_config)
+        suffix = f"/{reopened}" if reopened else ""  # a reopened replica: a generator of its own
+        replica = _SimReplica(
+            node.id,
+            stream=STREAM,
+            partition=PartitionId(group),
+            replicas=self.replicas,
+            store=store,
+            raft_config=self.config,
+            rng=random.Random(f"raft/{self.seed}/{node.id}/{group}/{node.incarnation}{suffix}"),
+            wake=functools.partial(self._wake, node.id),
+            clock_ms=lambda: wall_clock_base_ms + self.now_ms,
+            monotonic_ms=lambda: float(self.now_ms),
+        )
+        replica.sim = self
+        replica.group_number = group
+        self.checker.restarted(node.id, group, replica.raft.log.committed)
+        node.driver.add(replica)
 
     def _wake(self, node_id: NodeId) -> None:
         self.nodes[node_id].woken = True
@@ -728,6 +755,10 @@ class ShellCluster(SimLoop[_Event]):
                     self._record(f"{node.id} synced{' FAILED' if failures else ''}")
                     node.driver.finish_batch(batch, failures)
                     self._drive(node)
+                    # close_partition resumes once these syncs returned: after the driver
+                    # loop has begun its next batch (the order that exposes a batch touching
+                    # a closed replica)
+                    self._close_pending(node)
             case _Kind.PROPOSE:
                 pause = self.rng.randrange(1, 2 * self.options.propose_ms)
                 if self.config.quiesce and self.rng.random() < IDLE_PAUSE_CHANCE:
@@ -761,6 +792,8 @@ class ShellCluster(SimLoop[_Event]):
                     self._restart(node)
             case _Kind.HEAL:
                 self.heal()
+            case _Kind.REOPEN:
+                self._reopen(node, event)
 
     def _send(self, source: NodeId, target: NodeId, data: frames.Frame) -> bool:
         if target not in self.nodes:
@@ -952,7 +985,8 @@ class ShellCluster(SimLoop[_Event]):
             options.wipe_weight,
             options.disk_fail_weight,
             1,
-            options.membership_weight,  # last: a zero weight leaves the other draws as they were
+            options.membership_weight,  # a zero weight at the end leaves the other draws as
+            options.reopen_weight,  # they were
         ]
         actions = [
             "crash",
@@ -963,16 +997,14 @@ class ShellCluster(SimLoop[_Event]):
             "disk-fail",
             "heal",
             "membership",
+            "reopen",
         ]
         action = self.rng.choices(actions, weights)[0]
         up = [n for n in self.replicas if self.nodes[n].up]
         self._rebuilding = {
             (node, group)
             for node, group in self._rebuilding
-            if not (
-                self.nodes[node].up
-                and self.nodes[node].driver.groups[(STREAM, PartitionId(group))].heard_leader
-            )
+            if not ((replica := self._replica_of(node, group)) is not None and replica.heard_leader)
         }
         if action in ("crash", "wipe", "disk-fail") and self._rebuilding:
             # The operator's procedure for a replaced disk (ADR 0005): no other failure until
@@ -1012,6 +1044,52 @@ class ShellCluster(SimLoop[_Event]):
             self._record("heal")
         elif action == "membership":
             self._change_membership(self.rng.randrange(options.groups))
+        elif action == "reopen" and up and not self._rebuilding:
+            node = self.nodes[up[self.rng.randrange(len(up))]]
+            group = self.rng.randrange(options.groups)
+            if not node.disk_failing and self._replica_of(node.id, group) is not None:
+                self._close_replica(node, group)
+
+    def _close_replica(self, node: _Node, group: int) -> None:
+        """`ReplicationHost.close_partition` without the delete: removed from the driver now,
+        closed once the batch in flight (if any) has synced, opened again later."""
+        replica = node.driver.remove(STREAM, PartitionId(group))
+        self.reopens += 1
+        if node.batch is not None:
+            node.closing.append(replica)
+            self._record(f"close {node.id} g{group} (after the batch in flight)")
+        else:
+            replica.close()
+            self._record(f"close {node.id} g{group}")
+        self._schedule(
+            self.rng.randrange(10, 400),
+            _Kind.REOPEN,
+            node.id,
+            group=group,
+            incarnation=node.incarnation,
+        )
+
+    def _close_pending(self, node: _Node) -> None:
+        closing, node.closing = node.closing, []
+        for replica in closing:
+            replica.close()
+            self._record(f"closed {node.id} g{replica.group_number}")
+
+    def _reopen(self, node: _Node, event: _Event) -> None:
+        key = (STREAM, PartitionId(event.group))
+        if not node.up or node.incarnation != event.incarnation or key in node.driver.groups:
+            return  # restarted meanwhile: every replica was opened then
+        if node.disk_failing:
+            return  # its disk-fail restart (scheduled) opens every replica
+        if any(r.group_number == event.group for r in node.closing):
+            self._schedule(
+                10, _Kind.REOPEN, node.id, group=event.group, incarnation=node.incarnation
+            )
+            return
+        self._record(f"reopen {node.id} g{event.group}")
+        self._open_replica(node, event.group, reopened=self.reopens)
+        self._check_storage(node)
+        self._drive(node)
 
     def _change_membership(self, group: int) -> None:
         """ADR 0022 through the production Replica: on the group's leader, demote a follower
@@ -1058,6 +1136,7 @@ class ShellCluster(SimLoop[_Event]):
         node.incarnation += 1
         node.batch = None
         node.woken = False
+        node.closing = []  # the process died with them
         for files in node.files:
             files.crash()
         node.driver = self._new_driver(node.id)
@@ -1130,6 +1209,8 @@ class ShellCluster(SimLoop[_Event]):
         key = (STREAM, PartitionId(group))
         if any(not self.nodes[n].up or self.nodes[n].disk_failing for n in others):
             return False
+        if any(key not in self.nodes[n].driver.groups for n in others):
+            return False  # another replica is closed (the reopen nemesis)
         leaders = {self.nodes[n].driver.groups[key].raft.leader for n in others}
         if len(leaders) != 1 or None in leaders:
             return False  # replace a disk only while the others follow one leader

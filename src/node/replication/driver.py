@@ -47,8 +47,8 @@ by request id, abandoned after `catchup_request_timeout_ms` (default: the limit 
 without a reply (checked on tick) and resumed by the next SnapshotNeeded. Replies to the
 leader-side requests are built here from committed, durable data.
 
-The methods `_early_messages`/`_late_messages`, `_serves_catchup` and `_retention_floor`, and
-`_observe_ready`, are the seams the
+The methods `_early_messages`/`_late_messages`, `_serves_catchup` and `_retention_floor`,
+`_open` and `_observe_ready`, are the seams the
 simulator's planted bugs override (tests prove the checker catches each).
 """
 
@@ -238,7 +238,7 @@ class ReplicationDriver(Generic[R]):
         self._wake_group(key, group)
 
     def _wake_group(self, key: frames.GroupKey, group: R) -> None:
-        if self.groups.get(key) is not group:
+        if not self._open(key, group):
             return  # removed (closing): no batch may touch its files again (`remove`)
         self._dirty[key] = group
         if key not in self._awake and not group.raft.quiesced:
@@ -423,9 +423,8 @@ class ReplicationDriver(Generic[R]):
         written = 0
         dirty, self._dirty = self._dirty, {}
         awake = self._awake
-        groups = self.groups
         for key, group in dirty.items():
-            if groups.get(key) is not group:
+            if not self._open(key, group):
                 continue  # removed since it was marked (`remove`)
             if key not in awake and not group.raft.quiesced:
                 group.resume()  # woken by a path that did not go through `_wake_group`
@@ -479,7 +478,7 @@ class ReplicationDriver(Generic[R]):
             group.report_leader(ready)
             group.raft.advance(ready)
             key = (group.stream, group.partition)
-            if self.groups.get(key) is not group:
+            if not self._open(key, group):
                 continue  # removed while it synced: no transfer, no next batch (`remove`)
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)
@@ -500,6 +499,12 @@ class ReplicationDriver(Generic[R]):
         """Seam for the simulator's planted bugs: a leader's messages sent between batches."""
         return group.raft.take_leader_messages()
 
+    def _open(self, key: frames.GroupKey, group: R) -> bool:
+        """Seam for the simulator's planted bugs: `group` is still this driver's (not removed:
+        the host closes a removed replica's files once the syncs in flight have returned, so
+        no batch may take it again)."""
+        return self.groups.get(key) is group
+
     def _observe_ready(self, group: R, ready: Ready) -> None:
         """Seam for the simulator's checker: a Ready was just taken from `group`'s core."""
 
@@ -515,7 +520,7 @@ class ReplicationDriver(Generic[R]):
         """Work that must not overlap an fsync batch: installs and retention."""
         installs, self._installs = self._installs, []
         for group in installs:
-            if self.groups.get((group.stream, group.partition)) is not group:
+            if not self._open((group.stream, group.partition), group):
                 continue  # removed while its transfer ran
             self._dirty[(group.stream, group.partition)] = group
             if group.install is not None and group.failure is None and not group.closed:
