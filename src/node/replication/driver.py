@@ -18,8 +18,9 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    partitions). Messages, ticks and proposals keep arriving meanwhile and are stepped into the
    cores (allowed between `ready` and `advance`): they make the next batch;
 3. `finish_batch`: send `Ready.messages_after_sync` (acks and votes: only now, they promise
-   what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; the
-   shell goes again while anything woke it.
+   what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; a
+   replica whose core has more (`has_ready`) is marked for the next batch, and the shell goes
+   again while anything is marked or woke it.
 
 A leader's Appends need not wait for a batch (ADR 0033): `receive` sends what a leader's core
 queued as it steps each message (the commit advance an ack made), and `send_early`, which the
@@ -237,14 +238,18 @@ class ReplicationDriver(Generic[R]):
             group.raft.campaign()
         self._wake_group(key, group)
 
-    def _wake_group(self, key: frames.GroupKey, group: R) -> None:
+    def _wake_group(self, key: frames.GroupKey, group: R, *, work: bool = True) -> None:
+        """`group` may have work: mark it for the next batch and wake the shell; with
+        `work=False` (its core has no Ready: a stepped message that changed nothing to write or
+        send) only keep it among the awake ones, so the shell does not turn for an empty batch."""
         if not self._open(key, group):
             return  # removed (closing): no batch may touch its files again (`remove`)
-        self._dirty[key] = group
         if key not in self._awake and not group.raft.quiesced:
             group.resume()
             self._awake[key] = group
-        self.wake()
+        if work:
+            self._dirty[key] = group
+            self.wake()
 
     def _ticks_now(self) -> int:
         return self.ticks
@@ -471,6 +476,7 @@ class ReplicationDriver(Generic[R]):
             elif not group.closed:
                 group.store.finish_sync(work)
         self.batches += 1
+        dirty = self._dirty
         for group, ready, _ in batch.items:
             if group.failure is not None or group.closed:
                 continue
@@ -482,8 +488,13 @@ class ReplicationDriver(Generic[R]):
                 continue  # removed while it synced: no transfer, no next batch (`remove`)
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)
-            self._dirty[key] = group  # it may have more work
-        self.wake()
+            if key not in dirty and group.raft.has_ready():
+                dirty[key] = group  # more came in while it synced
+        if dirty:
+            # Only then: a finished batch with nothing after it used to wake the loop for an
+            # empty batch (~2 per replicated append on each node, RESULTS §52). Work that comes
+            # later marks its group and wakes the loop itself (`_wake_group`, `tick`).
+            self.wake()
 
     def send_early(self) -> None:
         """Between a batch's steps 1 and 3, when woken while its fsyncs run: send what the
@@ -637,7 +648,7 @@ class ReplicationDriver(Generic[R]):
                 # consumers wait for it) and the entries it unblocked leave on this loop turn,
                 # not in the next batch, which may wait for a running fsync (issue 16, ADR 0033).
                 self._send(group, self._early_leader_messages(group))
-                self._wake_group(key, group)
+                self._wake_group(key, group, work=group.raft.has_ready())
         elif kind == codec.KIND_FETCH_MANIFEST:
             key, request_id, raft_index = codec.decode_fetch_manifest(body)
             group = self.groups.get(key)
