@@ -197,6 +197,7 @@ def one_run(mode: str, ops: int) -> dict[str, Any]:
         return round(samples[min(len(samples) - 1, int(q * len(samples)))], 3)
 
     return {
+        "answered": len(samples),
         "p50_ms": at(0.5),
         "p90_ms": at(0.9),
         "p99_ms": at(0.99),
