@@ -27,6 +27,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import struct
 import tempfile
@@ -55,8 +56,6 @@ class _Framed(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
@@ -104,9 +103,6 @@ def _leader(directory: str, followers: list[int], ready: Any, mode: str) -> None
         if count == 3:
             del votes[sequence]
 
-    def synced(sequence: int, _: object = None) -> None:
-        vote(sequence)
-
     def on_ack(_: _Framed, sequence: int, payload: bytes) -> None:
         vote(sequence)
 
@@ -117,11 +113,11 @@ def _leader(directory: str, followers: list[int], ready: Any, mode: str) -> None
             link.send(sequence, payload)
         if mode == "thread":
             future = loop.run_in_executor(None, os.fdatasync, fd)
-            future.add_done_callback(lambda _f, s=sequence: synced(s))
+            future.add_done_callback(lambda _f, s=sequence: vote(s))
         else:
             if mode == "inline":
                 os.fdatasync(fd)
-            synced(sequence)
+            vote(sequence)
 
     async def start() -> int:
         for port in followers:

@@ -182,15 +182,15 @@ class ShellOptions:
     back, transfer leadership, through `Replica.propose_membership`/`transfer_leadership`.
     Drawn from a generator of its own, so seeds without it keep their histories."""
     sub_entries: bool = False
+    """Every third publishing id is a compressed sub-entry of 2-4 records (ADR 0017) with their
+    filter values beside it, as the gateway sends them: on seeds divisible by 4 (not drawn
+    from the generator either)."""
     reopen_weight: int = 0
     """Weight of the close-and-reopen nemesis: a node closes one replica as
     `ReplicationHost.close_partition` does (removed from the driver at once, its files closed
     once the syncs in flight have returned) and opens it again later from the same files, as
     a partition moved away and back does. Last in the draw, and drawn from a generator of its
     own, so seeds without it keep their histories."""
-    """Every third publishing id is a compressed sub-entry of 2-4 records (ADR 0017) with their
-    filter values beside it, as the gateway sends them: on seeds divisible by 4 (not drawn
-    from the generator either)."""
 
     @staticmethod
     def draw(
@@ -985,8 +985,9 @@ class ShellCluster(SimLoop[_Event]):
             options.wipe_weight,
             options.disk_fail_weight,
             1,
-            options.membership_weight,  # a zero weight at the end leaves the other draws as
-            options.reopen_weight,  # they were
+            # last: a zero weight at the end leaves the other draws as they were
+            options.membership_weight,
+            options.reopen_weight,
         ]
         actions = [
             "crash",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from replication.drivers import Nodes, outcomes
 from spate.core.errors import BrokerError, Unavailable
+from spate.node.replication.raft import Role
 
 
 def test_a_replica_removed_while_its_fsync_runs_is_not_batched_again() -> None:
@@ -41,9 +42,9 @@ def test_a_replica_removed_while_its_fsync_runs_is_not_batched_again() -> None:
         for node in (n2, n3):
             nodes.run(node)
         nodes.deliver(to=[n2, n3])
-        if any(nodes.replicas[n].raft.role.name == "LEADER" for n in (n2, n3)):
+        if any(nodes.replicas[n].raft.role is Role.LEADER for n in (n2, n3)):
             break
-    successor = next(n for n in (n2, n3) if nodes.replicas[n].raft.role.name == "LEADER")
+    successor = next(n for n in (n2, n3) if nodes.replicas[n].raft.role is Role.LEADER)
     after, done_after = outcomes()
     nodes.replicas[successor].propose([b"c"], done_after)  # type: ignore[arg-type]
     for _ in range(5):
