@@ -32,5 +32,6 @@ def test_every_mode_answers_every_request_in_order(tmp_path: Path) -> None:
         # The client checks each answer's sequence; every request after the warm-up is timed.
         assert figures["answered"] == OPS, (mode, figures)
         assert 0 < figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"] <= figures["max_ms"]
-        assert figures["nodes_cpu_us_per_op"] > 0, (mode, figures)
+        # CPU is read from /proc in 10 ms ticks: 200 requests without fsync may round to 0.
+        assert figures["nodes_cpu_us_per_op"] >= 0, (mode, figures)
     assert not list(tmp_path.iterdir()), "the runs' files are removed"
