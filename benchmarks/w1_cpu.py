@@ -10,6 +10,8 @@ and prints one JSON line per size:
 - `cpu_us_per_msg` {leader, followers...}: CPU microseconds per message (user and system); a
   figure that holds up on a shared machine, where msg/s does not (`msgs_per_s` is beside it,
   with the load average, as an indication only);
+- `faults_per_msg`: minor page faults per message on each node (memory the process gave back
+  and touched again; a fault costs 4-40 us on this kind of VM, RESULTS §55);
 - per MiB published: Raft entries (chunks) the leader proposed, its Append messages sent,
   and on each follower the Appends and entries received, batches and fsyncs (the counters a
   node exports; the ones a node does not export yet are null).
@@ -88,10 +90,11 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def cpu_ticks(pid: int) -> tuple[int, int]:
+def cpu_ticks(pid: int) -> tuple[int, int, int]:
+    """utime and stime (ticks) and minor page faults of `pid`, all its threads."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]), int(fields[12])
+    return int(fields[11]), int(fields[12]), int(fields[7])
 
 
 def start_profiles(
@@ -193,6 +196,7 @@ def one_size(  # noqa: PLR0917 (one run's settings)
         "loadavg_after": loadavg(),
         "cpu_us_per_msg": {},
         "user_us_per_msg": {},
+        "faults_per_msg": {},
         "per_mib": {},
         "profile": None if profile is None else str(profile),
     }
@@ -202,6 +206,7 @@ def one_size(  # noqa: PLR0917 (one run's settings)
         role = "leader" if node == leader else node if node == "gateway" else f"follower {node}"
         row["cpu_us_per_msg"][role] = round(user + system, 2)
         row["user_us_per_msg"][role] = round(user, 2)
+        row["faults_per_msg"][role] = round((cpu1[node][2] - cpu0[node][2]) / count, 3)
         if node == "gateway":
             continue
         figures = {

@@ -155,7 +155,7 @@ def test_a_commit_learned_during_a_sync_is_applied_at_once_and_only_once() -> No
     raft = _elected_leader()
     raft.propose(b"x")
     raft.advance(raft.ready())  # entry 2 written and synced on the leader
-    assert raft.take_committed() == ()  # no Ready outstanding
+    assert raft.take_committed() == ()  # nothing committed that is not applied
     raft.propose(b"y")
     ready = raft.ready()  # entry 3, its sync in flight
     assert [e.index for e in ready.entries] == [3] and ready.committed == ()

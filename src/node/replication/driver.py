@@ -18,9 +18,14 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
    partitions). Messages, ticks and proposals keep arriving meanwhile and are stepped into the
    cores (allowed between `ready` and `advance`): they make the next batch;
 3. `finish_batch`: send `Ready.messages_after_sync` (acks and votes: only now, they promise
-   what step 2 synced), report leader changes, start catch-ups, `advance` every Ready; a
-   replica whose core has more (`has_ready`) is marked for the next batch, and the shell goes
-   again while anything is marked or woke it.
+   what step 2 synced), report leader changes, start catch-ups, `advance` every Ready, apply
+   the commit a leader's own sync made and send its commit advance (ADR 0043); a replica
+   whose core has more (`has_ready`) is marked for the next batch, and the shell goes again
+   while anything is marked or woke it.
+
+A commit is applied where it is learned (`Raft.take_committed`: in `receive` after each
+message, in `finish_batch` after each advance), not in a batch of its own: a commit point
+that moved alone waits for the next Ready to be written (ADR 0043).
 
 A leader's Appends need not wait for a batch (ADR 0033): `receive` sends what a leader's core
 queued as it steps each message (the commit advance an ack made), and `send_early`, which the
@@ -486,6 +491,12 @@ class ReplicationDriver(Generic[R]):
             key = (group.stream, group.partition)
             if not self._open(key, group):
                 continue  # removed while it synced: no transfer, no next batch (`remove`)
+            # A leader's own sync may have made the commit (its persisted index counts): apply
+            # it and send the commit advance now, not in a batch of their own (ADR 0043).
+            committed = group.raft.take_committed()
+            if committed:
+                group.apply_entries(committed)
+                self._send(group, self._early_leader_messages(group))
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)
             if key not in dirty and group.raft.has_ready():
@@ -639,8 +650,9 @@ class ReplicationDriver(Generic[R]):
                 group.step(message)
                 if quiet and not group.raft.quiesced:
                     self.message_wakes += 1
-                # A commit learned while this group's Ready is in the fsync thread: apply it
-                # now (producers' confirms), not after that fsync.
+                # A commit learned from this message: apply it now (producers' confirms,
+                # readers), not after the fsync of this group's Ready in flight nor in a batch
+                # of its own (ADR 0043).
                 committed = group.raft.take_committed()
                 if committed:
                     group.apply_entries(committed)

@@ -190,6 +190,9 @@ class Raft:
         self._snapshot_request: SnapshotRequest | None = None
         self._outstanding: Ready | None = None
         self._serial = 0
+        self._commit_due = False
+        """A tick found the commit point moved since the last Ready: the next Ready is due
+        (`has_ready`), not left for the next entries."""
         self._entries_pending = False
         self._commit_pending = False
         self._read_round = 0
@@ -309,6 +312,8 @@ class Raft:
     # -- inputs
 
     def tick(self) -> None:
+        if self.log.committed != self._handed_hard_state.commit:
+            self._commit_due = True  # a commit point left unwritten goes with the next Ready
         if self.quiesced:
             return
         if self.role is Role.LEADER:
@@ -599,6 +604,11 @@ class Raft:
     # -- Ready / advance
 
     def has_ready(self) -> bool:
+        """Whether `ready()` has anything to persist, send or apply. A commit point that moved
+        alone (no membership entry passed, everything committed applied: the shell applies
+        commits on the spot with `take_committed`) is no work of its own until the next tick:
+        it goes with the next Ready, within a tick (ADR 0043; it is written without a sync
+        anyway, and a restart that finds an older one learns it again from the leader)."""
         if self._outstanding is not None:
             return False
         self._flush_appends()
@@ -609,12 +619,22 @@ class Raft:
             or log.persist_from <= log.last_index
             or self.term != handed.term
             or self.vote != handed.vote
-            or log.committed != handed.commit
             or log.applied < log.committed
+            or (
+                log.committed != handed.commit
+                and (self._commit_due or self._commit_passed_membership(handed.commit))
+            )
             or self._handed_leader != (self.leader, self.leader_epoch)
             or self._snapshot_to_persist is not None
             or self._snapshot_request is not None
         )
+
+    def _commit_passed_membership(self, handed: int) -> bool:
+        """A membership entry (or the snapshot point, conservatively) at an index in
+        (handed, committed]: the hard state's membership may move with this commit, and is
+        then synced at once (storage.RaftStore.persist)."""
+        committed = self.log.committed
+        return any(handed < index <= committed for index, _ in self._configs)
 
     def ready(self) -> Ready:
         assert self._outstanding is None, "advance the previous Ready first"
@@ -630,6 +650,7 @@ class Raft:
         )
         must_sync = bool(entries) or self._snapshot_to_persist is not None or hard_state_sync
         self._handed_hard_state = hard_state
+        self._commit_due = False
         leader_change = None
         if self._handed_leader != (self.leader, self.leader_epoch):
             self._handed_leader = (self.leader, self.leader_epoch)
@@ -654,17 +675,31 @@ class Raft:
         self._outstanding = ready
         return ready
 
+    def commit_state(self) -> HardState | None:
+        """The hard state with the commit point reached, when only the commit point moved since
+        the last Ready (term and vote as handed): what a closing replica writes so that a
+        clean restart starts where it stopped (ADR 0043). None otherwise, and while a Ready is
+        outstanding."""
+        handed = self._handed_hard_state
+        if (
+            self._outstanding is not None
+            or self.log.committed <= handed.commit
+            or (self.term, self.vote) != (handed.term, handed.vote)
+        ):
+            return None
+        return self._hard_state()
+
     def take_committed(self) -> tuple[Entry, ...]:
-        """Entries committed since the outstanding Ready was taken, for the shell to apply at
-        once while that Ready's sync runs (a leader learns a commit from a follower's ack
-        while its own fsync is in flight; without this the producer's confirm would wait for
-        that fsync). Only while a Ready is outstanding and after the shell applied that
-        Ready's own `committed` (the contract's step 2); bounded like `Ready.committed` and
-        by what was handed to disk. They count as applied from now on; `advance` keeps it."""
+        """Entries committed and not yet applied, for the shell to apply at once instead of in
+        the next Ready: while a Ready's sync runs (a leader learns a commit from a follower's
+        ack while its own fsync is in flight; without this the producer's confirm would wait
+        for that fsync), and between Readies (a commit advance from an ack, or a follower's
+        commit update, needs no batch of its own: ADR 0043). While a Ready is outstanding,
+        only after the shell applied that Ready's own `committed` (the contract's step 2).
+        Bounded like `Ready.committed` and by what was handed to disk. They count as applied
+        from now on; `advance` keeps it."""
         ready = self._outstanding
-        if ready is None:
-            return ()
-        if ready.committed and ready.committed[-1].index > self.log.applied:
+        if ready is not None and ready.committed and ready.committed[-1].index > self.log.applied:
             self.log.applied_to(ready.committed[-1].index)
         entries = self.log.next_committed(limits.apply_bytes_max)
         if entries:

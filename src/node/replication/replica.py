@@ -34,6 +34,7 @@ the asyncio `append` of spate.core.backend.Partition on top. What it adds to the
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -900,6 +901,12 @@ class Replica(LocalPartition):
             one.done(Unavailable("the partition was closed; retry"))
         self._fail_waiting(None, "the partition was closed; retry")
         self._fail_confirming(Unavailable("the partition was closed; retry"))
+        state = self.raft.commit_state() if self.failure is None else None
+        if state is not None:
+            # The commit point reached, which a Ready would have written within a tick
+            # (ADR 0043): a clean restart starts from it. No sync (as any commit-only write).
+            with contextlib.suppress(OSError):
+                self.store.write_commit_only(state)
         self.store.close()
 
     def _fail_confirming(self, error: BrokerError) -> None:

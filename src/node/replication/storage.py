@@ -327,6 +327,16 @@ class RaftStore:
         if work.hard_state:
             self.hard.dirty = False
 
+    def write_commit_only(self, state: HardState) -> None:
+        """Write a hard state whose term and vote are the ones on disk and whose commit point
+        moved (no sync: a commit point lost in a crash is learned again from the leader); a
+        closing replica's last one (ADR 0043). Not while a sync may run."""
+        old = self.hard.state
+        if old is None or (old.term, old.vote) != (state.term, state.vote):
+            return
+        if state.commit > old.commit and state.membership == old.membership:
+            self.hard.write(state, sync=False)
+
     def write_commit(self, commit: int) -> None:
         """Record (and sync) a commit point reached by installing the leader's segments."""
         state = self.hard.state or HardState()
