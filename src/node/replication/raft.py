@@ -67,6 +67,13 @@ from spate.node.replication.messages import (
 from spate.node.replication.progress import Progress, ProgressState
 
 
+COMMIT_LAG_ENTRIES_MAX = 8
+"""A commit point that moved alone is written at the next tick (ADR 0043), when the group goes
+quiet, or once it trails the one written by this many entries: at most 8 entries of
+`limits.entry_bytes_max` (64 MiB) more for a restart to read back as uncommitted, within
+`limits.restart_window_bytes_max` with the uncommitted entries themselves."""
+
+
 class Role(Enum):
     FOLLOWER = "follower"
     PRE_CANDIDATE = "pre-candidate"
@@ -643,14 +650,26 @@ class Raft:
         if entries:
             self.log.handed_to_disk(entries[-1].index)
         hard_state = self._hard_state()
-        changed_hard_state = hard_state if hard_state != self._handed_hard_state else None
+        handed = self._handed_hard_state
+        changed_hard_state = hard_state if hard_state != handed else None
         hard_state_sync = changed_hard_state is not None and (
-            hard_state.term != self._handed_hard_state.term
-            or hard_state.vote != self._handed_hard_state.vote
+            hard_state.term != handed.term or hard_state.vote != handed.vote
         )
+        if (
+            changed_hard_state is not None
+            and not hard_state_sync
+            and not self._commit_due
+            and not self.quiesced  # a group going quiet writes it: no tick comes
+            and hard_state.commit - handed.commit < COMMIT_LAG_ENTRIES_MAX
+            and not self._commit_passed_membership(handed.commit)
+        ):
+            # A commit point that moved alone waits for its tick (ADR 0043): not written
+            # before every batch's fsync, on the way of the entries' acknowledgement.
+            changed_hard_state = None
         must_sync = bool(entries) or self._snapshot_to_persist is not None or hard_state_sync
-        self._handed_hard_state = hard_state
-        self._commit_due = False
+        if changed_hard_state is not None:
+            self._handed_hard_state = hard_state
+            self._commit_due = False
         leader_change = None
         if self._handed_leader != (self.leader, self.leader_epoch):
             self._handed_leader = (self.leader, self.leader_epoch)
