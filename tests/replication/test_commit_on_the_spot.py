@@ -14,6 +14,7 @@ import random
 from replication.drivers import IDS, STREAM, Nodes, outcomes
 from spate.core.ids import NodeId, Offset, PartitionId, Term
 from spate.node.log import LogConfig
+from spate.node.replication import raft as raft_module
 from spate.node.replication.messages import Append, Entry, Membership
 from spate.node.replication.raft import Raft, RaftConfig
 from spate.node.replication.replica import Replica
@@ -118,3 +119,22 @@ def test_a_clean_close_writes_the_commit_point_reached() -> None:
         assert reopened.raft.log.committed == committed, node
         assert reopened.end_offset() == Offset(1), node  # readable before any election
         reopened.close()
+
+
+def test_a_ready_with_entries_leaves_a_lone_commit_point_for_later() -> None:
+    """Not written before the entries' fsync (on the way of their ack), but at the latest once
+    it trails by COMMIT_LAG_ENTRIES_MAX entries."""
+    raft = _follower_with_entry()
+    index = 1
+    for _ in range(raft_module.COMMIT_LAG_ENTRIES_MAX - 1):
+        raft.step(Append(T1, N1, N2, index, T1, (_entry(index + 1),), index))
+        raft.take_committed()
+        ready = raft.ready()
+        assert [e.index for e in ready.entries] == [index + 1]
+        assert ready.hard_state is None, index  # the commit point (index) waits
+        raft.advance(ready)
+        index += 1
+    raft.step(Append(T1, N1, N2, index, T1, (_entry(index + 1),), index))
+    raft.take_committed()
+    ready = raft.ready()
+    assert ready.hard_state is not None and ready.hard_state.commit == index  # 8 behind: now

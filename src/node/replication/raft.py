@@ -66,7 +66,6 @@ from spate.node.replication.messages import (
 )
 from spate.node.replication.progress import Progress, ProgressState
 
-
 COMMIT_LAG_ENTRIES_MAX = 8
 """A commit point that moved alone is written at the next tick (ADR 0043), when the group goes
 quiet, or once it trails the one written by this many entries: at most 8 entries of
