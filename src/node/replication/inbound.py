@@ -128,9 +128,12 @@ class FrameSplitter:
             if length - 1 >= self._in_place_min:
                 # The rest of this frame is read into its own buffer.
                 body_buffer = bytearray(length - 1)
-                body_buffer[: end - body_at] = view[body_at:end]
+                body_view = memoryview(body_buffer)
+                # Through a memoryview: a bytearray's slice assignment from a view copies
+                # the view into a temporary bytearray first (a second copy and allocation).
+                body_view[: end - body_at] = view[body_at:end]
                 self._body = body_buffer
-                self._body_view = memoryview(body_buffer)
+                self._body_view = body_view
                 self._body_at = end - body_at
                 self._body_kind = kind
                 self._start = self._end = 0
