@@ -20,6 +20,7 @@ Touches only anonymous memory and one file in a temporary directory beside this 
 
 from __future__ import annotations
 
+import argparse
 import json
 import mmap
 import os
@@ -57,6 +58,9 @@ def write_sys_us(path: Path) -> float:
 
 
 def main() -> int:
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     figures = {"fresh": populate_us(), "again": populate_us()}
     time.sleep(4.0)
     figures["after_4s"] = populate_us()
