@@ -25,7 +25,7 @@ One batch is the loop turn the Raft cores' contract asks for, across all partiti
 
 A commit is applied where it is learned (`Raft.take_committed`: in `receive` after each
 message, in `finish_batch` after each advance), not in a batch of its own: a commit point
-that moved alone waits for the next Ready to be written (ADR 0043).
+that moved alone is written at the next tick (ADR 0043).
 
 A leader's Appends need not wait for a batch (ADR 0033): `receive` sends what a leader's core
 queued as it steps each message (the commit advance an ack made), and `send_early`, which the

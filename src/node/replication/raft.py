@@ -611,10 +611,8 @@ class Raft:
 
     def has_ready(self) -> bool:
         """Whether `ready()` has anything to persist, send or apply. A commit point that moved
-        alone (no membership entry passed, everything committed applied: the shell applies
-        commits on the spot with `take_committed`) is no work of its own until the next tick:
-        it goes with the next Ready, within a tick (ADR 0043; it is written without a sync
-        anyway, and a restart that finds an older one learns it again from the leader)."""
+        alone is no work while it may wait (`_lone_commit_waits`; the shell applies commits
+        on the spot with `take_committed`, ADR 0043)."""
         if self._outstanding is not None:
             return False
         self._flush_appends()
@@ -626,21 +624,29 @@ class Raft:
             or self.term != handed.term
             or self.vote != handed.vote
             or log.applied < log.committed
-            or (
-                log.committed != handed.commit
-                and (self._commit_due or self._commit_passed_membership(handed.commit))
-            )
+            or (log.committed != handed.commit and not self._lone_commit_waits(handed))
             or self._handed_leader != (self.leader, self.leader_epoch)
             or self._snapshot_to_persist is not None
             or self._snapshot_request is not None
         )
 
-    def _commit_passed_membership(self, handed: int) -> bool:
-        """A membership entry (or the snapshot point, conservatively) at an index in
-        (handed, committed]: the hard state's membership may move with this commit, and is
-        then synced at once (storage.RaftStore.persist)."""
+    def _lone_commit_waits(self, handed: HardState) -> bool:
+        """A commit point that moved alone (term and vote as handed) is left out of Readies
+        (ADR 0043: not written before the entries' fsync, on the way of their ack) until a
+        tick marks it due, the group goes quiet (no tick comes), it trails the one written by
+        COMMIT_LAG_ENTRIES_MAX entries, or a membership entry (or the snapshot point,
+        conservatively) lies in (written, committed]: the hard state's membership moves and
+        is synced at once (storage.RaftStore.persist). It is written without a sync anyway;
+        a restart that finds an older one learns it again from the leader."""
         committed = self.log.committed
-        return any(handed < index <= committed for index, _ in self._configs)
+        return (
+            self.term == handed.term
+            and self.vote == handed.vote
+            and not self._commit_due
+            and not self.quiesced
+            and committed - handed.commit < COMMIT_LAG_ENTRIES_MAX
+            and not any(handed.commit < index <= committed for index, _ in self._configs)
+        )
 
     def ready(self) -> Ready:
         assert self._outstanding is None, "advance the previous Ready first"
@@ -654,17 +660,8 @@ class Raft:
         hard_state_sync = changed_hard_state is not None and (
             hard_state.term != handed.term or hard_state.vote != handed.vote
         )
-        if (
-            changed_hard_state is not None
-            and not hard_state_sync
-            and not self._commit_due
-            and not self.quiesced  # a group going quiet writes it: no tick comes
-            and hard_state.commit - handed.commit < COMMIT_LAG_ENTRIES_MAX
-            and not self._commit_passed_membership(handed.commit)
-        ):
-            # A commit point that moved alone waits for its tick (ADR 0043): not written
-            # before every batch's fsync, on the way of the entries' acknowledgement.
-            changed_hard_state = None
+        if changed_hard_state is not None and self._lone_commit_waits(handed):
+            changed_hard_state = None  # a commit point that moved alone waits (ADR 0043)
         must_sync = bool(entries) or self._snapshot_to_persist is not None or hard_state_sync
         if changed_hard_state is not None:
             self._handed_hard_state = hard_state
