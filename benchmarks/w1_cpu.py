@@ -10,8 +10,9 @@ and prints one JSON line per size:
 - `cpu_us_per_msg` {leader, followers...}: CPU microseconds per message (user and system); a
   figure that holds up on a shared machine, where msg/s does not (`msgs_per_s` is beside it,
   with the load average, as an indication only);
-- `faults_per_msg`: minor page faults per message on each node (memory the process gave back
-  and touched again; a fault costs 4-40 us on this kind of VM, RESULTS §55);
+- `faults_per_msg`: minor page faults per message on each node (new or returned memory
+  touched: mostly the heap growing to its working set early in a run; 2-45 us each on this
+  kind of VM, RESULTS §55);
 - per MiB published: Raft entries (chunks) the leader proposed, its Append messages sent,
   and on each follower the Appends and entries received, batches and fsyncs (the counters a
   node exports; the ones a node does not export yet are null).
