@@ -34,6 +34,10 @@ from spate.sim.loop import SimLoop
 from spate.sim.raft_store import SimRaftStore
 
 tick_ms = 10
+READERS_CHANCE = 0.5
+"""A replica (re)started with readers waiting on it (`Raft.readers`, ADR 0044)."""
+READERS_TOGGLE_CHANCE = 0.02
+"""Per replica and tick: its readers come or go."""
 """Simulated milliseconds per Raft tick."""
 liveness_ms_max = 15_000
 """Simulated time the healed cluster gets to elect leaders and acknowledge a proposal."""
@@ -207,6 +211,9 @@ class SimCluster(SimLoop[_Event]):
         )
         self.options = options
         self.rng = random.Random(f"cluster/{seed}")
+        self.readers_rng = random.Random(f"readers/{seed}")
+        """Which replicas have readers (`Raft.readers`), apart from `rng` so that drawing them
+        leaves the other draws of a seed where they were."""
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
         self.config = RaftConfig(
             election_timeout_ticks=10,
@@ -348,6 +355,8 @@ class SimCluster(SimLoop[_Event]):
                 if node.up:
                     for group, replica in enumerate(node.replicas):
                         assert replica.raft is not None
+                        if self.readers_rng.random() < READERS_TOGGLE_CHANCE:
+                            replica.raft.readers = not replica.raft.readers
                         replica.raft.tick()
                         self._pump(node, group)
             case _Kind.DELIVER:
@@ -688,6 +697,9 @@ class SimCluster(SimLoop[_Event]):
                 snapshot=snapshot,
                 entries=entries,
             )
+            # Consumers waiting on this replica or not (ADR 0044: only then does the leader send
+            # it commit updates); from a generator of its own, toggled at ticks.
+            replica.raft.readers = self.readers_rng.random() < READERS_CHANCE
             self.checker.restarted(node.id, group, hard_state.commit)
 
     def _restart(self, node: _Node) -> None:

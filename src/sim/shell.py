@@ -86,6 +86,10 @@ from spate.sim.loop import SimLoop
 from spate.sim.offsets import Store, TrackingChecker
 
 tick_ms = 10
+READERS_CHANCE = 0.5
+"""A replica opened with a consumer waiting on it (ADR 0044)."""
+READERS_TOGGLE_CHANCE = 0.02
+"""Per replica and tick: its consumer comes or goes."""
 IDLE_PAUSE_CHANCE = 0.03
 IDLE_PAUSE_MS = (100, 700)
 """With quiet groups (ADR 0026), a proposal is sometimes followed by an idle stretch this long
@@ -103,6 +107,11 @@ lose far more requests, and the liveness phase would spend most of its events wa
 wall_clock_base_ms = 1_700_000_000_000
 """Simulated wall clock at time 0 (chunk timestamps)."""
 STREAM = StreamName("sim")
+
+
+def _reader() -> None:
+    """A consumer waiting on a replica (`Replica.add_listener`): it only makes the replica ask
+    for commit updates (ADR 0044); the checker reads what was committed itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +462,9 @@ class ShellCluster(SimLoop[_Event]):
         )
         self.options = options
         self.rng = random.Random(f"shell/{seed}")
+        self.readers_rng = random.Random(f"readers/{seed}")
+        """Which replicas have a consumer waiting (`Replica.add_listener`), apart from `rng` so
+        that drawing them leaves the other draws of a seed where they were."""
         self.ids = [NodeId(f"n{i}") for i in range(1, options.nodes + 1)]
         self.replicas = self.ids[:3] if options.nodes > 3 else list(self.ids)
         self._replica_set = frozenset(self.replicas)
@@ -711,6 +723,9 @@ class ShellCluster(SimLoop[_Event]):
         )
         replica.sim = self
         replica.group_number = group
+        if self.readers_rng.random() < READERS_CHANCE:
+            # a consumer waiting on this replica (ADR 0044: the leader sends it commit updates)
+            replica.add_listener(_reader)
         self.checker.restarted(node.id, group, replica.raft.log.committed)
         node.driver.add(replica)
 
@@ -744,6 +759,12 @@ class ShellCluster(SimLoop[_Event]):
             case _Kind.TICK:
                 self._schedule(tick_ms, _Kind.TICK, event.node)
                 if node.up:
+                    for replica in node.driver.groups.values():
+                        if self.readers_rng.random() < READERS_TOGGLE_CHANCE:
+                            if replica.raft.readers:
+                                replica.remove_listener(_reader)
+                            else:
+                                replica.add_listener(_reader)
                     node.driver.tick()
                     self._drive(node)
             case _Kind.DELIVER:

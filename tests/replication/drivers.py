@@ -28,7 +28,9 @@ STREAM = StreamName("s")
 
 
 class Nodes:
-    def __init__(self) -> None:
+    def __init__(self, *, readers: bool = True) -> None:
+        """`readers`: every replica has a reader waiting for commits, so followers get commit
+        updates of their own (ADR 0044)."""
         self.frames: list[tuple[NodeId, NodeId, bytes]] = []
         self.drivers: dict[NodeId, ReplicationDriver[Replica]] = {}
         self.replicas: dict[NodeId, Replica] = {}
@@ -53,6 +55,8 @@ class Nodes:
                 clock_ms=lambda: 1_700_000_000_000,
                 monotonic_ms=lambda: 0.0,
             )
+            if readers:
+                replica.add_listener(lambda: None)
             driver.add(replica)  # n1, the preferred leader of a new group, campaigns
             self.drivers[node] = driver
             self.replicas[node] = replica

@@ -28,13 +28,26 @@ from spate.node.replication.raft import Raft, RaftConfig, Role
 
 
 class Group:
-    def __init__(self, size: int = 3, *, seed: int = 1, config: RaftConfig | None = None) -> None:
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        seed: int = 1,
+        config: RaftConfig | None = None,
+        readers: bool = True,
+    ) -> None:
+        """`readers`: every node has readers waiting for commits (`Raft.readers`), so followers
+        get commit updates of their own (ADR 0044); False: they learn the commit index from the
+        next Append or heartbeat."""
         self.ids = [NodeId(f"n{i}") for i in range(1, size + 1)]
         self.config = config or RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1)
+        self.readers = readers
         self.nodes = {
             node: Raft(node, self.ids, self.config, random.Random(f"{seed}/{node}"))
             for node in self.ids
         }
+        for raft in self.nodes.values():
+            raft.readers = readers
         self.pending: list[Message] = []
         self.disk: dict[NodeId, dict[int, Entry]] = {node: {} for node in self.ids}
         self.applied: dict[NodeId, list[Entry]] = {node: [] for node in self.ids}

@@ -52,6 +52,7 @@ MESSAGES: list[Message] = [
     AppendResponse(Term(4), B, A, 11),
     AppendResponse(Term(4), B, A, 9, rejected=True, hint_index=5, hint_term=Term(2)),
     AppendResponse(Term(4), B, A, 0, rejected=True, hint_index=0, lost=True),
+    AppendResponse(Term(4), B, A, 11, readers=True),  # wants commit updates (ADR 0044)
     Heartbeat(Term(4), A, B, 11),
     Heartbeat(Term(4), A, B, 11, quiesce=True),
     Heartbeat(Term(4), A, B, 11, round=7),  # a leadership check (Raft.confirm_leadership)

@@ -54,8 +54,10 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert sum(r.acknowledged for r in results) > 20 * SEEDS
     assert sum(r.offsets_acknowledged for r in results) > 10 * SEEDS
     assert sum(r.offset_queries for r in results) > 2 * SEEDS
-    # ADR 0022 on half the seeds: demotions, promotions, leadership transfers.
-    assert sum(r.membership_changes for r in results) > SEEDS
+    # ADR 0022 on half the seeds: demotions, promotions, leadership transfers (tried when the
+    # nemesis finds a leader: 57 for seeds 0-49 before ADR 0044, 46 after; seeds 50-149: 86
+    # and 90).
+    assert sum(r.membership_changes for r in results) > SEEDS * 3 // 4
     # The close-and-reopen nemesis on half the seeds (ShellOptions.reopen_weight).
     assert sum(r.reopens for r in results) > SEEDS
     assert {r.options.nodes for r in results} == {3, 5}
@@ -284,6 +286,7 @@ def test_a_leader_reading_without_a_leadership_check_is_caught(
     updates answered (before ADR 0042, which changes the messages and so the run; no seed
     of 0-399 reaches this case with quiet commit updates)."""
     monkeypatch.setattr(raft_module, "QUIET_COMMITS", False)
+    monkeypatch.setattr(raft_module, "COMMIT_UPDATES_TO_ALL", True)  # and sent to all (ADR 0044)
     failure = run_shell_seed(208, bugs=ShellBugs(read_unconfirmed=True)).failure or ""
     assert failure.startswith("offset-durable: g0 n1 answered no stored offset"), failure
 

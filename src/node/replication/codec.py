@@ -35,7 +35,8 @@ type  message            fields
                          (index u64 | term u64 | length u32 | payload)*
                          [| flags u8 (bit 0 quiet: an accepted commit update is not
                          answered; ADR 0042; absent: 0; only on an Append without entries)]
- 4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost) | hint_index u64 |
+ 4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost, bit 2 readers:
+                         ADR 0044) | hint_index u64 |
                          hint_term u64
  5    Heartbeat          commit u64 [| flags u8 (bit 0 quiesce; ADR 0026; absent: 0)
                          [| round u64 (Raft.confirm_leadership; absent: 0)]]
@@ -176,7 +177,7 @@ def encode_raft(key: GroupKey, message: Message) -> Frame:
             tail = [
                 _APPEND_RESP.pack(
                     message.index,
-                    int(message.rejected) | int(message.lost) << 1,
+                    int(message.rejected) | int(message.lost) << 1 | int(message.readers) << 2,
                     message.hint_index,
                     message.hint_term,
                 )
@@ -243,6 +244,7 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
             hint_index,
             Term(hint_term),
             bool(rejected & 2),
+            bool(rejected & 4),
         )
     elif kind == 5:
         commit = reader.u64()

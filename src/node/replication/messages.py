@@ -229,6 +229,9 @@ class AppendResponse:
     """Rejected because the follower's log is shorter than the commit the leader sent it
     (its data directory was wiped): the leader forgets what it knew matched and probes it from
     scratch. `hint_index`/`hint_term` are the follower's last entry."""
+    readers: bool = False
+    """Accepted, from a follower with readers waiting for commits (`Raft.readers`): the leader
+    sends it commit updates of their own (ADR 0044)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +448,7 @@ def describe(message: Message) -> str:
                     f"{head} reject {message.index} hint={message.hint_term}/{message.hint_index}"
                     + (" lost" if message.lost else "")
                 )
-            return f"{head} ok {message.index}"
+            return f"{head} ok {message.index}" + (" readers" if message.readers else "")
         case Heartbeat():
             return f"{head} commit={message.commit}" + (
                 f" round={message.round}" if message.round else ""

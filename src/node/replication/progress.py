@@ -70,6 +70,8 @@ class Progress:
         self.recent_active = False
         self.read_round = 0
         """The highest leadership check round this follower has answered in this term."""
+        self.readers = False
+        """Its last accepted ack said it has readers: it gets commit updates (ADR 0044)."""
         self.inflights = Inflights(inflight_max)
 
     def paused(self) -> bool:

@@ -85,6 +85,11 @@ QUIET_COMMITS = os.environ.get("SPATE_QUIET_COMMITS", "1") != "0"
 answer when it accepts it (ADR 0042: the leader stepped about two answers per append that told
 it nothing new). `$SPATE_QUIET_COMMITS=0` turns it off, for A/B measurements."""
 
+COMMIT_UPDATES_TO_ALL = os.environ.get("SPATE_COMMIT_UPDATES", "readers") == "all"
+"""Send a commit update (an empty Append carrying only a new commit index) to every follower in
+REPLICATE state, not only to those whose last ack said they have readers (ADR 0044).
+`$SPATE_COMMIT_UPDATES=all` turns the old behaviour on, for A/B measurements."""
+
 FOLD_ACKS = True
 """Fold a follower's accepted acks of one Ready into the last (ADR 0035, `_send`). Switched off
 for a day while the shell simulator's seed 208 failed `offset-durable` with it on; the folding
@@ -210,6 +215,11 @@ class Raft:
         self.acks_coalesced = 0
         """Accepted AppendResponses replaced by a later one to the same leader in the same
         Ready (`_send`)."""
+        self.readers = False
+        """Set by the shell: this replica has readers waiting for what commits (consumers on
+        this node). A follower says so in its acks, and only then does the leader send it
+        commit updates of their own (ADR 0044); others learn the commit index from the next
+        Append or heartbeat."""
         self.quiesced = False
         """Quiet (ADR 0026): not ticking, no heartbeats; `wake()` or a message ends it."""
         self._quiet_rounds = 0
@@ -587,7 +597,11 @@ class Raft:
         self._woken_by_liveness = False
         if snapshot_index <= self.log.committed:
             if self.leader is not None:
-                self._send(AppendResponse(self.term, self.id, self.leader, self.log.committed))
+                self._send(
+                    AppendResponse(
+                        self.term, self.id, self.leader, self.log.committed, readers=self.readers
+                    )
+                )
             return False
         if self.log.match_term(snapshot_index, snapshot_term):
             self.log.commit_to(snapshot_index)
@@ -599,7 +613,11 @@ class Raft:
             self._configs = [(snapshot_index, base)]
             self._membership_changed()
         if self.leader is not None:
-            self._send(AppendResponse(self.term, self.id, self.leader, snapshot_index))
+            self._send(
+                AppendResponse(
+                    self.term, self.id, self.leader, snapshot_index, readers=self.readers
+                )
+            )
         return True
 
     def snapshot_failed(self, peer: NodeId) -> None:
@@ -964,12 +982,22 @@ class Raft:
                     # Already restored (our ack was lost) or caught up since: say how far we
                     # are, or the leader would wait for a snapshot that never comes.
                     self._send(
-                        AppendResponse(self.term, self.id, message.source, self.log.committed)
+                        AppendResponse(
+                            self.term,
+                            self.id,
+                            message.source,
+                            self.log.committed,
+                            readers=self.readers,
+                        )
                     )
 
     def _handle_append(self, message: Append) -> None:
         if message.prev_index < self.log.committed:
-            self._send(AppendResponse(self.term, self.id, message.source, self.log.committed))
+            self._send(
+                AppendResponse(
+                    self.term, self.id, message.source, self.log.committed, readers=self.readers
+                )
+            )
             return
         incoming = sum(len(e.payload) for e in message.entries)
         if self.log.bytes_unapplied + incoming > limits.log_unapplied_bytes_max:
@@ -980,7 +1008,11 @@ class Raft:
             self._track_appended(message.prev_index, message.entries, last_new)
             self.log.commit_to(min(message.commit, last_new))
             if not (message.quiet and not message.entries):
-                self._send(AppendResponse(self.term, self.id, message.source, last_new))
+                self._send(
+                    AppendResponse(
+                        self.term, self.id, message.source, last_new, readers=self.readers
+                    )
+                )
             return
         hint_index, hint_term = self.log.find_conflict_by_term(
             min(message.prev_index, self.log.last_index), message.prev_term
@@ -1085,6 +1117,8 @@ class Raft:
     def _handle_append_response(self, message: AppendResponse) -> None:
         progress = self._progress[message.source]
         progress.recent_active = True
+        if not message.rejected:
+            progress.readers = message.readers
         if message.lost:
             if progress.match > message.hint_index:
                 progress.forget()
@@ -1155,9 +1189,18 @@ class Raft:
         if self._read_pending:
             self._send_heartbeats(quiesce=False)
         if self._entries_pending or self._commit_pending:
-            quiet = self._commit_pending and QUIET_COMMITS
+            commit = self._commit_pending
+            quiet = commit and QUIET_COMMITS
+            progress = self._progress
             for peer in self.peers:
-                self._send_appends(peer, send_if_empty=self._commit_pending, quiet=quiet)
+                # A commit update of its own only to a follower with readers, or one not
+                # replicating (a probe's empty Append): ADR 0044.
+                update = commit and (
+                    COMMIT_UPDATES_TO_ALL
+                    or progress[peer].readers
+                    or progress[peer].state is not ProgressState.REPLICATE
+                )
+                self._send_appends(peer, send_if_empty=update, quiet=quiet)
         self._entries_pending = self._commit_pending = False
 
     def _send_appends(self, peer: NodeId, *, send_if_empty: bool, quiet: bool = False) -> None:

@@ -698,11 +698,15 @@ class Replica(LocalPartition):
         return self._heard_leader
 
     def add_listener(self, callback: Callable[[], None]) -> None:
+        """`callback` is called when the committed end moves (a consumer waiting for data). A
+        follower with listeners asks the leader for commit updates (ADR 0044)."""
         self._listeners.append(callback)
+        self.raft.readers = True
 
     def remove_listener(self, callback: Callable[[], None]) -> None:
         if callback in self._listeners:
             self._listeners.remove(callback)
+        self.raft.readers = bool(self._listeners)
 
     # -- driven by the host
 

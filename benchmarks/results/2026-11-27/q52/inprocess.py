@@ -60,6 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--top", type=int, default=30)
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         nodes = on_disk(Path(directory))
@@ -84,7 +86,7 @@ def main() -> None:
             for _ in range(a.ops):
                 one()
             profile.disable()
-            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+            pstats.Stats(profile).sort_stats(a.sort).print_stats(a.top)
         assert len(got) == a.ops + a.ops // 10 + (a.ops if a.profile else 0), len(got)
 
 
