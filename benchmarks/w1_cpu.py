@@ -20,6 +20,10 @@ and prints one JSON line per size:
     SPATE_DEV_PORTS=16000-19000 .venv/bin/python benchmarks/w1_cpu.py --sizes 100,1024,16384 \
         --label after --out benchmarks/results/w1_cpu.jsonl
 
+`--rate R` paces the publisher at R msg/s (amqp_load's `--rate`, W3's producer: 5,000) instead
+of as fast as the window allows: CPU per message at a steady rate, where each message is
+replicated nearly on its own (RESULTS §56).
+
 `--profile DIR` also samples the leader and one follower with py-spy (`--native`, idle threads
 left out, collapsed stacks in DIR/SIZE-ROLE.txt) for the length of each run;
 benchmarks/profile_table.py turns those into CPU microseconds per message per function
@@ -253,6 +257,9 @@ def main() -> int:
         action="store_true",
         help="unnamed, but every message carries x-opt-publishing-id (named's wire bytes)",
     )
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="msg/s, paced (0: as fast as the window allows)"
+    )
     parser.add_argument("--label", default="", help="tag every row (e.g. before, after)")
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
     parser.add_argument(
@@ -271,9 +278,20 @@ def main() -> int:
         log(f"cluster up: {[split_hostport(str(n['amqp'])) for n in cluster.endpoints['nodes']]}")
         for n, size in enumerate(sizes):
             count = a.count or COUNTS.get(size) or max(1000, COUNT_BYTES // size)
+            paced = ["--rate", str(a.rate), "--duration", str(count / a.rate)] if a.rate else []
             row = one_size(
-                cluster, binary, size, count, a.window, n, a.via, extra, a.profile, a.profiler
+                cluster,
+                binary,
+                size,
+                count,
+                a.window,
+                n,
+                a.via,
+                extra + paced,
+                a.profile,
+                a.profiler,
             )
+            row["rate"] = a.rate or None
             row["label"] = a.label
             row["producer_name"] = a.producer_name or None
             row["annotate"] = a.annotate
