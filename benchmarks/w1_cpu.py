@@ -13,6 +13,9 @@ and prints one JSON line per size:
 - `faults_per_msg`: minor page faults per message on each node (new or returned memory
   touched: mostly the heap growing to its working set early in a run; 2-45 us each on this
   kind of VM, RESULTS §55);
+- `page_cost_us`: what a page of memory cost on this machine just before the cluster started
+  (benchmarks/page_cost.py, measured once per invocation): CPU figures from different
+  sessions compare only beside it (RESULTS §55);
 - per MiB published: Raft entries (chunks) the leader proposed, its Append messages sent,
   and on each follower the Appends and entries received, batches and fsyncs (the counters a
   node exports; the ones a node does not export yet are null).
@@ -43,6 +46,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import page_cost
 from loadclient import (
     CLOCK_TICKS_PER_S,
     BenchError,
@@ -274,6 +278,8 @@ def main() -> int:
     extra = ["--producer-name", a.producer_name] if a.producer_name else []
     extra += ["--annotate"] if a.annotate else []
     binary = build_client()
+    pages = page_cost.measure()
+    log(f"page cost (us per 4 KiB page): {pages}")
     with Cluster(3) as cluster:
         log(f"cluster up: {[split_hostport(str(n['amqp'])) for n in cluster.endpoints['nodes']]}")
         for n, size in enumerate(sizes):
@@ -292,6 +298,7 @@ def main() -> int:
                 a.profiler,
             )
             row["rate"] = a.rate or None
+            row["page_cost_us"] = pages
             row["label"] = a.label
             row["producer_name"] = a.producer_name or None
             row["annotate"] = a.annotate

@@ -1,27 +1,59 @@
-import os, socket, time, select, sys
-N=20000
-a,b=socket.socketpair(socket.AF_INET if False else socket.AF_UNIX)
-# use TCP loopback
-srv=socket.socket(); srv.bind(("127.0.0.1",0)); srv.listen(1)
-c=socket.create_connection(srv.getsockname()); s,_=srv.accept()
-for x in (c,s): x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-pid=os.fork()
-if pid==0:
-    ep=select.epoll(); ep.register(s.fileno(), select.EPOLLIN)
-    got=0
-    while got< N*100:
-        ep.poll()
-        got+=len(s.recv(1<<20))
-    os._exit(0)
-msg=b"x"*100
-mode=sys.argv[1]
-t0=time.process_time(); w0=time.perf_counter()
-for i in range(N):
-    c.send(msg)
-    if mode=="gap": 
-        end=time.perf_counter()+0.0002
-        while time.perf_counter()<end: pass
-t1=time.process_time(); w1=time.perf_counter()
-os.waitpid(pid,0)
-r=os.times()
-print(mode, "sender cpu per send (incl. spin)", (t1-t0)/N*1e6, "us; wall", (w1-w0)/N*1e6, "child cpu per msg", (r.children_user+r.children_system)/N*1e6)
+"""RESULTS §56: the CPU of a 100 B send over loopback TCP to a process waiting in epoll_wait,
+back to back (`burst`: the reader stays busy) or one every 200 us (`gap`: the reader is asleep
+at each send). Prints the sender's CPU per send (with `gap`, the 200 us spin included: subtract
+it) and the reader's CPU per message.
+
+    python3 benchmarks/results/2026-11-27/q56/sendcost.py burst
+    python3 benchmarks/results/2026-11-27/q56/sendcost.py gap
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import time
+
+N = 20000
+SIZE = 100
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    sender = socket.create_connection(server.getsockname())
+    reader, _ = server.accept()
+    for s in (sender, reader):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pid = os.fork()
+    if pid == 0:
+        poller = select.epoll()
+        poller.register(reader.fileno(), select.EPOLLIN)
+        got = 0
+        while got < N * SIZE:
+            poller.poll()
+            got += len(reader.recv(1 << 20))
+        os._exit(0)
+    message = b"x" * SIZE
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(N):
+        sender.send(message)
+        if mode == "gap":
+            end = time.perf_counter() + 0.0002
+            while time.perf_counter() < end:
+                pass
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    os.waitpid(pid, 0)
+    times = os.times()
+    child = (times.children_user + times.children_system) / N * 1e6
+    print(
+        f"{mode}: sender CPU per send {cpu / N * 1e6:.1f} us (wall {wall / N * 1e6:.1f} us), "
+        f"reader CPU per message {child:.1f} us"
+    )
+
+
+if __name__ == "__main__":
+    main()
