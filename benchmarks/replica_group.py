@@ -33,8 +33,11 @@ Call = Callable[..., Awaitable[dict[str, Any]]]
 
 @asynccontextmanager
 async def replica_group(
-    stream: str, tick_ms: int = 50, entry_points: Path | None = None
+    stream: str, tick_ms: int = 50, entry_points: Path | None = None, *, readers: bool = True
 ) -> AsyncIterator[tuple[Call, str]]:
+    """`readers`: every replica has a listener (the visibility record): followers get commit
+    updates of their own (ADR 0044); False: none, followers learn commits from the next
+    Append or heartbeat."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("SPATE_BENCH_DIR")) as tmp:
         procs: dict[str, asyncio.subprocess.Process] = {}
         try:
@@ -71,7 +74,9 @@ async def replica_group(
             for node in IDS:
                 await call(node, op="peers", peers=peers)
             for node in IDS:
-                await call(node, op="open", stream=stream, partition=0, replicas=IDS)
+                await call(
+                    node, op="open", stream=stream, partition=0, replicas=IDS, readers=readers
+                )
             leader = None
             deadline = time.monotonic() + leader_wait_s
             while leader is None:

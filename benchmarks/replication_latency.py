@@ -12,6 +12,9 @@ Reported, per append:
 - fsyncs (file syncs) and fsync batches per append on the leader, and the leader process's
   CPU milliseconds per append: figures that a busy machine disturbs less than wall clock;
 - the load average before and after (other work on the machine skews every latency);
+- with `--no-readers`: no listener on any replica, so followers get no commit updates of their
+  own (ADR 0044: the case of a partition nobody reads from its followers) and follower
+  visibility is not measured (null);
 - with `--entry-points DIR`: per node, the loop thread's CPU per append and, per replication
   driver entry point, calls per append and CPU µs per call (benchmarks/entry_points.py; the
   count covers the warm-up appends too, and the per-append figures divide by both).
@@ -40,9 +43,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 async def run(
-    count: int, size: int, window: int, warmup: int, tick_ms: int, *, entry_points: Path | None
+    count: int,
+    size: int,
+    window: int,
+    warmup: int,
+    tick_ms: int,
+    *,
+    entry_points: Path | None,
+    readers: bool = True,
 ) -> dict[str, Any]:
-    async with replica_group("lat", tick_ms, entry_points) as (call, leader):
+    async with replica_group("lat", tick_ms, entry_points, readers=readers) as (call, leader):
         burst = {"op": "burst", "stream": "lat", "partition": 0, "bytes": size}
         await call(leader, **burst, count=warmup, window=window)
         result = await call(leader, **burst, count=count, window=window)
@@ -67,7 +77,7 @@ async def run(
         "record_bytes": size,
         "window": window,
         "leader_commit": percentiles(result["latencies_ms"]),
-        "follower_visible": percentiles(follower_ms),
+        "follower_visible": percentiles(follower_ms) if readers else None,
         "appends_per_s": round(count / result["seconds"]),
         "leader_fsyncs_per_append": round(result["fsyncs"] / count, 3),
         "leader_batches_per_append": round(result["batches"] / count, 3),
@@ -115,6 +125,12 @@ def main() -> None:
         help="time the replication driver's entry points in every replica process; reports "
         "(JSON per node) land in DIR, the table in the output",
     )
+    parser.add_argument(
+        "--no-readers",
+        action="store_true",
+        help="no listener on any replica: followers get no commit updates of their own "
+        "(ADR 0044); follower visibility not measured",
+    )
     args = parser.parse_args()
     if args.entry_points is not None:
         args.entry_points.mkdir(parents=True, exist_ok=True)
@@ -127,6 +143,7 @@ def main() -> None:
             args.warmup,
             args.tick_ms,
             entry_points=args.entry_points,
+            readers=not args.no_readers,
         )
     )
     out["loadavg_before"] = [round(x, 2) for x in load_before]

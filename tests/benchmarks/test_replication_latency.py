@@ -56,3 +56,11 @@ def test_entry_points_are_counted_per_node_and_the_leader_proposes_every_append(
 def test_without_entry_points_no_table() -> None:
     out = run()
     assert "entry_points" not in out and out["count"] == COUNT
+
+
+def test_without_readers_no_follower_visibility() -> None:
+    """ADR 0044's idle followers (RESULTS §56): the appends still commit, nothing is recorded
+    as visible on the followers."""
+    out = run("--no-readers")
+    assert out["count"] == COUNT and out["follower_visible"] is None
+    assert out["leader_commit"]["p50_ms"] > 0

@@ -9,7 +9,9 @@ Requests (one JSON object per line; replies carry the request's "id"):
 
     {"op": "peers", "peers": {"n1": ["127.0.0.1", 4711], ...}}          -> {"ok": true}
     {"op": "open", "stream": "s", "partition": 0, "replicas": [...],
-     "segment_bytes": 65536, "max_bytes": null}                            -> {"ok": true}
+     "segment_bytes": 65536, "max_bytes": null, "readers": true}           -> {"ok": true}
+        ("readers": false: no listener on the replica, so "visible" records nothing and a
+        follower gets no commit updates of its own, ADR 0044)
     {"op": "append", "stream": "s", "partition": 0, "records": ["<hex>"]} -> {"ok": true,
         "offset": N} or {"ok": false, "code": "not-leader", "retryable": true, "leader": "n2"}
     {"op": "burst", "stream": "s", "partition": 0, "count": N, "bytes": B, "window": W}
@@ -150,7 +152,8 @@ async def main() -> None:
                 if not seen or seen[-1][0] < end:
                     seen.append((end, time.monotonic()))
 
-            opened.add_listener(record_visible)
+            if request.get("readers", True):
+                opened.add_listener(record_visible)
             reply({"id": request.get("id"), "ok": True})
         elif op == "visible":
             key = (StreamName(request["stream"]), PartitionId(request["partition"]))
