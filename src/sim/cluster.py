@@ -34,11 +34,11 @@ from spate.sim.loop import SimLoop
 from spate.sim.raft_store import SimRaftStore
 
 tick_ms = 10
+"""Simulated milliseconds per Raft tick."""
 READERS_CHANCE = 0.5
 """A replica (re)started with readers waiting on it (`Raft.readers`, ADR 0044)."""
 READERS_TOGGLE_CHANCE = 0.02
 """Per replica and tick: its readers come or go."""
-"""Simulated milliseconds per Raft tick."""
 liveness_ms_max = 15_000
 """Simulated time the healed cluster gets to elect leaders and acknowledge a proposal."""
 events_max = 400_000

@@ -86,6 +86,7 @@ from spate.sim.loop import SimLoop
 from spate.sim.offsets import Store, TrackingChecker
 
 tick_ms = 10
+"""Simulated milliseconds per Raft tick."""
 READERS_CHANCE = 0.5
 """A replica opened with a consumer waiting on it (ADR 0044)."""
 READERS_TOGGLE_CHANCE = 0.02
@@ -94,7 +95,6 @@ IDLE_PAUSE_CHANCE = 0.03
 IDLE_PAUSE_MS = (100, 700)
 """With quiet groups (ADR 0026), a proposal is sometimes followed by an idle stretch this long
 (10 to 70 ticks: groups quiesce after a few heartbeat rounds, node suspicion takes 10)."""
-"""Simulated milliseconds per Raft tick."""
 liveness_ms_max = 20_000
 """Simulated time the healed cluster gets to elect leaders and acknowledge an append."""
 events_max = 400_000

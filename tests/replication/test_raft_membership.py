@@ -31,7 +31,7 @@ def _group() -> Group:
     group = Group(4)
     for node in group.ids:
         group.nodes[node] = Raft(node, OLD, group.config, random.Random(f"m/{node}"))
-        group.nodes[node].readers = True  # followers get commit updates (ADR 0044)
+        group.nodes[node].readers = group.readers  # followers get commit updates (ADR 0044)
     return group
 
 
