@@ -19,6 +19,10 @@ leader, consumers read from a replica, `$info` asks the nodes.
   alive) from the offset `begin` resolves, buffers the records the node pushes, grants credit
   back as the listener reads past them, and after a broken connection or an ended
   subscription subscribes again from its next offset elsewhere: nothing skipped, nothing twice.
+  A reader at another replica while the table names a live leader (it subscribed before the
+  table knew one, as after creating a stream, or its replica stopped leading) moves to the
+  leader, the same way, once its session there is open (ADR 0045): records are readable at
+  the leader first, and a follower without readers is sent no commit updates (ADR 0044).
 - Named consumers (ADR 0012): offset operations go to the leader the table names, and a link
   stays counted there (an operator's reset is refused meanwhile) across a leader change or a
   broken session (`_PartitionBase._keep_counted`).
@@ -35,6 +39,7 @@ import itertools
 import logging
 import os
 import ssl
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -377,6 +382,8 @@ class RemoteBroker:
         self.recount = asyncio.Event()
         """Set (then replaced) when the table changes or a session breaks: named consumer
         links check that the leader counts them (`_PartitionBase._keep_counted`)."""
+        self.readers: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
+        """Consumer links' partitions, told of every table change (`RemoteReader.route_changed`)."""
         table.listeners.append(self._table_changed)
         sessions.on_lost.append(self._wake_recount)
 
@@ -384,6 +391,8 @@ class RemoteBroker:
         self.changed.set()
         self.changed = asyncio.Event()
         self._wake_recount()
+        for reader in list(self.readers):
+            reader.route_changed()
 
     def _wake_recount(self) -> None:
         self.recount.set()
@@ -894,7 +903,11 @@ class RemoteReader(_PartitionBase):
         self.values: ValueFilter | None = None
         """The link's filter values: the node skips chunks that hold none (ADR 0016)."""
         self._task: asyncio.Task[None] | None = None
+        """The task subscribing again (after an ended subscription) or moving to the leader."""
         self._buffered_records = 0
+        self.moves = 0
+        """Subscriptions moved to the partition's leader (`route_changed`)."""
+        broker.readers.add(self)
 
     async def last_publishing_id(self, name: bytes) -> ProducerInfo | None:
         raise AssertionError("a consumer link does not publish")
@@ -964,6 +977,59 @@ class RemoteReader(_PartitionBase):
                 try:
                     await self._subscribe([OffsetSpec.offset(self.end)])
                     self.resubscribes += 1
+                    return
+                except BrokerError:
+                    await self.broker.wait_change(RESUBSCRIBE_DELAY_S)
+        finally:
+            self._task = None
+
+    def route_changed(self) -> None:
+        """The table changed: a reader subscribed at a replica other than the live leader it
+        names moves there (`_move`). Records become readable at the leader a commit update
+        sooner than at a follower, and a follower with no reader is sent no commit updates of
+        its own (ADR 0044); a reader that subscribed while the table named no leader (a new
+        stream, an election) would otherwise stay at whichever replica it found."""
+        state = self.subscription
+        if self.detached or self._task is not None or state is None:
+            return
+        route = self.broker.route(self.key)
+        if route is None or route.leader is None or not route.leader_alive:
+            return
+        if state.session.node != route.leader and state.started.done():
+            self._task = self.loop.create_task(self._move(route.leader))
+
+    async def _move(self, leader: NodeId) -> None:
+        """Subscribe at `leader` from the next offset and let the old subscription go, once
+        a session to the leader is open (until then the old one keeps serving; a leader that
+        cannot be reached is tried again at the next table change). Nothing is skipped or
+        read twice: frames of the old subscription still on their way are dropped, and the
+        new one starts at the offset after the last record buffered."""
+        try:
+            try:
+                session: NodeSession | None = await self.broker.sessions.connected(leader)
+            except BrokerError:
+                session = None
+            state = self.subscription
+            route = self.broker.route(self.key)
+            if state is not None:
+                if (
+                    session is None
+                    or state.session is session
+                    or route is None
+                    or route.leader != leader
+                    or not route.leader_alive
+                ):
+                    return  # unreachable, at the leader already, or the table moved on
+                self.subscription = None
+                state.session.readers.pop(state.sub, None)
+                if not state.session.closed:
+                    state.session.send(wire.encode_unsubscribe(state.sub))
+                self.moves += 1
+            # (no subscription: it ended while the session opened, and `ended` left the
+            # subscribing again to this task)
+            while not self.detached:
+                try:
+                    await self._subscribe([OffsetSpec.offset(self.end)])
                     return
                 except BrokerError:
                     await self.broker.wait_change(RESUBSCRIBE_DELAY_S)

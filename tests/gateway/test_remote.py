@@ -16,7 +16,7 @@ from spate.core.backend import OffsetSpec, PublishingIds
 from spate.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from spate.core.filtering import ValueFilter
 from spate.core.groups import committed_name
-from spate.core.ids import LeaderEpoch, Offset, PartitionId, StreamName
+from spate.core.ids import LeaderEpoch, NodeId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.gateway import remote
 from spate.gateway.remote import RemoteReader, RemoteWriter
@@ -144,6 +144,71 @@ def test_a_reader_resubscribes_from_its_next_offset_after_the_session_breaks(
         return got
 
     assert run(tmp_path, scenario) == [f"a{i}".encode() for i in range(20)]
+
+
+def test_a_reader_at_a_follower_moves_to_the_leader_the_table_names_losing_nothing(
+    tmp_path: Path,
+) -> None:
+    """ADR 0045: a reader that subscribed while the table named no live leader (here at
+    "n1-alias", a second name for the same node, so two sessions) moves to the leader once the
+    table names one, while appends go on: every record read once, in order; the old
+    subscription let go at the node; no move when already at the leader."""
+
+    async def scenario(broker: ProxyBroker) -> list[bytes]:
+        assert broker.remote is not None and broker.sessions is not None
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        for i in range(10):
+            await writer.append([f"a{i}".encode()])
+        routes = broker.table.routes
+        route = routes.partitions[KEY]
+        alias = NodeId("n1-alias")
+        replication = dict(routes.replication) | {alias: routes.replication[NodeId("n1")]}
+
+        def table(alive: bool) -> None:
+            moved = replace(route, leader_alive=alive, replicas=(alias, NodeId("n1")))
+            broker.version += 1
+            broker.table.update(
+                replace(
+                    broker.table.routes,
+                    version=broker.version,
+                    partitions=dict(routes.partitions) | {KEY: moved},
+                    replication=replication,
+                )
+            )
+
+        table(alive=False)  # the leader not known alive: the reader takes the first replica
+        reader = broker.partition(STREAM, PartitionId(0), write=False)
+        assert isinstance(reader, RemoteReader)
+        offset = int(await reader.begin([OffsetSpec.first()]))
+        assert reader.subscription is not None and reader.subscription.session.node == alias
+        got: list[bytes] = []
+
+        async def drain(until: int) -> None:
+            nonlocal offset
+            while offset < until:
+                for chunk in reader.read(Offset(offset), 1 << 20):
+                    records = chunk.records[offset - int(chunk.first_offset) :]
+                    got.extend(bytes(r) for r in records)
+                    offset += len(records)
+                await asyncio.sleep(0.005)
+
+        await drain(10)
+        appending = [writer.append([f"a{i}".encode()]) for i in range(10, 40)]  # held: no leader
+        table(alive=True)  # appends go out and the reader moves, at once
+        await asyncio.gather(*appending)
+        await drain(40)
+        assert reader.moves == 1 and reader.resubscribes == 0
+        assert reader.subscription is not None
+        assert reader.subscription.session.node == NodeId("n1")
+        while sum(len(s.readers) for s in broker.wire.sessions) != 1:
+            await asyncio.sleep(0.01)  # the unsubscribe reaches the node
+        table(alive=True)  # a change that names the same leader: no move
+        await asyncio.sleep(0.05)
+        assert reader.moves == 1
+        reader.detach()
+        return got
+
+    assert run(tmp_path, scenario) == [f"a{i}".encode() for i in range(40)]
 
 
 def test_unknown_streams_and_partitions(tmp_path: Path) -> None:
