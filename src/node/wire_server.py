@@ -22,7 +22,11 @@ A session starts when a gateway passes the cluster-secret handshake on the repli
   `describe` (`spate group describe` at another node) needs no member: it asks this node's
   coordinator, NotLeader when this node does not lead the home.
 
-Frames queued during one loop turn go out in one write.
+A session's frames are handled as the loop reads them (the transport's FrameReceiver, no
+reading task), an APPEND's outcome is taken when the replica applies it (`Replica.propose`'s
+callback, not a future's), and the frames a session queues go out in one write at the end of
+the read, batch or send under way on the node (`Transport.flush_with`), else at the end of
+the loop turn: no loop turn between a commit and the gateway hearing of it (ADR 0045).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from spate.core.ids import MemberId, Offset, PartitionId, StreamName
 from spate.core.streams import StreamConfig
 from spate.core.subentry import SubEntryRecords
 from spate.node.replication.partition import ReplicatedPartition
-from spate.node.replication.transport import read_frame
+from spate.node.replication.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +108,22 @@ class _Reader:
 
 
 class WireSession:
-    def __init__(self, broker: Partitions, gateway: str, writer: asyncio.StreamWriter) -> None:
+    frame_bytes_max = FRAME_BYTES_MAX
+
+    def __init__(
+        self,
+        broker: Partitions,
+        gateway: str,
+        writer: asyncio.StreamWriter,
+        transport: Transport | None = None,
+        on_close: Callable[[WireSession], None] | None = None,
+    ) -> None:
         self.broker = broker
         self.gateway = gateway
         self.writer = writer
+        self._flush_with = None if transport is None else transport.flush_with
+        """Where queued frames are written: at the transport's next flush (ADR 0045)."""
+        self._on_close = on_close
         self.loop = asyncio.get_running_loop()
         self.readers: dict[int, _Reader] = {}
         self.refused_producers: dict[tuple[frames.GroupKey, bytes], tuple[int, int]] = {}
@@ -126,6 +142,7 @@ class WireSession:
         """When the gateway last sent a frame (loop time)."""
         self._watchdog: asyncio.TimerHandle | None = None
         self._watch_due = 0.0
+        self._watch_later()
 
     # -- output
 
@@ -133,27 +150,23 @@ class WireSession:
         if self.closed:
             return
         if not self.out:
-            self.loop.call_soon(self.flush)
+            if self._flush_with is not None:
+                self._flush_with(self.flush)
+            else:
+                self.loop.call_soon(self.flush)
         self.out.append(data)
 
     def flush(self) -> None:
         if self.out and not self.closed and not self.writer.transport.is_closing():
-            self.writer.write(b"".join(self.out))
+            self.writer.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
         self.out.clear()
 
     # -- input
 
-    async def serve(self, reader: asyncio.StreamReader) -> None:
-        self._watch_later()
-        try:
-            while True:
-                kind, body = await read_frame(reader, FRAME_BYTES_MAX)
-                self.heard = self.loop.time()
-                self.handle(kind, body)
-        finally:
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-            self.close()
+    def on_frame(self, kind: int, body: memoryview) -> None:
+        """One frame, as the loop reads it (ADR 0045)."""
+        self.heard = self.loop.time()
+        self.handle(kind, body)
 
     def _watch_later(self) -> None:
         self._watch_due = self.loop.time() + wire.KEEPALIVE_S
@@ -424,6 +437,7 @@ class WireSession:
         producer: PublishingIds | None,
     ) -> None:
         guard = None if producer is None else (key, producer.name)
+        outcome = _Outcome(self, request)
         try:
             partition = self.broker.partition(key[0], key[1], write=True)
             if guard is not None and producer is not None:
@@ -433,16 +447,16 @@ class WireSession:
                     f"{key[0]}/{key[1]} is led in epoch {partition.leader_epoch}, not {epoch}",
                     leader_node=partition.leader,
                 )
-            future = partition.append(records, producer)
+            # the outcome when the replica applies the entry, on that loop turn (ADR 0045)
+            partition.propose(records, outcome.done, producer)
         except BrokerError as error:
             self._refused(request, guard, producer, error)
             return
-        if future.done():  # refused at once: nothing was written
-            refusal = future.exception()
-            if isinstance(refusal, BrokerError):
-                self._refused(request, guard, producer, refusal)
-                return
-        future.add_done_callback(lambda f: self._appended(request, f))
+        now, outcome.now = outcome.now, None
+        if isinstance(now, BrokerError):  # refused at once: nothing was written
+            self._refused(request, guard, producer, now)
+        elif now is not _PROPOSING and now is not None:
+            self._appended(request, now)
 
     def _check_order(
         self, guard: tuple[frames.GroupKey, bytes], producer: PublishingIds, epoch: int
@@ -481,18 +495,11 @@ class WireSession:
             self.refused_producers[guard] = (first, marked)
         self.send(wire.encode_failed(request, error, stored=False))
 
-    def _appended(self, request: int, future: asyncio.Future[Offset]) -> None:
-        if future.cancelled():
-            error: BaseException | None = BrokerError("the append was cancelled")
+    def _appended(self, request: int, outcome: Offset | BrokerError) -> None:
+        if isinstance(outcome, BrokerError):
+            self.send(wire.encode_failed(request, outcome, stored=True))
         else:
-            error = future.exception()
-        if error is None:
-            self.send(wire.encode_appended(request, future.result()))
-        elif isinstance(error, BrokerError):
-            self.send(wire.encode_failed(request, error, stored=True))
-        else:
-            log.error("append failed unexpectedly", exc_info=error)
-            self.send(wire.encode_failed(request, BrokerError(repr(error)), stored=True))
+            self.send(wire.encode_appended(request, outcome))
 
     def _subscribe(
         self,
@@ -596,6 +603,10 @@ class WireSession:
             return
         self.flush()
         self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._on_close is not None:
+            self._on_close(self)
         for sub in list(self.readers):
             self._unsubscribe(sub)
         for attachment, members in self.attached.items():
@@ -609,32 +620,52 @@ class WireSession:
         self.joined.clear()
 
 
+class _Outcome:
+    """An APPEND's outcome from `Replica.propose`: sent when the replica applies it, or kept
+    in `now` when the replica answered at once (a refusal: nothing was written)."""
+
+    __slots__ = ("now", "request", "session")
+
+    def __init__(self, session: WireSession, request: int) -> None:
+        self.session = session
+        self.request = request
+        self.now: Offset | BrokerError | None = _PROPOSING
+
+    def done(self, outcome: Offset | BrokerError) -> None:
+        if self.now is _PROPOSING:
+            self.now = outcome
+        elif self.now is None:  # once (as a future would take it)
+            self.now = _ANSWERED
+            self.session._appended(self.request, outcome)
+
+
+_PROPOSING: Any = object()
+"""`_Outcome.now` while `propose` has not returned."""
+_ANSWERED: Any = object()
+"""`_Outcome.now` once the outcome was sent."""
+
+
 def _log_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.error("a member's leave failed", exc_info=future.exception())
 
 
 class WireServer:
-    """Serves gateway sessions over this node's partitions (hand `serve` to the Transport)."""
+    """Serves gateway sessions over this node's partitions (hand `open` to the Transport as
+    its `on_session`: it reads each session's frames and closes it when the connection ends)."""
 
     def __init__(self, broker: Partitions) -> None:
         self.broker = broker
         self.sessions: set[WireSession] = set()
 
-    async def serve(
-        self, gateway: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        session = WireSession(self.broker, gateway, writer)
+    def open(self, gateway: str, writer: asyncio.StreamWriter, transport: Transport) -> WireSession:
+        session = WireSession(self.broker, gateway, writer, transport, self._closed)
         self.sessions.add(session)
         log.info("gateway %s opened a session", gateway)
-        try:
-            await session.serve(reader)
-        except frames.CodecError as error:
-            log.warning("closing the session of gateway %s: %s", gateway, error)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self.sessions.discard(session)
-            with contextlib.suppress(Exception):
-                writer.close()
-            log.info("gateway %s closed its session", gateway)
+        return session
+
+    def _closed(self, session: WireSession) -> None:
+        self.sessions.discard(session)
+        with contextlib.suppress(Exception):
+            session.writer.close()
+        log.info("gateway %s closed its session", session.gateway)

@@ -132,7 +132,7 @@ class NodeProcess:
         )
         self.wire = WireServer(self.broker)
         """Gateways' sessions (ADR 0008), on the replication port."""
-        self.replication.transport.on_session = self.wire.serve
+        self.replication.transport.on_session = self.wire.open
         self.routes = RoutingTable()
         """The cluster as this node's metadata replica sees it, for relayed links."""
         self.relay_sessions = Sessions(

@@ -369,3 +369,125 @@ def test_a_large_frame_reaches_the_node_in_the_buffer_the_kernel_read_it_into(lo
     assert len(large.obj) == len(LARGE) - frames.FRAME_HEAD_BYTES
     assert bytes(large) == LARGE[frames.FRAME_HEAD_BYTES :]
     assert [isinstance(b.obj, bytes) for b in (bodies[0], bodies[2])] == [True, True]
+
+
+# -- what a read's frames queue leaves at the end of that read (ADR 0045)
+
+
+def _flush_order_recorder(
+    server_transport: Callable[[], Transport], log: list[str]
+) -> Callable[[int, memoryview], None]:
+    """An on_frame that schedules a loop-turn marker, then queues a `flush_with` marker: the
+    flush marker comes first only if the transport flushes at the end of the read."""
+
+    def on_frame(kind: int, body: memoryview) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_soon(log.append, f"next turn {kind}")
+        server_transport().flush_with(lambda: log.append(f"flushed {kind}"))
+
+    return on_frame
+
+
+def _flushed_first(log: list[str], kinds: list[int]) -> bool:
+    return all(log.index(f"flushed {k}") < log.index(f"next turn {k}") for k in kinds)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_what_a_peer_read_queues_for_sessions_is_written_at_the_end_of_the_read(loop: str) -> None:
+    log: list[str] = []
+
+    async def main() -> None:
+        holder: list[Transport] = []
+        record = _flush_order_recorder(lambda: holder[0], log)
+        server = _Server(on_frame=lambda peer, kind, body: record(kind, body))
+        holder.append(server.transport)
+        try:
+            _reader, writer = await server.welcomed()
+            writer.write(PING)
+            await writer.drain()
+            await server.until(lambda: len(log) == 2)
+            writer.close()
+        finally:
+            await server.transport.stop()
+
+    _run(loop, main)
+    assert _flushed_first(log, [codec.KIND_PING])
+
+
+class _RecordingSession:
+    frame_bytes_max = 1024
+
+    def __init__(self, transport: Transport, log: list[str]) -> None:
+        self.frames: list[tuple[int, bytes]] = []
+        self.closed = 0
+        self._record = _flush_order_recorder(lambda: transport, log)
+
+    def on_frame(self, kind: int, body: memoryview) -> None:
+        self.frames.append((kind, bytes(body)))
+        self._record(kind, body)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_gateway_session_s_frames_are_handed_over_as_read_and_it_is_closed_once(
+    loop: str,
+) -> None:
+    """A gateway session (KIND_SESSION hello) gets its frames through the FrameReceiver, what
+    they queue written at the end of the read (before the next loop turn), a frame over its
+    `frame_bytes_max` closes it, and the session is closed once when the connection ends."""
+    log: list[str] = []
+    sessions: list[_RecordingSession] = []
+
+    async def main() -> None:
+        server = _Server()
+
+        def opener(gateway: str, writer: asyncio.StreamWriter, transport: Transport) -> Any:
+            assert gateway == B and transport is server.transport
+            sessions.append(_RecordingSession(transport, log))
+            return sessions[-1]
+
+        server.transport.on_session = opener
+        try:
+            port = await server.transport.start()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            kind, body = await read_frame(reader)
+            _, nonce_s = frames.decode_challenge(body)
+            nonce_c = os.urandom(frames.NONCE_BYTES)
+            mac = frames.mac(SECRET.encode(), b"c", nonce_s, B, A)
+            writer.write(frames.encode_hello(B, nonce_c, mac, kind=frames.KIND_SESSION))
+            kind, _ = await read_frame(reader)
+            assert kind == frames.KIND_WELCOME
+            writer.write(_frame(7, b"one") + _frame(8, b"two"))
+            await writer.drain()
+            await server.until(lambda: len(log) == 4)
+            writer.write(_frame(9, b"x" * 2000))  # over the session's 1,024 bytes
+            assert await _closed_by_node(reader)
+            await server.until(lambda: sessions[0].closed == 1)
+            writer.close()
+        finally:
+            await server.transport.stop()
+
+    _run(loop, main)
+    (session,) = sessions
+    assert session.frames == [(7, b"one"), (8, b"two")] and session.closed == 1
+    assert _flushed_first(log, [7, 8])
+
+
+def test_flush_with_runs_at_the_next_flush_once_or_else_at_the_end_of_the_turn() -> None:
+    async def main() -> None:
+        transport = Transport(
+            A, secret=SECRET, host="127.0.0.1", port=0, peers=lambda n: None, on_frame=print
+        )
+        ran: list[str] = []
+        transport.flush_with(lambda: ran.append("a"))
+        transport.flush()
+        transport.flush()
+        assert ran == ["a"]
+        transport.flush_with(lambda: ran.append("b"))  # nobody flushes: the turn's end does
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert ran == ["a", "b"]
+
+    asyncio.run(main())

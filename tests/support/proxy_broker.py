@@ -30,7 +30,7 @@ class ProxyBroker:
     def __init__(self, data_dir: Path, node: str = "n1") -> None:
         self.node = NodeBroker(data_dir, node)
         self.wire = WireServer(self.node._broker)
-        self.node.host.transport.on_session = self.wire.serve
+        self.node.host.transport.on_session = self.wire.open
         self.table = RoutingTable()
         self.sessions: Sessions | None = None
         self.remote: RemoteBroker | None = None

@@ -150,10 +150,12 @@ class FrameSplitter:
 
 
 class FrameReceiver(asyncio.BufferedProtocol):
-    """The protocol of an accepted replication connection after its handshake: frames to
-    `on_frame` as the loop reads them; `closed` resolves when the connection is lost (None for
-    the peer's end of stream or a close here, else the error), `error` holds the CodecError of
-    a frame out of bounds (the connection is then closed)."""
+    """The protocol of an accepted replication connection (a peer's link or a gateway's
+    session) after its handshake: frames to `on_frame` as the loop reads them, then
+    `after_read()` once per read (the transport writes what they queued, ADR 0045); `closed`
+    resolves when the connection is lost (None for the peer's end of stream or a close here,
+    else the error), `error` holds the CodecError of a frame out of bounds (the connection is
+    then closed)."""
 
     def __init__(
         self,
@@ -161,8 +163,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
         on_frame: FrameCallback,
         *,
         bytes_max: int = limits.frame_bytes_max,
+        after_read: Callable[[], None] | None = None,
     ) -> None:
         self._transport = transport
+        self._after_read = after_read
         self.splitter = FrameSplitter(on_frame, bytes_max=bytes_max)
         self.closed: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future()
@@ -180,6 +184,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         except frames.CodecError as error:
             self.error = error
             self._transport.close()
+            return
+        if self._after_read is not None:
+            self._after_read()
 
     def eof_received(self) -> bool:
         if self.splitter.pending_bytes:

@@ -17,7 +17,12 @@ unreachable its frames are dropped and the writer redials with backoff.
 Receiving: once an accepted connection's peer is authenticated, the connection is handed from
 the handshake's StreamReader to an `inbound.FrameReceiver`, which has the kernel read frames
 into buffers it owns (a large frame into one of its own size) instead of copying every byte
-three times on the way (ADR 0039); every frame goes to `on_frame` on the loop as it is read.
+three times on the way (ADR 0039); every frame goes to `on_frame` on the loop as it is read,
+and what a read's frames queued for gateway sessions is written at the end of that read
+(ADR 0045). A gateway's
+session (a KIND_SESSION hello) is handed to a FrameReceiver the same way: `on_session` opens
+it, its frames go to `Session.on_frame`, and `flush_with` has its replies written at this
+transport's next flush.
 
 Handshake (codec.py kinds 10-12), both sides proving they hold the cluster secret:
 
@@ -39,8 +44,9 @@ import logging
 import os
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 from spate.core import frames
 from spate.core.ids import NodeId
@@ -53,8 +59,22 @@ FrameHandler = Callable[[NodeId, int, memoryview], None]
 PeerAddress = Callable[[NodeId], tuple[str, int] | None]
 LinkClosed = Callable[[NodeId], None]
 """Called on the loop when a peer's process closed the connection it dialed to this node."""
-SessionHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-"""Serves one authenticated gateway session (frames.KIND_SESSION) until it ends."""
+
+
+class Session(Protocol):
+    """One authenticated gateway session (frames.KIND_SESSION), opened by `SessionOpener`: its
+    frames come to `on_frame` as the loop reads them (ADR 0045); `close` once it ended."""
+
+    frame_bytes_max: int
+    """The largest frame the session takes (a larger one closes it: CodecError)."""
+
+    def on_frame(self, kind: int, body: memoryview) -> None: ...
+
+    def close(self) -> None: ...
+
+
+SessionOpener = Callable[[str, asyncio.StreamWriter, "Transport"], Session]
+"""Opens a session for (gateway id, its writer, this transport: `Transport.flush_with`)."""
 _mac = frames.mac
 
 
@@ -129,7 +149,7 @@ class Transport:
         on_frame: FrameHandler,
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
-        on_session: SessionHandler | None = None,
+        on_session: SessionOpener | None = None,
         on_link_closed: LinkClosed | None = None,
     ) -> None:
         self.node = node
@@ -151,6 +171,8 @@ class Transport:
         self._inbound_writers: set[asyncio.StreamWriter] = set()
         self._closing = False
         self._flush_soon = False
+        self._flush_also: list[Callable[[], None]] = []
+        """`flush_with`'s callbacks: run by the next `flush`."""
         self.frames_dropped = 0
         self.refused = 0
 
@@ -214,10 +236,31 @@ class Transport:
         self._flush_soon = False
         self.flush()
 
+    def flush_with(self, callback: Callable[[], None]) -> None:
+        """Run `callback` (a gateway session's write of its queued frames) at the next
+        `flush` or `flush_sessions`: the end of the read (of a peer's link or a session),
+        batch or early send under way, or else at the end of this loop turn (ADR 0045). A
+        session's replies and pushes made while the node applies a commit leave with it, not
+        a loop turn later (on a busy node a turn can take a millisecond)."""
+        self._flush_also.append(callback)
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_later)
+
+    def flush_sessions(self) -> None:
+        """Run the `flush_with` callbacks (gateway sessions write what they queued); the end
+        of every read of an accepted link does (ADR 0045)."""
+        if self._flush_also:
+            also, self._flush_also = self._flush_also, []
+            for callback in also:
+                callback()
+
     def flush(self) -> None:
         """Write every queued frame now, on this loop turn, to each link whose socket buffer is
         below `peer_write_bytes_max`; the rest stays queued for the link's write loop (which
-        waits for the socket to drain). Saves the loop turns of waking the writer task."""
+        waits for the socket to drain). Saves the loop turns of waking the writer task. Runs
+        the `flush_with` callbacks too."""
+        self.flush_sessions()
         for peer in self._peers.values():
             writer = peer.writer
             while (
@@ -340,10 +383,7 @@ class Transport:
                 return
             peer, session, welcome = hello
             if session:
-                assert self.on_session is not None
-                writer.write(welcome)
-                await writer.drain()
-                await self.on_session(peer, reader, writer)
+                await self._session(peer, reader, writer, welcome)
                 return
             await self._receive(NodeId(peer), reader, writer, welcome)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
@@ -363,10 +403,57 @@ class Transport:
         welcome: bytes,
     ) -> None:
         """Hand the connection to a FrameReceiver (ADR 0039), welcome the peer, and wait until
-        the connection is lost. The peer sends nothing between its hello and our welcome, so
-        the StreamReader holds no frame when its transport is taken from it."""
+        the connection is lost. What the frames of one read queue for gateway sessions (a
+        commit's APPENDED answers and pushes) is written at the end of that read (ADR 0045);
+        Raft frames at the end of the turn, as before."""
+        receiver = inbound.FrameReceiver(
+            writer.transport, partial(self._on_frame, node), after_read=self.flush_sessions
+        )
+        reason = await self._welcome(receiver, reader, writer, welcome)
+        lost = reason is None or isinstance(reason, ConnectionResetError)
+        if lost and not self._closing and self.on_link_closed is not None:
+            self.on_link_closed(node)
+        if reason is not None:
+            raise reason
+
+    async def _session(
+        self,
+        gateway: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        welcome: bytes,
+    ) -> None:
+        """A gateway session: its frames handed to the session as the loop reads them (a
+        FrameReceiver, as a peer link's: no reading task, so no loop turn between a read and
+        its frames; ADR 0045), what they queue written at the end of the read."""
+        assert self.on_session is not None
+        session = self.on_session(gateway, writer, self)
+        try:
+            receiver = inbound.FrameReceiver(
+                writer.transport,
+                session.on_frame,
+                bytes_max=session.frame_bytes_max,
+                after_read=self.flush_sessions,
+            )
+            reason = await self._welcome(receiver, reader, writer, welcome)
+            if reason is not None and not isinstance(reason, ConnectionResetError):
+                raise reason
+        finally:
+            session.close()
+
+    @staticmethod
+    async def _welcome(
+        receiver: inbound.FrameReceiver,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        welcome: bytes,
+    ) -> BaseException | None:
+        """Take the connection from the handshake's StreamReader to `receiver`, welcome the
+        client and wait until the connection is lost: None for its end of stream or a close
+        here, else the error (a frame out of bounds raises its CodecError). The client sends
+        nothing between its hello and our welcome, so the StreamReader holds no frame when
+        its transport is taken from it."""
         transport = writer.transport
-        receiver = inbound.FrameReceiver(transport, partial(self._on_frame, node))
         transport.set_protocol(receiver)
         reason: BaseException | None
         if reader.exception() is not None:
@@ -381,11 +468,7 @@ class Transport:
             reason = await receiver.closed
         if receiver.error is not None:
             raise receiver.error
-        lost = reason is None or isinstance(reason, ConnectionResetError)
-        if lost and not self._closing and self.on_link_closed is not None:
-            self.on_link_closed(node)
-        if reason is not None:
-            raise reason
+        return reason
 
     async def _server_handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: object
