@@ -538,7 +538,9 @@ class Operations:
         if len(alive) < majority:
             raise FailedPrecondition(
                 f"only {len(alive)} of {len(voters)} metadata voters are alive: with {node} "
-                f"there would be {len(voters) + 1}, needing {majority} until {node} catches up"
+                f"there would be {len(voters) + 1}, needing {majority} until {node} catches up "
+                "(a voter restarted moments ago counts once this node's metadata replica has "
+                "reconnected to it, within seconds: retry shortly)"
             )
         self._voter_change_running()
         return self._start(
