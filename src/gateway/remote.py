@@ -1020,6 +1020,14 @@ class RemoteReader(_PartitionBase):
                     or not route.leader_alive
                 ):
                     return  # unreachable, at the leader already, or the table moved on
+                log.info(
+                    "reader of %s/%s moves from %s to the leader, %s, at offset %d",
+                    self.key[0],
+                    self.key[1],
+                    state.session.node,
+                    leader,
+                    self.end,
+                )
                 self.subscription = None
                 state.session.readers.pop(state.sub, None)
                 if not state.session.closed:
