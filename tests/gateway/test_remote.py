@@ -39,6 +39,18 @@ def run(tmp_path: Path, scenario: Callable[[ProxyBroker], Awaitable[Any]]) -> An
     return asyncio.run(main())
 
 
+async def drain(reader: Any, offset: int, until: int, got: list[bytes]) -> int:
+    """Read `reader` from `offset` until `until`, each record once into `got`; the offset
+    reached."""
+    while offset < until:
+        for chunk in reader.read(Offset(offset), 1 << 20):
+            records = chunk.records[offset - int(chunk.first_offset) :]
+            got.extend(bytes(r) for r in records)
+            offset += len(records)
+        await asyncio.sleep(0.01)
+    return offset
+
+
 def set_epoch(broker: ProxyBroker, epoch: int) -> None:
     routes = broker.table.routes
     route = routes.partitions[KEY]
@@ -121,24 +133,13 @@ def test_a_reader_resubscribes_from_its_next_offset_after_the_session_breaks(
             await writer.append([f"a{i}".encode()])
         reader = broker.partition(STREAM, PartitionId(0), write=False)
         assert isinstance(reader, RemoteReader)
-        start = await reader.begin([OffsetSpec.first()])
+        offset = int(await reader.begin([OffsetSpec.first()]))
         got: list[bytes] = []
-        offset = int(start)
-
-        async def drain(until: int) -> None:
-            nonlocal offset
-            while offset < until:
-                for chunk in reader.read(Offset(offset), 1 << 20):
-                    records = chunk.records[offset - int(chunk.first_offset) :]
-                    got.extend(bytes(r) for r in records)
-                    offset += len(records)
-                await asyncio.sleep(0.01)
-
-        await drain(10)
+        offset = await drain(reader, offset, 10, got)
         next(iter(broker.sessions.by_node.values()))._lost()  # type: ignore[union-attr]
         for i in range(10, 20):
             await writer.append([f"a{i}".encode()])
-        await drain(20)
+        await drain(reader, offset, 20, got)
         assert reader.resubscribes == 1
         reader.detach()
         return got
@@ -182,21 +183,11 @@ def test_a_reader_at_a_follower_moves_to_the_leader_the_table_names_losing_nothi
         offset = int(await reader.begin([OffsetSpec.first()]))
         assert reader.subscription is not None and reader.subscription.session.node == alias
         got: list[bytes] = []
-
-        async def drain(until: int) -> None:
-            nonlocal offset
-            while offset < until:
-                for chunk in reader.read(Offset(offset), 1 << 20):
-                    records = chunk.records[offset - int(chunk.first_offset) :]
-                    got.extend(bytes(r) for r in records)
-                    offset += len(records)
-                await asyncio.sleep(0.005)
-
-        await drain(10)
+        offset = await drain(reader, offset, 10, got)
         appending = [writer.append([f"a{i}".encode()]) for i in range(10, 40)]  # held: no leader
         table(alive=True)  # appends go out and the reader moves, at once
         await asyncio.gather(*appending)
-        await drain(40)
+        await drain(reader, offset, 40, got)
         assert reader.moves == 1 and reader.resubscribes == 0
         assert reader.subscription is not None
         assert reader.subscription.session.node == NodeId("n1")
