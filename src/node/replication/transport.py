@@ -19,10 +19,9 @@ the handshake's StreamReader to an `inbound.FrameReceiver`, which has the kernel
 into buffers it owns (a large frame into one of its own size) instead of copying every byte
 three times on the way (ADR 0039); every frame goes to `on_frame` on the loop as it is read,
 and what a read's frames queued for gateway sessions is written at the end of that read
-(ADR 0045). A gateway's
-session (a KIND_SESSION hello) is handed to a FrameReceiver the same way: `on_session` opens
-it, its frames go to `Session.on_frame`, and `flush_with` has its replies written at this
-transport's next flush.
+(ADR 0045). A gateway's session (a KIND_SESSION hello) is handed to a FrameReceiver the same
+way: `on_session` opens it, its frames go to `Session.on_frame`, and `flush_with` has its
+replies written at this transport's next flush.
 
 Handshake (codec.py kinds 10-12), both sides proving they hold the cluster secret:
 
