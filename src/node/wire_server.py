@@ -115,13 +115,13 @@ class WireSession:
         broker: Partitions,
         gateway: str,
         writer: asyncio.StreamWriter,
-        transport: Transport | None = None,
+        transport: Transport,
         on_close: Callable[[WireSession], None] | None = None,
     ) -> None:
         self.broker = broker
         self.gateway = gateway
         self.writer = writer
-        self._flush_with = None if transport is None else transport.flush_with
+        self._flush_with = transport.flush_with
         """Where queued frames are written: at the transport's next flush (ADR 0045)."""
         self._on_close = on_close
         self.loop = asyncio.get_running_loop()
@@ -150,10 +150,7 @@ class WireSession:
         if self.closed:
             return
         if not self.out:
-            if self._flush_with is not None:
-                self._flush_with(self.flush)
-            else:
-                self.loop.call_soon(self.flush)
+            self._flush_with(self.flush)
         self.out.append(data)
 
     def flush(self) -> None:
@@ -452,11 +449,11 @@ class WireSession:
         except BrokerError as error:
             self._refused(request, guard, producer, error)
             return
-        now, outcome.now = outcome.now, None
-        if isinstance(now, BrokerError):  # refused at once: nothing was written
-            self._refused(request, guard, producer, now)
-        elif now is not _PROPOSING and now is not None:
-            self._appended(request, now)
+        outcome.proposing = False
+        if isinstance(outcome.early, BrokerError):  # refused at once: nothing was written
+            self._refused(request, guard, producer, outcome.early)
+        elif outcome.early is not None:  # every record a duplicate, confirmed already
+            self._appended(request, outcome.early)
 
     def _check_order(
         self, guard: tuple[frames.GroupKey, bytes], producer: PublishingIds, epoch: int
@@ -622,27 +619,25 @@ class WireSession:
 
 class _Outcome:
     """An APPEND's outcome from `Replica.propose`: sent when the replica applies it, or kept
-    in `now` when the replica answered at once (a refusal: nothing was written)."""
+    in `early` when the replica answered inside `propose` (`_append` answers it then)."""
 
-    __slots__ = ("now", "request", "session")
+    __slots__ = ("answered", "early", "proposing", "request", "session")
 
     def __init__(self, session: WireSession, request: int) -> None:
         self.session = session
         self.request = request
-        self.now: Offset | BrokerError | None = _PROPOSING
+        self.proposing = True
+        self.early: Offset | BrokerError | None = None
+        self.answered = False
 
     def done(self, outcome: Offset | BrokerError) -> None:
-        if self.now is _PROPOSING:
-            self.now = outcome
-        elif self.now is None:  # once (as a future would take it)
-            self.now = _ANSWERED
+        if self.answered:
+            return  # once, as a future would take it
+        self.answered = True
+        if self.proposing:
+            self.early = outcome
+        else:
             self.session._appended(self.request, outcome)
-
-
-_PROPOSING: Any = object()
-"""`_Outcome.now` while `propose` has not returned."""
-_ANSWERED: Any = object()
-"""`_Outcome.now` once the outcome was sent."""
 
 
 def _log_failure(future: asyncio.Future[None]) -> None:
