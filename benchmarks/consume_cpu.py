@@ -10,7 +10,9 @@ from the first offset while utime + stime of every server process (all threads, 
 and the client's (getrusage of children) are sampled before and after. CPU-µs/msg = delta /
 messages delivered. Process CPU time does not count time spent waiting for a core, so it is
 robust on a shared machine where wall-clock rates are not; wall msgs/s is printed beside it as
-indicative only. One clock tick is 10 ms: at 200,000 messages that is 0.05 µs/msg.
+indicative only. One clock tick is 10 ms: at 200,000 messages that is 0.05 µs/msg. Each row
+also has the gateway's minor page faults per message (`gateway_faults_per_msg`: pages new or
+given back to the kernel and touched again, RESULTS §57) and its VmRSS after the run.
 
 Cases (each `--runs` times, in turns; medians):
   direct-settled   the consumer on a follower, `--settled` (snd-settle-mode settled: no
@@ -44,6 +46,7 @@ from loadclient import (
     loadavg,
     log,
     proc_cpu_ticks,
+    rss_kib,
     run_client,
     split_hostport,
 )
@@ -82,6 +85,12 @@ def _other_threads_ticks(pid: int) -> int:
     return total
 
 
+def _minor_faults(pid: int) -> int:
+    """Minor page faults of a process, all its threads (field 10 of proc(5)'s stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[7])
+
+
 def consume_once(
     binary: Path,
     where: tuple[str, str],
@@ -99,9 +108,11 @@ def consume_once(
     if settled:
         args.append("--settled")
     t0 = {name: _other_threads_ticks(pid) for name, pid in pids.items()}
+    f0 = {name: _minor_faults(pid) for name, pid in pids.items()}
     k0, c0 = _ticks(pids), _children_cpu_s()
     r = run_client(binary, "consume", args, TIMEOUT_S)
     k1, c1 = _ticks(pids), _children_cpu_s()
+    f1 = {name: _minor_faults(pid) for name, pid in pids.items()}
     t1 = {name: _other_threads_ticks(pid) for name, pid in pids.items()}
     n = int(r.get("received") or 0)
     if r.get("error") or n < count:
@@ -114,6 +125,10 @@ def consume_once(
     }
     for name in pids:
         out[f"{name}_us_per_msg"] = round((k1[name] - k0[name]) * tick_us / n, 3)
+    if "gateway" in pids:
+        # the gateway's memory: new or returned pages touched per message, and RSS after
+        out["gateway_faults_per_msg"] = round((f1["gateway"] - f0["gateway"]) / n, 3)
+        out["gateway_rss_kib"] = rss_kib(pids["gateway"])
     nodes = [name for name in pids if name != "gateway"]
     # the node serving the link: the follower it attached to (direct) or the one the gateway
     # reads from: the busiest node

@@ -5,8 +5,9 @@ every link itself and unmodified AMQP clients work: producers' records go to the
 leader, consumers read from a replica, `$info` asks the nodes.
 
 - One `NodeSession` per node: a TCP connection to the node's replication port, the cluster
-  secret handshake (spate.core.frames, SESSION), then spate.core.wire frames; frames queued in
-  one loop turn go out in one write.
+  secret handshake (spate.core.frames, SESSION), then spate.core.wire frames, read by a
+  `spate.core.receiver.FrameReceiver` and handled as the loop reads them (ADR 0045); frames
+  queued in one loop turn go out in one write.
 - `RemoteWriter` (a producer link's partition) pipelines APPENDs to the leader the routing
   table names, fenced by its leader epoch. An append the node refused with nothing written
   (`stored=0`: not the leader, an election) is sent again, in order, once the table names a
@@ -59,6 +60,7 @@ from spate.core.errors import BrokerError, NotFound, NotLeader, Unavailable
 from spate.core.filtering import ValueFilter
 from spate.core.groups import GroupDefinition
 from spate.core.ids import LeaderEpoch, MemberId, NodeId, Offset, PartitionId, StreamName
+from spate.core.receiver import FrameReceiver
 from spate.core.streams import StreamConfig
 from spate.core.superstreams import SuperStream
 from spate.gateway.routes import Route, RoutingTable
@@ -166,22 +168,21 @@ class NodeSession:
             )
             self._writer = writer
             await asyncio.wait_for(self._handshake(reader, writer), CONNECT_TIMEOUT_S)
+            # From here the frames go to `_on_frame` as the loop reads them (ADR 0045). The
+            # node sends nothing before it is asked, so the reader holds no frame now.
+            receiver = FrameReceiver(writer.transport, self._heard_frame, bytes_max=FRAME_BYTES_MAX)
+            writer.transport.set_protocol(receiver)
+            reader.feed_eof()
+            if not reader.at_eof():
+                raise frames.CodecError("the node sent frames before it was asked anything")
             self.ready = True
             self.opened.set_result(None)
             self.heard = self.loop.time()
             self._schedule_ping()
-            while True:
-                head = await reader.readexactly(frames.FRAME_HEAD_BYTES)
-                self.heard = self.loop.time()
-                length, kind = frames.FRAME_HEAD.unpack(head)
-                if length < 1 or length > FRAME_BYTES_MAX:
-                    raise frames.CodecError(f"frame of {length} bytes")
-                body = (
-                    memoryview(await reader.readexactly(length - 1))
-                    if length > 1
-                    else memoryview(b"")
-                )
-                self._on_frame(kind, body)
+            reason = await receiver.closed
+            if receiver.error is not None:
+                raise receiver.error
+            raise reason if reason is not None else OSError("the node closed the session")
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
             log.info(
                 "session with node %s at %s:%s ended: %s",
@@ -246,6 +247,10 @@ class NodeSession:
             frames.decode_welcome(await frame_of(frames.KIND_WELCOME)), want
         ):
             raise frames.CodecError(f"node {server} failed authentication (cluster secret)")
+
+    def _heard_frame(self, kind: int, body: memoryview) -> None:
+        self.heard = self.loop.time()
+        self._on_frame(kind, body)
 
     def _on_frame(self, kind: int, body: memoryview) -> None:
         if kind == wire.APPENDED:

@@ -52,7 +52,7 @@ from spate.gateway.routes import RedirectBroker, Route, Routes, RoutingTable
 from spate.gateway.server import GatewayServer, ListenerConfig
 from spate.gateway.synap_http import SynapServer
 from spate.gateway.synap_service import SynapService
-from spate.server import gcpolicy, logs, metrics
+from spate.server import allocator, gcpolicy, logs, metrics
 from spate.server.metrics import MetricsServer
 from spate.server.settings import DIALECTS, check_fields, read_table
 from spate.server.tls import check_all_or_none, cluster_contexts
@@ -513,5 +513,6 @@ def main_run(settings: GatewaySettings) -> int:
     logs.configure(
         settings.log_format, settings.gateway_id, os.environ.get("SPATE_LOG_LEVEL", "INFO")
     )
+    allocator.configure()  # before the loop allocates its first RECORDS buffer (ADR 0046)
     uvloop.run(run_gateway(settings))
     return 0

@@ -18,8 +18,8 @@ import pytest
 import uvloop
 from spate.core import frames
 from spate.core.ids import NodeId, PartitionId, StreamName, Term
+from spate.core.receiver import FrameSplitter
 from spate.node.replication import codec, limits
-from spate.node.replication.inbound import FrameSplitter
 from spate.node.replication.messages import Append, Entry, Heartbeat
 from spate.node.replication.transport import Transport, read_frame
 
@@ -29,6 +29,12 @@ KEY = (StreamName("orders"), PartitionId(7))
 
 # Small limits, so every cut of a stream holding each kind of frame is few enough to try.
 SMALL = {"buffer_bytes": 64, "in_place_bytes_min": 20, "bytes_max": 200}
+NODE = {
+    "bytes_max": limits.frame_bytes_max,
+    "buffer_bytes": limits.receive_buffer_bytes,
+    "in_place_bytes_min": limits.frame_in_place_bytes_min,
+}
+"""A node's peer links' limits (the transport passes them)."""
 
 
 def _frame(kind: int, body: bytes) -> bytes:
@@ -101,7 +107,7 @@ def test_random_cuts_at_the_real_sizes_match_read_frame() -> None:
     data, want = _stream(sizes)
     for _ in range(12):
         cuts = sorted(rng.randrange(len(data)) for _ in range(rng.choice([1, 50, 2000])))
-        assert _split(data, cuts) == want
+        assert _split(data, cuts, **NODE) == want
         assert _read_frames(data, cuts, limits.frame_bytes_max) == want
 
 
@@ -110,7 +116,7 @@ def test_a_large_frame_is_read_in_place_and_handed_on_read_only() -> None:
     which is handed on read-only and not referenced by the splitter any more (ADR 0039); a
     frame whole in staging is a bytes copy. (On the StreamReader path every body was bytes.)"""
     bodies: list[memoryview] = []
-    splitter = FrameSplitter(lambda kind, body: bodies.append(body))
+    splitter = FrameSplitter(lambda kind, body: bodies.append(body), **NODE)
     size = 3 * limits.receive_buffer_bytes
     data = _frame(1, b"a" * 10) + _frame(1, b"b" * size)
     room = splitter.buffer()
@@ -133,7 +139,7 @@ def test_an_append_read_in_place_keeps_its_entries_as_views_of_the_frame() -> No
     append = Append(Term(4), B, A, 9, Term(3), (Entry(10, Term(4), chunk),), 9)
     data = frames.frame_bytes(codec.encode_raft(KEY, append))
     bodies: list[memoryview] = []
-    splitter = FrameSplitter(lambda kind, body: bodies.append(body))
+    splitter = FrameSplitter(lambda kind, body: bodies.append(body), **NODE)
     at = 0
     while at < len(data):
         room = splitter.buffer()

@@ -63,8 +63,9 @@ peer_write_bytes_max = 4 * 1024 * 1024
 """Frames joined into one socket write (many Raft messages, of many partitions, per write)."""
 
 receive_buffer_bytes = 256 * 1024
-"""The staging buffer an accepted peer link's reads go into (inbound.py; one per link, reused):
-many small frames per recv(2), as the event loop's own read buffer held (uvloop: 256 KiB)."""
+"""The staging buffer an accepted peer link's reads go into (spate.core.receiver; one per link,
+reused): many small frames per recv(2), as the event loop's own read buffer held (uvloop: 256
+KiB)."""
 
 frame_in_place_bytes_min = 64 * 1024
 """A frame body at least this large that a read leaves incomplete is read into a buffer of its

@@ -15,12 +15,12 @@ it frames are dropped, as a lossy network would drop them (Raft retransmits). Wh
 unreachable its frames are dropped and the writer redials with backoff.
 
 Receiving: once an accepted connection's peer is authenticated, the connection is handed from
-the handshake's StreamReader to an `inbound.FrameReceiver`, which has the kernel read frames
-into buffers it owns (a large frame into one of its own size) instead of copying every byte
-three times on the way (ADR 0039); every frame goes to `on_frame` on the loop as it is read,
-and what a read's frames queued for gateway sessions is written at the end of that read
-(ADR 0045). A gateway's session (a KIND_SESSION hello) is handed to a FrameReceiver the same
-way: `on_session` opens it, its frames go to `Session.on_frame`, and `flush_with` has its
+the handshake's StreamReader to a `FrameReceiver` (spate.core.receiver), which has the kernel
+read frames into buffers it owns (a large frame into one of its own size) instead of copying
+every byte three times on the way (ADR 0039); every frame goes to `on_frame` on the loop as it
+is read, and what a read's frames queued for gateway sessions is written at the end of that
+read (ADR 0045). A gateway's session (a KIND_SESSION hello) is handed to a FrameReceiver the
+same way: `on_session` opens it, its frames go to `Session.on_frame`, and `flush_with` has its
 replies written at this transport's next flush.
 
 Handshake (codec.py kinds 10-12), both sides proving they hold the cluster secret:
@@ -49,7 +49,8 @@ from typing import Protocol
 
 from spate.core import frames
 from spate.core.ids import NodeId
-from spate.node.replication import inbound, limits
+from spate.core.receiver import FrameReceiver
+from spate.node.replication import limits
 
 log = logging.getLogger(__name__)
 
@@ -405,8 +406,13 @@ class Transport:
         the connection is lost. What the frames of one read queue for gateway sessions (a
         commit's APPENDED answers and pushes) is written at the end of that read (ADR 0045);
         Raft frames at the end of the turn, as before."""
-        receiver = inbound.FrameReceiver(
-            writer.transport, partial(self._on_frame, node), after_read=self.flush_sessions
+        receiver = FrameReceiver(
+            writer.transport,
+            partial(self._on_frame, node),
+            bytes_max=limits.frame_bytes_max,
+            buffer_bytes=limits.receive_buffer_bytes,
+            in_place_bytes_min=limits.frame_in_place_bytes_min,
+            after_read=self.flush_sessions,
         )
         reason = await self._welcome(receiver, reader, writer, welcome)
         lost = reason is None or isinstance(reason, ConnectionResetError)
@@ -428,10 +434,12 @@ class Transport:
         assert self.on_session is not None
         session = self.on_session(gateway, writer, self)
         try:
-            receiver = inbound.FrameReceiver(
+            receiver = FrameReceiver(
                 writer.transport,
                 session.on_frame,
                 bytes_max=session.frame_bytes_max,
+                buffer_bytes=limits.receive_buffer_bytes,
+                in_place_bytes_min=limits.frame_in_place_bytes_min,
                 after_read=self.flush_sessions,
             )
             reason = await self._welcome(receiver, reader, writer, welcome)
@@ -442,7 +450,7 @@ class Transport:
 
     @staticmethod
     async def _welcome(
-        receiver: inbound.FrameReceiver,
+        receiver: FrameReceiver,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         welcome: bytes,

@@ -1,30 +1,33 @@
-"""An accepted peer link's receive side: frames read by the kernel into our buffers (ADR 0039).
+"""A framed connection's receive side: frames read by the kernel into our buffers (ADR 0039).
 
-After the handshake (transport.py) an accepted replication connection only carries the peer's
-frames to this node. Its transport is handed from the handshake's `asyncio.StreamReader` to a
-`FrameReceiver` (an `asyncio.BufferedProtocol`), which lets the kernel write straight into
-buffers this module owns, split by a `FrameSplitter` with no I/O of its own:
+Spate's own links carry `length u32 | kind u8 | body` frames (spate.core.frames): a node's
+replication links from its peers and the gateway wire's sessions, on the node's side and on
+the gateway's (ADR 0045). Once a connection's handshake is done, its transport is handed from
+the handshake's `asyncio.StreamReader` to a `FrameReceiver` (an `asyncio.BufferedProtocol`),
+which lets the kernel write straight into buffers this module owns, split by a `FrameSplitter`
+with no I/O of its own:
 
 ```
-recv(2) ─► staging (receive_buffer_bytes, reused) ─► a frame complete here: body copied once
+recv(2) ─► staging (buffer_bytes, reused) ─► a frame complete here: body copied once
                         │
-                        └─ a frame of frame_in_place_bytes_min or more not complete yet:
+                        └─ a frame of in_place_bytes_min or more not complete yet:
                            its head and first bytes copied to a new buffer of its exact size,
                            the rest recv(2)'d straight into that buffer (no copy at all)
 ```
 
-A StreamReader copied every byte three times before a frame reached the driver (the event
+A StreamReader copied every byte three times before a frame reached its handler (the event
 loop's read buffer into a `bytes` per read, that into the reader's buffer, then the frame out
-of it: `readexactly`); a large frame here is copied by nobody but the kernel, a small one once.
+of it: `readexactly`), and handed it over a loop turn later (it wakes the reading task); here
+a large frame is copied by nobody but the kernel, a small one once, and every frame goes to
+its handler in the read's own callback.
 
 A large frame's buffer is handed on as a read-only view and this module keeps no reference to
 it, so nothing can change it afterwards: `codec.decode_raft` keeps the entries of an Append as
 views of it (ADR 0037), and the follower writes them to its log as they came. A small frame is
 a `bytes` copy (the staging buffer is reused for the next read).
 
-The wire is unchanged: `length u32 | kind u8 | body`, the length counting the kind and bounded
-by `frame_bytes_max` (a larger or empty one is refused with CodecError and the connection
-closed, as `transport.read_frame` does).
+A frame whose length is out of bounds (larger than `bytes_max`, or empty) is refused with
+CodecError and the connection closed.
 """
 
 from __future__ import annotations
@@ -34,12 +37,16 @@ import logging
 from collections.abc import Callable
 
 from spate.core import frames
-from spate.node.replication import limits
 
 log = logging.getLogger(__name__)
 
 FrameCallback = Callable[[int, memoryview], None]
 """(kind, body) for every whole frame, in order."""
+
+RECEIVE_BUFFER_BYTES = 256 * 1024
+"""Staging: where the kernel reads a connection's bytes, reused (one per connection)."""
+IN_PLACE_BYTES_MIN = 64 * 1024
+"""A frame at least this large, not whole in staging yet, is read into a buffer of its own."""
 
 _HEAD = frames.FRAME_HEAD
 _HEAD_BYTES = frames.FRAME_HEAD_BYTES
@@ -59,9 +66,9 @@ class FrameSplitter:
         self,
         on_frame: FrameCallback,
         *,
-        bytes_max: int = limits.frame_bytes_max,
-        buffer_bytes: int = limits.receive_buffer_bytes,
-        in_place_bytes_min: int = limits.frame_in_place_bytes_min,
+        bytes_max: int,
+        buffer_bytes: int = RECEIVE_BUFFER_BYTES,
+        in_place_bytes_min: int = IN_PLACE_BYTES_MIN,
     ) -> None:
         assert in_place_bytes_min > _HEAD_BYTES, "a frame read in place has its head already"
         assert in_place_bytes_min + _HEAD_BYTES <= buffer_bytes, "a smaller frame fits staging"
@@ -150,9 +157,9 @@ class FrameSplitter:
 
 
 class FrameReceiver(asyncio.BufferedProtocol):
-    """The protocol of an accepted replication connection (a peer's link or a gateway's
-    session) after its handshake: frames to `on_frame` as the loop reads them, then
-    `after_read()` once per read (the transport writes what they queued, ADR 0045); `closed`
+    """The protocol of a framed connection after its handshake (a peer's replication link, a
+    gateway session at a node or at the gateway): frames to `on_frame` as the loop reads them,
+    then `after_read()` once per read (what they queued is written then, ADR 0045); `closed`
     resolves when the connection is lost (None for the peer's end of stream or a close here,
     else the error), `error` holds the CodecError of a frame out of bounds (the connection is
     then closed)."""
@@ -162,12 +169,19 @@ class FrameReceiver(asyncio.BufferedProtocol):
         transport: asyncio.BaseTransport,
         on_frame: FrameCallback,
         *,
-        bytes_max: int = limits.frame_bytes_max,
+        bytes_max: int,
+        buffer_bytes: int = RECEIVE_BUFFER_BYTES,
+        in_place_bytes_min: int = IN_PLACE_BYTES_MIN,
         after_read: Callable[[], None] | None = None,
     ) -> None:
         self._transport = transport
         self._after_read = after_read
-        self.splitter = FrameSplitter(on_frame, bytes_max=bytes_max)
+        self.splitter = FrameSplitter(
+            on_frame,
+            bytes_max=bytes_max,
+            buffer_bytes=buffer_bytes,
+            in_place_bytes_min=in_place_bytes_min,
+        )
         self.closed: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future()
         )
@@ -190,7 +204,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         if self.splitter.pending_bytes:
-            log.debug("replication link ended %d bytes into a frame", self.splitter.pending_bytes)
+            log.debug("a framed link ended %d bytes into a frame", self.splitter.pending_bytes)
         return False  # close
 
     def connection_lost(self, exc: Exception | None) -> None:
