@@ -12,10 +12,12 @@ leader, consumers read from a replica, `$info` asks the nodes.
   table names, fenced by its leader epoch. An append the node refused with nothing written
   (`stored=0`: not the leader, an election) is sent again, in order, once the table names a
   new leader (within `reroute_timeout_s`); later appends wait behind it, so a link's records
-  keep their order. An append whose outcome is unknown (the leader failed after proposing it,
-  or its connection broke) is refused to the client as retryable: it may be stored, and
-  resending it without producer deduplication may store it twice. Acknowledged records are
-  never resent, so never duplicated.
+  keep their order. While it waits it asks for the routes (`RemoteBroker.ask_routes`, ADR
+  0046), so a stream's first leader or a new one is used as soon as the metadata has it. An
+  append whose outcome is unknown (the leader failed after proposing it, or its connection
+  broke) is refused to the client as retryable: it may be stored, and resending it without
+  producer deduplication may store it twice. Acknowledged records are never resent, so never
+  duplicated.
 - `RemoteReader` (a consumer link's partition) subscribes at a replica (the leader when it is
   alive) from the offset `begin` resolves, buffers the records the node pushes, grants credit
   back as the listener reads past them, and after a broken connection or an ended
@@ -78,6 +80,17 @@ LEADER_WAIT_S = 5.0
 """How long an operation at a partition's leader waits for the table to name a live one."""
 RETRY_SAME_ROUTE_S = 1.0
 """A refusal with nothing stored under an unchanged route is retried after this long."""
+ROUTES_ASK_FIRST_S = 0.05
+"""A link waiting for its route (no live leader in the table, or a leader that refused the
+epoch it names) asks for the routes at once, then again after pauses doubling from this
+(ADR 0046): the table is read every `refresh_ms` (1 s) otherwise, and a stream's first
+leader, or a new one, reaches the metadata service well within that."""
+ROUTES_ASK_MAX_S = 1.0
+"""The longest pause between a waiting link's asks (the gateway's default refresh_ms)."""
+ROUTES_ASK_SPACING = 5
+"""Reads asked by links start at least this many times the last one's duration apart (and
+`ROUTES_ASK_FIRST_S`), however many links wait: at most about a fifth of the gateway's time
+goes to them, even with thousands of partitions in the routes."""
 COUNT_CHECK_S = 30.0
 """A named consumer link checks this often that its leader counts it (ADR 0012), besides at
 every table change and broken session: a safety net, one wake-up per link."""
@@ -389,6 +402,11 @@ class RemoteBroker:
         links check that the leader counts them (`_PartitionBase._keep_counted`)."""
         self.readers: weakref.WeakSet[RemoteReader] = weakref.WeakSet()
         """Consumer links' partitions, told of every table change (`RemoteReader.route_changed`)."""
+        self.routes_asked = 0
+        """Route reads asked for by waiting links (`ask_routes`)."""
+        self._asking: asyncio.Task[None] | None = None
+        self._asked_at = float("-inf")
+        self._ask_spacing_s = ROUTES_ASK_FIRST_S
         table.listeners.append(self._table_changed)
         sessions.on_lost.append(self._wake_recount)
 
@@ -410,6 +428,37 @@ class RemoteBroker:
     async def wait_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), timeout_s)
+
+    def ask_routes(self) -> None:
+        """The table is behind for a link (no live leader for its partition, or a leader that
+        refused the epoch it names): read the routes now, unless a read asked for is under way
+        or started less than the spacing ago (`ROUTES_ASK_SPACING`). The answer, changed or
+        not, wakes `wait_change`'s waiters."""
+        if self.refresh is None or (self._asking is not None and not self._asking.done()):
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._asked_at < self._ask_spacing_s:
+            return
+        self._asked_at = loop.time()
+        self.routes_asked += 1
+        self._asking = loop.create_task(self._ask(), name="routes asked")
+
+    async def _ask(self) -> None:
+        assert self.refresh is not None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await self.refresh()
+        finally:
+            took = loop.time() - started
+            self._ask_spacing_s = max(ROUTES_ASK_FIRST_S, ROUTES_ASK_SPACING * took)
+
+    async def wait_route(self, pause_s: float) -> float:
+        """Ask for the routes (`ask_routes`) and wait up to `pause_s` for the table to change;
+        the next pause (doubled, at most `ROUTES_ASK_MAX_S`)."""
+        self.ask_routes()
+        await self.wait_change(pause_s)
+        return min(2 * pause_s, ROUTES_ASK_MAX_S)
 
     def route(self, key: tuple[StreamName, PartitionId]) -> Route | None:
         return self.table.routes.partitions.get(key)
@@ -548,6 +597,7 @@ class _PartitionBase:
         moment (an election, a late heartbeat in the metadata) is waited for, up to
         LEADER_WAIT_S, before the operation is refused (retryable)."""
         deadline = self.loop.time() + LEADER_WAIT_S
+        pause = ROUTES_ASK_FIRST_S
         while True:
             route = self.broker.route(self.key)
             if route is not None and route.leader is not None and route.leader_alive:
@@ -557,7 +607,7 @@ class _PartitionBase:
                 raise Unavailable(
                     f"partition {self.key[1]} of {self.key[0]!r} has no leader; retry"
                 )
-            await self.broker.wait_change(left)
+            pause = await self.broker.wait_route(min(pause, left))
 
     async def _request(
         self, session: NodeSession, op: int, name: bytes, offset: int, member: int = 0
@@ -808,8 +858,13 @@ class RemoteWriter(_PartitionBase):
         """Hold appends until those in flight are answered and a leader is reachable, then
         send the refused ones first, in their original order. A leader that refused them is
         asked again only once the table names another leader or epoch, or after
-        `RETRY_SAME_ROUTE_S` (a refusal that was not about leadership)."""
-        deadline = self.loop.time() + REROUTE_TIMEOUT_S
+        `RETRY_SAME_ROUTE_S` (a refusal that was not about leadership). Meanwhile the routes
+        are asked for (`RemoteBroker.wait_route`): the table names a new stream's first
+        leader, or a new one, as soon as the metadata service has it, not at the next
+        periodic read."""
+        started = self.loop.time()
+        deadline = started + REROUTE_TIMEOUT_S
+        pause = ROUTES_ASK_FIRST_S
         try:
             while self.loop.time() < deadline and not self.detached:
                 if self.inflight:
@@ -817,12 +872,18 @@ class RemoteWriter(_PartitionBase):
                     continue
                 route = self.broker.route(self.key)
                 if route is None or route.leader is None or not route.leader_alive:
-                    await self.broker.wait_change(max(0.0, deadline - self.loop.time()))
+                    pause = await self.broker.wait_route(
+                        min(pause, max(0.0, deadline - self.loop.time()))
+                    )
                     continue
                 if self.refused and (route.leader, route.epoch) == self._refused_by:
-                    self._refused_by = None  # once more after a change or a pause
-                    await self.broker.wait_change(RETRY_SAME_ROUTE_S)
-                    continue
+                    waited = self.loop.time() - started
+                    if waited < RETRY_SAME_ROUTE_S:
+                        pause = await self.broker.wait_route(
+                            min(pause, RETRY_SAME_ROUTE_S - waited)
+                        )
+                        continue
+                    self._refused_by = None  # once more after a pause
                 try:
                     await asyncio.wait_for(
                         self.broker.sessions.connected(route.leader),
@@ -923,7 +984,12 @@ class RemoteReader(_PartitionBase):
         return Offset(await self._subscribe(specs))
 
     def _nodes(self) -> list[NodeId]:
+        """The replicas to subscribe at, the live leader first. Without one in the table (a
+        new stream, an election) the routes are asked for: the reader subscribes at another
+        replica now and moves to the leader once the table names it (`route_changed`)."""
         route = self.broker.route(self.key)
+        if route is None or route.leader is None or not route.leader_alive:
+            self.broker.ask_routes()
         if route is None:
             return []
         nodes = list(route.replicas)

@@ -202,6 +202,111 @@ def test_a_reader_at_a_follower_moves_to_the_leader_the_table_names_losing_nothi
     assert run(tmp_path, scenario) == [f"a{i}".encode() for i in range(40)]
 
 
+def set_alive(broker: ProxyBroker, alive: bool) -> None:
+    """The table's next picture: the partition's leader known alive or not."""
+    routes = broker.table.routes
+    route = routes.partitions[KEY]
+    partitions = dict(routes.partitions) | {KEY: replace(route, leader_alive=alive)}
+    broker.version += 1
+    broker.table.update(replace(routes, version=broker.version, partitions=partitions))
+
+
+def test_a_writer_with_no_leader_in_its_table_asks_for_the_routes_until_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0046: the table names no live leader (a stream created a moment ago: the gateway
+    read the routes before the metadata service had its first leader), and the metadata
+    service has one a moment later. The writer asks for the routes at once and after doubling
+    pauses, and its appends go out, in order, as soon as a read names the leader. Nothing else
+    reads the routes here, so without the asks the appends would wait until refused."""
+    monkeypatch.setattr(remote, "REROUTE_TIMEOUT_S", 5.0)
+
+    async def scenario(broker: ProxyBroker) -> list[int]:
+        assert broker.remote is not None
+        loop = asyncio.get_running_loop()
+        metadata = {"leader": False}
+        reads: list[float] = []
+
+        async def read_routes() -> None:  # a gateway's routes read, with its round trip
+            reads.append(loop.time())
+            await asyncio.sleep(0.005)
+            set_alive(broker, metadata["leader"])
+
+        broker.remote.refresh = read_routes
+        set_alive(broker, False)
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        futures = [writer.append([f"r{i}".encode()]) for i in range(5)]
+        await asyncio.sleep(0.1)
+        assert not any(f.done() for f in futures) and reads  # asked at once
+        metadata["leader"] = True
+        named = loop.time()
+        offsets = [int(o) for o in await asyncio.gather(*futures)]
+        assert reads[-1] >= named  # sent after a read that named it
+        assert len(reads) <= 8, reads  # pauses doubling: not a read per loop turn
+        assert broker.remote.routes_asked == len(reads)
+        return offsets
+
+    assert run(tmp_path, scenario) == list(range(5))
+
+
+def test_appends_refused_for_a_stale_epoch_ask_for_the_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0046: the node refuses appends fenced with an epoch it does not lead in; the writer
+    asks for the routes, a read has the node's epoch, and the appends are sent again in
+    order, well before the same route would be tried again (RETRY_SAME_ROUTE_S)."""
+    monkeypatch.setattr(remote, "RETRY_SAME_ROUTE_S", 20.0)
+
+    async def scenario(broker: ProxyBroker) -> list[int]:
+        assert broker.remote is not None
+
+        async def read_routes() -> None:
+            broker.refresh()  # what the metadata service has: the node's own epoch
+
+        real_epoch = int(broker.table.routes.partitions[KEY].epoch or 0)
+        set_epoch(broker, real_epoch + 7)
+        broker.remote.refresh = read_routes
+        writer = broker.partition(STREAM, PartitionId(0), write=True)
+        offsets = [
+            int(o) for o in await asyncio.gather(*(writer.append([b"x"]) for _ in range(10)))
+        ]
+        assert broker.remote.routes_asked >= 1
+        return offsets
+
+    assert run(tmp_path, scenario) == list(range(10))
+
+
+def test_route_reads_asked_by_waiting_links_are_shared_and_spaced(tmp_path: Path) -> None:
+    """However many links wait, one read is under way at a time, and the next starts no
+    sooner than ROUTES_ASK_SPACING times the last one's duration after it."""
+
+    async def scenario(broker: ProxyBroker) -> None:
+        assert broker.remote is not None
+        loop = asyncio.get_running_loop()
+        starts: list[float] = []
+
+        async def read_routes() -> None:
+            starts.append(loop.time())
+            await asyncio.sleep(0.04)
+
+        broker.remote.refresh = read_routes
+        for _ in range(100):
+            broker.remote.ask_routes()
+        await asyncio.sleep(0.06)
+        assert len(starts) == 1  # the others joined it
+        spacing = broker.remote._ask_spacing_s
+        assert spacing >= remote.ROUTES_ASK_SPACING * 0.04
+        broker.remote.ask_routes()  # within the spacing: not read again
+        await asyncio.sleep(0)
+        assert len(starts) == 1
+        await asyncio.sleep(max(0.0, starts[0] + spacing - loop.time()) + 0.001)
+        broker.remote.ask_routes()
+        await asyncio.sleep(0)
+        assert len(starts) == 2 and broker.remote.routes_asked == 2
+
+    run(tmp_path, scenario)
+
+
 def test_unknown_streams_and_partitions(tmp_path: Path) -> None:
     async def scenario(broker: ProxyBroker) -> None:
         assert broker.remote is not None
