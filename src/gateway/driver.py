@@ -367,7 +367,7 @@ class AmqpConnection(asyncio.Protocol):
         ):
             # A held slice: `_push` had proton read it and drained its deliveries; the rest of a
             # pump (credit, consumers' sends, proton's output, the idle timer) waits for the
-            # read's last slice, a few loop turns on (at 16 KiB a slice is about one message,
+            # read's last slice, a few loop turns on (at 16 KiB messages a slice is about four,
             # and a pump per slice was a cost per byte; RESULTS §41). A pump scheduled
             # meanwhile (an append's outcome) still runs in full.
             self.loop.call_soon(self._continue)
@@ -383,7 +383,7 @@ class AmqpConnection(asyncio.Protocol):
     def _holding(self) -> bool:
         """While one large read is pushed slice by slice, the messages drained from its slices
         are held and appended together at its last slice (or every
-        `limits.ingress_hold_bytes_max` of input): one chunk per read, not one per 16 KiB
+        `limits.ingress_hold_bytes_max` of input): one chunk per read, not one per 64 KiB
         slice. Every chunk costs the same work on its way, whatever it holds (encoding, a Raft
         entry, an Append and its ack to each follower, a write and an fsync share, an apply:
         ~0.5-0.7 ms of the leader's CPU and ~0.4 ms of each follower's; ADR 0035, RESULTS
