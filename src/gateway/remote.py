@@ -449,6 +449,8 @@ class RemoteBroker:
         started = loop.time()
         try:
             await self.refresh()
+        except Exception as error:  # the periodic read goes on; links keep waiting
+            log.info("routes read asked for by waiting links failed: %s", error)
         finally:
             took = loop.time() - started
             self._ask_spacing_s = max(ROUTES_ASK_FIRST_S, ROUTES_ASK_SPACING * took)

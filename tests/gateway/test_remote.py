@@ -307,6 +307,33 @@ def test_route_reads_asked_by_waiting_links_are_shared_and_spaced(tmp_path: Path
     run(tmp_path, scenario)
 
 
+def test_a_failed_route_read_asked_for_leaves_the_link_waiting(tmp_path: Path) -> None:
+    """A read asked for that fails (no node's admin API answered, a bug) is logged; the task
+    holds no exception nobody retrieves, and the link goes on waiting and asking."""
+
+    async def scenario(broker: ProxyBroker) -> None:
+        assert broker.remote is not None
+        calls = 0
+
+        async def read_routes() -> None:
+            nonlocal calls
+            calls += 1
+            raise OSError("no admin API answered")
+
+        broker.remote.refresh = read_routes
+        broker.remote.ask_routes()
+        task = broker.remote._asking
+        assert task is not None
+        await asyncio.sleep(0.01)
+        assert task.done() and task.exception() is None and calls == 1
+        await asyncio.sleep(remote.ROUTES_ASK_FIRST_S)
+        broker.remote.ask_routes()
+        await asyncio.sleep(0.01)
+        assert calls == 2
+
+    run(tmp_path, scenario)
+
+
 def test_unknown_streams_and_partitions(tmp_path: Path) -> None:
     async def scenario(broker: ProxyBroker) -> None:
         assert broker.remote is not None
