@@ -515,16 +515,9 @@ def test_an_operation_at_the_leader_waits_a_moment_for_the_table_to_name_one(
     attach right after the stream was created)."""
     monkeypatch.setattr(remote, "LEADER_WAIT_S", 0.5)
 
-    def leader_alive(broker: ProxyBroker, alive: bool) -> None:
-        routes = broker.table.routes
-        route = routes.partitions[KEY]
-        partitions = dict(routes.partitions) | {KEY: replace(route, leader_alive=alive)}
-        broker.version += 1
-        broker.table.update(replace(routes, version=broker.version, partitions=partitions))
-
     async def scenario(broker: ProxyBroker) -> None:
         name = committed_name("g").encode()
-        leader_alive(broker, False)
+        set_alive(broker, False)
         reader = broker.partition(STREAM, PartitionId(0), write=False)
         assert isinstance(reader, RemoteReader)
         with pytest.raises(Unavailable, match="has no leader; retry"):
@@ -532,7 +525,7 @@ def test_an_operation_at_the_leader_waits_a_moment_for_the_table_to_name_one(
         claim = asyncio.ensure_future(reader.claim(name, 1))
         await asyncio.sleep(0.2)
         assert not claim.done()
-        leader_alive(broker, True)
+        set_alive(broker, True)
         assert (await claim).active
 
     run(tmp_path, scenario)
