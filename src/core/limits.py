@@ -95,9 +95,13 @@ socket_read_slice_bytes = 64 * 1024
 64 KiB since ADR 0047 (16 KiB before): a 1 KiB or 16 KiB producer's read in a quarter of the
 loop turns took 6-10% less of the leader's CPU per message (RESULTS §58); a slice holds the
 loop ~0.45 ms at p50 (0.12 before)."""
+socket_read_bytes = 1024 * 1024
+"""The most one read of a client connection takes (ADR 0047: the loop reads into a buffer of
+this size; uvloop's own reads were 256 KiB): a flooding producer's read is one chunk, so 1 MiB
+of its messages costs one chunk's work through Raft instead of four."""
 ingress_hold_bytes_max = 1024 * 1024
 """Input of one large read whose messages a connection holds across slices before appending
-them (one chunk per read, not per slice; a flooding client's reads are 256 KB under uvloop)."""
+them (one chunk per read, not per slice; a flooding client's reads are `socket_read_bytes`)."""
 frame_bytes_max = 1024 * 1024 + 64 * 1024
 """AMQP max-frame-size offered to peers."""
 connections_max = 4096
@@ -110,6 +114,7 @@ assert segment_bytes_min >= 4096
 assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
 assert frame_bytes_max > message_bytes_max
 assert socket_read_slice_bytes <= ingress_hold_bytes_max <= chunk_bytes_max
+assert socket_read_slice_bytes <= socket_read_bytes, "a read is pushed in one or more slices"
 assert len("$generation/") + group_name_bytes_max <= tracked_name_bytes_max
 assert consumer_name_bytes_max <= tracked_name_bytes_max
 assert group_session_timeout_ms_min <= group_session_timeout_ms_default

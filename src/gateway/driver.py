@@ -1,4 +1,5 @@
-"""One AMQP 1.0 connection: an asyncio Protocol driving proton's engine (the only proton module).
+"""One AMQP 1.0 connection: an asyncio BufferedProtocol driving proton's engine (the only proton
+module).
 
 Layers, outside in: asyncio transport (TLS already terminated) -> `sasl.SaslServer` until the
 outcome -> proton `Transport`/`Connection`/`Collector` (no proton SASL layer) -> our dispatch.
@@ -16,9 +17,10 @@ egress hot path; the decisions they take without proton live in `links` (pure).
 
 Pump order: dispatch events -> start appends for the producer batches drained this turn ->
 top up producer credit -> send to consumers with credit -> write proton's output -> arm the
-heartbeat timer. Input is pushed into proton at most `limits.socket_read_slice_bytes` per loop
-turn (reading is paused in between) so one flooding client cannot starve the loop; the appends
-wait for the read's last slice (`_holding`), so a read is one chunk, not one per slice.
+heartbeat timer. Input is read up to `limits.socket_read_bytes` at a time (ADR 0047) and pushed
+into proton at most `limits.socket_read_slice_bytes` per loop turn (reading is paused in
+between) so one flooding client cannot starve the loop; the appends wait for the read's last
+slice (`_holding`), so a read is one chunk, not one per slice.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import ipaddress
 import logging
 import secrets
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -153,7 +156,18 @@ class Context:
         return eventhubs.DIALECT in self.dialects
 
 
-class AmqpConnection(asyncio.Protocol):
+_reads = threading.local()
+"""Each thread's (each event loop's) read buffer (`AmqpConnection.get_buffer`)."""
+
+
+def _read_buffer() -> memoryview:
+    view: memoryview | None = getattr(_reads, "view", None)
+    if view is None:
+        view = _reads.view = memoryview(bytearray(limits.socket_read_bytes))
+    return view
+
+
+class AmqpConnection(asyncio.BufferedProtocol):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.loop = asyncio.get_running_loop()
@@ -217,6 +231,16 @@ class AmqpConnection(asyncio.Protocol):
             return
         self.ctx.stats.connections_accepted += 1
         self.ctx.connections.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the loop reads this connection's next bytes: one buffer of
+        `limits.socket_read_bytes` per thread, shared by its connections. `buffer_updated`
+        copies out what was read before anything else can read into it: a flooding producer's
+        read is up to 1 MiB and one chunk, where uvloop's own reads were 256 KiB (ADR 0047)."""
+        return _read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(_read_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -387,7 +411,8 @@ class AmqpConnection(asyncio.Protocol):
         slice. Every chunk costs the same work on its way, whatever it holds (encoding, a Raft
         entry, an Append and its ack to each follower, a write and an fsync share, an apply:
         ~0.5-0.7 ms of the leader's CPU and ~0.4 ms of each follower's; ADR 0035, RESULTS
-        §37), and a flooding producer's reads are 256 KB."""
+        §37), and a flooding producer's reads are up to
+        `limits.socket_read_bytes` (1 MiB)."""
         if self._rest is None or self._held_bytes >= limits.ingress_hold_bytes_max:
             self._held_bytes = 0
             return False

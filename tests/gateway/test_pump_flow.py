@@ -279,6 +279,41 @@ def test_the_messages_of_one_large_read_are_appended_as_one_chunk(
     assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
 
 
+def test_a_read_into_the_shared_buffer_is_one_chunk_and_copied_out_at_once(
+    rig: PumpRig, client: Client, memory: MemoryBroker
+) -> None:
+    """ADR 0047: the loop reads a connection's input into one buffer of
+    `limits.socket_read_bytes` per thread (four times uvloop's own 256 KiB reads); the
+    messages of such a read are one chunk, and what was read is copied out before the next
+    read, of any connection, overwrites the buffer, although its slices go into proton over
+    several loop turns."""
+    other = rig.connect()
+    sender = client.sender("orders")
+    rig.pump()
+    count = (limits.socket_read_bytes - 64 * 1024) // 1100
+    messages = [encode(body=bytes([i % 251]) * 1000) for i in range(count)]
+    for message in messages:
+        client.send(sender, message)
+    out = b""
+    while (pending := client.transport.pending()) > 0:
+        out += bytes(client.transport.peek(pending) or b"")
+        client.transport.pop(pending)
+    assert 4 * 256 * 1024 > len(out) > 3 * 256 * 1024  # more than uvloop's reads held
+
+    async def read() -> None:
+        view = client.server.get_buffer(-1)
+        assert len(view) == limits.socket_read_bytes
+        assert other.server.get_buffer(-1).obj is view.obj  # one per thread, not per connection
+        view[: len(out)] = out
+        client.server.buffer_updated(len(out))
+        view[: len(out)] = bytes(len(out))  # the next read, before the slices are all pushed
+
+    rig.run(read())
+    rig.pump()
+    assert held_records(memory) == [count]
+    assert held_bytes(memory) == messages
+
+
 def test_a_read_past_the_hold_limit_is_appended_every_hold_limit(
     rig: PumpRig, client: Client, memory: MemoryBroker
 ) -> None:
