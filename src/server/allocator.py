@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 MALLOC_ENV = "SPATE_MALLOC"
 MMAP_THRESHOLD_BYTES = 8 * 1024 * 1024
-"""Blocks below this come from the heap (the largest frame a session reads is 1 MiB of
-records; a node's in-place Append up to `frames` bytes_max)."""
+"""Blocks below this come from the heap (the largest frame a gateway session reads is 1 MiB
+of records; a client connection's read, ADR 0047, 1 MiB too)."""
 TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024
 """Free heap top kept before it is given back to the kernel."""
 
