@@ -46,6 +46,7 @@ from loadclient import (
     loadavg,
     log,
     proc_cpu_ticks,
+    proc_minor_faults,
     rss_kib,
     run_client,
     split_hostport,
@@ -85,12 +86,6 @@ def _other_threads_ticks(pid: int) -> int:
     return total
 
 
-def _minor_faults(pid: int) -> int:
-    """Minor page faults of a process, all its threads (field 10 of proc(5)'s stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[7])
-
-
 def consume_once(
     binary: Path,
     where: tuple[str, str],
@@ -108,11 +103,11 @@ def consume_once(
     if settled:
         args.append("--settled")
     t0 = {name: _other_threads_ticks(pid) for name, pid in pids.items()}
-    f0 = {name: _minor_faults(pid) for name, pid in pids.items()}
+    f0 = {name: proc_minor_faults(pid) for name, pid in pids.items()}
     k0, c0 = _ticks(pids), _children_cpu_s()
     r = run_client(binary, "consume", args, TIMEOUT_S)
     k1, c1 = _ticks(pids), _children_cpu_s()
-    f1 = {name: _minor_faults(pid) for name, pid in pids.items()}
+    f1 = {name: proc_minor_faults(pid) for name, pid in pids.items()}
     t1 = {name: _other_threads_ticks(pid) for name, pid in pids.items()}
     n = int(r.get("received") or 0)
     if r.get("error") or n < count:

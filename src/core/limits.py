@@ -104,6 +104,13 @@ ingress_hold_bytes_max = 1024 * 1024
 them (one chunk per read, not per slice; a flooding client's reads are `socket_read_bytes`)."""
 frame_bytes_max = 1024 * 1024 + 64 * 1024
 """AMQP max-frame-size offered to peers."""
+frame_receive_buffer_bytes = 256 * 1024
+"""Spate's own framed links (peer links, gateway sessions at either end; spate.core.receiver):
+the staging buffer a connection's reads go into, reused: many small frames per recv(2), as the
+event loop's own read buffer held (uvloop: 256 KiB)."""
+frame_in_place_bytes_min = 64 * 1024
+"""On those links, a frame body at least this large that a read leaves incomplete is read into
+a buffer of its own, in place, instead of being copied out of staging once whole (ADR 0039)."""
 connections_max = 4096
 listen_backlog = 1024
 
@@ -115,6 +122,7 @@ assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in
 assert frame_bytes_max > message_bytes_max
 assert socket_read_slice_bytes <= ingress_hold_bytes_max <= chunk_bytes_max
 assert socket_read_slice_bytes <= socket_read_bytes, "a read is pushed in one or more slices"
+assert 0 < frame_in_place_bytes_min <= frame_receive_buffer_bytes // 2
 assert len("$generation/") + group_name_bytes_max <= tracked_name_bytes_max
 assert consumer_name_bytes_max <= tracked_name_bytes_max
 assert group_session_timeout_ms_min <= group_session_timeout_ms_default

@@ -36,17 +36,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from spate.core import frames
+from spate.core import frames, limits
 
 log = logging.getLogger(__name__)
 
 FrameCallback = Callable[[int, memoryview], None]
 """(kind, body) for every whole frame, in order."""
-
-RECEIVE_BUFFER_BYTES = 256 * 1024
-"""Staging: where the kernel reads a connection's bytes, reused (one per connection)."""
-IN_PLACE_BYTES_MIN = 64 * 1024
-"""A frame at least this large, not whole in staging yet, is read into a buffer of its own."""
 
 _HEAD = frames.FRAME_HEAD
 _HEAD_BYTES = frames.FRAME_HEAD_BYTES
@@ -67,8 +62,8 @@ class FrameSplitter:
         on_frame: FrameCallback,
         *,
         bytes_max: int,
-        buffer_bytes: int = RECEIVE_BUFFER_BYTES,
-        in_place_bytes_min: int = IN_PLACE_BYTES_MIN,
+        buffer_bytes: int = limits.frame_receive_buffer_bytes,
+        in_place_bytes_min: int = limits.frame_in_place_bytes_min,
     ) -> None:
         assert in_place_bytes_min > _HEAD_BYTES, "a frame read in place has its head already"
         assert in_place_bytes_min + _HEAD_BYTES <= buffer_bytes, "a smaller frame fits staging"
@@ -170,8 +165,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
         on_frame: FrameCallback,
         *,
         bytes_max: int,
-        buffer_bytes: int = RECEIVE_BUFFER_BYTES,
-        in_place_bytes_min: int = IN_PLACE_BYTES_MIN,
+        buffer_bytes: int = limits.frame_receive_buffer_bytes,
+        in_place_bytes_min: int = limits.frame_in_place_bytes_min,
         after_read: Callable[[], None] | None = None,
     ) -> None:
         self._transport = transport

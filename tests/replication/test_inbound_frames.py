@@ -29,12 +29,9 @@ KEY = (StreamName("orders"), PartitionId(7))
 
 # Small limits, so every cut of a stream holding each kind of frame is few enough to try.
 SMALL = {"buffer_bytes": 64, "in_place_bytes_min": 20, "bytes_max": 200}
-NODE = {
-    "bytes_max": limits.frame_bytes_max,
-    "buffer_bytes": limits.receive_buffer_bytes,
-    "in_place_bytes_min": limits.frame_in_place_bytes_min,
-}
-"""A node's peer links' limits (the transport passes them)."""
+NODE = {"bytes_max": limits.frame_bytes_max}
+"""A node's peer links' limits (the transport passes bytes_max; staging and the in-place size
+are the receiver's defaults)."""
 
 
 def _frame(kind: int, body: bytes) -> bytes:

@@ -62,14 +62,12 @@ network: Raft retransmits)."""
 peer_write_bytes_max = 4 * 1024 * 1024
 """Frames joined into one socket write (many Raft messages, of many partitions, per write)."""
 
-receive_buffer_bytes = 256 * 1024
-"""The staging buffer an accepted peer link's reads go into (spate.core.receiver; one per link,
-reused): many small frames per recv(2), as the event loop's own read buffer held (uvloop: 256
-KiB)."""
+receive_buffer_bytes = core_limits.frame_receive_buffer_bytes
+"""The staging buffer an accepted peer link's reads go into (spate.core.receiver's default)."""
 
-frame_in_place_bytes_min = 64 * 1024
-"""A frame body at least this large that a read leaves incomplete is read into a buffer of its
-own, in place, instead of being copied out of staging once whole (ADR 0039)."""
+frame_in_place_bytes_min = core_limits.frame_in_place_bytes_min
+"""A frame body at least this large that a read leaves incomplete is read in place (ADR 0039;
+spate.core.receiver's default)."""
 
 reconnect_delay_ms_min = 20
 reconnect_delay_ms_max = 1000
@@ -100,7 +98,6 @@ vote_embargo_ticks = 2 * 10
 hears from a leader first (a wiped replica has forgotten its vote; ADR 0005)."""
 
 assert frame_bytes_max > catchup_piece_bytes + 64 * 1024
-assert 0 < frame_in_place_bytes_min <= receive_buffer_bytes // 2
 assert peer_send_queue_bytes_max >= frame_bytes_max
 
 liveness_ticks = 10

@@ -410,8 +410,6 @@ class Transport:
             writer.transport,
             partial(self._on_frame, node),
             bytes_max=limits.frame_bytes_max,
-            buffer_bytes=limits.receive_buffer_bytes,
-            in_place_bytes_min=limits.frame_in_place_bytes_min,
             after_read=self.flush_sessions,
         )
         reason = await self._welcome(receiver, reader, writer, welcome)
@@ -438,8 +436,6 @@ class Transport:
                 writer.transport,
                 session.on_frame,
                 bytes_max=session.frame_bytes_max,
-                buffer_bytes=limits.receive_buffer_bytes,
-                in_place_bytes_min=limits.frame_in_place_bytes_min,
                 after_read=self.flush_sessions,
             )
             reason = await self._welcome(receiver, reader, writer, welcome)
