@@ -80,8 +80,18 @@ the wire adds its request timeout on top); members poll well within their sessio
 # AMQP
 link_credit_max = 5000
 """Credit granted to a producer link; 000/research: windows >= 5000 matter for throughput."""
+link_credit_bytes = 16 * 1024 * 1024
+"""A producer link's credit window covers at most this many bytes of its messages (ADR 0048):
+`link_credit_max` credits for messages up to ~3.3 KiB, fewer for larger ones (1024 at 16 KiB),
+never fewer than `link_credit_min`. Before its first message a link's messages are taken to be
+`message_bytes_max` long, so its first window is `link_credit_min`."""
+link_credit_min = 16
 producer_unconfirmed_max = 20_000
 """Deliveries a connection may hold unsettled while they wait for durability; past it, no credit."""
+producer_in_flight_bytes_max = 32 * 1024 * 1024
+"""Bytes of a connection's messages handed to partitions and not answered yet, pre-settled ones
+included (ADR 0048); past it, no credit. With the credit windows above, what a connection holds
+is at most this plus one window per producer link."""
 consumer_send_batch_max = 2000
 """Deliveries written to one consumer link per pump, so one link cannot starve the others."""
 bulk_delivery_messages_max = 4096
@@ -120,6 +130,7 @@ assert sub_entry_uncompressed_bytes_max >= message_bytes_max, "one maximal messa
 assert segment_bytes_min >= 4096
 assert segment_bytes_max >= chunk_bytes_max + 4096, "a maximal chunk must fit in an empty segment"
 assert frame_bytes_max > message_bytes_max
+assert link_credit_bytes // message_bytes_max == link_credit_min <= link_credit_max
 assert socket_read_slice_bytes <= ingress_hold_bytes_max <= chunk_bytes_max
 assert socket_read_slice_bytes <= socket_read_bytes, "a read is pushed in one or more slices"
 assert 0 < frame_in_place_bytes_min <= frame_receive_buffer_bytes // 2

@@ -264,6 +264,22 @@ class AmqpConnection(asyncio.BufferedProtocol):
             self._timer.cancel()
         self.consumer.forget_all()
         self.producer.forget_all()
+        self._free_engine()
+
+    def _free_engine(self) -> None:
+        """Give proton's memory back when the connection ends, not at the next full collection
+        (ADR 0048): the connection's objects refer to each other (its parts to their host,
+        callbacks to the parts), so only the cyclic collector frees them, and once they have
+        lived a while only a full collection, which the collector's thresholds put off because
+        they do not see proton's memory: the connection's pool of finished deliveries (as many
+        as were ever in flight at once, each keeping its message's buffer) and its transport's
+        buffers, 180 MiB after three W1 runs of 16 KiB messages (RESULTS §59). Released here,
+        and the wrappers dropped, that is freed at once; nothing uses them once `closed` is set
+        (a use would raise AttributeError, not touch freed memory)."""
+        self.collector.release()  # its events hold the connection, links and deliveries
+        self.engine.unbind()
+        self.conn.free()  # pn_connection_release: its sessions and links go now
+        del self.engine, self.conn, self.collector
 
     def pause_writing(self) -> None:
         self._paused_writing = True

@@ -388,13 +388,30 @@ def partition_or_agnostic_error(
         ) from err
 
 
-def producer_credit(credit: int, unconfirmed: int) -> int:
-    """Credit to grant a producer link now: none while the connection has
-    `limits.producer_unconfirmed_max` deliveries waiting for durability (admission control),
-    else top it up to `limits.link_credit_max` once it fell below half."""
-    if unconfirmed >= limits.producer_unconfirmed_max or credit >= limits.link_credit_max // 2:
+def producer_credit(
+    credit: int, unconfirmed: int, in_flight_bytes: int = 0, message_bytes: int = 0
+) -> int:
+    """Credit to grant a producer link now: none while its connection has
+    `limits.producer_unconfirmed_max` deliveries waiting for durability or
+    `limits.producer_in_flight_bytes_max` bytes of messages not answered yet (admission
+    control), else top it up to its window (`producer_window`) once it fell below half."""
+    if (
+        unconfirmed >= limits.producer_unconfirmed_max
+        or in_flight_bytes >= limits.producer_in_flight_bytes_max
+    ):
         return 0
-    return limits.link_credit_max - credit
+    window = producer_window(message_bytes)
+    if credit >= window // 2:
+        return 0
+    return window - credit
+
+
+def producer_window(message_bytes: int) -> int:
+    """A producer link's credit window for messages of `message_bytes` (0: none seen yet, taken
+    as `limits.message_bytes_max`): as many as `limits.link_credit_bytes` holds, within
+    `limits.link_credit_min`..`limits.link_credit_max` (ADR 0048)."""
+    fits = limits.link_credit_bytes // (message_bytes or limits.message_bytes_max)
+    return max(limits.link_credit_min, min(limits.link_credit_max, fits))
 
 
 # Consumers --------------------------------------------------------------------------------------

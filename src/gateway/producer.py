@@ -125,6 +125,9 @@ class ProducerLink:
     stored without it (the chunk's producer section has the id)."""
     eventhubs: bool = False
     """A link of the Event Hubs dialect (ADR 0021): read by `_drain_eventhubs`."""
+    message_bytes: int = 0
+    """The mean message size of the link's last appended chunk (0 before its first): sizes its
+    credit window (`links.producer_window`)."""
 
 
 class ProducerPart:
@@ -140,6 +143,9 @@ class ProducerPart:
         """Producer links (pointers) that drained records this turn."""
         self.unconfirmed = 0
         """Deliveries of this connection waiting for durability."""
+        self.in_flight_bytes = 0
+        """Bytes of this connection's messages handed to partitions and not answered yet,
+        pre-settled ones included (ADR 0048)."""
 
     def open(
         self,
@@ -759,20 +765,28 @@ class ProducerPart:
             self._appended(producer, deliveries, err)
             return
         stats = self.stats  # once per chunk: the lengths are summed in C
+        size = sum(map(len, records))
         stats.messages_in += len(records)
-        stats.bytes_in += sum(map(len, records))
+        stats.bytes_in += size
+        self.in_flight_bytes += size
+        producer.message_bytes = size // len(records) or 1
         if named is not None and isinstance(pending, asyncio.Future) and pending.done():
             refusal = None if pending.cancelled() else pending.exception()
             if refusal is not None:  # refused at once: end the link before the next append
-                self._append_done(producer, deliveries, pending)
+                self._append_done(producer, deliveries, size, pending)
                 return
         future = asyncio.ensure_future(pending)
         self.host.own(future)
-        future.add_done_callback(lambda f: self._append_done(producer, deliveries, f))
+        future.add_done_callback(lambda f: self._append_done(producer, deliveries, size, f))
 
     def _append_done(
-        self, producer: ProducerLink, deliveries: list[Any], future: asyncio.Future[Any]
+        self,
+        producer: ProducerLink,
+        deliveries: list[Any],
+        size: int,
+        future: asyncio.Future[Any],
     ) -> None:
+        self.in_flight_bytes -= size
         if future.cancelled():
             self._appended(producer, deliveries, BrokerError("append was cancelled"))
             return
@@ -814,7 +828,12 @@ class ProducerPart:
     def top_up(self, producer: ProducerLink) -> None:
         if producer.closed:
             return
-        grant = links.producer_credit(lib.pn_link_credit(producer.pointer), self.unconfirmed)
+        grant = links.producer_credit(
+            lib.pn_link_credit(producer.pointer),
+            self.unconfirmed,
+            self.in_flight_bytes,
+            producer.message_bytes,
+        )
         if grant:
             lib.pn_link_flow(producer.pointer, grant)
 

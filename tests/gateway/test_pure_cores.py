@@ -382,12 +382,31 @@ def test_cursor_takes_runs_across_chunks_in_log_order() -> None:
 
 
 def test_producer_credit_is_admission_control() -> None:
+    small = 1024  # a window of link_credit_max
     full = limits.link_credit_max
-    assert links.producer_credit(0, 0) == full
-    assert links.producer_credit(full // 2 - 1, 0) == full - (full // 2 - 1)  # fell below half
-    assert links.producer_credit(full // 2, 0) == 0  # still half: no flow frame
-    assert links.producer_credit(0, limits.producer_unconfirmed_max) == 0  # the disk is behind
-    assert links.producer_credit(0, limits.producer_unconfirmed_max - 1) == full
+    assert links.producer_credit(0, 0, 0, small) == full
+    assert links.producer_credit(full // 2 - 1, 0, 0, small) == full - (full // 2 - 1)
+    assert links.producer_credit(full // 2, 0, 0, small) == 0  # still half: no flow frame
+    assert links.producer_credit(0, limits.producer_unconfirmed_max, 0, small) == 0  # disk behind
+    assert links.producer_credit(0, limits.producer_unconfirmed_max - 1, 0, small) == full
+    # ADR 0048: bytes in flight count too, pre-settled ones included (no unconfirmed count)
+    assert links.producer_credit(0, 0, limits.producer_in_flight_bytes_max, small) == 0
+    assert links.producer_credit(0, 0, limits.producer_in_flight_bytes_max - 1, small) == full
+
+
+def test_a_producer_links_window_holds_a_bounded_number_of_bytes() -> None:
+    """ADR 0048: as many credits as `link_credit_bytes` of the link's messages, within
+    `link_credit_min`..`link_credit_max`; a link that sent nothing yet is taken to send
+    maximal messages."""
+    assert links.producer_window(0) == limits.link_credit_min
+    assert links.producer_window(100) == limits.link_credit_max
+    assert links.producer_window(16384) == 1024
+    assert links.producer_window(limits.message_bytes_max) == limits.link_credit_min
+    for size in (1, 100, 1024, 3000, 4096, 16384, 65536, 300_000, limits.message_bytes_max):
+        window = links.producer_window(size)
+        assert limits.link_credit_min <= window <= limits.link_credit_max
+        assert window * size <= limits.link_credit_bytes or window == limits.link_credit_min
+        assert window == limits.link_credit_max or (window + 1) * size > limits.link_credit_bytes
 
 
 def test_consumer_room_is_credit_bounded_by_unsettled_and_the_pump_batch() -> None:
