@@ -12,7 +12,10 @@ through the gateway 20% slower (RESULTS §57). With the thresholds fixed, buffer
 kept for the next ones.
 
 What it costs is memory the process keeps: at most `TRIM_THRESHOLD_BYTES` of free heap top
-beyond what it uses (RSS measured in RESULTS §58).
+beyond what it uses (RSS measured in RESULTS §58), and free chunks below the top, which glibc
+only gives back when asked (`trim`): after a burst the heap stays at the burst's high-water
+mark. A process that went quiet gives it back once (`IdleTrim`, ADR 0048; RESULTS §59), as
+jemalloc's decay purging returns unused dirty pages over ~10 s.
 
 `$SPATE_MALLOC=default` leaves glibc's defaults; glibc's own `MALLOC_MMAP_THRESHOLD_` /
 `MALLOC_TRIM_THRESHOLD_` in the environment win over these. Not glibc (musl, macOS): nothing
@@ -34,6 +37,9 @@ MMAP_THRESHOLD_BYTES = 8 * 1024 * 1024
 of records; a client connection's read, ADR 0047, 1 MiB too)."""
 TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024
 """Free heap top kept before it is given back to the kernel."""
+
+IDLE_TRIM_S = 10.0
+"""Quiet this long (no bytes through the listener), a process gives its free heap back once."""
 
 _M_TRIM_THRESHOLD = -1  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
@@ -67,3 +73,48 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
             log.warning("mallopt(%d, %d) refused; malloc thresholds partly default", param, value)
             return False
     return True
+
+
+def rss_mib() -> int:
+    """This process's resident set, MiB (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+
+
+def trim() -> bool:
+    """Give the free heap's whole pages back to the kernel, in every arena (glibc's
+    malloc_trim(0)); False where there is no malloc_trim or it found nothing to give."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))
+
+
+class IdleTrim:
+    """When to `trim`: once `idle_s` have passed with the activity count unchanged, once per
+    quiet spell (a burst leaves the heap at its high-water mark; trimming while traffic flows
+    would hand pages back that the next reads fault in again, what the thresholds avoid)."""
+
+    def __init__(self, idle_s: float = IDLE_TRIM_S) -> None:
+        self.idle_s = idle_s
+        self._activity: int | None = None
+        self._since = 0.0
+        self._trimmed = True  # nothing to give back before the first traffic
+
+    def due(self, now: float, activity: int) -> bool:
+        if activity != self._activity:
+            if self._activity is not None:
+                self._trimmed = False
+            self._activity, self._since = activity, now
+            return False
+        if self._trimmed or now - self._since < self.idle_s:
+            return False
+        self._trimmed = True
+        return True

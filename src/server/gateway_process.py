@@ -312,6 +312,8 @@ class GatewayProcess:
                 settings.metrics_port,
             )
         self._task: asyncio.Task[None] | None = None
+        self.idle_trim = allocator.IdleTrim() if allocator.settings(os.environ) else None
+        """Gives the free heap back once quiet (ADR 0048); not when glibc is left alone."""
         self._reading: asyncio.Future[bool] | None = None
         """A routes read asked for by attaches (`_refresh_now`); concurrent ones share it."""
         self.endpoints: dict[str, Any] = {}
@@ -356,9 +358,27 @@ class GatewayProcess:
         admins = list(self.settings.admin)
         while True:
             await asyncio.sleep(self.settings.refresh_ms / 1000)
+            self._trim_when_idle()
             if await self._refresh_once(admins):
                 continue
             admins = admins[1:] + admins[:1]  # next time, ask another node first
+
+    def _trim_when_idle(self) -> None:
+        """Quiet for `allocator.IDLE_TRIM_S` after traffic: the free heap goes back (ADR 0048)."""
+        if self.idle_trim is None:
+            return
+        stats, _ = self.server.stats()
+        if not self.idle_trim.due(time.monotonic(), stats.bytes_in + stats.bytes_out):
+            return
+        before, started = allocator.rss_mib(), time.perf_counter()
+        allocator.trim()
+        log.info(
+            "quiet for %.0f s: free heap given back, RSS %d -> %d MiB (%.1f ms)",
+            self.idle_trim.idle_s,
+            before,
+            allocator.rss_mib(),
+            (time.perf_counter() - started) * 1000,
+        )
 
     async def _refresh_now(self) -> bool:
         """Read the routes at once (an attach names something they do not hold); attaches

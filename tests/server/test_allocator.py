@@ -67,3 +67,49 @@ def test_fixed_thresholds_keep_large_buffers_pages_in_the_process() -> None:
         fixed,
         default,
     )
+
+
+# 200 MiB of 1 MiB blocks from the heap (the thresholds keep them off mmap), then a small block
+# above them, then the 200 freed: the free heap is below a live block, so no top trim gives it
+# back; only `trim` (malloc_trim(0)) does.
+TRIM_PROBE = """
+import json, sys
+from spate.server import allocator
+allocator.configure()
+base = allocator.rss_mib()
+blocks = [bytearray(1 << 20) for _ in range(200)]
+for block in blocks:
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+pin = bytearray(100_000)
+del blocks
+kept = allocator.rss_mib()
+trimmed = allocator.trim()
+print(json.dumps({"base": base, "kept": kept, "after": allocator.rss_mib(), "trimmed": trimmed}))
+"""
+
+
+def test_trim_gives_back_free_heap_that_the_threshold_keeps() -> None:
+    """ADR 0048: after a burst the heap glibc keeps is the burst's high-water mark; `trim`
+    hands its free pages back."""
+    environ = {k: v for k, v in os.environ.items() if "MALLOC" not in k}
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE], env=environ, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["kept"] - got["base"] > 150, got  # freed, still resident
+    assert got["trimmed"] is True
+    assert got["kept"] - got["after"] > 150, got
+
+
+def test_idle_trim_is_due_once_per_quiet_spell_after_traffic() -> None:
+    trim = allocator.IdleTrim(idle_s=10.0)
+    assert not trim.due(0.0, 0)  # the first look
+    assert not trim.due(30.0, 0)  # no traffic yet: nothing to give back
+    assert not trim.due(31.0, 500)  # traffic
+    assert not trim.due(35.0, 900)
+    assert not trim.due(44.9, 900)  # quiet 9.9 s
+    assert trim.due(45.0, 900)  # quiet 10 s: once
+    assert not trim.due(60.0, 900)
+    assert not trim.due(61.0, 901)  # traffic again
+    assert not trim.due(70.0, 901)
+    assert trim.due(71.0, 901)
