@@ -137,6 +137,10 @@ class GatewayServer:
         self._context.permissions = users.store
         self._context.sas_keys = dict(users.sas_keys)
 
+    def counters(self) -> ListenerStats:
+        """The listener's counters alone, without a walk over its connections."""
+        return ListenerStats() if self._context is None else self._context.stats
+
     def stats(self) -> tuple[ListenerStats, ListenerSnapshot]:
         """The listener's counters and its live connections, links and credit (/metrics)."""
         if self._context is None:

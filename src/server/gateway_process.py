@@ -367,7 +367,7 @@ class GatewayProcess:
         """Quiet for `allocator.IDLE_TRIM_S` after traffic: the free heap goes back (ADR 0048)."""
         if self.idle_trim is None:
             return
-        stats, _ = self.server.stats()
+        stats = self.server.counters()
         if not self.idle_trim.due(time.monotonic(), stats.bytes_in + stats.bytes_out):
             return
         before, started = allocator.rss_mib(), time.perf_counter()

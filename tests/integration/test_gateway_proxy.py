@@ -20,6 +20,7 @@ import pytest
 from proton import Message, Timeout, symbol
 from proton.utils import BlockingConnection, LinkDetached, SendException
 from spate.client import Consumer, Producer
+from spate.server import allocator
 from support.amqp_clients import (
     LinkProperties,
     RunningGateway,
@@ -31,6 +32,7 @@ from support.amqp_clients import (
 from support.cluster import Cluster, spate
 
 PARTITIONS = 6
+TRIMMED = "free heap given back"
 
 
 # The tests that kill nothing share one cluster (a start is ~10 s), on one worker.
@@ -95,6 +97,30 @@ def test_status_lists_proxy_gateways(cluster: Cluster) -> None:
     listed = cluster.state["gateways"]
     assert [g["role"] for g in listed] == ["gateway", "gateway"]
     assert {g["mode"] for g in listed} == {"proxy"}
+
+
+@shared
+def test_a_quiet_gateway_gives_its_free_heap_back_once(cluster: Cluster) -> None:
+    """ADR 0048 (4): after traffic, `allocator.IDLE_TRIM_S` without a byte through its listener,
+    a gateway hands its free heap back to the kernel once and logs the RSS before and after."""
+    cluster.cli("stream", "create", "quiet", "--replicas", "3")
+    wait_leaders(cluster, "quiet", 1)
+    gateway = cluster.state["gateways"][1]
+    log = Path(gateway["log"])
+    connection = BlockingConnection(f"amqp://{gateway['amqp']}", timeout=30)
+    try:
+        sender = connection.create_sender("quiet")
+        for _ in range(300):
+            sender.send(Message(body=bytes(16_000)))
+    finally:
+        connection.close()
+    sent = log.read_text().count(TRIMMED)
+    deadline = time.monotonic() + allocator.IDLE_TRIM_S + 15
+    while log.read_text().count(TRIMMED) == sent:
+        assert time.monotonic() < deadline, f"no '{TRIMMED}' in {log} after the traffic"
+        time.sleep(0.5)
+    time.sleep(allocator.IDLE_TRIM_S / 2)
+    assert log.read_text().count(TRIMMED) == sent + 1  # once per quiet spell
 
 
 @shared
