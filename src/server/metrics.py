@@ -438,6 +438,19 @@ class NodeCollector(Collector):
                 "Quiet replicas woken by a Raft message from a peer.",
                 driver.message_wakes,
             ),
+            (
+                GaugeMetricFamily,
+                "spate_replication_log_cache_bytes",
+                "Applied Raft entry bytes the replicas kept in memory at the last sweep (once a "
+                "second), before it lowered any to fit the budget (ADR 0049).",
+                driver.log_cache_bytes,
+            ),
+            (
+                CounterMetricFamily,
+                "spate_replication_log_cache_trims",
+                "Replicas' Raft log caches lowered by a sweep to fit the node's budget.",
+                driver.log_cache_trims,
+            ),
         ):
             family = family_of(name, doc, labels=["node"])
             family.add_metric([node], value)

@@ -218,6 +218,7 @@ _SHELL_BUGS = {
     "filter-misses-last": ShellBugs(filter_misses_last=True),
     "sub-entry-first-value": ShellBugs(sub_entry_first_value=True),
     "batch-removed-replica": ShellBugs(batch_removed_replica=True),
+    "cache-budget-ignored": ShellBugs(cache_budget_ignored=True),
 }
 
 Runner = Callable[[int, argparse.Namespace, str | None, bool], _Outcome]

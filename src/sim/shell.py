@@ -25,6 +25,10 @@ Invariants: the Raft ones of checker.py after every event, plus, for the shell:
 - `logs-identical`: after every restart and at the end, every replica's chunks up to its
   commit index are byte-identical to the committed history (barriers: same term, no records);
 - `retention-floor`: retention never deletes a chunk above the replica's applied index;
+- `log-cache` (ADR 0049): after every event, a replica's applied, durable entries in memory
+  are within its config's limit, a quiet follower keeps none and a quiet leader none that every
+  peer acknowledged; `log-cache-budget`: after each sweep of a driver, its replicas' caches
+  together fit the node's budget (drawn per seed, some far below the caches);
 - deduplication (ADR 0011): the client is a named producer per group that sends increasing
   publishing ids and resends earlier ones a quarter of the time. `dedup-once`: no publishing id
   is committed twice (the ids of the committed records of a name increase strictly);
@@ -77,7 +81,7 @@ from spate.node.replication.messages import (
     SnapshotRequest,
     is_membership,
 )
-from spate.node.replication.raft import RaftConfig
+from spate.node.replication.raft import Raft, RaftConfig, Role
 from spate.node.replication.replica import AppendDone, OffsetDone, Replica
 from spate.node.replication.storage import RaftStore, core_payload
 from spate.sim.checker import InvariantViolation
@@ -157,6 +161,9 @@ class ShellBugs:
     """A replica removed from its driver (its partition closing) is still taken into batches:
     a batch that finishes re-marks it, a wake marks it, so the batch begun next writes and
     syncs files the host closes meanwhile (the driver before 2026-11-27)."""
+    cache_budget_ignored: bool = False
+    """The driver's sweep never lowers the replicas' Raft log caches (ADR 0049): a node keeps
+    every group's cache whatever their total."""
 
 
 NO_BUGS = ShellBugs()
@@ -200,6 +207,12 @@ class ShellOptions:
     once the syncs in flight have returned) and opens it again later from the same files, as
     a partition moved away and back does. Last in the draw, and drawn from a generator of its
     own, so seeds without it keep their histories."""
+    follower_log_cache_bytes: int = 100_000
+    """Applied entry bytes a replica that does not lead keeps (at most `log_cache_bytes`;
+    ADR 0049). Drawn from a generator of its own."""
+    log_cache_budget_bytes: int = 1 << 30
+    """The node-wide budget of the replicas' Raft log caches (ADR 0049): small values make
+    the driver's sweep lower them. Drawn from a generator of its own."""
 
     @staticmethod
     def draw(
@@ -228,6 +241,10 @@ class ShellOptions:
             sub_entries=seed % 4 == 0,
             membership_weight=random.Random(f"shell-membership/{seed}").choice((0, 0, 4, 8)),
             reopen_weight=random.Random(f"shell-reopen/{seed}").choice((0, 0, 2, 6)),
+            follower_log_cache_bytes=random.Random(f"shell-cache/{seed}").choice((0, 100, 100_000)),
+            log_cache_budget_bytes=random.Random(f"shell-budget/{seed}").choice(
+                (1 << 30, 300, 2000)
+            ),
         )
 
     def log_config(self) -> LogConfig:
@@ -380,6 +397,17 @@ class _SimDriver(ReplicationDriver[_SimReplica]):
                     )
         super()._start_transfer(group, request)
 
+    def _bound_caches(self) -> None:
+        if not self.sim.options.bugs.cache_budget_ignored:
+            super()._bound_caches()
+        held = sum(_cache_droppable(g.raft) for g in self.groups.values())
+        if held > self.log_cache_budget_bytes:
+            raise InvariantViolation(
+                "log-cache-budget",
+                f"{self.node_id}: the replicas' Raft log caches hold {held} bytes that could go "
+                f"after a sweep, over the node's budget of {self.log_cache_budget_bytes}",
+            )
+
     def _retention_floor(self, group: _SimReplica) -> int | None:
         if self.sim.options.bugs.retention_without_floor:
             return None
@@ -474,6 +502,7 @@ class ShellCluster(SimLoop[_Event]):
             inflight_appends_max=8,
             append_bytes_max=1024,
             log_cache_bytes=options.log_cache_bytes,
+            follower_log_cache_bytes=min(options.follower_log_cache_bytes, options.log_cache_bytes),
             quiesce=seed % 3 != 0,  # quiet idle groups and node liveness (ADR 0026)
         )
         self.log_config = options.log_config()
@@ -651,6 +680,7 @@ class ShellCluster(SimLoop[_Event]):
             if state.up:
                 for replica in state.driver.groups.values():
                     checker.observe(node, replica.group_number, replica.raft)
+                    _check_cache(node, replica)
         for node in nodes:
             self._check_offsets(node)
 
@@ -688,6 +718,7 @@ class ShellCluster(SimLoop[_Event]):
             retention_interval_ms=100,
             catchup_request_timeout_ms=catchup_request_timeout_ms,
             request_id_base=request_id_base,
+            log_cache_budget_bytes=self.options.log_cache_budget_bytes,
         )
         driver.sim = self
         driver.leader_listeners.append(self._on_leader)
@@ -1337,6 +1368,49 @@ def _filter_annotation(publishing_id: int) -> bytes:
     key = filtering.FILTER_VALUE_ANNOTATION.encode()
     entries = b"\xa3" + bytes([len(key)]) + key + b"\xa1" + bytes([len(value)]) + value
     return b"\x00\x53\x72\xc1" + bytes([len(entries) + 1, 2]) + entries
+
+
+def _cache_droppable(raft: Raft) -> int:
+    """Bytes of the applied entries `raft` holds in memory that are also durable here: what
+    `RaftLog.compact` may drop (applied entries above the stable index must stay)."""
+    log = raft.log
+    held = log.bytes_applied
+    for index in range(max(log.stable, log.first_index - 1) + 1, log.applied + 1):
+        held -= len(log.entry(index).payload)
+    return held
+
+
+def _check_cache(node: NodeId, replica: _SimReplica) -> None:
+    """`log-cache` (ADR 0049), after every event: a replica's applied, durable entries in
+    memory are within its config's limit (it compacts after every Ready and every commit it
+    applies); a quiet follower keeps none (its peers had everything when its leader went
+    quiet); a quiet leader keeps none that every peer has acknowledged."""
+    raft = replica.raft
+    log = raft.log
+    droppable = _cache_droppable(raft)
+    if not droppable:
+        return
+    where = f"{node} g{replica.group_number} {raft.role.value}"
+    if droppable > raft.config.log_cache_bytes:
+        raise InvariantViolation(
+            "log-cache",
+            f"{where}: {droppable} applied, durable entry bytes in memory, over the limit of "
+            f"{raft.config.log_cache_bytes}",
+        )
+    if not raft.quiesced:
+        return
+    if raft.role is not Role.LEADER:
+        raise InvariantViolation(
+            "log-cache", f"{where} is quiet and keeps {droppable} applied entry bytes"
+        )
+    peers = [raft.match_of(p) for p in raft.membership.members if p != raft.id]
+    floor = min((m or 0 for m in peers), default=log.applied)
+    if log.first_index <= min(floor, log.applied, log.stable):
+        raise InvariantViolation(
+            "log-cache",
+            f"{where} is quiet and keeps entry {log.first_index}, which every peer has "
+            f"acknowledged (up to {floor})",
+        )
 
 
 def _check_filtered(  # noqa: PLR0917 (the replica's read, as its caller has it)

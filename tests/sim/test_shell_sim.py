@@ -97,6 +97,12 @@ _REOPENS = {"reopen_weight": 8}
 nemesis; the other tests keep _MIX's draws as they were."""
 
 
+_CACHES = {"log_cache_bytes": 100_000, "follower_log_cache_bytes": 100_000}
+_TIGHT_BUDGET = {**_CACHES, "log_cache_budget_bytes": 300}
+"""The mix with Raft log caches (ADR 0049) and a node budget far below them: the driver's
+sweep lowers them every simulated second, and lagging replicas get segment transfers."""
+
+
 def _with_bug(seed: int, bugs: ShellBugs, **extra: int) -> ShellResult:
     mix = {**_MIX, **extra}
     options = replace(ShellOptions.draw(seed, nodes=3, groups=2, steps=1500), bugs=bugs, **mix)
@@ -124,6 +130,23 @@ def test_the_fault_mix_with_close_and_reopen_is_clean() -> None:
     results = [_with_bug(s, NO_BUGS, **_REOPENS) for s in range(20)]
     assert [(r.seed, r.failure) for r in results if not r.ok] == []
     assert sum(r.reopens for r in results) > 20 * 5
+
+
+def test_the_fault_mix_with_a_tight_cache_budget_is_clean() -> None:
+    """Caches lowered by the sweep (ADR 0049) among crashes, partitions and slow disks: every
+    invariant holds, `log-cache` and `log-cache-budget` included, and the replicas the
+    leaders no longer hold entries for catch up by segment transfer."""
+    results = [_with_bug(s, NO_BUGS, **_TIGHT_BUDGET) for s in range(20)]
+    assert [(r.seed, r.failure) for r in results if not r.ok] == []
+    roomy = [_with_bug(s, NO_BUGS, **_CACHES) for s in range(20)]
+    assert sum(r.snapshots for r in results) > sum(r.snapshots for r in roomy)
+
+
+def test_a_sweep_that_ignores_the_nodes_cache_budget_is_caught() -> None:
+    failures = _until_caught(
+        ShellBugs(cache_budget_ignored=True), "log-cache-budget:", **_TIGHT_BUDGET
+    )
+    assert any(f.startswith("log-cache-budget:") for f in failures), failures
 
 
 def test_a_removed_replica_taken_into_a_batch_is_caught() -> None:

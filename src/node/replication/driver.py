@@ -108,6 +108,22 @@ was dropped."""
 R = TypeVar("R", bound=Replica)
 
 
+def water_level(sizes: Sequence[int], budget: int) -> int | None:
+    """The largest cap `c` with sum(min(size, c)) <= `budget`: what every cache larger than
+    it is lowered to so that they all fit (ADR 0049); None when they fit already."""
+    assert budget >= 0
+    if sum(sizes) <= budget:
+        return None
+    ordered = sorted(sizes)
+    remaining = budget
+    for position, size in enumerate(ordered):
+        share = remaining // (len(ordered) - position)
+        if size > share:
+            return share  # this and every larger one get `share`: the rest fit below it
+        remaining -= size
+    raise AssertionError("unreachable: the sizes fit")
+
+
 @dataclass(slots=True)
 class Batch(Generic[R]):
     """The Readies taken by one `begin_batch`, and the syncs they need."""
@@ -144,8 +160,10 @@ class ReplicationDriver(Generic[R]):
         request_id_base: int = 1,
         liveness_ticks: int = limits.liveness_ticks,
         liveness_ticks_max: int = limits.liveness_ticks_max,
+        log_cache_budget_bytes: int = limits.node_log_cache_bytes_max,
     ) -> None:
         assert retention_interval_ms > 0 and catchup_request_timeout_ms > 0
+        assert log_cache_budget_bytes >= 0
         self.node_id = node_id
         self._send_frame = send
         self.wake = wake
@@ -217,6 +235,15 @@ class ReplicationDriver(Generic[R]):
         """Replicas the tick visits: every one but the quiet groups (ADR 0026; issue 16: a tick
         over 1,000 quiet groups, 20 times a second, was most of an idle node's cost)."""
         self._clock = self._ticks_now
+        self.log_cache_budget_bytes = log_cache_budget_bytes
+        """Applied Raft entry bytes all replicas here may keep in memory (ADR 0049)."""
+        self.log_cache_bytes = 0
+        """What they kept at the last sweep (SWEEP_TICKS), before it lowered any (/metrics)."""
+        self.log_cache_level: int | None = None
+        """The cap the last sweep set on the largest caches; None: they fit the budget."""
+        self.log_cache_trims = 0
+        """Caches lowered by a sweep to fit the budget."""
+        self._capped: list[R] = []
 
     # -- replicas
 
@@ -289,7 +316,10 @@ class ReplicationDriver(Generic[R]):
         # Quiet groups are not visited (their core would return at once: no timer runs while
         # nothing is pending); their `ticks` count from the driver's clock. A sweep every
         # SWEEP_TICKS looks at them all, in case one woke without telling the driver.
-        visit = self.groups if self.ticks % SWEEP_TICKS == 0 else awake
+        sweep = self.ticks % SWEEP_TICKS == 0
+        if sweep:
+            self._bound_caches()
+        visit = self.groups if sweep else awake
         for key, group in list(visit.items()):
             if group.raft.quiesced:
                 if key in awake:
@@ -307,6 +337,31 @@ class ReplicationDriver(Generic[R]):
             if transfer.deadline_ms <= now_ms:
                 self._abandon(request_id, f"{transfer.fetch.leader} did not answer")
         self.wake()
+
+    def _bound_caches(self) -> None:
+        """Keep the replicas' Raft log caches within the node's budget (ADR 0049): when they
+        hold more than the budget together, lower the largest to one level at which they fit
+        (`water_level`); lift the caps once they hold less than three quarters of it (not at
+        once, or capped caches would refill and be cut every other sweep). Their entries stay
+        on disk; a follower that needs one of them gets a segment transfer, not an Append."""
+        held = [(g, g.raft.cache_bytes) for g in self.groups.values() if g.raft.cache_bytes]
+        total = self.log_cache_bytes = sum(size for _, size in held)
+        budget = self.log_cache_budget_bytes
+        level = water_level([size for _, size in held], budget)
+        if level is None and total > budget * 3 // 4:
+            return  # under the budget, thanks to the caps in force: they stay
+        for group in self._capped:
+            group.raft.cache_cap = None
+        self._capped = []
+        self.log_cache_level = level
+        if level is None:
+            return
+        for group, size in held:
+            if size > level:
+                group.raft.cache_cap = level
+                group.raft.compact_cache()
+                self._capped.append(group)
+                self.log_cache_trims += 1
 
     def _liveness(self) -> None:
         self._liveness_ticks += 1

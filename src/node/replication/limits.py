@@ -2,7 +2,8 @@
 
 Memory held by one Raft group is bounded by these numbers: the in-memory log never holds more
 than `log_unapplied_bytes_max` of entries above the applied index plus `log_cache_bytes_max` of
-applied entries kept to feed slow followers without a snapshot; each follower has at most
+applied entries kept to feed slow followers without a snapshot (`follower_log_cache_bytes_max`
+on a follower, `node_log_cache_bytes_max` over a node's groups); each follower has at most
 `inflight_appends_max` append messages of at most `append_bytes_max` bytes outstanding.
 """
 
@@ -28,7 +29,17 @@ log_unapplied_bytes_max = 64 * 1024 * 1024
 follower drops appends that would pass it (the leader resends after the next heartbeat)."""
 
 log_cache_bytes_max = 16 * 1024 * 1024
-"""Applied entry bytes kept in memory so a lagging follower can be fed without a snapshot."""
+"""Applied entry bytes a leader keeps in memory so a lagging follower can be fed without a
+snapshot: only entries some peer still lacks (every peer's acknowledged index, ADR 0049)."""
+
+follower_log_cache_bytes_max = 4 * 1024 * 1024
+"""Applied entry bytes a follower keeps (none while its group is quiet): what it would feed the
+third replica, a little behind it, if it were elected (ADR 0049)."""
+
+node_log_cache_bytes_max = 128 * 1024 * 1024
+"""Applied entry bytes kept over all of a node's groups: past it, a sweep once a second lowers
+the largest caches to one level that fits (ADR 0049). A soft bound: between two sweeps, groups
+may hold more, each within its own limit above."""
 
 apply_bytes_max = 8 * 1024 * 1024
 """Committed entry bytes handed to the shell in one Ready (at least one entry per Ready)."""
@@ -45,6 +56,7 @@ members_max = peers_max + 2
 (a move adds one learner at a time; ADR 0022)."""
 
 assert append_bytes_max <= log_unapplied_bytes_max
+assert follower_log_cache_bytes_max <= log_cache_bytes_max <= node_log_cache_bytes_max
 assert entry_bytes_max <= log_unapplied_bytes_max, "one maximal entry must be proposable"
 assert apply_bytes_max <= log_unapplied_bytes_max
 assert messages_per_ready_max >= members_max * (inflight_appends_max + 4), "a full pipeline fits"

@@ -181,14 +181,15 @@ class RaftLog:
             self.bytes_applied += len(self.entry(position).payload)
         self.applied = index
 
-    def compact(self, keep_bytes: int) -> None:
-        """Drop applied, durable entries from memory until at most `keep_bytes` of applied
-        entries remain (they stay in storage; followers that need them get a snapshot)."""
+    def compact(self, keep_bytes: int, floor: int = 0) -> None:
+        """Drop applied, durable entries from memory: every one at or below `floor` (every
+        peer holds them) and, above it, the oldest until at most `keep_bytes` of applied
+        entries remain. They stay in storage; a follower that needs one gets a snapshot."""
         limit = min(self.applied, self.stable)
         drop = freed = 0
         while (
             drop < len(self._entries)
-            and self.bytes_applied - freed > keep_bytes
+            and (self.bytes_applied - freed > keep_bytes or self._entries[drop].index <= floor)
             and self._entries[drop].index <= limit
         ):
             freed += len(self._entries[drop].payload)

@@ -108,8 +108,12 @@ class RaftConfig:
     inflight_appends_max: int = limits.inflight_appends_max
     append_bytes_max: int = limits.append_bytes_max
     log_cache_bytes: int = limits.log_cache_bytes_max
-    """Applied entry bytes kept in memory; 0 drops every applied, persisted entry at once
+    """Applied entry bytes a leader keeps in memory for peers that lack them (entries every
+    peer acknowledged go at once, ADR 0049); 0 drops every applied, persisted entry at once
     (tests and the simulator use small values to exercise the snapshot path)."""
+    follower_log_cache_bytes: int = limits.follower_log_cache_bytes_max
+    """Applied entry bytes a replica that does not lead keeps (at most `log_cache_bytes`; none
+    while quiet): what it would feed a peer a little behind it if elected (ADR 0049)."""
     quiesce: bool = False
     """An idle group goes quiet (ADR 0026): no heartbeats, no election timer, until `wake()`,
     a proposal or a message. Only for shells that call `wake()` when a peer node goes silent
@@ -120,6 +124,7 @@ class RaftConfig:
         assert 0 < self.inflight_appends_max <= limits.inflight_appends_max
         assert 0 < self.append_bytes_max <= limits.append_bytes_max
         assert 0 <= self.log_cache_bytes <= limits.log_cache_bytes_max
+        assert 0 <= self.follower_log_cache_bytes <= limits.follower_log_cache_bytes_max
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +227,9 @@ class Raft:
         Append or heartbeat."""
         self.quiesced = False
         """Quiet (ADR 0026): not ticking, no heartbeats; `wake()` or a message ends it."""
+        self.cache_cap: int | None = None
+        """Set by the shell: at most this many applied entry bytes kept in memory, below the
+        config's limits, while the node's caches together are over their budget (ADR 0049)."""
         self._quiet_rounds = 0
         self._woken_by_liveness = False
         """A follower woken only because node liveness suspects its leader's node, with nothing
@@ -370,6 +378,34 @@ class Raft:
         else:
             self._become_candidate(transfer=transfer)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Applied entry bytes still in memory (the cache `compact_cache` bounds)."""
+        return self.log.bytes_applied
+
+    def compact_cache(self) -> None:
+        """Drop the applied, persisted entries no peer will be sent (ADR 0049; TiKV's entry
+        cache does the same). A leader keeps those some peer has not acknowledged, up to
+        `log_cache_bytes` (a dead or slow peer is fed from memory, not by a segment transfer,
+        while it is at most that far behind); a replica that does not lead keeps the last
+        `follower_log_cache_bytes`, none while quiet (its peers had everything when the
+        leader went quiet); `cache_cap`, when the shell set one, caps both. Called after each
+        Ready and when the group goes quiet; the shell calls it when it lowers the cap."""
+        log = self.log
+        config = self.config
+        if self.role is Role.LEADER:
+            keep = config.log_cache_bytes
+            floor = min((p.match for p in self._progress.values()), default=log.applied)
+        else:
+            keep = (
+                0 if self.quiesced else min(config.follower_log_cache_bytes, config.log_cache_bytes)
+            )
+            floor = 0
+        cap = self.cache_cap
+        if cap is not None and cap < keep:
+            keep = cap
+        log.compact(keep, floor)
+
     def wake(self, *, leader_suspected: bool = False) -> None:
         """End quiet (ADR 0026): the shell suspects a peer node, or has work for the group.
         A leader heartbeats on its next tick and restarts its check-quorum window (a quorum
@@ -409,6 +445,7 @@ class Raft:
         self._woken_by_liveness = False
         self.quiesced = True
         self._election_elapsed = 0
+        self.compact_cache()
         return True
 
     def step_down(self) -> None:
@@ -737,6 +774,7 @@ class Raft:
         entries = self.log.next_committed(limits.apply_bytes_max)
         if entries:
             self.log.applied_to(entries[-1].index)
+            self.compact_cache()
         return entries
 
     def take_leader_messages(self) -> tuple[Message, ...]:
@@ -771,7 +809,7 @@ class Raft:
             self.log.stable_to(ready.entries[-1].index)
         if ready.committed and ready.committed[-1].index > self.log.applied:
             self.log.applied_to(ready.committed[-1].index)  # unless a restore jumped past it
-        self.log.compact(self.config.log_cache_bytes)
+        self.compact_cache()
         floor = self.log.snapshot.index
         while len(self._configs) > 1 and self._configs[1][0] <= floor:
             del self._configs[0]
@@ -975,6 +1013,7 @@ class Raft:
                 if message.quiesce:  # quiet until woken (ADR 0026); the lease holds meanwhile
                     self.quiesced = True
                     self._election_elapsed = 0
+                    self.compact_cache()
             case SnapshotNeeded():
                 if message.snapshot.index > self.log.committed:
                     self._snapshot_request = SnapshotRequest(message.source, message.snapshot)
@@ -1077,6 +1116,8 @@ class Raft:
             quiesce = self._may_quiesce()
             self._send_heartbeats(quiesce=quiesce)
             self.quiesced = quiesce
+            if quiesce:
+                self.compact_cache()
 
     def _send_heartbeats(self, *, quiesce: bool) -> None:
         """To every peer, with the latest leadership check's round (`confirm_leadership`)."""
