@@ -2,10 +2,13 @@
 # (side_by_side.py's W1, a new stream each) on one three-node cluster in DIR; after each run the
 # nodes' RSS and, where the build exports it, spate_replication_log_cache_bytes; then the same
 # after WAIT s idle. The build under test is whatever `spate` imports (PYTHONPATH for an old one).
-# Usage: cachemem.py DIR N SIZE COUNT WAIT
+# With TRIM (any 6th argument), the nodes are then made to call malloc_trim(0) through gdb and
+# their RSS printed again: what an idle trim in the nodes would give back.
+# Usage: cachemem.py DIR N SIZE COUNT WAIT [TRIM]
 import argparse
 import re
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -50,5 +53,10 @@ try:
             report(f"RUN {i} {rows}")
         time.sleep(wait)
         report(f"IDLE {wait}s")
+        if len(sys.argv) > 6:
+            for node in nodes:
+                call = ["gdb", "-p", str(node["pid"]), "-batch", "-ex", "call (int)malloc_trim(0)"]
+                subprocess.run(call, capture_output=True, timeout=120, check=False)
+            report("TRIMMED")
 finally:
     shutil.rmtree(d, ignore_errors=True)
