@@ -115,6 +115,11 @@ def test_every_endpoint_passes_promtool_with_the_issue_s_series(traffic: Cluster
     assert total("spate_append_duration_seconds_count") >= 2
     assert total("spate_fsync_duration_seconds_count") >= 3
     assert total("spate_metadata_up") == 3
+    # each node's Raft log cache (ADR 0049): a gauge per node; these few messages never reach
+    # the budget, so no cache was lowered
+    assert len(_samples("".join(nodes), "spate_replication_log_cache_bytes")) == 3
+    assert total("spate_replication_log_cache_bytes") < 3 * 128 * 1024 * 1024
+    assert total("spate_replication_log_cache_trims_total") == 0
     assert total("spate_metadata_leader") == 1
     assert total("spate_consumer_lag_messages", consumer="billing") == PUBLISHED - CONSUMED
     assert total("spate_consumer_stored_offset", consumer="billing") == CONSUMED - 1
