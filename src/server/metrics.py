@@ -370,6 +370,13 @@ class NodeCollector(Collector):
             ),
             (
                 CounterMetricFamily,
+                "spate_replication_commits_ahead_of_write",
+                "Messages from leaders that left a follower's commit index above what it had "
+                "handed to disk (those entries are applied after its next write).",
+                driver.commits_ahead_of_write,
+            ),
+            (
+                CounterMetricFamily,
                 "spate_replication_acks_coalesced",
                 "Follower acks replaced by a later one to the same leader in one batch.",
                 sum(g.raft.acks_coalesced for g in driver.groups.values()),

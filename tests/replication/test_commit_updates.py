@@ -112,3 +112,26 @@ def test_a_replica_with_listeners_gets_commits_on_the_spot_and_others_at_the_tic
     assert nodes.replicas[n3].end_offset() == Offset(3)  # the heartbeat's commit
     waiting.remove_listener(wake)
     assert not waiting.raft.readers
+
+
+def test_a_commit_for_entries_a_follower_has_not_written_is_counted_and_applied_after() -> None:
+    """RESULTS §60: the reader's follower learns a commit (from the other follower's ack) for
+    an entry it holds but has not yet handed to disk; it can apply it only after its next
+    write. `commits_ahead_of_write` counts such messages (/metrics)."""
+    nodes = Nodes()
+    leader, slow, fast = nodes.elect()
+    before = nodes.drivers[slow].commits_ahead_of_write
+    got, done = outcomes()
+    nodes.replicas[leader].propose([b"x"], done)  # type: ignore[arg-type]
+    nodes.run(leader)  # written, the Appends sent (the leader's own sync done too)
+    nodes.deliver(to=[fast, slow])  # both hold the entry; only `fast` writes and acks
+    nodes.run(fast)
+    nodes.deliver(to=[leader])  # the leader commits, and sends `slow` its commit update
+    assert len(got) == 1
+    end = nodes.replicas[slow].end_offset()
+    nodes.deliver(to=[slow])
+    assert nodes.drivers[slow].commits_ahead_of_write == before + 1
+    assert nodes.replicas[slow].end_offset() == end  # not applied: not written here yet
+    nodes.run(slow)  # its write: now applied
+    assert nodes.replicas[slow].end_offset() == end + 1
+    assert nodes.drivers[fast].commits_ahead_of_write == 0

@@ -192,6 +192,10 @@ class ReplicationDriver(Generic[R]):
         self.appends_received = 0
         self.entries_received = 0
         """Append messages, and the Raft entries in them, received from leaders."""
+        self.commits_ahead_of_write = 0
+        """Messages from a leader that left this follower's commit index above what it has
+        handed to disk: the entries between wait for its next batch's write before they can
+        be applied and read here (/metrics; RESULTS §60: where a follower's consumers wait)."""
         self.append_seconds = Histogram()
         """Every local leader's appends, proposed to committed (ADR 0023: /metrics)."""
         self.fsync_seconds = Histogram()
@@ -711,6 +715,9 @@ class ReplicationDriver(Generic[R]):
                 committed = group.raft.take_committed()
                 if committed:
                     group.apply_entries(committed)
+                core_log = group.raft.log
+                if core_log.committed >= core_log.persist_from and group.raft.role is Role.FOLLOWER:
+                    self.commits_ahead_of_write += 1
                 # A leader answers at once: the commit advance an ack made (the followers'
                 # consumers wait for it) and the entries it unblocked leave on this loop turn,
                 # not in the next batch, which may wait for a running fsync (issue 16, ADR 0033).
