@@ -348,7 +348,7 @@ class ReplicationDriver(Generic[R]):
         (`water_level`); lift the caps once they hold less than three quarters of it (not at
         once, or capped caches would refill and be cut every other sweep). Their entries stay
         on disk; a follower that needs one of them gets a segment transfer, not an Append."""
-        held = [(g, g.raft.cache_bytes) for g in self.groups.values() if g.raft.cache_bytes]
+        held = [(g, size) for g in self.groups.values() if (size := g.raft.cache_bytes)]
         total = self.log_cache_bytes = sum(size for _, size in held)
         budget = self.log_cache_budget_bytes
         level = water_level([size for _, size in held], budget)
