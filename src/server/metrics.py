@@ -377,6 +377,13 @@ class NodeCollector(Collector):
             ),
             (
                 CounterMetricFamily,
+                "spate_replication_commits_completed_here",
+                "Times a follower committed entries because its own sync completed the quorum "
+                "its leader had counted, before the leader heard its ack (ADR 0050).",
+                sum(g.raft.commits_completed for g in driver.groups.values()),
+            ),
+            (
+                CounterMetricFamily,
                 "spate_replication_acks_coalesced",
                 "Follower acks replaced by a later one to the same leader in one batch.",
                 sum(g.raft.acks_coalesced for g in driver.groups.values()),

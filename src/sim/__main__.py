@@ -66,6 +66,7 @@ def _run_core(seed: int, args: argparse.Namespace, bug: str | None, trace: bool)
         "snapshot transfers": result.snapshots,
         "membership changes": result.membership_changes,
         "leader transfers": result.transfers,
+        "followers' early commits": result.early_commits,
         "simulated ms": result.time_ms,
     }
     return _Outcome(
@@ -203,6 +204,7 @@ _CORE_BUGS = {
     "forget-vote": Bugs(forget_vote=True),
     "learners-count": Bugs(learners_count=True),
     "membership-on-commit": Bugs(membership_on_commit=True),
+    "commit-with-unsynced": Bugs(commit_with_unsynced=True),
 }
 _SHELL_BUGS = {
     "ack-before-fsync": ShellBugs(ack_before_fsync=True),

@@ -52,21 +52,35 @@ class Checker:
         group: int,
         raft: Raft,
         durable: Mapping[NodeId, Sequence[Entry]],
+        memberships: Sequence[Membership] = (),
     ) -> None:
         """A leader's commit index rose: the entry there must be on the synced logs of a
-        majority of the voters of the newest membership in its log."""
+        majority of the voters of the newest membership in its log. A follower's that rose
+        past its leader's (completed by its own sync, ADR 0050): of one of `memberships`, those
+        its leader may have counted for it (the one in force at the entry and every newer one:
+        the leader said what commits with the follower's copy under its newest membership of
+        the time; a later single-server change keeps every quorum of the new membership
+        overlapping one of the old, so a quorum of either holding the entry keeps it in every
+        future leader's log)."""
         commit = raft.log.committed
         term = raft.log.term(commit)
-        voters = raft.membership.voters
-        holders = [
-            v for v in voters if len(durable[v]) >= commit and durable[v][commit - 1].term == term
-        ]
-        if len(holders) < len(voters) // 2 + 1:
-            raise InvariantViolation(
-                "commit-quorum",
-                f"leader {node} of group {group} term {raft.term} committed {term}/{commit} "
-                f"synced on {holders} only, of voters {list(voters)}",
-            )
+        holders: list[NodeId] = []
+        voters: tuple[NodeId, ...] = ()
+        for membership in memberships or [raft.membership]:
+            voters = membership.voters
+            holders = [
+                v
+                for v in voters
+                if len(durable[v]) >= commit and durable[v][commit - 1].term == term
+            ]
+            if len(holders) >= len(voters) // 2 + 1:
+                return
+        role = "leader" if raft.role is Role.LEADER else "follower"
+        raise InvariantViolation(
+            "commit-quorum",
+            f"{role} {node} of group {group} term {raft.term} committed {term}/{commit} "
+            f"synced on {holders} only, of voters {list(voters)}",
+        )
 
     def restarted(self, node: NodeId, group: int, commit: int) -> None:
         self._commit_seen[(node, group)] = commit

@@ -13,6 +13,7 @@ leader and acknowledge a new proposal within `liveness_ms_max` of simulated time
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -63,6 +64,10 @@ class Bugs:
     """In the core: the leader counts the commit quorum with the membership as of its commit
     index, not the newest one in its log, i.e. a new membership takes effect for commits only
     once committed under the old one (ADR 0022; caught by `commit-quorum`)."""
+    commit_with_unsynced: bool = False
+    """In the core: a follower commits what the leader said commits once it holds it
+    (`Append.commit_with_you`, ADR 0050) as soon as it has *appended* the entries, before its
+    own sync (caught by `commit-quorum`, which checks followers' commits too)."""
 
 
 NO_BUGS = Bugs()
@@ -163,6 +168,8 @@ class SimResult:
     snapshots: int
     membership_changes: int = 0
     transfers: int = 0
+    early_commits: int = 0
+    """Followers' commits past their leader's (ADR 0050), each checked by `commit-quorum`."""
 
     @property
     def ok(self) -> bool:
@@ -204,6 +211,13 @@ class _MembershipOnCommitRaft(Raft):
         return False
 
 
+class _CommitWithUnsyncedRaft(Raft):
+    """Planted bug `commit-with-unsynced`: a follower counts its appended log as held."""
+
+    def _persisted_end(self) -> int:
+        return self.log.last_index
+
+
 class SimCluster(SimLoop[_Event]):
     def __init__(self, seed: int, options: SimOptions, *, keep_trace: bool = False) -> None:
         super().__init__(
@@ -228,6 +242,8 @@ class SimCluster(SimLoop[_Event]):
             self.raft_class = _LearnersCountRaft
         elif options.bugs.membership_on_commit:
             self.raft_class = _MembershipOnCommitRaft
+        elif options.bugs.commit_with_unsynced:
+            self.raft_class = _CommitWithUnsyncedRaft
         self.initial_membership = [
             Membership.of(
                 self.ids
@@ -238,6 +254,7 @@ class SimCluster(SimLoop[_Event]):
         ]
         self.membership_changes = 0
         self.transfers = 0
+        self.early_commits = 0
         self.nodes = {
             node: _Node(node, [_Replica(SimRaftStore()) for _ in range(options.groups)])
             for node in self.ids
@@ -279,6 +296,7 @@ class SimCluster(SimLoop[_Event]):
             snapshots=self.snapshots,
             membership_changes=self.membership_changes,
             transfers=self.transfers,
+            early_commits=self.early_commits,
         )
 
     def liveness_failure(self) -> str:
@@ -327,6 +345,9 @@ class SimCluster(SimLoop[_Event]):
     ) -> None:
         self.push(delay_ms, _Event(kind, node, group, message, incarnation, request))
 
+    def _durable(self, group: int) -> dict[NodeId, Sequence[Entry]]:
+        return {n: self.nodes[n].replicas[group].store.durable for n in self.ids}
+
     def _check(self) -> None:
         for node in self.ids:
             state = self.nodes[node]
@@ -338,12 +359,25 @@ class SimCluster(SimLoop[_Event]):
                 before = self.checker.commit_seen(node, group)
                 self.checker.observe(node, group, raft)
                 if raft.role is Role.LEADER and raft.log.committed > before:
-                    self.checker.commit_backed(
-                        node,
-                        group,
-                        raft,
-                        {n: self.nodes[n].replicas[group].store.durable for n in self.ids},
-                    )
+                    self.checker.commit_backed(node, group, raft, self._durable(group))
+                elif raft.log.committed > before and raft.leader in self.nodes:
+                    # A follower's commit past its leader's: completed by its own sync (ADR
+                    # 0050); it must be on a synced quorum of the leader's voters.
+                    lead = self.nodes[raft.leader]
+                    lead_raft = lead.replicas[group].raft if lead.up else None
+                    if (
+                        lead_raft is not None
+                        and lead_raft.term == raft.term
+                        and raft.log.committed > lead_raft.log.committed
+                    ):
+                        self.early_commits += 1
+                        self.checker.commit_backed(
+                            node,
+                            group,
+                            raft,
+                            self._durable(group),
+                            lead_raft.memberships_since(raft.log.committed),
+                        )
 
     # -- events
 

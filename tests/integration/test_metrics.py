@@ -120,6 +120,8 @@ def test_every_endpoint_passes_promtool_with_the_issue_s_series(traffic: Cluster
     assert len(_samples("".join(nodes), "spate_replication_log_cache_bytes")) == 3
     assert total("spate_replication_log_cache_bytes") < 3 * 128 * 1024 * 1024
     assert total("spate_replication_log_cache_trims_total") == 0
+    # followers' commits completed by their own sync (ADR 0050): a counter per node
+    assert len(_samples("".join(nodes), "spate_replication_commits_completed_here_total")) == 3
     assert total("spate_metadata_leader") == 1
     assert total("spate_consumer_lag_messages", consumer="billing") == PUBLISHED - CONSUMED
     assert total("spate_consumer_stored_offset", consumer="billing") == CONSUMED - 1

@@ -69,7 +69,15 @@ def test_a_follower_says_in_its_acks_whether_it_has_readers() -> None:
     group.deliver()
     assert _updates(group) == []
     group.stabilize()
-    assert group["n2"].log.committed < index
+    assert group["n3"].log.committed < index
+    # (n2 had been told before its ack arrived that `b` commits once it holds it, ADR 0050.)
+    assert not group["n1"].progress(N2).readers
+    index = _propose(group, b"c")
+    group.deliver()
+    group.deliver()
+    assert _updates(group) == []
+    group.stabilize()
+    assert group["n2"].log.committed < index and group["n3"].log.committed < index
 
 
 def test_switched_to_all_every_follower_gets_its_commit_update(

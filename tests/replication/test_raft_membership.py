@@ -209,8 +209,11 @@ def test_a_truncated_membership_entry_is_reverted() -> None:
     group = _group()
     group.elect("n1")
     _propose(group, "n1", b"base")
-    # n1 appends a membership entry that reaches n2 only (n3 cut off), and is not committed.
+    # n1 appends a membership entry that reaches n2 only (n3 cut off) and that n1's own disk
+    # has not synced: not committed, and n1 cannot tell n2 that it commits once n2 holds it
+    # (ADR 0050: n1's and n2's copies would make a quorum).
     group.cut = {N3}
+    group.hold("n1")
     assert isinstance(group["n1"].propose_membership(Membership.of([N1, N2, N3], [N4])), Proposed)
     group.process_all()
     group.deliver(lambda m: m.target == N2)

@@ -136,6 +136,20 @@ def test_a_membership_used_only_once_committed_is_caught() -> None:
     assert any(f.startswith("commit-quorum:") for f in failures), failures
 
 
+def test_a_follower_committing_what_it_has_not_synced_is_caught() -> None:
+    """ADR 0050: a follower commits what the leader said commits with its copy only once its
+    copy is on its disk. A core that counts its appended, unsynced log commits entries a crash
+    can take from the quorum: `commit-quorum`, which checks every follower commit that runs
+    past its leader's. The same seeds with the production core are clean, and they do commit
+    early on followers."""
+    sweep = (_run_with_bug(s, Bugs(commit_with_unsynced=True)).failure or "" for s in range(30))
+    failures = until_caught(sweep, lambda f: f.startswith("commit-quorum:"))
+    assert any(f.startswith("commit-quorum:") for f in failures), failures
+    clean = [_run_with_bug(s, Bugs()) for s in range(10)]
+    assert [r.failure for r in clean if not r.ok] == []
+    assert sum(r.early_commits for r in clean) > 100
+
+
 def _sim(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run(

@@ -34,7 +34,9 @@ type  message            fields
  3    Append             prev_index u64 | prev_term u64 | commit u64 | count u32 |
                          (index u64 | term u64 | length u32 | payload)*
                          [| flags u8 (bit 0 quiet: an accepted commit update is not
-                         answered; ADR 0042; absent: 0; only on an Append without entries)]
+                         answered, ADR 0042, only on an Append without entries; bit 1:
+                         commit_with_you follows, ADR 0050; absent: 0)
+                         [| commit_with_you u64]]
  4    AppendResponse     index u64 | rejected u8 (bit 0 rejected, bit 1 lost, bit 2 readers:
                          ADR 0044) | hint_index u64 |
                          hint_term u64
@@ -108,6 +110,7 @@ _APPEND = struct.Struct(">QQQI")
 _ENTRY = struct.Struct(">QQI")
 _APPEND_RESP = struct.Struct(">QBQQ")
 _SNAP = struct.Struct(">QQ")
+_WITH = struct.Struct(">BQ")  # an Append's flags and commit_with_you (ADR 0050)
 _PIECE_REQ = struct.Struct(">QI")
 _MANIFEST_ITEM = struct.Struct(">Q")
 
@@ -134,6 +137,9 @@ def _append_parts(key: GroupKey, message: Append) -> FrameParts:
             parts.append(b"".join(body))
             parts.append(payload)
             body = []
+    if message.commit_with_you:
+        body.append(_WITH.pack(2, message.commit_with_you))
+        size += _WITH.size
     if body:
         parts.append(b"".join(body))
     parts[0] = FRAME_HEAD.pack(size, KIND_RAFT) + parts[0]
@@ -171,7 +177,9 @@ def encode_raft(key: GroupKey, message: Message) -> Frame:
             for entry in message.entries:
                 tail.append(_ENTRY.pack(entry.index, entry.term, len(entry.payload)))
                 tail.append(entry.payload)
-            if message.quiet:
+            if message.commit_with_you:
+                tail.append(_WITH.pack(int(message.quiet) | 2, message.commit_with_you))
+            elif message.quiet:
                 tail.append(_U8.pack(1))
         case AppendResponse():
             tail = [
@@ -229,9 +237,24 @@ def decode_raft(body: bytes | memoryview) -> tuple[GroupKey, Message]:
             index, entry_term, length = reader.unpack(_ENTRY)
             payload = reader.take(length)
             entries.append(Entry(index, Term(entry_term), payload if keep else bytes(payload)))
-        quiet = not count and reader.at < len(reader.view) and bool(reader.unpack(_U8)[0] & 1)
+        quiet, commit_with = False, 0
+        if reader.at < len(reader.view):
+            flags = reader.unpack(_U8)[0]
+            if not flags or flags & ~3 or (count and flags & 1):
+                raise CodecError(f"bad Append flags {flags:#x}")
+            quiet = bool(flags & 1)
+            if flags & 2:
+                commit_with = reader.u64()
         message = Append(
-            term, source, target, prev_index, Term(prev_term), tuple(entries), commit, quiet
+            term,
+            source,
+            target,
+            prev_index,
+            Term(prev_term),
+            tuple(entries),
+            commit,
+            quiet,
+            commit_with,
         )
     elif kind == 4:
         index, rejected, hint_index, hint_term = reader.unpack(_APPEND_RESP)

@@ -551,10 +551,13 @@ class ReplicationDriver(Generic[R]):
             if not self._open(key, group):
                 continue  # removed while it synced: no transfer, no next batch (`remove`)
             # A leader's own sync may have made the commit (its persisted index counts): apply
-            # it and send the commit advance now, not in a batch of their own (ADR 0043).
+            # it and send the commit advance now, not in a batch of their own (ADR 0043); or,
+            # short of a commit, tell followers with readers what commits once they hold it
+            # (ADR 0050). A follower's sync may have completed such a commit: apply it.
             committed = group.raft.take_committed()
             if committed:
                 group.apply_entries(committed)
+            if committed or group.raft.role is Role.LEADER:
                 self._send(group, self._early_leader_messages(group))
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)

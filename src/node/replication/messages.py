@@ -198,7 +198,12 @@ class Append:
 
     `quiet`: an empty commit update to a follower in REPLICATE state; accepted, it is not
     answered (ADR 0042): the leader learns nothing from the answer that the follower's acks of
-    the entries and its heartbeat answers do not tell it. A rejection is still answered."""
+    the entries and its heartbeat answers do not tell it. A rejection is still answered.
+
+    `commit_with_you`: an index of the leader's term that a quorum of voters holds on disk if
+    the target (a voter) is counted as holding it: the target commits up to it, within what
+    this Append matched, as soon as its own log is persisted that far, without waiting for the
+    leader to hear its ack (ADR 0050). 0: nothing beyond `commit`."""
 
     term: Term
     source: NodeId
@@ -208,6 +213,7 @@ class Append:
     entries: tuple[Entry, ...]
     commit: int
     quiet: bool = False
+    commit_with_you: int = 0
 
 
 @dataclass(frozen=True, slots=True)

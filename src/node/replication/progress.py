@@ -72,6 +72,8 @@ class Progress:
         """The highest leadership check round this follower has answered in this term."""
         self.readers = False
         """Its last accepted ack said it has readers: it gets commit updates (ADR 0044)."""
+        self.commit_with_sent = 0
+        """The highest `Append.commit_with_you` sent to it in this term (ADR 0050)."""
         self.inflights = Inflights(inflight_max)
 
     def paused(self) -> bool:

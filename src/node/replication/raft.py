@@ -90,6 +90,11 @@ COMMIT_UPDATES_TO_ALL = os.environ.get("SPATE_COMMIT_UPDATES", "readers") == "al
 REPLICATE state, not only to those whose last ack said they have readers (ADR 0044).
 `$SPATE_COMMIT_UPDATES=all` turns the old behaviour on, for A/B measurements."""
 
+COMMIT_WITH_YOU = os.environ.get("SPATE_COMMIT_WITH", "1") != "0"
+"""Tell followers what commits once they hold it (`Append.commit_with_you`, ADR 0050): a
+follower with readers applies an entry when its own fsync ends, not a round trip later.
+`$SPATE_COMMIT_WITH=0` turns it off (the leader sends 0), for A/B measurements."""
+
 FOLD_ACKS = True
 """Fold a follower's accepted acks of one Ready into the last (ADR 0035, `_send`). Switched off
 for a day while the shell simulator's seed 208 failed `offset-durable` with it on; the folding
@@ -211,6 +216,12 @@ class Raft:
         (`has_ready`), not left for the next entries."""
         self._entries_pending = False
         self._commit_pending = False
+        self._commit_with_pending = False
+        """A leader: some follower with readers may now commit further once it holds the
+        entries (its own sync or another voter's ack): tell it (ADR 0050)."""
+        self._commit_with_me = 0
+        """A follower: the highest `Append.commit_with_you` of this term's leader, within what
+        its Appends matched; committed as far as this replica's log is persisted (ADR 0050)."""
         self._read_round = 0
         """The latest leadership check (`confirm_leadership`); rises for this object's life."""
         self._read_pending = False
@@ -218,6 +229,9 @@ class Raft:
         self.appends_dropped = 0
         self.messages_dropped = 0
         self.acks_coalesced = 0
+        self.commits_completed = 0
+        """Times this follower's commit index moved because its own persisted log completed a
+        quorum the leader had counted (`Append.commit_with_you`, ADR 0050)."""
         """Accepted AppendResponses replaced by a later one to the same leader in the same
         Ready (`_send`)."""
         self.readers = False
@@ -270,6 +284,12 @@ class Raft:
             if at <= index:
                 found = membership
         return found
+
+    def memberships_since(self, index: int) -> list[Membership]:
+        """The membership as of log index `index` and every newer one in the log, oldest
+        first: those a leader may have counted a quorum with for an entry at `index`."""
+        since = [m for at, m in self._configs if at > index]
+        return [self.membership_at(index), *since]
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -807,14 +827,18 @@ class Raft:
         self._outstanding = None
         if ready.entries:
             self.log.stable_to(ready.entries[-1].index)
+            self._commit_what_we_hold()
         if ready.committed and ready.committed[-1].index > self.log.applied:
             self.log.applied_to(ready.committed[-1].index)  # unless a restore jumped past it
         self.compact_cache()
         floor = self.log.snapshot.index
         while len(self._configs) > 1 and self._configs[1][0] <= floor:
             del self._configs[0]
-        if self.role is Role.LEADER and self._maybe_commit():
-            self._commit_pending = True
+        if self.role is Role.LEADER:
+            if self._maybe_commit():
+                self._commit_pending = True
+            elif ready.entries:
+                self._note_commit_with()
         assert self.log.bytes_unapplied <= limits.log_unapplied_bytes_max + limits.entry_bytes_max
 
     # -- roles
@@ -833,7 +857,8 @@ class Raft:
         self._held = False
         self._release_ticks = 0
         self._progress = {}
-        self._entries_pending = self._commit_pending = False
+        self._entries_pending = self._commit_pending = self._commit_with_pending = False
+        self._commit_with_me = 0
         self._read_pending = False
         self._transfer_to = None
         self.quiesced = False
@@ -1046,6 +1071,12 @@ class Raft:
         if last_new is not None:
             self._track_appended(message.prev_index, message.entries, last_new)
             self.log.commit_to(min(message.commit, last_new))
+            if message.commit_with_you > self._commit_with_me:
+                # Within what this Append matched: those entries are the leader's (ADR 0050).
+                self._commit_with_me = max(
+                    self._commit_with_me, min(message.commit_with_you, last_new)
+                )
+                self._commit_what_we_hold()
             if not (message.quiet and not message.entries):
                 self._send(
                     AppendResponse(
@@ -1067,6 +1098,20 @@ class Raft:
                 hint_term=hint_term,
             )
         )
+
+    def _commit_what_we_hold(self) -> None:
+        """A follower: commit what this term's leader said commits once we hold it
+        (`Append.commit_with_you`), as far as our log is on disk (ADR 0050)."""
+        if (
+            self._commit_with_me > self.log.committed
+            and self.role is Role.FOLLOWER
+            and self.log.commit_to(min(self._commit_with_me, self._persisted_end()))
+        ):
+            self.commits_completed += 1
+
+    def _persisted_end(self) -> int:
+        """The end of this replica's log on disk (a seam for the simulator's planted bug)."""
+        return self.log.stable
 
     def _track_appended(self, prev_index: int, entries: Sequence[Entry], last_new: int) -> None:
         """After an accepted Append: the log now holds `entries` at (prev_index, last_new],
@@ -1188,6 +1233,8 @@ class Raft:
             progress.inflights.free_to(message.index)
         if self._maybe_commit():
             self._commit_pending = True
+        else:
+            self._note_commit_with()
         self._send_appends(message.source, send_if_empty=was_paused)
         if self._transfer_to == message.source:
             self._maybe_send_timeout_now()
@@ -1224,25 +1271,77 @@ class Raft:
             return self.log.commit_to(candidate)
         return False
 
+    def _commit_with(self, peer: NodeId) -> int:
+        """The highest index that a quorum of voters holds on disk when `peer` is counted as
+        holding it, if it is of this term and not yet committed; else 0 (ADR 0050). The rule of
+        `_maybe_commit` with the peer's vote given: once the peer has persisted its log that
+        far (its log matches ours there), the entry is on a quorum's disks, which is what makes
+        it committed (Raft §5.4.2), whether or not this leader has heard the peer's ack."""
+        if not COMMIT_WITH_YOU:
+            return 0
+        voters = self.membership.voters
+        need = self.quorum - 1
+        if need < 1 or peer not in voters:
+            return 0
+        held = sorted(
+            [
+                *([self.log.stable] if self.is_voter else []),
+                *(p.match for q, p in self._progress.items() if q in voters and q != peer),
+            ],
+            reverse=True,
+        )
+        if len(held) < need:
+            return 0
+        candidate = held[need - 1]
+        if candidate > self.log.committed and self.log.term(candidate) == self.term:
+            return candidate
+        return 0
+
+    def _knows_commit(self, progress: Progress) -> bool:
+        """The follower has committed up to our commit index by itself: it acknowledged
+        holding the entries and was told they commit once it does (ADR 0050). Only a lost
+        `commit_with_you` would make this wrong, and then it learns the commit index from the
+        next Append or heartbeat, as a follower without readers does (ADR 0044)."""
+        committed = self.log.committed
+        return progress.match >= committed and progress.commit_with_sent >= committed
+
+    def _note_commit_with(self) -> None:
+        """The leader's own persisted index or a voter's ack moved without a commit: a
+        follower with readers that could commit further once it holds the entries gets told
+        at the next flush (an empty, unanswered Append), so that its readers need not wait
+        for its ack's round trip to this leader and the commit update back (ADR 0050)."""
+        for peer, progress in self._progress.items():
+            if (
+                progress.readers
+                and progress.state is ProgressState.REPLICATE
+                and self._commit_with(peer) > progress.commit_with_sent
+            ):
+                self._commit_with_pending = True
+                return
+
     def _flush_appends(self) -> None:
         if self.role is not Role.LEADER:
             return
         if self._read_pending:
             self._send_heartbeats(quiesce=False)
-        if self._entries_pending or self._commit_pending:
+        if self._entries_pending or self._commit_pending or self._commit_with_pending:
             commit = self._commit_pending
-            quiet = commit and QUIET_COMMITS
+            commit_with = self._commit_with_pending
+            quiet = (commit or commit_with) and QUIET_COMMITS
             progress = self._progress
             for peer in self.peers:
                 # A commit update of its own only to a follower with readers, or one not
                 # replicating (a probe's empty Append): ADR 0044.
+                p = progress[peer]
                 update = commit and (
                     COMMIT_UPDATES_TO_ALL
-                    or progress[peer].readers
-                    or progress[peer].state is not ProgressState.REPLICATE
+                    or p.state is not ProgressState.REPLICATE
+                    or (p.readers and not self._knows_commit(p))
                 )
+                if commit_with and not update and p.readers:
+                    update = self._commit_with(peer) > p.commit_with_sent  # ADR 0050
                 self._send_appends(peer, send_if_empty=update, quiet=quiet)
-        self._entries_pending = self._commit_pending = False
+        self._entries_pending = self._commit_pending = self._commit_with_pending = False
 
     def _send_appends(self, peer: NodeId, *, send_if_empty: bool, quiet: bool = False) -> None:
         """Fill the follower's pipeline: batches of entries up to the byte limit per message
@@ -1269,9 +1368,19 @@ class Raft:
         if not entries and not send_if_empty:
             return False
         quiet = quiet and not entries and progress.state is ProgressState.REPLICATE
+        commit_with = self._commit_with(peer)
+        progress.commit_with_sent = max(progress.commit_with_sent, commit_with)
         self._send(
             Append(
-                self.term, self.id, peer, prev_index, prev_term, entries, self.log.committed, quiet
+                self.term,
+                self.id,
+                peer,
+                prev_index,
+                prev_term,
+                entries,
+                self.log.committed,
+                quiet,
+                commit_with,
             )
         )
         progress.sent(entries[-1].index if entries else prev_index, len(entries))
