@@ -16,8 +16,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, "/work/main/benchmarks")
-from cluster import Cluster
 from loadclient import build_client
+
+from cluster import Cluster
 
 CPU_WINDOW_S = 30.0
 
@@ -59,7 +60,7 @@ def measure(what: str, nodes: list[dict]) -> None:
                 "rss_mib": [a[1] for a in after],
                 "fds": [a[2] for a in after],
                 "log_cache_mib": cache,
-                "load": open("/proc/loadavg").read().split()[:3],
+                "load": Path("/proc/loadavg").read_text().split()[:3],
             }
         ),
         flush=True,
@@ -81,8 +82,23 @@ try:
         print(json.dumps({"leaders_after_s": round(time.monotonic() - t, 1)}), flush=True)
         time.sleep(20)
         measure("idle before the burst", nodes)
-        args = [str(binary), "publish", "--host", host, "--port", port, "--address", "burst",
-                "--count", str(count), "--size", str(size), "--group-keys", "--timeout", "900"]
+        args = [
+            str(binary),
+            "publish",
+            "--host",
+            host,
+            "--port",
+            port,
+            "--address",
+            "burst",
+            "--count",
+            str(count),
+            "--size",
+            str(size),
+            "--group-keys",
+            "--timeout",
+            "900",
+        ]
         done = subprocess.run(args, capture_output=True, text=True, timeout=1000, check=False)
         r = json.loads(done.stdout.strip().splitlines()[-1])
         print(json.dumps({"burst": {k: r.get(k) for k in ("confirmed", "msgs_per_s",

@@ -43,7 +43,8 @@ try:
             print(json.dumps({
                 "run": i, "consumer_on": "follower", "pinned": True,
                 "e2e_p50_ms": r.get("e2e_p50_ms"), "e2e_p99_ms": r.get("e2e_p99_ms"),
-                "confirm_p50_ms": p.get("confirm_p50_ms"), "confirm_p99_ms": p.get("confirm_p99_ms"),
+                "confirm_p50_ms": p.get("confirm_p50_ms"),
+                "confirm_p99_ms": p.get("confirm_p99_ms"),
                 "received": r.get("received"), "loadavg": r.get("loadavg"), "env": env,
                 "error": r.get("error"),
             }), flush=True)  # fmt: skip
