@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 from spate.core.ids import NodeId, Term
 from spate.node.replication.messages import (
+    Append,
     Entry,
     LeaderChange,
     Message,
+    Proposed,
     Ready,
     SnapshotRequest,
     describe,
@@ -138,6 +140,17 @@ class Group:
                     self.nodes[node].tick()
             self.process_all()
             self.deliver()
+
+    def propose(self, node: str, payload: bytes) -> int:
+        """Propose `payload` on `node` (a leader) and process its Ready; the entry's index."""
+        result = self.nodes[NodeId(node)].propose(payload)
+        assert isinstance(result, Proposed), result
+        self.process(NodeId(node))
+        return result.index
+
+    def empty_appends(self) -> list[Append]:
+        """Pending Appends without entries: commit updates, probes, ADR 0050's updates."""
+        return [m for m in self.pending if isinstance(m, Append) and not m.entries]
 
     def elect(self, node: str) -> None:
         self.nodes[NodeId(node)].campaign()

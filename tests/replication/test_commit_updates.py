@@ -9,34 +9,23 @@ from replication.drivers import IDS, Nodes, outcomes
 from replication.harness import Group
 from spate.core.ids import NodeId, Offset
 from spate.node.replication import raft as raft_module
-from spate.node.replication.messages import Append, AppendResponse, Proposed
+from spate.node.replication.messages import Append, AppendResponse
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
-
-
-def _propose(group: Group, payload: bytes) -> int:
-    result = group["n1"].propose(payload)
-    assert isinstance(result, Proposed), result
-    group.process(N1)
-    return result.index
-
-
-def _updates(group: Group) -> list[Append]:
-    return [m for m in group.pending if isinstance(m, Append) and not m.entries]
 
 
 def test_a_follower_without_readers_learns_the_commit_from_the_next_append_or_heartbeat() -> None:
     group = Group(3, readers=False)
     group.elect("n1")
     group.stabilize()
-    first = _propose(group, b"a")
+    first = group.propose("n1", b"a")
     group.deliver()  # the Appends
     group.deliver()  # the acks: n1 commits
     assert group["n1"].log.committed == first
-    assert _updates(group) == [], "no commit update of its own to a follower without readers"
+    assert group.empty_appends() == [], "no commit update of its own to a follower without readers"
     group.stabilize()
     assert group["n2"].log.committed < first and group["n3"].log.committed < first
-    second = _propose(group, b"b")
+    second = group.propose("n1", b"b")
     appends = [m for m in group.pending if isinstance(m, Append)]
     assert appends and all(m.entries and m.commit == first for m in appends)
     group.deliver()  # the next Append carries the commit index
@@ -54,28 +43,28 @@ def test_a_follower_says_in_its_acks_whether_it_has_readers() -> None:
     group.elect("n1")
     group.stabilize()
     group["n2"].readers = True  # a consumer attached on n2
-    index = _propose(group, b"a")
+    index = group.propose("n1", b"a")
     group.deliver()
     acks = {m.source: m.readers for m in group.pending if isinstance(m, AppendResponse)}
     assert acks == {N2: True, N3: False}
     group.deliver()
-    assert [(m.target, m.commit, m.quiet) for m in _updates(group)] == [(N2, index, True)]
+    assert [(m.target, m.commit, m.quiet) for m in group.empty_appends()] == [(N2, index, True)]
     group.stabilize()
     assert group["n2"].log.committed == index > group["n3"].log.committed
 
     group["n2"].readers = False  # the consumer left: its next ack says so
-    index = _propose(group, b"b")
+    index = group.propose("n1", b"b")
     group.deliver()
     group.deliver()
-    assert _updates(group) == []
+    assert group.empty_appends() == []
     group.stabilize()
     assert group["n3"].log.committed < index
     # (n2 had been told before its ack arrived that `b` commits once it holds it, ADR 0050.)
     assert not group["n1"].progress(N2).readers
-    index = _propose(group, b"c")
+    index = group.propose("n1", b"c")
     group.deliver()
     group.deliver()
-    assert _updates(group) == []
+    assert group.empty_appends() == []
     group.stabilize()
     assert group["n2"].log.committed < index and group["n3"].log.committed < index
 
@@ -87,10 +76,10 @@ def test_switched_to_all_every_follower_gets_its_commit_update(
     group = Group(3, readers=False)
     group.elect("n1")
     group.stabilize()
-    index = _propose(group, b"a")
+    index = group.propose("n1", b"a")
     group.deliver()
     group.deliver()
-    assert sorted(m.target for m in _updates(group)) == [N2, N3]
+    assert sorted(m.target for m in group.empty_appends()) == [N2, N3]
     group.stabilize()
     assert group["n2"].log.committed == group["n3"].log.committed == index
 

@@ -20,7 +20,6 @@ from spate.node.replication.messages import (
     AppendResponse,
     Entry,
     Membership,
-    Proposed,
 )
 from spate.node.replication.raft import Raft, RaftConfig
 
@@ -28,25 +27,14 @@ N1, N2, N3, N4 = NodeId("n1"), NodeId("n2"), NodeId("n3"), NodeId("n4")
 KEY = ("s", 0)
 
 
-def _propose(group: Group, payload: bytes) -> int:
-    result = group["n1"].propose(payload)
-    assert isinstance(result, Proposed), result
-    group.process(N1)
-    return result.index
-
-
-def _empty(group: Group) -> list[Append]:
-    return [m for m in group.pending if isinstance(m, Append) and not m.entries]
-
-
 def test_a_follower_commits_at_the_end_of_its_own_sync_before_the_leader_hears_its_ack() -> None:
     group = Group(3)  # every replica has readers
     group.elect("n1")
     group.stabilize()
-    index = _propose(group, b"a")
+    index = group.propose("n1", b"a")
     # The leader persisted the entry after sending it: each follower is told that its copy
     # completes the quorum, in an empty Append it does not answer.
-    updates = _empty(group)
+    updates = group.empty_appends()
     assert sorted((m.target, m.commit_with_you, m.quiet) for m in updates) == [
         (N2, index, True),
         (N3, index, True),
@@ -59,7 +47,7 @@ def test_a_follower_commits_at_the_end_of_its_own_sync_before_the_leader_hears_i
     assert sorted((m.source, m.index) for m in acks) == [(N2, index), (N3, index)]
     group.deliver()  # the acks: the leader commits; no commit update, they know already
     assert group["n1"].log.committed == index
-    assert _empty(group) == []
+    assert group.empty_appends() == []
     group.stabilize()
     assert group.applied_payloads("n1") == [b"a"]
 
@@ -71,7 +59,7 @@ def test_nothing_commits_on_a_follower_while_the_quorum_lacks_a_disk() -> None:
     group.elect("n1")
     group.stabilize()
     group.hold("n1")
-    index = _propose(group, b"a")
+    index = group.propose("n1", b"a")
     appends = [m for m in group.pending if isinstance(m, Append)]
     assert appends and all(m.commit_with_you < index for m in appends)
     later = [m for m in group.pending if m.target == N3]  # n3's Append waits
@@ -96,8 +84,8 @@ def test_a_follower_without_readers_gets_no_update_of_its_own() -> None:
     group = Group(3, readers=False)
     group.elect("n1")
     group.stabilize()
-    _propose(group, b"a")
-    assert _empty(group) == []
+    group.propose("n1", b"a")
+    assert group.empty_appends() == []
 
 
 def test_a_learner_is_never_told_that_its_copy_completes_a_quorum() -> None:
@@ -111,7 +99,7 @@ def test_a_learner_is_never_told_that_its_copy_completes_a_quorum() -> None:
     group.elect("n1")
     group.stabilize()
     for payload in (b"a", b"b"):
-        _propose(group, payload)
+        group.propose("n1", payload)
         sent = [m for m in group.pending if isinstance(m, Append)]
         assert {m.target for m in sent} == {N2, N3, N4}
         assert all(m.commit_with_you == 0 for m in sent if m.target == N4)
@@ -165,11 +153,11 @@ def test_switched_off_the_leader_sends_nothing(monkeypatch: pytest.MonkeyPatch) 
     group = Group(3)
     group.elect("n1")
     group.stabilize()
-    index = _propose(group, b"a")
+    index = group.propose("n1", b"a")
     assert all(
         m.commit_with_you == 0 for m in group.pending if isinstance(m, Append)
     )  # and no update of its own
-    assert _empty(group) == []
+    assert group.empty_appends() == []
     group.deliver()
     assert group["n2"].log.committed < index  # it waits for the leader's commit update
     group.stabilize()
