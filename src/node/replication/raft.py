@@ -229,11 +229,11 @@ class Raft:
         self.appends_dropped = 0
         self.messages_dropped = 0
         self.acks_coalesced = 0
+        """Accepted AppendResponses replaced by a later one to the same leader in the same
+        Ready (`_send`)."""
         self.commits_completed = 0
         """Times this follower's commit index moved because its own persisted log completed a
         quorum the leader had counted (`Append.commit_with_you`, ADR 0050)."""
-        """Accepted AppendResponses replaced by a later one to the same leader in the same
-        Ready (`_send`)."""
         self.readers = False
         """Set by the shell: this replica has readers waiting for what commits (consumers on
         this node). A follower says so in its acks, and only then does the leader send it
