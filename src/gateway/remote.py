@@ -844,9 +844,14 @@ class RemoteWriter(_PartitionBase):
                     if pending.producer is None
                     else "a named producer's resend is not stored twice"
                 )
-                error = Unavailable(
+                what = (
                     f"the leader of {self.key[0]}/{self.key[1]} changed while this message was "
-                    f"in flight, so whether it was stored is unknown ({error.message}); resend "
+                    "in flight"
+                    if isinstance(error, NotLeader)
+                    else f"its append to {self.key[0]}/{self.key[1]} ended without an outcome"
+                )  # (e.g. no commit within the leader's time limit, or the connection broke)
+                error = Unavailable(
+                    f"{what}, so whether it was stored is unknown ({error.message}); resend "
                     f"it if it must be stored ({twice})"
                 )
             pending.future.set_exception(error)

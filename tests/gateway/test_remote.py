@@ -116,6 +116,10 @@ def test_appends_in_flight_when_the_session_breaks_are_unknown_not_resent(
         with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
             await future
         assert "it may then be stored twice" in unknown.value.message
+        # what happened, not a leader change that did not happen
+        assert "ended without an outcome" in unknown.value.message
+        assert "connection to node" in unknown.value.message
+        assert "leader" not in unknown.value.message
         with pytest.raises(Unavailable, match="whether it was stored is unknown") as unknown:
             await named  # deduplicated (ADR 0011): say so, a resend is what it should do
         assert "a named producer's resend is not stored twice" in unknown.value.message
