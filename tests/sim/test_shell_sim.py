@@ -44,7 +44,9 @@ def test_many_seeds_hold_every_invariant_and_recover() -> None:
     assert [(r.seed, r.failure) for r in results if not r.ok] == []
     # The run must have exercised what it claims to: every fault and every shell path.
     assert sum(r.crashes for r in results) > 2 * SEEDS
-    assert sum(r.wipes for r in results) > 2 * SEEDS // 15
+    # Wiped replicas come from a few seeds, so their total moves with any change to the
+    # messages (seeds 0-49: more than 6 before ADR 0050, 6 after; 0-299: 47): one per ten seeds.
+    assert sum(r.wipes for r in results) >= SEEDS // 10
     assert sum(r.snapshots for r in results) > 2 * SEEDS // 3, "segment transfers"
     # Retention deletes come from the few seeds with a message-count limit over small
     # segments (5 of these 50), so their total moves with any change to the schedule (seeds
@@ -307,9 +309,11 @@ def test_a_leader_reading_without_a_leadership_check_is_caught(
     a query from its own log: "never stored". (Found with folded acks, which only changed
     which run the seed's random draws made.) The seed's run is the one made with commit
     updates answered (before ADR 0042, which changes the messages and so the run; no seed
-    of 0-399 reaches this case with quiet commit updates)."""
+    of 0-399 reaches this case with quiet commit updates), sent to every follower (before ADR
+    0044) and without ADR 0050's `commit_with_you` updates."""
     monkeypatch.setattr(raft_module, "QUIET_COMMITS", False)
     monkeypatch.setattr(raft_module, "COMMIT_UPDATES_TO_ALL", True)  # and sent to all (ADR 0044)
+    monkeypatch.setattr(raft_module, "COMMIT_WITH_YOU", False)
     failure = run_shell_seed(208, bugs=ShellBugs(read_unconfirmed=True)).failure or ""
     assert failure.startswith("offset-durable: g0 n1 answered no stored offset"), failure
 
