@@ -557,7 +557,7 @@ class ReplicationDriver(Generic[R]):
             committed = group.raft.take_committed()
             if committed:
                 group.apply_entries(committed)
-            if committed or group.raft.role is Role.LEADER:
+            if committed or group.raft.commit_with_pending:
                 self._send(group, self._early_leader_messages(group))
             if ready.snapshot_request is not None:
                 self._start_transfer(group, ready.snapshot_request)

@@ -285,6 +285,12 @@ class Raft:
                 found = membership
         return found
 
+    @property
+    def commit_with_pending(self) -> bool:
+        """A leader has `commit_with_you` updates to send (ADR 0050): the shell sends them with
+        `take_leader_messages` at once, as it does a commit advance."""
+        return self._commit_with_pending
+
     def memberships_since(self, index: int) -> list[Membership]:
         """The membership as of log index `index` and every newer one in the log, oldest
         first: those a leader may have counted a quorum with for an entry at `index`."""
